@@ -1,0 +1,14 @@
+//! Generates the gRPC client for the router <-> shard contract from `proto/`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    std::env::set_var("PROTOC", protoc);
+    let proto_root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    let contract = proto_root.join("tandem/shard/v1/shard.proto");
+    println!("cargo:rerun-if-changed={}", contract.display());
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&[contract], &[proto_root])?;
+    Ok(())
+}

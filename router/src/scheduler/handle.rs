@@ -1,0 +1,60 @@
+//! The scheduler as the HTTP layer sees it: a `Backend` that queues requests for the actor.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, watch};
+
+use super::request::{GenerationRequest, GenerationStream};
+use super::sequence::Sequence;
+use super::{Backend, LoadSnapshot, SchedulerConfig, SchedulerError};
+use crate::kv::BlockPool;
+use crate::shard::ShardFleet;
+
+pub(crate) struct SchedulerHandle {
+    pub config: SchedulerConfig,
+    pub pool: BlockPool,
+    pub fleet: ShardFleet,
+    pub submissions: mpsc::UnboundedSender<Sequence>,
+    pub load: watch::Receiver<LoadSnapshot>,
+    pub next_id: AtomicU64,
+}
+
+/// Rejects a request that could not fit in the whole KV cache even alone.
+pub(crate) fn check_capacity(
+    config: &SchedulerConfig,
+    request: &GenerationRequest,
+) -> Result<(), SchedulerError> {
+    let max_tokens = request.input_ids.len() + request.stopping.max_new_tokens as usize;
+    let needed = max_tokens.div_ceil(config.block_size);
+    if needed > config.num_blocks {
+        return Err(SchedulerError::ExceedsKvCapacity {
+            needed,
+            available: config.num_blocks,
+        });
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl Backend for SchedulerHandle {
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError> {
+        check_capacity(&self.config, &request)?;
+        let (sender, events) = mpsc::unbounded_channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let sequence = Sequence::new(id, request, self.pool.new_table(), sender);
+        self.submissions
+            .send(sequence)
+            .map_err(|_| SchedulerError::ShuttingDown)?;
+        Ok(GenerationStream { events })
+    }
+
+    fn load(&self) -> LoadSnapshot {
+        *self.load.borrow()
+    }
+
+    async fn health(&self) -> Result<(), SchedulerError> {
+        self.fleet
+            .health(false)
+            .await
+            .map_err(|error| SchedulerError::ShardFailed(error.to_string()))
+    }
+}

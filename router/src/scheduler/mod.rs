@@ -1,0 +1,85 @@
+//! The step loop: continuous batching, chunked prefill, KV block allocation, preemption.
+//!
+//! `state` is pure bookkeeping (no I/O, unit-tested with a fake shard); `actor` owns it
+//! and drives the shards one Step at a time.
+
+mod actor;
+mod handle;
+mod request;
+mod sequence;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::shard::ShardFleet;
+
+pub use request::{
+    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
+    SamplingParams, StoppingParams,
+};
+
+/// Errors the scheduler reports to the HTTP layer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("the request needs {needed} KV cache blocks but the cache only has {available}")]
+    ExceedsKvCapacity { needed: usize, available: usize },
+    #[error("model shard failure: {0}")]
+    ShardFailed(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// A snapshot of the scheduler's load, for `/health`, `/info` and admission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    pub queued_requests: usize,
+    pub running_requests: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+}
+
+/// What the HTTP layer needs from the engine behind it. Tests swap in a fake.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
+    /// Queues a request; events arrive on the returned stream.
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError>;
+    /// Current load.
+    fn load(&self) -> LoadSnapshot;
+    /// Asks every shard whether it is alive.
+    async fn health(&self) -> Result<(), SchedulerError>;
+}
+
+/// Sizes the scheduler works within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the KV cache (from the shards' Warmup).
+    pub num_blocks: usize,
+    /// Tokens one step may process (prompt chunks plus decode tokens).
+    pub max_batch_tokens: usize,
+    /// Requests one step may carry.
+    pub max_batch_requests: usize,
+}
+
+/// Starts the step loop on the current tokio runtime and returns its handle.
+pub fn spawn(config: SchedulerConfig, fleet: ShardFleet) -> Arc<dyn Backend> {
+    let state = state::SchedulerState::new(config);
+    let (submissions, receiver) = mpsc::unbounded_channel();
+    let (load_sender, load) = watch::channel(state.load());
+    let handle = handle::SchedulerHandle {
+        config,
+        pool: state.pool().clone(),
+        fleet: fleet.clone(),
+        submissions,
+        load,
+        next_id: AtomicU64::new(0),
+    };
+    tokio::spawn(actor::run(state, fleet, receiver, load_sender));
+    Arc::new(handle)
+}

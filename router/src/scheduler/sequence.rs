@@ -1,0 +1,103 @@
+//! One request as the scheduler tracks it: its tokens, its progress and its KV blocks.
+
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use crate::kv::BlockTable;
+use crate::pb;
+
+/// A request between admission and its last token.
+///
+/// Invariants: `num_computed <= tokens.len()`; `blocks` covers at least `num_computed`
+/// tokens; `known_to_shards` is true exactly while the shards hold state for `id`.
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    pub id: u64,
+    pub prompt_len: usize,
+    /// The prompt followed by every token generated so far.
+    pub tokens: Vec<u32>,
+    pub num_computed: usize,
+    pub blocks: BlockTable,
+    pub sampling: SamplingParams,
+    pub stopping: StoppingParams,
+    pub events: mpsc::UnboundedSender<GenerationEvent>,
+    pub known_to_shards: bool,
+    pub started: bool,
+    pub arrived_at: Instant,
+}
+
+impl Sequence {
+    pub fn new(
+        id: u64,
+        request: GenerationRequest,
+        blocks: BlockTable,
+        events: mpsc::UnboundedSender<GenerationEvent>,
+    ) -> Self {
+        Self {
+            id,
+            prompt_len: request.input_ids.len(),
+            tokens: request.input_ids,
+            num_computed: 0,
+            blocks,
+            sampling: request.sampling,
+            stopping: request.stopping,
+            events,
+            known_to_shards: false,
+            started: false,
+            arrived_at: Instant::now(),
+        }
+    }
+
+    /// Tokens not yet in the KV cache: a prompt's rest, or the one token sampled last step.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Blocks to add so the table covers `num_tokens` tokens.
+    pub fn blocks_missing_for(&self, num_tokens: usize, block_size: usize) -> usize {
+        num_tokens
+            .div_ceil(block_size)
+            .saturating_sub(self.blocks.len())
+    }
+
+    /// True once the client stopped listening (disconnect, stop string): the request is dead.
+    pub fn is_cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Frees the KV blocks so the request can later be recomputed from its tokens.
+    pub fn reset_for_recompute(&mut self) {
+        self.blocks.clear();
+        self.num_computed = 0;
+        self.known_to_shards = false;
+    }
+
+    /// Tells the receiver something; a closed receiver is noticed at the next step.
+    pub fn notify(&self, event: GenerationEvent) {
+        // A send error means the client is gone, which `is_cancelled` reports next step.
+        let _ = self.events.send(event);
+    }
+
+    /// The shard's copy of this request: its tokens so far and how many were generated.
+    pub fn new_request(&self) -> pb::NewRequest {
+        pb::NewRequest {
+            id: self.id,
+            token_ids: self.tokens.clone(),
+            num_output_tokens: u32::try_from(self.tokens.len() - self.prompt_len)
+                .unwrap_or(u32::MAX),
+            sampling: Some(pb::SamplingParameters {
+                temperature: self.sampling.temperature,
+                top_k: self.sampling.top_k,
+                top_p: self.sampling.top_p,
+                seed: self.sampling.seed,
+            }),
+            stopping: Some(pb::StoppingCriteria {
+                max_new_tokens: self.stopping.max_new_tokens,
+                ignore_eos: self.stopping.ignore_eos,
+                stop_token_ids: self.stopping.stop_token_ids.clone(),
+            }),
+        }
+    }
+}

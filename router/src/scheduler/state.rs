@@ -1,0 +1,288 @@
+//! The scheduler's bookkeeping: which requests run, how many tokens each gets, which
+//! blocks they use. Pure state, no I/O: `schedule` plans a step, `apply` takes its result.
+
+use std::collections::VecDeque;
+
+use super::request::{FinishReason, GeneratedToken, GenerationEvent};
+use super::sequence::Sequence;
+use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
+use crate::kv::BlockPool;
+use crate::pb;
+
+/// What one step may still take.
+struct Budget {
+    tokens: usize,
+    requests: usize,
+}
+
+/// Owned by the scheduler actor; nothing else touches it.
+pub(crate) struct SchedulerState {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    /// FCFS queue; preempted requests go back to its front.
+    waiting: VecDeque<Sequence>,
+    /// Admission order: the newest request is last and is preempted first.
+    running: Vec<Sequence>,
+    /// Requests the shards still hold but must drop at the next step.
+    forget: Vec<u64>,
+    next_step_id: u64,
+}
+
+fn to_u32(value: usize) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+impl SchedulerState {
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self {
+            pool: BlockPool::new(config.num_blocks),
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            forget: Vec::new(),
+            next_step_id: 0,
+        }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn enqueue(&mut self, sequence: Sequence) {
+        self.waiting.push_back(sequence);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.forget.is_empty()
+    }
+
+    pub fn load(&self) -> LoadSnapshot {
+        LoadSnapshot {
+            queued_requests: self.waiting.len(),
+            running_requests: self.running.len(),
+            kv_blocks_used: self.pool.used(),
+            kv_blocks_total: self.pool.total(),
+        }
+    }
+
+    /// Plans the next step, or `None` when there is nothing to tell the shards.
+    ///
+    /// Running requests come first (oldest first), each getting its remaining tokens up to
+    /// the budget; when blocks run out the newest running request is preempted. Then
+    /// waiting requests are admitted in arrival order while budget and blocks allow.
+    pub fn schedule(&mut self) -> Option<pb::StepRequest> {
+        self.drop_cancelled();
+        let mut budget = Budget {
+            tokens: self.config.max_batch_tokens,
+            requests: self.config.max_batch_requests,
+        };
+        let mut step = pb::StepRequest {
+            step_id: self.next_step_id,
+            ..Default::default()
+        };
+        self.schedule_running(&mut budget, &mut step);
+        self.admit_waiting(&mut budget, &mut step);
+        step.finished = std::mem::take(&mut self.forget);
+        if step.scheduled.is_empty() && step.finished.is_empty() {
+            return None;
+        }
+        self.next_step_id += 1;
+        Some(step)
+    }
+
+    fn schedule_running(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
+        let mut index = 0;
+        while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
+            let decodes_behind = self.running[index + 1..]
+                .iter()
+                .filter(|sequence| sequence.remaining() == 1)
+                .count();
+            let remaining = self.running[index].remaining();
+            // A prompt chunk leaves room for the single tokens of the decodes behind it.
+            let share = if remaining > 1 {
+                budget.tokens.saturating_sub(decodes_behind).max(1)
+            } else {
+                budget.tokens
+            };
+            let num_tokens = remaining.min(share);
+            let Some(new_blocks) = self.reserve_blocks(index, num_tokens) else {
+                // `index` itself was the newest and got preempted; nothing runs after it.
+                break;
+            };
+            let sequence = &mut self.running[index];
+            step.scheduled.push(pb::ScheduledRequest {
+                id: sequence.id,
+                num_tokens: to_u32(num_tokens),
+                new_block_ids: new_blocks,
+                num_computed_tokens: to_u32(sequence.num_computed),
+            });
+            sequence.num_computed += num_tokens;
+            budget.tokens -= num_tokens;
+            budget.requests -= 1;
+            index += 1;
+        }
+    }
+
+    /// Grows `running[index]`'s table to cover `num_tokens` more tokens, preempting the
+    /// newest running requests as needed. `None` when `running[index]` itself was preempted.
+    fn reserve_blocks(&mut self, index: usize, num_tokens: usize) -> Option<Vec<u32>> {
+        loop {
+            let block_size = self.config.block_size;
+            let sequence = &mut self.running[index];
+            let missing =
+                sequence.blocks_missing_for(sequence.num_computed + num_tokens, block_size);
+            if let Some(new_blocks) = sequence.blocks.grow(missing) {
+                return Some(new_blocks.to_vec());
+            }
+            let preempting_itself = index + 1 == self.running.len();
+            self.preempt_newest();
+            if preempting_itself {
+                return None;
+            }
+        }
+    }
+
+    fn preempt_newest(&mut self) {
+        let Some(mut sequence) = self.running.pop() else {
+            return;
+        };
+        tracing::debug!(id = sequence.id, "preempting: KV blocks ran out");
+        metrics::counter!("tandem_preemptions_total").increment(1);
+        if sequence.known_to_shards {
+            self.forget.push(sequence.id);
+        }
+        sequence.reset_for_recompute();
+        self.waiting.push_front(sequence);
+    }
+
+    fn admit_waiting(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
+        while budget.tokens > 0
+            && budget.requests > 0
+            && self.running.len() < self.config.max_batch_requests
+        {
+            let Some(head) = self.waiting.front_mut() else {
+                return;
+            };
+            let num_tokens = head.remaining().min(budget.tokens);
+            let missing = head.blocks_missing_for(num_tokens, self.config.block_size);
+            // First come, first served: when the head does not fit, nobody behind it runs.
+            if head.blocks.grow(missing).is_none() {
+                return;
+            }
+            let Some(mut sequence) = self.waiting.pop_front() else {
+                return;
+            };
+            step.new_requests.push(sequence.new_request());
+            step.scheduled.push(pb::ScheduledRequest {
+                id: sequence.id,
+                num_tokens: to_u32(num_tokens),
+                new_block_ids: sequence.blocks.blocks().to_vec(),
+                num_computed_tokens: 0,
+            });
+            sequence.known_to_shards = true;
+            sequence.num_computed = num_tokens;
+            if !sequence.started {
+                sequence.started = true;
+                metrics::histogram!("tandem_queue_duration_seconds")
+                    .record(sequence.arrived_at.elapsed().as_secs_f64());
+                sequence.notify(GenerationEvent::Started);
+            }
+            budget.tokens -= num_tokens;
+            budget.requests -= 1;
+            self.running.push(sequence);
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let forget = &mut self.forget;
+        self.running.retain(|sequence| {
+            if !sequence.is_cancelled() {
+                return true;
+            }
+            metrics::counter!("tandem_cancelled_requests_total").increment(1);
+            forget.push(sequence.id);
+            false
+        });
+        // Waiting requests hold no shard state (preemption already asked shards to forget).
+        self.waiting.retain(|sequence| {
+            if !sequence.is_cancelled() {
+                return true;
+            }
+            metrics::counter!("tandem_cancelled_requests_total").increment(1);
+            false
+        });
+    }
+
+    /// Delivers a step's tokens. Requests the shard finished are dropped (freeing their
+    /// blocks); the shard has already forgotten them.
+    pub fn apply(&mut self, response: pb::StepResponse) {
+        for generation in response.generations {
+            let Some(index) = self
+                .running
+                .iter()
+                .position(|sequence| sequence.id == generation.id)
+            else {
+                tracing::warn!(
+                    id = generation.id,
+                    "token for a request that is not running"
+                );
+                continue;
+            };
+            let finish = finish_reason(generation.finish_reason);
+            let sequence = &mut self.running[index];
+            sequence.tokens.push(generation.token_id);
+            sequence.notify(GenerationEvent::Token(GeneratedToken {
+                id: generation.token_id,
+                logprob: generation.logprob,
+                finish,
+            }));
+            if finish.is_some() {
+                self.running.remove(index);
+            }
+        }
+        self.fail_starved();
+    }
+
+    /// A request whose tokens were all computed must have received its next token.
+    fn fail_starved(&mut self) {
+        let forget = &mut self.forget;
+        self.running.retain(|sequence| {
+            if sequence.remaining() > 0 {
+                return true;
+            }
+            let error = SchedulerError::ShardFailed(format!(
+                "no token returned for request {}",
+                sequence.id
+            ));
+            sequence.notify(GenerationEvent::Error(error));
+            forget.push(sequence.id);
+            false
+        });
+    }
+
+    /// After a failed step, every running request fails; waiting requests stay queued.
+    pub fn fail_running(&mut self, error: &SchedulerError) {
+        for sequence in self.running.drain(..) {
+            sequence.notify(GenerationEvent::Error(error.clone()));
+        }
+        // The shards are reset after a failure, so they hold nothing to forget.
+        self.forget.clear();
+    }
+
+    /// Fails everything (the scheduler is going away).
+    pub fn fail_all(&mut self, error: &SchedulerError) {
+        self.fail_running(error);
+        for sequence in self.waiting.drain(..) {
+            sequence.notify(GenerationEvent::Error(error.clone()));
+        }
+    }
+}
+
+fn finish_reason(code: i32) -> Option<FinishReason> {
+    match pb::FinishReason::try_from(code) {
+        Ok(pb::FinishReason::Length) => Some(FinishReason::Length),
+        Ok(pb::FinishReason::Eos) => Some(FinishReason::Eos),
+        Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
+        Ok(pb::FinishReason::Unspecified) | Err(_) => None,
+    }
+}

@@ -1,0 +1,128 @@
+//! Fans every RPC out to all ranks at once and fails if any rank fails.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tonic::transport::Channel;
+
+use super::connect::connect_unix;
+use super::ShardError;
+use crate::pb;
+use crate::pb::shard_service_client::ShardServiceClient;
+
+type Client = ShardServiceClient<Channel>;
+
+/// Clients for every rank, in rank order. Cloning is cheap (channels are shared).
+#[derive(Debug, Clone)]
+pub struct ShardFleet {
+    clients: Vec<Client>,
+}
+
+impl ShardFleet {
+    /// Connects to every rank's socket (rank order), each retried until `timeout`.
+    pub async fn connect(uds_paths: &[PathBuf], timeout: Duration) -> Result<Self, ShardError> {
+        if uds_paths.is_empty() {
+            return Err(ShardError::NoShards);
+        }
+        let connections = uds_paths
+            .iter()
+            .enumerate()
+            .map(|(rank, path)| connect_unix(rank, path, timeout));
+        let channels = join_all(connections)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let clients = channels
+            .into_iter()
+            .map(|channel| Client::new(channel).max_decoding_message_size(usize::MAX))
+            .collect();
+        Ok(Self { clients })
+    }
+
+    pub fn num_shards(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Rank 0's model facts, after checking that every rank serves the same model.
+    pub async fn info(&self) -> Result<pb::InfoResponse, ShardError> {
+        let mut answers = self
+            .fan_out(|mut client| async move { client.info(pb::InfoRequest {}).await })
+            .await?;
+        let first = answers.remove(0);
+        for (offset, other) in answers.iter().enumerate() {
+            if other.architecture != first.architecture || other.vocab_size != first.vocab_size {
+                return Err(ShardError::Inconsistent(format!(
+                    "rank {} serves {} (vocab {}), rank 0 serves {} (vocab {})",
+                    offset + 1,
+                    other.architecture,
+                    other.vocab_size,
+                    first.architecture,
+                    first.vocab_size
+                )));
+            }
+        }
+        Ok(first)
+    }
+
+    pub async fn health(&self, deep: bool) -> Result<(), ShardError> {
+        self.fan_out(|mut client| async move { client.health(pb::HealthRequest { deep }).await })
+            .await
+            .map(drop)
+    }
+
+    /// Allocates the KV cache on every rank; the usable size is the smallest rank's.
+    pub async fn warmup(
+        &self,
+        request: pb::WarmupRequest,
+    ) -> Result<pb::WarmupResponse, ShardError> {
+        let answers = self
+            .fan_out(|mut client| async move { client.warmup(request).await })
+            .await?;
+        answers
+            .into_iter()
+            .min_by_key(|answer| answer.num_blocks)
+            .ok_or(ShardError::NoShards)
+    }
+
+    /// Runs one step on every rank; returns rank 0's outputs (every rank samples the same tokens).
+    pub async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+        let mut answers = self
+            .fan_out(|mut client| {
+                let request = request.clone();
+                async move { client.step(request).await }
+            })
+            .await?;
+        Ok(answers.swap_remove(0))
+    }
+
+    pub async fn reset(&self) -> Result<(), ShardError> {
+        self.fan_out(|mut client| async move { client.reset(pb::ResetRequest {}).await })
+            .await
+            .map(drop)
+    }
+
+    /// Sends one call to every rank concurrently; the answers come back in rank order.
+    async fn fan_out<T, F, Fut>(&self, call: F) -> Result<Vec<T>, ShardError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let calls = self.clients.iter().cloned().map(&call);
+        join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+            .map(|(rank, answer)| {
+                answer
+                    .map(tonic::Response::into_inner)
+                    .map_err(|status| ShardError::Rpc {
+                        rank,
+                        code: status.code(),
+                        message: status.message().to_string(),
+                    })
+            })
+            .collect()
+    }
+}
