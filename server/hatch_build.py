@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from grpc_tools import protoc
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 CONTRACT_DIR = Path("proto/tandem/shard/v1")
@@ -16,8 +17,6 @@ class ProtoBuildHook(BuildHookInterface):
     """Runs grpcio-tools' protoc over the contract before every wheel or editable build."""
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
-        from grpc_tools import protoc
-
         root = Path(self.root)
         contract_dir = (root.parent / CONTRACT_DIR).resolve()
         out_dir = root / GENERATED_DIR

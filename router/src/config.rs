@@ -1,0 +1,197 @@
+//! Command-line flags (each also read from an upper-case environment variable) and the
+//! checked configuration the router runs with.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tandem-router", version, about)]
+pub struct RouterArgs {
+    /// Address to listen on.
+    #[arg(long, env = "HOSTNAME", default_value = "127.0.0.1")]
+    pub hostname: String,
+    /// Port to listen on.
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+    /// Unix socket of a shard; repeat once per rank, in rank order.
+    #[arg(
+        long = "shard-uds-path",
+        env = "SHARD_UDS_PATH",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub shard_uds_paths: Vec<PathBuf>,
+    /// Model directory holding tokenizer.json, tokenizer_config.json and optionally
+    /// chat_template.jinja and generation_config.json.
+    #[arg(long, env = "TOKENIZER_PATH")]
+    pub tokenizer_path: PathBuf,
+    /// Model name reported by the API.
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: String,
+    /// Requests handled at once; more are answered 429.
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 128)]
+    pub max_concurrent_requests: usize,
+    /// Longest accepted prompt, in tokens.
+    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 4095)]
+    pub max_input_tokens: usize,
+    /// Longest prompt plus generation, in tokens.
+    #[arg(long, env = "MAX_TOTAL_TOKENS", default_value_t = 4096)]
+    pub max_total_tokens: usize,
+    /// Tokens one forward step may process (prompt chunks plus decode tokens).
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 512)]
+    pub max_batch_prefill_tokens: usize,
+    /// Requests one forward step may carry.
+    #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, env = "BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// Log as JSON lines.
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+    /// Seconds to wait for every shard socket to accept connections.
+    #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 60)]
+    pub shard_connect_timeout: u64,
+}
+
+/// Flags that cannot work together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("--max-input-tokens ({max_input_tokens}) must be less than --max-total-tokens ({max_total_tokens})")]
+    InputNotBelowTotal {
+        max_input_tokens: usize,
+        max_total_tokens: usize,
+    },
+    #[error("--model-id must not be empty")]
+    EmptyModelId,
+}
+
+/// Token limits and batch sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_concurrent_requests: usize,
+    pub max_input_tokens: usize,
+    pub max_total_tokens: usize,
+    pub max_batch_prefill_tokens: usize,
+    pub max_batch_size: usize,
+    pub block_size: usize,
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterConfig {
+    pub hostname: String,
+    pub port: u16,
+    pub shard_uds_paths: Vec<PathBuf>,
+    pub tokenizer_path: PathBuf,
+    pub model_id: String,
+    pub limits: Limits,
+    pub json_output: bool,
+    pub shard_connect_timeout: Duration,
+}
+
+impl TryFrom<RouterArgs> for RouterConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: RouterArgs) -> Result<Self, ConfigError> {
+        let sizes = [
+            ("max-concurrent-requests", args.max_concurrent_requests),
+            ("max-input-tokens", args.max_input_tokens),
+            ("max-total-tokens", args.max_total_tokens),
+            ("max-batch-prefill-tokens", args.max_batch_prefill_tokens),
+            ("max-batch-size", args.max_batch_size),
+            ("block-size", args.block_size),
+        ];
+        if let Some((flag, _)) = sizes.iter().find(|(_, value)| *value == 0) {
+            return Err(ConfigError::Zero(flag));
+        }
+        if args.max_input_tokens >= args.max_total_tokens {
+            return Err(ConfigError::InputNotBelowTotal {
+                max_input_tokens: args.max_input_tokens,
+                max_total_tokens: args.max_total_tokens,
+            });
+        }
+        if args.model_id.trim().is_empty() {
+            return Err(ConfigError::EmptyModelId);
+        }
+        Ok(Self {
+            hostname: args.hostname,
+            port: args.port,
+            shard_uds_paths: args.shard_uds_paths,
+            tokenizer_path: args.tokenizer_path,
+            model_id: args.model_id,
+            limits: Limits {
+                max_concurrent_requests: args.max_concurrent_requests,
+                max_input_tokens: args.max_input_tokens,
+                max_total_tokens: args.max_total_tokens,
+                max_batch_prefill_tokens: args.max_batch_prefill_tokens,
+                max_batch_size: args.max_batch_size,
+                block_size: args.block_size,
+            },
+            json_output: args.json_output,
+            shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<RouterConfig, ConfigError> {
+        let mut argv = vec![
+            "tandem-router",
+            "--shard-uds-path",
+            "/run/s0.sock",
+            "--shard-uds-path",
+            "/run/s1.sock",
+            "--tokenizer-path",
+            "/models/m",
+            "--model-id",
+            "m",
+        ];
+        argv.extend_from_slice(extra);
+        RouterConfig::try_from(RouterArgs::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn defaults_and_repeated_shard_paths_in_rank_order() {
+        let config = parse(&[]).unwrap();
+        let hostname = std::env::var("HOSTNAME").unwrap_or_else(|_| "127.0.0.1".to_owned());
+        assert_eq!(config.hostname, hostname);
+        assert_eq!(config.port, 3000);
+        assert_eq!(
+            config.shard_uds_paths,
+            [PathBuf::from("/run/s0.sock"), PathBuf::from("/run/s1.sock")]
+        );
+        assert_eq!(config.limits.max_total_tokens, 4096);
+        assert_eq!(config.limits.block_size, 16);
+        assert_eq!(config.shard_connect_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn input_limit_must_be_below_total_limit() {
+        let error = parse(&["--max-input-tokens", "4096"]).unwrap_err();
+        assert!(
+            error.to_string().contains("--max-total-tokens (4096)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn zero_sizes_are_rejected() {
+        let error = parse(&["--block-size", "0"]).unwrap_err();
+        assert_eq!(error, ConfigError::Zero("block-size"));
+    }
+
+    #[test]
+    fn shard_socket_is_required() {
+        let argv = ["tandem-router", "--tokenizer-path", "/m", "--model-id", "m"];
+        assert!(RouterArgs::try_parse_from(argv).is_err());
+    }
+}

@@ -1,0 +1,251 @@
+//! The router's one HTTP error type and the one place it is rendered.
+//!
+//! OpenAI routes (`/v1/*`) answer `{"error": {"message", "type", "param", "code"}}`; native
+//! routes answer TGI's `{"error", "error_type"}`. Both render from the same `AppError`.
+
+use std::marker::PhantomData;
+
+use axum::http::StatusCode;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::scheduler::SchedulerError;
+use crate::stream::StreamError;
+use crate::validation::ValidationError;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    #[error("invalid request body: {message}")]
+    InvalidBody {
+        message: String,
+        param: Option<String>,
+    },
+    #[error("request body too large: {0}")]
+    PayloadTooLarge(String),
+    #[error("the server is handling its maximum of {0} concurrent requests; retry later")]
+    Overloaded(usize),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    #[error("the model is not healthy: {0}")]
+    Unhealthy(SchedulerError),
+}
+
+/// What kind of failure an `AppError` is; decides status codes and type strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Validation,
+    TooLarge,
+    Overloaded,
+    Generation,
+    Unavailable,
+}
+
+impl AppError {
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Validation(_)
+            | Self::InvalidBody { .. }
+            | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,
+            Self::PayloadTooLarge(_) => Kind::TooLarge,
+            Self::Overloaded(_) => Kind::Overloaded,
+            Self::Scheduler(SchedulerError::ShuttingDown)
+            | Self::Stream(StreamError::Scheduler(SchedulerError::ShuttingDown))
+            | Self::Unhealthy(_) => Kind::Unavailable,
+            Self::Scheduler(_) | Self::Stream(_) => Kind::Generation,
+        }
+    }
+
+    /// A short label for the `reason` of `tandem_request_failure`.
+    pub fn metric_reason(&self) -> &'static str {
+        native_type(self.kind())
+    }
+
+    fn param(&self) -> Option<&str> {
+        match self {
+            Self::Validation(error) => error.param(),
+            Self::InvalidBody { param, .. } => param.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn openai_code(&self) -> Option<&'static str> {
+        match self {
+            Self::Validation(
+                ValidationError::InputTooLong { .. } | ValidationError::TotalTooLong { .. },
+            ) => Some("context_length_exceeded"),
+            _ => None,
+        }
+    }
+}
+
+/// Which API family a route belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    OpenAi,
+    Native,
+}
+
+/// Marks a handler's API family at the type level, so `?` renders errors correctly.
+pub trait Flavor: Send + Sync + 'static {
+    const API: Api;
+}
+
+/// The `/v1/*` routes.
+#[derive(Debug)]
+pub struct OpenAi;
+impl Flavor for OpenAi {
+    const API: Api = Api::OpenAi;
+}
+
+/// The TGI-compatible routes.
+#[derive(Debug)]
+pub struct Native;
+impl Flavor for Native {
+    const API: Api = Api::Native;
+}
+
+fn native_type(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Validation | Kind::TooLarge => "validation",
+        Kind::Overloaded => "overloaded",
+        Kind::Generation => "generation",
+        Kind::Unavailable => "unhealthy",
+    }
+}
+
+fn status(api: Api, kind: Kind) -> StatusCode {
+    match (kind, api) {
+        (Kind::Validation, Api::OpenAi) => StatusCode::BAD_REQUEST,
+        (Kind::Validation, Api::Native) => StatusCode::UNPROCESSABLE_ENTITY,
+        (Kind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
+        (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
+        (Kind::Generation, Api::OpenAi) => StatusCode::INTERNAL_SERVER_ERROR,
+        (Kind::Generation, Api::Native) => StatusCode::FAILED_DEPENDENCY,
+        (Kind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// The JSON body for `error` in `api`'s shape.
+pub fn error_body(api: Api, error: &AppError) -> Value {
+    let kind = error.kind();
+    match api {
+        Api::Native => json!({"error": error.to_string(), "error_type": native_type(kind)}),
+        Api::OpenAi => {
+            let error_type = match kind {
+                Kind::Validation | Kind::TooLarge => "invalid_request_error",
+                Kind::Overloaded => "overloaded",
+                Kind::Generation => "server_error",
+                Kind::Unavailable => "service_unavailable",
+            };
+            json!({"error": {
+                "message": error.to_string(),
+                "type": error_type,
+                "param": error.param(),
+                "code": error.openai_code(),
+            }})
+        }
+    }
+}
+
+/// The full HTTP response for `error` in `api`'s shape.
+pub fn error_response(api: Api, error: &AppError) -> Response {
+    (status(api, error.kind()), Json(error_body(api, error))).into_response()
+}
+
+/// The SSE event that reports `error` in the middle of a stream.
+pub fn error_event(api: Api, error: &AppError) -> Event {
+    Event::default().data(error_body(api, error).to_string())
+}
+
+/// An `AppError` on its way out of a handler of flavor `F`.
+#[derive(Debug)]
+pub struct ApiError<F> {
+    pub error: AppError,
+    flavor: PhantomData<F>,
+}
+
+impl<F: Flavor> IntoResponse for ApiError<F> {
+    fn into_response(self) -> Response {
+        error_response(F::API, &self.error)
+    }
+}
+
+impl<F> From<AppError> for ApiError<F> {
+    fn from(error: AppError) -> Self {
+        Self {
+            error,
+            flavor: PhantomData,
+        }
+    }
+}
+
+impl<F> From<ValidationError> for ApiError<F> {
+    fn from(error: ValidationError) -> Self {
+        AppError::from(error).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_errors_are_400_on_openai_and_422_native() {
+        let error = AppError::Validation(ValidationError::Missing("messages"));
+        assert_eq!(status(Api::OpenAi, error.kind()), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            status(Api::Native, error.kind()),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        let body = error_body(Api::OpenAi, &error);
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "messages");
+        assert_eq!(body["error"]["code"], Value::Null);
+        let body = error_body(Api::Native, &error);
+        assert_eq!(body["error_type"], "validation");
+        assert_eq!(body["error"], "`messages` is required");
+    }
+
+    #[test]
+    fn shard_failures_are_424_native_and_500_openai() {
+        let error = AppError::Scheduler(SchedulerError::ShardFailed("boom".into()));
+        assert_eq!(
+            status(Api::Native, error.kind()),
+            StatusCode::FAILED_DEPENDENCY
+        );
+        assert_eq!(
+            status(Api::OpenAi, error.kind()),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(error.metric_reason(), "generation");
+    }
+
+    #[test]
+    fn shutdown_is_503_and_overload_is_429() {
+        let shutting = AppError::Stream(StreamError::Scheduler(SchedulerError::ShuttingDown));
+        assert_eq!(
+            status(Api::OpenAi, shutting.kind()),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let overloaded = AppError::Overloaded(4);
+        assert_eq!(
+            status(Api::Native, overloaded.kind()),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            error_body(Api::Native, &overloaded)["error_type"],
+            "overloaded"
+        );
+        assert_eq!(
+            error_body(Api::OpenAi, &overloaded)["error"]["type"],
+            "overloaded"
+        );
+    }
+}

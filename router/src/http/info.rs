@@ -1,0 +1,69 @@
+//! Operational routes: `/health`, `/info`, `/metrics`, `/v1/models`.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::json;
+
+use super::AppState;
+use crate::error::{error_response, Api, AppError};
+
+/// What `/info` reports: the model, the limits and the KV cache size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerInfo {
+    pub model_id: String,
+    pub model_dtype: String,
+    pub model_device_type: String,
+    pub model_architecture: String,
+    pub num_shard: usize,
+    pub max_concurrent_requests: usize,
+    pub max_input_tokens: usize,
+    pub max_total_tokens: usize,
+    pub max_batch_prefill_tokens: usize,
+    pub max_batch_size: usize,
+    pub block_size: usize,
+    pub kv_cache_blocks: usize,
+    pub kv_cache_tokens: usize,
+    pub router: &'static str,
+    pub version: &'static str,
+    /// Seconds since the Unix epoch when the router started; `created` of `/v1/models`.
+    #[serde(skip)]
+    pub started_at: u64,
+}
+
+/// `GET /health`: 200 when every shard answers, 503 otherwise.
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.backend.health().await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(error) => error_response(Api::Native, &AppError::Unhealthy(error)),
+    }
+}
+
+/// `GET /info`.
+pub async fn info(State(state): State<AppState>) -> Json<ServerInfo> {
+    Json(state.info.as_ref().clone())
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.info.model_id,
+            "object": "model",
+            "created": state.info.started_at,
+            "owned_by": "tandem",
+        }],
+    }))
+}

@@ -1,0 +1,102 @@
+//! A JSON body extractor whose rejections use the route's error shape, never axum's plain text.
+
+use std::marker::PhantomData;
+
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, AppError, Flavor};
+
+/// The request body parsed as `T`; failures render in flavor `F`'s error shape and name
+/// the offending field when there is one.
+#[derive(Debug)]
+pub struct ApiJson<T, F>(pub T, pub PhantomData<F>);
+
+impl<S, T, F> FromRequest<S> for ApiJson<T, F>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+    F: Flavor,
+{
+    type Rejection = ApiError<F>;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let body = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    AppError::PayloadTooLarge(rejection.body_text())
+                } else {
+                    AppError::InvalidBody {
+                        message: rejection.body_text(),
+                        param: None,
+                    }
+                }
+            })?;
+        parse(&body)
+            .map(|value| Self(value, PhantomData))
+            .map_err(Into::into)
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path();
+        let known = path.iter().next().is_some()
+            && !path
+                .iter()
+                .any(|segment| matches!(segment, serde_path_to_error::Segment::Unknown));
+        let param = known.then(|| path.to_string());
+        let message = match &param {
+            Some(param) => format!("`{param}`: {}", error.inner()),
+            None => error.inner().to_string(),
+        };
+        AppError::InvalidBody { message, param }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Body {
+        n: u32,
+        nested: Option<Nested>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Nested {
+        seed: u64,
+    }
+
+    fn error_of(body: &str) -> (String, Option<String>) {
+        match parse::<Body>(body.as_bytes()).unwrap_err() {
+            AppError::InvalidBody { message, param } => (message, param),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_field_path() {
+        let (message, param) = error_of(r#"{"n": 1, "nested": {"seed": -1}}"#);
+        assert_eq!(param.as_deref(), Some("nested.seed"));
+        assert!(
+            message.starts_with("`nested.seed`: invalid value"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn malformed_json_has_no_param() {
+        let (message, param) = error_of("{not json");
+        assert_eq!(param, None);
+        assert!(message.contains("line 1"), "{message}");
+    }
+}

@@ -1,0 +1,114 @@
+//! The axum application: routes, shared state, request ids, body limit.
+
+mod generation;
+mod info;
+mod json;
+mod native;
+mod openai;
+mod sse;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+pub use info::ServerInfo;
+
+use crate::scheduler::Backend;
+use crate::stream::TokenDecoding;
+use crate::validation::Validator;
+
+/// Largest accepted request body.
+pub const BODY_LIMIT_BYTES: usize = 4 * 1024 * 1024;
+const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub validator: Arc<Validator>,
+    pub decoding: Arc<TokenDecoding>,
+    pub info: Arc<ServerInfo>,
+    pub metrics: PrometheusHandle,
+    /// One permit per request in flight; none left means 429.
+    admission: Arc<Semaphore>,
+}
+
+impl AppState {
+    /// State whose admission allows `info.max_concurrent_requests` requests at once.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        validator: Arc<Validator>,
+        decoding: Arc<TokenDecoding>,
+        info: ServerInfo,
+        metrics: PrometheusHandle,
+    ) -> Self {
+        let admission = Arc::new(Semaphore::new(info.max_concurrent_requests));
+        Self {
+            backend,
+            validator,
+            decoding,
+            info: Arc::new(info),
+            metrics,
+            admission,
+        }
+    }
+}
+
+/// The router's HTTP application.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/generate", post(native::generate))
+        .route("/generate_stream", post(native::generate_stream))
+        .route("/v1/chat/completions", post(openai::chat::completions))
+        .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/info", get(info::info))
+        .route("/metrics", get(info::metrics))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(middleware::from_fn(request_span))
+        .with_state(state)
+}
+
+/// Gives every request an id (the client's `x-request-id`, else a fresh one), a span
+/// carrying it, and echoes it in the response.
+async fn request_span(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty() && value.len() <= 128)
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let span = tracing::info_span!(
+        "request",
+        id = %id,
+        method = %request.method(),
+        path = %request.uri().path()
+    );
+    let is_probe = request.method() == Method::GET;
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    let latency_ms = started.elapsed().as_millis();
+    span.in_scope(|| {
+        if is_probe {
+            tracing::debug!(status, latency_ms, "response");
+        } else {
+            tracing::info!(status, latency_ms, "response");
+        }
+    });
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}

@@ -1,0 +1,215 @@
+//! TGI-compatible routes: `POST /generate` and `POST /generate_stream`.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::generation::{Completed, Generation};
+use super::json::ApiJson;
+use super::sse::{json_event, sse_response};
+use super::AppState;
+use crate::error::{error_event, Api, ApiError, AppError, Native};
+use crate::stream::{Finish, TokenText};
+use crate::validation::{
+    reject_unsupported, require_single_choice, GenerationParams, Prompt, ValidationError,
+};
+
+/// `POST /generate` and `/generate_stream` body.
+#[derive(Debug, Deserialize)]
+pub struct GenerateRequest {
+    inputs: String,
+    parameters: Option<GenerateParameters>,
+    stream: Option<bool>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct GenerateParameters {
+    best_of: Option<i64>,
+    details: Option<bool>,
+    do_sample: Option<bool>,
+    max_new_tokens: Option<i64>,
+    return_full_text: Option<bool>,
+    seed: Option<u64>,
+    stop: Option<Vec<String>>,
+    temperature: Option<f64>,
+    top_k: Option<i64>,
+    top_p: Option<f64>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+/// How the response is shaped, beyond what the scheduler needs.
+struct ResponseOptions {
+    details: bool,
+    full_text_prefix: Option<String>,
+}
+
+impl GenerateRequest {
+    fn into_parts(self) -> Result<(Prompt, GenerationParams, ResponseOptions), ValidationError> {
+        reject_unsupported(&self.extra, &[])?;
+        let p = self.parameters.unwrap_or_default();
+        reject_unsupported(&p.extra, &[])?;
+        require_single_choice("best_of", p.best_of)?;
+        let sampling_requested = p.do_sample == Some(true)
+            || p.temperature.is_some_and(|t| t != 1.0)
+            || p.top_k.is_some_and(|k| k != 0)
+            || p.top_p.is_some_and(|t| t != 1.0);
+        let params = GenerationParams {
+            temperature: if sampling_requested {
+                p.temperature
+            } else {
+                Some(0.0)
+            },
+            top_p: p.top_p,
+            top_k: p.top_k,
+            max_new_tokens: p.max_new_tokens,
+            max_new_tokens_param: "max_new_tokens",
+            seed: p.seed,
+            stop: p.stop.unwrap_or_default(),
+        };
+        let options = ResponseOptions {
+            details: p.details == Some(true),
+            full_text_prefix: (p.return_full_text == Some(true)).then(|| self.inputs.clone()),
+        };
+        Ok((Prompt::Text(self.inputs), params, options))
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct GenerateResponse {
+    generated_text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<Details>,
+}
+
+#[derive(Debug, Serialize)]
+struct Details {
+    finish_reason: &'static str,
+    generated_tokens: usize,
+    seed: u64,
+    prefill: Vec<Token>,
+    tokens: Vec<Token>,
+}
+
+#[derive(Debug, Serialize)]
+struct Token {
+    id: u32,
+    text: String,
+    logprob: f32,
+    special: bool,
+}
+
+impl From<TokenText> for Token {
+    fn from(token: TokenText) -> Self {
+        Self {
+            id: token.id,
+            text: token.text,
+            logprob: token.logprob,
+            special: token.special,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct StreamResponse {
+    index: usize,
+    token: Token,
+    generated_text: Option<String>,
+    details: Option<StreamDetails>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamDetails {
+    finish_reason: &'static str,
+    generated_tokens: usize,
+    seed: u64,
+    input_length: usize,
+}
+
+fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Length => "length",
+        Finish::EosToken => "eos_token",
+        Finish::StopSequence => "stop_sequence",
+    }
+}
+
+/// `POST /generate`: the whole generation as one JSON object.
+pub async fn generate(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    if request.stream == Some(true) {
+        return Err(ValidationError::Unsupported {
+            param: "stream".to_owned(),
+            detail: " on /generate: use /generate_stream".to_owned(),
+        }
+        .into());
+    }
+    let (prompt, params, options) = request.into_parts()?;
+    let generation = Generation::start(&state, "generate", prompt, &params).await?;
+    let completed = generation.collect().await?;
+    Ok(Json(response(completed, &options)).into_response())
+}
+
+fn response(completed: Completed, options: &ResponseOptions) -> GenerateResponse {
+    let details = options.details.then(|| Details {
+        finish_reason: finish_reason(completed.finish),
+        generated_tokens: completed.tokens.len(),
+        seed: completed.seed,
+        prefill: Vec::new(),
+        tokens: completed.tokens.into_iter().map(Token::from).collect(),
+    });
+    let generated_text = match &options.full_text_prefix {
+        Some(prefix) => format!("{prefix}{}", completed.text),
+        None => completed.text,
+    };
+    GenerateResponse {
+        generated_text,
+        details,
+    }
+}
+
+/// `POST /generate_stream`: one event per token; the last carries the full text and details.
+pub async fn generate_stream(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    let (prompt, params, options) = request.into_parts()?;
+    let mut generation = Generation::start(&state, "generate_stream", prompt, &params).await?;
+    let events = async_stream::stream! {
+        let mut text = options.full_text_prefix.unwrap_or_default();
+        loop {
+            let error = match generation.next().await {
+                Some(Ok(delta)) => {
+                    text.push_str(&delta.token.text);
+                    let index = generation.generated_tokens();
+                    let details = delta.finish.map(|finish| StreamDetails {
+                        finish_reason: finish_reason(finish),
+                        generated_tokens: index,
+                        seed: generation.seed,
+                        input_length: generation.input_tokens,
+                    });
+                    let last = details.is_some();
+                    let generated_text = last.then(|| std::mem::take(&mut text));
+                    yield json_event(&StreamResponse { index, token: delta.token.into(), generated_text, details });
+                    if last {
+                        generation.succeed();
+                        return;
+                    }
+                    continue;
+                }
+                Some(Err(error)) => error,
+                None => AppError::Stream(crate::stream::StreamError::Incomplete),
+            };
+            yield error_event(Api::Native, &error);
+            generation.fail(&error);
+            return;
+        }
+    };
+    Ok(sse_response(events))
+}

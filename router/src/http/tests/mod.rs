@@ -1,0 +1,231 @@
+//! HTTP behaviour through `app()` with a scripted fake `Backend`.
+
+mod errors;
+mod native;
+mod openai;
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tower::ServiceExt;
+
+use super::{app, AppState, ServerInfo};
+use crate::scheduler::{
+    Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
+    LoadSnapshot, SchedulerError,
+};
+use crate::stream::TokenDecoding;
+use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, Validator};
+
+pub const MODEL_ID: &str = "test-model";
+pub const MAX_INPUT_TOKENS: usize = 64;
+pub const MAX_TOTAL_TOKENS: usize = 128;
+
+/// What the fake engine does with every request.
+#[derive(Debug, Clone)]
+pub enum Script {
+    /// Emits these tokens; the last one carries the finish reason.
+    Tokens(Vec<u32>, FinishReason),
+    /// Emits these tokens, then keeps the request open forever.
+    Hold(Vec<u32>),
+    /// Emits these tokens, then fails.
+    FailAfter(Vec<u32>, SchedulerError),
+    /// Refuses the submission.
+    Refuse(SchedulerError),
+}
+
+/// A `Backend` that plays a `Script` and records what it was given.
+pub struct FakeBackend {
+    script: Script,
+    pub requests: Mutex<Vec<GenerationRequest>>,
+    pub senders: Mutex<Vec<mpsc::UnboundedSender<GenerationEvent>>>,
+    healthy: bool,
+}
+
+impl FakeBackend {
+    pub fn new(script: Script) -> Arc<Self> {
+        Self::with_health(script, true)
+    }
+
+    pub fn unhealthy() -> Arc<Self> {
+        Self::with_health(Script::Hold(vec![]), false)
+    }
+
+    fn with_health(script: Script, healthy: bool) -> Arc<Self> {
+        Arc::new(Self {
+            script,
+            requests: Mutex::new(Vec::new()),
+            senders: Mutex::new(Vec::new()),
+            healthy,
+        })
+    }
+
+    /// Whether every request's stream has been dropped (cancelled or finished).
+    pub fn all_streams_closed(&self) -> bool {
+        self.senders.lock().unwrap().iter().all(|s| s.is_closed())
+    }
+}
+
+fn token(id: u32, finish: Option<FinishReason>) -> GenerationEvent {
+    GenerationEvent::Token(GeneratedToken {
+        id,
+        logprob: -0.25,
+        finish,
+    })
+}
+
+#[async_trait::async_trait]
+impl Backend for FakeBackend {
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError> {
+        if let Script::Refuse(error) = &self.script {
+            return Err(error.clone());
+        }
+        self.requests.lock().unwrap().push(request);
+        let (sender, events) = mpsc::unbounded_channel();
+        let _ = sender.send(GenerationEvent::Started);
+        let (ids, last) = match &self.script {
+            Script::Tokens(ids, reason) => (ids.clone(), Some(*reason)),
+            Script::Hold(ids) | Script::FailAfter(ids, _) => (ids.clone(), None),
+            Script::Refuse(_) => unreachable!(),
+        };
+        for (index, &id) in ids.iter().enumerate() {
+            let finish = if index + 1 == ids.len() { last } else { None };
+            let _ = sender.send(token(id, finish));
+        }
+        if let Script::FailAfter(_, error) = &self.script {
+            let _ = sender.send(GenerationEvent::Error(error.clone()));
+        }
+        self.senders.lock().unwrap().push(sender);
+        Ok(GenerationStream { events })
+    }
+
+    fn load(&self) -> LoadSnapshot {
+        LoadSnapshot::default()
+    }
+
+    async fn health(&self) -> Result<(), SchedulerError> {
+        if self.healthy {
+            Ok(())
+        } else {
+            Err(SchedulerError::ShardFailed("rank 0 is gone".into()))
+        }
+    }
+}
+
+pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
+    ServerInfo {
+        model_id: MODEL_ID.to_owned(),
+        model_dtype: "float32".to_owned(),
+        model_device_type: "cpu".to_owned(),
+        model_architecture: "LlamaForCausalLM".to_owned(),
+        num_shard: 1,
+        max_concurrent_requests,
+        max_input_tokens: MAX_INPUT_TOKENS,
+        max_total_tokens: MAX_TOTAL_TOKENS,
+        max_batch_prefill_tokens: 256,
+        max_batch_size: 8,
+        block_size: 16,
+        kv_cache_blocks: 100,
+        kv_cache_tokens: 1600,
+        router: "tandem-router",
+        version: "0.0.0",
+        started_at: 1,
+    }
+}
+
+/// The app over `backend`, with the test model directory and `max_concurrent` permits.
+pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Router {
+    let dir = testing::chat_model_dir();
+    let files = ModelFiles::load(dir.path()).unwrap();
+    let template = ChatTemplate::new(
+        files.chat_template.unwrap(),
+        files.bos_token,
+        files.eos_token,
+    )
+    .unwrap();
+    let tokenizer = Arc::new(files.tokenizer);
+    let limits = Limits {
+        max_input_tokens: MAX_INPUT_TOKENS,
+        max_total_tokens: MAX_TOTAL_TOKENS,
+    };
+    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![]);
+    let state = AppState::new(
+        backend,
+        Arc::new(validator),
+        Arc::new(TokenDecoding::new(tokenizer)),
+        server_info(max_concurrent),
+        crate::metrics::detached_handle(),
+    );
+    app(state)
+}
+
+/// The ids the fake engine emits for `text`.
+pub fn ids(text: &str) -> Vec<u32> {
+    testing::encode(text)
+}
+
+/// A response read to its end.
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body, in order.
+    pub fn events(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The SSE payloads parsed as JSON (skipping `[DONE]`).
+    pub fn json_events(&self) -> Vec<Value> {
+        self.events()
+            .iter()
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect()
+    }
+}
+
+pub async fn send(app: &axum::Router, request: Request<Body>) -> Reply {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        content_type,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+pub fn post_request(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+pub async fn post(app: &axum::Router, path: &str, body: &str) -> Reply {
+    send(app, post_request(path, body)).await
+}
+
+pub async fn get(app: &axum::Router, path: &str) -> Reply {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}

@@ -1,0 +1,261 @@
+//! Start-up: tokenizer, shards, KV cache, scheduler, then the HTTP server until a signal.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use metrics_exporter_prometheus::BuildError;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::RouterConfig;
+use crate::http::{self, AppState, ServerInfo};
+use crate::pb;
+use crate::scheduler::{self, SchedulerConfig};
+use crate::shard::{ShardError, ShardFleet};
+use crate::stream::TokenDecoding;
+use crate::validation::{self, ChatTemplate, ModelFiles, ModelFilesError, Validator};
+
+/// Why the router could not start or keep serving.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("cannot load the tokenizer: {0}")]
+    ModelFiles(#[from] ModelFilesError),
+    #[error("the chat template does not compile: {0}")]
+    ChatTemplate(#[from] minijinja::Error),
+    #[error("shard start-up failed: {0}")]
+    Shard(#[from] ShardError),
+    #[error("the shards allocated no KV cache blocks; give them more memory or lower --max-batch-prefill-tokens")]
+    NoKvBlocks,
+    #[error("--max-total-tokens ({max_total_tokens}) exceeds the model's context of {max_position_embeddings} positions")]
+    ExceedsModelContext {
+        max_total_tokens: usize,
+        max_position_embeddings: usize,
+    },
+    #[error("cannot set up metrics: {0}")]
+    Metrics(#[from] BuildError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("the HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Installs the log subscriber: human-readable, or JSON lines with `json`. `RUST_LOG`
+/// overrides the default `info` level.
+pub fn init_tracing(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
+    // Fails only when a subscriber is already installed (a second run in one process).
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Runs the router until SIGINT/SIGTERM, then drains in-flight requests.
+pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
+    let metrics = crate::metrics::install()?;
+    let phase = Instant::now();
+    let files = ModelFiles::load(&config.tokenizer_path)?;
+    info!(
+        path = %config.tokenizer_path.display(),
+        chat_template = files.chat_template.is_some(),
+        elapsed_ms = phase.elapsed().as_millis(),
+        "tokenizer loaded"
+    );
+    let vocab = files.tokenizer.get_vocab_size(true);
+    let (validator, decoding) = tokenization(files, &config)?;
+    let phase = Instant::now();
+    let fleet = ShardFleet::connect(&config.shard_uds_paths, config.shard_connect_timeout).await?;
+    let model = fleet.info().await?;
+    info!(
+        shards = fleet.num_shards(),
+        architecture = %model.architecture,
+        dtype = %model.dtype,
+        device = %model.device,
+        attention = %model.attention_backend,
+        elapsed_ms = phase.elapsed().as_millis(),
+        "shards connected"
+    );
+    check_model_fits(&config, &model)?;
+    if vocab > usize::try_from(model.vocab_size).unwrap_or(usize::MAX) {
+        warn!(
+            tokenizer_vocab = vocab,
+            model_vocab = model.vocab_size,
+            "the tokenizer has more tokens than the model"
+        );
+    }
+    let phase = Instant::now();
+    let num_blocks = warmup(&fleet, &config).await?;
+    info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
+    let backend = scheduler::spawn(scheduler_config(&config, num_blocks), fleet.clone());
+    let info = server_info(&config, &model, num_blocks, fleet.num_shards());
+    let state = AppState::new(
+        backend,
+        Arc::new(validator),
+        Arc::new(decoding),
+        info,
+        metrics,
+    );
+    serve(&config, http::app(state)).await
+}
+
+/// The model must hold `max_total_tokens` positions (0 means the shard did not say).
+fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(), StartupError> {
+    let max_position_embeddings =
+        usize::try_from(model.max_position_embeddings).unwrap_or(usize::MAX);
+    let max_total_tokens = config.limits.max_total_tokens;
+    if max_position_embeddings > 0 && max_total_tokens > max_position_embeddings {
+        return Err(StartupError::ExceedsModelContext {
+            max_total_tokens,
+            max_position_embeddings,
+        });
+    }
+    Ok(())
+}
+
+async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, StartupError> {
+    let limits = &config.limits;
+    let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+    let answer = fleet
+        .warmup(pb::WarmupRequest {
+            block_size: to_u32(limits.block_size),
+            max_batch_tokens: to_u32(limits.max_batch_prefill_tokens),
+            max_batch_requests: to_u32(limits.max_batch_size),
+        })
+        .await?;
+    let num_blocks = usize::try_from(answer.num_blocks).unwrap_or(usize::MAX);
+    if num_blocks == 0 {
+        return Err(StartupError::NoKvBlocks);
+    }
+    let tokens = num_blocks * limits.block_size;
+    let blocks_per_request = limits.max_total_tokens.div_ceil(limits.block_size);
+    let full_requests = num_blocks / blocks_per_request;
+    info!(
+        blocks = num_blocks,
+        tokens,
+        bytes = answer.kv_cache_bytes,
+        requests_at_max_total_tokens = full_requests,
+        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens, room for {full_requests} requests of {} tokens",
+        limits.block_size,
+        limits.max_total_tokens
+    );
+    if full_requests == 0 {
+        warn!(
+            tokens,
+            max_total_tokens = limits.max_total_tokens,
+            "the KV cache cannot hold one request of --max-total-tokens; long requests will be refused"
+        );
+    }
+    Ok(num_blocks)
+}
+
+fn scheduler_config(config: &RouterConfig, num_blocks: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: config.limits.block_size,
+        num_blocks,
+        max_batch_tokens: config.limits.max_batch_prefill_tokens,
+        max_batch_requests: config.limits.max_batch_size,
+    }
+}
+
+fn server_info(
+    config: &RouterConfig,
+    model: &pb::InfoResponse,
+    num_blocks: usize,
+    num_shard: usize,
+) -> ServerInfo {
+    let limits = &config.limits;
+    ServerInfo {
+        model_id: config.model_id.clone(),
+        model_dtype: model.dtype.clone(),
+        model_device_type: model.device.clone(),
+        model_architecture: model.architecture.clone(),
+        num_shard,
+        max_concurrent_requests: limits.max_concurrent_requests,
+        max_input_tokens: limits.max_input_tokens,
+        max_total_tokens: limits.max_total_tokens,
+        max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
+        max_batch_size: limits.max_batch_size,
+        block_size: limits.block_size,
+        kv_cache_blocks: num_blocks,
+        kv_cache_tokens: num_blocks * limits.block_size,
+        router: "tandem-router",
+        version: env!("CARGO_PKG_VERSION"),
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs()),
+    }
+}
+
+/// Compiles the chat template and builds the validator and detokenizer from the model files.
+fn tokenization(
+    files: ModelFiles,
+    config: &RouterConfig,
+) -> Result<(Validator, TokenDecoding), StartupError> {
+    let chat_template = files
+        .chat_template
+        .map(|source| ChatTemplate::new(source, files.bos_token, files.eos_token))
+        .transpose()?;
+    let tokenizer = Arc::new(files.tokenizer);
+    let limits = validation::Limits {
+        max_input_tokens: config.limits.max_input_tokens,
+        max_total_tokens: config.limits.max_total_tokens,
+    };
+    let validator = Validator::new(
+        Arc::clone(&tokenizer),
+        chat_template,
+        limits,
+        files.eos_token_ids,
+    );
+    Ok((validator, TokenDecoding::new(tokenizer)))
+}
+
+async fn serve(config: &RouterConfig, app: axum::Router) -> Result<(), StartupError> {
+    let address = format!("{}:{}", config.hostname, config.port);
+    let listener = TcpListener::bind((config.hostname.as_str(), config.port))
+        .await
+        .map_err(|source| StartupError::Bind {
+            address: address.clone(),
+            source,
+        })?;
+    info!("listening on http://{address}");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(StartupError::Serve)?;
+    info!("all connections closed; exiting");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM; the server then stops accepting and drains.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            warn!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = interrupt => info!("SIGINT received; draining in-flight requests"),
+        () = terminate => info!("SIGTERM received; draining in-flight requests"),
+    }
+}

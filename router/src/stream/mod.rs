@@ -1,0 +1,175 @@
+//! Turns a request's token events into text: incremental detokenization plus stop strings.
+//!
+//! Dropping a `TextStream` drops its `GenerationStream`, which cancels the request in the
+//! scheduler; a stop-string match drops it at once.
+
+mod detokenizer;
+mod stop;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+pub use detokenizer::IncrementalDecoder;
+pub use stop::{StopMatcher, StopOutcome};
+
+use crate::scheduler::{FinishReason, GenerationEvent, GenerationStream, SchedulerError};
+
+/// Why a request finished, as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// `max_new_tokens` reached.
+    Length,
+    /// The model emitted an end-of-sequence or stop token.
+    EosToken,
+    /// A stop string matched.
+    StopSequence,
+}
+
+impl From<FinishReason> for Finish {
+    fn from(reason: FinishReason) -> Self {
+        match reason {
+            FinishReason::Length => Self::Length,
+            FinishReason::Eos | FinishReason::StopToken => Self::EosToken,
+        }
+    }
+}
+
+/// One generated token and the text it releases (possibly empty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenText {
+    pub id: u32,
+    pub logprob: f32,
+    pub special: bool,
+    pub text: String,
+}
+
+/// A token event; `finish` is set on the last one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextDelta {
+    pub token: TokenText,
+    pub finish: Option<Finish>,
+}
+
+/// A generation that ended without its last token.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("detokenization failed: {0}")]
+    Detokenize(String),
+    #[error("the generation ended before its last token")]
+    Incomplete,
+}
+
+/// The tokenizer plus which of its ids are special (shown, never decoded into text).
+#[derive(Debug)]
+pub struct TokenDecoding {
+    pub tokenizer: Arc<Tokenizer>,
+    special_ids: HashSet<u32>,
+}
+
+impl TokenDecoding {
+    /// Indexes the tokenizer's special tokens.
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
+        let special_ids = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Self {
+            tokenizer,
+            special_ids,
+        }
+    }
+
+    /// Whether `id` is a special token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+}
+
+/// One request's text as it is generated.
+#[derive(Debug)]
+pub struct TextStream {
+    events: Option<GenerationStream>,
+    decoding: Arc<TokenDecoding>,
+    decoder: IncrementalDecoder,
+    stops: StopMatcher,
+}
+
+impl TextStream {
+    /// Wraps `events`; `prompt_ids` give the detokenizer its context.
+    pub fn new(
+        events: GenerationStream,
+        decoding: Arc<TokenDecoding>,
+        prompt_ids: &[u32],
+        stop: Vec<String>,
+    ) -> Self {
+        let decoder = IncrementalDecoder::new(Arc::clone(&decoding.tokenizer), prompt_ids);
+        Self {
+            events: Some(events),
+            decoding,
+            decoder,
+            stops: StopMatcher::new(stop),
+        }
+    }
+
+    /// The next token, `None` after the last one or after an error.
+    pub async fn next(&mut self) -> Option<Result<TextDelta, StreamError>> {
+        loop {
+            let event = self.events.as_mut()?.events.recv().await;
+            match event {
+                Some(GenerationEvent::Started) => {}
+                Some(GenerationEvent::Token(token)) => {
+                    let delta = self.on_token(token.id, token.logprob, token.finish);
+                    if !matches!(delta, Ok(TextDelta { finish: None, .. })) {
+                        self.events = None;
+                    }
+                    return Some(delta);
+                }
+                Some(GenerationEvent::Error(error)) => {
+                    self.events = None;
+                    return Some(Err(error.into()));
+                }
+                None => {
+                    self.events = None;
+                    return Some(Err(StreamError::Incomplete));
+                }
+            }
+        }
+    }
+
+    fn on_token(
+        &mut self,
+        id: u32,
+        logprob: f32,
+        finish: Option<FinishReason>,
+    ) -> Result<TextDelta, StreamError> {
+        let decoded = self
+            .decoder
+            .push(id)
+            .map_err(|e| StreamError::Detokenize(e.to_string()))?;
+        let (text, finish) = match self.stops.push(&decoded) {
+            StopOutcome::Stopped(text) => (text, Some(Finish::StopSequence)),
+            StopOutcome::Continue(mut text) => {
+                if finish.is_some() {
+                    text.push_str(&self.stops.flush());
+                }
+                (text, finish.map(Finish::from))
+            }
+        };
+        let token = TokenText {
+            id,
+            logprob,
+            special: self.decoding.is_special(id),
+            text,
+        };
+        Ok(TextDelta { token, finish })
+    }
+}
+
+#[cfg(test)]
+mod tests;

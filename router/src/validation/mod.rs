@@ -1,0 +1,216 @@
+//! Turns a client's prompt and parameters into a tokenized, bounded `GenerationRequest`.
+
+mod chat_template;
+mod model_files;
+mod params;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use model_files::{ModelFiles, ModelFilesError};
+pub use params::{reject_unsupported, require_single_choice, GenerationParams, MAX_STOP_SEQUENCES};
+
+use crate::scheduler::{GenerationRequest, StoppingParams};
+
+/// Roles a chat message may have.
+pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// A request the router refuses, with a message naming the offending parameter.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("`{param}` must be {expected}, got {value}")]
+    OutOfRange {
+        param: String,
+        expected: &'static str,
+        value: String,
+    },
+    #[error("`{0}` is required")]
+    Missing(&'static str),
+    #[error("`{0}` must not be empty")]
+    Empty(&'static str),
+    #[error("`{param}` is not supported yet{detail}")]
+    Unsupported { param: String, detail: String },
+    #[error("`messages[{index}].role` must be one of system, user, assistant, tool; got `{role}`")]
+    InvalidRole { index: usize, role: String },
+    #[error("`stop` accepts at most {max} strings, got {got}")]
+    TooManyStops { max: usize, got: usize },
+    #[error("the prompt has {input_tokens} tokens but at most {max_input_tokens} are allowed (`max_input_tokens`)")]
+    InputTooLong {
+        input_tokens: usize,
+        max_input_tokens: usize,
+    },
+    #[error("the prompt has {input_tokens} tokens and `{param}` is {max_new_tokens}: together they must be at most {max_total_tokens} (`max_total_tokens`)")]
+    TotalTooLong {
+        param: &'static str,
+        input_tokens: usize,
+        max_new_tokens: u32,
+        max_total_tokens: usize,
+    },
+    #[error("this model has no chat template; use /v1/completions or /generate")]
+    NoChatTemplate,
+    #[error("chat template error: {0}")]
+    Template(String),
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+}
+
+impl ValidationError {
+    /// The request parameter at fault, when there is one.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
+            Self::Missing(param) | Self::Empty(param) => Some(param),
+            Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
+            Self::TooManyStops { .. } => Some("stop"),
+            Self::TotalTooLong { param, .. } => Some(param),
+            Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
+        }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Raw text, tokenized with the tokenizer's special tokens (BOS), as `transformers` does.
+    Text(String),
+    /// A conversation rendered by the chat template; the rendering already holds any special
+    /// tokens, so it is tokenized without adding more.
+    Chat(Vec<ChatMessage>),
+}
+
+/// A request ready for the scheduler, plus what the HTTP layer reports back.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    pub request: GenerationRequest,
+    pub stop: Vec<String>,
+}
+
+/// Token limits every request must respect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_input_tokens: usize,
+    pub max_total_tokens: usize,
+}
+
+/// Validates and tokenizes requests; cheap to share across handlers.
+#[derive(Debug)]
+pub struct Validator {
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<Arc<ChatTemplate>>,
+    limits: Limits,
+    eos_token_ids: Vec<u32>,
+}
+
+impl Validator {
+    /// `eos_token_ids` end every request in addition to the model's own EOS.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        chat_template: Option<ChatTemplate>,
+        limits: Limits,
+        eos_token_ids: Vec<u32>,
+    ) -> Self {
+        Self {
+            tokenizer,
+            chat_template: chat_template.map(Arc::new),
+            limits,
+            eos_token_ids,
+        }
+    }
+
+    /// Checks parameters, renders and tokenizes the prompt, and bounds the request's length.
+    pub async fn validate(
+        &self,
+        prompt: Prompt,
+        params: &GenerationParams,
+    ) -> Result<ValidRequest, ValidationError> {
+        let checked = params::check(params)?;
+        self.check_prompt(&prompt)?;
+        let input_ids = self.tokenize(prompt).await?;
+        let input_tokens = input_ids.len();
+        if input_tokens > self.limits.max_input_tokens {
+            return Err(ValidationError::InputTooLong {
+                input_tokens,
+                max_input_tokens: self.limits.max_input_tokens,
+            });
+        }
+        let room = self.limits.max_total_tokens.saturating_sub(input_tokens);
+        let max_new_tokens = checked
+            .max_new_tokens
+            .unwrap_or_else(|| u32::try_from(room).unwrap_or(u32::MAX));
+        if usize::try_from(max_new_tokens).map_or(true, |n| n > room) {
+            return Err(ValidationError::TotalTooLong {
+                param: params.max_new_tokens_param,
+                input_tokens,
+                max_new_tokens,
+                max_total_tokens: self.limits.max_total_tokens,
+            });
+        }
+        let stopping = StoppingParams {
+            max_new_tokens,
+            ignore_eos: false,
+            stop_token_ids: self.eos_token_ids.clone(),
+        };
+        Ok(ValidRequest {
+            request: GenerationRequest {
+                input_ids,
+                sampling: checked.sampling,
+                stopping,
+            },
+            stop: checked.stop,
+        })
+    }
+
+    fn check_prompt(&self, prompt: &Prompt) -> Result<(), ValidationError> {
+        match prompt {
+            Prompt::Text(text) if text.is_empty() => Err(ValidationError::Empty("prompt")),
+            Prompt::Text(_) => Ok(()),
+            Prompt::Chat(messages) => {
+                if self.chat_template.is_none() {
+                    return Err(ValidationError::NoChatTemplate);
+                }
+                if messages.is_empty() {
+                    return Err(ValidationError::Empty("messages"));
+                }
+                match messages
+                    .iter()
+                    .position(|m| !CHAT_ROLES.contains(&m.role.as_str()))
+                {
+                    Some(index) => Err(ValidationError::InvalidRole {
+                        index,
+                        role: messages[index].role.clone(),
+                    }),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Renders and tokenizes on the blocking pool: both can take milliseconds on long prompts.
+    async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let template = self.chat_template.clone();
+        let job = move || {
+            let (text, add_special_tokens) = match prompt {
+                Prompt::Text(text) => (text, true),
+                Prompt::Chat(messages) => {
+                    let template = template.ok_or(ValidationError::NoChatTemplate)?;
+                    (template.render(&messages)?, false)
+                }
+            };
+            tokenizer
+                .encode_fast(text, add_special_tokens)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|e| ValidationError::Tokenizer(e.to_string()))
+        };
+        tokio::task::spawn_blocking(job)
+            .await
+            .map_err(|e| ValidationError::Tokenizer(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests;

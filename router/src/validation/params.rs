@@ -1,0 +1,327 @@
+//! Route-independent generation parameters and their range checks.
+
+use serde_json::{Map, Value};
+
+use super::ValidationError;
+use crate::scheduler::SamplingParams;
+
+/// Most stop strings one request may carry.
+pub const MAX_STOP_SEQUENCES: usize = 4;
+/// Largest accepted temperature.
+pub const MAX_TEMPERATURE: f64 = 100.0;
+
+/// Generation parameters as the client sent them, named the way its route names them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationParams {
+    /// `None` means 1.0; 0 means greedy.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    /// `None` means "up to `max_total_tokens`".
+    pub max_new_tokens: Option<i64>,
+    /// How the route calls `max_new_tokens` (`max_tokens`, `max_new_tokens`, ...), for messages.
+    pub max_new_tokens_param: &'static str,
+    /// `None` draws a random seed.
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+}
+
+/// Parameters that passed their range checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedParams {
+    pub sampling: SamplingParams,
+    pub max_new_tokens: Option<u32>,
+    pub stop: Vec<String>,
+}
+
+/// Checks every parameter's range; the first violation names its parameter.
+pub fn check(params: &GenerationParams) -> Result<CheckedParams, ValidationError> {
+    let temperature = params.temperature.unwrap_or(1.0);
+    if !(0.0..=MAX_TEMPERATURE).contains(&temperature) {
+        return Err(out_of_range(
+            "temperature",
+            "between 0 and 100",
+            temperature,
+        ));
+    }
+    let top_p = params.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(out_of_range("top_p", "in (0, 1]", top_p));
+    }
+    let top_k = match params.top_k {
+        None => 0,
+        Some(k) => {
+            u32::try_from(k).map_err(|_| out_of_range("top_k", "a non-negative integer", k))?
+        }
+    };
+    let max_new_tokens = match params.max_new_tokens {
+        None => None,
+        Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        Some(n) => {
+            return Err(out_of_range(params.max_new_tokens_param, "at least 1", n));
+        }
+    };
+    check_stop(&params.stop)?;
+    #[allow(clippy::cast_possible_truncation)]
+    let sampling = SamplingParams {
+        temperature: temperature as f32,
+        top_k,
+        top_p: top_p as f32,
+        seed: params.seed.unwrap_or_else(random_seed),
+    };
+    Ok(CheckedParams {
+        sampling,
+        max_new_tokens,
+        stop: params.stop.clone(),
+    })
+}
+
+fn check_stop(stop: &[String]) -> Result<(), ValidationError> {
+    if stop.len() > MAX_STOP_SEQUENCES {
+        return Err(ValidationError::TooManyStops {
+            max: MAX_STOP_SEQUENCES,
+            got: stop.len(),
+        });
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ValidationError::Empty("stop"));
+    }
+    Ok(())
+}
+
+fn out_of_range(
+    param: &'static str,
+    expected: &'static str,
+    value: impl ToString,
+) -> ValidationError {
+    ValidationError::OutOfRange {
+        param: param.to_owned(),
+        expected,
+        value: value.to_string(),
+    }
+}
+
+/// A fresh random seed; reported back to the client so it can replay the request.
+fn random_seed() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
+}
+
+/// Rejects every parameter in `extra` (the fields a route does not declare) unless it is
+/// in `accepted` or its value is neutral (`null`, `false`, `0`, empty, or a documented
+/// no-op such as `repetition_penalty: 1`).
+pub fn reject_unsupported(
+    extra: &Map<String, Value>,
+    accepted: &[&str],
+) -> Result<(), ValidationError> {
+    let mut names: Vec<&String> = extra
+        .iter()
+        .filter(|(name, value)| !accepted.contains(&name.as_str()) && !is_neutral(name, value))
+        .map(|(name, _)| name)
+        .collect();
+    names.sort();
+    match names.first() {
+        None => Ok(()),
+        Some(name) => Err(ValidationError::Unsupported {
+            param: (*name).clone(),
+            detail: String::new(),
+        }),
+    }
+}
+
+fn is_neutral(name: &str, value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::Number(number) => {
+            let x = number.as_f64().unwrap_or(f64::NAN);
+            x == 0.0 || (x == 1.0 && matches!(name, "repetition_penalty" | "typical_p"))
+        }
+        Value::String(text) => text.is_empty() || (name == "tool_choice" && text == "none"),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => {
+            fields.is_empty()
+                || (name == "response_format" && fields.get("type") == Some(&Value::from("text")))
+        }
+        Value::Bool(true) => false,
+    }
+}
+
+/// Rejects `n`/`best_of` values other than 1 with a message naming the parameter.
+pub fn require_single_choice(param: &str, value: Option<i64>) -> Result<(), ValidationError> {
+    match value {
+        None | Some(1) => Ok(()),
+        Some(n) if n < 1 => Err(ValidationError::OutOfRange {
+            param: param.to_owned(),
+            expected: "at least 1",
+            value: n.to_string(),
+        }),
+        Some(n) => Err(ValidationError::Unsupported {
+            param: param.to_owned(),
+            detail: format!(": got {n}, only 1 is accepted"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn params() -> GenerationParams {
+        GenerationParams {
+            max_new_tokens_param: "max_tokens",
+            ..GenerationParams::default()
+        }
+    }
+
+    fn message(result: Result<CheckedParams, ValidationError>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_sample_at_temperature_one_with_a_random_seed() {
+        let a = check(&params()).unwrap();
+        let b = check(&params()).unwrap();
+        assert_eq!(a.sampling.temperature, 1.0);
+        assert_eq!(a.sampling.top_p, 1.0);
+        assert_eq!(a.sampling.top_k, 0);
+        assert_eq!(a.max_new_tokens, None);
+        assert_ne!(a.sampling.seed, b.sampling.seed);
+    }
+
+    #[test]
+    fn explicit_seed_is_kept() {
+        let checked = check(&GenerationParams {
+            seed: Some(42),
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(checked.sampling.seed, 42);
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_parameter() {
+        let cases = [
+            (
+                GenerationParams {
+                    temperature: Some(-0.1),
+                    ..params()
+                },
+                "temperature",
+            ),
+            (
+                GenerationParams {
+                    temperature: Some(101.0),
+                    ..params()
+                },
+                "temperature",
+            ),
+            (
+                GenerationParams {
+                    top_p: Some(0.0),
+                    ..params()
+                },
+                "top_p",
+            ),
+            (
+                GenerationParams {
+                    top_p: Some(1.5),
+                    ..params()
+                },
+                "top_p",
+            ),
+            (
+                GenerationParams {
+                    top_k: Some(-1),
+                    ..params()
+                },
+                "top_k",
+            ),
+            (
+                GenerationParams {
+                    max_new_tokens: Some(-1),
+                    ..params()
+                },
+                "max_tokens",
+            ),
+            (
+                GenerationParams {
+                    max_new_tokens: Some(0),
+                    ..params()
+                },
+                "max_tokens",
+            ),
+        ];
+        for (case, param) in cases {
+            let text = message(check(&case));
+            assert!(text.contains(&format!("`{param}`")), "{text}");
+        }
+    }
+
+    #[test]
+    fn greedy_and_boundary_values_are_accepted() {
+        let checked = check(&GenerationParams {
+            temperature: Some(0.0),
+            top_p: Some(1.0),
+            top_k: Some(0),
+            max_new_tokens: Some(1),
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(checked.sampling.temperature, 0.0);
+        assert_eq!(checked.max_new_tokens, Some(1));
+    }
+
+    #[test]
+    fn stop_strings_are_limited_and_non_empty() {
+        let five = GenerationParams {
+            stop: vec!["a".into(); 5],
+            ..params()
+        };
+        assert!(message(check(&five)).contains("at most 4"));
+        let empty = GenerationParams {
+            stop: vec![String::new()],
+            ..params()
+        };
+        assert!(message(check(&empty)).contains("`stop`"));
+    }
+
+    #[test]
+    fn unsupported_parameters_are_rejected_unless_neutral() {
+        let neutral = json!({
+            "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "logprobs": false, "tools": [], "tool_choice": "none", "logit_bias": {},
+            "response_format": {"type": "text"}, "grammar": null, "suffix": ""
+        });
+        reject_unsupported(neutral.as_object().unwrap(), &[]).unwrap();
+        for (name, value) in [
+            ("presence_penalty", json!(0.5)),
+            ("logprobs", json!(true)),
+            ("tools", json!([{"type": "function"}])),
+            ("response_format", json!({"type": "json_object"})),
+            ("grammar", json!({"type": "regex", "value": "a"})),
+            ("echo", json!(true)),
+        ] {
+            let extra = json!({ name: value });
+            let error = reject_unsupported(extra.as_object().unwrap(), &[]).unwrap_err();
+            assert!(error.to_string().contains(&format!("`{name}`")), "{error}");
+            assert_eq!(error.param(), Some(name));
+        }
+    }
+
+    #[test]
+    fn accepted_parameters_pass_whatever_their_value() {
+        let extra = json!({"model": "anything", "user": "u-1"});
+        reject_unsupported(extra.as_object().unwrap(), &["model", "user"]).unwrap();
+        assert!(reject_unsupported(extra.as_object().unwrap(), &["model"]).is_err());
+    }
+
+    #[test]
+    fn only_a_single_choice_is_supported() {
+        require_single_choice("n", None).unwrap();
+        require_single_choice("n", Some(1)).unwrap();
+        let error = require_single_choice("n", Some(2)).unwrap_err();
+        assert!(error.to_string().contains("not supported yet"), "{error}");
+        let error = require_single_choice("best_of", Some(0)).unwrap_err();
+        assert!(error.to_string().contains("`best_of`"), "{error}");
+    }
+}

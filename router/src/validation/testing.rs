@@ -1,0 +1,122 @@
+//! A small byte-level BPE tokenizer built in code, so tests never download a model.
+//!
+//! Ids 0..=255 are the bytes, 256 is `<s>` (BOS, added by the post-processor), 257 is
+//! `</s>` (EOS), 258.. are a few merges. Multi-byte characters split into one token per byte.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+use tokenizers::Tokenizer;
+
+pub const BOS_ID: u32 = 256;
+pub const EOS_ID: u32 = 257;
+
+/// The chat template the test model directory ships (ChatML, like many small models).
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>{{ message.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+/// GPT-2's reversible byte → printable character map.
+fn byte_to_char(byte: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(byte) {
+        return char::from(byte);
+    }
+    let rank = (0..byte).filter(|&b| !printable(b)).count();
+    char::from_u32(256 + u32::try_from(rank).unwrap()).unwrap()
+}
+
+fn tokenizer_json() -> Value {
+    let mut vocab = Map::new();
+    for byte in 0..=255u8 {
+        vocab.insert(byte_to_char(byte).to_string(), json!(u32::from(byte)));
+    }
+    vocab.insert("<s>".to_owned(), json!(BOS_ID));
+    vocab.insert("</s>".to_owned(), json!(EOS_ID));
+    let merges = [
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+    ];
+    for (id, (left, right)) in (258u32..).zip(merges) {
+        vocab.insert(format!("{left}{right}"), json!(id));
+    }
+    let added = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [added(BOS_ID, "<s>"), added(EOS_ID, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [BOS_ID], "tokens": ["<s>"]}}
+        },
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab,
+            "merges": merges.iter().map(|(l, r)| format!("{l} {r}")).collect::<Vec<_>>()
+        }
+    })
+}
+
+/// The test tokenizer.
+pub fn tokenizer() -> Tokenizer {
+    Tokenizer::from_bytes(tokenizer_json().to_string().as_bytes()).unwrap()
+}
+
+/// Token ids of `text` without special tokens.
+pub fn encode(text: &str) -> Vec<u32> {
+    tokenizer().encode(text, false).unwrap().get_ids().to_vec()
+}
+
+/// Writes a model directory with `tokenizer.json`, the given `tokenizer_config.json` and
+/// optionally a `chat_template.jinja`.
+pub fn write_model_dir(tokenizer_config: &Value, template_file: Option<&str>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_file(dir.path(), "tokenizer.json", &tokenizer_json().to_string());
+    write_file(
+        dir.path(),
+        "tokenizer_config.json",
+        &tokenizer_config.to_string(),
+    );
+    if let Some(template) = template_file {
+        write_file(dir.path(), "chat_template.jinja", template);
+    }
+    dir
+}
+
+/// A model directory like a real instruct model's: ChatML template, `<s>`/`</s>`.
+pub fn chat_model_dir() -> tempfile::TempDir {
+    write_model_dir(
+        &json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML_TEMPLATE}),
+        None,
+    )
+}
+
+fn write_file(dir: &Path, name: &str, text: &str) {
+    std::fs::write(dir.join(name), text).unwrap();
+}
+
+#[test]
+fn test_tokenizer_round_trips_bytes_and_adds_bos() {
+    let tokenizer = tokenizer();
+    let encoding = tokenizer.encode("hello wörld", true).unwrap();
+    assert_eq!(encoding.get_ids()[0], BOS_ID);
+    assert!(
+        encoding.get_ids().contains(&261),
+        "merges apply: {:?}",
+        encoding.get_ids()
+    );
+    let text = tokenizer.decode(encoding.get_ids(), true).unwrap();
+    assert_eq!(text, "hello wörld");
+}

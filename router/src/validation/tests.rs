@@ -1,0 +1,133 @@
+use std::sync::Arc;
+
+use super::testing::{self, BOS_ID, CHATML_TEMPLATE};
+use super::*;
+
+fn validator(with_template: bool) -> Validator {
+    let template = with_template
+        .then(|| ChatTemplate::new(CHATML_TEMPLATE.to_owned(), Some("<s>".into()), None).unwrap());
+    Validator::new(
+        Arc::new(testing::tokenizer()),
+        template,
+        Limits {
+            max_input_tokens: 30,
+            max_total_tokens: 40,
+        },
+        vec![7],
+    )
+}
+
+fn params() -> GenerationParams {
+    GenerationParams {
+        max_new_tokens_param: "max_tokens",
+        ..GenerationParams::default()
+    }
+}
+
+#[tokio::test]
+async fn text_prompts_get_bos_and_default_to_the_remaining_room() {
+    let valid = validator(false)
+        .validate(Prompt::Text("hello".into()), &params())
+        .await
+        .unwrap();
+    assert_eq!(valid.request.input_ids, vec![BOS_ID, 261]);
+    assert_eq!(valid.request.stopping.max_new_tokens, 38);
+    assert_eq!(valid.request.stopping.stop_token_ids, vec![7]);
+}
+
+#[tokio::test]
+async fn chat_prompts_are_rendered_then_tokenized_without_extra_special_tokens() {
+    let messages = vec![ChatMessage::new("user", "hi")];
+    let valid = validator(true)
+        .validate(Prompt::Chat(messages), &params())
+        .await
+        .unwrap();
+    assert_eq!(
+        valid.request.input_ids,
+        testing::encode("<|user|>hi\n<|assistant|>")
+    );
+}
+
+#[tokio::test]
+async fn prompt_longer_than_max_input_tokens_reports_both_numbers() {
+    let error = validator(false)
+        .validate(Prompt::Text("x".repeat(40)), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error,
+        ValidationError::InputTooLong {
+            input_tokens: 41,
+            max_input_tokens: 30
+        }
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("41") && message.contains("30"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn prompt_plus_max_new_tokens_must_fit_max_total_tokens() {
+    let params = GenerationParams {
+        max_new_tokens: Some(39),
+        ..params()
+    };
+    let error = validator(false)
+        .validate(Prompt::Text("hello".into()), &params)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ValidationError::TotalTooLong { .. }));
+    assert!(error.to_string().contains("`max_tokens` is 39"), "{error}");
+}
+
+#[tokio::test]
+async fn empty_prompt_and_empty_messages_are_rejected() {
+    let validator = validator(true);
+    let error = validator
+        .validate(Prompt::Text(String::new()), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(error, ValidationError::Empty("prompt"));
+    let error = validator
+        .validate(Prompt::Chat(vec![]), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(error, ValidationError::Empty("messages"));
+}
+
+#[tokio::test]
+async fn unknown_roles_are_rejected_with_their_index() {
+    let messages = vec![
+        ChatMessage::new("user", "a"),
+        ChatMessage::new("wizard", "b"),
+    ];
+    let error = validator(true)
+        .validate(Prompt::Chat(messages), &params())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("messages[1].role"), "{error}");
+}
+
+#[tokio::test]
+async fn chat_without_a_template_is_a_clear_error() {
+    let error = validator(false)
+        .validate(Prompt::Chat(vec![ChatMessage::new("user", "a")]), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(error, ValidationError::NoChatTemplate);
+}
+
+#[tokio::test]
+async fn parameter_errors_come_before_tokenization() {
+    let params = GenerationParams {
+        top_p: Some(2.0),
+        ..params()
+    };
+    let error = validator(false)
+        .validate(Prompt::Text(String::new()), &params)
+        .await
+        .unwrap_err();
+    assert_eq!(error.param(), Some("top_p"));
+}

@@ -1,0 +1,1 @@
+"""Tandem's model shard: tensors, forward passes, sampling; never HTTP or text."""

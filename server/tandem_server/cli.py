@@ -1,0 +1,90 @@
+"""`tandem-shard`: parse flags into a ShardConfig, load the model, then serve the shard contract."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tandem_server.bootstrap import load_shard
+from tandem_server.config import ATTENTION_BACKENDS, DEVICES, DTYPES, ShardConfig, parse_byte_size, resolve_dtype
+from tandem_server.distributed import shutdown_distributed
+from tandem_server.errors import ConfigError
+from tandem_server.rpc.server import serve_until_signalled
+from tandem_server.rpc.servicer import ShardServicer
+
+logger = logging.getLogger("tandem_server")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The shard's flags; the launcher passes every one explicitly."""
+    parser = argparse.ArgumentParser(prog="tandem-shard", description="Tandem model shard (one per device)")
+    parser.add_argument("--model-path", type=Path, required=True, help="directory with config.json and *.safetensors")
+    parser.add_argument("--uds-path", type=Path, required=True, help="Unix socket to serve gRPC on")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB, 2GiB, 1GB")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")
+    parser.add_argument("--attention-backend", default="torch", help=f"one of: {', '.join(ATTENTION_BACKENDS)}")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    return parser
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
+    """Parses and validates the command line into a frozen ShardConfig."""
+    args = build_parser().parse_args(argv)
+    world_size = max(1, args.world_size)
+    default_threads = max(1, (os.cpu_count() or 1) // world_size)
+    return ShardConfig(
+        model_path=args.model_path,
+        uds_path=args.uds_path,
+        rank=args.rank,
+        world_size=args.world_size,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        device=args.device,
+        dtype=resolve_dtype(args.dtype, args.device),
+        kv_cache_memory=parse_byte_size(args.kv_cache_memory),
+        num_threads=args.num_threads if args.num_threads is not None else default_threads,
+        attention_backend=args.attention_backend,
+        log_level=args.log_level,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `tandem-shard`; returns the process exit code."""
+    try:
+        config = config_from_args(argv)
+    except ConfigError as error:
+        print(f"tandem-shard: error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s shard[{config.rank}] %(name)s: %(message)s",
+    )
+    torch.set_num_threads(config.num_threads)
+    try:
+        shard = load_shard(config)
+        asyncio.run(serve_until_signalled(ShardServicer(shard.runner, shard.info), config.uds_path))
+    except ConfigError as error:
+        logger.error("cannot start: %s", error)
+        return 2
+    finally:
+        shutdown_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

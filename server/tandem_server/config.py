@@ -1,0 +1,84 @@
+"""The shard's start-up configuration: one frozen dataclass built from the command line."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tandem_server.errors import ConfigError
+
+ATTENTION_BACKENDS = ("torch",)
+DEVICES = ("cpu", "cuda")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """Everything one shard process needs, fixed for its lifetime."""
+
+    model_path: Path
+    uds_path: Path
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    kv_cache_memory: int = 1024**3
+    num_threads: int = 1
+    attention_backend: str = "torch"
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside world size {self.world_size}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(
+                f"unknown attention backend {self.attention_backend!r}; available: {', '.join(ATTENTION_BACKENDS)}"
+            )
+        if self.kv_cache_memory <= 0:
+            raise ConfigError("--kv-cache-memory must be positive")
+        if self.num_threads < 1:
+            raise ConfigError("--num-threads must be at least 1")
+
+
+def parse_byte_size(text: str) -> int:
+    """Parses `1073741824`, `512MiB`, `2GiB` or `1GB` (binary and decimal units) into bytes."""
+    match = _SIZE_PATTERN.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ConfigError(f"invalid size {text!r}; expected a number with an optional unit such as 512MiB or 2GB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`auto` is float32 on CPU and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; choose auto or one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The flag spelling of a torch dtype (`torch.bfloat16` -> `bfloat16`)."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,103 @@
+"""Builds one step's flat tensors: input ids, positions, cache slots and attention metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan
+
+
+@dataclass(frozen=True)
+class ScheduledSpan:
+    """One request's tokens in this step: `token_ids` occupy positions start_position, start_position+1, ..."""
+
+    token_ids: Sequence[int]
+    start_position: int
+    block_table: Sequence[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The model's inputs for one step; `last_rows[i]` is the row of span i's final token."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    last_rows: tuple[int, ...]
+
+
+def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: torch.device) -> StepBatch:
+    """Flattens the spans in order; single-token spans share one padded decode group."""
+    input_ids: list[int] = []
+    positions: list[torch.Tensor] = []
+    slot_mapping: list[torch.Tensor] = []
+    prefills: list[PrefillSpan] = []
+    decode_rows: list[int] = []
+    decode_spans: list[ScheduledSpan] = []
+    last_rows: list[int] = []
+    row = 0
+    for span in spans:
+        num_tokens = len(span.token_ids)
+        context_slots = _context_slots(span.block_table, span.context_len, block_size)
+        input_ids.extend(span.token_ids)
+        positions.append(torch.arange(span.start_position, span.context_len))
+        slot_mapping.append(context_slots[span.start_position :])
+        if num_tokens == 1:
+            decode_rows.append(row)
+            decode_spans.append(span)
+        else:
+            mask = _chunk_mask(span.start_position, span.context_len)
+            prefills.append(PrefillSpan(row, num_tokens, context_slots.to(device), _to(mask, device)))
+        row += num_tokens
+        last_rows.append(row - 1)
+    metadata = AttentionMetadata(
+        slot_mapping=torch.cat(slot_mapping).to(device),
+        prefills=tuple(prefills),
+        decode=_decode_group(decode_rows, decode_spans, block_size, device) if decode_rows else None,
+    )
+    return StepBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.cat(positions).to(device),
+        metadata=metadata,
+        last_rows=tuple(last_rows),
+    )
+
+
+def _context_slots(block_table: Sequence[int], length: int, block_size: int) -> torch.Tensor:
+    # Position p lives at slot block_table[p // block_size] * block_size + p % block_size.
+    table = torch.tensor(block_table[: -(-length // block_size)], dtype=torch.long)
+    offsets = torch.arange(block_size, dtype=torch.long)
+    return (table.unsqueeze(1) * block_size + offsets).flatten()[:length]
+
+
+def _chunk_mask(start: int, context_len: int) -> torch.Tensor | None:
+    # A chunk at an offset sees the whole cached prefix plus a causal triangle over itself.
+    if start == 0:
+        return None
+    query_positions = torch.arange(start, context_len).unsqueeze(1)
+    return torch.arange(context_len).unsqueeze(0) <= query_positions
+
+
+def _decode_group(rows: list[int], spans: list[ScheduledSpan], block_size: int, device: torch.device) -> DecodeGroup:
+    max_context = max(span.context_len for span in spans)
+    key_slots = torch.zeros(len(spans), max_context, dtype=torch.long)
+    key_mask = torch.zeros(len(spans), max_context, dtype=torch.bool)
+    for i, span in enumerate(spans):
+        key_slots[i, : span.context_len] = _context_slots(span.block_table, span.context_len, block_size)
+        key_mask[i, : span.context_len] = True
+    return DecodeGroup(
+        query_rows=torch.tensor(rows, dtype=torch.long, device=device),
+        key_slots=key_slots.to(device),
+        key_mask=key_mask.view(len(spans), 1, 1, max_context).to(device),
+    )
+
+
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)

@@ -1,0 +1,137 @@
+"""Per-request state kept across steps, and the checks that keep it consistent with the router."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tandem_server.engine.step import FinishReason, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.errors import InvalidStepError, StateMismatchError
+from tandem_server.sampling import SamplingParams
+
+
+@dataclass
+class RequestState:
+    """Everything the shard remembers about one request between steps."""
+
+    id: int
+    token_ids: list[int]
+    num_output_tokens: int
+    sampling: SamplingParams
+    stopping: StoppingCriteria
+    block_table: list[int] = field(default_factory=list)
+    # Tokens whose K/V are in the cache; the latest sampled token never is until the next step runs it.
+    num_computed: int = 0
+
+    @classmethod
+    def from_new(cls, request: NewRequest) -> RequestState:
+        return cls(
+            id=request.id,
+            token_ids=list(request.token_ids),
+            num_output_tokens=request.num_output_tokens,
+            sampling=request.sampling,
+            stopping=request.stopping,
+        )
+
+    @property
+    def ready_to_sample(self) -> bool:
+        """True once every token, prompt and generated, has been run through the model."""
+        return self.num_computed == len(self.token_ids)
+
+    def append_generated(self, token_id: int, eos_token_ids: Sequence[int]) -> FinishReason | None:
+        """Records a sampled token and says whether it ends the request."""
+        self.token_ids.append(token_id)
+        self.num_output_tokens += 1
+        if token_id in self.stopping.stop_token_ids:
+            return FinishReason.STOP_TOKEN
+        if not self.stopping.ignore_eos and token_id in eos_token_ids:
+            return FinishReason.EOS
+        if self.num_output_tokens >= self.stopping.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """Bounds every scheduled request must respect."""
+
+    block_size: int
+    num_blocks: int
+    max_positions: int
+
+
+class RequestTable:
+    """The shard's requests by id; a Step is checked entirely before any state changes."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, RequestState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._states
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Drops the given ids; unknown ids are ignored (the shard may have stopped them itself)."""
+        for request_id in request_ids:
+            self._states.pop(request_id, None)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def apply(self, step: StepInput, limits: StepLimits) -> list[tuple[RequestState, int]]:
+        """Registers new requests and appends blocks; returns (state, num_tokens) in scheduled order."""
+        self.forget(step.finished)
+        incoming = self._check_new(step.new_requests)
+        seen: set[int] = set()
+        for scheduled in step.scheduled:
+            if scheduled.id in seen:
+                raise InvalidStepError(f"request {scheduled.id} is scheduled twice")
+            seen.add(scheduled.id)
+            state = incoming.get(scheduled.id) or self._states.get(scheduled.id)
+            if state is None:
+                raise StateMismatchError(f"request {scheduled.id} is scheduled but unknown to the shard")
+            _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
+        self._states.update(incoming)
+        plan = []
+        for scheduled in step.scheduled:
+            state = self._states[scheduled.id]
+            state.block_table.extend(scheduled.new_block_ids)
+            state.num_computed = scheduled.num_computed_tokens
+            plan.append((state, scheduled.num_tokens))
+        return plan
+
+    def _check_new(self, requests: Sequence[NewRequest]) -> dict[int, RequestState]:
+        incoming: dict[int, RequestState] = {}
+        for request in requests:
+            if request.id in self._states or request.id in incoming:
+                raise InvalidStepError(f"request {request.id} is already registered")
+            if not request.token_ids:
+                raise InvalidStepError(f"request {request.id} has no tokens")
+            if request.num_output_tokens > len(request.token_ids):
+                raise InvalidStepError(f"request {request.id} has more output tokens than tokens")
+            incoming[request.id] = RequestState.from_new(request)
+        return incoming
+
+
+def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: bool, limits: StepLimits) -> None:
+    rid = scheduled.id
+    if not is_new and scheduled.num_computed_tokens != state.num_computed:
+        raise StateMismatchError(
+            f"request {rid}: router says {scheduled.num_computed_tokens} tokens are computed, "
+            f"the shard has {state.num_computed}"
+        )
+    if scheduled.num_tokens < 1:
+        raise InvalidStepError(f"request {rid} is scheduled with no tokens")
+    end = scheduled.num_computed_tokens + scheduled.num_tokens
+    if end > len(state.token_ids):
+        raise InvalidStepError(f"request {rid}: tokens up to {end} scheduled, it has {len(state.token_ids)}")
+    if end > limits.max_positions:
+        raise InvalidStepError(f"request {rid}: position {end - 1} exceeds the model's {limits.max_positions}")
+    bad_blocks = [b for b in scheduled.new_block_ids if b >= limits.num_blocks]
+    if bad_blocks:
+        raise InvalidStepError(f"request {rid}: block ids {bad_blocks} are outside 0..{limits.num_blocks - 1}")
+    num_blocks = len(state.block_table) + len(scheduled.new_block_ids)
+    if num_blocks * limits.block_size < end:
+        raise InvalidStepError(f"request {rid}: {num_blocks} blocks of {limits.block_size} cannot hold {end} tokens")

@@ -1,0 +1,82 @@
+"""Engine-side form of the Step contract; `rpc/convert.py` maps protobuf to and from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tandem_server.sampling import SamplingParams
+
+
+class FinishReason(Enum):
+    """Why the shard stopped a request."""
+
+    LENGTH = "length"
+    EOS = "eos"
+    STOP_TOKEN = "stop_token"
+
+
+@dataclass(frozen=True)
+class StoppingCriteria:
+    """Token-level stop conditions; `max_new_tokens` counts tokens generated before a preemption too."""
+
+    max_new_tokens: int
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request the shard has not seen: prompt plus any tokens generated before a preemption."""
+
+    id: int
+    token_ids: tuple[int, ...]
+    num_output_tokens: int
+    sampling: SamplingParams
+    stopping: StoppingCriteria
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """`num_tokens` to run now, starting at `num_computed_tokens`, after appending `new_block_ids`."""
+
+    id: int
+    num_tokens: int
+    new_block_ids: tuple[int, ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One forward pass as the router scheduled it."""
+
+    new_requests: tuple[NewRequest, ...] = ()
+    scheduled: tuple[ScheduledRequest, ...] = ()
+    finished: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The token a request produced this step; `finish_reason` is set when the shard stopped it."""
+
+    id: int
+    token_id: int
+    logprob: float
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Generations in scheduled order plus timings for metrics."""
+
+    generations: tuple[Generation, ...]
+    forward_ms: float
+    sampling_ms: float
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    """Blocks the router may use (ids 0..num_blocks-1) and the bytes the whole cache holds."""
+
+    num_blocks: int
+    kv_cache_bytes: int

@@ -1,0 +1,1 @@
+"""Model building blocks shared by every family: linears, embeddings, norms, rotary, attention."""

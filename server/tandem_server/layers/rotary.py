@@ -1,0 +1,97 @@
+"""Rotary position embeddings (rotate-half layout) with default, linear and llama3 frequency scaling."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tandem_server.errors import ConfigError
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary parameters as read from config.json (`rope_parameters`, or `rope_theta` + `rope_scaling`)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> RopeConfig:
+        """Accepts both the current `rope_parameters` and the older `rope_theta`/`rope_scaling` spellings."""
+        params = dict(config.get("rope_scaling") or {})
+        params.update(config.get("rope_parameters") or {})
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ConfigError(f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+        defaults = cls()
+        return cls(
+            theta=float(params.get("rope_theta", config.get("rope_theta", defaults.theta))),
+            rope_type=rope_type,
+            factor=float(params.get("factor", defaults.factor)),
+            low_freq_factor=float(params.get("low_freq_factor", defaults.low_freq_factor)),
+            high_freq_factor=float(params.get("high_freq_factor", defaults.high_freq_factor)),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings", defaults.original_max_position_embeddings)
+            ),
+        )
+
+
+def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies in float32, scaled as `rope.rope_type` prescribes."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3_scaled(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated smoothly.
+    old_context = rope.original_max_position_embeddings
+    low_freq_wavelen = old_context / rope.low_freq_factor
+    high_freq_wavelen = old_context / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates query and key heads by their absolute positions, from a float32 cos/sin table."""
+
+    def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
+        super().__init__()
+        inv_freq = inverse_frequencies(head_dim, rope).to(torch.get_default_device())
+        positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+        freqs = torch.outer(positions, inv_freq)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`query` is [tokens, heads, head_dim], `key` [tokens, kv_heads, head_dim]."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)

@@ -1,0 +1,1 @@
+"""Model families composed from `layers/`, one file per family, looked up through `registry`."""

@@ -1,0 +1,55 @@
+"""Reads a checkpoint directory's config.json and generation_config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tandem_server.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """The raw model configuration plus the facts the shard needs before building the model."""
+
+    path: Path
+    hf: dict[str, Any]
+    architecture: str
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes a built model reports to the engine; kv heads are those held by this rank."""
+
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+
+
+def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
+    """Parses `model_path/config.json` (required) and `generation_config.json` (optional)."""
+    config_file = model_path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{config_file} not found; --model-path must be a checkpoint directory")
+    hf = json.loads(config_file.read_text())
+    architectures = hf.get("architectures") or []
+    if not architectures:
+        raise ConfigError(f"{config_file} names no architecture (`architectures` is empty)")
+    eos = _as_ids(hf.get("eos_token_id"))
+    generation_file = model_path / "generation_config.json"
+    if generation_file.is_file():
+        eos += tuple(i for i in _as_ids(json.loads(generation_file.read_text()).get("eos_token_id")) if i not in eos)
+    return CheckpointConfig(path=model_path, hf=hf, architecture=architectures[0], eos_token_ids=eos)
+
+
+def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(dict.fromkeys(int(v) for v in value))

@@ -1,0 +1,31 @@
+"""Builds the registered model on its device and dtype, then fills it from the checkpoint."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem_server.distributed import ParallelContext
+from tandem_server.layers.attention import AttentionBackend
+from tandem_server.models.config import CheckpointConfig
+from tandem_server.models.registry import CausalLM, model_factory
+from tandem_server.weights.loader import load_weights
+
+
+def load_model(
+    checkpoint: CheckpointConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    parallel: ParallelContext,
+    backend: AttentionBackend,
+) -> CausalLM:
+    """The model of `checkpoint.architecture`, loaded for this rank and ready for inference."""
+    factory = model_factory(checkpoint.architecture)
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            model = factory(checkpoint.hf, parallel, backend)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    load_weights(model, checkpoint.path, model.skipped_checkpoint_tensors())
+    return model.eval()

@@ -1,0 +1,1 @@
+"""gRPC servicer: protobuf <-> engine dataclasses; exceptions -> gRPC status in one place."""

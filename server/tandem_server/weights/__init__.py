@@ -1,0 +1,1 @@
+"""Checkpoint loading: safetensors through mmap, sliced per rank by each parameter's weight loader."""

@@ -1,0 +1,27 @@
+"""Iterates a checkpoint's safetensors files tensor by tensor (memory-mapped, never pickle)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tandem_server.errors import WeightsError
+
+
+def checkpoint_files(model_path: Path) -> list[Path]:
+    """All `*.safetensors` files of the checkpoint, in name order."""
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors files in {model_path}")
+    return files
+
+
+def iterate_tensors(model_path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields `(checkpoint name, CPU tensor)` for every tensor of every file."""
+    for file in checkpoint_files(model_path):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)

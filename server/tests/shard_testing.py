@@ -1,0 +1,135 @@
+"""Test helpers: tiny random-weight Llama checkpoints and a minimal block-handing driver for ModelRunner."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tandem_server.distributed import ParallelContext
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.models.config import read_checkpoint_config
+from tandem_server.models.loader import load_model
+from tandem_server.models.registry import CausalLM
+from tandem_server.sampling import SamplingParams
+from transformers import LlamaConfig, LlamaForCausalLM
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+CHECKPOINT_VARIANTS: dict[str, dict[str, Any]] = {
+    "untied-gqa": {"tie_word_embeddings": False, "num_key_value_heads": 2},
+    "tied-mha": {"tie_word_embeddings": True, "num_key_value_heads": 4},
+    "llama3-rope": {"tie_word_embeddings": True, "num_key_value_heads": 2, "rope_parameters": LLAMA3_ROPE},
+}
+
+
+def write_tiny_llama(path: Path, seed: int = 0, **overrides: Any) -> LlamaForCausalLM:
+    """Saves a 2-layer random Llama (safetensors) into `path` and returns the transformers reference."""
+    settings: dict[str, Any] = {
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "initializer_range": 0.2,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    reference = LlamaForCausalLM(LlamaConfig(**settings, attn_implementation="eager")).eval()
+    reference.save_pretrained(path)
+    return reference
+
+
+def load_tiny_model(path: Path) -> CausalLM:
+    """Our float32 CPU model for the checkpoint at `path`."""
+    checkpoint = read_checkpoint_config(path)
+    return load_model(checkpoint, torch.float32, torch.device("cpu"), ParallelContext(), TorchAttentionBackend())
+
+
+def make_runner(path: Path, kv_cache_memory: int = 4 * 1024 * 1024) -> ModelRunner:
+    """A float32 CPU runner over the checkpoint at `path`, not yet warmed up."""
+    checkpoint = read_checkpoint_config(path)
+    model = load_tiny_model(path)
+    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, torch.device("cpu"), kv_cache_memory)
+
+
+def new_request(
+    request_id: int,
+    token_ids: list[int],
+    max_new_tokens: int = 8,
+    sampling: SamplingParams | None = None,
+    num_output_tokens: int = 0,
+) -> NewRequest:
+    return NewRequest(
+        id=request_id,
+        token_ids=tuple(token_ids),
+        num_output_tokens=num_output_tokens,
+        sampling=sampling or SamplingParams(),
+        stopping=StoppingCriteria(max_new_tokens=max_new_tokens),
+    )
+
+
+@dataclass
+class _Tracked:
+    tokens: list[int]
+    num_computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+
+
+class StepDriver:
+    """Hands out shuffled blocks and schedules chunked prompts and decodes, as a router would (test-only)."""
+
+    def __init__(self, runner: ModelRunner, num_blocks: int, chunk_size: int, seed: int = 0) -> None:
+        self.runner = runner
+        self.block_size = runner.cache.block_size if runner.cache else 0
+        self.free_blocks = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_blocks)
+        self.chunk_size = chunk_size
+        self.tracked: dict[int, _Tracked] = {}
+        self.done: dict[int, list[int]] = {}
+
+    def step(self, new_requests: list[NewRequest]) -> None:
+        for request in new_requests:
+            self.tracked[request.id] = _Tracked(tokens=list(request.token_ids))
+        scheduled = [self._schedule(rid, state) for rid, state in self.tracked.items()]
+        output = self.runner.step(StepInput(new_requests=tuple(new_requests), scheduled=tuple(scheduled)))
+        for generation in output.generations:
+            state = self.tracked[generation.id]
+            state.tokens.append(generation.token_id)
+            state.generated.append(generation.token_id)
+            if generation.finish_reason is not None:
+                self.free_blocks.extend(self.tracked.pop(generation.id).blocks)
+                self.done[generation.id] = state.generated
+
+    def run(self, staggered: list[NewRequest]) -> dict[int, list[int]]:
+        """Admits one request per step, then steps until every request finished."""
+        pending = list(staggered)
+        while pending or self.tracked:
+            self.step([pending.pop(0)] if pending else [])
+        return self.done
+
+    def _schedule(self, rid: int, state: _Tracked) -> ScheduledRequest:
+        num_tokens = min(self.chunk_size, len(state.tokens) - state.num_computed)
+        needed = -(-(state.num_computed + num_tokens) // self.block_size) - len(state.blocks)
+        new_blocks = [self.free_blocks.pop() for _ in range(max(0, needed))]
+        state.blocks.extend(new_blocks)
+        scheduled = ScheduledRequest(rid, num_tokens, tuple(new_blocks), state.num_computed)
+        state.num_computed += num_tokens
+        return scheduled

@@ -1,0 +1,90 @@
+"""The servicer over a real Unix socket: Info, Warmup, Step (prefill + decode), Health, Reset, mapped errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from shard_testing import make_runner, write_tiny_llama
+from tandem_server.distributed import ParallelContext
+from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
+from tandem_server.rpc.server import start_server
+from tandem_server.rpc.servicer import ShardServicer, build_info
+
+PROMPT = [5, 17, 33, 8, 61, 12, 40]
+
+
+def new_request(request_id: int) -> shard_pb2.NewRequest:
+    return shard_pb2.NewRequest(
+        id=request_id,
+        token_ids=PROMPT,
+        sampling=shard_pb2.SamplingParameters(temperature=0.0),
+        stopping=shard_pb2.StoppingCriteria(max_new_tokens=2, ignore_eos=True),
+    )
+
+
+async def exercise(stub: shard_pb2_grpc.ShardServiceStub) -> None:
+    info = await stub.Info(shard_pb2.InfoRequest())
+    assert (info.architecture, info.dtype, info.device) == ("LlamaForCausalLM", "float32", "cpu")
+    assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (96, 2, 2, 16)
+    assert list(info.eos_token_ids) == [2] and info.world_size == 1 and info.attention_backend == "torch"
+
+    with pytest.raises(grpc.aio.AioRpcError) as not_warm:
+        await stub.Health(shard_pb2.HealthRequest(deep=True))
+    assert not_warm.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    warm = await stub.Warmup(shard_pb2.WarmupRequest(block_size=4, max_batch_tokens=32, max_batch_requests=4))
+    assert warm.num_blocks > 2 and warm.kv_cache_bytes > 0
+    await stub.Health(shard_pb2.HealthRequest(deep=True))
+
+    prefill = shard_pb2.StepRequest(
+        step_id=1,
+        new_requests=[new_request(1)],
+        scheduled=[shard_pb2.ScheduledRequest(id=1, num_tokens=len(PROMPT), new_block_ids=[2, 0])],
+    )
+    first = await stub.Step(prefill)
+    assert [g.id for g in first.generations] == [1] and first.generations[0].logprob <= 0
+    assert first.generations[0].finish_reason == shard_pb2.FINISH_REASON_UNSPECIFIED
+    assert first.forward_ms > 0
+
+    decode = shard_pb2.StepRequest(
+        step_id=2, scheduled=[shard_pb2.ScheduledRequest(id=1, num_tokens=1, new_block_ids=[1], num_computed_tokens=7)]
+    )
+    second = await stub.Step(decode)
+    assert second.generations[0].finish_reason == shard_pb2.FINISH_REASON_LENGTH
+
+    duplicate = shard_pb2.StepRequest(
+        new_requests=[new_request(5), new_request(5)],
+        scheduled=[shard_pb2.ScheduledRequest(id=5, num_tokens=len(PROMPT), new_block_ids=[2, 0])],
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as invalid:
+        await stub.Step(duplicate)
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "already registered" in (invalid.value.details() or "")
+
+    await stub.Step(shard_pb2.StepRequest(new_requests=[new_request(7)]))
+    await stub.Reset(shard_pb2.ResetRequest())
+    stale = shard_pb2.StepRequest(scheduled=[shard_pb2.ScheduledRequest(id=7, num_tokens=7, new_block_ids=[2, 0])])
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await stub.Step(stale)
+    assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_grpc_round_trip_over_unix_socket(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model"
+    write_tiny_llama(checkpoint)
+    runner = make_runner(checkpoint)
+    info = build_info(runner, "LlamaForCausalLM", "torch", ParallelContext())
+    socket_path = tmp_path / "shard.sock"
+
+    async def scenario() -> None:
+        server = await start_server(ShardServicer(runner, info), socket_path)
+        try:
+            async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
+                await exercise(shard_pb2_grpc.ShardServiceStub(channel))
+        finally:
+            await server.stop(None)
+
+    asyncio.run(scenario())
