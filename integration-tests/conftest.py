@@ -1,0 +1,51 @@
+"""Session servers booted through `tandem-launcher` on the embedded model, and the transformers reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reference import Reference
+from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
+from tandem_launcher.config import EMBEDDED_MODEL_ID
+from tandem_launcher.model_resolution import resolve_model
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Iterator[TandemServer]:
+    log_path = tmp_path_factory.mktemp(name) / "launcher.log"
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *flags)
+    yield server
+    status = server.stop()
+    assert status == 0, f"tandem-launcher exited with {status} after SIGTERM:\n{server.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    """The default server; the first session converts the embedded model (minutes), later ones reuse it."""
+    yield from _serve(
+        tmp_path_factory,
+        "tandem",
+        "--kv-cache-memory", "256MiB",
+        "--max-input-tokens", str(MAX_INPUT_TOKENS),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_kv_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    """A KV cache of about 32 blocks of 16 tokens (SmolLM2 needs 46 KB per token), so requests get preempted."""
+    yield from _serve(
+        tmp_path_factory,
+        "tiny-kv",
+        "--kv-cache-memory", "24MiB",
+        "--max-input-tokens", "127",
+        "--max-total-tokens", "256",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def reference(tandem: TandemServer) -> Reference:
+    """transformers on the very directory the launcher converted (so it exists once `tandem` is up)."""
+    model_dir: Path = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    return Reference(model_dir)

@@ -1,0 +1,123 @@
+"""Boots the real stack through `tandem-launcher` and talks to it: readiness, metrics, generation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
+FIRST_START_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 120.0
+MAX_INPUT_TOKENS = 1024
+MAX_TOTAL_TOKENS = 2048
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class TandemServer:
+    """A launcher process serving on `base_url`, its merged output written to `log_path`."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+
+    @classmethod
+    def start(cls, log_path: Path, *flags: str) -> TandemServer:
+        port = free_port()
+        argv = [str(LAUNCHER), "--hostname", "127.0.0.1", "--port", str(port), *flags]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = cls(process, f"http://127.0.0.1:{port}", log_path)
+        server.wait_until_healthy(FIRST_START_TIMEOUT_S)
+        return server
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_until_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tandem-launcher exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        self.process.kill()
+        raise RuntimeError(f"tandem-launcher not healthy after {timeout:g}s:\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        """SIGTERM, as an orchestrator would; the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def info(self) -> dict[str, Any]:
+        return requests.get(f"{self.base_url}/info", timeout=10).json()
+
+    def metric(self, name: str) -> float:
+        """Sum over every series of the Prometheus metric `name` (0 when absent)."""
+        text = requests.get(f"{self.base_url}/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if series.split("{", 1)[0] == name:
+                total += float(value)
+        return total
+
+    def wait_for_metric(self, name: str, expected: float, timeout: float) -> float:
+        """Polls until `name` equals `expected`; the last value seen."""
+        deadline = time.monotonic() + timeout
+        value = self.metric(name)
+        while value != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = self.metric(name)
+        return value
+
+    def generate_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+        """Greedy token ids from the native `/generate` route."""
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "details": True}}
+        response = requests.post(f"{self.base_url}/generate", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return [token["id"] for token in response.json()["details"]["tokens"]]
+
+    def stream_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+        """Greedy token ids from `/generate_stream`, one SSE event per token."""
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
+        ids = []
+        with requests.post(f"{self.base_url}/generate_stream", json=body, stream=True, timeout=300) as response:
+            assert response.status_code == 200, response.text
+            for line in response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[len("data:") :])
+                    ids.append(event["token"]["id"])
+        return ids
+
+
+def model_cache_dir() -> Path:
+    """The launcher's model cache: its default unless MODEL_CACHE_DIR says otherwise."""
+    return Path(os.environ.get("MODEL_CACHE_DIR", "~/.cache/tandem/models")).expanduser()

@@ -1,0 +1,1 @@
+"""Tandem launcher: resolves the model, spawns shards then the router, supervises them."""

@@ -1,0 +1,5 @@
+"""`python -m tandem_launcher`."""
+
+from tandem_launcher.cli import main
+
+main()

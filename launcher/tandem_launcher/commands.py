@@ -1,0 +1,83 @@
+"""The explicit argv of each child: everything a shard or the router needs is a flag."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from tandem_launcher.config import LauncherConfig
+from tandem_launcher.limits import TokenLimits
+from tandem_launcher.model_resolution import ResolvedModel
+
+MASTER_ADDR = "127.0.0.1"
+SHARD_CONNECT_TIMEOUT_S = 30
+
+
+def free_tcp_port(host: str = MASTER_ADDR) -> int:
+    """A port free right now, for the shards' torch.distributed rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def threads_per_shard(num_shard: int) -> int:
+    """Shards split the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // num_shard)
+
+
+def shard_argv(config: LauncherConfig, model: ResolvedModel, rank: int, uds_path: Path, master_port: int) -> list[str]:
+    """argv of the shard of `rank`."""
+    return [
+        *config.commands.shard,
+        "--model-path", str(model.path),
+        "--uds-path", str(uds_path),
+        "--rank", str(rank),
+        "--world-size", str(config.num_shard),
+        "--master-addr", MASTER_ADDR,
+        "--master-port", str(master_port),
+        "--device", config.device,
+        "--dtype", config.dtype,
+        "--kv-cache-memory", config.kv_cache_memory,
+        "--num-threads", str(threads_per_shard(config.num_shard)),
+        "--attention-backend", "torch",
+        "--log-level", config.log_level,
+    ]  # fmt: skip
+
+
+def router_argv(config: LauncherConfig, model: ResolvedModel, limits: TokenLimits, uds_paths: list[Path]) -> list[str]:
+    """argv of the router; shard sockets are listed in rank order."""
+    argv = [*config.commands.router, "--hostname", config.hostname, "--port", str(config.port)]
+    for uds_path in uds_paths:
+        argv += ["--shard-uds-path", str(uds_path)]
+    argv += [
+        "--tokenizer-path", str(model.path),
+        "--model-id", model.served_name,
+        "--max-concurrent-requests", str(config.max_concurrent_requests),
+        "--max-input-tokens", str(limits.max_input_tokens),
+        "--max-total-tokens", str(limits.max_total_tokens),
+        "--max-batch-prefill-tokens", str(config.max_batch_prefill_tokens),
+        "--max-batch-size", str(config.max_batch_size),
+        "--block-size", str(config.block_size),
+        "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
+    ]  # fmt: skip
+    if config.json_output:
+        argv.append("--json-output")
+    return argv
+
+
+def probe_base_url(hostname: str, port: int) -> str:
+    """A URL the launcher itself can reach the router at, also when it binds a wildcard address."""
+    if hostname in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif hostname == "::":
+        host = "[::1]"
+    elif ":" in hostname:
+        host = f"[{hostname}]"
+    else:
+        host = hostname
+    return f"http://{host}:{port}"

@@ -1,0 +1,104 @@
+"""The launcher's typed configuration, built once from flags and environment variables."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_MODEL_CACHE_DIR = Path("~/.cache/tandem/models")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
+
+
+def _console_script(name: str) -> tuple[str, ...]:
+    """Prefer the script installed beside this interpreter, so an unactivated venv still works."""
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.is_file():
+        return (str(beside_python),)
+    return (shutil.which(name) or name,)
+
+
+@dataclass(frozen=True)
+class ChildCommands:
+    """argv prefixes of the children; tests put small fake programs here."""
+
+    shard: tuple[str, ...] = field(default_factory=lambda: _console_script("tandem-shard"))
+    router: tuple[str, ...] = field(default_factory=lambda: _console_script("tandem-router"))
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """Everything one launch needs; token limits left as None are derived from the model."""
+
+    model_id: str = EMBEDDED_MODEL_ID
+    revision: str | None = None
+    num_shard: int = 1
+    device: str = "cpu"
+    dtype: str = "auto"
+    hostname: str = "127.0.0.1"
+    port: int = 3000
+    max_concurrent_requests: int = 128
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int = 512
+    max_batch_size: int = 64
+    block_size: int = 16
+    kv_cache_memory: str = "1GiB"
+    model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
+    shard_start_timeout: float = 300.0
+    router_start_timeout: float = 120.0
+    graceful_termination_timeout: float = 90.0
+    json_output: bool = False
+    log_level: str = "info"
+    commands: ChildCommands = field(default_factory=ChildCommands)
+
+    def __post_init__(self) -> None:
+        problems = _problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def is_memory_size(text: str) -> bool:
+    """True for sizes such as `1GiB`, `512MB`, `24MiB` or a plain byte count."""
+    return _MEMORY_SIZE.match(text) is not None
+
+
+def _problems(config: LauncherConfig) -> list[str]:
+    problems = []
+    positive = {
+        "--num-shard": config.num_shard,
+        "--max-concurrent-requests": config.max_concurrent_requests,
+        "--max-batch-prefill-tokens": config.max_batch_prefill_tokens,
+        "--max-batch-size": config.max_batch_size,
+        "--block-size": config.block_size,
+        "--shard-start-timeout": config.shard_start_timeout,
+        "--router-start-timeout": config.router_start_timeout,
+    }
+    problems += [f"{flag} must be positive, got {value}" for flag, value in positive.items() if value <= 0]
+    optional_positive = {"--max-input-tokens": config.max_input_tokens, "--max-total-tokens": config.max_total_tokens}
+    problems += [
+        f"{flag} must be positive, got {value}"
+        for flag, value in optional_positive.items()
+        if value is not None and value <= 0
+    ]
+    if config.graceful_termination_timeout < 0:
+        timeout = config.graceful_termination_timeout
+        problems.append(f"--graceful-termination-timeout must not be negative, got {timeout}")
+    if not 0 < config.port < 65536:
+        problems.append(f"--port must be in 1..65535, got {config.port}")
+    if config.device not in DEVICES:
+        problems.append(f"--device must be one of {', '.join(DEVICES)}, got {config.device!r}")
+    if config.dtype not in DTYPES:
+        problems.append(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.log_level not in LOG_LEVELS:
+        problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if not is_memory_size(config.kv_cache_memory):
+        problems.append(f"--kv-cache-memory must be a size such as 1GiB or 512MB, got {config.kv_cache_memory!r}")
+    return problems

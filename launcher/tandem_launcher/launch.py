@@ -1,0 +1,33 @@
+"""One launch from a validated config: resolve the model, derive limits, run the supervisor."""
+
+from __future__ import annotations
+
+import threading
+
+from tandem_launcher.config import LauncherConfig
+from tandem_launcher.limits import TokenLimitError, derive_token_limits
+from tandem_launcher.logs import LOGGER, configure_logging, phase
+from tandem_launcher.model_resolution import ModelResolutionError, resolve_model
+from tandem_launcher.signals import ShutdownRequested, flag_on_shutdown_signal, raise_on_shutdown_signal
+from tandem_launcher.supervisor import LaunchPlan, Supervisor
+
+
+def launch(config: LauncherConfig) -> int:
+    """The process exit status: 0 after a requested shutdown, 1 when anything fails."""
+    configure_logging(config.log_level, config.json_output)
+    raise_on_shutdown_signal()
+    try:
+        with phase(f"resolve model {config.model_id}"):
+            model = resolve_model(config.model_id, config.revision, config.model_cache_dir)
+        LOGGER.info("model directory: %s", model.path)
+        limits = derive_token_limits(config, model.max_position_embeddings)
+    except (ModelResolutionError, TokenLimitError) as error:
+        LOGGER.error("%s", error)
+        return 1
+    except ShutdownRequested as request:
+        LOGGER.info("%s before start-up finished", request)
+        return 0
+    LOGGER.info("token limits: max input %d, max total %d", limits.max_input_tokens, limits.max_total_tokens)
+    shutdown = threading.Event()
+    flag_on_shutdown_signal(shutdown)
+    return Supervisor(LaunchPlan(config, model, limits), shutdown).run()

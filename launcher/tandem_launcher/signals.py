@@ -1,0 +1,36 @@
+"""Turns SIGINT/SIGTERM into an orderly shutdown request."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class ShutdownRequested(Exception):
+    """A shutdown signal arrived before the launcher was serving."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        super().__init__("shutdown requested" if signum is None else f"received {signal.Signals(signum).name}")
+
+
+def _raise_shutdown(signum: int, _frame: FrameType | None) -> None:
+    raise ShutdownRequested(signum)
+
+
+def raise_on_shutdown_signal() -> None:
+    """Until children exist, a shutdown signal interrupts whatever runs (e.g. a model conversion)."""
+    for signum in SHUTDOWN_SIGNALS:
+        signal.signal(signum, _raise_shutdown)
+
+
+def flag_on_shutdown_signal(requested: threading.Event) -> None:
+    """Once children exist, a shutdown signal only sets `requested`; the supervisor stops them in order."""
+
+    def _flag(_signum: int, _frame: FrameType | None) -> None:
+        requested.set()
+
+    for signum in SHUTDOWN_SIGNALS:
+        signal.signal(signum, _flag)

@@ -1,0 +1,79 @@
+"""A stand-in for `tandem-router`: accepts its flags, answers /health and /info, acts out a behaviour."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+
+BEHAVIOURS = ("serve", "crash-after-ready")
+
+
+def record(events: Path | None, text: str) -> None:
+    if events is not None:
+        with events.open("a") as handle:
+            handle.write(text + "\n")
+
+
+def handler_for(info: dict[str, int]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            routes = {"/health": b"", "/info": json.dumps(info).encode()}
+            if self.path not in routes:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(routes[self.path])))
+            self.end_headers()
+            self.wfile.write(routes[self.path])
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--behaviour", choices=BEHAVIOURS, default="serve")
+    parser.add_argument("--events", type=Path)
+    parser.add_argument("--shard-uds-path", action="append", required=True)
+    for flag in ("--hostname", "--tokenizer-path", "--model-id"):
+        parser.add_argument(flag, required=True)
+    for flag in (
+        "--port", "--max-concurrent-requests", "--max-input-tokens", "--max-total-tokens",
+        "--max-batch-prefill-tokens", "--max-batch-size", "--block-size", "--shard-connect-timeout",
+    ):  # fmt: skip
+        parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--json-output", action="store_true")
+    args = parser.parse_args()
+    record(args.events, f"router pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
+    info = {"kv_cache_blocks": 100, "kv_cache_tokens": 100 * args.block_size, "max_total_tokens": args.max_total_tokens}
+    server = ThreadingHTTPServer((args.hostname, args.port), handler_for(info))
+    exit_status = {"value": 0}
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        record(args.events, "router stopped")
+        threading.Thread(target=server.shutdown).start()
+
+    def crash() -> None:
+        print("router: lost connection to shard 0", flush=True)
+        exit_status["value"] = 4
+        server.shutdown()
+
+    signal.signal(signal.SIGTERM, stop)
+    if args.behaviour == "crash-after-ready":
+        threading.Timer(0.5, crash).start()
+    print(f"listening on http://{args.hostname}:{args.port}", flush=True)
+    server.serve_forever(poll_interval=0.05)
+    return exit_status["value"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""A stand-in for `tandem-shard`: accepts its flags, answers `Info` over the Unix socket, acts out a behaviour."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
+
+BEHAVIOURS = ("serve", "crash-after-ready", "fail-at-start", "never-ready", "ignore-sigterm")
+
+
+def record(events: Path | None, text: str) -> None:
+    if events is not None:
+        with events.open("a") as handle:
+            handle.write(text + "\n")
+
+
+class InfoOnly(shard_pb2_grpc.ShardServiceServicer):
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+
+    async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
+        return shard_pb2.InfoResponse(architecture="Fake", rank=self.rank, world_size=self.world_size)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    server = grpc.aio.server()
+    shard_pb2_grpc.add_ShardServiceServicer_to_server(InfoOnly(args.rank, args.world_size), server)
+    server.add_insecure_port(f"unix://{args.uds_path}")
+    await server.start()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    print(f"fake shard {args.rank} ready at {args.uds_path}", flush=True)
+    if args.behaviour == "crash-after-ready":
+        await asyncio.sleep(args.crash_delay)
+        print(f"fake shard {args.rank}: device lost, aborting", flush=True)
+        return 3
+    await stopped.wait()
+    record(args.events, f"shard-{args.rank} stopped")
+    await server.stop(grace=None)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--behaviour", choices=BEHAVIOURS, default="serve")
+    parser.add_argument("--events", type=Path)
+    parser.add_argument("--crash-delay", type=float, default=0.5)
+    for flag in ("--model-path", "--uds-path", "--master-addr", "--device", "--dtype", "--kv-cache-memory"):
+        parser.add_argument(flag, required=True)
+    for flag in ("--attention-backend", "--log-level"):
+        parser.add_argument(flag, required=True)
+    for flag in ("--rank", "--world-size", "--master-port", "--num-threads"):
+        parser.add_argument(flag, type=int, required=True)
+    args = parser.parse_args()
+    record(args.events, f"shard-{args.rank} pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
+    if args.behaviour == "fail-at-start":
+        print("loading weights", flush=True)
+        print("error: config.json names an unsupported architecture", flush=True)
+        return 2
+    if args.behaviour == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.behaviour in ("never-ready", "ignore-sigterm"):
+        print("still loading ...", flush=True)
+        while True:
+            time.sleep(1)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Runs one launch whose config comes as JSON on argv[1], so tests can point it at fake children."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.launch import launch
+
+
+def main() -> int:
+    values = json.loads(sys.argv[1])
+    commands = values.pop("commands")
+    model_cache_dir = Path(values.pop("model_cache_dir", "/nonexistent"))
+    config = LauncherConfig(
+        **values,
+        model_cache_dir=model_cache_dir,
+        commands=ChildCommands(shard=tuple(commands["shard"]), router=tuple(commands["router"])),
+    )
+    return launch(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

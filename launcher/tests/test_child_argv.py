@@ -1,0 +1,60 @@
+"""The argv handed to each child carries every setting as an explicit flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem_launcher.commands import probe_base_url, router_argv, shard_argv, threads_per_shard
+from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.limits import TokenLimits
+from tandem_launcher.model_resolution import ResolvedModel
+
+MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
+COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin", "--extra"))
+
+
+def flag_values(argv: list[str]) -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for index, word in enumerate(argv):
+        if word.startswith("--") and index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+            values.setdefault(word, []).append(argv[index + 1])
+    return values
+
+
+def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
+    config = LauncherConfig(num_shard=2, dtype="float32", kv_cache_memory="24MiB", commands=COMMANDS)
+    argv = shard_argv(config, MODEL, 1, Path("/run/t/shard-1.sock"), 29555)
+    assert argv[0] == "shard-bin"
+    values = flag_values(argv)
+    assert values["--model-path"] == ["/models/m"]
+    assert values["--uds-path"] == ["/run/t/shard-1.sock"]
+    assert (values["--rank"], values["--world-size"], values["--master-port"]) == (["1"], ["2"], ["29555"])
+    assert values["--master-addr"] == ["127.0.0.1"]
+    assert (values["--device"], values["--dtype"], values["--kv-cache-memory"]) == (["cpu"], ["float32"], ["24MiB"])
+    assert values["--num-threads"] == [str(threads_per_shard(2))]
+    assert values["--attention-backend"] == ["torch"] and values["--log-level"] == ["info"]
+
+
+def test_router_argv_lists_shard_sockets_in_rank_order_and_the_limits() -> None:
+    config = LauncherConfig(port=8080, json_output=True, commands=COMMANDS)
+    sockets = [Path("/run/t/shard-0.sock"), Path("/run/t/shard-1.sock")]
+    argv = router_argv(config, MODEL, TokenLimits(100, 200), sockets)
+    assert argv[:2] == ["router-bin", "--extra"]
+    values = flag_values(argv)
+    assert values["--shard-uds-path"] == ["/run/t/shard-0.sock", "/run/t/shard-1.sock"]
+    assert values["--tokenizer-path"] == ["/models/m"] and values["--model-id"] == ["org/m"]
+    assert (values["--max-input-tokens"], values["--max-total-tokens"]) == (["100"], ["200"])
+    assert values["--max-batch-prefill-tokens"] == ["512"] and values["--block-size"] == ["16"]
+    assert (values["--hostname"], values["--port"]) == (["127.0.0.1"], ["8080"])
+    assert argv[-1] == "--json-output"
+
+
+def test_threads_split_the_cpus_between_shards_but_never_drop_to_zero() -> None:
+    assert threads_per_shard(1) >= threads_per_shard(2) >= 1
+    assert threads_per_shard(10_000) == 1
+
+
+def test_wildcard_bind_addresses_are_probed_on_loopback() -> None:
+    assert probe_base_url("0.0.0.0", 80) == "http://127.0.0.1:80"
+    assert probe_base_url("::", 80) == "http://[::1]:80"
+    assert probe_base_url("localhost", 80) == "http://localhost:80"
