@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
 FIRST_START_TIMEOUT_S = 600.0
@@ -120,4 +121,4 @@ class TandemServer:
 
 def model_cache_dir() -> Path:
     """The launcher's model cache: its default unless MODEL_CACHE_DIR says otherwise."""
-    return Path(os.environ.get("MODEL_CACHE_DIR", "~/.cache/tandem/models")).expanduser()
+    return Path(os.environ.get("MODEL_CACHE_DIR", DEFAULT_MODEL_CACHE_DIR)).expanduser()

@@ -81,7 +81,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--revision", str, None, "revision (branch, tag or commit) of a Hugging Face repo id")
     add.value("--num-shard", int, 1, "number of shards (tensor-parallel ranks)")
     add.value("--device", str, "cpu", "device the shards run on", choices=DEVICES)
-    add.value("--dtype", str, "auto", "weights and activations dtype; auto keeps the checkpoint's", choices=DTYPES)
+    add.value(
+        "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
+    )
     add.value("--hostname", str, "127.0.0.1", "address the HTTP server binds")
     add.value("--port", int, 3000, "port the HTTP server binds")
     add.value("--max-concurrent-requests", int, 128, "requests in flight before new ones are refused")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-DEFAULT_MODEL_CACHE_DIR = Path("~/.cache/tandem/models")
+DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
 DEVICES = ("cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error")

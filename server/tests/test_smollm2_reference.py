@@ -25,7 +25,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
-    return converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR.expanduser())
+    return converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
 
 
 @pytest.fixture(scope="module")
