@@ -3,7 +3,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/tandem/target
 UV = $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 ARGS ?=
 
-.PHONY: install serve test lint test-rust test-python
+.PHONY: install serve test lint test-rust test-python chart bench
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -21,6 +21,16 @@ test-rust:
 	cargo test --workspace
 
 test-python: install
-	$(UV) run --no-sync pytest server/tests launcher/tests integration-tests
+	$(UV) run --no-sync pytest server/tests launcher/tests benchmark/tests integration-tests charts/tests
 
 test: lint test-rust test-python
+
+# Starts Tandem on a free port, runs the standard benchmark suite (a few minutes on 2 cores) and rewrites the
+# README's benchmark table; results.json and plots go to $(HOME)/.cache/tandem/bench.
+bench: install
+	$(UV) run --no-sync python -m tandem_bench.suite $(ARGS)
+
+# Helm chart checks: lint, render four value sets, validate against Kubernetes schemas, parse the argv.
+# The first run builds helm from source into $(HOME)/.cache/tandem/helm (a few minutes); later runs reuse it.
+chart: install
+	$(UV) run --no-sync pytest charts/tests

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from metrics_scrape import MetricsTandem
 from reference import Reference
-from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
+from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.model_resolution import resolve_model
 
@@ -42,6 +43,14 @@ def tiny_kv_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemS
         "--max-input-tokens", "127",
         "--max-total-tokens", "256",
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def metrics_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsTandem]:
+    """Serves the metrics tests; rank 0's shard metrics port is picked free."""
+    port = free_port()
+    for server in _serve(tmp_path_factory, "metrics", "--kv-cache-memory", "128MiB", "--shard-metrics-port", str(port)):
+        yield MetricsTandem(server, port)
 
 
 @pytest.fixture(scope="session")

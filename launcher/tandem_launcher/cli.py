@@ -42,6 +42,15 @@ def _env_bool(name: str, value: str) -> bool:
     raise SystemExit(f"error: environment variable {name}={value!r} is not a boolean (use true/false)")
 
 
+def _bool_value(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean (use true/false): {text!r}")
+
+
 class _FlagAdder:
     """Adds flags whose default comes from the matching env var, and says so in `--help`."""
 
@@ -92,11 +101,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-batch-prefill-tokens", int, 512, "tokens one forward pass may carry (longer prompts are chunked)")
     add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
     add.value("--block-size", int, 16, "tokens per KV-cache block")
+    add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
     add.value("--kv-cache-memory", _memory_size, "1GiB", "memory each shard gives its KV cache, e.g. 1GiB or 512MB")
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
     add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
-    add.value("--graceful-termination-timeout", float, 90.0, "seconds a child may take to stop before it is killed")
+    add.value(
+        "--graceful-termination-timeout",
+        float,
+        90.0,
+        "seconds in-flight requests may take to finish after SIGTERM, and each child to stop before it is killed",
+    )
+    add.value("--max-restarts", int, 3, "shard-group restarts allowed within --restart-window before giving up")
+    add.value("--restart-window", float, 600.0, "seconds over which --max-restarts is counted")
+    add.value("--shard-health-timeout", float, 30.0, "seconds a shard may go without answering Health before a restart")
+    add.value("--max-queue-time", float, 60.0, "seconds a queued request waits for restarting shards before failing")
+    add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
+    add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
     return parser

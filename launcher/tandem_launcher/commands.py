@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from pathlib import Path
@@ -46,6 +47,8 @@ def shard_argv(config: LauncherConfig, model: ResolvedModel, rank: int, uds_path
         "--num-threads", str(threads_per_shard(config.num_shard)),
         "--attention-backend", "torch",
         "--log-level", config.log_level,
+        "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),
+        "--metrics-hostname", config.hostname,
     ]  # fmt: skip
 
 
@@ -63,10 +66,15 @@ def router_argv(config: LauncherConfig, model: ResolvedModel, limits: TokenLimit
         "--max-batch-prefill-tokens", str(config.max_batch_prefill_tokens),
         "--max-batch-size", str(config.max_batch_size),
         "--block-size", str(config.block_size),
+        "--prefix-caching", "true" if config.prefix_caching else "false",
         "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
+        "--max-queue-time", str(math.ceil(config.max_queue_time)),
+        "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),
     ]  # fmt: skip
     if config.json_output:
         argv.append("--json-output")
+    if config.log_requests:
+        argv.append("--log-requests")
     return argv
 
 

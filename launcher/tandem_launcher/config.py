@@ -50,13 +50,21 @@ class LauncherConfig:
     max_batch_prefill_tokens: int = 512
     max_batch_size: int = 64
     block_size: int = 16
+    prefix_caching: bool = True
     kv_cache_memory: str = "1GiB"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
     router_start_timeout: float = 120.0
     graceful_termination_timeout: float = 90.0
+    max_restarts: int = 3
+    restart_window: float = 600.0
+    shard_health_timeout: float = 30.0
+    max_queue_time: float = 60.0
+    log_requests: bool = False
     json_output: bool = False
     log_level: str = "info"
+    # Rank r serves shard metrics on shard_metrics_port + r; 0 turns shard metrics off.
+    shard_metrics_port: int = 0
     commands: ChildCommands = field(default_factory=ChildCommands)
 
     def __post_init__(self) -> None:
@@ -80,6 +88,9 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--block-size": config.block_size,
         "--shard-start-timeout": config.shard_start_timeout,
         "--router-start-timeout": config.router_start_timeout,
+        "--restart-window": config.restart_window,
+        "--shard-health-timeout": config.shard_health_timeout,
+        "--max-queue-time": config.max_queue_time,
     }
     problems += [f"{flag} must be positive, got {value}" for flag, value in positive.items() if value <= 0]
     optional_positive = {"--max-input-tokens": config.max_input_tokens, "--max-total-tokens": config.max_total_tokens}
@@ -88,11 +99,16 @@ def _problems(config: LauncherConfig) -> list[str]:
         for flag, value in optional_positive.items()
         if value is not None and value <= 0
     ]
+    if config.max_restarts < 0:
+        problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:
         timeout = config.graceful_termination_timeout
         problems.append(f"--graceful-termination-timeout must not be negative, got {timeout}")
     if not 0 < config.port < 65536:
         problems.append(f"--port must be in 1..65535, got {config.port}")
+    last_metrics_port = config.shard_metrics_port + config.num_shard - 1
+    if config.shard_metrics_port < 0 or (config.shard_metrics_port and last_metrics_port > 65535):
+        problems.append(f"--shard-metrics-port must be 0 or leave room for {config.num_shard} ports below 65536")
     if config.device not in DEVICES:
         problems.append(f"--device must be one of {', '.join(DEVICES)}, got {config.device!r}")
     if config.dtype not in DTYPES:

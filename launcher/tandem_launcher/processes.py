@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 TAIL_LINES = 50
+_PR_SET_PDEATHSIG = 1
+# Loaded before any fork: the forked child must only make the one prctl call.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: the kernel SIGKILLs it if the launcher itself dies, even by SIGKILL."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
 
 LineSink = Callable[[str, str], None]
 
@@ -27,7 +40,7 @@ class ChildProcess:
 
     @classmethod
     def spawn(cls, name: str, argv: Sequence[str], sink: LineSink) -> ChildProcess:
-        """Starts `argv` in its own session, so a terminal's Ctrl-C reaches only the launcher."""
+        """Starts `argv` in its own session (a Ctrl-C reaches only the launcher; the group can be killed whole)."""
         try:
             process = subprocess.Popen(
                 list(argv),
@@ -38,6 +51,7 @@ class ChildProcess:
                 errors="replace",
                 bufsize=1,
                 start_new_session=True,
+                preexec_fn=_die_with_launcher,  # noqa: PLW1509  (only a prctl call, see _die_with_launcher)
             )
         except OSError as error:
             raise ChildStartError(name, argv, error) from error
@@ -82,9 +96,18 @@ class ChildProcess:
             return None
 
     def kill(self) -> int:
-        """SIGKILL, then reap."""
+        """SIGKILL the child and its process group, then reap."""
         self.signal(signal.SIGKILL)
-        return self._process.wait()
+        status = self._process.wait()
+        self.kill_group()
+        return status
+
+    def kill_group(self) -> None:
+        """SIGKILLs whatever the child left in its process group (its own children)."""
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class ChildStartError(Exception):
@@ -103,5 +126,6 @@ def stop_children(children: Sequence[ChildProcess], timeout: float) -> dict[str,
     for child in children:
         status = child.wait(max(0.0, deadline - time.monotonic()))
         statuses[child.name] = child.kill() if status is None else status
+        child.kill_group()
         child.tail()  # joins the output reader, so the child's last lines precede its exit status
     return statuses

@@ -33,6 +33,7 @@ class StartTimeoutError(Exception):
     """A child did not become ready within its start timeout."""
 
     def __init__(self, child: ChildProcess, timeout: float) -> None:
+        self.child_name = child.name
         shown = "\n".join(f"  [{child.name}] {line}" for line in child.tail()) or "  (no output)"
         super().__init__(f"{child.name} was not ready after {timeout:g}s; its last lines:\n{shown}")
 
@@ -47,6 +48,19 @@ def shard_is_ready(uds_path: Path) -> bool:
     with grpc.insecure_channel(f"unix://{uds_path}") as channel:
         try:
             shard_pb2_grpc.ShardServiceStub(channel).Info(shard_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+def shard_answers_health(uds_path: Path, timeout: float) -> bool:
+    """A serving shard answers a shallow `Health` within `timeout` seconds."""
+    import grpc  # noqa: PLC0415
+    from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc  # noqa: PLC0415
+
+    with grpc.insecure_channel(f"unix://{uds_path}") as channel:
+        try:
+            shard_pb2_grpc.ShardServiceStub(channel).Health(shard_pb2.HealthRequest(deep=False), timeout=timeout)
         except grpc.RpcError:
             return False
     return True

@@ -1,4 +1,4 @@
-"""Turns SIGINT/SIGTERM into an orderly shutdown request."""
+"""Turns SIGINT/SIGTERM into an orderly shutdown request, and a second one into an abort."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ class ShutdownRequested(Exception):
         super().__init__("shutdown requested" if signum is None else f"received {signal.Signals(signum).name}")
 
 
+class AbortRequested(Exception):
+    """A second shutdown signal: kill every child at once instead of draining."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received a second {signal.Signals(signum).name}")
+
+
 def _raise_shutdown(signum: int, _frame: FrameType | None) -> None:
     raise ShutdownRequested(signum)
 
@@ -27,9 +34,12 @@ def raise_on_shutdown_signal() -> None:
 
 
 def flag_on_shutdown_signal(requested: threading.Event) -> None:
-    """Once children exist, a shutdown signal only sets `requested`; the supervisor stops them in order."""
+    """Once children exist, the first shutdown signal sets `requested` (the supervisor stops them in
+    order); a second one raises AbortRequested in the main thread, wherever it is."""
 
-    def _flag(_signum: int, _frame: FrameType | None) -> None:
+    def _flag(signum: int, _frame: FrameType | None) -> None:
+        if requested.is_set():
+            raise AbortRequested(signum)
         requested.set()
 
     for signum in SHUTDOWN_SIGNALS:

@@ -1,10 +1,11 @@
-"""Starts the shards then the router, watches them, and stops the whole group in order."""
+"""Starts the shards then the router, restarts the shard group when it fails, and stops everything in order."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,14 @@ from tandem_launcher.readiness import (
     shard_is_ready,
     wait_until_ready,
 )
-from tandem_launcher.signals import ShutdownRequested
+from tandem_launcher.restarts import RestartBudget, RestartBudgetSpentError
+from tandem_launcher.shard_watch import ShardHealthWatch
+from tandem_launcher.signals import AbortRequested, ShutdownRequested
+
+# A failed group is stopped quickly: a surviving rank may hang in a collective waiting for the dead one.
+FAILED_GROUP_STOP_TIMEOUT_S = 10.0
+# The router drains for --graceful-termination-timeout, then needs a moment to close its connections.
+ROUTER_EXIT_MARGIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -44,45 +52,64 @@ class Supervisor:
         self._sink = sink
         self._shards: list[ChildProcess] = []
         self._router: ChildProcess | None = None
+        self._watch: ShardHealthWatch | None = None
+        self._budget = RestartBudget(plan.config.max_restarts, plan.config.restart_window)
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="tandem-"))
 
     def run(self) -> int:
-        """Serves until a shutdown signal (exit 0) or a failing child (exit 1)."""
-        runtime_dir = Path(tempfile.mkdtemp(prefix="tandem-"))
+        """Serves until a shutdown signal (exit 0), a failure it cannot restart from, or an abort (exit 1)."""
         try:
-            self._start_shards(runtime_dir)
-            self._start_router(runtime_dir)
-            return self._watch()
+            return self._run_then_stop()
+        except AbortRequested as request:
+            LOGGER.error("%s: killing every child now", request)
+            for child in self._children():
+                child.kill()
+            return 1
+        finally:
+            self._stop_watch()
+            for child in self._children():
+                child.kill_group()  # no child, nor anything it started, outlives the launcher
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+
+    def _run_then_stop(self) -> int:
+        try:
+            with phase(f"start {self._plan.config.num_shard} shard(s) on {self._plan.config.device}"):
+                self._start_shards()
+            self._start_router()
+            return self._serve()
         except ShutdownRequested:
-            LOGGER.info("shutdown requested during start-up")
+            LOGGER.info("shutdown requested during start-up or restart")
             return 0
-        except (ChildExitedError, StartTimeoutError, ChildStartError) as error:
+        except (ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError) as error:
             LOGGER.error("%s", error)
             return 1
         finally:
             self._stop_all()
-            shutil.rmtree(runtime_dir, ignore_errors=True)
 
     def _children(self) -> list[ChildProcess]:
         return [*self._shards, *([self._router] if self._router else [])]
 
-    def _start_shards(self, runtime_dir: Path) -> None:
+    def _uds_paths(self) -> list[Path]:
+        return [self._runtime_dir / f"shard-{rank}.sock" for rank in range(self._plan.config.num_shard)]
+
+    def _start_shards(self) -> None:
+        """Spawns every rank (same socket paths each time, a fresh rendezvous port) and waits until all answer."""
         config = self._plan.config
         master_port = free_tcp_port()
-        with phase(f"start {config.num_shard} shard(s) on {config.device}"):
-            for rank in range(config.num_shard):
-                argv = shard_argv(config, self._plan.model, rank, runtime_dir / f"shard-{rank}.sock", master_port)
-                self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink))
-            for rank, shard in enumerate(self._shards):
-                uds_path = runtime_dir / f"shard-{rank}.sock"
-                ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
-                wait_until_ready(shard, ready, config.shard_start_timeout, self._shards, self._shutdown)
+        for rank, uds_path in enumerate(self._uds_paths()):
+            uds_path.unlink(missing_ok=True)
+            argv = shard_argv(config, self._plan.model, rank, uds_path, master_port)
+            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink))
+        for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
+            ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
+            wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
+        self._watch = ShardHealthWatch(self._uds_paths(), config.shard_health_timeout).start()
 
-    def _start_router(self, runtime_dir: Path) -> None:
+    def _start_router(self) -> None:
         config = self._plan.config
-        uds_paths = [runtime_dir / f"shard-{rank}.sock" for rank in range(config.num_shard)]
         base_url = probe_base_url(config.hostname, config.port)
         with phase("start router"):
-            argv = router_argv(config, self._plan.model, self._plan.limits, uds_paths)
+            argv = router_argv(config, self._plan.model, self._plan.limits, self._uds_paths())
             self._router = ChildProcess.spawn("router", argv, self._sink)
             wait_until_ready(
                 self._router,
@@ -111,21 +138,72 @@ class Supervisor:
             )
         LOGGER.info("Tandem is ready at http://%s:%d", config.hostname, config.port)
 
-    def _watch(self) -> int:
+    def _serve(self) -> int:
+        """Watches the children; a failed shard group is restarted, a failed router ends the launch."""
+        while True:
+            failure = self._wait_for_failure()
+            if failure is None:
+                LOGGER.info("shutdown requested: draining the router, then stopping the shards")
+                return 0
+            self._restart_shards(failure)
+
+    def _wait_for_failure(self) -> str | None:
+        """Why the shard group must restart, or None on a shutdown request; raises if the router died."""
         while not self._shutdown.wait(POLL_INTERVAL_S):
-            for child in self._children():
-                status = child.poll()
-                if status is not None:
-                    raise ChildExitedError(child, status, "while serving")
-        LOGGER.info("shutdown requested: draining the router, then stopping the shards")
-        return 0
+            if self._router is not None and (status := self._router.poll()) is not None:
+                raise ChildExitedError(self._router, status, "while serving")
+            for shard in self._shards:
+                if (status := shard.poll()) is not None:
+                    return str(ChildExitedError(shard, status, "while serving"))
+            if self._watch is not None and (problem := self._watch.problem()) is not None:
+                return problem
+        return None
+
+    def _restart_shards(self, failure: str) -> None:
+        """Stops the whole group (a TP group cannot lose one rank) and respawns it after a backoff."""
+        config = self._plan.config
+        while True:
+            delay = self._budget.next_delay(time.monotonic())
+            if delay is None:
+                raise RestartBudgetSpentError(failure, config.max_restarts, config.restart_window)
+            LOGGER.error(
+                "%s\nrestarting all %d shard(s) in %gs (restart %d of at most %d within %gs)",
+                failure,
+                config.num_shard,
+                delay,
+                self._budget.used(),
+                config.max_restarts,
+                config.restart_window,
+            )
+            self._stop_shards(min(config.graceful_termination_timeout, FAILED_GROUP_STOP_TIMEOUT_S))
+            if self._shutdown.wait(delay):
+                raise ShutdownRequested
+            try:
+                with phase("restart shards"):
+                    self._start_shards()
+            except (ChildExitedError, StartTimeoutError) as error:
+                if error.child_name == "router":
+                    raise
+                failure = str(error)
+                continue
+            LOGGER.info("shards restarted; the router resumes once it has warmed them up")
+            return
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _stop_shards(self, timeout: float) -> None:
+        self._stop_watch()
+        for name, status in stop_children(self._shards, timeout).items():
+            LOGGER.info("%s exited with status %d", name, status)
+        self._shards = []
 
     def _stop_all(self) -> None:
         """The router goes first so it can drain requests while the shards still run."""
         timeout = self._plan.config.graceful_termination_timeout
-        groups = [[self._router] if self._router else [], self._shards]
-        for group in groups:
-            for name, status in stop_children(group, timeout).items():
+        if self._router is not None:
+            for name, status in stop_children([self._router], timeout + ROUTER_EXIT_MARGIN_S).items():
                 LOGGER.info("%s exited with status %d", name, status)
-        for child in self._children():
-            child.tail()
+        self._stop_shards(timeout)

@@ -34,9 +34,17 @@ def launch_fakes(tmp_path: Path, model_dir: Path) -> Iterator[Any]:
     """Starts the launcher with fake children acting out the given behaviours; cleans up whatever is left."""
     started: list[LaunchUnderTest] = []
 
-    def start(shard: str = "serve", router: str = "serve", shard_command: list[str] | None = None, **config: Any):
+    def start(
+        shard: str = "serve",
+        router: str = "serve",
+        shard_command: list[str] | None = None,
+        shard_args: tuple[str, ...] = (),
+        **config: Any,
+    ):
         events = tmp_path / "events.log"
-        fake_shard = [sys.executable, str(FAKES / "fake_shard.py"), "--behaviour", shard, "--events", str(events)]
+        fake_shard = [
+            sys.executable, str(FAKES / "fake_shard.py"), "--behaviour", shard, "--events", str(events), *shard_args
+        ]  # fmt: skip
         fake_router = [sys.executable, str(FAKES / "fake_router.py"), "--behaviour", router, "--events", str(events)]
         values = {
             "model_id": str(model_dir),

@@ -66,8 +66,13 @@ class LaunchUnderTest:
 
 
 def pid_is_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (dead, waiting for a reaper that may never come in a container) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tandem_launcher.commands import probe_base_url, router_argv, shard_argv, threads_per_shard
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
@@ -58,3 +59,24 @@ def test_wildcard_bind_addresses_are_probed_on_loopback() -> None:
     assert probe_base_url("0.0.0.0", 80) == "http://127.0.0.1:80"
     assert probe_base_url("::", 80) == "http://[::1]:80"
     assert probe_base_url("localhost", 80) == "http://localhost:80"
+
+
+def test_shard_metrics_ports_follow_the_rank_and_stay_off_by_default() -> None:
+    config = LauncherConfig(num_shard=2, hostname="0.0.0.0", shard_metrics_port=9100, commands=COMMANDS)
+    ports = [flag_values(shard_argv(config, MODEL, rank, Path("/s"), 1))["--metrics-port"] for rank in (0, 1)]
+    assert ports == [["9100"], ["9101"]]
+    assert flag_values(shard_argv(config, MODEL, 0, Path("/s"), 1))["--metrics-hostname"] == ["0.0.0.0"]
+    off = LauncherConfig(commands=COMMANDS)
+    assert flag_values(shard_argv(off, MODEL, 0, Path("/s"), 1))["--metrics-port"] == ["0"]
+
+
+def test_shard_metrics_ports_must_fit_below_65536() -> None:
+    with pytest.raises(ValueError, match="--shard-metrics-port"):
+        LauncherConfig(num_shard=2, shard_metrics_port=65535, commands=COMMANDS)
+
+
+@pytest.mark.parametrize(("enabled", "word"), [(True, "true"), (False, "false")])
+def test_router_argv_says_whether_prefix_caching_is_on(enabled: bool, word: str) -> None:
+    config = LauncherConfig(prefix_caching=enabled, commands=COMMANDS)
+    argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
+    assert flag_values(argv)["--prefix-caching"] == [word]

@@ -37,8 +37,8 @@ def test_ready_message_reports_kv_capacity_from_router_info(launch_fakes) -> Non
     assert launch.finish() == 0
 
 
-def test_shard_dying_while_serving_takes_the_group_down_with_its_last_lines(launch_fakes) -> None:
-    launch = launch_fakes(shard="crash-after-ready")
+def test_shard_dying_without_a_restart_budget_takes_the_group_down_with_its_last_lines(launch_fakes) -> None:
+    launch = launch_fakes(shard="crash-after-ready", max_restarts=0)
     assert launch.finish() == 1, launch.output
     assert "shard-0 exited with status 3" in launch.output
     assert "[shard-0] fake shard 0: device lost, aborting" in launch.output

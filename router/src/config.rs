@@ -49,12 +49,24 @@ pub struct RouterArgs {
     /// Tokens per KV cache block.
     #[arg(long, env = "BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
+    /// Share the KV blocks of a common token prefix between requests (`--prefix-caching false` turns it off).
+    #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_caching: bool,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,
     /// Seconds to wait for every shard socket to accept connections.
     #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 60)]
     pub shard_connect_timeout: u64,
+    /// Seconds a queued request waits for restarting shards before it fails.
+    #[arg(long, env = "MAX_QUEUE_TIME", default_value_t = 60)]
+    pub max_queue_time: u64,
+    /// Seconds in-flight requests may take to finish after SIGTERM before the router exits.
+    #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT", default_value_t = 90)]
+    pub graceful_termination_timeout: u64,
+    /// Log every request body and response body (prompts and outputs); off by default.
+    #[arg(long, env = "LOG_REQUESTS")]
+    pub log_requests: bool,
 }
 
 /// Flags that cannot work together.
@@ -80,6 +92,7 @@ pub struct Limits {
     pub max_batch_prefill_tokens: usize,
     pub max_batch_size: usize,
     pub block_size: usize,
+    pub prefix_caching: bool,
 }
 
 /// The checked configuration.
@@ -93,6 +106,18 @@ pub struct RouterConfig {
     pub limits: Limits,
     pub json_output: bool,
     pub shard_connect_timeout: Duration,
+    pub lifecycle: Lifecycle,
+}
+
+/// How the router rides through shard restarts and shuts down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// How long a queued request waits for restarting shards.
+    pub max_queue_time: Duration,
+    /// How long in-flight requests may drain after SIGTERM.
+    pub graceful_termination_timeout: Duration,
+    /// Whether prompts and outputs are logged.
+    pub log_requests: bool,
 }
 
 impl TryFrom<RouterArgs> for RouterConfig {
@@ -132,9 +157,17 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 max_batch_prefill_tokens: args.max_batch_prefill_tokens,
                 max_batch_size: args.max_batch_size,
                 block_size: args.block_size,
+                prefix_caching: args.prefix_caching,
             },
             json_output: args.json_output,
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),
+            lifecycle: Lifecycle {
+                max_queue_time: Duration::from_secs(args.max_queue_time),
+                graceful_termination_timeout: Duration::from_secs(
+                    args.graceful_termination_timeout,
+                ),
+                log_requests: args.log_requests,
+            },
         })
     }
 }
@@ -172,6 +205,37 @@ mod tests {
         assert_eq!(config.limits.max_total_tokens, 4096);
         assert_eq!(config.limits.block_size, 16);
         assert_eq!(config.shard_connect_timeout, Duration::from_secs(60));
+        assert_eq!(config.lifecycle.max_queue_time, Duration::from_secs(60));
+        assert_eq!(
+            config.lifecycle.graceful_termination_timeout,
+            Duration::from_secs(90)
+        );
+        assert!(!config.lifecycle.log_requests);
+    }
+
+    #[test]
+    fn prefix_caching_is_on_unless_turned_off() {
+        assert!(parse(&[]).unwrap().limits.prefix_caching);
+        let off = parse(&["--prefix-caching", "false"]).unwrap();
+        assert!(!off.limits.prefix_caching);
+    }
+
+    #[test]
+    fn lifecycle_flags_are_parsed() {
+        let config = parse(&[
+            "--max-queue-time",
+            "5",
+            "--graceful-termination-timeout",
+            "7",
+            "--log-requests",
+        ])
+        .unwrap();
+        assert_eq!(config.lifecycle.max_queue_time, Duration::from_secs(5));
+        assert_eq!(
+            config.lifecycle.graceful_termination_timeout,
+            Duration::from_secs(7)
+        );
+        assert!(config.lifecycle.log_requests);
     }
 
     #[test]

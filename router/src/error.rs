@@ -5,7 +5,7 @@
 
 use std::marker::PhantomData;
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -55,16 +55,36 @@ impl AppError {
             | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,
             Self::PayloadTooLarge(_) => Kind::TooLarge,
             Self::Overloaded(_) => Kind::Overloaded,
-            Self::Scheduler(SchedulerError::ShuttingDown)
-            | Self::Stream(StreamError::Scheduler(SchedulerError::ShuttingDown))
+            Self::Scheduler(
+                SchedulerError::ShuttingDown
+                | SchedulerError::Recovering
+                | SchedulerError::QueueTimeout(_),
+            )
+            | Self::Stream(StreamError::Scheduler(
+                SchedulerError::ShuttingDown
+                | SchedulerError::Recovering
+                | SchedulerError::QueueTimeout(_),
+            ))
             | Self::Unhealthy(_) => Kind::Unavailable,
             Self::Scheduler(_) | Self::Stream(_) => Kind::Generation,
         }
     }
 
-    /// A short label for the `reason` of `tandem_request_failure`.
+    /// The `reason` label of `tandem_request_failure_total`: validation, overloaded, timeout,
+    /// shard_error, unavailable or generation (`cancelled` is recorded when a request is dropped).
     pub fn metric_reason(&self) -> &'static str {
-        native_type(self.kind())
+        let scheduler = match self {
+            Self::Scheduler(error) | Self::Stream(StreamError::Scheduler(error)) => Some(error),
+            _ => None,
+        };
+        match (self.kind(), scheduler) {
+            (_, Some(SchedulerError::QueueTimeout(_))) => "timeout",
+            (_, Some(SchedulerError::ShardFailed(_))) => "shard_error",
+            (Kind::Validation | Kind::TooLarge, _) => "validation",
+            (Kind::Overloaded, _) => "overloaded",
+            (Kind::Unavailable, _) => "unavailable",
+            (Kind::Generation, _) => "generation",
+        }
     }
 
     fn param(&self) -> Option<&str> {
@@ -154,9 +174,19 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
     }
 }
 
-/// The full HTTP response for `error` in `api`'s shape.
+/// Seconds a client is told to wait before retrying a 503.
+pub const RETRY_AFTER_SECS: u64 = 5;
+
+/// The full HTTP response for `error` in `api`'s shape; a 503 carries `Retry-After`.
 pub fn error_response(api: Api, error: &AppError) -> Response {
-    (status(api, error.kind()), Json(error_body(api, error))).into_response()
+    let kind = error.kind();
+    let mut response = (status(api, kind), Json(error_body(api, error))).into_response();
+    if kind == Kind::Unavailable {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
 }
 
 /// The SSE event that reports `error` in the middle of a stream.
@@ -224,7 +254,10 @@ mod tests {
             status(Api::OpenAi, error.kind()),
             StatusCode::INTERNAL_SERVER_ERROR
         );
-        assert_eq!(error.metric_reason(), "generation");
+        assert_eq!(error.metric_reason(), "shard_error");
+        let timeout = AppError::Stream(StreamError::Scheduler(SchedulerError::QueueTimeout(5)));
+        assert_eq!(timeout.metric_reason(), "timeout");
+        assert_eq!(AppError::Overloaded(4).metric_reason(), "overloaded");
     }
 
     #[test]

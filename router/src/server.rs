@@ -1,8 +1,9 @@
 //! Start-up: tokenizer, shards, KV cache, scheduler, then the HTTP server until a signal.
 
+use std::future::IntoFuture;
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::BuildError;
 use tokio::net::TcpListener;
@@ -12,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::RouterConfig;
 use crate::http::{self, AppState, ServerInfo};
 use crate::pb;
-use crate::scheduler::{self, SchedulerConfig};
+use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
 use crate::validation::{self, ChatTemplate, ModelFiles, ModelFilesError, Validator};
@@ -95,16 +96,23 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
-    let backend = scheduler::spawn(scheduler_config(&config, num_blocks), fleet.clone());
+    let recovery = RecoveryConfig::new(warmup_request(&config), config.lifecycle.max_queue_time);
+    let backend = scheduler::spawn(
+        scheduler_config(&config, num_blocks),
+        recovery,
+        fleet.clone(),
+    );
     let info = server_info(&config, &model, num_blocks, fleet.num_shards());
+    crate::metrics::record_info(&info);
     let state = AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(decoding),
         info,
         metrics,
-    );
-    serve(&config, http::app(state)).await
+    )
+    .with_request_logging(config.lifecycle.log_requests);
+    serve(&config, state).await
 }
 
 /// The model must hold `max_total_tokens` positions (0 means the shard did not say).
@@ -121,16 +129,20 @@ fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(
     Ok(())
 }
 
-async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, StartupError> {
+/// The Warmup sent at start-up and again after every shard restart.
+fn warmup_request(config: &RouterConfig) -> pb::WarmupRequest {
     let limits = &config.limits;
     let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-    let answer = fleet
-        .warmup(pb::WarmupRequest {
-            block_size: to_u32(limits.block_size),
-            max_batch_tokens: to_u32(limits.max_batch_prefill_tokens),
-            max_batch_requests: to_u32(limits.max_batch_size),
-        })
-        .await?;
+    pb::WarmupRequest {
+        block_size: to_u32(limits.block_size),
+        max_batch_tokens: to_u32(limits.max_batch_prefill_tokens),
+        max_batch_requests: to_u32(limits.max_batch_size),
+    }
+}
+
+async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, StartupError> {
+    let limits = &config.limits;
+    let answer = fleet.warmup(warmup_request(config)).await?;
     let num_blocks = usize::try_from(answer.num_blocks).unwrap_or(usize::MAX);
     if num_blocks == 0 {
         return Err(StartupError::NoKvBlocks);
@@ -163,6 +175,7 @@ fn scheduler_config(config: &RouterConfig, num_blocks: usize) -> SchedulerConfig
         num_blocks,
         max_batch_tokens: config.limits.max_batch_prefill_tokens,
         max_batch_requests: config.limits.max_batch_size,
+        prefix_caching: config.limits.prefix_caching,
     }
 }
 
@@ -218,7 +231,10 @@ fn tokenization(
     Ok((validator, TokenDecoding::new(tokenizer)))
 }
 
-async fn serve(config: &RouterConfig, app: axum::Router) -> Result<(), StartupError> {
+/// Serves until SIGINT/SIGTERM, then drains: new requests get 503 (the listener stays
+/// open so clients hear why) while in-flight ones finish, for at most
+/// `--graceful-termination-timeout`; then the connections close and the router exits.
+async fn serve(config: &RouterConfig, state: AppState) -> Result<(), StartupError> {
     let address = format!("{}:{}", config.hostname, config.port);
     let listener = TcpListener::bind((config.hostname.as_str(), config.port))
         .await
@@ -227,12 +243,63 @@ async fn serve(config: &RouterConfig, app: axum::Router) -> Result<(), StartupEr
             source,
         })?;
     info!("listening on http://{address}");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(StartupError::Serve)?;
-    info!("all connections closed; exiting");
+    let (close, closed) = tokio::sync::oneshot::channel::<()>();
+    // A task of its own: the accept loop must keep running (answering 503) during the drain.
+    let mut server = tokio::spawn(
+        axum::serve(listener, http::app(state.clone()))
+            .with_graceful_shutdown(async {
+                let _ = closed.await;
+            })
+            .into_future(),
+    );
+    tokio::select! {
+        result = &mut server => return served(result),
+        () = shutdown_signal() => {}
+    }
+    state.draining.start();
+    drain(&state, config.lifecycle.graceful_termination_timeout).await;
+    let _ = close.send(());
+    match tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, &mut server).await {
+        Ok(result) => served(result)?,
+        Err(_) => {
+            warn!("connections still open after the drain; closing them");
+            server.abort();
+        }
+    }
+    info!("exiting");
     Ok(())
+}
+
+/// The server task's outcome as the router's.
+fn served(result: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), StartupError> {
+    match result {
+        Ok(outcome) => outcome.map_err(StartupError::Serve),
+        Err(error) => Err(StartupError::Serve(std::io::Error::other(error))),
+    }
+}
+
+/// How long open connections get to finish sending after the drain.
+const CONNECTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits until no request is in flight, or `timeout`.
+async fn drain(state: &AppState, timeout: Duration) {
+    let started = Instant::now();
+    info!(
+        in_flight = state.in_flight(),
+        timeout_s = timeout.as_secs(),
+        "draining: refusing new requests, finishing in-flight ones"
+    );
+    while state.in_flight() > 0 {
+        if started.elapsed() >= timeout {
+            warn!(
+                in_flight = state.in_flight(),
+                "graceful termination timeout reached; cutting off the remaining requests"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    info!(elapsed_ms = started.elapsed().as_millis(), "drained");
 }
 
 /// Resolves on SIGINT or SIGTERM; the server then stops accepting and drains.
@@ -255,7 +322,7 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! {
-        () = interrupt => info!("SIGINT received; draining in-flight requests"),
-        () = terminate => info!("SIGTERM received; draining in-flight requests"),
+        () = interrupt => info!("SIGINT received"),
+        () = terminate => info!("SIGTERM received"),
     }
 }

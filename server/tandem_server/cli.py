@@ -16,6 +16,7 @@ from tandem_server.bootstrap import load_shard
 from tandem_server.config import ATTENTION_BACKENDS, DEVICES, DTYPES, ShardConfig, parse_byte_size, resolve_dtype
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
+from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc.server import serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
 
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")
     parser.add_argument("--attention-backend", default="torch", help=f"one of: {', '.join(ATTENTION_BACKENDS)}")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
+    parser.add_argument("--metrics-hostname", default="127.0.0.1", help="address the metrics endpoint binds")
     return parser
 
 
@@ -60,6 +63,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
         attention_backend=args.attention_backend,
         log_level=args.log_level,
+        metrics_port=args.metrics_port,
+        metrics_hostname=args.metrics_hostname,
     )
 
 
@@ -77,7 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(config.num_threads)
     try:
         shard = load_shard(config)
-        asyncio.run(serve_until_signalled(ShardServicer(shard.runner, shard.info), config.uds_path))
+        metrics = None
+        if config.metrics_port:
+            metrics = ShardMetrics(config.rank, shard.runner.device)
+            metrics.serve(config.metrics_port, config.metrics_hostname)
+        asyncio.run(serve_until_signalled(ShardServicer(shard.runner, shard.info, metrics), config.uds_path))
     except ConfigError as error:
         logger.error("cannot start: %s", error)
         return 2

@@ -45,6 +45,8 @@ class ShardConfig:
     num_threads: int = 1
     attention_backend: str = "torch"
     log_level: str = "info"
+    metrics_port: int = 0
+    metrics_hostname: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -59,6 +61,8 @@ class ShardConfig:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
             raise ConfigError("--num-threads must be at least 1")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
 
 
 def parse_byte_size(text: str) -> int:

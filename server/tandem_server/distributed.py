@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from tandem_server.errors import ConfigError
+
+def split_evenly(total: int, parts: int) -> list[range]:
+    """`range(total)` cut into `parts` contiguous runs; the first `total % parts` runs are one longer."""
+    base, extra = divmod(total, parts)
+    runs, start = [], 0
+    for index in range(parts):
+        stop = start + base + (1 if index < extra else 0)
+        runs.append(range(start, stop))
+        start = stop
+    return runs
 
 
 @dataclass(frozen=True)
@@ -24,11 +34,24 @@ class ParallelContext:
             dist.all_reduce(tensor)
         return tensor
 
-    def shard_size(self, total: int, what: str) -> int:
-        """Per-rank share of `total`, which every rank must split evenly."""
-        if total % self.world_size != 0:
-            raise ConfigError(f"{what} ({total}) is not divisible by the world size ({self.world_size})")
-        return total // self.world_size
+    def all_gather_last_dim(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """Concatenates every rank's `tensor` along the last dim in rank order; rank r contributes `sizes[r]`."""
+        if self.world_size == 1:
+            return tensor
+        # Collectives need equal shapes, so every contribution is padded to the longest and trimmed after.
+        width = max(sizes)
+        padded = torch.nn.functional.pad(tensor, (0, width - tensor.shape[-1])).contiguous()
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        return torch.cat([part[..., :size] for part, size in zip(gathered, sizes, strict=True)], dim=-1)
+
+    def partition(self, total: int) -> range:
+        """This rank's contiguous share of `total` items (uneven totals give the first ranks one more)."""
+        return split_evenly(total, self.world_size)[self.rank]
+
+    def partition_sizes(self, total: int) -> list[int]:
+        """Every rank's share of `total`, in rank order."""
+        return [len(run) for run in split_evenly(total, self.world_size)]
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> ParallelContext:

@@ -1,4 +1,4 @@
-"""Test helpers: tiny random-weight Llama checkpoints and a minimal block-handing driver for ModelRunner."""
+"""Test helpers: tiny random-weight checkpoints of any family and a minimal block-handing driver for ModelRunner."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import SamplingParams
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -34,26 +34,47 @@ CHECKPOINT_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def write_tiny_llama(path: Path, seed: int = 0, **overrides: Any) -> LlamaForCausalLM:
-    """Saves a 2-layer random Llama (safetensors) into `path` and returns the transformers reference."""
-    settings: dict[str, Any] = {
-        "vocab_size": 96,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 128,
-        "initializer_range": 0.2,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-    }
-    settings.update(overrides)
+TINY_SETTINGS: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "initializer_range": 0.2,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def write_tiny_checkpoint(
+    path: Path,
+    config_class: type[PretrainedConfig],
+    model_class: type[PreTrainedModel],
+    seed: int = 0,
+    **overrides: Any,
+) -> PreTrainedModel:
+    """Saves a small random model of `model_class` (safetensors) into `path` and returns it as the reference.
+
+    Norm weights are randomised too (their init is constant), so a norm loaded wrongly cannot go unnoticed.
+    """
     torch.manual_seed(seed)
-    reference = LlamaForCausalLM(LlamaConfig(**settings, attn_implementation="eager")).eval()
+    config = config_class(**{**TINY_SETTINGS, **overrides})
+    config._attn_implementation = "eager"
+    reference = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.2)
     reference.save_pretrained(path)
     return reference
+
+
+def write_tiny_llama(path: Path, seed: int = 0, **overrides: Any) -> LlamaForCausalLM:
+    """Saves a 2-layer random Llama (safetensors) into `path` and returns the transformers reference."""
+    return write_tiny_checkpoint(path, LlamaConfig, LlamaForCausalLM, seed, **overrides)
 
 
 def load_tiny_model(path: Path) -> CausalLM:

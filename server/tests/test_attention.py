@@ -6,7 +6,7 @@ import random
 
 import torch
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.layers.attention import LayerCache, TorchAttentionBackend
+from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 32
 # (cached prefix length, tokens in this step): prompts, a chunk at an offset, decodes, a 1-token prompt.
@@ -48,7 +48,8 @@ def test_paged_attention_matches_naive_reference_for_mixed_step() -> None:
     batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
     step_keys = torch.cat([k[s:] for k, (s, _) in zip(full_keys, REQUESTS, strict=True)])
     step_values = torch.cat([v[s:] for v, (s, _) in zip(full_values, REQUESTS, strict=True)])
-    output = TorchAttentionBackend().forward(torch.cat(queries), step_keys, step_values, cache, batch.metadata)
+    params = AttentionParams(scale=HEAD_DIM**-0.5)
+    output = TorchAttentionBackend().forward(torch.cat(queries), step_keys, step_values, cache, batch.metadata, params)
 
     row = 0
     for (start, count), query, keys, values in zip(REQUESTS, queries, full_keys, full_values, strict=True):

@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from tandem_server.sampling import Sampler, SamplingParams
-from tandem_server.sampling.params import SamplingBatch
-from tandem_server.sampling.warpers import apply_top_k_top_p
-
-CPU = torch.device("cpu")
+from sampling_testing import CPU, batch_of
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
+from tandem_server.sampling.warpers import TopKTopP
 
 
 def reference_truncation(logits: list[float], top_k: int, top_p: float) -> set[int]:
@@ -33,7 +31,8 @@ def test_top_k_top_p_keep_the_same_tokens_as_reference() -> None:
     logits = torch.randn(6, 40) * 3
     top_k = torch.tensor([0, 5, 1, 0, 12, 40])
     top_p = torch.tensor([0.5, 1.0, 0.9, 0.95, 0.3, 0.8])
-    warped = apply_top_k_top_p(logits, top_k, top_p)
+    params = [SamplingParams(1.0, top_k=int(k), top_p=float(p)) for k, p in zip(top_k, top_p, strict=True)]
+    warped = TopKTopP(params, CPU)(logits)
     for row in range(6):
         kept = set(torch.nonzero(torch.isfinite(warped[row])).flatten().tolist())
         assert kept == reference_truncation(logits[row].tolist(), int(top_k[row]), float(top_p[row])), row
@@ -42,7 +41,7 @@ def test_top_k_top_p_keep_the_same_tokens_as_reference() -> None:
 
 def test_greedy_takes_argmax_and_reports_raw_logprob() -> None:
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5]])
-    batch = SamplingBatch.build([SamplingParams(), SamplingParams(top_k=1)], [4, 9], CPU)
+    batch = batch_of([SamplingParams(), SamplingParams(top_k=1)], [4, 9])
     sampled = Sampler()(logits, batch)
     assert sampled.token_ids == [1, 0]
     expected = torch.log_softmax(logits, dim=-1)[[0, 1], [1, 0]]
@@ -53,7 +52,7 @@ def test_logprob_is_taken_before_temperature_and_truncation() -> None:
     torch.manual_seed(1)
     logits = torch.randn(1, 30)
     params = SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=11)
-    sampled = Sampler()(logits, SamplingBatch.build([params], [7], CPU))
+    sampled = Sampler()(logits, batch_of([params], [7]))
     token = sampled.token_ids[0]
     assert token in logits[0].topk(3).indices.tolist()
     assert math.isclose(sampled.logprobs[0], torch.log_softmax(logits[0], dim=-1)[token].item(), rel_tol=1e-6)
@@ -65,7 +64,7 @@ def test_same_seed_and_position_draw_the_same_token_alone_and_in_a_batch() -> No
     target = torch.randn(vocab)
     params = SamplingParams(temperature=1.5, seed=1234)
     for position in range(5):
-        alone = Sampler()(target.unsqueeze(0), SamplingBatch.build([params], [position], CPU)).token_ids[0]
+        alone = Sampler()(target.unsqueeze(0), batch_of([params], [position])).token_ids[0]
         others = torch.randn(3, vocab)
         mixed_logits = torch.stack([others[0], others[1], target, others[2]])
         mixed_params = [
@@ -74,7 +73,7 @@ def test_same_seed_and_position_draw_the_same_token_alone_and_in_a_batch() -> No
             params,
             SamplingParams(top_p=0.5),
         ]
-        batch = SamplingBatch.build(mixed_params, [3, 8, position, 1], CPU)
+        batch = batch_of(mixed_params, [3, 8, position, 1])
         assert Sampler()(mixed_logits, batch).token_ids[2] == alone
 
 
@@ -85,9 +84,42 @@ def test_seeded_draws_follow_the_distribution() -> None:
     counts = torch.zeros(4)
     sampler = Sampler()
     for position in range(draws):
-        batch = SamplingBatch.build([SamplingParams(temperature=1.0, seed=5)], [position], CPU)
+        batch = batch_of([SamplingParams(temperature=1.0, seed=5)], [position])
         counts[sampler(logits, batch).token_ids[0]] += 1
     # Four standard deviations of a binomial proportion at n=3000 is below 0.037.
     assert torch.allclose(counts / draws, probs, atol=0.037)
-    batches = [SamplingBatch.build([SamplingParams(1.0, seed=seed)], [0], CPU) for seed in range(40)]
+    batches = [batch_of([SamplingParams(1.0, seed=seed)], [0]) for seed in range(40)]
     assert len({sampler(logits, batch).token_ids[0] for batch in batches}) > 1
+
+
+def test_logprobs_and_alternatives_ignore_top_p_top_k_and_penalties() -> None:
+    torch.manual_seed(3)
+    logits = torch.randn(2, 50)
+    warped = SamplingParams(temperature=0.3, top_k=2, top_p=0.1, repetition_penalty=3.0, seed=1)
+    rows = [SamplingRow(warped, 5, token_ids=(1, 2, 3), prompt_len=2, top_logprobs=4), SamplingRow(SamplingParams(), 5)]
+    sampled = Sampler()(logits, SamplingBatch.build(rows, CPU))
+    raw = torch.log_softmax(logits, dim=-1)
+    values, indices = raw[0].topk(4)
+    assert [token for token, _ in sampled.top_logprobs[0]] == indices.tolist()
+    torch.testing.assert_close(torch.tensor([lp for _, lp in sampled.top_logprobs[0]]), values)
+    assert sampled.top_logprobs[1] == ()
+    assert math.isclose(sampled.logprobs[0], raw[0, sampled.token_ids[0]].item(), rel_tol=1e-6)
+
+
+def test_temperature_top_p_draws_match_the_reference_distribution_by_chi_square() -> None:
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=77)
+    probs = torch.softmax(logits[0] / 0.8, dim=-1)
+    kept = reference_truncation((logits[0] / 0.8).tolist(), 0, 0.9)
+    expected = torch.zeros_like(probs)
+    expected[list(kept)] = probs[list(kept)] / probs[list(kept)].sum()
+    draws = 4000
+    counts = torch.zeros(8)
+    sampler = Sampler()
+    for position in range(draws):
+        counts[sampler(logits, batch_of([params], [position])).token_ids[0]] += 1
+    assert counts[expected == 0].sum() == 0
+    mask = expected > 0
+    chi_square = (((counts[mask] - draws * expected[mask]) ** 2) / (draws * expected[mask])).sum().item()
+    # 99.9% quantile of chi-square with (kept - 1) <= 6 degrees of freedom is 22.46; seeds make this fixed.
+    assert chi_square < 22.46, (chi_square, counts, expected * draws)

@@ -1,14 +1,43 @@
-"""Two gloo ranks, each holding half the heads and MLP columns, produce the single-process logits."""
+"""Tensor parallelism: head partitioning, per-rank weight slicing, and two gloo ranks matching one process."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.multiprocessing as mp
-from shard_testing import load_tiny_model, write_tiny_llama
-from tp_worker import WORLD_SIZE, prompt_logits, run_rank
+from safetensors import safe_open
+from safetensors.torch import save_file
+from shard_testing import write_tiny_llama
+from tandem_server.distributed import ParallelContext
+from tandem_server.errors import ConfigError
+from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.head_partition import partition_heads
+from tandem_server.models.config import read_checkpoint_config
+from tandem_server.models.loader import load_model
+from tandem_server.weights import loader as weights_loader
+from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
+from tp_worker import WORLD_SIZE, run_checkpoint, run_rank
+from transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+UNEVEN = {"num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 100, "vocab_size": 97}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "even-gqa-biased": {"num_key_value_heads": 2, "attention_bias": True, "mlp_bias": True},
+    "uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
+    "replicated-kv": {"num_key_value_heads": 1, "vocab_size": 95, "tie_word_embeddings": True},
+}
+FAMILY_VARIANTS = ("qwen3", "phi3-fused")
+# Per rank's KV heads at world size 2.
+EXPECTED_KV_HEADS = {
+    "even-gqa-biased": (1, 1),
+    "uneven-groups": (2, 1),
+    "replicated-kv": (1, 1),
+    "qwen3": (1, 1),
+    "phi3-fused": (2, 1),
+}
 
 
 def free_port() -> int:
@@ -17,12 +46,133 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_gloo_ranks_match_single_process_logits(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "model"
-    write_tiny_llama(checkpoint, num_key_value_heads=2, attention_bias=True, mlp_bias=True)
-    expected = prompt_logits(load_tiny_model(checkpoint))
-    mp.start_processes(run_rank, args=(checkpoint, free_port(), tmp_path), nprocs=WORLD_SIZE, start_method="spawn")
-    for rank in range(WORLD_SIZE):
-        kv_heads, logits = torch.load(tmp_path / f"rank{rank}.pt")
-        assert kv_heads == 1
-        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+def rank(index: int, world_size: int = WORLD_SIZE) -> ParallelContext:
+    return ParallelContext(rank=index, world_size=world_size)
+
+
+def test_heads_split_by_whole_gqa_groups_with_uneven_ranges() -> None:
+    # SmolLM2-135M: 9 query heads in 3 groups of 3 on 2 ranks -> groups 2 + 1.
+    first, second = (partition_heads(9, 3, 64, rank(r)) for r in range(2))
+    assert (first.query_heads, first.kv_heads) == (range(0, 6), range(0, 2))
+    assert (second.query_heads, second.kv_heads) == (range(6, 9), range(2, 3))
+    assert (second.query_features, second.kv_features) == (range(384, 576), range(128, 192))
+
+
+def test_kv_heads_are_replicated_when_fewer_than_ranks() -> None:
+    mqa = [partition_heads(4, 1, 8, rank(r)) for r in range(2)]
+    assert [(p.query_heads, p.kv_heads) for p in mqa] == [(range(0, 2), range(0, 1)), (range(2, 4), range(0, 1))]
+    # 3 ranks over 2 groups of 2: the first group's query heads split over two ranks, the second stays whole.
+    three = [partition_heads(4, 2, 8, rank(r, 3)) for r in range(3)]
+    assert [(p.query_heads, p.kv_heads) for p in three] == [
+        (range(0, 1), range(0, 1)),
+        (range(1, 2), range(0, 1)),
+        (range(2, 4), range(1, 2)),
+    ]
+
+
+def test_more_ranks_than_query_heads_is_a_startup_error() -> None:
+    with pytest.raises(ConfigError, match="4 shards but the model has only 3 attention heads"):
+        partition_heads(3, 1, 8, rank(0, 4))
+
+
+class _RecordingTensor:
+    """Wraps an unread checkpoint tensor and records the shape of every read."""
+
+    def __init__(self, name: str, tensor: CheckpointTensor, reads: dict[str, tuple[int, ...]]) -> None:
+        self.name, self.tensor, self.reads = name, tensor, reads
+        self.shape = tensor.shape
+
+    def read(self, part: CheckpointSlice | None = None) -> torch.Tensor:
+        loaded = self.tensor.read(part)
+        self.reads[self.name] = tuple(loaded.shape)
+        return loaded
+
+
+def test_each_rank_reads_and_holds_only_its_slice_of_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tiny_llama(tmp_path, **VARIANTS["uneven-groups"])
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        full = {name: handle.get_tensor(name) for name in handle.keys()}
+    reads: dict[str, tuple[int, ...]] = {}
+    unread = weights_loader.iterate_tensors
+    monkeypatch.setattr(
+        weights_loader,
+        "iterate_tensors",
+        lambda path: ((name, _RecordingTensor(name, tensor, reads)) for name, tensor in unread(path)),
+    )
+    # rows (dim 0) or columns (dim 1) of each rank: heads of 8 dims split 2 + 1 groups of 2 heads.
+    expected_parts = {
+        "model.layers.0.self_attn.q_proj.weight": (0, [range(0, 32), range(32, 48)]),
+        "model.layers.0.self_attn.k_proj.weight": (0, [range(0, 16), range(16, 24)]),
+        "model.layers.1.self_attn.v_proj.weight": (0, [range(0, 16), range(16, 24)]),
+        "model.layers.1.self_attn.o_proj.weight": (1, [range(0, 32), range(32, 48)]),
+        "model.layers.0.mlp.gate_proj.weight": (0, [range(0, 50), range(50, 100)]),
+        "model.layers.0.mlp.down_proj.weight": (1, [range(0, 50), range(50, 100)]),
+        "model.embed_tokens.weight": (0, [range(0, 49), range(49, 97)]),
+        "lm_head.weight": (0, [range(0, 49), range(49, 97)]),
+        "model.norm.weight": (0, [range(0, 48), range(0, 48)]),
+    }
+    config = read_checkpoint_config(tmp_path)
+    for index in range(WORLD_SIZE):
+        reads.clear()
+        model = load_model(config, torch.float32, torch.device("cpu"), rank(index), TorchAttentionBackend())
+        params = dict(model.named_parameters())
+        for name, (dim, runs) in expected_parts.items():
+            run = runs[index]
+            expected = full[name].narrow(dim, run.start, len(run))
+            torch.testing.assert_close(params[name].data, expected, atol=0, rtol=0)
+        # No rank reads more of any tensor than the part it keeps.
+        assert reads == {name: tuple(param.shape) for name, param in params.items()}
+
+
+def test_a_fused_tensor_part_reads_only_the_rank_slice_of_its_rows(tmp_path: Path) -> None:
+    fused = torch.arange(10 * 6, dtype=torch.float32).view(10, 6)
+    save_file({"qkv": fused}, str(tmp_path / "fused.safetensors"))
+    with safe_open(str(tmp_path / "fused.safetensors"), framework="pt") as handle:
+        key_part = CheckpointTensor(handle.get_slice("qkv")).narrow(0, 4, 3)
+        assert key_part.shape == (3, 6)
+        torch.testing.assert_close(key_part.read(), fused[4:7])
+        torch.testing.assert_close(key_part.read(CheckpointSlice(0, 1, 3)), fused[5:7])
+        torch.testing.assert_close(key_part.read(CheckpointSlice(1, 2, 5)), fused[4:7, 2:5])
+        with pytest.raises(ValueError, match="outside"):
+            key_part.read(CheckpointSlice(0, 2, 4))
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    for name, overrides in VARIANTS.items():
+        write_tiny_llama(root / name, **overrides)
+    small = {"num_hidden_layers": 2, "max_position_embeddings": 128, "initializer_range": 0.2}
+    torch.manual_seed(0)
+    qwen3 = Qwen3Config(**small, vocab_size=96, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16)  # fmt: skip
+    Qwen3ForCausalLM(qwen3).eval().save_pretrained(root / "qwen3")
+    # Phi-3 stores q/k/v and gate/up fused; each rank reads its rows of every part, with uneven head groups.
+    phi3 = Phi3Config(**small, **UNEVEN, hidden_size=48, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    Phi3ForCausalLM(phi3).eval().save_pretrained(root / "phi3-fused")
+    return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
+
+
+@pytest.fixture(scope="module")
+def world_size_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every checkpoint run in this process at world size 1, then by two spawned gloo ranks."""
+    root = tmp_path_factory.mktemp("tp")
+    checkpoints = _checkpoints(root)
+    single = {path.name: run_checkpoint(path, ParallelContext()) for path in checkpoints}
+    mp.start_processes(run_rank, args=(checkpoints, free_port(), root), nprocs=WORLD_SIZE, start_method="spawn")
+    return single, [torch.load(root / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, *FAMILY_VARIANTS])
+def test_two_gloo_ranks_match_single_process_logits_and_greedy_tokens(
+    variant: str, world_size_runs: tuple[dict[str, Any], list[dict[str, Any]]]
+) -> None:
+    single, ranks = world_size_runs
+    expected = single[variant]
+    assert tuple(r[variant]["num_kv_heads"] for r in ranks) == EXPECTED_KV_HEADS[variant]
+    for result in ranks:
+        torch.testing.assert_close(result[variant]["logits"], expected["logits"])
+        assert result[variant]["tokens"][1] == expected["tokens"][1]
+    # Every rank sees bit-identical logits, so even sampled tokens agree across ranks.
+    assert torch.equal(ranks[0][variant]["logits"], ranks[1][variant]["logits"])
+    assert ranks[0][variant]["tokens"] == ranks[1][variant]["tokens"]

@@ -1,39 +1,82 @@
-"""One tensor-parallel rank for the two-process test; kept free of transformers so spawned ranks start fast."""
+"""One tensor-parallel rank for the two-process tests; kept free of transformers so spawned ranks start fast."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from tandem_server.distributed import init_distributed, shutdown_distributed
+from tandem_server.distributed import ParallelContext, init_distributed, shutdown_distributed
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
-from torch import nn
+from tandem_server.models.registry import CausalLM
+from tandem_server.sampling import SamplingParams
 
 WORLD_SIZE = 2
 BLOCK_SIZE = 4
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 9, 71]
+NEW_TOKENS = 12
+GREEDY = SamplingParams()
+SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=7)
 
 
 @torch.inference_mode()
-def prompt_logits(model: nn.Module) -> torch.Tensor:
+def prompt_logits(model: CausalLM) -> torch.Tensor:
     """Logits of every prompt position, computed through a paged cache with non-contiguous blocks."""
-    geometry = CacheGeometry(2, BLOCK_SIZE, model.spec.num_kv_heads, model.spec.head_dim, torch.float32)
+    geometry = CacheGeometry(
+        model.spec.num_layers, BLOCK_SIZE, model.spec.num_kv_heads, model.spec.head_dim, torch.float32
+    )
     cache = KVCache(geometry, num_blocks=4, device=torch.device("cpu"))
     batch = build_step_batch([ScheduledSpan(PROMPT, 0, [2, 0, 3])], BLOCK_SIZE, torch.device("cpu"))
     return model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
 
 
-def run_rank(rank: int, checkpoint: Path, port: int, out_dir: Path) -> None:
-    """Loads this rank's slice of the checkpoint and saves its prompt logits to `out_dir/rank{rank}.pt`."""
+def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[int]]:
+    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
+    runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), kv_cache_memory=1 << 20)
+    blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
+    runner.warmup(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    requests = {
+        rid: NewRequest(rid, tuple(PROMPT), 0, sampling, StoppingCriteria(NEW_TOKENS, ignore_eos=True))
+        for rid, sampling in ((1, GREEDY), (2, SEEDED))
+    }
+    tables = {rid: tuple(range((rid - 1) * blocks_per_request, rid * blocks_per_request)) for rid in requests}
+    tokens: dict[int, list[int]] = {rid: [] for rid in requests}
+    step = StepInput(
+        new_requests=tuple(requests.values()),
+        scheduled=tuple(ScheduledRequest(rid, len(PROMPT), tables[rid], 0) for rid in requests),
+    )
+    while step.scheduled:
+        for generation in runner.step(step).generations:
+            tokens[generation.id].append(generation.token_id)
+        running = [rid for rid in requests if len(tokens[rid]) < NEW_TOKENS]
+        step = StepInput(
+            scheduled=tuple(ScheduledRequest(rid, 1, (), len(PROMPT) + len(tokens[rid]) - 1) for rid in running)
+        )
+    return tokens
+
+
+def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, object]:
+    """Everything the tests compare across world sizes for one checkpoint."""
+    config = read_checkpoint_config(checkpoint)
+    model = load_model(config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend())
+    return {
+        "num_kv_heads": model.spec.num_kv_heads,
+        "logits": prompt_logits(model),
+        "tokens": generate(model, config.eos_token_ids),
+    }
+
+
+def run_rank(rank: int, checkpoints: list[Path], port: int, out_dir: Path) -> None:
+    """Runs every checkpoint on this rank and saves the results to `out_dir/rank{rank}.pt`."""
     torch.set_num_threads(1)
     parallel = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, "cpu")
     try:
-        config = read_checkpoint_config(checkpoint)
-        model = load_model(config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend())
-        torch.save((model.spec.num_kv_heads, prompt_logits(model)), out_dir / f"rank{rank}.pt")
+        results = {checkpoint.name: run_checkpoint(checkpoint, parallel) for checkpoint in checkpoints}
+        torch.save(results, out_dir / f"rank{rank}.pt")
     finally:
         shutdown_distributed()

@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-BEHAVIOURS = ("serve", "crash-after-ready")
+BEHAVIOURS = ("serve", "crash-after-ready", "slow-drain")
+SLOW_DRAIN_S = 60.0
 
 
 def record(events: Path | None, text: str) -> None:
@@ -49,9 +50,12 @@ def main() -> int:
     for flag in (
         "--port", "--max-concurrent-requests", "--max-input-tokens", "--max-total-tokens",
         "--max-batch-prefill-tokens", "--max-batch-size", "--block-size", "--shard-connect-timeout",
+        "--max-queue-time", "--graceful-termination-timeout",
     ):  # fmt: skip
         parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--prefix-caching", choices=("true", "false"), required=True)
     parser.add_argument("--json-output", action="store_true")
+    parser.add_argument("--log-requests", action="store_true")
     args = parser.parse_args()
     record(args.events, f"router pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
     info = {"kv_cache_blocks": 100, "kv_cache_tokens": 100 * args.block_size, "max_total_tokens": args.max_total_tokens}
@@ -59,6 +63,10 @@ def main() -> int:
     exit_status = {"value": 0}
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
+        if args.behaviour == "slow-drain":
+            record(args.events, "router draining")
+            threading.Timer(SLOW_DRAIN_S, server.shutdown).start()
+            return
         record(args.events, "router stopped")
         threading.Thread(target=server.shutdown).start()
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,15 @@ from pathlib import Path
 import grpc
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 
-BEHAVIOURS = ("serve", "crash-after-ready", "fail-at-start", "never-ready", "ignore-sigterm")
+BEHAVIOURS = (
+    "serve",
+    "crash-after-ready",
+    "crash-once",
+    "freeze-after-ready",
+    "fail-at-start",
+    "never-ready",
+    "ignore-sigterm",
+)
 
 
 def record(events: Path | None, text: str) -> None:
@@ -22,7 +31,7 @@ def record(events: Path | None, text: str) -> None:
             handle.write(text + "\n")
 
 
-class InfoOnly(shard_pb2_grpc.ShardServiceServicer):
+class InfoAndHealth(shard_pb2_grpc.ShardServiceServicer):
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -30,17 +39,42 @@ class InfoOnly(shard_pb2_grpc.ShardServiceServicer):
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
         return shard_pb2.InfoResponse(architecture="Fake", rank=self.rank, world_size=self.world_size)
 
+    async def Health(
+        self, request: shard_pb2.HealthRequest, context: grpc.aio.ServicerContext
+    ) -> shard_pb2.HealthResponse:
+        return shard_pb2.HealthResponse()
+
+
+def crashes_now(args: argparse.Namespace) -> bool:
+    """crash-after-ready crashes every time; crash-once only in the first process of its rank."""
+    if args.behaviour == "crash-after-ready":
+        return True
+    if args.behaviour != "crash-once" or args.events is None:
+        return False
+    marker = args.events.with_name(f"crashed-once-{args.rank}")
+    if marker.exists():
+        return False
+    marker.touch()
+    return True
+
 
 async def serve(args: argparse.Namespace) -> int:
     server = grpc.aio.server()
-    shard_pb2_grpc.add_ShardServiceServicer_to_server(InfoOnly(args.rank, args.world_size), server)
+    shard_pb2_grpc.add_ShardServiceServicer_to_server(InfoAndHealth(args.rank, args.world_size), server)
     server.add_insecure_port(f"unix://{args.uds_path}")
     await server.start()
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopped.set)
     print(f"fake shard {args.rank} ready at {args.uds_path}", flush=True)
-    if args.behaviour == "crash-after-ready":
+    if args.grandchild:
+        grandchild = subprocess.Popen(["sleep", "600"])
+        record(args.events, f"grandchild-{args.rank} pid {grandchild.pid}")
+    if args.behaviour == "freeze-after-ready":
+        await asyncio.sleep(args.crash_delay)
+        print(f"fake shard {args.rank}: freezing", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if crashes_now(args):
         await asyncio.sleep(args.crash_delay)
         print(f"fake shard {args.rank}: device lost, aborting", flush=True)
         return 3
@@ -55,11 +89,12 @@ def main() -> int:
     parser.add_argument("--behaviour", choices=BEHAVIOURS, default="serve")
     parser.add_argument("--events", type=Path)
     parser.add_argument("--crash-delay", type=float, default=0.5)
+    parser.add_argument("--grandchild", action="store_true", help="start a `sleep` child, as a stray helper would")
     for flag in ("--model-path", "--uds-path", "--master-addr", "--device", "--dtype", "--kv-cache-memory"):
         parser.add_argument(flag, required=True)
-    for flag in ("--attention-backend", "--log-level"):
+    for flag in ("--attention-backend", "--log-level", "--metrics-hostname"):
         parser.add_argument(flag, required=True)
-    for flag in ("--rank", "--world-size", "--master-port", "--num-threads"):
+    for flag in ("--rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
         parser.add_argument(flag, type=int, required=True)
     args = parser.parse_args()
     record(args.events, f"shard-{args.rank} pid {os.getpid()} argv {' '.join(sys.argv[1:])}")

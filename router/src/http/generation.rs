@@ -7,6 +7,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::AppState;
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
+use crate::scheduler::PromptLogprobs;
 use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenText};
 use crate::validation::{GenerationParams, Prompt};
 
@@ -18,6 +19,7 @@ pub struct Generation {
     metrics: RequestMetrics,
     pub input_tokens: usize,
     pub seed: u64,
+    pub input_ids: Vec<u32>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -29,6 +31,9 @@ pub struct Completed {
     pub finish: Finish,
     pub input_tokens: usize,
     pub seed: u64,
+    pub input_ids: Vec<u32>,
+    /// From prompt position 1 on; empty unless prompt logprobs were asked for.
+    pub prompt_logprobs: PromptLogprobs,
 }
 
 impl Generation {
@@ -41,13 +46,14 @@ impl Generation {
     ) -> Result<Self, AppError> {
         let metrics = RequestMetrics::start(route);
         match Self::submit(state, prompt, params).await {
-            Ok((text, input_tokens, seed, permit)) => {
-                metrics.input_tokens(input_tokens);
+            Ok((text, input_ids, seed, permit)) => {
+                metrics.input_tokens(input_ids.len());
                 Ok(Self {
                     text,
                     metrics,
-                    input_tokens,
+                    input_tokens: input_ids.len(),
                     seed,
+                    input_ids,
                     _permit: permit,
                 })
             }
@@ -62,7 +68,7 @@ impl Generation {
         state: &AppState,
         prompt: Prompt,
         params: &GenerationParams,
-    ) -> Result<(TextStream, usize, u64, OwnedSemaphorePermit), AppError> {
+    ) -> Result<(TextStream, Vec<u32>, u64, OwnedSemaphorePermit), AppError> {
         let permit = Arc::clone(&state.admission)
             .try_acquire_owned()
             .map_err(|_| AppError::Overloaded(state.info.max_concurrent_requests))?;
@@ -71,16 +77,21 @@ impl Generation {
         let seed = valid.request.sampling.seed;
         let events = state.backend.submit(valid.request)?;
         let text = TextStream::new(events, Arc::clone(&state.decoding), &input_ids, valid.stop);
-        Ok((text, input_ids.len(), seed, permit))
+        Ok((text, input_ids, seed, permit))
     }
 
     /// The next token, `None` after the last one.
     pub async fn next(&mut self) -> Option<Result<TextDelta, AppError>> {
         let delta = self.text.next().await?;
-        if delta.is_ok() {
-            self.metrics.token();
+        if let Ok(delta) = &delta {
+            self.metrics.token(self.text.admitted_at(), delta.finish);
         }
         Some(delta.map_err(AppError::from))
+    }
+
+    /// Prompt log-probabilities received so far.
+    pub fn prompt_logprobs(&self) -> &PromptLogprobs {
+        self.text.prompt_logprobs()
     }
 
     /// Tokens generated so far.
@@ -114,6 +125,8 @@ impl Generation {
                             finish,
                             input_tokens: self.input_tokens,
                             seed: self.seed,
+                            input_ids: std::mem::take(&mut self.input_ids),
+                            prompt_logprobs: self.prompt_logprobs().clone(),
                         };
                         self.succeed();
                         return Ok(completed);

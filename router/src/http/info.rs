@@ -1,14 +1,13 @@
-//! Operational routes: `/health`, `/info`, `/metrics`, `/v1/models`.
+//! Operational routes: `/info`, `/metrics`, `/v1/models` (`/health` and `/ready` live in `lifecycle`).
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use serde_json::json;
 
 use super::AppState;
-use crate::error::{error_response, Api, AppError};
 
 /// What `/info` reports: the model, the limits and the KV cache size.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -33,17 +32,15 @@ pub struct ServerInfo {
     pub started_at: u64,
 }
 
-/// `GET /health`: 200 when every shard answers, 503 otherwise.
-pub async fn health(State(state): State<AppState>) -> Response {
-    match state.backend.health().await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(error) => error_response(Api::Native, &AppError::Unhealthy(error)),
-    }
-}
-
-/// `GET /info`.
+/// `GET /info`; the KV size follows the shards' latest Warmup (it may change after a restart).
 pub async fn info(State(state): State<AppState>) -> Json<ServerInfo> {
-    Json(state.info.as_ref().clone())
+    let mut info = state.info.as_ref().clone();
+    let kv_blocks = state.backend.load().kv_blocks_total;
+    if kv_blocks > 0 {
+        info.kv_cache_blocks = kv_blocks;
+        info.kv_cache_tokens = kv_blocks * info.block_size;
+    }
+    Json(info)
 }
 
 /// `GET /metrics`: Prometheus text exposition.

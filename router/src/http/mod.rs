@@ -3,8 +3,10 @@
 mod generation;
 mod info;
 mod json;
+mod lifecycle;
 mod native;
 mod openai;
+mod request_log;
 mod sse;
 #[cfg(test)]
 mod tests;
@@ -22,6 +24,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 pub use info::ServerInfo;
+pub use lifecycle::Draining;
 
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
@@ -39,6 +42,10 @@ pub struct AppState {
     pub decoding: Arc<TokenDecoding>,
     pub info: Arc<ServerInfo>,
     pub metrics: PrometheusHandle,
+    /// Set on SIGTERM: new requests get 503 while in-flight ones finish.
+    pub draining: Draining,
+    /// Whether request and response bodies are logged (`--log-requests`).
+    log_requests: bool,
     /// One permit per request in flight; none left means 429.
     admission: Arc<Semaphore>,
 }
@@ -59,20 +66,46 @@ impl AppState {
             decoding,
             info: Arc::new(info),
             metrics,
+            draining: Draining::default(),
+            log_requests: false,
             admission,
         }
+    }
+
+    /// Logs prompts and outputs when `enabled`; they are never logged otherwise.
+    #[must_use]
+    pub fn with_request_logging(mut self, enabled: bool) -> Self {
+        self.log_requests = enabled;
+        self
+    }
+
+    /// Requests admitted and not yet finished (streams included).
+    pub fn in_flight(&self) -> usize {
+        self.info
+            .max_concurrent_requests
+            .saturating_sub(self.admission.available_permits())
     }
 }
 
 /// The router's HTTP application.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let mut inference = Router::new()
         .route("/generate", post(native::generate))
         .route("/generate_stream", post(native::generate_stream))
         .route("/v1/chat/completions", post(openai::chat::completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            lifecycle::admit_when_serving,
+        ));
+    if state.log_requests {
+        inference = inference.route_layer(middleware::from_fn(request_log::log_bodies));
+    }
+    Router::new()
+        .merge(inference)
         .route("/v1/models", get(info::models))
-        .route("/health", get(info::health))
+        .route("/health", get(lifecycle::health))
+        .route("/ready", get(lifecycle::ready))
         .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))

@@ -11,10 +11,15 @@ use super::json::ApiJson;
 use super::sse::{json_event, sse_response};
 use super::AppState;
 use crate::error::{error_event, Api, ApiError, AppError, Native};
-use crate::stream::{Finish, TokenText};
+use crate::scheduler::{LogprobOptions, PromptLogprobs, TokenLogprob};
+use crate::stream::{Finish, TokenDecoding, TokenText};
 use crate::validation::{
-    reject_unsupported, require_single_choice, GenerationParams, Prompt, ValidationError,
+    check_count, reject_unsupported, require_single_choice, GenerationParams, ProcessorParams,
+    Prompt, ValidationError,
 };
+
+/// Most alternatives per token `top_n_tokens` may ask for (TGI's default limit).
+pub const MAX_TOP_N_TOKENS: u32 = 5;
 
 /// `POST /generate` and `/generate_stream` body.
 #[derive(Debug, Deserialize)]
@@ -38,6 +43,11 @@ struct GenerateParameters {
     temperature: Option<f64>,
     top_k: Option<i64>,
     top_p: Option<f64>,
+    top_n_tokens: Option<i64>,
+    decoder_input_details: Option<bool>,
+    typical_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -45,6 +55,7 @@ struct GenerateParameters {
 /// How the response is shaped, beyond what the scheduler needs.
 struct ResponseOptions {
     details: bool,
+    decoder_input_details: bool,
     full_text_prefix: Option<String>,
 }
 
@@ -57,7 +68,8 @@ impl GenerateRequest {
         let sampling_requested = p.do_sample == Some(true)
             || p.temperature.is_some_and(|t| t != 1.0)
             || p.top_k.is_some_and(|k| k != 0)
-            || p.top_p.is_some_and(|t| t != 1.0);
+            || p.top_p.is_some_and(|t| t != 1.0)
+            || p.typical_p.is_some_and(|t| t != 1.0);
         let params = GenerationParams {
             temperature: if sampling_requested {
                 p.temperature
@@ -70,9 +82,23 @@ impl GenerateRequest {
             max_new_tokens_param: "max_new_tokens",
             seed: p.seed,
             stop: p.stop.unwrap_or_default(),
+            processors: ProcessorParams {
+                typical_p: p.typical_p,
+                repetition_penalty: p.repetition_penalty,
+                frequency_penalty: p.frequency_penalty,
+                ..ProcessorParams::default()
+            },
+            min_new_tokens: None,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            logprobs: LogprobOptions {
+                top_logprobs: check_count("top_n_tokens", p.top_n_tokens, MAX_TOP_N_TOKENS)?,
+                prompt_logprobs: p.decoder_input_details == Some(true),
+            },
         };
         let options = ResponseOptions {
             details: p.details == Some(true),
+            decoder_input_details: p.decoder_input_details == Some(true),
             full_text_prefix: (p.return_full_text == Some(true)).then(|| self.inputs.clone()),
         };
         Ok((Prompt::Text(self.inputs), params, options))
@@ -91,8 +117,10 @@ struct Details {
     finish_reason: &'static str,
     generated_tokens: usize,
     seed: u64,
-    prefill: Vec<Token>,
+    prefill: Vec<PrefillToken>,
     tokens: Vec<Token>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    top_tokens: Vec<Vec<Token>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -114,10 +142,51 @@ impl From<TokenText> for Token {
     }
 }
 
+/// A prompt token; the first one has no logprob (nothing precedes it).
+#[derive(Debug, Serialize)]
+struct PrefillToken {
+    id: u32,
+    text: String,
+    logprob: Option<f32>,
+}
+
+fn prefill(
+    input_ids: &[u32],
+    logprobs: &PromptLogprobs,
+    decoding: &TokenDecoding,
+) -> Vec<PrefillToken> {
+    input_ids
+        .iter()
+        .enumerate()
+        .map(|(position, &id)| PrefillToken {
+            id,
+            text: decoding.token_text(id),
+            logprob: position
+                .checked_sub(logprobs.first_position)
+                .and_then(|index| logprobs.logprobs.get(index).copied()),
+        })
+        .collect()
+}
+
+/// Alternatives of one generated token as TGI `Token`s.
+fn top_tokens(alternatives: &[TokenLogprob], decoding: &TokenDecoding) -> Vec<Token> {
+    alternatives
+        .iter()
+        .map(|alt| Token {
+            id: alt.id,
+            text: decoding.token_text(alt.id),
+            logprob: alt.logprob,
+            special: decoding.is_special(alt.id),
+        })
+        .collect()
+}
+
 #[derive(Debug, Serialize)]
 struct StreamResponse {
     index: usize,
     token: Token,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    top_tokens: Vec<Token>,
     generated_text: Option<String>,
     details: Option<StreamDetails>,
 }
@@ -153,15 +222,32 @@ pub async fn generate(
     let (prompt, params, options) = request.into_parts()?;
     let generation = Generation::start(&state, "generate", prompt, &params).await?;
     let completed = generation.collect().await?;
-    Ok(Json(response(completed, &options)).into_response())
+    Ok(Json(response(completed, &options, &state.decoding)).into_response())
 }
 
-fn response(completed: Completed, options: &ResponseOptions) -> GenerateResponse {
+fn response(
+    completed: Completed,
+    options: &ResponseOptions,
+    decoding: &TokenDecoding,
+) -> GenerateResponse {
     let details = options.details.then(|| Details {
         finish_reason: finish_reason(completed.finish),
         generated_tokens: completed.tokens.len(),
         seed: completed.seed,
-        prefill: Vec::new(),
+        prefill: if options.decoder_input_details {
+            prefill(&completed.input_ids, &completed.prompt_logprobs, decoding)
+        } else {
+            Vec::new()
+        },
+        top_tokens: if completed.tokens.iter().any(|t| !t.top_logprobs.is_empty()) {
+            completed
+                .tokens
+                .iter()
+                .map(|t| top_tokens(&t.top_logprobs, decoding))
+                .collect()
+        } else {
+            Vec::new()
+        },
         tokens: completed.tokens.into_iter().map(Token::from).collect(),
     });
     let generated_text = match &options.full_text_prefix {
@@ -196,7 +282,9 @@ pub async fn generate_stream(
                     });
                     let last = details.is_some();
                     let generated_text = last.then(|| std::mem::take(&mut text));
-                    yield json_event(&StreamResponse { index, token: delta.token.into(), generated_text, details });
+                    let top_tokens = top_tokens(&delta.token.top_logprobs, &state.decoding);
+                    let token = delta.token.into();
+                    yield json_event(&StreamResponse { index, token, top_tokens, generated_text, details });
                     if last {
                         generation.succeed();
                         return;

@@ -1,5 +1,10 @@
-//! KV cache blocks: the router owns every block id; the shards only store what is written there.
+//! KV cache blocks: the router owns every block id; the shards only store what is written
+//! there. Full blocks are cached by token prefix so requests sharing a prefix share blocks.
 
+mod block_manager;
 mod block_pool;
+mod radix;
+#[cfg(test)]
+mod tests;
 
 pub use block_pool::{BlockPool, BlockTable};

@@ -1,79 +1,172 @@
-//! The step loop: owns `SchedulerState`, drives the shards one Step at a time.
+//! The step loop: owns `SchedulerState`, drives the shards one Step at a time, and rides
+//! through shard restarts (see `recovery`).
 
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 
+use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{LoadSnapshot, SchedulerError};
 use crate::pb;
 use crate::shard::ShardFleet;
 
-/// Runs until every handle is gone and no request is left.
-pub(crate) async fn run(
-    mut state: SchedulerState,
-    fleet: ShardFleet,
-    mut submissions: mpsc::UnboundedReceiver<Sequence>,
-    load: watch::Sender<LoadSnapshot>,
-) {
-    loop {
-        if state.is_idle() {
-            match submissions.recv().await {
-                Some(sequence) => state.enqueue(sequence),
-                None => return,
+/// The only owner of the scheduler's state.
+pub(crate) struct Actor {
+    pub state: SchedulerState,
+    pub fleet: ShardFleet,
+    pub submissions: mpsc::UnboundedReceiver<Sequence>,
+    pub load: watch::Sender<LoadSnapshot>,
+    pub phase: watch::Sender<EnginePhase>,
+    pub recovery: RecoveryConfig,
+}
+
+impl Actor {
+    /// Runs until every handle is gone and no request is left.
+    pub async fn run(mut self) {
+        loop {
+            if self.state.is_idle() && !self.wait_for_work().await {
+                return;
             }
-        }
-        while let Ok(sequence) = submissions.try_recv() {
-            state.enqueue(sequence);
-        }
-        match state.schedule() {
-            Some(step) => run_step(&mut state, &fleet, step).await,
-            // Not idle yet nothing schedulable: wait for news instead of spinning.
-            None => match submissions.recv().await {
-                Some(sequence) => state.enqueue(sequence),
-                None => {
-                    state.fail_all(&SchedulerError::ShuttingDown);
-                    return;
+            while let Ok(sequence) = self.submissions.try_recv() {
+                self.state.enqueue(sequence);
+            }
+            match self.state.schedule() {
+                Some(step) => {
+                    if !self.run_step(step).await {
+                        self.recover().await;
+                    }
                 }
-            },
+                // Not idle yet nothing schedulable: wait for news instead of spinning.
+                None => match self.submissions.recv().await {
+                    Some(sequence) => self.state.enqueue(sequence),
+                    None => {
+                        self.state.fail_all(&SchedulerError::ShuttingDown);
+                        return;
+                    }
+                },
+            }
+            self.publish_load();
         }
-        publish_load(&state, &load);
     }
-}
 
-async fn run_step(state: &mut SchedulerState, fleet: &ShardFleet, step: pb::StepRequest) {
-    let batch_tokens: u32 = step
-        .scheduled
-        .iter()
-        .map(|scheduled| scheduled.num_tokens)
-        .sum();
-    metrics::histogram!("tandem_batch_size").record(step.scheduled.len() as f64);
-    metrics::histogram!("tandem_batch_tokens").record(f64::from(batch_tokens));
-    let started = Instant::now();
-    match fleet.step(step).await {
-        Ok(response) => {
-            metrics::histogram!("tandem_step_duration_seconds")
-                .record(started.elapsed().as_secs_f64());
-            metrics::histogram!("tandem_step_forward_seconds")
-                .record(f64::from(response.forward_ms) / 1000.0);
-            state.apply(response);
-        }
-        Err(error) => {
-            tracing::error!(%error, "step failed; failing its requests and resetting the shards");
-            state.fail_running(&SchedulerError::ShardFailed(error.to_string()));
-            if let Err(error) = fleet.reset().await {
-                tracing::error!(%error, "shard reset failed");
+    /// Waits for a submission, checking now and then that the idle shards still answer;
+    /// `false` once every handle is gone.
+    async fn wait_for_work(&mut self) -> bool {
+        loop {
+            tokio::select! {
+                received = self.submissions.recv() => {
+                    let Some(sequence) = received else {
+                        return false;
+                    };
+                    self.state.enqueue(sequence);
+                    return true;
+                }
+                () = tokio::time::sleep(self.recovery.idle_health_interval) => {
+                    if let Err(error) = recovery::shards_answer(&self.fleet).await {
+                        tracing::error!(%error, "a shard stopped answering");
+                        self.recover().await;
+                        if !self.state.is_idle() {
+                            return true;
+                        }
+                    }
+                }
             }
         }
     }
-}
 
-fn publish_load(state: &SchedulerState, load: &watch::Sender<LoadSnapshot>) {
-    let snapshot = state.load();
-    metrics::gauge!("tandem_queue_size").set(snapshot.queued_requests as f64);
-    metrics::gauge!("tandem_running_requests").set(snapshot.running_requests as f64);
-    metrics::gauge!("tandem_kv_blocks_used").set(snapshot.kv_blocks_used as f64);
-    metrics::gauge!("tandem_kv_blocks_total").set(snapshot.kv_blocks_total as f64);
-    load.send_replace(snapshot);
+    /// Runs one step; `false` when it failed (its requests have then failed too).
+    async fn run_step(&mut self, step: pb::StepRequest) -> bool {
+        let batch_tokens: u32 = step
+            .scheduled
+            .iter()
+            .map(|scheduled| scheduled.num_tokens)
+            .sum();
+        crate::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
+        let started = Instant::now();
+        match self.fleet.step(step).await {
+            Ok(response) => {
+                crate::metrics::record_step_done(
+                    started.elapsed(),
+                    response.forward_ms,
+                    response.sampling_ms,
+                );
+                self.state.apply(response);
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, "step failed; failing its requests");
+                self.state
+                    .fail_running(&SchedulerError::ShardFailed(error.to_string()));
+                false
+            }
+        }
+    }
+
+    /// Waits until every rank answers, warms the shards up again and resumes. Meanwhile
+    /// new requests are refused and queued ones fail once they waited `max_queue_time`.
+    async fn recover(&mut self) {
+        let started = Instant::now();
+        self.phase.send_replace(EnginePhase::Recovering);
+        metrics::counter!("tandem_shard_recoveries_total").increment(1);
+        tracing::warn!("recovering: waiting for the model shards to answer again");
+        loop {
+            while let Ok(sequence) = self.submissions.try_recv() {
+                self.state.enqueue(sequence);
+            }
+            self.expire_queued(started);
+            self.publish_load();
+            match recovery::restore(&self.fleet, &self.recovery.warmup).await {
+                Ok(num_blocks) if self.adopt_kv_size(num_blocks) => break,
+                Ok(_) => {}
+                Err(error) => tracing::debug!(%error, "the shards are not back yet"),
+            }
+            tokio::time::sleep(self.recovery.poll_interval).await;
+        }
+        self.phase.send_replace(EnginePhase::Serving);
+        self.publish_load();
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis(),
+            queued = self.state.load().queued_requests,
+            "recovered: the shards are warmed up again"
+        );
+    }
+
+    /// Queued requests fail once they waited `max_queue_time`, counted from the later of
+    /// their arrival and the start of the recovery.
+    fn expire_queued(&mut self, recovery_started: Instant) {
+        let max_queue_time = self.recovery.max_queue_time;
+        if recovery_started.elapsed() < max_queue_time {
+            return;
+        }
+        if let Some(cutoff) = Instant::now().checked_sub(max_queue_time) {
+            let error = SchedulerError::QueueTimeout(max_queue_time.as_secs());
+            self.state.expire_waiting(cutoff, &error);
+        }
+    }
+
+    /// Takes the restarted shards' block count and forgets every cached prefix (Warmup
+    /// re-allocated the shards' cache); `false` if the pool cannot be reset yet.
+    fn adopt_kv_size(&mut self, num_blocks: usize) -> bool {
+        let current = self.state.pool().total();
+        if !self.state.resize_kv_cache(num_blocks) {
+            tracing::error!("cannot reset the KV pool while blocks are in use; retrying");
+            return false;
+        }
+        if num_blocks != current {
+            tracing::warn!(
+                before = current,
+                after = num_blocks,
+                "the restarted shards have a different KV cache size"
+            );
+        }
+        true
+    }
+
+    fn publish_load(&self) {
+        let snapshot = self.state.load();
+        crate::metrics::record_load(&snapshot);
+        self.load.send_replace(snapshot);
+    }
 }

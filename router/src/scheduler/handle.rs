@@ -5,7 +5,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::request::{GenerationRequest, GenerationStream};
 use super::sequence::Sequence;
-use super::{Backend, LoadSnapshot, SchedulerConfig, SchedulerError};
+use super::{Backend, EnginePhase, LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::shard::ShardFleet;
 
@@ -15,6 +15,7 @@ pub(crate) struct SchedulerHandle {
     pub fleet: ShardFleet,
     pub submissions: mpsc::UnboundedSender<Sequence>,
     pub load: watch::Receiver<LoadSnapshot>,
+    pub phase: watch::Receiver<EnginePhase>,
     pub next_id: AtomicU64,
 }
 
@@ -37,7 +38,15 @@ pub(crate) fn check_capacity(
 #[async_trait::async_trait]
 impl Backend for SchedulerHandle {
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError> {
-        check_capacity(&self.config, &request)?;
+        if self.phase() == EnginePhase::Recovering {
+            return Err(SchedulerError::Recovering);
+        }
+        // The pool is re-sized when restarted shards report a different cache size.
+        let config = SchedulerConfig {
+            num_blocks: self.pool.total(),
+            ..self.config
+        };
+        check_capacity(&config, &request)?;
         let (sender, events) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let sequence = Sequence::new(id, request, self.pool.new_table(), sender);
@@ -56,5 +65,9 @@ impl Backend for SchedulerHandle {
             .health(false)
             .await
             .map_err(|error| SchedulerError::ShardFailed(error.to_string()))
+    }
+
+    fn phase(&self) -> EnginePhase {
+        *self.phase.borrow()
     }
 }

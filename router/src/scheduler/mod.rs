@@ -4,7 +4,12 @@
 //! and drives the shards one Step at a time.
 
 mod actor;
+#[cfg(test)]
+mod fake_shard;
 mod handle;
+#[cfg(test)]
+mod proptests;
+mod recovery;
 mod request;
 mod sequence;
 mod state;
@@ -20,8 +25,10 @@ use crate::shard::ShardFleet;
 
 pub use request::{
     FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
-    SamplingParams, StoppingParams,
+    LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams, TokenLogprob,
 };
+
+pub use recovery::{EnginePhase, RecoveryConfig};
 
 /// Errors the scheduler reports to the HTTP layer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -32,12 +39,18 @@ pub enum SchedulerError {
     ShardFailed(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("the model shards are restarting; retry shortly")]
+    Recovering,
+    #[error("timed out after {0}s waiting for the model shards")]
+    QueueTimeout(u64),
 }
 
 /// A snapshot of the scheduler's load, for `/health`, `/info` and admission.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadSnapshot {
     pub queued_requests: usize,
+    /// Tokens the waiting requests still need to compute.
+    pub queued_tokens: usize,
     pub running_requests: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
@@ -52,6 +65,10 @@ pub trait Backend: Send + Sync {
     fn load(&self) -> LoadSnapshot;
     /// Asks every shard whether it is alive.
     async fn health(&self) -> Result<(), SchedulerError>;
+    /// Whether the engine takes requests or waits for restarted shards.
+    fn phase(&self) -> EnginePhase {
+        EnginePhase::Serving
+    }
 }
 
 /// Sizes the scheduler works within.
@@ -65,21 +82,37 @@ pub struct SchedulerConfig {
     pub max_batch_tokens: usize,
     /// Requests one step may carry.
     pub max_batch_requests: usize,
+    /// Whether full KV blocks are shared between requests with the same token prefix.
+    pub prefix_caching: bool,
 }
 
 /// Starts the step loop on the current tokio runtime and returns its handle.
-pub fn spawn(config: SchedulerConfig, fleet: ShardFleet) -> Arc<dyn Backend> {
+pub fn spawn(
+    config: SchedulerConfig,
+    recovery: RecoveryConfig,
+    fleet: ShardFleet,
+) -> Arc<dyn Backend> {
     let state = state::SchedulerState::new(config);
     let (submissions, receiver) = mpsc::unbounded_channel();
     let (load_sender, load) = watch::channel(state.load());
+    let (phase_sender, phase) = watch::channel(EnginePhase::Serving);
     let handle = handle::SchedulerHandle {
         config,
         pool: state.pool().clone(),
         fleet: fleet.clone(),
         submissions,
         load,
+        phase,
         next_id: AtomicU64::new(0),
     };
-    tokio::spawn(actor::run(state, fleet, receiver, load_sender));
+    let actor = actor::Actor {
+        state,
+        fleet,
+        submissions: receiver,
+        load: load_sender,
+        phase: phase_sender,
+        recovery,
+    };
+    tokio::spawn(actor.run());
     Arc::new(handle)
 }

@@ -2,7 +2,8 @@
 
 use tokio::sync::mpsc;
 
-/// Sampling parameters, already validated (see `validation`).
+/// Sampling parameters, already validated (see `validation`). The defaults disable
+/// every processor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
@@ -11,6 +12,18 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// 1.0 means disabled.
     pub top_p: f32,
+    /// 0 means disabled.
+    pub min_p: f32,
+    /// 1.0 means disabled.
+    pub typical_p: f32,
+    /// 1.0 means disabled; over prompt and output tokens.
+    pub repetition_penalty: f32,
+    /// 0 means disabled; over generated tokens.
+    pub frequency_penalty: f32,
+    /// 0 means disabled; over generated tokens.
+    pub presence_penalty: f32,
+    /// Added to the logits of these tokens, sorted by token id.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -20,6 +33,12 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -29,16 +48,44 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoppingParams {
     pub max_new_tokens: u32,
+    /// EOS and stop tokens are masked until this many tokens were generated.
+    pub min_new_tokens: u32,
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<u32>,
 }
 
+/// Which log-probabilities the shard returns besides the chosen token's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogprobOptions {
+    /// Alternatives per generated token (and per prompt position); 0 means none.
+    pub top_logprobs: u32,
+    /// Log-probabilities of the prompt tokens (positions 1..).
+    pub prompt_logprobs: bool,
+}
+
 /// A validated, tokenized request ready for scheduling.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerationRequest {
     pub input_ids: Vec<u32>,
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
+    pub logprobs: LogprobOptions,
+}
+
+/// A token with its log-probability under the raw model distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// Log-probabilities of prompt positions `first_position..`, as one step computed them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobs {
+    pub first_position: usize,
+    pub logprobs: Vec<f32>,
+    /// Parallel to `logprobs` when alternatives were asked for, else empty.
+    pub top: Vec<Vec<TokenLogprob>>,
 }
 
 /// Why the shard stopped a request.
@@ -54,6 +101,8 @@ pub enum FinishReason {
 pub struct GeneratedToken {
     pub id: u32,
     pub logprob: f32,
+    /// The most likely alternatives, most likely first; empty unless asked for.
+    pub top_logprobs: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
 }
 
@@ -63,6 +112,9 @@ pub struct GeneratedToken {
 pub enum GenerationEvent {
     /// The request left the queue and its first step was scheduled.
     Started,
+    /// Prompt log-probabilities of one prefill chunk; a recomputed request may repeat
+    /// positions it delivered before.
+    PromptLogprobs(PromptLogprobs),
     Token(GeneratedToken),
     Error(super::SchedulerError),
 }

@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use super::request::{
+    GenerationEvent, GenerationRequest, LogprobOptions, SamplingParams, StoppingParams,
+};
 use crate::kv::BlockTable;
 use crate::pb;
 
@@ -22,6 +24,7 @@ pub(crate) struct Sequence {
     pub blocks: BlockTable,
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
+    pub logprobs: LogprobOptions,
     pub events: mpsc::UnboundedSender<GenerationEvent>,
     pub known_to_shards: bool,
     pub started: bool,
@@ -43,6 +46,7 @@ impl Sequence {
             blocks,
             sampling: request.sampling,
             stopping: request.stopping,
+            logprobs: request.logprobs,
             events,
             known_to_shards: false,
             started: false,
@@ -87,17 +91,32 @@ impl Sequence {
             token_ids: self.tokens.clone(),
             num_output_tokens: u32::try_from(self.tokens.len() - self.prompt_len)
                 .unwrap_or(u32::MAX),
-            sampling: Some(pb::SamplingParameters {
-                temperature: self.sampling.temperature,
-                top_k: self.sampling.top_k,
-                top_p: self.sampling.top_p,
-                seed: self.sampling.seed,
-            }),
+            sampling: Some(sampling_parameters(&self.sampling)),
             stopping: Some(pb::StoppingCriteria {
                 max_new_tokens: self.stopping.max_new_tokens,
+                min_new_tokens: self.stopping.min_new_tokens,
                 ignore_eos: self.stopping.ignore_eos,
                 stop_token_ids: self.stopping.stop_token_ids.clone(),
             }),
+            top_logprobs: self.logprobs.top_logprobs,
+            prompt_logprobs: self.logprobs.prompt_logprobs,
         }
+    }
+}
+
+/// The contract's form: every neutral value becomes the zero that means "disabled".
+fn sampling_parameters(sampling: &SamplingParams) -> pb::SamplingParameters {
+    let zero_if_one = |value: f32| if value == 1.0 { 0.0 } else { value };
+    pb::SamplingParameters {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: zero_if_one(sampling.top_p),
+        seed: sampling.seed,
+        min_p: sampling.min_p,
+        typical_p: zero_if_one(sampling.typical_p),
+        repetition_penalty: zero_if_one(sampling.repetition_penalty),
+        frequency_penalty: sampling.frequency_penalty,
+        presence_penalty: sampling.presence_penalty,
+        logit_bias: sampling.logit_bias.iter().copied().collect(),
     }
 }

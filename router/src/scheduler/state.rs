@@ -2,8 +2,9 @@
 //! blocks they use. Pure state, no I/O: `schedule` plans a step, `apply` takes its result.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use super::request::{FinishReason, GeneratedToken, GenerationEvent};
+use super::request::{FinishReason, GeneratedToken, GenerationEvent, PromptLogprobs, TokenLogprob};
 use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
@@ -26,7 +27,11 @@ pub(crate) struct SchedulerState {
     /// Requests the shards still hold but must drop at the next step.
     forget: Vec<u64>,
     next_step_id: u64,
+    preemptions: u64,
 }
+
+/// Waiting requests behind the head that admission considers in one step.
+const ADMISSION_LOOKAHEAD: usize = 16;
 
 fn to_u32(value: usize) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
@@ -35,17 +40,36 @@ fn to_u32(value: usize) -> u32 {
 impl SchedulerState {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            pool: BlockPool::new(config.num_blocks),
+            pool: BlockPool::with_prefix_cache(
+                config.num_blocks,
+                config.prefix_caching.then_some(config.block_size),
+            ),
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
             forget: Vec::new(),
             next_step_id: 0,
+            preemptions: 0,
         }
     }
 
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// Requests preempted so far.
+    #[cfg(test)]
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The request admission must serve first (cancelled ones are dropped before admission).
+    #[cfg(test)]
+    pub fn waiting_head(&self) -> Option<u64> {
+        self.waiting
+            .iter()
+            .find(|sequence| !sequence.is_cancelled())
+            .map(|sequence| sequence.id)
     }
 
     pub fn enqueue(&mut self, sequence: Sequence) {
@@ -59,6 +83,7 @@ impl SchedulerState {
     pub fn load(&self) -> LoadSnapshot {
         LoadSnapshot {
             queued_requests: self.waiting.len(),
+            queued_tokens: self.waiting.iter().map(Sequence::remaining).sum(),
             running_requests: self.running.len(),
             kv_blocks_used: self.pool.used(),
             kv_blocks_total: self.pool.total(),
@@ -148,6 +173,7 @@ impl SchedulerState {
         };
         tracing::debug!(id = sequence.id, "preempting: KV blocks ran out");
         metrics::counter!("tandem_preemptions_total").increment(1);
+        self.preemptions += 1;
         if sequence.known_to_shards {
             self.forget.push(sequence.id);
         }
@@ -155,42 +181,91 @@ impl SchedulerState {
         self.waiting.push_front(sequence);
     }
 
+    /// Admission rule: the queue head always goes first, and when it does not fit nothing
+    /// is admitted, so the head cannot starve. Behind it, the next `ADMISSION_LOOKAHEAD`
+    /// waiting requests are admitted in order of longest cached prefix (ties: arrival
+    /// order), each that fits the remaining budget and blocks.
     fn admit_waiting(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
-        while budget.tokens > 0
-            && budget.requests > 0
-            && self.running.len() < self.config.max_batch_requests
-        {
-            let Some(head) = self.waiting.front_mut() else {
-                return;
-            };
-            let num_tokens = head.remaining().min(budget.tokens);
-            let missing = head.blocks_missing_for(num_tokens, self.config.block_size);
-            // First come, first served: when the head does not fit, nobody behind it runs.
-            if head.blocks.grow(missing).is_none() {
-                return;
-            }
-            let Some(mut sequence) = self.waiting.pop_front() else {
-                return;
-            };
-            step.new_requests.push(sequence.new_request());
-            step.scheduled.push(pb::ScheduledRequest {
-                id: sequence.id,
-                num_tokens: to_u32(num_tokens),
-                new_block_ids: sequence.blocks.blocks().to_vec(),
-                num_computed_tokens: 0,
-            });
-            sequence.known_to_shards = true;
-            sequence.num_computed = num_tokens;
-            if !sequence.started {
-                sequence.started = true;
-                metrics::histogram!("tandem_queue_duration_seconds")
-                    .record(sequence.arrived_at.elapsed().as_secs_f64());
-                sequence.notify(GenerationEvent::Started);
-            }
-            budget.tokens -= num_tokens;
-            budget.requests -= 1;
-            self.running.push(sequence);
+        let Some(head) = self.waiting.front() else {
+            return;
+        };
+        let head_id = head.id;
+        if !self.try_admit(head_id, budget, step) {
+            return;
         }
+        let mut candidates: Vec<(usize, u64)> = self
+            .waiting
+            .iter()
+            .take(ADMISSION_LOOKAHEAD)
+            .map(|sequence| {
+                (
+                    self.pool.cached_prefix_tokens(&sequence.tokens),
+                    sequence.id,
+                )
+            })
+            .collect();
+        // Stable: equal hits keep arrival order.
+        candidates.sort_by_key(|&(cached, _)| std::cmp::Reverse(cached));
+        for (_, id) in candidates {
+            if budget.tokens == 0 || budget.requests == 0 {
+                return;
+            }
+            self.try_admit(id, budget, step);
+        }
+    }
+
+    /// Admits waiting request `id` if the step has room and its blocks can be had; it
+    /// starts after its longest cached prefix.
+    fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut pb::StepRequest) -> bool {
+        if budget.tokens == 0
+            || budget.requests == 0
+            || self.running.len() >= self.config.max_batch_requests
+        {
+            return false;
+        }
+        let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) else {
+            return false;
+        };
+        let sequence = &mut self.waiting[index];
+        // Prompt logprobs are computed by the forward pass, so such a request reuses no cache.
+        let cached = if sequence.logprobs.prompt_logprobs {
+            0
+        } else {
+            sequence.blocks.adopt_cached_prefix(&sequence.tokens)
+        };
+        sequence.num_computed = cached;
+        let num_tokens = sequence.remaining().min(budget.tokens);
+        let missing = sequence.blocks_missing_for(cached + num_tokens, self.config.block_size);
+        if sequence.blocks.grow(missing).is_none() {
+            // Waiting requests hold no blocks, cached or not.
+            sequence.reset_for_recompute();
+            return false;
+        }
+        let Some(mut sequence) = self.waiting.remove(index) else {
+            return false;
+        };
+        metrics::counter!("tandem_prefix_cache_queries_tokens_total")
+            .increment(sequence.tokens.len() as u64);
+        metrics::counter!("tandem_prefix_cache_hits_tokens_total").increment(cached as u64);
+        step.new_requests.push(sequence.new_request());
+        step.scheduled.push(pb::ScheduledRequest {
+            id: sequence.id,
+            num_tokens: to_u32(num_tokens),
+            new_block_ids: sequence.blocks.blocks().to_vec(),
+            num_computed_tokens: to_u32(cached),
+        });
+        sequence.known_to_shards = true;
+        sequence.num_computed = cached + num_tokens;
+        if !sequence.started {
+            sequence.started = true;
+            metrics::histogram!("tandem_request_queue_duration_seconds")
+                .record(sequence.arrived_at.elapsed().as_secs_f64());
+            sequence.notify(GenerationEvent::Started);
+        }
+        budget.tokens -= num_tokens;
+        budget.requests -= 1;
+        self.running.push(sequence);
+        true
     }
 
     fn drop_cancelled(&mut self) {
@@ -216,6 +291,17 @@ impl SchedulerState {
     /// Delivers a step's tokens. Requests the shard finished are dropped (freeing their
     /// blocks); the shard has already forgotten them.
     pub fn apply(&mut self, response: pb::StepResponse) {
+        // Every scheduled token is in the KV cache now: full blocks become shareable.
+        for sequence in &mut self.running {
+            sequence
+                .blocks
+                .publish(&sequence.tokens, sequence.num_computed);
+        }
+        for chunk in response.prompt_logprobs {
+            if let Some(sequence) = self.running.iter().find(|s| s.id == chunk.id) {
+                sequence.notify(GenerationEvent::PromptLogprobs(prompt_logprobs(chunk)));
+            }
+        }
         for generation in response.generations {
             let Some(index) = self
                 .running
@@ -234,6 +320,7 @@ impl SchedulerState {
             sequence.notify(GenerationEvent::Token(GeneratedToken {
                 id: generation.token_id,
                 logprob: generation.logprob,
+                top_logprobs: token_logprobs(generation.top_logprobs),
                 finish,
             }));
             if finish.is_some() {
@@ -275,6 +362,49 @@ impl SchedulerState {
         for sequence in self.waiting.drain(..) {
             sequence.notify(GenerationEvent::Error(error.clone()));
         }
+    }
+
+    /// Fails the waiting requests that arrived at or before `cutoff` (their queue time ran out).
+    pub fn expire_waiting(&mut self, cutoff: Instant, error: &SchedulerError) {
+        self.waiting.retain(|sequence| {
+            if sequence.arrived_at > cutoff {
+                return true;
+            }
+            sequence.notify(GenerationEvent::Error(error.clone()));
+            false
+        });
+    }
+
+    /// Resets the KV pool to the shards' re-allocated cache of `num_blocks`, forgetting every
+    /// cached prefix; refused (`false`) unless no block is used.
+    pub fn resize_kv_cache(&mut self, num_blocks: usize) -> bool {
+        if !self.running.is_empty() || !self.pool.resize(num_blocks) {
+            return false;
+        }
+        self.config.num_blocks = num_blocks;
+        true
+    }
+}
+
+fn token_logprobs(tokens: Vec<pb::TokenLogprob>) -> Vec<TokenLogprob> {
+    tokens
+        .into_iter()
+        .map(|t| TokenLogprob {
+            id: t.token_id,
+            logprob: t.logprob,
+        })
+        .collect()
+}
+
+fn prompt_logprobs(chunk: pb::PromptLogprobs) -> PromptLogprobs {
+    PromptLogprobs {
+        first_position: chunk.first_position as usize,
+        logprobs: chunk.logprobs,
+        top: chunk
+            .top
+            .into_iter()
+            .map(|t| token_logprobs(t.tokens))
+            .collect(),
     }
 }
 

@@ -1,136 +1,17 @@
-//! The scheduler against a fake shard that enforces the Step contract and derives each
-//! token from what it reads back through the block table, so a block handed to two live
-//! requests, or a wrong `num_computed_tokens`, changes the output or panics.
-
-use std::collections::HashMap;
+//! The scheduler's rules, step by step, against the contract-checking fake shard.
 
 use tokio::sync::mpsc;
 
+use super::fake_shard::{expected_output, FakeShard};
 use super::handle::check_capacity;
 use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{SchedulerConfig, SchedulerError};
-use crate::pb;
-
-struct FakeRequest {
-    tokens: Vec<u32>,
-    num_computed: usize,
-    blocks: Vec<u32>,
-    generated: u32,
-    max_new_tokens: u32,
-}
-
-#[derive(Default)]
-struct FakeShard {
-    block_size: usize,
-    /// The fake KV cache: slot -> token written there.
-    slots: HashMap<usize, u32>,
-    requests: HashMap<u64, FakeRequest>,
-    forgotten: Vec<u64>,
-    step_tokens: Vec<u32>,
-}
-
-impl FakeShard {
-    fn new(block_size: usize) -> Self {
-        Self {
-            block_size,
-            ..Self::default()
-        }
-    }
-
-    fn slot(&self, request: &FakeRequest, position: usize) -> usize {
-        let block = request.blocks[position / self.block_size] as usize;
-        block * self.block_size + position % self.block_size
-    }
-
-    /// The "model": a hash of every token read back from the KV cache.
-    fn next_token(&self, request: &FakeRequest) -> u32 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for position in 0..request.tokens.len() {
-            let token = self.slots[&self.slot(request, position)];
-            hash = (hash ^ u64::from(token)).wrapping_mul(0x0100_0000_01b3);
-        }
-        u32::try_from(hash % 1000).unwrap() + 1
-    }
-
-    fn step(&mut self, step: pb::StepRequest) -> pb::StepResponse {
-        for id in &step.finished {
-            self.requests.remove(id);
-            self.forgotten.push(*id);
-        }
-        for new in step.new_requests {
-            let stopping = new.stopping.unwrap();
-            let previous = self.requests.insert(
-                new.id,
-                FakeRequest {
-                    tokens: new.token_ids,
-                    num_computed: 0,
-                    blocks: Vec::new(),
-                    generated: new.num_output_tokens,
-                    max_new_tokens: stopping.max_new_tokens,
-                },
-            );
-            assert!(previous.is_none(), "request {} registered twice", new.id);
-        }
-        self.step_tokens
-            .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
-        let mut generations = Vec::new();
-        for scheduled in step.scheduled {
-            if let Some(generation) = self.run(&scheduled) {
-                generations.push(generation);
-            }
-        }
-        pb::StepResponse {
-            generations,
-            ..Default::default()
-        }
-    }
-
-    fn run(&mut self, scheduled: &pb::ScheduledRequest) -> Option<pb::Generation> {
-        let mut request = self
-            .requests
-            .remove(&scheduled.id)
-            .expect("scheduled an unknown request");
-        request.blocks.extend(&scheduled.new_block_ids);
-        assert_eq!(request.num_computed, scheduled.num_computed_tokens as usize);
-        let end = request.num_computed + scheduled.num_tokens as usize;
-        assert!(end <= request.tokens.len(), "scheduled past the end");
-        assert!(
-            request.blocks.len() * self.block_size >= end,
-            "blocks do not cover the step"
-        );
-        for position in request.num_computed..end {
-            let slot = self.slot(&request, position);
-            self.slots.insert(slot, request.tokens[position]);
-        }
-        request.num_computed = end;
-        if end < request.tokens.len() {
-            self.requests.insert(scheduled.id, request);
-            return None;
-        }
-        let token = self.next_token(&request);
-        request.tokens.push(token);
-        request.generated += 1;
-        let finished = request.generated >= request.max_new_tokens;
-        if !finished {
-            self.requests.insert(scheduled.id, request);
-        }
-        Some(pb::Generation {
-            id: scheduled.id,
-            token_id: token,
-            logprob: 0.0,
-            finish_reason: if finished {
-                pb::FinishReason::Length as i32
-            } else {
-                0
-            },
-        })
-    }
-}
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
+        prefix_caching: true,
         block_size: 4,
         num_blocks,
         max_batch_tokens,
@@ -146,6 +27,7 @@ fn request(prompt_len: u32, max_new_tokens: u32) -> GenerationRequest {
             max_new_tokens,
             ..StoppingParams::default()
         },
+        ..GenerationRequest::default()
     }
 }
 
@@ -175,19 +57,24 @@ fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<u32
     while let Ok(event) = receiver.try_recv() {
         match event {
             GenerationEvent::Token(token) => tokens.push(token.id),
-            GenerationEvent::Started => {}
+            GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
             GenerationEvent::Error(error) => panic!("unexpected error: {error}"),
         }
     }
     tokens
 }
 
+/// The request's output when it runs alone, which must equal the fake model applied directly.
 fn alone_output(prompt_len: u32, max_new_tokens: u32) -> Vec<u32> {
     let mut state = SchedulerState::new(config(64, 64));
     let mut shard = FakeShard::new(4);
-    let mut receiver = submit(&mut state, 0, request(prompt_len, max_new_tokens));
+    let request = request(prompt_len, max_new_tokens);
+    let expected = expected_output(&request.input_ids, max_new_tokens);
+    let mut receiver = submit(&mut state, 0, request);
     run_until_idle(&mut state, &mut shard);
-    tokens_of(&mut receiver)
+    let output = tokens_of(&mut receiver);
+    assert_eq!(output, expected);
+    output
 }
 
 #[test]
@@ -339,4 +226,39 @@ fn request_larger_than_the_whole_cache_is_rejected_at_submission() {
         }
     ));
     assert!(check_capacity(&config(5, 64), &request(10, 10)).is_ok());
+}
+
+#[test]
+fn a_repeated_prompt_starts_after_its_cached_prefix_with_the_same_output() {
+    let mut state = SchedulerState::new(config(64, 64));
+    let mut shard = FakeShard::new(4);
+    let mut first = submit(&mut state, 0, request(18, 4));
+    run_until_idle(&mut state, &mut shard);
+    let mut second = submit(&mut state, 1, request(18, 4));
+    let step = state.schedule().unwrap();
+    // 18 prompt tokens: 4 full blocks are cached, the rest (2 tokens) is computed.
+    assert_eq!(step.scheduled[0].num_computed_tokens, 16);
+    assert_eq!(step.scheduled[0].num_tokens, 2);
+    state.apply(shard.step(step));
+    run_until_idle(&mut state, &mut shard);
+    assert_eq!(tokens_of(&mut second), tokens_of(&mut first));
+    assert_eq!(state.load().kv_blocks_used, 0);
+}
+
+#[test]
+fn behind_the_head_the_longest_cached_prefix_is_admitted_first() {
+    let mut state = SchedulerState::new(SchedulerConfig {
+        max_batch_requests: 2,
+        ..config(64, 64)
+    });
+    let mut shard = FakeShard::new(4);
+    let cached = request(12, 1);
+    let _warm = submit(&mut state, 0, cached.clone());
+    run_until_idle(&mut state, &mut shard);
+    let _head = submit(&mut state, 1, request(5, 1));
+    let _cold = submit(&mut state, 2, request(7, 1));
+    let _hit = submit(&mut state, 3, cached);
+    let step = state.schedule().unwrap();
+    let admitted: Vec<u64> = step.new_requests.iter().map(|new| new.id).collect();
+    assert_eq!(admitted, vec![1, 3]);
 }

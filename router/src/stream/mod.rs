@@ -8,13 +8,17 @@ mod stop;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};
 
-use crate::scheduler::{FinishReason, GenerationEvent, GenerationStream, SchedulerError};
+use crate::scheduler::{
+    FinishReason, GeneratedToken, GenerationEvent, GenerationStream, PromptLogprobs,
+    SchedulerError, TokenLogprob,
+};
 
 /// Why a request finished, as clients see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +47,8 @@ pub struct TokenText {
     pub logprob: f32,
     pub special: bool,
     pub text: String,
+    /// The most likely alternatives, most likely first; empty unless asked for.
+    pub top_logprobs: Vec<TokenLogprob>,
 }
 
 /// A token event; `finish` is set on the last one.
@@ -89,6 +95,11 @@ impl TokenDecoding {
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }
+
+    /// The text of one token on its own (special tokens included), for logprob listings.
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
 }
 
 /// One request's text as it is generated.
@@ -98,6 +109,8 @@ pub struct TextStream {
     decoding: Arc<TokenDecoding>,
     decoder: IncrementalDecoder,
     stops: StopMatcher,
+    prompt_logprobs: PromptLogprobs,
+    admitted_at: Option<Instant>,
 }
 
 impl TextStream {
@@ -114,7 +127,36 @@ impl TextStream {
             decoding,
             decoder,
             stops: StopMatcher::new(stop),
+            prompt_logprobs: PromptLogprobs {
+                first_position: 1,
+                logprobs: Vec::new(),
+                top: Vec::new(),
+            },
+            admitted_at: None,
         }
+    }
+
+    /// When the scheduler first admitted the request (read once its `Started` event arrived).
+    pub fn admitted_at(&self) -> Option<Instant> {
+        self.admitted_at
+    }
+
+    /// Prompt log-probabilities received so far, from position 1 on, each position once.
+    pub fn prompt_logprobs(&self) -> &PromptLogprobs {
+        &self.prompt_logprobs
+    }
+
+    /// Appends the positions of `chunk` not received yet (recompute repeats some).
+    fn on_prompt_logprobs(&mut self, chunk: PromptLogprobs) {
+        let received = &mut self.prompt_logprobs;
+        let next = received.first_position + received.logprobs.len();
+        let end = chunk.first_position + chunk.logprobs.len();
+        if chunk.first_position > next || end <= next {
+            return;
+        }
+        let skip = next - chunk.first_position;
+        received.logprobs.extend_from_slice(&chunk.logprobs[skip..]);
+        received.top.extend(chunk.top.into_iter().skip(skip));
     }
 
     /// The next token, `None` after the last one or after an error.
@@ -122,9 +164,12 @@ impl TextStream {
         loop {
             let event = self.events.as_mut()?.events.recv().await;
             match event {
-                Some(GenerationEvent::Started) => {}
+                Some(GenerationEvent::Started) => {
+                    self.admitted_at.get_or_insert_with(Instant::now);
+                }
+                Some(GenerationEvent::PromptLogprobs(chunk)) => self.on_prompt_logprobs(chunk),
                 Some(GenerationEvent::Token(token)) => {
-                    let delta = self.on_token(token.id, token.logprob, token.finish);
+                    let delta = self.on_token(token);
                     if !matches!(delta, Ok(TextDelta { finish: None, .. })) {
                         self.events = None;
                     }
@@ -142,12 +187,13 @@ impl TextStream {
         }
     }
 
-    fn on_token(
-        &mut self,
-        id: u32,
-        logprob: f32,
-        finish: Option<FinishReason>,
-    ) -> Result<TextDelta, StreamError> {
+    fn on_token(&mut self, generated: GeneratedToken) -> Result<TextDelta, StreamError> {
+        let GeneratedToken {
+            id,
+            logprob,
+            top_logprobs,
+            finish,
+        } = generated;
         let decoded = self
             .decoder
             .push(id)
@@ -166,6 +212,7 @@ impl TextStream {
             logprob,
             special: self.decoding.is_special(id),
             text,
+            top_logprobs,
         };
         Ok(TextDelta { token, finish })
     }

@@ -21,6 +21,7 @@ fn send_tokens(sender: &mpsc::UnboundedSender<GenerationEvent>, ids: &[u32], las
         let token = GeneratedToken {
             id,
             logprob: -0.5,
+            top_logprobs: Vec::new(),
             finish,
         };
         sender.send(GenerationEvent::Token(token)).unwrap();

@@ -3,6 +3,7 @@
 mod chat_template;
 mod model_files;
 mod params;
+mod processors;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -12,7 +13,10 @@ use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use model_files::{ModelFiles, ModelFilesError};
-pub use params::{reject_unsupported, require_single_choice, GenerationParams, MAX_STOP_SEQUENCES};
+pub use params::{
+    check_count, reject_unsupported, require_single_choice, GenerationParams, MAX_STOP_SEQUENCES,
+};
+pub use processors::ProcessorParams;
 
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
@@ -27,6 +31,18 @@ pub enum ValidationError {
         param: String,
         expected: &'static str,
         value: String,
+    },
+    #[error("`{param}` must be an integer from 0 to {max}, got {value}")]
+    CountOutOfRange {
+        param: &'static str,
+        max: u32,
+        value: i64,
+    },
+    #[error("`{param}` holds token id {id}, but the vocabulary has {vocab_size} tokens")]
+    UnknownToken {
+        param: &'static str,
+        id: u32,
+        vocab_size: usize,
     },
     #[error("`{0}` is required")]
     Missing(&'static str),
@@ -66,7 +82,9 @@ impl ValidationError {
             Self::Missing(param) | Self::Empty(param) => Some(param),
             Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
             Self::TooManyStops { .. } => Some("stop"),
-            Self::TotalTooLong { param, .. } => Some(param),
+            Self::TotalTooLong { param, .. }
+            | Self::CountOutOfRange { param, .. }
+            | Self::UnknownToken { param, .. } => Some(param),
             Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
         }
     }
@@ -128,6 +146,7 @@ impl Validator {
         params: &GenerationParams,
     ) -> Result<ValidRequest, ValidationError> {
         let checked = params::check(params)?;
+        self.check_token_ids(&params.stop_token_ids, &checked.sampling.logit_bias)?;
         self.check_prompt(&prompt)?;
         let input_ids = self.tokenize(prompt).await?;
         let input_tokens = input_ids.len();
@@ -149,19 +168,47 @@ impl Validator {
                 max_total_tokens: self.limits.max_total_tokens,
             });
         }
+        let mut stop_token_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_token_ids.extend(&self.eos_token_ids);
+        }
         let stopping = StoppingParams {
             max_new_tokens,
-            ignore_eos: false,
-            stop_token_ids: self.eos_token_ids.clone(),
+            min_new_tokens: checked.min_new_tokens.min(max_new_tokens),
+            ignore_eos: params.ignore_eos,
+            stop_token_ids,
         };
         Ok(ValidRequest {
             request: GenerationRequest {
                 input_ids,
                 sampling: checked.sampling,
                 stopping,
+                logprobs: params.logprobs,
             },
             stop: checked.stop,
         })
+    }
+
+    /// Token ids in `stop_token_ids` and `logit_bias` must exist in the vocabulary.
+    fn check_token_ids(
+        &self,
+        stop_token_ids: &[u32],
+        logit_bias: &[(u32, f32)],
+    ) -> Result<(), ValidationError> {
+        let vocab_size = self.tokenizer.get_vocab_size(true);
+        let biased = logit_bias.iter().map(|(id, _)| *id);
+        let named = stop_token_ids.iter().map(|id| ("stop_token_ids", *id));
+        match named
+            .chain(biased.map(|id| ("logit_bias", id)))
+            .find(|(_, id)| usize::try_from(*id).map_or(true, |id| id >= vocab_size))
+        {
+            Some((param, id)) => Err(ValidationError::UnknownToken {
+                param,
+                id,
+                vocab_size,
+            }),
+            None => Ok(()),
+        }
     }
 
     fn check_prompt(&self, prompt: &Prompt) -> Result<(), ValidationError> {

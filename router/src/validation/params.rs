@@ -2,8 +2,9 @@
 
 use serde_json::{Map, Value};
 
+use super::processors::{self, ProcessorParams};
 use super::ValidationError;
-use crate::scheduler::SamplingParams;
+use crate::scheduler::{LogprobOptions, SamplingParams};
 
 /// Most stop strings one request may carry.
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -24,6 +25,15 @@ pub struct GenerationParams {
     /// `None` draws a random seed.
     pub seed: Option<u64>,
     pub stop: Vec<String>,
+    /// Penalties, bias, min_p, typical_p.
+    pub processors: ProcessorParams,
+    /// EOS and stop tokens are masked until this many tokens were generated.
+    pub min_new_tokens: Option<i64>,
+    pub ignore_eos: bool,
+    /// Tokens that end the request, besides EOS.
+    pub stop_token_ids: Vec<u32>,
+    /// Already range-checked by the route, whose limits differ.
+    pub logprobs: LogprobOptions,
 }
 
 /// Parameters that passed their range checks.
@@ -31,6 +41,7 @@ pub struct GenerationParams {
 pub struct CheckedParams {
     pub sampling: SamplingParams,
     pub max_new_tokens: Option<u32>,
+    pub min_new_tokens: u32,
     pub stop: Vec<String>,
 }
 
@@ -62,18 +73,57 @@ pub fn check(params: &GenerationParams) -> Result<CheckedParams, ValidationError
         }
     };
     check_stop(&params.stop)?;
-    #[allow(clippy::cast_possible_truncation)]
-    let sampling = SamplingParams {
-        temperature: temperature as f32,
-        top_k,
-        top_p: top_p as f32,
-        seed: params.seed.unwrap_or_else(random_seed),
+    let min_new_tokens = match params.min_new_tokens {
+        None => 0,
+        Some(n) => {
+            u32::try_from(n).map_err(|_| out_of_range("min_tokens", "a non-negative integer", n))?
+        }
     };
+    if let Some(max) = max_new_tokens.filter(|&max| min_new_tokens > max) {
+        return Err(ValidationError::OutOfRange {
+            param: "min_tokens".to_owned(),
+            expected: "at most the maximum number of new tokens",
+            value: format!("{min_new_tokens} (maximum {max})"),
+        });
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let sampling = processors::check(
+        &params.processors,
+        SamplingParams {
+            temperature: temperature as f32,
+            top_k,
+            top_p: top_p as f32,
+            seed: params.seed.unwrap_or_else(random_seed),
+            ..SamplingParams::default()
+        },
+    )?;
     Ok(CheckedParams {
         sampling,
         max_new_tokens,
+        min_new_tokens,
         stop: params.stop.clone(),
     })
+}
+
+/// A count such as `top_logprobs` checked against a route's maximum.
+pub fn check_count(
+    param: &'static str,
+    value: Option<i64>,
+    max: u32,
+) -> Result<u32, ValidationError> {
+    match value {
+        None => Ok(0),
+        Some(n) => {
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or(ValidationError::CountOutOfRange {
+                    param,
+                    max,
+                    value: n,
+                })
+        }
+    }
 }
 
 fn check_stop(stop: &[String]) -> Result<(), ValidationError> {
@@ -89,7 +139,7 @@ fn check_stop(stop: &[String]) -> Result<(), ValidationError> {
     Ok(())
 }
 
-fn out_of_range(
+pub(super) fn out_of_range(
     param: &'static str,
     expected: &'static str,
     value: impl ToString,
@@ -294,8 +344,8 @@ mod tests {
         });
         reject_unsupported(neutral.as_object().unwrap(), &[]).unwrap();
         for (name, value) in [
-            ("presence_penalty", json!(0.5)),
-            ("logprobs", json!(true)),
+            ("watermark", json!(true)),
+            ("suffix", json!("x")),
             ("tools", json!([{"type": "function"}])),
             ("response_format", json!({"type": "json_object"})),
             ("grammar", json!({"type": "regex", "value": "a"})),

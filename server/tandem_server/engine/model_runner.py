@@ -9,13 +9,13 @@ import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
-from tandem_server.engine.step import Generation, StepInput, StepOutput, WarmupResult
+from tandem_server.engine.step import Generation, PromptLogprobs, StepInput, StepOutput, WarmupResult
 from tandem_server.engine.warmup import blocks_for_budget, run_reserved_forward
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.models.registry import CausalLM
-from tandem_server.sampling import Sampler
-from tandem_server.sampling.params import SamplingBatch
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 
 
 class ModelRunner:
@@ -81,6 +81,7 @@ class ModelRunner:
         ]
         batch = build_step_batch(spans, cache.block_size, self.device)
         hidden = self.model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+        prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens
         finishing = [
@@ -90,18 +91,47 @@ class ModelRunner:
         forward_ms = self._elapsed_ms(start)
         start = time.perf_counter()
         generations = self._sample([state for state, _ in finishing], logits) if logits is not None else ()
-        return StepOutput(generations=generations, forward_ms=forward_ms, sampling_ms=self._elapsed_ms(start))
+        return StepOutput(
+            generations=generations,
+            forward_ms=forward_ms,
+            sampling_ms=self._elapsed_ms(start),
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def _prompt_logprobs(
+        self, plan: list[tuple[RequestState, int]], last_rows: Sequence[int], hidden: torch.Tensor
+    ) -> tuple[PromptLogprobs, ...]:
+        # Runs before num_computed advances: each state's num_computed is still its chunk's first position.
+        chunks = (
+            ScoredChunk(state, last_row - num_tokens + 1, state.num_computed, num_tokens)
+            for (state, num_tokens), last_row in zip(plan, last_rows, strict=True)
+            if state.prompt_logprobs
+        )
+        scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
+        return tuple(result for result in scored if result is not None)
 
     def _sample(self, states: list[RequestState], logits: torch.Tensor) -> tuple[Generation, ...]:
         # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it.
-        batch = SamplingBatch.build([s.sampling for s in states], [len(s.token_ids) for s in states], self.device)
-        sampled = self.sampler(logits, batch)
+        rows = [
+            SamplingRow(
+                params=s.sampling,
+                position=len(s.token_ids),
+                token_ids=s.token_ids,
+                prompt_len=s.prompt_len,
+                banned_ids=s.banned_token_ids(self.eos_token_ids),
+                top_logprobs=s.top_logprobs,
+            )
+            for s in states
+        ]
+        sampled = self.sampler(logits, SamplingBatch.build(rows, self.device))
         generations = []
-        for state, token_id, logprob in zip(states, sampled.token_ids, sampled.logprobs, strict=True):
+        for state, token_id, logprob, top in zip(
+            states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True
+        ):
             reason = state.append_generated(token_id, self.eos_token_ids)
             if reason is not None:
                 self.requests.forget([state.id])
-            generations.append(Generation(state.id, token_id, logprob, reason))
+            generations.append(Generation(state.id, token_id, logprob, reason, top))
         return tuple(generations)
 
     def _require_cache(self) -> KVCache:

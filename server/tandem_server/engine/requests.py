@@ -19,6 +19,8 @@ class RequestState:
     num_output_tokens: int
     sampling: SamplingParams
     stopping: StoppingCriteria
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
     block_table: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache; the latest sampled token never is until the next step runs it.
     num_computed: int = 0
@@ -31,7 +33,21 @@ class RequestState:
             num_output_tokens=request.num_output_tokens,
             sampling=request.sampling,
             stopping=request.stopping,
+            top_logprobs=request.top_logprobs,
+            prompt_logprobs=request.prompt_logprobs,
         )
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens that were prompted rather than generated (constant across appends)."""
+        return len(self.token_ids) - self.num_output_tokens
+
+    def banned_token_ids(self, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
+        """Tokens that may not be sampled yet: EOS (unless ignored) and stop tokens before min_new_tokens."""
+        if self.num_output_tokens >= self.stopping.min_new_tokens:
+            return ()
+        eos = () if self.stopping.ignore_eos else tuple(eos_token_ids)
+        return tuple(dict.fromkeys((*self.stopping.stop_token_ids, *eos)))
 
     @property
     def ready_to_sample(self) -> bool:

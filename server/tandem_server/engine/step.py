@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tandem_server.sampling import SamplingParams
+from tandem_server.sampling.logprobs import TokenLogprobs
 
 
 class FinishReason(Enum):
@@ -23,6 +24,8 @@ class StoppingCriteria:
     max_new_tokens: int
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # EOS (unless ignored) and stop tokens are masked until this many tokens were generated.
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class NewRequest:
     num_output_tokens: int
     sampling: SamplingParams
     stopping: StoppingCriteria
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,18 @@ class Generation:
     token_id: int
     logprob: float
     finish_reason: FinishReason | None
+    top_logprobs: TokenLogprobs = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """logprobs[i] = log P(prompt[first_position + i] | prompt before it), computed by one chunk."""
+
+    id: int
+    first_position: int
+    logprobs: tuple[float, ...]
+    # Parallel to `logprobs` when the request asked for alternatives, else empty.
+    top: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,7 @@ class StepOutput:
     generations: tuple[Generation, ...]
     forward_ms: float
     sampling_ms: float
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)

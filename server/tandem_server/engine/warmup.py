@@ -8,11 +8,21 @@ from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
 from tandem_server.models.registry import CausalLM
-from tandem_server.sampling import Sampler, SamplingParams
-from tandem_server.sampling.params import SamplingBatch
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 
 # Warm-up rows use every sampling processor so their kernels are exercised too.
-_WARMUP_SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=0)
+_WARMUP_SAMPLING = SamplingParams(
+    temperature=0.7,
+    top_k=50,
+    top_p=0.9,
+    seed=0,
+    min_p=0.01,
+    typical_p=0.95,
+    repetition_penalty=1.1,
+    frequency_penalty=0.1,
+    presence_penalty=0.1,
+    logit_bias=((0, 1.0),),
+)
 
 
 def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int) -> int:
@@ -37,5 +47,8 @@ def run_reserved_forward(model: CausalLM, cache: KVCache, num_tokens: int, num_s
     hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
     rows = torch.arange(num_tokens - min(num_samples, num_tokens), num_tokens, device=device)
     logits = model.compute_logits(hidden[rows])
-    sampling = SamplingBatch.build([_WARMUP_SAMPLING] * len(rows), list(range(len(rows))), device)
-    Sampler()(logits, sampling)
+    sampling_rows = [
+        SamplingRow(_WARMUP_SAMPLING, position, token_ids=(0, 0), prompt_len=1, banned_ids=(0,), top_logprobs=1)
+        for position in range(len(rows))
+    ]
+    Sampler()(logits, SamplingBatch.build(sampling_rows, device))

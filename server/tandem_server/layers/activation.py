@@ -1,11 +1,28 @@
-"""Gated activations."""
+"""Gated activations for `down(act(gate(x)) * up(x))` feed-forwards, looked up by config.json's name."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from tandem_server.errors import ConfigError
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: silu(gate) * up."""
-    return F.silu(gate) * up
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+ACTIVATIONS: dict[str, Activation] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_new": partial(F.gelu, approximate="tanh"),
+}
+
+
+def activation(name: str) -> Activation:
+    """The activation config.json calls `name`, or an error listing the supported ones."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]

@@ -1,4 +1,4 @@
-"""Token embedding and LM head, replicated on every rank so all ranks see identical logits."""
+"""Vocab-parallel token embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
 
 from __future__ import annotations
 
@@ -6,31 +6,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem_server.layers.linear import load_full
+from tandem_server.distributed import ParallelContext
+from tandem_server.layers.linear import rank_run, sliced_parameter
+from tandem_server.weights.slicing import CheckpointSlice
+
+_SINGLE_RANK = ParallelContext()
 
 
 class Embedding(nn.Module):
-    """Maps token ids to hidden vectors."""
+    """Maps token ids to hidden vectors; a rank looks up only its vocab slice and the ranks sum the results."""
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, parallel: ParallelContext = _SINGLE_RANK) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-        self.weight.weight_loader = load_full
+        self.parallel = parallel
+        self.vocab_size = vocab_size
+        self.vocab_range = rank_run(None, vocab_size, parallel, "vocabulary entries")
+        part = CheckpointSlice.of(0, self.vocab_range) if parallel.world_size > 1 else None
+        self.weight = sliced_parameter((len(self.vocab_range), hidden_size), part)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.parallel.world_size == 1:
+            return F.embedding(input_ids, self.weight)
+        start, stop = self.vocab_range.start, self.vocab_range.stop
+        # Exactly one rank owns each id and the others add zeros, so the sum equals the single-rank lookup bit for bit.
+        owned = (input_ids >= start) & (input_ids < stop)
+        local_ids = torch.where(owned, input_ids - start, torch.zeros_like(input_ids))
+        hidden = F.embedding(local_ids, self.weight).masked_fill_(~owned.unsqueeze(-1), 0.0)
+        return self.parallel.all_reduce(hidden)
 
 
 class LMHead(nn.Module):
-    """Projects hidden states to float32 vocabulary logits; may share its weight with the embedding."""
+    """Projects hidden states to float32 logits over the whole vocabulary; may share the embedding's weight.
 
-    def __init__(self, vocab_size: int, hidden_size: int, tied_to: Embedding | None) -> None:
+    Each rank computes its vocab slice; the slices are all-gathered so every rank holds (and samples) the same logits.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tied_to: Embedding | None,
+        parallel: ParallelContext = _SINGLE_RANK,
+    ) -> None:
         super().__init__()
+        self.parallel = parallel
+        self.vocab_sizes = parallel.partition_sizes(vocab_size)
         if tied_to is not None:
+            if tied_to.parallel != parallel or tied_to.vocab_size != vocab_size:
+                raise ValueError("a tied LM head must split the vocabulary exactly as its embedding does")
             self.weight = tied_to.weight
         else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-            self.weight.weight_loader = load_full
+            vocab_range = rank_run(None, vocab_size, parallel, "vocabulary entries")
+            part = CheckpointSlice.of(0, vocab_range) if parallel.world_size > 1 else None
+            self.weight = sliced_parameter((len(vocab_range), hidden_size), part)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+        local = F.linear(hidden, self.weight).float()
+        return self.parallel.all_gather_last_dim(local, self.vocab_sizes)

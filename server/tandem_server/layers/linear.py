@@ -1,4 +1,4 @@
-"""Linear layers whose parameters slice checkpoint tensors for their tensor-parallel rank at load time."""
+"""Linear layers whose parameters read only their tensor-parallel rank's slice of the checkpoint."""
 
 from __future__ import annotations
 
@@ -7,22 +7,35 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.distributed import ParallelContext
+from tandem_server.errors import ConfigError
+from tandem_server.weights.slicing import CheckpointSlice
 
 
 def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    """Copies a replicated tensor that must match the parameter's shape exactly."""
+    """Copies a tensor (or a rank's slice of one) that must match the parameter's shape exactly."""
     if param.shape != loaded.shape:
         raise ValueError(f"expected shape {tuple(param.shape)}, checkpoint has {tuple(loaded.shape)}")
     param.data.copy_(loaded)
 
 
-def _load_slice(param: nn.Parameter, loaded: torch.Tensor, dim: int, rank: int) -> None:
-    size = param.shape[dim]
-    load_full(param, loaded.narrow(dim, rank * size, size))
+def sliced_parameter(shape: tuple[int, ...], part: CheckpointSlice | None) -> nn.Parameter:
+    """An uninitialised parameter that loads `part` of its checkpoint tensor (all of it when None)."""
+    param = nn.Parameter(torch.empty(shape), requires_grad=False)
+    param.weight_loader = load_full
+    if part is not None:
+        param.checkpoint_slice = part
+    return param
 
 
-def _parameter(shape: tuple[int, ...]) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape), requires_grad=False)
+def rank_run(run: range | None, total: int, parallel: ParallelContext, what: str) -> range:
+    """This rank's contiguous run of `total` items (`run`, else an even split); empty runs are a start-up error."""
+    run = parallel.partition(total) if run is None else run
+    if not 0 <= run.start < run.stop <= total or run.step != 1:
+        raise ConfigError(
+            f"rank {parallel.rank} of {parallel.world_size} gets {what} [{run.start}, {run.stop}) of {total}; "
+            f"each rank needs a non-empty contiguous part (use fewer shards)"
+        )
+    return run
 
 
 class ReplicatedLinear(nn.Module):
@@ -30,47 +43,58 @@ class ReplicatedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
-        self.weight = _parameter((out_features, in_features))
-        self.weight.weight_loader = load_full
-        self.bias = _parameter((out_features,)) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = load_full
+        self.weight = sliced_parameter((out_features, in_features), None)
+        self.bias = sliced_parameter((out_features,), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):
-    """Output features split across ranks; each rank returns its own slice of the output."""
+    """Output features split across ranks; each rank returns its own slice of the output.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, parallel: ParallelContext) -> None:
+    `output_range` picks this rank's output features (default: an even split, the first ranks one larger).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        parallel: ParallelContext,
+        output_range: range | None = None,
+    ) -> None:
         super().__init__()
-        local_out = parallel.shard_size(out_features, "output features")
-        rank = parallel.rank
-        self.weight = _parameter((local_out, in_features))
-        self.weight.weight_loader = lambda p, t: _load_slice(p, t, 0, rank)
-        self.bias = _parameter((local_out,)) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = lambda p, t: _load_slice(p, t, 0, rank)
+        run = rank_run(output_range, out_features, parallel, "output features")
+        self.output_range = run
+        self.weight = sliced_parameter((len(run), in_features), CheckpointSlice.of(0, run))
+        self.bias = sliced_parameter((len(run),), CheckpointSlice.of(0, run)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """Input features split across ranks; partial outputs are summed so every rank holds the full output."""
+    """Input features split across ranks; partial outputs are summed so every rank holds the full output.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, parallel: ParallelContext) -> None:
+    `input_range` picks this rank's input features and must match the column layer feeding it.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        parallel: ParallelContext,
+        input_range: range | None = None,
+    ) -> None:
         super().__init__()
-        local_in = parallel.shard_size(in_features, "input features")
-        rank = parallel.rank
+        run = rank_run(input_range, in_features, parallel, "input features")
+        self.input_range = run
         self.parallel = parallel
-        self.weight = _parameter((out_features, local_in))
-        self.weight.weight_loader = lambda p, t: _load_slice(p, t, 1, rank)
+        self.weight = sliced_parameter((out_features, len(run)), CheckpointSlice.of(1, run))
         # The bias is added once, after the reduction, so it is replicated rather than split.
-        self.bias = _parameter((out_features,)) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = load_full
+        self.bias = sliced_parameter((out_features,), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.parallel.all_reduce(F.linear(x, self.weight))

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (rotate-half layout) with default, linear and llama3 frequency scaling."""
+"""Rotary position embeddings (rotate-half layout, optionally partial) with default, linear and llama3 scaling."""
 
 from __future__ import annotations
 
@@ -24,12 +24,20 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # Share of each head's dimensions that is rotated; the rest passes through unchanged.
+    partial_rotary_factor: float = 1.0
 
     @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> RopeConfig:
-        """Accepts both the current `rope_parameters` and the older `rope_theta`/`rope_scaling` spellings."""
+    def from_hf(cls, config: dict[str, Any], layer_type: str | None = None) -> RopeConfig:
+        """Accepts both the current `rope_parameters` and the older `rope_theta`/`rope_scaling` spellings.
+
+        With `layer_type`, per-layer-type `rope_parameters` (`{"sliding_attention": {...}, ...}`) are honoured.
+        """
         params = dict(config.get("rope_scaling") or {})
-        params.update(config.get("rope_parameters") or {})
+        rope_parameters = config.get("rope_parameters") or {}
+        if layer_type is not None and isinstance(rope_parameters.get(layer_type), dict):
+            rope_parameters = rope_parameters[layer_type]
+        params.update(rope_parameters)
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in ROPE_TYPES:
             raise ConfigError(f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
@@ -43,7 +51,14 @@ class RopeConfig:
             original_max_position_embeddings=int(
                 params.get("original_max_position_embeddings", defaults.original_max_position_embeddings)
             ),
+            partial_rotary_factor=float(
+                params.get("partial_rotary_factor", config.get("partial_rotary_factor", defaults.partial_rotary_factor))
+            ),
         )
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many leading dimensions of each head are rotated."""
+        return int(head_dim * self.partial_rotary_factor)
 
 
 def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
@@ -75,7 +90,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, rope).to(torch.get_default_device())
+        self.rotary_dim = rope.rotary_dim(head_dim)
+        inv_freq = inverse_frequencies(self.rotary_dim, rope).to(torch.get_default_device())
         positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = torch.outer(positions, inv_freq)
         self.register_buffer("cos", freqs.cos(), persistent=False)
@@ -87,11 +103,11 @@ class RotaryEmbedding(nn.Module):
         """`query` is [tokens, heads, head_dim], `key` [tokens, kv_heads, head_dim]."""
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos = cos.to(x.dtype)
-    sin = sin.to(x.dtype)
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos = cos.to(x.dtype)
+        sin = sin.to(x.dtype)
+        rotated, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        first, second = rotated.chunk(2, dim=-1)
+        return torch.cat((first * cos - second * sin, second * cos + first * sin, passed), dim=-1)

@@ -27,5 +27,5 @@ def load_model(
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
-    load_weights(model, checkpoint.path, model.skipped_checkpoint_tensors())
+    load_weights(model, checkpoint.path, model.checkpoint_layout())
     return model.eval()

@@ -11,7 +11,12 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import UnsupportedArchitectureError
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
 from tandem_server.models.config import ModelSpec
+from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
+from tandem_server.models.phi3 import Phi3ForCausalLM
+from tandem_server.models.qwen2 import Qwen2ForCausalLM
+from tandem_server.models.qwen3 import Qwen3ForCausalLM
+from tandem_server.weights.layout import CheckpointLayout
 
 
 class CausalLM(Protocol):
@@ -29,7 +34,7 @@ class CausalLM(Protocol):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
-    def skipped_checkpoint_tensors(self) -> frozenset[str]: ...
+    def checkpoint_layout(self) -> CheckpointLayout: ...
 
 
 class CausalLMFactory(Protocol):
@@ -39,8 +44,12 @@ class CausalLMFactory(Protocol):
 
 
 MODEL_FAMILIES: dict[str, CausalLMFactory] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tandem_server.engine.step import (
     FinishReason,
     NewRequest,
+    PromptLogprobs,
     ScheduledRequest,
     StepInput,
     StepOutput,
@@ -13,6 +14,7 @@ from tandem_server.engine.step import (
 )
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
+from tandem_server.sampling.logprobs import TokenLogprobs
 
 _FINISH_REASONS = {
     None: shard_pb2.FINISH_REASON_UNSPECIFIED,
@@ -39,22 +41,53 @@ def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
     )
 
 
+def _one_if_zero(value: float) -> float:
+    # The contract's zero means "disabled" where the engine's neutral value is 1.0.
+    return value if value > 0 else 1.0
+
+
+def _sampling_from_pb(sampling: shard_pb2.SamplingParameters) -> SamplingParams:
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=_one_if_zero(sampling.top_p),
+        seed=sampling.seed,
+        min_p=sampling.min_p,
+        typical_p=_one_if_zero(sampling.typical_p),
+        repetition_penalty=_one_if_zero(sampling.repetition_penalty),
+        frequency_penalty=sampling.frequency_penalty,
+        presence_penalty=sampling.presence_penalty,
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
+    )
+
+
 def _new_request_from_pb(request: shard_pb2.NewRequest) -> NewRequest:
-    sampling = request.sampling
-    # An unset SamplingParameters message reads as all zeros; top_p 0 there means "disabled", not "keep one".
-    top_p = sampling.top_p if request.HasField("sampling") and sampling.top_p > 0 else 1.0
     return NewRequest(
         id=request.id,
         token_ids=tuple(request.token_ids),
         num_output_tokens=request.num_output_tokens,
-        sampling=SamplingParams(
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=top_p, seed=sampling.seed
-        ),
+        sampling=_sampling_from_pb(request.sampling),
         stopping=StoppingCriteria(
             max_new_tokens=request.stopping.max_new_tokens,
             ignore_eos=request.stopping.ignore_eos,
             stop_token_ids=tuple(request.stopping.stop_token_ids),
+            min_new_tokens=request.stopping.min_new_tokens,
         ),
+        top_logprobs=request.top_logprobs,
+        prompt_logprobs=request.prompt_logprobs,
+    )
+
+
+def _token_logprobs_to_pb(tokens: TokenLogprobs) -> list[shard_pb2.TokenLogprob]:
+    return [shard_pb2.TokenLogprob(token_id=token_id, logprob=logprob) for token_id, logprob in tokens]
+
+
+def _prompt_logprobs_to_pb(chunk: PromptLogprobs) -> shard_pb2.PromptLogprobs:
+    return shard_pb2.PromptLogprobs(
+        id=chunk.id,
+        first_position=chunk.first_position,
+        logprobs=chunk.logprobs,
+        top=[shard_pb2.TopLogprobs(tokens=_token_logprobs_to_pb(top)) for top in chunk.top],
     )
 
 
@@ -67,11 +100,13 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
                 token_id=g.token_id,
                 logprob=g.logprob,
                 finish_reason=_FINISH_REASONS[g.finish_reason],
+                top_logprobs=_token_logprobs_to_pb(g.top_logprobs),
             )
             for g in output.generations
         ],
         forward_ms=output.forward_ms,
         sampling_ms=output.sampling_ms,
+        prompt_logprobs=[_prompt_logprobs_to_pb(chunk) for chunk in output.prompt_logprobs],
     )
 
 

@@ -9,6 +9,7 @@ import grpc
 from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.status import translate_errors
@@ -17,9 +18,10 @@ from tandem_server.rpc.status import translate_errors
 class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     """Translates RPCs into ModelRunner calls; the lock serialises everything that touches tensors."""
 
-    def __init__(self, runner: ModelRunner, info: shard_pb2.InfoResponse) -> None:
+    def __init__(self, runner: ModelRunner, info: shard_pb2.InfoResponse, metrics: ShardMetrics | None = None) -> None:
         self._runner = runner
         self._info = info
+        self._metrics = metrics
         self._lock = asyncio.Lock()
 
     @translate_errors
@@ -43,6 +45,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             result = await asyncio.to_thread(
                 self._runner.warmup, request.block_size, request.max_batch_tokens, request.max_batch_requests
             )
+        if self._metrics is not None:
+            self._metrics.kv_cache_allocated(result.kv_cache_bytes)
         return convert.warmup_result_to_pb(result)
 
     @translate_errors
@@ -50,6 +54,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         step = convert.step_input_from_pb(request)
         async with self._lock:
             output = await asyncio.to_thread(self._runner.step, step)
+        if self._metrics is not None:
+            self._metrics.step_done(step, output.forward_ms, output.sampling_ms)
         return convert.step_output_to_pb(output)
 
     @translate_errors

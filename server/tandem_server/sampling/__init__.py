@@ -1,6 +1,7 @@
 """Heterogeneous batched sampling: per-request parameters, seeded per (seed, position)."""
 
-from tandem_server.sampling.params import SamplingParams
+from tandem_server.sampling.batch import SamplingBatch
+from tandem_server.sampling.params import SamplingParams, SamplingRow
 from tandem_server.sampling.sampler import SampledTokens, Sampler
 
-__all__ = ["SampledTokens", "Sampler", "SamplingParams"]
+__all__ = ["SampledTokens", "Sampler", "SamplingBatch", "SamplingParams", "SamplingRow"]

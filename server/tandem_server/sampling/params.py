@@ -1,21 +1,26 @@
-"""Per-request sampling parameters and their per-step tensor form."""
+"""Per-request sampling parameters and the per-row inputs one sampling step needs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1.0 are disabled."""
+    """Defaults disable every processor: greedy, no truncation, no penalty, no bias."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # (token id, bias) pairs, each token at most once.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -23,29 +28,20 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class SamplingBatch:
-    """One row per request that samples this step; tensors exist only for the processors some row needs."""
+class SamplingRow:
+    """One request sampling its next token: parameters, history and what it may not pick yet."""
 
-    params: tuple[SamplingParams, ...]
+    params: SamplingParams
     # Absolute position the sampled token will occupy in its request (seeds the draw).
-    positions: tuple[int, ...]
-    temperature: torch.Tensor | None
-    top_k: torch.Tensor | None
-    top_p: torch.Tensor | None
-
-    @classmethod
-    def build(cls, params: Sequence[SamplingParams], positions: Sequence[int], device: torch.device) -> SamplingBatch:
-        """Greedy rows keep temperature 1 so they pass warpers untouched; they are argmaxed anyway."""
-        sampled = [p for p in params if not p.greedy]
-        temperature = top_k = top_p = None
-        if sampled:
-            temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
-        if any(p.top_k > 0 for p in sampled):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 and not p.greedy else 0 for p in params], device=device)
-        if any(p.top_p < 1.0 for p in sampled):
-            top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=device)
-        return cls(tuple(params), tuple(positions), temperature, top_k, top_p)
+    position: int
+    # Prompt followed by generated tokens; `token_ids[:prompt_len]` is the prompt.
+    token_ids: Sequence[int] = ()
+    prompt_len: int = 0
+    # Tokens masked this step (EOS and stop tokens while `min_new_tokens` is not reached).
+    banned_ids: tuple[int, ...] = ()
+    # Alternatives to report with the chosen token; 0 means none.
+    top_logprobs: int = 0
 
     @property
-    def all_greedy(self) -> bool:
-        return self.temperature is None
+    def output_ids(self) -> Sequence[int]:
+        return self.token_ids[self.prompt_len :]

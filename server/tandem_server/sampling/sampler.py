@@ -1,4 +1,4 @@
-"""Turns float32 logits into one token per row: greedy or temperature/top-k/top-p with seeded draws."""
+"""Turns float32 logits into one token per row: processors, then greedy or warped seeded draws."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.sampling.params import SamplingBatch
+from tandem_server.sampling.batch import SamplingBatch
+from tandem_server.sampling.logprobs import TokenLogprobs, top_alternatives
 from tandem_server.sampling.seeding import exponential_noise
-from tandem_server.sampling.warpers import apply_top_k_top_p
 
 
 @dataclass(frozen=True)
 class SampledTokens:
-    """Chosen tokens and their log-probabilities under the raw model distribution."""
+    """Chosen tokens, their log-probabilities and top alternatives under the raw model distribution."""
 
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: list[TokenLogprobs]
 
 
 class Sampler:
@@ -24,14 +25,21 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampledTokens:
         logits = logits.float()
+        # Reported logprobs come from the model alone: no penalty, bias or warper distorts them.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+        for processor in batch.processors:
+            logits = processor(logits)
         chosen = logits.argmax(dim=-1)
-        if batch.temperature is not None:
-            warped = apply_top_k_top_p(logits / batch.temperature.unsqueeze(1), batch.top_k, batch.top_p)
-            rows = [row for row, params in enumerate(batch.params) if not params.greedy]
-            chosen[rows] = _draw(warped[rows], [batch.params[r].seed for r in rows], [batch.positions[r] for r in rows])
+        if not batch.all_greedy:
+            rows = list(batch.sampled_rows)
+            warped = logits[rows]
+            for warper in batch.warpers:
+                warped = warper(warped)
+            seeds = [batch.rows[r].params.seed for r in rows]
+            chosen[rows] = _draw(warped, seeds, [batch.rows[r].position for r in rows])
         logprobs = raw_logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
-        return SampledTokens(token_ids=chosen.tolist(), logprobs=logprobs.tolist())
+        top = top_alternatives(raw_logprobs, [row.top_logprobs for row in batch.rows])
+        return SampledTokens(token_ids=chosen.tolist(), logprobs=logprobs.tolist(), top_logprobs=top)
 
 
 def _draw(warped: torch.Tensor, seeds: list[int], positions: list[int]) -> torch.Tensor:

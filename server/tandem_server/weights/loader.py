@@ -1,4 +1,4 @@
-"""Copies checkpoint tensors into model parameters by their checkpoint names, strictly."""
+"""Copies checkpoint tensors into model parameters by their checkpoint names, strictly, each rank its slice."""
 
 from __future__ import annotations
 
@@ -9,26 +9,30 @@ from torch import nn
 
 from tandem_server.errors import WeightsError
 from tandem_server.layers.linear import load_full
+from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.safetensors import iterate_tensors
 
 
 @torch.inference_mode()
-def load_weights(model: nn.Module, model_path: Path, skipped: frozenset[str]) -> None:
-    """Fills every parameter exactly once; unknown, missing or misshapen tensors are errors."""
+def load_weights(model: nn.Module, model_path: Path, layout: CheckpointLayout) -> None:
+    """Fills every parameter once, reading only its `checkpoint_slice` (default: all); mismatches are errors."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for name, tensor in iterate_tensors(model_path):
-        if name in skipped:
-            continue
-        param = params.get(name)
-        if param is None:
-            raise WeightsError(f"checkpoint tensor {name!r} has no matching model parameter")
-        loader = getattr(param, "weight_loader", load_full)
+    for checkpoint_name, checkpoint_tensor in iterate_tensors(model_path):
         try:
-            loader(param, tensor.to(param.dtype))
+            parts = list(layout.parameter_tensors(checkpoint_name, checkpoint_tensor))
         except ValueError as error:
-            raise WeightsError(f"{name}: {error}") from error
-        loaded.add(name)
+            raise WeightsError(str(error)) from error
+        for name, tensor in parts:
+            param = params.get(name)
+            if param is None:
+                raise WeightsError(f"checkpoint tensor {checkpoint_name!r} has no matching model parameter {name!r}")
+            loader = getattr(param, "weight_loader", load_full)
+            try:
+                loader(param, tensor.read(getattr(param, "checkpoint_slice", None)).to(param.dtype))
+            except ValueError as error:
+                raise WeightsError(f"{name}: {error}") from error
+            loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")

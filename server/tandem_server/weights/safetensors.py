@@ -1,14 +1,14 @@
-"""Iterates a checkpoint's safetensors files tensor by tensor (memory-mapped, never pickle)."""
+"""Iterates a checkpoint's safetensors files tensor by tensor, unread (memory-mapped, never pickle)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 
 from tandem_server.errors import WeightsError
+from tandem_server.weights.slicing import CheckpointTensor
 
 
 def checkpoint_files(model_path: Path) -> list[Path]:
@@ -19,9 +19,9 @@ def checkpoint_files(model_path: Path) -> list[Path]:
     return files
 
 
-def iterate_tensors(model_path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields `(checkpoint name, CPU tensor)` for every tensor of every file."""
+def iterate_tensors(model_path: Path) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Yields `(checkpoint name, unread tensor)` for every tensor of every file; the caller reads what it needs."""
     for file in checkpoint_files(model_path):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                yield name, CheckpointTensor(handle.get_slice(name))

@@ -6,17 +6,27 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::logprobs::chat_logprobs;
 use super::{
-    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
+    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, SamplingFields, StopSpec,
+    StreamOptions, Usage,
 };
 use crate::error::{ApiError, OpenAi};
 use crate::http::generation::Generation;
 use crate::http::json::ApiJson;
 use crate::http::AppState;
+use crate::scheduler::LogprobOptions;
+use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    reject_unsupported, require_single_choice, ChatMessage, GenerationParams, Prompt,
-    ValidationError,
+    check_count, reject_unsupported, require_single_choice, ChatMessage, GenerationParams,
+    ProcessorParams, Prompt, ValidationError,
 };
+
+/// Most alternatives per token OpenAI's chat route returns.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// The request body.
 #[derive(Debug, Deserialize)]
@@ -24,14 +34,24 @@ pub struct ChatRequest {
     messages: Option<Vec<RequestMessage>>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    n: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<i64>,
     seed: Option<u64>,
     stop: Option<StopSpec>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    n: Option<i64>,
+    min_tokens: Option<i64>,
+    ignore_eos: Option<bool>,
+    stop_token_ids: Option<Vec<u32>>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    logit_bias: Option<BTreeMap<String, f64>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -99,11 +119,33 @@ impl RequestMessage {
 }
 
 impl ChatRequest {
-    fn into_parts(self) -> Result<(Prompt, GenerationParams), ValidationError> {
+    fn sampling_fields(&mut self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: self.stop.take(),
+            min_tokens: self.min_tokens,
+            ignore_eos: self.ignore_eos,
+            stop_token_ids: self.stop_token_ids.take(),
+            processors: ProcessorParams {
+                min_p: self.min_p,
+                typical_p: None,
+                repetition_penalty: self.repetition_penalty,
+                frequency_penalty: self.frequency_penalty,
+                presence_penalty: self.presence_penalty,
+                logit_bias: self.logit_bias.take(),
+            },
+        }
+    }
+
+    fn into_parts(mut self) -> Result<(Prompt, GenerationParams), ValidationError> {
         reject_unsupported(&self.extra, &super::ACCEPTED_IGNORED)?;
         require_single_choice("n", self.n)?;
         let messages = self
             .messages
+            .take()
             .ok_or(ValidationError::Missing("messages"))?
             .into_iter()
             .enumerate()
@@ -113,15 +155,21 @@ impl ChatRequest {
             Some(n) => (Some(n), "max_completion_tokens"),
             None => (self.max_tokens, "max_tokens"),
         };
-        let params = GenerationParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            max_new_tokens,
-            max_new_tokens_param,
-            seed: self.seed,
-            stop: StopSpec::into_vec(self.stop),
+        let top_logprobs = check_count("top_logprobs", self.top_logprobs, MAX_TOP_LOGPROBS)?;
+        if top_logprobs > 0 && self.logprobs != Some(true) {
+            return Err(ValidationError::OutOfRange {
+                param: "logprobs".to_owned(),
+                expected: "true when `top_logprobs` is set",
+                value: format!("{:?}", self.logprobs),
+            });
+        }
+        let logprobs = LogprobOptions {
+            top_logprobs,
+            prompt_logprobs: false,
         };
+        let params = self
+            .sampling_fields()
+            .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         Ok((Prompt::Chat(messages), params))
     }
 }
@@ -140,7 +188,7 @@ struct ChatCompletion {
 struct ChatChoice {
     index: u32,
     message: AssistantMessage,
-    logprobs: Option<()>,
+    logprobs: Option<Value>,
     finish_reason: &'static str,
 }
 
@@ -148,18 +196,24 @@ struct ChatChoice {
 struct AssistantMessage {
     role: &'static str,
     content: String,
+    /// Always `null`: the model never refuses through a separate channel.
+    refusal: Option<String>,
 }
 
 /// Chunks of `object: "chat.completion.chunk"`; the first one announces the role.
-struct ChatChunks(ResponseMeta);
+/// With `logprobs`, every token gets a chunk, even one that releases no text.
+struct ChatChunks {
+    meta: ResponseMeta,
+    logprobs: Option<Arc<TokenDecoding>>,
+}
 
 impl ChatChunks {
     fn chunk(&self, choices: Value, usage: Option<Usage>) -> Value {
         let mut chunk = json!({
-            "id": self.0.id,
+            "id": self.meta.id,
             "object": "chat.completion.chunk",
-            "created": self.0.created,
-            "model": self.0.model,
+            "created": self.meta.created,
+            "model": self.meta.model,
             "choices": choices,
         });
         if let Some(usage) = usage {
@@ -176,14 +230,22 @@ impl ChunkBuilder for ChatChunks {
         Some(self.chunk(json!([choice]), None))
     }
 
-    fn text(&self, text: String, finish: Option<&'static str>) -> Value {
-        let delta = if text.is_empty() {
+    fn token(&mut self, token: TokenText, finish: Option<&'static str>) -> Option<Value> {
+        if token.text.is_empty() && finish.is_none() && self.logprobs.is_none() {
+            return None;
+        }
+        let logprobs = match &self.logprobs {
+            Some(decoding) => chat_logprobs(std::slice::from_ref(&token), decoding),
+            None => Value::Null,
+        };
+        let delta = if token.text.is_empty() {
             json!({})
         } else {
-            json!({"content": text})
+            json!({"content": token.text})
         };
-        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish});
-        self.chunk(json!([choice]), None)
+        let choice =
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+        Some(self.chunk(json!([choice]), None))
     }
 
     fn usage(&self, usage: Usage) -> Value {
@@ -198,11 +260,17 @@ pub async fn completions(
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
     let include_usage = request.stream_options.unwrap_or_default().include_usage;
+    let with_logprobs = request.logprobs == Some(true);
     let (prompt, params) = request.into_parts()?;
     let generation = Generation::start(&state, "chat_completions", prompt, &params).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);
+    let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
-        return Ok(stream_chunks(generation, ChatChunks(meta), include_usage));
+        let chunks = ChatChunks {
+            meta,
+            logprobs: decoding,
+        };
+        return Ok(stream_chunks(generation, chunks, include_usage));
     }
     let completed = generation.collect().await?;
     let body = ChatCompletion {
@@ -215,8 +283,9 @@ pub async fn completions(
             message: AssistantMessage {
                 role: "assistant",
                 content: completed.text,
+                refusal: None,
             },
-            logprobs: None,
+            logprobs: decoding.map(|decoding| chat_logprobs(&completed.tokens, &decoding)),
             finish_reason: finish_reason(completed.finish),
         }],
         usage: Usage::new(completed.input_tokens, completed.tokens.len()),

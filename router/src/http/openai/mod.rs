@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+mod logprobs;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,7 +13,9 @@ use serde_json::Value;
 use super::generation::Generation;
 use super::sse::{done_event, json_event, sse_response};
 use crate::error::{error_event, Api, AppError};
-use crate::stream::{Finish, StreamError};
+use crate::scheduler::LogprobOptions;
+use crate::stream::{Finish, StreamError, TokenText};
+use crate::validation::{GenerationParams, ProcessorParams};
 
 /// Parameters accepted and deliberately without effect: the served model answers whatever
 /// `model` names, and `user` is an opaque end-user id.
@@ -33,6 +36,45 @@ impl StopSpec {
             None => Vec::new(),
             Some(Self::One(stop)) => vec![stop],
             Some(Self::Many(stops)) => stops,
+        }
+    }
+}
+
+/// Sampling and stopping parameters both OpenAI routes accept, OpenAI's and vLLM's extras.
+/// Declared field by field in each route body (no `flatten`) so type errors name the field.
+#[derive(Debug, Default)]
+pub struct SamplingFields {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopSpec>,
+    pub min_tokens: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub processors: ProcessorParams,
+}
+
+impl SamplingFields {
+    /// The route-independent parameters; `max_new_tokens` is named by the route.
+    pub fn into_params(
+        self,
+        max_new_tokens: (Option<i64>, &'static str),
+        logprobs: LogprobOptions,
+    ) -> GenerationParams {
+        GenerationParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_new_tokens: max_new_tokens.0,
+            max_new_tokens_param: max_new_tokens.1,
+            seed: self.seed,
+            stop: StopSpec::into_vec(self.stop),
+            processors: self.processors,
+            min_new_tokens: self.min_tokens,
+            ignore_eos: self.ignore_eos == Some(true),
+            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+            logprobs,
         }
     }
 }
@@ -97,8 +139,9 @@ impl ResponseMeta {
 pub trait ChunkBuilder: Send + 'static {
     /// The chunk sent before any token, if the route has one.
     fn opening(&self) -> Option<Value>;
-    /// A chunk carrying `text`, and the finish reason on the last one.
-    fn text(&self, text: String, finish: Option<&'static str>) -> Value;
+    /// The chunk for one token (its text may be empty) and the finish reason on the last
+    /// one; `None` when there is nothing to send.
+    fn token(&mut self, token: TokenText, finish: Option<&'static str>) -> Option<Value>;
     /// The trailing `choices: []` chunk carrying usage.
     fn usage(&self, usage: Usage) -> Value;
 }
@@ -107,7 +150,7 @@ pub trait ChunkBuilder: Send + 'static {
 /// becomes an error event followed by `[DONE]`.
 pub fn stream_chunks(
     mut generation: Generation,
-    chunks: impl ChunkBuilder,
+    mut chunks: impl ChunkBuilder,
     include_usage: bool,
 ) -> Response {
     let events = async_stream::stream! {
@@ -118,8 +161,8 @@ pub fn stream_chunks(
             let error = match generation.next().await {
                 Some(Ok(delta)) => {
                     let finish = delta.finish.map(finish_reason);
-                    if !delta.token.text.is_empty() || finish.is_some() {
-                        yield json_event(&chunks.text(delta.token.text, finish));
+                    if let Some(chunk) = chunks.token(delta.token, finish) {
+                        yield json_event(&chunk);
                     }
                     if finish.is_none() {
                         continue;

@@ -1,6 +1,8 @@
 //! HTTP behaviour through `app()` with a scripted fake `Backend`.
 
 mod errors;
+mod lifecycle;
+mod logprobs;
 mod native;
 mod openai;
 
@@ -16,7 +18,7 @@ use tower::ServiceExt;
 use super::{app, AppState, ServerInfo};
 use crate::scheduler::{
     Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
-    LoadSnapshot, SchedulerError,
+    LoadSnapshot, SchedulerError, TokenLogprob,
 };
 use crate::stream::TokenDecoding;
 use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, Validator};
@@ -70,10 +72,23 @@ impl FakeBackend {
     }
 }
 
-fn token(id: u32, finish: Option<FinishReason>) -> GenerationEvent {
+/// A token as the shard reports it: alternatives only when the request asked for them.
+fn token(id: u32, finish: Option<FinishReason>, with_top: bool) -> GenerationEvent {
     GenerationEvent::Token(GeneratedToken {
         id,
         logprob: -0.25,
+        // The chosen token first, as greedy decoding produces it.
+        top_logprobs: if with_top {
+            vec![
+                TokenLogprob { id, logprob: -0.25 },
+                TokenLogprob {
+                    id: id + 1,
+                    logprob: -1.5,
+                },
+            ]
+        } else {
+            Vec::new()
+        },
         finish,
     })
 }
@@ -84,6 +99,7 @@ impl Backend for FakeBackend {
         if let Script::Refuse(error) = &self.script {
             return Err(error.clone());
         }
+        let with_top = request.logprobs.top_logprobs > 0;
         self.requests.lock().unwrap().push(request);
         let (sender, events) = mpsc::unbounded_channel();
         let _ = sender.send(GenerationEvent::Started);
@@ -94,7 +110,7 @@ impl Backend for FakeBackend {
         };
         for (index, &id) in ids.iter().enumerate() {
             let finish = if index + 1 == ids.len() { last } else { None };
-            let _ = sender.send(token(id, finish));
+            let _ = sender.send(token(id, finish, with_top));
         }
         if let Script::FailAfter(_, error) = &self.script {
             let _ = sender.send(GenerationEvent::Error(error.clone()));

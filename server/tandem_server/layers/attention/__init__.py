@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.backend import AttentionBackend, LayerCache
+from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache
 from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSpan
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
@@ -21,6 +21,7 @@ __all__ = [
     "BACKENDS",
     "AttentionBackend",
     "AttentionMetadata",
+    "AttentionParams",
     "DecodeGroup",
     "LayerCache",
     "PrefillSpan",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tandem_server.layers.attention.backend import LayerCache
-from tandem_server.layers.attention.metadata import AttentionMetadata
+from tandem_server.layers.attention.backend import AttentionParams, LayerCache
+from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSpan
 
 
 class TorchAttentionBackend:
@@ -21,6 +21,7 @@ class TorchAttentionBackend:
         value: torch.Tensor,
         cache: LayerCache,
         metadata: AttentionMetadata,
+        params: AttentionParams,
     ) -> torch.Tensor:
         """Writes the step's K/V at `slot_mapping`, then attends each query through its request's slots."""
         num_kv_heads, head_dim = cache.key.shape[-2:]
@@ -32,23 +33,65 @@ class TorchAttentionBackend:
         output = torch.empty_like(query)
         for span in metadata.prefills:
             rows = slice(span.query_start, span.query_start + span.query_len)
+            slots, mask = _prefill_keys(span, params.sliding_window)
             q = query[rows].transpose(0, 1).unsqueeze(0)
-            k = key_slots[span.key_slots].transpose(0, 1).unsqueeze(0)
-            v = value_slots[span.key_slots].transpose(0, 1).unsqueeze(0)
-            output[rows] = _attend(q, k, v, span.mask)[0].transpose(0, 1)
+            k = key_slots[slots].transpose(0, 1).unsqueeze(0)
+            v = value_slots[slots].transpose(0, 1).unsqueeze(0)
+            output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1)
         decode = metadata.decode
         if decode is not None:
             q = query[decode.query_rows].unsqueeze(2)
             k = key_slots[decode.key_slots].transpose(1, 2)
             v = value_slots[decode.key_slots].transpose(1, 2)
-            output[decode.query_rows] = _attend(q, k, v, decode.key_mask).squeeze(2)
+            mask = _decode_mask(decode, params.sliding_window)
+            output[decode.query_rows] = _attend(q, k, v, mask, params).squeeze(2)
         return output
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # The span's keys are positions [0, context_len) and its queries the last `query_len` of them.
+    context_len = span.key_slots.shape[0]
+    start = context_len - span.query_len
+    if window is None or context_len <= window:
+        return span.key_slots, span.mask
+    # Keys older than the first query's window are never visible, so they are not even gathered.
+    first_key = max(0, start - window + 1)
+    device = span.key_slots.device
+    query_positions = torch.arange(start, context_len, device=device).unsqueeze(1)
+    key_positions = torch.arange(first_key, context_len, device=device).unsqueeze(0)
+    visible = (key_positions <= query_positions) & (key_positions > query_positions - window)
+    return span.key_slots[first_key:], visible
+
+
+def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor:
+    if window is None:
+        return decode.key_mask
+    # Each request's query sits at its last valid position, context_len - 1.
+    context_lens = decode.key_mask.sum(dim=-1, keepdim=True)
+    key_positions = torch.arange(decode.key_mask.shape[-1], device=decode.key_mask.device)
+    return decode.key_mask & (key_positions >= context_lens - window)
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
+) -> torch.Tensor:
     # q [batch, heads, q_len, dim]; k/v [batch, kv_heads, k_len, dim]; grouped heads share a kv head.
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, is_causal=mask is None)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if params.logit_softcap is not None:
+        return _softcapped_attention(q, k, v, mask, params.scale, params.logit_softcap)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=params.scale)
+
+
+def _softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, cap: float
+) -> torch.Tensor:
+    # SDPA cannot cap scores, so this path materialises them; the softmax runs in float32.
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.float().softmax(dim=-1).to(v.dtype) @ v

@@ -1,0 +1,1 @@
+"""tandem-bench: streaming load generator for OpenAI-compatible servers (TTFT, ITL, TPOT, throughput)."""

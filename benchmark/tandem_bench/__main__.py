@@ -1,0 +1,3 @@
+from tandem_bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""Starts Tandem through its launcher on a free loopback port, waits until it answers, and stops it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+READY_TIMEOUT_S = 900.0
+STOP_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class LaunchedTandem:
+    """Context manager around `python -m tandem_launcher --port P`; its output goes to `log_path`."""
+
+    def __init__(self, log_path: Path, launcher_args: list[str] | None = None) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.args = [sys.executable, "-m", "tandem_launcher", "--port", str(self.port), *(launcher_args or [])]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LaunchedTandem:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not _healthy(self.base_url):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Tandem did not become ready; launcher log: {self.log_path}")
+            time.sleep(0.5)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM (the launcher drains and stops its children), then SIGKILL if it overstays."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

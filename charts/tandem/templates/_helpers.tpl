@@ -1,0 +1,84 @@
+{{- define "tandem.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tandem.labels" -}}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tandem.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "tandem.modelCacheClaim" -}}
+{{- .Values.modelCache.existingClaim | default (printf "%s-model-cache" (include "tandem.fullname" .)) -}}
+{{- end -}}
+
+{{/* Seconds Kubernetes waits after SIGTERM: the preStop sleep, the drain, then the shards stopping. */}}
+{{- define "tandem.terminationGracePeriod" -}}
+{{- add .Values.lifecycle.preStopSleepSeconds .Values.lifecycle.drainTimeoutSeconds .Values.lifecycle.extraGraceSeconds -}}
+{{- end -}}
+
+{{/* tandem-launcher's argv, one flag per line; charts/tests checks it against the launcher's own parser. */}}
+{{- define "tandem.launcherArgs" -}}
+{{- $limits := .Values.limits -}}
+{{- if .Values.model.id }}
+- --model-id
+- {{ .Values.model.id | quote }}
+{{- end }}
+{{- if .Values.model.revision }}
+- --revision
+- {{ .Values.model.revision | quote }}
+{{- end }}
+- --num-shard
+- {{ .Values.numShard | quote }}
+- --device
+- {{ .Values.device | quote }}
+- --dtype
+- {{ .Values.dtype | quote }}
+- --hostname
+- "0.0.0.0"
+- --port
+- {{ .Values.ports.http | quote }}
+- --shard-metrics-port
+- {{ .Values.ports.shardMetricsBase | quote }}
+- --model-cache-dir
+- "/data/tandem"
+- --graceful-termination-timeout
+- {{ .Values.lifecycle.drainTimeoutSeconds | quote }}
+- --shard-start-timeout
+- {{ .Values.lifecycle.startupTimeoutSeconds | quote }}
+- --max-concurrent-requests
+- {{ $limits.maxConcurrentRequests | quote }}
+- --max-batch-prefill-tokens
+- {{ $limits.maxBatchPrefillTokens | quote }}
+- --max-batch-size
+- {{ $limits.maxBatchSize | quote }}
+{{- if $limits.maxInputTokens }}
+- --max-input-tokens
+- {{ $limits.maxInputTokens | quote }}
+{{- end }}
+{{- if $limits.maxTotalTokens }}
+- --max-total-tokens
+- {{ $limits.maxTotalTokens | quote }}
+{{- end }}
+{{- if $limits.kvCacheMemory }}
+- --kv-cache-memory
+- {{ $limits.kvCacheMemory | quote }}
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}

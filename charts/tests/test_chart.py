@@ -1,0 +1,155 @@
+"""The Helm chart lints, renders valid Kubernetes objects and hands the launcher argv it accepts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from helm import CHART, VALUE_SETS, objects_of_kind
+from tandem_launcher.cli import parse_config
+
+KUBERNETES_VERSION = "1.36.0"
+# Prometheus-operator kinds: no Kubernetes schema; their PromQL is checked with promtool instead.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = objects_of_kind(objects, "Deployment")
+    (tandem,) = deployment["spec"]["template"]["spec"]["containers"]
+    return tandem
+
+
+def test_chart_lints_cleanly_for_every_value_set(helm: str) -> None:
+    for files, overrides in VALUE_SETS.values():
+        argv = [helm, "lint", "--strict", str(CHART)]
+        argv += [arg for name in files for arg in ("-f", str(CHART / name))]
+        argv += [arg for override in overrides for arg in ("--set", override)]
+        subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_rendered_object_is_valid_for_kubernetes(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    checked = 0
+    for manifest in rendered[value_set]:
+        if manifest["kind"] in CUSTOM_KINDS:
+            continue
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_args_are_accepted_by_the_launcher_parser(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    tandem = container(rendered[value_set])
+    assert tandem["command"] == ["tandem-launcher"]
+    config = parse_config(tandem["args"], {})
+    assert config.hostname == "0.0.0.0"
+    assert config.port == tandem["ports"][0]["containerPort"]
+    shard_ports = [port["containerPort"] for port in tandem["ports"][1:]]
+    assert shard_ports == [config.shard_metrics_port + rank for rank in range(config.num_shard)]
+
+
+def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["gpu-4-shard"]
+    tandem = container(objects)
+    assert tandem["resources"]["limits"]["nvidia.com/gpu"] == 4
+    config = parse_config(tandem["args"], {})
+    assert (config.num_shard, config.model_id, config.revision, config.max_total_tokens) == (
+        4,
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "main",
+        8192,
+    )
+    secrets = {env["name"]: env["valueFrom"]["secretKeyRef"]["name"] for env in tandem["env"] if "valueFrom" in env}
+    assert secrets == {"HF_TOKEN": "hf-token", "API_KEY": "tandem-api-key"}
+    (monitor,) = objects_of_kind(objects, "ServiceMonitor")
+    assert [endpoint["port"] for endpoint in monitor["spec"]["endpoints"]] == [
+        "http",
+        *(f"shard-{r}" for r in range(4)),
+    ]
+    (dashboard,) = objects_of_kind(objects, "ConfigMap")
+    assert json.loads(dashboard["data"]["tandem.json"])["uid"] == "tandem-overview"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert len(objects_of_kind(objects, "Ingress")) == 1
+
+
+def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    tandem = container(rendered["cpu"])
+    assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
+    config = parse_config(tandem["args"], {})
+    assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "float32", "512MiB")
+    assert "--model-id" not in tandem["args"]
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_pod_is_hardened_and_drains_before_it_is_killed(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    (deployment,) = objects_of_kind(rendered[value_set], "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    tandem = container(rendered[value_set])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert tandem["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert tandem["securityContext"]["readOnlyRootFilesystem"] is True
+    pre_stop = int(tandem["lifecycle"]["preStop"]["exec"]["command"][1])
+    drain = parse_config(tandem["args"], {}).graceful_termination_timeout
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain
+    shm = next(volume for volume in pod["volumes"] if volume["name"] == "shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert tandem["startupProbe"]["httpGet"]["path"] == "/health"
+    assert tandem["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert tandem["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert {"name": "HF_HOME", "value": "/data/huggingface"} in tandem["env"]
+
+
+def test_autoscaling_value_set_scales_on_queue_depth_and_uses_the_existing_claim(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["autoscaling"]
+    (hpa,) = objects_of_kind(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "tandem_queue_size"
+    (deployment,) = objects_of_kind(objects, "Deployment")
+    assert "replicas" not in deployment["spec"]
+    assert objects_of_kind(objects, "PersistentVolumeClaim") == []
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["shared-models"]
+
+
+def test_alert_rules_are_valid_promql(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    (rule,) = objects_of_kind(rendered["gpu-4-shard"], "PrometheusRule")
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump(rule["spec"]))
+    subprocess.run([promtool, "check", "rules", str(rules_file)], check=True, capture_output=True, text=True)
+    alerts = {entry["alert"] for entry in rule["spec"]["groups"][0]["rules"]}
+    assert alerts == {
+        "TandemTimeToFirstTokenP99High",
+        "TandemErrorRateHigh",
+        "TandemKVCacheNearlyFull",
+        "TandemPreemptionRateHigh",
+    }
+
+
+def test_helm_test_pod_sends_a_completion(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    (pod,) = objects_of_kind(rendered["default"], "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "/v1/completions" in script
+    compile(script, "helm-test", "exec")

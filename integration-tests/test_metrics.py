@@ -1,0 +1,59 @@
+"""After a short load `/metrics` (router) and each shard's endpoint show the key series with sensible values."""
+
+from __future__ import annotations
+
+from metrics_scrape import MAX_NEW_TOKENS, MetricsTandem, scrape, send_mixed_load, total
+
+COUNTER_LIKE = ("counter", "histogram")
+
+
+def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: MetricsTandem) -> None:
+    url = f"{metrics_tandem.server.base_url}/metrics"
+    before, _ = scrape(url)
+    completed = send_mixed_load(metrics_tandem.server.base_url)
+    after, types = scrape(url)
+
+    def delta(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert delta("tandem_requests_total") == completed + 1
+    assert delta("tandem_request_success_total") == completed
+    assert delta("tandem_request_failure_total", reason="validation") == 1
+    assert delta("tandem_time_to_first_token_seconds_count") == completed
+    assert delta("tandem_request_duration_seconds_count") == completed
+    assert delta("tandem_time_per_output_token_seconds_count") == completed
+    assert delta("tandem_request_queue_duration_seconds_count") == completed
+    assert delta("tandem_request_prefill_duration_seconds_count") == completed
+    generated = delta("tandem_generated_tokens_total")
+    assert completed <= generated <= completed * MAX_NEW_TOKENS
+    assert delta("tandem_request_generated_tokens_sum") == generated
+    assert delta("tandem_inter_token_latency_seconds_count") == generated - completed
+    assert delta("tandem_prompt_tokens_total") == delta("tandem_request_input_tokens_sum") > completed * 5
+    assert delta("tandem_batch_size_count") > 0
+    assert delta("tandem_step_forward_duration_seconds_count") == delta("tandem_batch_size_count")
+    assert 0 < delta("tandem_time_to_first_token_seconds_sum") < delta("tandem_request_duration_seconds_sum")
+    assert total(after, "tandem_kv_blocks_total") > 0
+    assert 0 <= total(after, "tandem_kv_cache_usage_ratio") <= 1
+    assert 0 <= delta("tandem_prefix_cache_hits_tokens_total") <= delta("tandem_prefix_cache_queries_tokens_total")
+    (info_labels,) = after["tandem_info"]
+    info = dict(info_labels)
+    assert (info["device"], info["num_shards"], info["block_size"]) == ("cpu", "1", "16")
+    assert int(info["max_total_tokens"]) > 0
+    for family, kind in types.items():
+        if kind not in COUNTER_LIKE:
+            continue
+        for name, series in before.items():
+            if name.startswith(family):
+                for labels, value in series.items():
+                    assert after[name][labels] >= value, (name, labels)
+
+
+def test_shard_metrics_endpoint_reports_memory_kv_cache_and_forward_time(metrics_tandem: MetricsTandem) -> None:
+    send_mixed_load(metrics_tandem.server.base_url)
+    shard, _ = scrape(metrics_tandem.shard_metrics_url)
+    assert total(shard, "tandem_shard_process_resident_memory_bytes") > 100 * 2**20
+    assert total(shard, "tandem_shard_process_cpu_seconds_total") > 0
+    assert total(shard, "tandem_shard_kv_cache_bytes", rank="0") > 0
+    assert total(shard, "tandem_shard_forward_duration_seconds_count", phase="prefill") > 0
+    assert total(shard, "tandem_shard_forward_duration_seconds_count", phase="decode") > 0
+    assert "tandem_shard_device_memory_allocated_bytes" not in shard

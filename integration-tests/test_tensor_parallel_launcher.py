@@ -1,0 +1,54 @@
+"""`--num-shard 2` on the embedded SmolLM2 (9 heads in 3 KV groups, split 2 + 1) serves what one shard serves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from reference import Reference
+from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
+
+MAX_NEW_TOKENS = 16
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 5, 8, 13,",
+)
+
+
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -> Iterator[TandemServer]:
+    """A second server whose two shards split the model; started after the session server converted it."""
+    log_path = tmp_path_factory.mktemp("two-shards") / "launcher.log"
+    server = TandemServer.start(
+        log_path,
+        "--model-cache-dir", str(model_cache_dir()),
+        "--num-shard", "2",
+        "--kv-cache-memory", "128MiB",
+        "--max-input-tokens", str(MAX_INPUT_TOKENS),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+    )  # fmt: skip
+    yield server
+    status = server.stop()
+    assert status == 0, f"tandem-launcher exited with {status} after SIGTERM:\n{server.log_tail()}"
+
+
+def test_two_shards_report_their_world_size(two_shards: TandemServer) -> None:
+    assert two_shards.info()["num_shard"] == 2
+
+
+def test_two_shards_give_the_greedy_tokens_of_one_shard(
+    tandem: TandemServer, two_shards: TandemServer, reference: Reference
+) -> None:
+    for prompt in PROMPTS:
+        expected = tandem.generate_ids(prompt, MAX_NEW_TOKENS)
+        actual = two_shards.generate_ids(prompt, MAX_NEW_TOKENS)
+        assert len(actual) == len(expected) > 0, f"{prompt!r}: {actual} vs {expected}"
+        # Row-parallel sums round differently from one matmul, so only a genuine near-tie may flip a token.
+        reference.assert_same_greedy(prompt, expected, actual)
+
+
+def test_two_shards_stream_the_tokens_they_generate(two_shards: TandemServer) -> None:
+    prompt = PROMPTS[0]
+    assert two_shards.stream_ids(prompt, MAX_NEW_TOKENS) == two_shards.generate_ids(prompt, MAX_NEW_TOKENS)

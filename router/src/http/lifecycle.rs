@@ -1,0 +1,107 @@
+//! The serving lifecycle as HTTP sees it: liveness (`/health`), readiness (`/ready`), and
+//! refusing inference requests with 503 + `Retry-After` while draining or recovering.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::AppState;
+use crate::error::{error_response, Api, AppError};
+use crate::scheduler::{EnginePhase, SchedulerError};
+
+/// Set once on SIGTERM/SIGINT; never cleared. Cloning shares the flag.
+#[derive(Debug, Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    /// From now on new inference requests get 503 and `/ready` turns 503.
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Why a new inference request is refused right now, if it is.
+fn refusal(state: &AppState) -> Option<SchedulerError> {
+    if state.draining.is_set() {
+        Some(SchedulerError::ShuttingDown)
+    } else if state.backend.phase() == EnginePhase::Recovering {
+        Some(SchedulerError::Recovering)
+    } else {
+        None
+    }
+}
+
+/// Middleware on the inference routes: 503 with `Retry-After`, in the route's error shape,
+/// while the server drains or the shards restart.
+pub async fn admit_when_serving(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match refusal(&state) {
+        None => next.run(request).await,
+        Some(error) => {
+            let api = if request.uri().path().starts_with("/v1/") {
+                Api::OpenAi
+            } else {
+                Api::Native
+            };
+            error_response(api, &AppError::Scheduler(error))
+        }
+    }
+}
+
+/// `GET /health`: liveness. 200 while the router is up and every shard answers (also while
+/// draining), else 503; the body names the state (`ok`, `recovering` or `draining`).
+pub async fn health(State(state): State<AppState>) -> Response {
+    let draining = state.draining.is_set();
+    let shards = if state.backend.phase() == EnginePhase::Recovering {
+        Err(SchedulerError::Recovering)
+    } else {
+        state.backend.health().await
+    };
+    let status = match (draining, &shards) {
+        (true, _) => "draining",
+        (false, Ok(())) => "ok",
+        (false, Err(_)) => "recovering",
+    };
+    let load = state.backend.load();
+    let mut body = json!({
+        "status": status,
+        "queued_requests": load.queued_requests,
+        "running_requests": load.running_requests,
+    });
+    match shards {
+        Ok(()) => (StatusCode::OK, Json(body)).into_response(),
+        Err(error) => {
+            // TGI's error fields too, so TGI clients read the failure as usual.
+            body["error"] = json!(AppError::Unhealthy(error).to_string());
+            body["error_type"] = json!("unhealthy");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
+}
+
+/// `GET /ready`: readiness. 200 only while warmed up, not draining and not recovering.
+pub async fn ready(State(state): State<AppState>) -> Response {
+    let status = match refusal(&state) {
+        None => return (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
+        Some(SchedulerError::ShuttingDown) => "draining",
+        Some(_) => "recovering",
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": status})),
+    )
+        .into_response()
+}

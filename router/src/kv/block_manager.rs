@@ -1,0 +1,161 @@
+//! Reference-counted KV blocks with a prefix cache: which blocks are free, held, or cached.
+//!
+//! Every block is in exactly one of three states: free (in `free`), held (reference count
+//! above zero; it may also be cached), or idle-cached (count zero, cached, evictable).
+//! Allocation takes free blocks first, then evicts idle-cached ones, least recently used first.
+
+use super::radix::RadixCache;
+
+#[derive(Debug)]
+pub(crate) struct BlockManager {
+    free: Vec<u32>,
+    ref_counts: Vec<u32>,
+    cache: RadixCache,
+    /// Tokens per block when prefix caching is on; `None` turns it off.
+    cache_block_size: Option<usize>,
+    idle_cached: usize,
+}
+
+impl BlockManager {
+    pub fn new(total: usize, cache_block_size: Option<usize>) -> Self {
+        Self {
+            free: fresh_free_list(total),
+            ref_counts: vec![0; total],
+            cache: RadixCache::new(),
+            cache_block_size,
+            idle_cached: 0,
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.ref_counts.len()
+    }
+
+    /// Blocks an allocation could obtain now (free plus evictable).
+    pub fn available(&self) -> usize {
+        self.free.len() + self.idle_cached
+    }
+
+    /// Blocks held by at least one sequence.
+    pub fn used(&self) -> usize {
+        self.total() - self.available()
+    }
+
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// `count` blocks, each held once, or `None` (and nothing changes) when too few are available.
+    pub fn allocate(&mut self, count: usize) -> Option<Vec<u32>> {
+        if self.available() < count {
+            return None;
+        }
+        let mut blocks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let block = match self.free.pop() {
+                Some(block) => block,
+                None => {
+                    let ref_counts = &self.ref_counts;
+                    let block = self
+                        .cache
+                        .evict_lru(|parent| ref_counts[parent as usize] == 0)
+                        .expect("invariant: idle cached blocks are evictable");
+                    self.idle_cached -= 1;
+                    metrics::counter!("tandem_prefix_cache_evictions_total").increment(1);
+                    block
+                }
+            };
+            self.ref_counts[block as usize] = 1;
+            blocks.push(block);
+        }
+        Some(blocks)
+    }
+
+    pub fn retain(&mut self, block: u32) {
+        let count = &mut self.ref_counts[block as usize];
+        if *count == 0 && self.cache.contains(block) {
+            self.idle_cached -= 1;
+            self.cache.mark_referenced(block);
+        }
+        *count += 1;
+    }
+
+    pub fn release(&mut self, block: u32) {
+        let count = &mut self.ref_counts[block as usize];
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        if self.cache.contains(block) {
+            self.idle_cached += 1;
+            self.cache.mark_unreferenced(block);
+        } else {
+            self.free.push(block);
+        }
+    }
+
+    /// Held blocks caching the longest whole-block prefix of `tokens`, leaving at least the
+    /// last token to compute (its logits are needed).
+    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let Some(block_size) = self.cache_block_size else {
+            return Vec::new();
+        };
+        let blocks =
+            self.cache
+                .longest_prefix(tokens, block_size, reusable_blocks(tokens, block_size));
+        for &block in &blocks {
+            self.retain(block);
+        }
+        blocks
+    }
+
+    /// Tokens of `tokens` that `acquire_prefix` would reuse now.
+    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> usize {
+        let Some(block_size) = self.cache_block_size else {
+            return 0;
+        };
+        self.cache
+            .peek_prefix_blocks(tokens, block_size, reusable_blocks(tokens, block_size))
+            * block_size
+    }
+
+    /// Caches `block` as holding `key` after the prefix ending at `parent`; false when it
+    /// cannot (caching off, parent not cached, or the same run is cached elsewhere).
+    pub fn publish(&mut self, parent: Option<u32>, key: &[u32], block: u32) -> bool {
+        self.cache_block_size.is_some() && self.cache.insert(parent, key, block)
+    }
+
+    pub fn cache_block_size(&self) -> Option<usize> {
+        self.cache_block_size
+    }
+
+    /// Forgets every cached prefix (the shards lost their cache contents).
+    pub fn clear_cache(&mut self) {
+        for block in self.cache.clear() {
+            if self.ref_counts[block as usize] == 0 {
+                self.free.push(block);
+            }
+        }
+        self.idle_cached = 0;
+    }
+
+    /// Starts over with `total` free blocks; refused while any block is held.
+    pub fn reset(&mut self, total: usize) -> bool {
+        if self.used() > 0 {
+            return false;
+        }
+        *self = Self::new(total, self.cache_block_size);
+        true
+    }
+}
+
+/// Whole blocks of `tokens` a cache hit may cover: the last token is always computed.
+fn reusable_blocks(tokens: &[u32], block_size: usize) -> usize {
+    tokens.len().saturating_sub(1) / block_size
+}
+
+/// Reversed so that `pop` hands out low ids first.
+fn fresh_free_list(total: usize) -> Vec<u32> {
+    let ids = u32::try_from(total).unwrap_or(u32::MAX);
+    (0..ids).rev().collect()
+}

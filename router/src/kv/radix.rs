@@ -1,0 +1,205 @@
+//! A radix tree over block-sized token runs: which KV blocks hold which token prefixes.
+//!
+//! Each node is one full block whose key is that block's tokens; a path from the root
+//! spells a prefix. Reference counts live in the block manager; this tree only knows
+//! which cached nodes are unreferenced leaves, the eviction candidates, ordered LRU.
+//!
+//! Invariant (kept by the block manager): a referenced node's parent is referenced too,
+//! because a sequence that holds a cached block holds the whole path leading to it.
+//! Hence every unreferenced cached node can be evicted, leaves first.
+
+use std::collections::{BTreeSet, HashMap};
+
+type NodeId = usize;
+const ROOT: NodeId = 0;
+
+#[derive(Debug)]
+struct Node {
+    parent: NodeId,
+    key: Vec<u32>,
+    block: u32,
+    children: HashMap<Vec<u32>, NodeId>,
+    last_access: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct RadixCache {
+    /// Slot `ROOT` is the root (it holds no block); `None` slots are reusable.
+    nodes: Vec<Option<Node>>,
+    vacant: Vec<NodeId>,
+    node_of_block: HashMap<u32, NodeId>,
+    /// Unreferenced leaves by (last access, node): the LRU eviction order.
+    evictable_leaves: BTreeSet<(u64, NodeId)>,
+    clock: u64,
+}
+
+impl RadixCache {
+    pub fn new() -> Self {
+        let root = Node {
+            parent: ROOT,
+            key: Vec::new(),
+            block: u32::MAX,
+            children: HashMap::new(),
+            last_access: 0,
+        };
+        Self {
+            nodes: vec![Some(root)],
+            vacant: Vec::new(),
+            node_of_block: HashMap::new(),
+            evictable_leaves: BTreeSet::new(),
+            clock: 0,
+        }
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id]
+            .as_ref()
+            .expect("invariant: live node ids point at occupied slots")
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id]
+            .as_mut()
+            .expect("invariant: live node ids point at occupied slots")
+    }
+
+    pub fn contains(&self, block: u32) -> bool {
+        self.node_of_block.contains_key(&block)
+    }
+
+    pub fn len(&self) -> usize {
+        self.node_of_block.len()
+    }
+
+    /// Blocks caching the longest prefix of `tokens` made of whole blocks, at most
+    /// `max_blocks` of them; marks them recently used.
+    pub fn longest_prefix(
+        &mut self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+    ) -> Vec<u32> {
+        self.clock += 1;
+        let mut blocks = Vec::new();
+        let mut current = ROOT;
+        for chunk in tokens.chunks_exact(block_size).take(max_blocks) {
+            let Some(&child) = self.node(current).children.get(chunk) else {
+                break;
+            };
+            self.touch(child);
+            blocks.push(self.node(child).block);
+            current = child;
+        }
+        blocks
+    }
+
+    /// How many whole blocks of `tokens` are cached (at most `max_blocks`), without marking them used.
+    pub fn peek_prefix_blocks(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+    ) -> usize {
+        let mut current = ROOT;
+        let mut matched = 0;
+        for chunk in tokens.chunks_exact(block_size).take(max_blocks) {
+            let Some(&child) = self.node(current).children.get(chunk) else {
+                break;
+            };
+            matched += 1;
+            current = child;
+        }
+        matched
+    }
+
+    fn touch(&mut self, id: NodeId) {
+        let clock = self.clock;
+        let previous = std::mem::replace(&mut self.node_mut(id).last_access, clock);
+        if self.evictable_leaves.remove(&(previous, id)) {
+            self.evictable_leaves.insert((clock, id));
+        }
+    }
+
+    /// Caches `block` as holding `key`, the run after the prefix ending at `parent_block`
+    /// (`None`: at the start of a sequence). Returns false when that prefix is not cached
+    /// or another block already caches the same run (the caller keeps its block private).
+    pub fn insert(&mut self, parent_block: Option<u32>, key: &[u32], block: u32) -> bool {
+        let parent = match parent_block {
+            None => ROOT,
+            Some(parent_block) => match self.node_of_block.get(&parent_block) {
+                Some(&parent) => parent,
+                None => return false,
+            },
+        };
+        if self.node(parent).children.contains_key(key) || self.contains(block) {
+            return false;
+        }
+        self.clock += 1;
+        let node = Node {
+            parent,
+            key: key.to_vec(),
+            block,
+            children: HashMap::new(),
+            last_access: self.clock,
+        };
+        let id = match self.vacant.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        };
+        self.node_mut(parent).children.insert(key.to_vec(), id);
+        let parent_access = self.node(parent).last_access;
+        self.evictable_leaves.remove(&(parent_access, parent));
+        self.node_of_block.insert(block, id);
+        true
+    }
+
+    /// Records that `block` is no longer referenced: a leaf becomes evictable.
+    pub fn mark_unreferenced(&mut self, block: u32) {
+        if let Some(&id) = self.node_of_block.get(&block) {
+            if self.node(id).children.is_empty() {
+                self.evictable_leaves
+                    .insert((self.node(id).last_access, id));
+            }
+        }
+    }
+
+    /// Records that `block` is referenced again: it must not be evicted.
+    pub fn mark_referenced(&mut self, block: u32) {
+        if let Some(&id) = self.node_of_block.get(&block) {
+            let access = self.node(id).last_access;
+            self.evictable_leaves.remove(&(access, id));
+        }
+    }
+
+    /// Removes the least recently used unreferenced leaf; returns its block. `parent_is_free`
+    /// tells whether a block has no references, to expose the parent as the next leaf.
+    pub fn evict_lru(&mut self, parent_is_free: impl Fn(u32) -> bool) -> Option<u32> {
+        let (_, id) = self.evictable_leaves.pop_first()?;
+        let node = self.nodes[id]
+            .take()
+            .expect("invariant: evictable leaves are live nodes");
+        self.vacant.push(id);
+        self.node_of_block.remove(&node.block);
+        let parent = self.node_mut(node.parent);
+        parent.children.remove(&node.key);
+        let parent_becomes_leaf = parent.children.is_empty();
+        let (parent_block, parent_access) = (parent.block, parent.last_access);
+        if node.parent != ROOT && parent_becomes_leaf && parent_is_free(parent_block) {
+            self.evictable_leaves.insert((parent_access, node.parent));
+        }
+        Some(node.block)
+    }
+
+    /// Forgets every cached prefix (the shards' cache contents are gone); returns the blocks.
+    pub fn clear(&mut self) -> Vec<u32> {
+        let blocks = self.node_of_block.keys().copied().collect();
+        *self = Self::new();
+        blocks
+    }
+}

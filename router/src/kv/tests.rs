@@ -1,0 +1,214 @@
+//! Block accounting and the prefix cache: unit cases and random operation sequences.
+
+use std::collections::{HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::{BlockPool, BlockTable};
+
+#[test]
+fn grow_is_all_or_nothing() {
+    let pool = BlockPool::new(4);
+    let mut table = pool.new_table();
+    assert_eq!(table.grow(3).map(<[u32]>::len), Some(3));
+    assert!(table.grow(2).is_none());
+    assert_eq!(table.len(), 3);
+    assert_eq!(pool.free(), 1);
+}
+
+#[test]
+fn dropped_table_frees_its_blocks() {
+    let pool = BlockPool::new(8);
+    {
+        let mut table = pool.new_table();
+        table.grow(5);
+        assert_eq!(pool.used(), 5);
+    }
+    assert_eq!(pool.used(), 0);
+}
+
+#[test]
+fn resize_is_refused_while_a_block_is_in_use() {
+    let pool = BlockPool::new(4);
+    let mut table = pool.new_table();
+    table.grow(1);
+    assert!(!pool.resize(8));
+    assert_eq!(pool.total(), 4);
+    table.clear();
+    assert!(pool.resize(8));
+    assert_eq!((pool.total(), pool.free()), (8, 8));
+    assert_eq!(table.grow(8).map(<[u32]>::len), Some(8));
+}
+
+#[test]
+fn tables_never_share_a_block_without_the_cache() {
+    let pool = BlockPool::new(6);
+    let mut a = pool.new_table();
+    let mut b = pool.new_table();
+    a.grow(3);
+    b.grow(3);
+    let all: HashSet<u32> = a.blocks().iter().chain(b.blocks()).copied().collect();
+    assert_eq!(all.len(), 6);
+    a.clear();
+    assert_eq!(pool.free(), 3);
+    assert!(a.is_empty());
+}
+
+fn filled_table(pool: &BlockPool, tokens: &[u32], block_size: usize) -> (BlockTable, usize) {
+    let mut table = pool.new_table();
+    let hit = table.adopt_cached_prefix(tokens);
+    let missing = tokens.len().div_ceil(block_size) - table.len();
+    table.grow(missing).expect("enough blocks");
+    table.publish(tokens, tokens.len());
+    (table, hit)
+}
+
+#[test]
+fn a_second_request_reuses_the_cached_prefix_and_computes_at_least_its_last_token() {
+    let pool = BlockPool::with_prefix_cache(16, Some(4));
+    let tokens: Vec<u32> = (0..12).collect();
+    let (first, hit) = filled_table(&pool, &tokens, 4);
+    assert_eq!(hit, 0);
+    let (second, hit) = filled_table(&pool, &tokens, 4);
+    // 12 tokens = 3 full blocks, but the last token is always computed: 2 blocks are reused.
+    assert_eq!(hit, 8);
+    assert_eq!(first.blocks()[..2], second.blocks()[..2]);
+    assert_ne!(first.blocks()[2], second.blocks()[2]);
+    assert_eq!(pool.used(), 4);
+}
+
+#[test]
+fn finished_prefixes_stay_cached_until_their_blocks_are_needed() {
+    let pool = BlockPool::with_prefix_cache(4, Some(2));
+    let prompt: Vec<u32> = vec![7, 7, 8, 8, 9];
+    drop(filled_table(&pool, &prompt, 2));
+    assert_eq!((pool.used(), pool.cached(), pool.free()), (0, 2, 4));
+    let (_again, hit) = filled_table(&pool, &prompt, 2);
+    assert_eq!(hit, 4);
+    let mut other = pool.new_table();
+    assert!(
+        other.grow(2).is_none(),
+        "held cached blocks must never be evicted"
+    );
+    drop(_again);
+    assert_eq!(other.grow(4).map(<[u32]>::len), Some(4));
+    assert_eq!(pool.cached(), 0);
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_leaf_first() {
+    let pool = BlockPool::with_prefix_cache(6, Some(2));
+    drop(filled_table(&pool, &[1, 1, 2, 2, 0], 2));
+    drop(filled_table(&pool, &[3, 3, 4, 4, 0], 2));
+    drop(filled_table(&pool, &[1, 1, 2, 2, 5], 2)); // touches the first prefix again
+    let mut taker = pool.new_table();
+    taker
+        .grow(4)
+        .expect("two free blocks and two evictable ones");
+    drop(taker);
+    assert_eq!(
+        filled_table(&pool, &[3, 3, 4, 4, 0], 2).1,
+        0,
+        "the older prefix was evicted"
+    );
+    assert_eq!(
+        filled_table(&pool, &[1, 1, 2, 2, 0], 2).1,
+        4,
+        "the recent prefix survived"
+    );
+}
+
+#[test]
+fn clearing_the_cache_forgets_every_prefix() {
+    let pool = BlockPool::with_prefix_cache(8, Some(2));
+    drop(filled_table(&pool, &[1, 2, 3, 4, 5], 2));
+    pool.clear_prefix_cache();
+    assert_eq!((pool.cached(), pool.free()), (0, 8));
+    assert_eq!(filled_table(&pool, &[1, 2, 3, 4, 5], 2).1, 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Start(Vec<u32>),
+    Finish(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(0u32..3, 1..14).prop_map(Op::Start),
+        2 => (0usize..8).prop_map(Op::Finish),
+    ]
+}
+
+struct Live {
+    tokens: Vec<u32>,
+    table: BlockTable,
+}
+
+/// The tokens block `index` of `live` holds (the last block may be partial).
+fn chunk(live: &Live, index: usize, block_size: usize) -> &[u32] {
+    let end = ((index + 1) * block_size).min(live.tokens.len());
+    &live.tokens[index * block_size..end]
+}
+
+fn check_invariants(
+    pool: &BlockPool,
+    live: &[Live],
+    block_size: usize,
+) -> Result<(), TestCaseError> {
+    let mut content: HashMap<u32, &[u32]> = HashMap::new();
+    for request in live {
+        for (index, block) in request.table.blocks().iter().enumerate() {
+            let tokens = chunk(request, index, block_size);
+            if let Some(other) = content.insert(*block, tokens) {
+                // A shared block must be a full cached block with identical contents.
+                prop_assert_eq!(
+                    other,
+                    tokens,
+                    "block {} is shared by different contents",
+                    block
+                );
+                prop_assert_eq!(tokens.len(), block_size, "a partial block is shared");
+            }
+        }
+    }
+    prop_assert_eq!(pool.used(), content.len(), "held-block accounting is off");
+    prop_assert!(pool.used() + pool.free() == pool.total());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn random_prefix_traffic_never_shares_wrong_blocks_or_leaks(
+        ops in prop::collection::vec(op(), 1..60),
+        total in 4usize..24,
+        block_size in 1usize..4,
+    ) {
+        let pool = BlockPool::with_prefix_cache(total, Some(block_size));
+        let mut live: Vec<Live> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Start(tokens) => {
+                    let mut table = pool.new_table();
+                    let hit = table.adopt_cached_prefix(&tokens);
+                    prop_assert!(hit < tokens.len() && hit.is_multiple_of(block_size));
+                    let missing = tokens.len().div_ceil(block_size) - table.len();
+                    if table.grow(missing).is_some() {
+                        table.publish(&tokens, tokens.len());
+                        live.push(Live { tokens, table });
+                    }
+                }
+                Op::Finish(index) if !live.is_empty() => {
+                    live.swap_remove(index % live.len());
+                }
+                Op::Finish(_) => {}
+            }
+            check_invariants(&pool, &live, block_size)?;
+        }
+        live.clear();
+        prop_assert_eq!(pool.used(), 0);
+        prop_assert_eq!(pool.free(), total);
+    }
+}

@@ -1,0 +1,167 @@
+//! A fake shard for scheduler tests: it enforces the Step contract and derives each token
+//! from what it reads back through the block table, so a block handed to two live
+//! requests, or a wrong `num_computed_tokens`, changes the output or panics.
+
+use std::collections::HashMap;
+
+use crate::pb;
+
+pub(super) struct FakeRequest {
+    tokens: Vec<u32>,
+    num_computed: usize,
+    /// Not yet scheduled: its first step may start after a prefix-cache hit.
+    fresh: bool,
+    blocks: Vec<u32>,
+    generated: u32,
+    max_new_tokens: u32,
+}
+
+#[derive(Default)]
+pub(super) struct FakeShard {
+    block_size: usize,
+    /// The fake KV cache: slot -> token written there.
+    slots: HashMap<usize, u32>,
+    pub requests: HashMap<u64, FakeRequest>,
+    pub forgotten: Vec<u64>,
+    pub step_tokens: Vec<u32>,
+}
+
+impl FakeShard {
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+
+    fn slot(&self, request: &FakeRequest, position: usize) -> usize {
+        let block = request.blocks[position / self.block_size] as usize;
+        block * self.block_size + position % self.block_size
+    }
+
+    /// The "model" applied to every token read back from the KV cache.
+    fn next_token(&self, request: &FakeRequest) -> u32 {
+        let cached: Vec<u32> = (0..request.tokens.len())
+            .map(|position| self.slots[&self.slot(request, position)])
+            .collect();
+        model(&cached)
+    }
+
+    /// Panics if two live requests share a block unless it is a full block both computed
+    /// with the same tokens (a shared prefix).
+    pub fn assert_shared_blocks_agree(&self) {
+        let mut contents: HashMap<u32, &[u32]> = HashMap::new();
+        for (id, request) in &self.requests {
+            for (index, block) in request.blocks.iter().enumerate() {
+                let start = index * self.block_size;
+                let end = (start + self.block_size).min(request.num_computed);
+                let tokens = &request.tokens[start.min(end)..end];
+                if let Some(other) = contents.insert(*block, tokens) {
+                    assert!(
+                        tokens.len() == self.block_size && other == tokens,
+                        "block {block} of request {id} is shared with different contents"
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn step(&mut self, step: pb::StepRequest) -> pb::StepResponse {
+        for id in &step.finished {
+            self.requests.remove(id);
+            self.forgotten.push(*id);
+        }
+        for new in step.new_requests {
+            let stopping = new.stopping.unwrap();
+            let previous = self.requests.insert(
+                new.id,
+                FakeRequest {
+                    tokens: new.token_ids,
+                    num_computed: 0,
+                    fresh: true,
+                    blocks: Vec::new(),
+                    generated: new.num_output_tokens,
+                    max_new_tokens: stopping.max_new_tokens,
+                },
+            );
+            assert!(previous.is_none(), "request {} registered twice", new.id);
+        }
+        self.step_tokens
+            .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
+        let mut generations = Vec::new();
+        for scheduled in step.scheduled {
+            if let Some(generation) = self.run(&scheduled) {
+                generations.push(generation);
+            }
+        }
+        pb::StepResponse {
+            generations,
+            ..Default::default()
+        }
+    }
+
+    fn run(&mut self, scheduled: &pb::ScheduledRequest) -> Option<pb::Generation> {
+        let mut request = self
+            .requests
+            .remove(&scheduled.id)
+            .expect("scheduled an unknown request");
+        request.blocks.extend(&scheduled.new_block_ids);
+        if std::mem::take(&mut request.fresh) {
+            // A prefix-cache hit: those tokens must already sit in the given blocks, which the
+            // model's read-back checks.
+            request.num_computed = scheduled.num_computed_tokens as usize;
+        }
+        assert_eq!(request.num_computed, scheduled.num_computed_tokens as usize);
+        let end = request.num_computed + scheduled.num_tokens as usize;
+        assert!(end <= request.tokens.len(), "scheduled past the end");
+        assert!(
+            request.blocks.len() * self.block_size >= end,
+            "blocks do not cover the step"
+        );
+        for position in request.num_computed..end {
+            let slot = self.slot(&request, position);
+            self.slots.insert(slot, request.tokens[position]);
+        }
+        request.num_computed = end;
+        if end < request.tokens.len() {
+            self.requests.insert(scheduled.id, request);
+            return None;
+        }
+        let token = self.next_token(&request);
+        request.tokens.push(token);
+        request.generated += 1;
+        let finished = request.generated >= request.max_new_tokens;
+        if !finished {
+            self.requests.insert(scheduled.id, request);
+        }
+        Some(pb::Generation {
+            id: scheduled.id,
+            token_id: token,
+            logprob: 0.0,
+            finish_reason: if finished {
+                pb::FinishReason::Length as i32
+            } else {
+                0
+            },
+            ..pb::Generation::default()
+        })
+    }
+}
+
+/// The fake model: a hash of the whole sequence.
+pub(super) fn model(tokens: &[u32]) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &token in tokens {
+        hash = (hash ^ u64::from(token)).wrapping_mul(0x0100_0000_01b3);
+    }
+    u32::try_from(hash % 1000).unwrap() + 1
+}
+
+/// What the fake model generates for `prompt` alone.
+pub(super) fn expected_output(prompt: &[u32], max_new_tokens: u32) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..max_new_tokens {
+        tokens.push(model(&tokens));
+    }
+    tokens.split_off(prompt.len())
+}

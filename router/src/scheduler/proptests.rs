@@ -1,0 +1,241 @@
+//! Random workloads against the fake shard: arrivals, prompt and output lengths,
+//! cancellations, KV budgets and step budgets.
+//!
+//! Admission policy under test: the queue head is admitted first in any step that admits
+//! anything (unless that step preempted, which puts the preempted request at the head),
+//! so the head never starves; requests behind it may go in order of cached prefix.
+
+use proptest::prelude::*;
+use tokio::sync::mpsc;
+
+use super::fake_shard::{expected_output, FakeShard};
+use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use super::sequence::Sequence;
+use super::state::SchedulerState;
+use super::SchedulerConfig;
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    at_step: usize,
+    /// Tokens taken from the workload's shared prefix before `prompt` (prefix-cache traffic).
+    shared_prefix_len: usize,
+    prompt: Vec<u32>,
+    max_new_tokens: u32,
+    /// Drop the stream after this many tokens (a disconnect or a stop string).
+    cancel_after: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+struct Workload {
+    config: SchedulerConfig,
+    arrivals: Vec<Arrival>,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0usize..30,
+        0usize..24,
+        prop::collection::vec(0u32..50, 1..20),
+        1u32..20,
+        prop::option::weighted(0.25, 0usize..10),
+    )
+        .prop_map(
+            |(at_step, shared_prefix_len, prompt, max_new_tokens, cancel_after)| Arrival {
+                at_step,
+                shared_prefix_len,
+                prompt,
+                max_new_tokens,
+                cancel_after,
+            },
+        )
+}
+
+fn workload() -> impl Strategy<Value = Workload> {
+    (
+        prop::collection::vec(arrival(), 1..24),
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        0usize..40,
+        1usize..64,
+        1usize..8,
+    )
+        .prop_map(
+            |(mut arrivals, block_size, spare_blocks, max_batch_tokens, max_batch_requests)| {
+                arrivals.sort_by_key(|arrival| arrival.at_step);
+                let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
+                for arrival in &mut arrivals {
+                    let mut prompt = shared_prefix[..arrival.shared_prefix_len].to_vec();
+                    prompt.append(&mut arrival.prompt);
+                    arrival.prompt = prompt;
+                }
+                // Every request must fit alone, or submission would reject it.
+                let largest = arrivals
+                    .iter()
+                    .map(|a| (a.prompt.len() + a.max_new_tokens as usize).div_ceil(block_size))
+                    .max()
+                    .unwrap_or(1);
+                Workload {
+                    config: SchedulerConfig {
+                        block_size,
+                        num_blocks: largest + spare_blocks,
+                        max_batch_tokens,
+                        max_batch_requests,
+                        prefix_caching: true,
+                    },
+                    arrivals,
+                }
+            },
+        )
+}
+
+struct Client {
+    events: Option<mpsc::UnboundedReceiver<GenerationEvent>>,
+    tokens: Vec<u32>,
+    finished: bool,
+}
+
+impl Client {
+    fn drain(&mut self) {
+        let Some(events) = self.events.as_mut() else {
+            return;
+        };
+        while let Ok(event) = events.try_recv() {
+            match event {
+                GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+                GenerationEvent::Token(token) => {
+                    self.tokens.push(token.id);
+                    self.finished |= token.finish.is_some();
+                }
+                GenerationEvent::Error(error) => panic!("unexpected error: {error}"),
+            }
+        }
+    }
+}
+
+fn check_step_limits(
+    config: &SchedulerConfig,
+    step: &crate::pb::StepRequest,
+) -> Result<(), TestCaseError> {
+    let tokens: usize = step.scheduled.iter().map(|s| s.num_tokens as usize).sum();
+    prop_assert!(
+        tokens <= config.max_batch_tokens,
+        "{tokens} tokens over a budget of {}",
+        config.max_batch_tokens
+    );
+    prop_assert!(
+        step.scheduled.len() <= config.max_batch_requests,
+        "too many requests in one step"
+    );
+    prop_assert!(
+        step.scheduled.iter().all(|s| s.num_tokens > 0),
+        "a request was scheduled for zero tokens"
+    );
+    Ok(())
+}
+
+fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
+    let config = workload.config;
+    let mut state = SchedulerState::new(config);
+    let mut shard = FakeShard::new(config.block_size);
+    let mut clients: Vec<Client> = Vec::new();
+    for step_index in 0..100_000usize {
+        while let Some(arrival) = workload
+            .arrivals
+            .get(clients.len())
+            .filter(|a| a.at_step <= step_index)
+        {
+            let (sender, events) = mpsc::unbounded_channel();
+            let request = GenerationRequest {
+                input_ids: arrival.prompt.clone(),
+                sampling: SamplingParams::default(),
+                stopping: StoppingParams {
+                    max_new_tokens: arrival.max_new_tokens,
+                    ..StoppingParams::default()
+                },
+                ..GenerationRequest::default()
+            };
+            let id = clients.len() as u64;
+            state.enqueue(Sequence::new(id, request, state.pool().new_table(), sender));
+            clients.push(Client {
+                events: Some(events),
+                tokens: Vec::new(),
+                finished: false,
+            });
+        }
+        for (client, arrival) in clients.iter_mut().zip(&workload.arrivals) {
+            client.drain();
+            if arrival
+                .cancel_after
+                .is_some_and(|after| client.tokens.len() >= after)
+                && !client.finished
+            {
+                client.events = None;
+            }
+        }
+        let all_arrived = clients.len() == workload.arrivals.len();
+        let head = state.waiting_head();
+        let preemptions_before = state.preemptions();
+        let Some(step) = state.schedule() else {
+            if all_arrived {
+                return check_outcome(workload, &state, &shard, &mut clients);
+            }
+            continue;
+        };
+        check_step_limits(&config, &step)?;
+        if let (Some(head), false) = (head, step.new_requests.is_empty()) {
+            let preempted = state.preemptions() > preemptions_before;
+            prop_assert!(
+                preempted || step.new_requests.iter().any(|new| new.id == head),
+                "the queue head {} was passed over",
+                head
+            );
+        }
+        let response = shard.step(step);
+        shard.assert_shared_blocks_agree();
+        state.apply(response);
+    }
+    Err(TestCaseError::fail(
+        "the scheduler never finished the workload",
+    ))
+}
+
+fn check_outcome(
+    workload: &Workload,
+    state: &SchedulerState,
+    shard: &FakeShard,
+    clients: &mut [Client],
+) -> Result<(), TestCaseError> {
+    prop_assert!(state.is_idle());
+    prop_assert_eq!(state.load().kv_blocks_used, 0, "blocks leaked");
+    prop_assert!(shard.requests.is_empty(), "the shard still holds requests");
+    for (id, (client, arrival)) in clients.iter_mut().zip(&workload.arrivals).enumerate() {
+        client.drain();
+        let expected = expected_output(&arrival.prompt, arrival.max_new_tokens);
+        if client.events.is_some() {
+            prop_assert!(
+                client.finished,
+                "request {id} neither finished nor was cancelled"
+            );
+            prop_assert_eq!(
+                &client.tokens,
+                &expected,
+                "request {} differs from its alone-output",
+                id
+            );
+        } else {
+            prop_assert!(
+                expected.starts_with(&client.tokens),
+                "cancelled request {id} got wrong tokens"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn random_workloads_complete_exactly_without_leaks_or_overtaking(workload in workload()) {
+        run_workload(&workload)?;
+    }
+}

@@ -1,0 +1,97 @@
+"""The shard's own Prometheus endpoint: process and device memory, KV cache size, forward time by phase."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tandem_server.engine.step import StepInput
+
+logger = logging.getLogger(__name__)
+
+FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+PHASES = ("prefill", "decode", "mixed")
+
+
+def step_phase(step: StepInput) -> str:
+    """`decode` when every request runs one token it generated, `prefill` when none does, else `mixed`."""
+    new_ids = {request.id for request in step.new_requests}
+    decoding = [scheduled.num_tokens == 1 and scheduled.id not in new_ids for scheduled in step.scheduled]
+    if all(decoding):
+        return "decode"
+    if not any(decoding):
+        return "prefill"
+    return "mixed"
+
+
+class _CudaMemoryCollector(Collector):
+    """Reads the caching allocator's counters at scrape time (CUDA shards only)."""
+
+    def __init__(self, device: torch.device, rank: str) -> None:
+        self._device = device
+        self._rank = rank
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        allocated = GaugeMetricFamily(
+            "tandem_shard_device_memory_allocated_bytes", "Device memory held by tensors", labels=["rank"]
+        )
+        allocated.add_metric([self._rank], float(torch.cuda.memory_allocated(self._device)))
+        reserved = GaugeMetricFamily(
+            "tandem_shard_device_memory_reserved_bytes",
+            "Device memory reserved by the caching allocator",
+            labels=["rank"],
+        )
+        reserved.add_metric([self._rank], float(torch.cuda.memory_reserved(self._device)))
+        return [allocated, reserved]
+
+
+class ShardMetrics:
+    """One shard's metrics in a private registry, every series labelled with the shard's rank."""
+
+    def __init__(self, rank: int, device: torch.device) -> None:
+        self.registry = CollectorRegistry()
+        self._rank = str(rank)
+        ProcessCollector(namespace="tandem_shard", registry=self.registry)
+        if device.type == "cuda":
+            self.registry.register(_CudaMemoryCollector(device, self._rank))
+        self._kv_cache_bytes = Gauge(
+            "tandem_shard_kv_cache_bytes", "Bytes of the allocated KV cache", ["rank"], registry=self.registry
+        )
+        self._kv_cache_bytes.labels(self._rank).set(0)
+        self._forward = Histogram(
+            "tandem_shard_forward_duration_seconds",
+            "Forward-pass time of one step, by phase",
+            ["rank", "phase"],
+            buckets=FORWARD_BUCKETS,
+            registry=self.registry,
+        )
+        self._sampling = Histogram(
+            "tandem_shard_sampling_duration_seconds",
+            "Sampling time of one step",
+            ["rank"],
+            buckets=FORWARD_BUCKETS,
+            registry=self.registry,
+        )
+        for phase in PHASES:
+            self._forward.labels(self._rank, phase)
+        self._sampling.labels(self._rank)
+
+    def kv_cache_allocated(self, num_bytes: int) -> None:
+        """Records the KV cache size after a warmup."""
+        self._kv_cache_bytes.labels(self._rank).set(num_bytes)
+
+    def step_done(self, step: StepInput, forward_ms: float, sampling_ms: float) -> None:
+        """Records one step's timings; empty steps (nothing scheduled) are not forward passes."""
+        if not step.scheduled:
+            return
+        self._forward.labels(self._rank, step_phase(step)).observe(forward_ms / 1000.0)
+        self._sampling.labels(self._rank).observe(sampling_ms / 1000.0)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        """Serves `/metrics` on `host:port` from a daemon thread."""
+        start_http_server(port, addr=host, registry=self.registry)
+        logger.info("metrics: serving on http://%s:%d/metrics", host, port)

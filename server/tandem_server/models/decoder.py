@@ -1,0 +1,270 @@
+"""The decoder-only transformer every family is composed from; a family file only reads its config into DecoderArgs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tandem_server.distributed import ParallelContext
+from tandem_server.errors import ConfigError
+from tandem_server.layers.activation import activation
+from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
+from tandem_server.layers.embedding import Embedding, LMHead
+from tandem_server.layers.head_partition import partition_heads
+from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tandem_server.layers.norm import RMSNorm
+from tandem_server.layers.rotary import RopeConfig, RotaryEmbedding
+from tandem_server.models.config import ModelSpec
+from tandem_server.weights.layout import CheckpointLayout
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What differs between layers of one model: the rotary table and the sliding window."""
+
+    rope: RopeConfig
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class DecoderArgs:
+    """Every size and option of a decoder, read from config.json by the family's file."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    layers: tuple[LayerKind, ...]
+    hidden_act: str = "silu"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    # Gemma: norms scale by (1 + weight), embeddings are multiplied by sqrt(hidden_size).
+    norm_unit_offset: bool = False
+    embedding_scale: float | None = None
+    # None means head_dim ** -0.5.
+    query_scale: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    layout: CheckpointLayout = field(default_factory=CheckpointLayout)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def common_sizes(hf: dict[str, Any]) -> dict[str, Any]:
+    """The DecoderArgs fields every family spells the same way in config.json (all but `layers` and options)."""
+    num_heads = int(hf["num_attention_heads"])
+    hidden_act = hf.get("hidden_act") or hf.get("hidden_activation") or "silu"
+    activation(hidden_act)
+    return {
+        "vocab_size": int(hf["vocab_size"]),
+        "hidden_size": int(hf["hidden_size"]),
+        "intermediate_size": int(hf["intermediate_size"]),
+        "num_heads": num_heads,
+        "num_kv_heads": int(hf.get("num_key_value_heads") or num_heads),
+        "head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads),
+        "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "hidden_act": hidden_act,
+    }
+
+
+def windows_from_layer_types(hf: dict[str, Any]) -> tuple[int | None, ...] | None:
+    """Per-layer sliding windows from `layer_types`, or None when config.json has no `layer_types`."""
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        return None
+    if len(layer_types) != int(hf["num_hidden_layers"]):
+        raise ConfigError(
+            f"layer_types lists {len(layer_types)} layers, num_hidden_layers is {hf['num_hidden_layers']}"
+        )
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ConfigError(f"unsupported layer types {unknown}; supported: {', '.join(LAYER_TYPES)}")
+    window = hf.get("sliding_window")
+    if "sliding_attention" in layer_types and not window:
+        raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+    return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
+
+
+def uniform_layers(hf: dict[str, Any], windows: Sequence[int | None] | None) -> tuple[LayerKind, ...]:
+    """One rotary configuration for every layer, with the given per-layer windows (None: no window anywhere)."""
+    rope = RopeConfig.from_hf(hf)
+    windows = windows if windows is not None else [None] * int(hf["num_hidden_layers"])
+    return tuple(LayerKind(rope, window) for window in windows)
+
+
+class DecoderAttention(nn.Module):
+    """Grouped-query self-attention over the query and KV heads `partition_heads` gives this rank."""
+
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        heads = partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel)
+        self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
+        self.head_dim = args.head_dim
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.q_proj = ColumnParallelLinear(args.hidden_size, q_size, args.qkv_bias, parallel, heads.query_features)
+        self.k_proj = ColumnParallelLinear(args.hidden_size, kv_size, args.qkv_bias, parallel, heads.kv_features)
+        self.v_proj = ColumnParallelLinear(args.hidden_size, kv_size, args.qkv_bias, parallel, heads.kv_features)
+        self.o_proj = RowParallelLinear(q_size, args.hidden_size, args.o_bias, parallel, heads.query_features)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
+        self.qk_norm = args.qk_norm
+        self.rotary = rotary
+        scale = args.query_scale if args.query_scale is not None else args.head_dim**-0.5
+        self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: LayerCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        query = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
+        key = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        value = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            query, key = self.q_norm(query), self.k_norm(key)
+        query, key = self.rotary(positions, query, key)
+        attended = backend.forward(query, key, value, cache, metadata, self.params)
+        return self.o_proj(attended.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """Gated feed-forward: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, args: DecoderArgs, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.gate_proj = ColumnParallelLinear(args.hidden_size, args.intermediate_size, args.mlp_bias, parallel)
+        self.up_proj = ColumnParallelLinear(args.hidden_size, args.intermediate_size, args.mlp_bias, parallel)
+        self.down_proj = RowParallelLinear(args.intermediate_size, args.hidden_size, args.mlp_bias, parallel)
+        self.act = activation(args.hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(hidden)) * self.up_proj(hidden))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks, each with a residual connection (Llama layout)."""
+
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
+        self.self_attn = DecoderAttention(args, kind, parallel, rotary)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
+        self.mlp = GatedMLP(args, parallel)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: LayerCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, cache, metadata, backend)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext, RotaryEmbedding], nn.Module]
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder stack and final norm; parameter names mirror the checkpoint's `model.*`."""
+
+    def __init__(
+        self, args: DecoderArgs, parallel: ParallelContext, backend: AttentionBackend, layer_factory: LayerFactory
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, parallel)
+        # The scale is rounded to the model dtype first, as the reference multiplies by a tensor of that dtype.
+        scale = args.embedding_scale
+        self.embedding_scale = None if scale is None else torch.tensor(scale, dtype=torch.get_default_dtype()).item()
+        # One cos/sin table per distinct rotary configuration, shared by the layers using it.
+        tables: dict[RopeConfig, RotaryEmbedding] = {}
+        for kind in args.layers:
+            if kind.rope not in tables:
+                tables[kind.rope] = RotaryEmbedding(args.head_dim, args.max_position_embeddings, kind.rope)
+        self.layers = nn.ModuleList(layer_factory(args, kind, parallel, tables[kind.rope]) for kind in args.layers)
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Sequence[LayerCache],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if self.embedding_scale is not None:
+            hidden = hidden * self.embedding_scale
+        for layer, cache in zip(self.layers, kv_cache, strict=True):
+            hidden = layer(hidden, positions, cache, metadata, self.backend)
+        return self.norm(hidden)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Causal LM over a flat batch of tokens from many requests; logits only for the rows asked."""
+
+    def __init__(
+        self,
+        args: DecoderArgs,
+        parallel: ParallelContext,
+        backend: AttentionBackend,
+        layer_factory: LayerFactory = DecoderLayer,
+    ) -> None:
+        super().__init__()
+        self.args = args
+        self.model = DecoderModel(args, parallel, backend, layer_factory)
+        tied = self.model.embed_tokens if args.tie_word_embeddings else None
+        self.lm_head = LMHead(args.vocab_size, args.hidden_size, tied, parallel)
+        self.spec = ModelSpec(
+            vocab_size=args.vocab_size,
+            num_layers=args.num_layers,
+            num_kv_heads=partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel).num_kv_heads,
+            head_dim=args.head_dim,
+            max_position_embeddings=args.max_position_embeddings,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: Sequence[LayerCache],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states `[tokens, hidden]`; K/V of every token are written into `kv_cache`."""
+        return self.model(input_ids, positions, kv_cache, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `[rows, vocab]` for the selected hidden rows."""
+        logits = self.lm_head(hidden)
+        cap = self.args.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def checkpoint_layout(self) -> CheckpointLayout:
+        """How checkpoint tensors map onto parameters; a tied head's duplicate tensor is skipped."""
+        layout = self.args.layout
+        if not self.args.tie_word_embeddings:
+            return layout
+        return CheckpointLayout(skipped=layout.skipped | {"lm_head.weight"}, fused=layout.fused)

@@ -1,0 +1,41 @@
+"""One step's sampling inputs: only the processors and warpers some row needs, with per-row tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.sampling.params import SamplingRow
+from tandem_server.sampling.penalties import PROCESSORS
+from tandem_server.sampling.warpers import WARPERS
+
+LogitsTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """`processors` act on every row; `warpers` act on the rows in `sampled_rows` only, in that order."""
+
+    rows: tuple[SamplingRow, ...]
+    processors: tuple[LogitsTransform, ...]
+    sampled_rows: tuple[int, ...]
+    warpers: tuple[LogitsTransform, ...]
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], device: torch.device) -> SamplingBatch:
+        """Instantiates each processor only when some row's parameters make it do something."""
+        processors = tuple(kind(rows, device) for kind in PROCESSORS if kind.needed(rows))
+        sampled_rows = tuple(i for i, row in enumerate(rows) if not row.params.greedy)
+        sampled_params = [rows[i].params for i in sampled_rows]
+        warpers = tuple(kind(sampled_params, device) for kind in WARPERS if kind.needed(sampled_params))
+        return cls(tuple(rows), processors, sampled_rows, warpers)
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.sampled_rows
+
+    @property
+    def max_top_logprobs(self) -> int:
+        return max((row.top_logprobs for row in self.rows), default=0)
