@@ -7,6 +7,7 @@ mod actor;
 #[cfg(test)]
 mod fake_shard;
 mod handle;
+mod outputs;
 #[cfg(test)]
 mod proptests;
 mod recovery;

@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::request::{FinishReason, GeneratedToken, GenerationEvent, PromptLogprobs, TokenLogprob};
+use super::outputs::{finish_reason, prompt_logprobs, token_logprobs};
+use super::request::{GeneratedToken, GenerationEvent};
 use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
@@ -383,36 +384,5 @@ impl SchedulerState {
         }
         self.config.num_blocks = num_blocks;
         true
-    }
-}
-
-fn token_logprobs(tokens: Vec<pb::TokenLogprob>) -> Vec<TokenLogprob> {
-    tokens
-        .into_iter()
-        .map(|t| TokenLogprob {
-            id: t.token_id,
-            logprob: t.logprob,
-        })
-        .collect()
-}
-
-fn prompt_logprobs(chunk: pb::PromptLogprobs) -> PromptLogprobs {
-    PromptLogprobs {
-        first_position: chunk.first_position as usize,
-        logprobs: chunk.logprobs,
-        top: chunk
-            .top
-            .into_iter()
-            .map(|t| token_logprobs(t.tokens))
-            .collect(),
-    }
-}
-
-fn finish_reason(code: i32) -> Option<FinishReason> {
-    match pb::FinishReason::try_from(code) {
-        Ok(pb::FinishReason::Length) => Some(FinishReason::Length),
-        Ok(pb::FinishReason::Eos) => Some(FinishReason::Eos),
-        Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
-        Ok(pb::FinishReason::Unspecified) | Err(_) => None,
     }
 }
