@@ -30,3 +30,5 @@ def test_a_shared_prefix_is_served_from_the_cache_with_identical_tokens(tandem: 
     assert tandem.metric("tandem_prefix_cache_queries_tokens_total") > queries_before
     assert len(cold) == 12, "the continuation stopped early, so it shows little"
     assert tandem.wait_for_metric("tandem_kv_blocks_used", 0, timeout=5) == 0
+    # Idle, yet the prefix stays cached for the next request (until its blocks are needed).
+    assert tandem.metric("tandem_prefix_cache_blocks") >= 4

@@ -14,6 +14,7 @@ pub(super) fn register_event_counters() {
     for name in [
         "tandem_prefix_cache_queries_tokens_total",
         "tandem_prefix_cache_hits_tokens_total",
+        "tandem_prefix_cache_evictions_total",
         "tandem_preemptions_total",
         "tandem_cancelled_requests_total",
         "tandem_shard_recoveries_total",
@@ -42,6 +43,7 @@ pub fn record_load(load: &LoadSnapshot) {
     gauge!("tandem_running_requests").set(as_f64(load.running_requests));
     gauge!("tandem_kv_blocks_used").set(as_f64(load.kv_blocks_used));
     gauge!("tandem_kv_blocks_total").set(as_f64(load.kv_blocks_total));
+    gauge!("tandem_prefix_cache_blocks").set(as_f64(load.kv_blocks_cached));
     let usage = if load.kv_blocks_total == 0 {
         0.0
     } else {
@@ -94,6 +96,7 @@ mod tests {
                 running_requests: 3,
                 kv_blocks_used: 25,
                 kv_blocks_total: 100,
+                kv_blocks_cached: 7,
             });
             record_step_planned(3, 48);
             record_step_done(Duration::from_millis(20), 15.0, 2.0);
@@ -103,6 +106,7 @@ mod tests {
             "tandem_queue_size 2",
             "tandem_queue_tokens 40",
             "tandem_kv_cache_usage_ratio 0.25",
+            "tandem_prefix_cache_blocks 7",
             "tandem_prefix_cache_hits_tokens_total 0",
             "tandem_batch_tokens_sum 48",
             "tandem_step_forward_duration_seconds_sum 0.015",

@@ -194,6 +194,14 @@ fn describe_kv_cache() {
         "tandem_prefix_cache_hits_tokens_total",
         "Prompt tokens found in the prefix cache"
     );
+    describe_counter!(
+        "tandem_prefix_cache_evictions_total",
+        "Idle cached blocks evicted (least recently used first) to make room"
+    );
+    describe_gauge!(
+        "tandem_prefix_cache_blocks",
+        "KV blocks caching a prompt prefix, held or idle (idle ones are reclaimable)"
+    );
 }
 
 #[allow(clippy::cast_precision_loss)]

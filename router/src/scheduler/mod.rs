@@ -55,6 +55,8 @@ pub struct LoadSnapshot {
     pub running_requests: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
+    /// Blocks caching a prompt prefix, held or idle (idle ones are reclaimable).
+    pub kv_blocks_cached: usize,
 }
 
 /// What the HTTP layer needs from the engine behind it. Tests swap in a fake.

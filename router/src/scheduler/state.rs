@@ -88,6 +88,7 @@ impl SchedulerState {
             running_requests: self.running.len(),
             kv_blocks_used: self.pool.used(),
             kv_blocks_total: self.pool.total(),
+            kv_blocks_cached: self.pool.cached(),
         }
     }
 
