@@ -3,7 +3,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/tandem/target
 UV = $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 ARGS ?=
 
-.PHONY: install serve test lint test-rust test-python chart bench
+.PHONY: install serve test lint test-rust test-python chart bench bench-overhead
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -29,6 +29,11 @@ test: lint test-rust test-python
 # README's benchmark table; results.json and plots go to $(HOME)/.cache/tandem/bench.
 bench: install
 	$(UV) run --no-sync python -m tandem_bench.suite $(ARGS)
+
+# Starts Tandem on a free port and prints the per-step overhead of the serving path against the forward pass at
+# batch 1, 8, 32 and 64 (a few minutes on 2 cores); see docs/benchmarks.md.
+bench-overhead: install
+	$(UV) run --no-sync tandem-bench overhead $(ARGS)
 
 # Helm chart checks: lint, render four value sets, validate against Kubernetes schemas, parse the argv.
 # The first run builds helm from source into $(HOME)/.cache/tandem/helm (a few minutes); later runs reuse it.

@@ -30,7 +30,11 @@ def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: Me
     assert delta("tandem_inter_token_latency_seconds_count") == generated - completed
     assert delta("tandem_prompt_tokens_total") == delta("tandem_request_input_tokens_sum") > completed * 5
     assert delta("tandem_batch_size_count") > 0
-    assert delta("tandem_step_forward_duration_seconds_count") == delta("tandem_batch_size_count")
+    for part in ("forward", "prepare", "sampling", "shard", "scheduling"):
+        assert delta(f"tandem_step_{part}_duration_seconds_count") == delta("tandem_batch_size_count"), part
+    # The shard's whole handling of a step contains its forward pass; the round trip contains both.
+    assert delta("tandem_step_forward_duration_seconds_sum") < delta("tandem_step_shard_duration_seconds_sum")
+    assert delta("tandem_step_shard_duration_seconds_sum") < delta("tandem_step_duration_seconds_sum")
     assert 0 < delta("tandem_time_to_first_token_seconds_sum") < delta("tandem_request_duration_seconds_sum")
     assert total(after, "tandem_kv_blocks_total") > 0
     assert 0 <= total(after, "tandem_kv_cache_usage_ratio") <= 1

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tandem_bench import overhead_run
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -57,7 +58,8 @@ def _positive_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem-bench",
-        description="Streams load at OpenAI-compatible servers; reports throughput, TTFT, TPOT, ITL and E2E latency.",
+        description="Streams load at OpenAI-compatible servers; reports throughput, TTFT, TPOT, ITL and E2E latency. "
+        "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -156,6 +158,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; exits 1 when any request failed, 2 on a bad invocation or unreachable server."""
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["overhead"]:
+        return overhead_run.main(arguments[1:])
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
     try:

@@ -47,7 +47,9 @@ async def exercise(stub: shard_pb2_grpc.ShardServiceStub) -> None:
     first = await stub.Step(prefill)
     assert [g.id for g in first.generations] == [1] and first.generations[0].logprob <= 0
     assert first.generations[0].finish_reason == shard_pb2.FINISH_REASON_UNSPECIFIED
-    assert first.forward_ms > 0
+    assert first.forward_ms > 0 and first.prepare_ms > 0
+    # The shard's whole handling contains every part it reports.
+    assert first.shard_total_ms >= first.prepare_ms + first.forward_ms + first.sampling_ms
 
     decode = shard_pb2.StepRequest(
         step_id=2, scheduled=[shard_pb2.ScheduledRequest(id=1, num_tokens=1, new_block_ids=[1], num_computed_tokens=7)]

@@ -77,7 +77,7 @@ def test_mid_prompt_chunk_produces_no_generation(runner: ModelRunner) -> None:
     assert output.generations == ()
     output = runner.step(StepInput(scheduled=(ScheduledRequest(1, 2, (2,), 4),)))
     assert [g.id for g in output.generations] == [1]
-    assert output.forward_ms > 0
+    assert output.forward_ms > 0 and output.prepare_ms > 0
 
 
 def first_greedy_token(runner: ModelRunner) -> int:

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use futures::Stream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
@@ -36,6 +37,35 @@ pub struct Completed {
     pub prompt_logprobs: PromptLogprobs,
 }
 
+impl Completed {
+    /// The sum of the generated tokens' log-probabilities: how likely the whole output is.
+    pub fn cumulative_logprob(&self) -> f32 {
+        self.tokens.iter().map(|token| token.logprob).sum()
+    }
+}
+
+/// One sibling's next token (or error), tagged with the sibling's index.
+#[derive(Debug)]
+pub struct SiblingDelta {
+    pub index: usize,
+    pub delta: Result<TextDelta, AppError>,
+    /// Tokens this sibling generated so far.
+    pub generated_tokens: usize,
+}
+
+/// Reads every sibling to its end; the first error cancels the others.
+pub async fn collect_siblings(generations: Vec<Generation>) -> Result<Vec<Completed>, AppError> {
+    futures::future::try_join_all(generations.into_iter().map(Generation::collect)).await
+}
+
+/// What a successful submission hands back: one text stream and permit per sibling.
+struct Submitted {
+    texts: Vec<TextStream>,
+    input_ids: Vec<u32>,
+    seed: u64,
+    permits: Vec<OwnedSemaphorePermit>,
+}
+
 impl Generation {
     /// Admits the request (429 when the server is full), validates it and submits it.
     pub async fn start(
@@ -44,21 +74,52 @@ impl Generation {
         prompt: Prompt,
         params: &GenerationParams,
     ) -> Result<Self, AppError> {
-        let metrics = RequestMetrics::start(route);
-        match Self::submit(state, prompt, params).await {
-            Ok((text, input_ids, seed, permit)) => {
-                metrics.input_tokens(input_ids.len());
-                Ok(Self {
-                    text,
-                    metrics,
-                    input_tokens: input_ids.len(),
-                    seed,
+        let mut generations = Self::start_siblings(state, route, prompt, params, 1).await?;
+        Ok(generations
+            .pop()
+            .expect("invariant: one generation per requested sibling"))
+    }
+
+    /// Starts `count` generations of one prompt (`n` choices, `best_of` candidates). Each
+    /// counts as a request against the admission limit; sibling `i` samples with seed
+    /// `seed + i`, so a seeded request is reproducible choice by choice.
+    pub async fn start_siblings(
+        state: &AppState,
+        route: &'static str,
+        prompt: Prompt,
+        params: &GenerationParams,
+        count: usize,
+    ) -> Result<Vec<Self>, AppError> {
+        let metrics: Vec<RequestMetrics> =
+            (0..count).map(|_| RequestMetrics::start(route)).collect();
+        match Self::submit(state, prompt, params, count).await {
+            Ok(submitted) => {
+                let Submitted {
+                    texts,
                     input_ids,
-                    _permit: permit,
-                })
+                    seed,
+                    permits,
+                } = submitted;
+                let siblings = texts.into_iter().zip(permits).zip(metrics);
+                Ok(siblings
+                    .zip(0u64..)
+                    .map(|(((text, permit), metrics), index)| {
+                        metrics.input_tokens(input_ids.len());
+                        Self {
+                            text,
+                            metrics,
+                            input_tokens: input_ids.len(),
+                            seed: seed.wrapping_add(index),
+                            input_ids: input_ids.clone(),
+                            _permit: permit,
+                        }
+                    })
+                    .collect())
             }
             Err(error) => {
-                metrics.fail(error.metric_reason());
+                for metrics in metrics {
+                    metrics.fail(error.metric_reason());
+                }
                 Err(error)
             }
         }
@@ -68,16 +129,42 @@ impl Generation {
         state: &AppState,
         prompt: Prompt,
         params: &GenerationParams,
-    ) -> Result<(TextStream, Vec<u32>, u64, OwnedSemaphorePermit), AppError> {
-        let permit = Arc::clone(&state.admission)
-            .try_acquire_owned()
+        count: usize,
+    ) -> Result<Submitted, AppError> {
+        let permits = (0..count)
+            .map(|_| Arc::clone(&state.admission).try_acquire_owned())
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|_| AppError::Overloaded(state.info.max_concurrent_requests))?;
         let valid = state.validator.validate(prompt, params).await?;
         let input_ids = valid.request.input_ids.clone();
         let seed = valid.request.sampling.seed;
-        let events = state.backend.submit(valid.request)?;
-        let text = TextStream::new(events, Arc::clone(&state.decoding), &input_ids, valid.stop);
-        Ok((text, input_ids, seed, permit))
+        let requests = (0u64..)
+            .take(count)
+            .map(|index| {
+                let mut request = valid.request.clone();
+                request.sampling.seed = seed.wrapping_add(index);
+                request
+            })
+            .collect();
+        let texts = state
+            .backend
+            .submit_siblings(requests)?
+            .into_iter()
+            .map(|events| {
+                TextStream::new(
+                    events,
+                    Arc::clone(&state.decoding),
+                    &input_ids,
+                    valid.stop.clone(),
+                )
+            })
+            .collect();
+        Ok(Submitted {
+            texts,
+            input_ids,
+            seed,
+            permits,
+        })
     }
 
     /// The next token, `None` after the last one.
@@ -107,6 +194,29 @@ impl Generation {
     /// Records the request as failed with `error`.
     pub fn fail(self, error: &AppError) {
         self.metrics.fail(error.metric_reason());
+    }
+
+    /// This generation's deltas tagged with `index`, ending after the last token or an error
+    /// (a generation that ends early yields an incomplete-stream error).
+    pub fn into_deltas(mut self, index: usize) -> impl Stream<Item = SiblingDelta> + Send {
+        async_stream::stream! {
+            let delta = loop {
+                match self.next().await {
+                    Some(Ok(delta)) if delta.finish.is_none() => {
+                        let generated_tokens = self.generated_tokens();
+                        yield SiblingDelta { index, delta: Ok(delta), generated_tokens };
+                    }
+                    Some(delta) => break delta,
+                    None => break Err(AppError::Stream(StreamError::Incomplete)),
+                }
+            };
+            let generated_tokens = self.generated_tokens();
+            match &delta {
+                Ok(_) => self.succeed(),
+                Err(error) => self.fail(error),
+            }
+            yield SiblingDelta { index, delta, generated_tokens };
+        }
     }
 
     /// Reads the generation to its end.

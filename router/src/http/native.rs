@@ -6,7 +6,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::generation::{Completed, Generation};
+use super::generation::{collect_siblings, Completed, Generation};
 use super::json::ApiJson;
 use super::sse::{json_event, sse_response};
 use super::AppState;
@@ -14,8 +14,8 @@ use crate::error::{error_event, Api, ApiError, AppError, Native};
 use crate::scheduler::{LogprobOptions, PromptLogprobs, TokenLogprob};
 use crate::stream::{Finish, TokenDecoding, TokenText};
 use crate::validation::{
-    check_count, reject_unsupported, require_single_choice, GenerationParams, ProcessorParams,
-    Prompt, ValidationError,
+    check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
+    ValidationError,
 };
 
 /// Most alternatives per token `top_n_tokens` may ask for (TGI's default limit).
@@ -54,6 +54,8 @@ struct GenerateParameters {
 
 /// How the response is shaped, beyond what the scheduler needs.
 struct ResponseOptions {
+    /// Candidates generated; the most likely one (highest cumulative logprob) is returned.
+    best_of: usize,
     details: bool,
     decoder_input_details: bool,
     full_text_prefix: Option<String>,
@@ -64,12 +66,20 @@ impl GenerateRequest {
         reject_unsupported(&self.extra, &[])?;
         let p = self.parameters.unwrap_or_default();
         reject_unsupported(&p.extra, &[])?;
-        require_single_choice("best_of", p.best_of)?;
+        let best_of = check_choices("best_of", p.best_of)?;
         let sampling_requested = p.do_sample == Some(true)
             || p.temperature.is_some_and(|t| t != 1.0)
             || p.top_k.is_some_and(|k| k != 0)
             || p.top_p.is_some_and(|t| t != 1.0)
             || p.typical_p.is_some_and(|t| t != 1.0);
+        // Greedy candidates would all be the same sequence.
+        if best_of > 1 && !sampling_requested {
+            return Err(ValidationError::OutOfRange {
+                param: "best_of".to_owned(),
+                expected: "1 unless sampling (`do_sample` or a sampling parameter)",
+                value: best_of.to_string(),
+            });
+        }
         let params = GenerationParams {
             temperature: if sampling_requested {
                 p.temperature
@@ -97,6 +107,7 @@ impl GenerateRequest {
             },
         };
         let options = ResponseOptions {
+            best_of,
             details: p.details == Some(true),
             decoder_input_details: p.decoder_input_details == Some(true),
             full_text_prefix: (p.return_full_text == Some(true)).then(|| self.inputs.clone()),
@@ -121,6 +132,16 @@ struct Details {
     tokens: Vec<Token>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     top_tokens: Vec<Vec<Token>>,
+    /// The candidates not chosen, when `best_of` > 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    best_of_sequences: Option<Vec<BestOfSequence>>,
+}
+
+#[derive(Debug, Serialize)]
+struct BestOfSequence {
+    generated_text: String,
+    #[serde(flatten)]
+    details: Details,
 }
 
 #[derive(Debug, Serialize)]
@@ -220,17 +241,43 @@ pub async fn generate(
         .into());
     }
     let (prompt, params, options) = request.into_parts()?;
-    let generation = Generation::start(&state, "generate", prompt, &params).await?;
-    let completed = generation.collect().await?;
-    Ok(Json(response(completed, &options, &state.decoding)).into_response())
+    let generations =
+        Generation::start_siblings(&state, "generate", prompt, &params, options.best_of).await?;
+    let mut candidates = collect_siblings(generations).await?;
+    let best = candidates
+        .iter()
+        .enumerate()
+        .max_by(|(_, a), (_, b)| a.cumulative_logprob().total_cmp(&b.cumulative_logprob()))
+        .map_or(0, |(index, _)| index);
+    let chosen = candidates.swap_remove(best);
+    let others = (options.best_of > 1).then(|| {
+        candidates
+            .into_iter()
+            .map(|candidate| {
+                let (generated_text, details) = answer(candidate, &options, &state.decoding);
+                BestOfSequence {
+                    generated_text,
+                    details,
+                }
+            })
+            .collect()
+    });
+    let (generated_text, mut details) = answer(chosen, &options, &state.decoding);
+    details.best_of_sequences = others;
+    let body = GenerateResponse {
+        generated_text,
+        details: options.details.then_some(details),
+    };
+    Ok(Json(body).into_response())
 }
 
-fn response(
+/// A finished generation's text (with the prompt when `return_full_text`) and details.
+fn answer(
     completed: Completed,
     options: &ResponseOptions,
     decoding: &TokenDecoding,
-) -> GenerateResponse {
-    let details = options.details.then(|| Details {
+) -> (String, Details) {
+    let details = Details {
         finish_reason: finish_reason(completed.finish),
         generated_tokens: completed.tokens.len(),
         seed: completed.seed,
@@ -249,15 +296,13 @@ fn response(
             Vec::new()
         },
         tokens: completed.tokens.into_iter().map(Token::from).collect(),
-    });
+        best_of_sequences: None,
+    };
     let generated_text = match &options.full_text_prefix {
         Some(prefix) => format!("{prefix}{}", completed.text),
         None => completed.text,
     };
-    GenerateResponse {
-        generated_text,
-        details,
-    }
+    (generated_text, details)
 }
 
 /// `POST /generate_stream`: one event per token; the last carries the full text and details.
@@ -266,6 +311,13 @@ pub async fn generate_stream(
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts()?;
+    if options.best_of > 1 {
+        return Err(ValidationError::Unsupported {
+            param: "best_of".to_owned(),
+            detail: " on /generate_stream: use /generate".to_owned(),
+        }
+        .into());
+    }
     let mut generation = Generation::start(&state, "generate_stream", prompt, &params).await?;
     let events = async_stream::stream! {
         let mut text = options.full_text_prefix.unwrap_or_default();

@@ -7,6 +7,7 @@ use metrics::{counter, gauge, histogram};
 
 use super::as_f64;
 use crate::http::ServerInfo;
+use crate::pb;
 use crate::scheduler::LoadSnapshot;
 
 /// Counters registered at 0 so rates and alerts have a series before the first event.
@@ -30,10 +31,27 @@ pub fn record_step_planned(requests: usize, tokens: u32) {
 }
 
 /// Records a step that succeeded: its round trip and the timings rank 0 reported.
-pub fn record_step_done(elapsed: Duration, forward_ms: f32, sampling_ms: f32) {
+pub fn record_step_done(elapsed: Duration, response: &pb::StepResponse) {
     histogram!("tandem_step_duration_seconds").record(elapsed);
-    histogram!("tandem_step_forward_duration_seconds").record(f64::from(forward_ms) / 1000.0);
-    histogram!("tandem_step_sampling_duration_seconds").record(f64::from(sampling_ms) / 1000.0);
+    for (name, millis) in [
+        ("tandem_step_prepare_duration_seconds", response.prepare_ms),
+        ("tandem_step_forward_duration_seconds", response.forward_ms),
+        (
+            "tandem_step_sampling_duration_seconds",
+            response.sampling_ms,
+        ),
+        (
+            "tandem_step_shard_duration_seconds",
+            response.shard_total_ms,
+        ),
+    ] {
+        histogram!(name).record(f64::from(millis) / 1000.0);
+    }
+}
+
+/// Records the router's own work for one step: planning it and applying its results.
+pub fn record_step_scheduling(elapsed: Duration) {
+    histogram!("tandem_step_scheduling_duration_seconds").record(elapsed);
 }
 
 /// Publishes the scheduler's load as gauges.
@@ -99,7 +117,17 @@ mod tests {
                 kv_blocks_cached: 7,
             });
             record_step_planned(3, 48);
-            record_step_done(Duration::from_millis(20), 15.0, 2.0);
+            record_step_done(
+                Duration::from_millis(20),
+                &pb::StepResponse {
+                    forward_ms: 15.0,
+                    sampling_ms: 2.0,
+                    prepare_ms: 1.5,
+                    shard_total_ms: 19.0,
+                    ..pb::StepResponse::default()
+                },
+            );
+            record_step_scheduling(Duration::from_micros(250));
         });
         let text = handle.render();
         for expected in [
@@ -111,6 +139,9 @@ mod tests {
             "tandem_batch_tokens_sum 48",
             "tandem_step_forward_duration_seconds_sum 0.015",
             "tandem_step_sampling_duration_seconds_count 1",
+            "tandem_step_prepare_duration_seconds_sum 0.0015",
+            "tandem_step_shard_duration_seconds_sum 0.019",
+            "tandem_step_scheduling_duration_seconds_sum 0.00025",
         ] {
             assert!(text.contains(expected), "missing {expected} in\n{text}");
         }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
-pub use engine::{record_info, record_load, record_step_done, record_step_planned};
+pub use engine::{
+    record_info, record_load, record_step_done, record_step_planned, record_step_scheduling,
+};
 pub use request::RequestMetrics;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -167,16 +169,36 @@ fn describe_scheduler() {
         Unit::Seconds,
         "Duration of one step across all shards, as the router sees it"
     );
-    describe_histogram!(
-        "tandem_step_forward_duration_seconds",
-        Unit::Seconds,
-        "Forward-pass time of one step as rank 0 reports it"
-    );
-    describe_histogram!(
-        "tandem_step_sampling_duration_seconds",
-        Unit::Seconds,
-        "Sampling time of one step as rank 0 reports it"
-    );
+    describe_step_parts();
+}
+
+/// The parts of one step, so overhead can be told apart from the forward pass.
+fn describe_step_parts() {
+    let seconds = [
+        (
+            "tandem_step_scheduling_duration_seconds",
+            "Router time per step planning it and applying its results",
+        ),
+        (
+            "tandem_step_shard_duration_seconds",
+            "Rank 0's whole handling of one step, request decoded to response built",
+        ),
+        (
+            "tandem_step_prepare_duration_seconds",
+            "Rank 0's time applying one step to request state and building its input tensors",
+        ),
+        (
+            "tandem_step_forward_duration_seconds",
+            "Forward-pass time (model only) of one step as rank 0 reports it",
+        ),
+        (
+            "tandem_step_sampling_duration_seconds",
+            "Sampling time of one step as rank 0 reports it",
+        ),
+    ];
+    for (name, help) in seconds {
+        describe_histogram!(name, Unit::Seconds, help);
+    }
 }
 
 fn describe_kv_cache() {

@@ -1,7 +1,7 @@
 //! The step loop: owns `SchedulerState`, drives the shards one Step at a time, and rides
 //! through shard restarts (see `recovery`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
@@ -32,9 +32,10 @@ impl Actor {
             while let Ok(sequence) = self.submissions.try_recv() {
                 self.state.enqueue(sequence);
             }
+            let scheduling = Instant::now();
             match self.state.schedule() {
                 Some(step) => {
-                    if !self.run_step(step).await {
+                    if !self.run_step(step, scheduling.elapsed()).await {
                         self.recover().await;
                     }
                 }
@@ -76,8 +77,9 @@ impl Actor {
         }
     }
 
-    /// Runs one step; `false` when it failed (its requests have then failed too).
-    async fn run_step(&mut self, step: pb::StepRequest) -> bool {
+    /// Runs one step that took `scheduling` to plan; `false` when it failed (its requests
+    /// have then failed too).
+    async fn run_step(&mut self, step: pb::StepRequest, scheduling: Duration) -> bool {
         let batch_tokens: u32 = step
             .scheduled
             .iter()
@@ -87,12 +89,10 @@ impl Actor {
         let started = Instant::now();
         match self.fleet.step(step).await {
             Ok(response) => {
-                crate::metrics::record_step_done(
-                    started.elapsed(),
-                    response.forward_ms,
-                    response.sampling_ms,
-                );
+                crate::metrics::record_step_done(started.elapsed(), &response);
+                let applying = Instant::now();
                 self.state.apply(response);
+                crate::metrics::record_step_scheduling(scheduling + applying.elapsed());
                 true
             }
             Err(error) => {

@@ -35,9 +35,13 @@ pub(crate) fn check_capacity(
     Ok(())
 }
 
-#[async_trait::async_trait]
-impl Backend for SchedulerHandle {
-    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError> {
+impl SchedulerHandle {
+    /// Checks the request and queues it behind `leader` (see the scheduler's sibling gate).
+    fn enqueue(
+        &self,
+        request: GenerationRequest,
+        leader: Option<u64>,
+    ) -> Result<(u64, GenerationStream), SchedulerError> {
         if self.phase() == EnginePhase::Recovering {
             return Err(SchedulerError::Recovering);
         }
@@ -49,11 +53,34 @@ impl Backend for SchedulerHandle {
         check_capacity(&config, &request)?;
         let (sender, events) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let sequence = Sequence::new(id, request, self.pool.new_table(), sender);
+        let mut sequence = Sequence::new(id, request, self.pool.new_table(), sender);
+        sequence.leader = leader;
         self.submissions
             .send(sequence)
             .map_err(|_| SchedulerError::ShuttingDown)?;
-        Ok(GenerationStream { events })
+        Ok((id, GenerationStream { events }))
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for SchedulerHandle {
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError> {
+        self.enqueue(request, None).map(|(_, stream)| stream)
+    }
+
+    fn submit_siblings(
+        &self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<Vec<GenerationStream>, SchedulerError> {
+        let mut leader = None;
+        let mut streams = Vec::with_capacity(requests.len());
+        // On an error the streams already queued are dropped, which cancels them.
+        for request in requests {
+            let (id, stream) = self.enqueue(request, leader)?;
+            leader.get_or_insert(id);
+            streams.push(stream);
+        }
+        Ok(streams)
     }
 
     fn load(&self) -> LoadSnapshot {

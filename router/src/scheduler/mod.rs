@@ -64,6 +64,17 @@ pub struct LoadSnapshot {
 pub trait Backend: Send + Sync {
     /// Queues a request; events arrive on the returned stream.
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, SchedulerError>;
+    /// Queues requests sharing one prompt (`n` choices, `best_of` candidates), one stream
+    /// each in order. The scheduler may run the first alone until its prompt is cached.
+    fn submit_siblings(
+        &self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<Vec<GenerationStream>, SchedulerError> {
+        requests
+            .into_iter()
+            .map(|request| self.submit(request))
+            .collect()
+    }
     /// Current load.
     fn load(&self) -> LoadSnapshot;
     /// Asks every shard whether it is alive.

@@ -28,6 +28,10 @@ pub(crate) struct Sequence {
     pub events: mpsc::UnboundedSender<GenerationEvent>,
     pub known_to_shards: bool,
     pub started: bool,
+    /// The sibling whose prompt this one shares (`n` > 1, `best_of` > 1); see the sibling gate.
+    pub leader: Option<u64>,
+    /// Whether the whole prompt is computed and its full blocks are in the prefix cache.
+    pub prompt_published: bool,
     pub arrived_at: Instant,
 }
 
@@ -50,6 +54,8 @@ impl Sequence {
             events,
             known_to_shards: false,
             started: false,
+            leader: None,
+            prompt_published: false,
             arrived_at: Instant::now(),
         }
     }
@@ -76,6 +82,7 @@ impl Sequence {
         self.blocks.clear();
         self.num_computed = 0;
         self.known_to_shards = false;
+        self.prompt_published = false;
     }
 
     /// Tells the receiver something; a closed receiver is noticed at the next step.

@@ -262,3 +262,56 @@ fn behind_the_head_the_longest_cached_prefix_is_admitted_first() {
     let admitted: Vec<u64> = step.new_requests.iter().map(|new| new.id).collect();
     assert_eq!(admitted, vec![1, 3]);
 }
+
+fn submit_sibling(
+    state: &mut SchedulerState,
+    id: u64,
+    leader: u64,
+    request: GenerationRequest,
+) -> mpsc::UnboundedReceiver<GenerationEvent> {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let mut sequence = Sequence::new(id, request, state.pool().new_table(), sender);
+    sequence.leader = Some(leader);
+    state.enqueue(sequence);
+    receiver
+}
+
+#[test]
+fn siblings_wait_for_the_leaders_prompt_then_start_after_its_cached_blocks() {
+    let mut state = SchedulerState::new(config(64, 8));
+    let mut shard = FakeShard::new(4);
+    let mut leader = submit(&mut state, 0, request(18, 3));
+    let mut siblings = [
+        submit_sibling(&mut state, 1, 0, request(18, 3)),
+        submit_sibling(&mut state, 2, 0, request(18, 3)),
+    ];
+    let _other = submit(&mut state, 3, request(3, 1));
+    // 18 prompt tokens at 8 per step: the leader prefills over three steps, alone among
+    // the siblings; the gated siblings do not hold back the unrelated request behind them.
+    let mut admitted_while_prefilling = Vec::new();
+    for _ in 0..3 {
+        let step = state.schedule().unwrap();
+        admitted_while_prefilling.extend(step.new_requests.iter().map(|new| new.id));
+        state.apply(shard.step(step));
+    }
+    assert!(!admitted_while_prefilling.contains(&1) && !admitted_while_prefilling.contains(&2));
+    assert!(admitted_while_prefilling.contains(&3));
+    let mut sibling_starts = Vec::new();
+    while sibling_starts.len() < 2 {
+        let step = state.schedule().unwrap();
+        for scheduled in &step.scheduled {
+            if step.new_requests.iter().any(|new| new.id == scheduled.id) {
+                sibling_starts.push(scheduled.num_computed_tokens);
+            }
+        }
+        state.apply(shard.step(step));
+    }
+    // The prompt's 4 full blocks are shared; each sibling computes its own partial block.
+    assert_eq!(sibling_starts, vec![16, 16]);
+    run_until_idle(&mut state, &mut shard);
+    let expected = tokens_of(&mut leader);
+    for sibling in &mut siblings {
+        assert_eq!(tokens_of(sibling), expected);
+    }
+    assert_eq!(state.load().kv_blocks_used, 0);
+}

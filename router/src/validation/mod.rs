@@ -14,7 +14,7 @@ use tokenizers::Tokenizer;
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{
-    check_count, reject_unsupported, require_single_choice, GenerationParams, MAX_STOP_SEQUENCES,
+    check_choices, check_count, reject_unsupported, GenerationParams, MAX_STOP_SEQUENCES,
 };
 pub use processors::ProcessorParams;
 

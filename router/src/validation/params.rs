@@ -195,19 +195,21 @@ fn is_neutral(name: &str, value: &Value) -> bool {
     }
 }
 
-/// Rejects `n`/`best_of` values other than 1 with a message naming the parameter.
-pub fn require_single_choice(param: &str, value: Option<i64>) -> Result<(), ValidationError> {
+/// Most choices (`n`) or candidates (`best_of`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// `n`/`best_of`: an integer from 1 to `MAX_CHOICES`; 1 when absent.
+pub fn check_choices(param: &str, value: Option<i64>) -> Result<usize, ValidationError> {
     match value {
-        None | Some(1) => Ok(()),
-        Some(n) if n < 1 => Err(ValidationError::OutOfRange {
-            param: param.to_owned(),
-            expected: "at least 1",
-            value: n.to_string(),
-        }),
-        Some(n) => Err(ValidationError::Unsupported {
-            param: param.to_owned(),
-            detail: format!(": got {n}, only 1 is accepted"),
-        }),
+        None => Ok(1),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|count| (1..=MAX_CHOICES).contains(count))
+            .ok_or_else(|| ValidationError::OutOfRange {
+                param: param.to_owned(),
+                expected: "an integer from 1 to 16",
+                value: n.to_string(),
+            }),
     }
 }
 
@@ -366,12 +368,12 @@ mod tests {
     }
 
     #[test]
-    fn only_a_single_choice_is_supported() {
-        require_single_choice("n", None).unwrap();
-        require_single_choice("n", Some(1)).unwrap();
-        let error = require_single_choice("n", Some(2)).unwrap_err();
-        assert!(error.to_string().contains("not supported yet"), "{error}");
-        let error = require_single_choice("best_of", Some(0)).unwrap_err();
-        assert!(error.to_string().contains("`best_of`"), "{error}");
+    fn choices_range_from_one_to_sixteen() {
+        assert_eq!(check_choices("n", None).unwrap(), 1);
+        assert_eq!(check_choices("n", Some(16)).unwrap(), MAX_CHOICES);
+        for bad in [0, -1, 17] {
+            let error = check_choices("best_of", Some(bad)).unwrap_err();
+            assert!(error.to_string().contains("`best_of`"), "{error}");
+        }
     }
 }

@@ -66,11 +66,11 @@ class ModelRunner:
     def step(self, step: StepInput) -> StepOutput:
         """Runs the scheduled tokens and returns a Generation for each request that reached its end."""
         cache = self._require_cache()
+        start = time.perf_counter()
         limits = StepLimits(cache.block_size, cache.num_blocks, self.model.spec.max_position_embeddings)
         plan = self.requests.apply(step, limits)
         if not plan:
-            return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0)
-        start = time.perf_counter()
+            return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0, prepare_ms=self._elapsed_ms(start))
         spans = [
             ScheduledSpan(
                 state.token_ids[state.num_computed : state.num_computed + num_tokens],
@@ -80,6 +80,8 @@ class ModelRunner:
             for state, num_tokens in plan
         ]
         batch = build_step_batch(spans, cache.block_size, self.device)
+        prepare_ms = self._elapsed_ms(start)
+        start = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
@@ -95,6 +97,7 @@ class ModelRunner:
             generations=generations,
             forward_ms=forward_ms,
             sampling_ms=self._elapsed_ms(start),
+            prepare_ms=prepare_ms,
             prompt_logprobs=prompt_logprobs,
         )
 

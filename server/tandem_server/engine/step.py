@@ -87,8 +87,11 @@ class StepOutput:
     """Generations in scheduled order plus timings for metrics."""
 
     generations: tuple[Generation, ...]
+    # Model only: embeddings through logits, plus prompt logprobs when asked.
     forward_ms: float
     sampling_ms: float
+    # Request-state updates and the step's input tensors, before the model runs.
+    prepare_ms: float = 0.0
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
 
 

@@ -106,6 +106,7 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
         ],
         forward_ms=output.forward_ms,
         sampling_ms=output.sampling_ms,
+        prepare_ms=output.prepare_ms,
         prompt_logprobs=[_prompt_logprobs_to_pb(chunk) for chunk in output.prompt_logprobs],
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
@@ -51,12 +52,15 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
 
     @translate_errors
     async def Step(self, request: shard_pb2.StepRequest, context: grpc.aio.ServicerContext) -> shard_pb2.StepResponse:
+        start = time.perf_counter()
         step = convert.step_input_from_pb(request)
         async with self._lock:
             output = await asyncio.to_thread(self._runner.step, step)
         if self._metrics is not None:
             self._metrics.step_done(step, output.forward_ms, output.sampling_ms)
-        return convert.step_output_to_pb(output)
+        response = convert.step_output_to_pb(output)
+        response.shard_total_ms = (time.perf_counter() - start) * 1000.0
+        return response
 
     @translate_errors
     async def Reset(

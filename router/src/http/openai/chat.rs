@@ -15,14 +15,14 @@ use super::{
     StreamOptions, Usage,
 };
 use crate::error::{ApiError, OpenAi};
-use crate::http::generation::Generation;
+use crate::http::generation::{collect_siblings, Generation};
 use crate::http::json::ApiJson;
 use crate::http::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    check_count, reject_unsupported, require_single_choice, ChatMessage, GenerationParams,
-    ProcessorParams, Prompt, ValidationError,
+    check_choices, check_count, reject_unsupported, ChatMessage, GenerationParams, ProcessorParams,
+    Prompt, ValidationError,
 };
 
 /// Most alternatives per token OpenAI's chat route returns.
@@ -140,9 +140,10 @@ impl ChatRequest {
         }
     }
 
-    fn into_parts(mut self) -> Result<(Prompt, GenerationParams), ValidationError> {
+    /// The prompt, the parameters and the number of choices.
+    fn into_parts(mut self) -> Result<(Prompt, GenerationParams, usize), ValidationError> {
         reject_unsupported(&self.extra, &super::ACCEPTED_IGNORED)?;
-        require_single_choice("n", self.n)?;
+        let n = check_choices("n", self.n)?;
         let messages = self
             .messages
             .take()
@@ -170,7 +171,7 @@ impl ChatRequest {
         let params = self
             .sampling_fields()
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
-        Ok((Prompt::Chat(messages), params))
+        Ok((Prompt::Chat(messages), params, n))
     }
 }
 
@@ -180,13 +181,13 @@ struct ChatCompletion {
     object: &'static str,
     created: u64,
     model: String,
-    choices: [ChatChoice; 1],
+    choices: Vec<ChatChoice>,
     usage: Usage,
 }
 
 #[derive(Debug, Serialize)]
 struct ChatChoice {
-    index: u32,
+    index: usize,
     message: AssistantMessage,
     logprobs: Option<Value>,
     finish_reason: &'static str,
@@ -224,13 +225,19 @@ impl ChatChunks {
 }
 
 impl ChunkBuilder for ChatChunks {
-    fn opening(&self) -> Option<Value> {
+    fn opening(&self, index: usize) -> Option<Value> {
         let delta = json!({"role": "assistant", "content": ""});
-        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
+        let choice =
+            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
         Some(self.chunk(json!([choice]), None))
     }
 
-    fn token(&mut self, token: TokenText, finish: Option<&'static str>) -> Option<Value> {
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value> {
         if token.text.is_empty() && finish.is_none() && self.logprobs.is_none() {
             return None;
         }
@@ -244,7 +251,7 @@ impl ChunkBuilder for ChatChunks {
             json!({"content": token.text})
         };
         let choice =
-            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
         Some(self.chunk(json!([choice]), None))
     }
 
@@ -261,8 +268,9 @@ pub async fn completions(
     let stream = request.stream == Some(true);
     let include_usage = request.stream_options.unwrap_or_default().include_usage;
     let with_logprobs = request.logprobs == Some(true);
-    let (prompt, params) = request.into_parts()?;
-    let generation = Generation::start(&state, "chat_completions", prompt, &params).await?;
+    let (prompt, params, n) = request.into_parts()?;
+    let generations =
+        Generation::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
@@ -270,25 +278,34 @@ pub async fn completions(
             meta,
             logprobs: decoding,
         };
-        return Ok(stream_chunks(generation, chunks, include_usage));
+        return Ok(stream_chunks(generations, chunks, include_usage));
     }
-    let completed = generation.collect().await?;
+    let completed = collect_siblings(generations).await?;
+    let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
+    let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
+    let choices = completed
+        .into_iter()
+        .enumerate()
+        .map(|(index, choice)| ChatChoice {
+            index,
+            logprobs: decoding
+                .as_ref()
+                .map(|decoding| chat_logprobs(&choice.tokens, decoding)),
+            finish_reason: finish_reason(choice.finish),
+            message: AssistantMessage {
+                role: "assistant",
+                content: choice.text,
+                refusal: None,
+            },
+        })
+        .collect();
     let body = ChatCompletion {
         id: meta.id,
         object: "chat.completion",
         created: meta.created,
         model: meta.model,
-        choices: [ChatChoice {
-            index: 0,
-            message: AssistantMessage {
-                role: "assistant",
-                content: completed.text,
-                refusal: None,
-            },
-            logprobs: decoding.map(|decoding| chat_logprobs(&completed.tokens, &decoding)),
-            finish_reason: finish_reason(completed.finish),
-        }],
-        usage: Usage::new(completed.input_tokens, completed.tokens.len()),
+        choices,
+        usage: Usage::new(prompt_tokens, completion_tokens),
     };
     Ok(Json(body).into_response())
 }

@@ -15,14 +15,14 @@ use super::{
     StreamOptions, Usage, ACCEPTED_IGNORED,
 };
 use crate::error::{ApiError, OpenAi};
-use crate::http::generation::Generation;
+use crate::http::generation::{collect_siblings, Completed, Generation};
 use crate::http::json::ApiJson;
 use crate::http::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    check_count, reject_unsupported, require_single_choice, GenerationParams, ProcessorParams,
-    Prompt, ValidationError,
+    check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
+    ValidationError,
 };
 
 /// Most alternatives per token OpenAI's completions route returns.
@@ -64,7 +64,38 @@ enum PromptSpec {
     Many(Vec<String>),
 }
 
+/// How many candidates run (`best_of`) and how many of them are returned (`n`).
+#[derive(Debug, Clone, Copy)]
+struct Choices {
+    n: usize,
+    best_of: usize,
+}
+
 impl CompletionRequest {
+    /// `best_of` defaults to `n` and must be at least `n`; streaming returns every
+    /// candidate as it is generated, so it needs `best_of == n`.
+    fn choices(&self) -> Result<Choices, ValidationError> {
+        let n = check_choices("n", self.n)?;
+        let best_of = match self.best_of {
+            None => n,
+            Some(_) => check_choices("best_of", self.best_of)?,
+        };
+        if best_of < n {
+            return Err(ValidationError::OutOfRange {
+                param: "best_of".to_owned(),
+                expected: "at least `n`",
+                value: format!("{best_of} (n = {n})"),
+            });
+        }
+        if best_of > n && self.stream == Some(true) {
+            return Err(ValidationError::Unsupported {
+                param: "best_of".to_owned(),
+                detail: " greater than `n` when streaming".to_owned(),
+            });
+        }
+        Ok(Choices { n, best_of })
+    }
+
     fn sampling_fields(&mut self) -> SamplingFields {
         SamplingFields {
             temperature: self.temperature,
@@ -86,10 +117,9 @@ impl CompletionRequest {
         }
     }
 
-    fn into_parts(mut self) -> Result<(Prompt, GenerationParams), ValidationError> {
+    fn into_parts(mut self) -> Result<(Prompt, GenerationParams, Choices), ValidationError> {
         reject_unsupported(&self.extra, &ACCEPTED_IGNORED)?;
-        require_single_choice("n", self.n)?;
-        require_single_choice("best_of", self.best_of)?;
+        let choices = self.choices()?;
         let prompt = match self
             .prompt
             .take()
@@ -114,7 +144,7 @@ impl CompletionRequest {
         let params = self
             .sampling_fields()
             .into_params((self.max_tokens, "max_tokens"), logprobs);
-        Ok((Prompt::Text(prompt), params))
+        Ok((Prompt::Text(prompt), params, choices))
     }
 }
 
@@ -124,13 +154,13 @@ struct Completion {
     object: &'static str,
     created: u64,
     model: String,
-    choices: [CompletionChoice; 1],
+    choices: Vec<CompletionChoice>,
     usage: Usage,
 }
 
 #[derive(Debug, Serialize)]
 struct CompletionChoice {
-    index: u32,
+    index: usize,
     text: String,
     logprobs: Option<Value>,
     finish_reason: &'static str,
@@ -139,7 +169,8 @@ struct CompletionChoice {
 /// Chunks of `object: "text_completion"`; with logprobs, one per token.
 struct CompletionChunks {
     meta: ResponseMeta,
-    logprobs: Option<(Arc<TokenDecoding>, CompletionLogprobs)>,
+    /// The token decoding and one logprobs builder per choice.
+    logprobs: Option<(Arc<TokenDecoding>, Vec<CompletionLogprobs>)>,
 }
 
 impl CompletionChunks {
@@ -159,21 +190,26 @@ impl CompletionChunks {
 }
 
 impl ChunkBuilder for CompletionChunks {
-    fn opening(&self) -> Option<Value> {
+    fn opening(&self, _index: usize) -> Option<Value> {
         None
     }
 
-    fn token(&mut self, token: TokenText, finish: Option<&'static str>) -> Option<Value> {
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value> {
         let logprobs = match &mut self.logprobs {
-            Some((decoding, logprobs)) => {
+            Some((decoding, per_choice)) => {
+                let logprobs = per_choice.get_mut(index)?;
                 logprobs.push(&token, decoding);
                 logprobs.take()
             }
             None if token.text.is_empty() && finish.is_none() => return None,
             None => Value::Null,
         };
-        let choice =
-            json!({"index": 0, "text": token.text, "logprobs": logprobs, "finish_reason": finish});
+        let choice = json!({"index": index, "text": token.text, "logprobs": logprobs, "finish_reason": finish});
         Some(self.chunk(json!([choice]), None))
     }
 
@@ -190,36 +226,58 @@ pub async fn completions(
     let stream = request.stream == Some(true);
     let include_usage = request.stream_options.unwrap_or_default().include_usage;
     let with_logprobs = request.logprobs.is_some();
-    let (prompt, params) = request.into_parts()?;
-    let generation = Generation::start(&state, "completions", prompt, &params).await?;
+    let (prompt, params, choices) = request.into_parts()?;
+    let generations =
+        Generation::start_siblings(&state, "completions", prompt, &params, choices.best_of).await?;
     let meta = ResponseMeta::new("cmpl", &state.info.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
         let chunks = CompletionChunks {
             meta,
-            logprobs: decoding.map(|decoding| (decoding, CompletionLogprobs::default())),
+            logprobs: decoding.map(|decoding| {
+                let per_choice = (0..choices.n).map(|_| CompletionLogprobs::default());
+                (decoding, per_choice.collect())
+            }),
         };
-        return Ok(stream_chunks(generation, chunks, include_usage));
+        return Ok(stream_chunks(generations, chunks, include_usage));
     }
-    let completed = generation.collect().await?;
+    let mut completed = collect_siblings(generations).await?;
+    let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
+    let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
+    if choices.best_of > choices.n {
+        completed.sort_by(|a, b| b.cumulative_logprob().total_cmp(&a.cumulative_logprob()));
+        completed.truncate(choices.n);
+    }
     let body = Completion {
         id: meta.id,
         object: "text_completion",
         created: meta.created,
         model: meta.model,
-        choices: [CompletionChoice {
-            index: 0,
-            text: completed.text,
-            logprobs: decoding.map(|decoding| {
-                let mut logprobs = CompletionLogprobs::default();
-                for token in &completed.tokens {
-                    logprobs.push(token, &decoding);
-                }
-                logprobs.take()
-            }),
-            finish_reason: finish_reason(completed.finish),
-        }],
-        usage: Usage::new(completed.input_tokens, completed.tokens.len()),
+        choices: completed
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| completion_choice(index, choice, decoding.as_deref()))
+            .collect(),
+        usage: Usage::new(prompt_tokens, completion_tokens),
     };
     Ok(Json(body).into_response())
+}
+
+fn completion_choice(
+    index: usize,
+    completed: Completed,
+    decoding: Option<&TokenDecoding>,
+) -> CompletionChoice {
+    CompletionChoice {
+        index,
+        logprobs: decoding.map(|decoding| {
+            let mut logprobs = CompletionLogprobs::default();
+            for token in &completed.tokens {
+                logprobs.push(token, decoding);
+            }
+            logprobs.take()
+        }),
+        finish_reason: finish_reason(completed.finish),
+        text: completed.text,
+    }
 }

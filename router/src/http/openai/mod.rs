@@ -7,14 +7,15 @@ mod logprobs;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::Response;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::generation::Generation;
 use super::sse::{done_event, json_event, sse_response};
-use crate::error::{error_event, Api, AppError};
+use crate::error::{error_event, Api};
 use crate::scheduler::LogprobOptions;
-use crate::stream::{Finish, StreamError, TokenText};
+use crate::stream::{Finish, TokenText};
 use crate::validation::{GenerationParams, ProcessorParams};
 
 /// Parameters accepted and deliberately without effect: the served model answers whatever
@@ -95,7 +96,8 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Usage of a prompt of `prompt_tokens` that generated `completion_tokens`.
+    /// Usage of one prompt whose choices generated `completion_tokens` in all (the prompt
+    /// is counted once, however many choices share it).
     pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
         Self {
             prompt_tokens,
@@ -135,51 +137,67 @@ impl ResponseMeta {
     }
 }
 
-/// Builds one route's stream chunks.
+/// Builds one route's stream chunks; `index` is the choice a chunk belongs to.
 pub trait ChunkBuilder: Send + 'static {
-    /// The chunk sent before any token, if the route has one.
-    fn opening(&self) -> Option<Value>;
-    /// The chunk for one token (its text may be empty) and the finish reason on the last
-    /// one; `None` when there is nothing to send.
-    fn token(&mut self, token: TokenText, finish: Option<&'static str>) -> Option<Value>;
+    /// The chunk sent for choice `index` before any token, if the route has one.
+    fn opening(&self, index: usize) -> Option<Value>;
+    /// The chunk for one token of choice `index` (its text may be empty) and the finish
+    /// reason on the last one; `None` when there is nothing to send.
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value>;
     /// The trailing `choices: []` chunk carrying usage.
     fn usage(&self, usage: Usage) -> Value;
 }
 
-/// Streams `generation` as OpenAI chunks ending with `data: [DONE]`; an error mid-stream
-/// becomes an error event followed by `[DONE]`.
+/// Streams the choices' `generations` as OpenAI chunks, interleaved as tokens arrive and
+/// ending with `data: [DONE]`; an error in any choice becomes an error event followed by
+/// `[DONE]` and cancels the other choices.
 pub fn stream_chunks(
-    mut generation: Generation,
+    generations: Vec<Generation>,
     mut chunks: impl ChunkBuilder,
     include_usage: bool,
 ) -> Response {
+    let prompt_tokens = generations
+        .first()
+        .map_or(0, |generation| generation.input_tokens);
+    let count = generations.len();
+    let mut choices = futures::stream::select_all(
+        generations
+            .into_iter()
+            .enumerate()
+            .map(|(index, generation)| Box::pin(generation.into_deltas(index))),
+    );
     let events = async_stream::stream! {
-        if let Some(opening) = chunks.opening() {
-            yield json_event(&opening);
+        for index in 0..count {
+            if let Some(opening) = chunks.opening(index) {
+                yield json_event(&opening);
+            }
         }
-        loop {
-            let error = match generation.next().await {
-                Some(Ok(delta)) => {
+        let mut completion_tokens = 0;
+        while let Some(sibling) = choices.next().await {
+            match sibling.delta {
+                Ok(delta) => {
                     let finish = delta.finish.map(finish_reason);
-                    if let Some(chunk) = chunks.token(delta.token, finish) {
+                    if let Some(chunk) = chunks.token(sibling.index, delta.token, finish) {
                         yield json_event(&chunk);
                     }
-                    if finish.is_none() {
-                        continue;
+                    if finish.is_some() {
+                        completion_tokens += sibling.generated_tokens;
                     }
-                    if include_usage {
-                        let usage = Usage::new(generation.input_tokens, generation.generated_tokens());
-                        yield json_event(&chunks.usage(usage));
-                    }
-                    generation.succeed();
-                    break;
                 }
-                Some(Err(error)) => error,
-                None => AppError::Stream(StreamError::Incomplete),
-            };
-            yield error_event(Api::OpenAi, &error);
-            generation.fail(&error);
-            break;
+                Err(error) => {
+                    yield error_event(Api::OpenAi, &error);
+                    yield done_event();
+                    return;
+                }
+            }
+        }
+        if include_usage {
+            yield json_event(&chunks.usage(Usage::new(prompt_tokens, completion_tokens)));
         }
         yield done_event();
     };

@@ -100,17 +100,15 @@ async fn prompt_too_long_reports_both_numbers() {
 }
 
 #[tokio::test]
-async fn n_other_than_one_is_not_supported_yet() {
-    let body = r#"{"messages": [{"role": "user", "content": "a"}], "n": 2}"#;
-    let error = openai_error(
-        &post(&app_ok(), "/v1/chat/completions", body).await,
-        StatusCode::BAD_REQUEST,
-    );
-    assert_eq!(error["param"], "n");
-    assert!(error["message"]
-        .as_str()
-        .unwrap()
-        .contains("not supported yet"));
+async fn choice_counts_outside_one_to_sixteen_are_rejected_by_name() {
+    for n in [0, 17] {
+        let body = format!(r#"{{"messages": [{{"role": "user", "content": "a"}}], "n": {n}}}"#);
+        let error = openai_error(
+            &post(&app_ok(), "/v1/chat/completions", &body).await,
+            StatusCode::BAD_REQUEST,
+        );
+        assert_eq!(error["param"], "n");
+    }
 }
 
 #[tokio::test]

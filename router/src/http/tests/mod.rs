@@ -5,6 +5,7 @@ mod lifecycle;
 mod logprobs;
 mod native;
 mod openai;
+mod siblings;
 
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +47,8 @@ pub struct FakeBackend {
     pub requests: Mutex<Vec<GenerationRequest>>,
     pub senders: Mutex<Vec<mpsc::UnboundedSender<GenerationEvent>>>,
     healthy: bool,
+    /// Whether token logprobs fall with `seed % 4`, so sampled candidates can be ranked.
+    logprob_by_seed: bool,
 }
 
 impl FakeBackend {
@@ -53,17 +56,30 @@ impl FakeBackend {
         Self::with_health(script, true)
     }
 
+    /// A backend whose token logprob is `-0.25 - 0.5 * (seed % 4)`.
+    pub fn ranked_by_seed(script: Script) -> Arc<Self> {
+        Arc::new(Self {
+            logprob_by_seed: true,
+            ..Self::fields(script, true)
+        })
+    }
+
     pub fn unhealthy() -> Arc<Self> {
         Self::with_health(Script::Hold(vec![]), false)
     }
 
     fn with_health(script: Script, healthy: bool) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new(Self::fields(script, healthy))
+    }
+
+    fn fields(script: Script, healthy: bool) -> Self {
+        Self {
             script,
             requests: Mutex::new(Vec::new()),
             senders: Mutex::new(Vec::new()),
             healthy,
-        })
+            logprob_by_seed: false,
+        }
     }
 
     /// Whether every request's stream has been dropped (cancelled or finished).
@@ -73,14 +89,14 @@ impl FakeBackend {
 }
 
 /// A token as the shard reports it: alternatives only when the request asked for them.
-fn token(id: u32, finish: Option<FinishReason>, with_top: bool) -> GenerationEvent {
+fn token(id: u32, logprob: f32, finish: Option<FinishReason>, with_top: bool) -> GenerationEvent {
     GenerationEvent::Token(GeneratedToken {
         id,
-        logprob: -0.25,
+        logprob,
         // The chosen token first, as greedy decoding produces it.
         top_logprobs: if with_top {
             vec![
-                TokenLogprob { id, logprob: -0.25 },
+                TokenLogprob { id, logprob },
                 TokenLogprob {
                     id: id + 1,
                     logprob: -1.5,
@@ -100,6 +116,12 @@ impl Backend for FakeBackend {
             return Err(error.clone());
         }
         let with_top = request.logprobs.top_logprobs > 0;
+        #[allow(clippy::cast_precision_loss)]
+        let logprob = if self.logprob_by_seed {
+            -0.25 - (request.sampling.seed % 4) as f32 * 0.5
+        } else {
+            -0.25
+        };
         self.requests.lock().unwrap().push(request);
         let (sender, events) = mpsc::unbounded_channel();
         let _ = sender.send(GenerationEvent::Started);
@@ -110,7 +132,7 @@ impl Backend for FakeBackend {
         };
         for (index, &id) in ids.iter().enumerate() {
             let finish = if index + 1 == ids.len() { last } else { None };
-            let _ = sender.send(token(id, finish, with_top));
+            let _ = sender.send(token(id, logprob, finish, with_top));
         }
         if let Script::FailAfter(_, error) = &self.script {
             let _ = sender.send(GenerationEvent::Error(error.clone()));

@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+mod admission;
+
 use super::outputs::{finish_reason, prompt_logprobs, token_logprobs};
 use super::request::{GeneratedToken, GenerationEvent};
 use super::sequence::Sequence;
@@ -30,9 +32,6 @@ pub(crate) struct SchedulerState {
     next_step_id: u64,
     preemptions: u64,
 }
-
-/// Waiting requests behind the head that admission considers in one step.
-const ADMISSION_LOOKAHEAD: usize = 16;
 
 fn to_u32(value: usize) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
@@ -183,93 +182,6 @@ impl SchedulerState {
         self.waiting.push_front(sequence);
     }
 
-    /// Admission rule: the queue head always goes first, and when it does not fit nothing
-    /// is admitted, so the head cannot starve. Behind it, the next `ADMISSION_LOOKAHEAD`
-    /// waiting requests are admitted in order of longest cached prefix (ties: arrival
-    /// order), each that fits the remaining budget and blocks.
-    fn admit_waiting(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
-        let Some(head) = self.waiting.front() else {
-            return;
-        };
-        let head_id = head.id;
-        if !self.try_admit(head_id, budget, step) {
-            return;
-        }
-        let mut candidates: Vec<(usize, u64)> = self
-            .waiting
-            .iter()
-            .take(ADMISSION_LOOKAHEAD)
-            .map(|sequence| {
-                (
-                    self.pool.cached_prefix_tokens(&sequence.tokens),
-                    sequence.id,
-                )
-            })
-            .collect();
-        // Stable: equal hits keep arrival order.
-        candidates.sort_by_key(|&(cached, _)| std::cmp::Reverse(cached));
-        for (_, id) in candidates {
-            if budget.tokens == 0 || budget.requests == 0 {
-                return;
-            }
-            self.try_admit(id, budget, step);
-        }
-    }
-
-    /// Admits waiting request `id` if the step has room and its blocks can be had; it
-    /// starts after its longest cached prefix.
-    fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut pb::StepRequest) -> bool {
-        if budget.tokens == 0
-            || budget.requests == 0
-            || self.running.len() >= self.config.max_batch_requests
-        {
-            return false;
-        }
-        let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) else {
-            return false;
-        };
-        let sequence = &mut self.waiting[index];
-        // Prompt logprobs are computed by the forward pass, so such a request reuses no cache.
-        let cached = if sequence.logprobs.prompt_logprobs {
-            0
-        } else {
-            sequence.blocks.adopt_cached_prefix(&sequence.tokens)
-        };
-        sequence.num_computed = cached;
-        let num_tokens = sequence.remaining().min(budget.tokens);
-        let missing = sequence.blocks_missing_for(cached + num_tokens, self.config.block_size);
-        if sequence.blocks.grow(missing).is_none() {
-            // Waiting requests hold no blocks, cached or not.
-            sequence.reset_for_recompute();
-            return false;
-        }
-        let Some(mut sequence) = self.waiting.remove(index) else {
-            return false;
-        };
-        metrics::counter!("tandem_prefix_cache_queries_tokens_total")
-            .increment(sequence.tokens.len() as u64);
-        metrics::counter!("tandem_prefix_cache_hits_tokens_total").increment(cached as u64);
-        step.new_requests.push(sequence.new_request());
-        step.scheduled.push(pb::ScheduledRequest {
-            id: sequence.id,
-            num_tokens: to_u32(num_tokens),
-            new_block_ids: sequence.blocks.blocks().to_vec(),
-            num_computed_tokens: to_u32(cached),
-        });
-        sequence.known_to_shards = true;
-        sequence.num_computed = cached + num_tokens;
-        if !sequence.started {
-            sequence.started = true;
-            metrics::histogram!("tandem_request_queue_duration_seconds")
-                .record(sequence.arrived_at.elapsed().as_secs_f64());
-            sequence.notify(GenerationEvent::Started);
-        }
-        budget.tokens -= num_tokens;
-        budget.requests -= 1;
-        self.running.push(sequence);
-        true
-    }
-
     fn drop_cancelled(&mut self) {
         let forget = &mut self.forget;
         self.running.retain(|sequence| {
@@ -298,6 +210,7 @@ impl SchedulerState {
             sequence
                 .blocks
                 .publish(&sequence.tokens, sequence.num_computed);
+            sequence.prompt_published = sequence.num_computed >= sequence.prompt_len;
         }
         for chunk in response.prompt_logprobs {
             if let Some(sequence) = self.running.iter().find(|s| s.id == chunk.id) {
