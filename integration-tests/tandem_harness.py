@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 
@@ -122,3 +123,14 @@ class TandemServer:
 def model_cache_dir() -> Path:
     """The launcher's model cache: its default unless MODEL_CACHE_DIR says otherwise."""
     return Path(os.environ.get("MODEL_CACHE_DIR", DEFAULT_MODEL_CACHE_DIR)).expanduser()
+
+
+def all_gone(processes: list[psutil.Process]) -> bool:
+    """True once none of `processes` runs (zombies waiting for a reaper count as gone)."""
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from tandem_harness import TandemServer, model_cache_dir
+from tandem_harness import TandemServer, all_gone, model_cache_dir
 
 FLAGS = ("--kv-cache-memory", "64MiB", "--max-input-tokens", "256", "--max-total-tokens", "512")
 STREAMS = 8
@@ -23,17 +23,6 @@ PROMPT = "Once upon a time, in a faraway kingdom,"
 
 def start(tmp_path: Path, *flags: str) -> TandemServer:
     return TandemServer.start(tmp_path / "launcher.log", "--model-cache-dir", str(model_cache_dir()), *FLAGS, *flags)
-
-
-def all_gone(processes: list[psutil.Process]) -> bool:
-    """True once none of `processes` runs (zombies waiting for a reaper count as gone)."""
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
 
 
 class Stream(threading.Thread):

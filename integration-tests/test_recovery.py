@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from tandem_harness import TandemServer, model_cache_dir
+from tandem_harness import TandemServer, all_gone, model_cache_dir
 
 FLAGS = ("--kv-cache-memory", "64MiB", "--max-input-tokens", "256", "--max-total-tokens", "512")
 RECOVERY_TIMEOUT_S = 240.0
@@ -29,17 +29,6 @@ def shard_processes(server: TandemServer) -> list[psutil.Process]:
         for child in psutil.Process(server.process.pid).children(recursive=True)
         if any("tandem-shard" in part for part in child.cmdline())
     ]
-
-
-def all_gone(processes: list[psutil.Process]) -> bool:
-    """True once none of `processes` runs (zombies waiting for a reaper count as gone)."""
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
 
 
 def stream_events(server: TandemServer, max_new_tokens: int):
