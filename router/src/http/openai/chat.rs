@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use super::logprobs::chat_logprobs;
 use super::{
-    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, SamplingFields, StopSpec,
-    StreamOptions, Usage,
+    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
 use crate::error::{ApiError, OpenAi};
 use crate::http::generation::{collect_siblings, Generation};
@@ -21,8 +20,8 @@ use crate::http::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, ChatMessage, GenerationParams, ProcessorParams,
-    Prompt, ValidationError,
+    check_choices, check_count, reject_unsupported, ChatMessage, GenerationParams, Prompt,
+    ValidationError,
 };
 
 /// Most alternatives per token OpenAI's chat route returns.
@@ -118,28 +117,9 @@ impl RequestMessage {
     }
 }
 
-impl ChatRequest {
-    fn sampling_fields(&mut self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            seed: self.seed,
-            stop: self.stop.take(),
-            min_tokens: self.min_tokens,
-            ignore_eos: self.ignore_eos,
-            stop_token_ids: self.stop_token_ids.take(),
-            processors: ProcessorParams {
-                min_p: self.min_p,
-                typical_p: None,
-                repetition_penalty: self.repetition_penalty,
-                frequency_penalty: self.frequency_penalty,
-                presence_penalty: self.presence_penalty,
-                logit_bias: self.logit_bias.take(),
-            },
-        }
-    }
+super::impl_sampling_fields!(ChatRequest);
 
+impl ChatRequest {
     /// The prompt, the parameters and the number of choices.
     fn into_parts(mut self) -> Result<(Prompt, GenerationParams, usize), ValidationError> {
         reject_unsupported(&self.extra, &super::ACCEPTED_IGNORED)?;

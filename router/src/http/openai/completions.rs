@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use super::logprobs::CompletionLogprobs;
 use super::{
-    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, SamplingFields, StopSpec,
-    StreamOptions, Usage, ACCEPTED_IGNORED,
+    finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
+    ACCEPTED_IGNORED,
 };
 use crate::error::{ApiError, OpenAi};
 use crate::http::generation::{collect_siblings, Completed, Generation};
@@ -21,8 +21,7 @@ use crate::http::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
-    ValidationError,
+    check_choices, check_count, reject_unsupported, GenerationParams, Prompt, ValidationError,
 };
 
 /// Most alternatives per token OpenAI's completions route returns.
@@ -71,6 +70,8 @@ struct Choices {
     best_of: usize,
 }
 
+super::impl_sampling_fields!(CompletionRequest);
+
 impl CompletionRequest {
     /// `best_of` defaults to `n` and must be at least `n`; streaming returns every
     /// candidate as it is generated, so it needs `best_of == n`.
@@ -94,27 +95,6 @@ impl CompletionRequest {
             });
         }
         Ok(Choices { n, best_of })
-    }
-
-    fn sampling_fields(&mut self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            seed: self.seed,
-            stop: self.stop.take(),
-            min_tokens: self.min_tokens,
-            ignore_eos: self.ignore_eos,
-            stop_token_ids: self.stop_token_ids.take(),
-            processors: ProcessorParams {
-                min_p: self.min_p,
-                typical_p: None,
-                repetition_penalty: self.repetition_penalty,
-                frequency_penalty: self.frequency_penalty,
-                presence_penalty: self.presence_penalty,
-                logit_bias: self.logit_bias.take(),
-            },
-        }
     }
 
     fn into_parts(mut self) -> Result<(Prompt, GenerationParams, Choices), ValidationError> {

@@ -1,5 +1,35 @@
 //! OpenAI-compatible routes: shared request pieces, usage, and the streaming driver.
 
+/// Both OpenAI request bodies carry the sampling fields under the same names; this moves
+/// them into one `SamplingFields`.
+macro_rules! impl_sampling_fields {
+    ($request:ty) => {
+        impl $request {
+            fn sampling_fields(&mut self) -> $crate::http::openai::SamplingFields {
+                $crate::http::openai::SamplingFields {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    seed: self.seed,
+                    stop: self.stop.take(),
+                    min_tokens: self.min_tokens,
+                    ignore_eos: self.ignore_eos,
+                    stop_token_ids: self.stop_token_ids.take(),
+                    processors: $crate::validation::ProcessorParams {
+                        min_p: self.min_p,
+                        typical_p: None,
+                        repetition_penalty: self.repetition_penalty,
+                        frequency_penalty: self.frequency_penalty,
+                        presence_penalty: self.presence_penalty,
+                        logit_bias: self.logit_bias.take(),
+                    },
+                }
+            }
+        }
+    };
+}
+use impl_sampling_fields;
+
 pub mod chat;
 pub mod completions;
 mod logprobs;

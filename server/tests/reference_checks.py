@@ -1,0 +1,74 @@
+"""Checks shared by the per-family numerics tests: our shard against the transformers reference."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from shard_testing import StepDriver, load_tiny_model, make_runner, new_request
+from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+
+# float32 on CPU: differences come only from summation order.
+LOGITS_ATOL = 1e-4
+BLOCK_SIZE = 4
+
+SEQUENCE_LENGTHS = {"A": 10, "B": 13, "C": 7}
+# Each step lists (request, first position, number of tokens): whole prompts, chunks at offsets, decodes.
+SCHEDULE = [
+    [("A", 0, 7), ("B", 0, 6)],
+    [("B", 6, 5), ("A", 7, 1)],
+    [("A", 8, 1), ("B", 11, 1), ("C", 0, 5)],
+    [("C", 5, 1), ("A", 9, 1), ("B", 12, 1)],
+    [("C", 6, 1)],
+]
+
+
+def assert_mixed_steps_match_logits(checkpoint: Path, reference: torch.nn.Module, label: str) -> None:
+    """Runs SCHEDULE over shuffled paged blocks and compares every token's logits with a full reference forward."""
+    model = load_tiny_model(checkpoint)
+    rng = random.Random(1)
+    sequences = {name: [rng.randrange(3, 96) for _ in range(n)] for name, n in SEQUENCE_LENGTHS.items()}
+    with torch.no_grad():
+        expected = {name: reference(torch.tensor([ids])).logits[0] for name, ids in sequences.items()}
+
+    spec = model.spec
+    geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, torch.float32)
+    cache = KVCache(geometry, num_blocks=24, device=torch.device("cpu"))
+    shuffled = list(range(24))
+    rng.shuffle(shuffled)
+    block_tables = {name: [shuffled.pop() for _ in range(-(-n // BLOCK_SIZE))] for name, n in SEQUENCE_LENGTHS.items()}
+
+    with torch.inference_mode():
+        for step in SCHEDULE:
+            spans = [ScheduledSpan(sequences[n][s : s + k], s, block_tables[n]) for n, s, k in step]
+            batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
+            logits = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+            row = 0
+            for name, start, num_tokens in step:
+                want = expected[name][start : start + num_tokens]
+                got = logits[row : row + num_tokens]
+                torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0, msg=f"{label} {name}@{start}")
+                row += num_tokens
+
+
+def assert_greedy_matches_generate(checkpoint: Path, reference: Any, label: str, **generate_args: Any) -> None:
+    """Staggered, chunked greedy generation through ModelRunner equals transformers' `generate`."""
+    runner = make_runner(checkpoint)
+    runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 96) for _ in range(length)] for length in (9, 3, 14, 6)]
+    max_new_tokens = 10
+
+    driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
+    ours = driver.run([new_request(i, p, max_new_tokens) for i, p in enumerate(prompts)])
+
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            output = reference.generate(
+                torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **generate_args
+            )
+        assert ours[i] == output[0, len(prompt) :].tolist(), f"{label} prompt {i}"
+    assert len(runner.requests) == 0
