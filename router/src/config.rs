@@ -67,6 +67,37 @@ pub struct RouterArgs {
     /// Log every request body and response body (prompts and outputs); off by default.
     #[arg(long, env = "LOG_REQUESTS")]
     pub log_requests: bool,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// Limits and behaviour of the client-facing API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// Most stop strings one request may carry.
+    #[arg(long, env = "MAX_STOP_SEQUENCES", default_value_t = 4)]
+    pub max_stop_sequences: usize,
+    /// Most alternatives per token `top_n_tokens` may ask for on the native routes.
+    #[arg(long, env = "MAX_TOP_N_TOKENS", default_value_t = 5)]
+    pub max_top_n_tokens: u32,
+    /// Most candidates `best_of` may ask for.
+    #[arg(long, env = "MAX_BEST_OF", default_value_t = 2)]
+    pub max_best_of: usize,
+    /// Most prompts one `/v1/completions` request may list.
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 4)]
+    pub max_client_batch_size: usize,
+    /// Largest accepted request body, in bytes; larger ones are answered 413.
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+    /// End every OpenAI stream with a usage chunk, as if `stream_options.include_usage` were set.
+    #[arg(long, env = "ALWAYS_INCLUDE_USAGE")]
+    pub always_include_usage: bool,
+    /// A Jinja chat template file used instead of the model's own.
+    #[arg(long, env = "CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
+    /// Serve no chat completions: lets a model without a chat template start.
+    #[arg(long, env = "DISABLE_CHAT_COMPLETIONS")]
+    pub disable_chat_completions: bool,
 }
 
 /// Flags that cannot work together.
@@ -107,6 +138,20 @@ pub struct RouterConfig {
     pub json_output: bool,
     pub shard_connect_timeout: Duration,
     pub lifecycle: Lifecycle,
+    pub api: ApiConfig,
+}
+
+/// The client-facing API's limits and options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: u32,
+    pub max_best_of: usize,
+    pub max_client_batch_size: usize,
+    pub payload_limit: usize,
+    pub always_include_usage: bool,
+    pub chat_template: Option<PathBuf>,
+    pub chat_completions: bool,
 }
 
 /// How the router rides through shard restarts and shuts down.
@@ -131,6 +176,9 @@ impl TryFrom<RouterArgs> for RouterConfig {
             ("max-batch-prefill-tokens", args.max_batch_prefill_tokens),
             ("max-batch-size", args.max_batch_size),
             ("block-size", args.block_size),
+            ("max-best-of", args.api.max_best_of),
+            ("max-client-batch-size", args.api.max_client_batch_size),
+            ("payload-limit", args.api.payload_limit),
         ];
         if let Some((flag, _)) = sizes.iter().find(|(_, value)| *value == 0) {
             return Err(ConfigError::Zero(flag));
@@ -167,6 +215,16 @@ impl TryFrom<RouterArgs> for RouterConfig {
                     args.graceful_termination_timeout,
                 ),
                 log_requests: args.log_requests,
+            },
+            api: ApiConfig {
+                max_stop_sequences: args.api.max_stop_sequences,
+                max_top_n_tokens: args.api.max_top_n_tokens,
+                max_best_of: args.api.max_best_of,
+                max_client_batch_size: args.api.max_client_batch_size,
+                payload_limit: args.api.payload_limit,
+                always_include_usage: args.api.always_include_usage,
+                chat_template: args.api.chat_template,
+                chat_completions: !args.api.disable_chat_completions,
             },
         })
     }
@@ -251,6 +309,39 @@ mod tests {
     fn zero_sizes_are_rejected() {
         let error = parse(&["--block-size", "0"]).unwrap_err();
         assert_eq!(error, ConfigError::Zero("block-size"));
+    }
+
+    #[test]
+    fn api_limits_default_to_tgi_values_and_are_parsed() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.api.max_stop_sequences, 4);
+        assert_eq!(config.api.max_top_n_tokens, 5);
+        assert_eq!(config.api.max_best_of, 2);
+        assert_eq!(config.api.max_client_batch_size, 4);
+        assert_eq!(config.api.payload_limit, 2_000_000);
+        assert!(!config.api.always_include_usage);
+        assert!(config.api.chat_completions);
+        let config = parse(&[
+            "--max-stop-sequences",
+            "0",
+            "--max-best-of",
+            "3",
+            "--payload-limit",
+            "1000",
+            "--always-include-usage",
+            "--chat-template",
+            "/t.jinja",
+            "--disable-chat-completions",
+        ])
+        .unwrap();
+        assert_eq!(config.api.max_stop_sequences, 0);
+        assert_eq!(config.api.max_best_of, 3);
+        assert_eq!(config.api.payload_limit, 1000);
+        assert!(config.api.always_include_usage);
+        assert_eq!(config.api.chat_template, Some(PathBuf::from("/t.jinja")));
+        assert!(!config.api.chat_completions);
+        let error = parse(&["--max-client-batch-size", "0"]).unwrap_err();
+        assert_eq!(error, ConfigError::Zero("max-client-batch-size"));
     }
 
     #[test]

@@ -9,7 +9,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::scheduler::SchedulerError;
 use crate::stream::StreamError;
@@ -25,8 +27,8 @@ pub enum AppError {
         message: String,
         param: Option<String>,
     },
-    #[error("request body too large: {0}")]
-    PayloadTooLarge(String),
+    #[error("the request body exceeds the payload limit of {0} bytes")]
+    PayloadTooLarge(usize),
     #[error("the server is handling its maximum of {0} concurrent requests; retry later")]
     Overloaded(usize),
     #[error(transparent)]
@@ -152,11 +154,43 @@ fn status(api: Api, kind: Kind) -> StatusCode {
     }
 }
 
+/// The error body of the native (TGI) routes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NativeErrorBody {
+    /// What went wrong.
+    pub error: String,
+    /// `validation`, `overloaded`, `generation` or `unhealthy`.
+    pub error_type: &'static str,
+}
+
+/// The error body of the OpenAI routes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiError,
+}
+
+/// OpenAI's `error` object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiError {
+    /// What went wrong.
+    pub message: String,
+    /// `invalid_request_error`, `overloaded`, `server_error` or `service_unavailable`.
+    #[serde(rename = "type")]
+    pub error_type: &'static str,
+    /// The request parameter at fault.
+    pub param: Option<String>,
+    /// `context_length_exceeded` for length limits.
+    pub code: Option<&'static str>,
+}
+
 /// The JSON body for `error` in `api`'s shape.
 pub fn error_body(api: Api, error: &AppError) -> Value {
     let kind = error.kind();
-    match api {
-        Api::Native => json!({"error": error.to_string(), "error_type": native_type(kind)}),
+    let body = match api {
+        Api::Native => serde_json::to_value(NativeErrorBody {
+            error: error.to_string(),
+            error_type: native_type(kind),
+        }),
         Api::OpenAi => {
             let error_type = match kind {
                 Kind::Validation | Kind::TooLarge => "invalid_request_error",
@@ -164,14 +198,17 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
                 Kind::Generation => "server_error",
                 Kind::Unavailable => "service_unavailable",
             };
-            json!({"error": {
-                "message": error.to_string(),
-                "type": error_type,
-                "param": error.param(),
-                "code": error.openai_code(),
-            }})
+            serde_json::to_value(OpenAiErrorBody {
+                error: OpenAiError {
+                    message: error.to_string(),
+                    error_type,
+                    param: error.param().map(str::to_owned),
+                    code: error.openai_code(),
+                },
+            })
         }
-    }
+    };
+    body.expect("invariant: error bodies are plain strings")
 }
 
 /// Seconds a client is told to wait before retrying a 503.

@@ -11,12 +11,15 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::RouterConfig;
-use crate::http::{self, AppState, ServerInfo};
+use crate::http::{self, AppState, ServerInfo, VALIDATION_WORKERS};
 use crate::pb;
 use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
-use crate::validation::{self, ChatTemplate, ModelFiles, ModelFilesError, Validator};
+use crate::validation::{
+    self, chat_template_source, ChatTemplate, ModelFiles, ModelFilesError, TemplateSourceError,
+    Validator,
+};
 
 /// Why the router could not start or keep serving.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +28,8 @@ pub enum StartupError {
     ModelFiles(#[from] ModelFilesError),
     #[error("the chat template does not compile: {0}")]
     ChatTemplate(#[from] minijinja::Error),
+    #[error(transparent)]
+    ChatTemplateSource(#[from] TemplateSourceError),
     #[error("shard start-up failed: {0}")]
     Shard(#[from] ShardError),
     #[error("the shards allocated no KV cache blocks; give them more memory or lower --max-batch-prefill-tokens")]
@@ -197,6 +202,13 @@ fn server_info(
         max_total_tokens: limits.max_total_tokens,
         max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
         max_batch_size: limits.max_batch_size,
+        max_stop_sequences: config.api.max_stop_sequences,
+        max_top_n_tokens: config.api.max_top_n_tokens,
+        max_best_of: config.api.max_best_of,
+        max_client_batch_size: config.api.max_client_batch_size,
+        payload_limit: config.api.payload_limit,
+        always_include_usage: config.api.always_include_usage,
+        validation_workers: VALIDATION_WORKERS,
         block_size: limits.block_size,
         kv_cache_blocks: num_blocks,
         kv_cache_tokens: num_blocks * limits.block_size,
@@ -213,14 +225,18 @@ fn tokenization(
     files: ModelFiles,
     config: &RouterConfig,
 ) -> Result<(Validator, TokenDecoding), StartupError> {
-    let chat_template = files
-        .chat_template
-        .map(|source| ChatTemplate::new(source, files.bos_token, files.eos_token))
-        .transpose()?;
+    let chat_template = chat_template_source(
+        files.chat_template,
+        config.api.chat_template.as_deref(),
+        config.api.chat_completions,
+    )?
+    .map(|source| ChatTemplate::new(source, files.bos_token, files.eos_token))
+    .transpose()?;
     let tokenizer = Arc::new(files.tokenizer);
     let limits = validation::Limits {
         max_input_tokens: config.limits.max_input_tokens,
         max_total_tokens: config.limits.max_total_tokens,
+        max_stop_sequences: config.api.max_stop_sequences,
     };
     let validator = Validator::new(
         Arc::clone(&tokenizer),

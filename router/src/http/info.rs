@@ -5,12 +5,13 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
-use serde_json::json;
+use utoipa::ToSchema;
 
 use super::AppState;
 
-/// What `/info` reports: the model, the limits and the KV cache size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What `/info` reports: the model, the limits and the KV cache size (TGI's `Info` plus
+/// Tandem's KV facts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ServerInfo {
     pub model_id: String,
     pub model_dtype: String,
@@ -22,6 +23,20 @@ pub struct ServerInfo {
     pub max_total_tokens: usize,
     pub max_batch_prefill_tokens: usize,
     pub max_batch_size: usize,
+    /// Most stop strings per request.
+    pub max_stop_sequences: usize,
+    /// Most alternatives per token `top_n_tokens` may ask for.
+    pub max_top_n_tokens: u32,
+    /// Most candidates `best_of` may ask for.
+    pub max_best_of: usize,
+    /// Most prompts one `/v1/completions` request may list.
+    pub max_client_batch_size: usize,
+    /// Largest accepted request body in bytes.
+    pub payload_limit: usize,
+    /// Whether every OpenAI stream ends with a usage chunk.
+    pub always_include_usage: bool,
+    /// Most prompts tokenized at once (the blocking pool tokenization runs on).
+    pub validation_workers: usize,
     pub block_size: usize,
     pub kv_cache_blocks: usize,
     pub kv_cache_tokens: usize,
@@ -29,10 +44,16 @@ pub struct ServerInfo {
     pub version: &'static str,
     /// Seconds since the Unix epoch when the router started; `created` of `/v1/models`.
     #[serde(skip)]
+    #[schema(ignore)]
     pub started_at: u64,
 }
 
+/// Threads tokio's blocking pool runs at most, which bounds concurrent tokenizations.
+pub const VALIDATION_WORKERS: usize = 512;
+
 /// `GET /info`; the KV size follows the shards' latest Warmup (it may change after a restart).
+#[utoipa::path(get, path = "/info", tag = "TGI",
+    responses((status = 200, description = "Model, limits and KV cache size", body = ServerInfo)))]
 pub async fn info(State(state): State<AppState>) -> Json<ServerInfo> {
     let mut info = state.info.as_ref().clone();
     let kv_blocks = state.backend.load().kv_blocks_total;
@@ -44,6 +65,8 @@ pub async fn info(State(state): State<AppState>) -> Json<ServerInfo> {
 }
 
 /// `GET /metrics`: Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "Operations",
+    responses((status = 200, description = "Prometheus metrics", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -52,15 +75,36 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// `GET /v1/models`'s answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    object: &'static str,
+    data: Vec<Model>,
+}
+
+/// The served model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Model {
+    id: String,
+    /// Always `model`.
+    object: &'static str,
+    /// When the router started (seconds since the Unix epoch).
+    created: u64,
+    owned_by: &'static str,
+}
+
 /// `GET /v1/models`: the one served model.
-pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.info.model_id,
-            "object": "model",
-            "created": state.info.started_at,
-            "owned_by": "tandem",
+#[utoipa::path(get, path = "/v1/models", tag = "OpenAI",
+    responses((status = 200, description = "The served model", body = ModelList)))]
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![Model {
+            id: state.info.model_id.clone(),
+            object: "model",
+            created: state.info.started_at,
+            owned_by: "tandem",
         }],
-    }))
+    })
 }

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use super::AppState;
 use crate::error::{ApiError, AppError, Flavor};
 
 /// The request body parsed as `T`; failures render in flavor `F`'s error shape and name
@@ -14,20 +15,19 @@ use crate::error::{ApiError, AppError, Flavor};
 #[derive(Debug)]
 pub struct ApiJson<T, F>(pub T, pub PhantomData<F>);
 
-impl<S, T, F> FromRequest<S> for ApiJson<T, F>
+impl<T, F> FromRequest<AppState> for ApiJson<T, F>
 where
-    S: Send + Sync,
     T: DeserializeOwned,
     F: Flavor,
 {
     type Rejection = ApiError<F>;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let body = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| {
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    AppError::PayloadTooLarge(rejection.body_text())
+                    AppError::PayloadTooLarge(state.info.payload_limit)
                 } else {
                     AppError::InvalidBody {
                         message: rejection.body_text(),

@@ -9,7 +9,8 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::AppState;
 use crate::error::{error_response, Api, AppError};
@@ -61,8 +62,32 @@ pub async fn admit_when_serving(
     }
 }
 
+/// `/health`'s body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthBody {
+    /// `ok`, `recovering` or `draining`.
+    status: &'static str,
+    queued_requests: usize,
+    running_requests: usize,
+    /// Why the shards are not healthy (TGI's error fields), on 503 only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_type: Option<&'static str>,
+}
+
+/// `/ready`'s body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReadyBody {
+    /// `ready`, `recovering` or `draining`.
+    status: &'static str,
+}
+
 /// `GET /health`: liveness. 200 while the router is up and every shard answers (also while
 /// draining), else 503; the body names the state (`ok`, `recovering` or `draining`).
+#[utoipa::path(get, path = "/health", tag = "Operations", responses(
+    (status = 200, description = "Every shard answers", body = HealthBody),
+    (status = 503, description = "A shard does not answer", body = HealthBody)))]
 pub async fn health(State(state): State<AppState>) -> Response {
     let draining = state.draining.is_set();
     let shards = if state.backend.phase() == EnginePhase::Recovering {
@@ -76,32 +101,33 @@ pub async fn health(State(state): State<AppState>) -> Response {
         (false, Err(_)) => "recovering",
     };
     let load = state.backend.load();
-    let mut body = json!({
-        "status": status,
-        "queued_requests": load.queued_requests,
-        "running_requests": load.running_requests,
-    });
+    let mut body = HealthBody {
+        status,
+        queued_requests: load.queued_requests,
+        running_requests: load.running_requests,
+        error: None,
+        error_type: None,
+    };
     match shards {
         Ok(()) => (StatusCode::OK, Json(body)).into_response(),
         Err(error) => {
             // TGI's error fields too, so TGI clients read the failure as usual.
-            body["error"] = json!(AppError::Unhealthy(error).to_string());
-            body["error_type"] = json!("unhealthy");
+            body.error = Some(AppError::Unhealthy(error).to_string());
+            body.error_type = Some("unhealthy");
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
 }
 
 /// `GET /ready`: readiness. 200 only while warmed up, not draining and not recovering.
+#[utoipa::path(get, path = "/ready", tag = "Operations", responses(
+    (status = 200, description = "Serving", body = ReadyBody),
+    (status = 503, description = "Draining or recovering", body = ReadyBody)))]
 pub async fn ready(State(state): State<AppState>) -> Response {
     let status = match refusal(&state) {
-        None => return (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
+        None => return (StatusCode::OK, Json(ReadyBody { status: "ready" })).into_response(),
         Some(SchedulerError::ShuttingDown) => "draining",
         Some(_) => "recovering",
     };
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({"status": status})),
-    )
-        .into_response()
+    (StatusCode::SERVICE_UNAVAILABLE, Json(ReadyBody { status })).into_response()
 }

@@ -6,6 +6,7 @@ mod json;
 mod lifecycle;
 mod native;
 mod openai;
+mod openapi;
 mod request_log;
 mod sse;
 #[cfg(test)]
@@ -17,21 +18,20 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub use info::ServerInfo;
+pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use lifecycle::Draining;
 
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
 use crate::validation::Validator;
 
-/// Largest accepted request body.
-pub const BODY_LIMIT_BYTES: usize = 4 * 1024 * 1024;
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// What every handler shares.
@@ -87,28 +87,36 @@ impl AppState {
     }
 }
 
-/// The router's HTTP application.
+/// The router's HTTP application: every route is registered with its OpenAPI operation, so
+/// `/openapi.json` (browsable at `/docs`) lists exactly what is served.
 pub fn app(state: AppState) -> Router {
-    let mut inference = Router::new()
-        .route("/generate", post(native::generate))
-        .route("/generate_stream", post(native::generate_stream))
-        .route("/v1/chat/completions", post(openai::chat::completions))
-        .route("/v1/completions", post(openai::completions::completions))
+    let mut inference = OpenApiRouter::new()
+        .routes(routes!(native::generate))
+        .routes(routes!(native::generate_stream))
+        .routes(routes!(openai::chat::completions))
+        .routes(routes!(openai::completions::completions))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             lifecycle::admit_when_serving,
         ));
     if state.log_requests {
-        inference = inference.route_layer(middleware::from_fn(request_log::log_bodies));
+        inference = inference.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_log::log_bodies,
+        ));
     }
-    Router::new()
+    let (routes, spec) = OpenApiRouter::with_openapi(openapi::base())
         .merge(inference)
-        .route("/v1/models", get(info::models))
-        .route("/health", get(lifecycle::health))
-        .route("/ready", get(lifecycle::ready))
-        .route("/info", get(info::info))
-        .route("/metrics", get(info::metrics))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .routes(routes!(native::tokenize::tokenize))
+        .routes(routes!(info::models))
+        .routes(routes!(lifecycle::health))
+        .routes(routes!(lifecycle::ready))
+        .routes(routes!(info::info))
+        .routes(routes!(info::metrics))
+        .split_for_parts();
+    routes
+        .merge(openapi::docs(spec))
+        .layer(DefaultBodyLimit::max(state.info.payload_limit))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
 }

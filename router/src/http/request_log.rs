@@ -1,23 +1,27 @@
 //! `--log-requests`: logs request and response bodies (prompts and outputs). Without the
 //! flag this layer is not installed, so no prompt or output ever reaches the logs.
 
-use axum::body::{Body, Bytes};
-use axum::extract::Request;
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 
-use super::BODY_LIMIT_BYTES;
+use super::AppState;
+use crate::error::{error_response, Api, AppError};
 
 /// Logs the request body, then the response body once it has been sent in full (streams too).
-pub async fn log_bodies(request: Request, next: Next) -> Response {
+/// A body over the payload limit is answered 413 here, as the handler would.
+pub async fn log_bodies(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, BODY_LIMIT_BYTES).await {
-        Ok(bytes) => bytes,
-        Err(error) => {
-            tracing::info!(%error, "request body unreadable");
-            Bytes::new()
-        }
+    let limit = state.info.payload_limit;
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        let api = if parts.uri.path().starts_with("/v1/") {
+            Api::OpenAi
+        } else {
+            Api::Native
+        };
+        return error_response(api, &AppError::PayloadTooLarge(limit));
     };
     tracing::info!(body = %String::from_utf8_lossy(&bytes), "request body");
     let response = next

@@ -30,6 +30,18 @@ impl ChatMessage {
     }
 }
 
+/// How the rendered conversation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatEnding {
+    /// The assistant's generation prompt follows the last message (`add_generation_prompt`).
+    GenerationPrompt,
+    /// Nothing follows the last message.
+    Closed,
+    /// The last message, an assistant's, is left open so the model continues its text
+    /// (`continue_final_message`): the rendering is cut right after that message's content.
+    ContinueFinal,
+}
+
 /// A compiled chat template plus the special-token strings it may reference.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -67,25 +79,39 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders the conversation followed by the assistant's generation prompt.
-    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, ValidationError> {
+    /// Renders the conversation, ending it as `ending` says.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        ending: ChatEnding,
+    ) -> Result<String, ValidationError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ValidationError::Template(e.to_string()))?;
         let input = TemplateInput {
             messages,
-            add_generation_prompt: true,
+            add_generation_prompt: ending == ChatEnding::GenerationPrompt,
             bos_token: &self.bos_token,
             eos_token: &self.eos_token,
         };
-        template.render(input).map_err(|e| {
+        let rendered = template.render(input).map_err(|e| {
             let message = match e.kind() {
                 ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_owned(),
                 _ => e.to_string(),
             };
             ValidationError::Template(message)
-        })
+        })?;
+        if ending != ChatEnding::ContinueFinal {
+            return Ok(rendered);
+        }
+        let last = messages.last().map_or("", |message| message.content.trim());
+        match rendered.rfind(last).filter(|_| !last.is_empty()) {
+            Some(start) => Ok(rendered[..start + last.len()].to_owned()),
+            None => Err(ValidationError::Template(
+                "cannot continue the final message: it is empty or the template does not reproduce its content".to_owned(),
+            )),
+        }
     }
 }
 
@@ -106,10 +132,13 @@ mod tests {
     #[test]
     fn renders_messages_with_generation_prompt_and_python_methods() {
         let rendered = template(CHATML_TEMPLATE)
-            .render(&[
-                ChatMessage::new("system", "  Be brief. "),
-                ChatMessage::new("user", "Hi"),
-            ])
+            .render(
+                &[
+                    ChatMessage::new("system", "  Be brief. "),
+                    ChatMessage::new("user", "Hi"),
+                ],
+                ChatEnding::GenerationPrompt,
+            )
             .unwrap();
         assert_eq!(rendered, "<|system|>Be brief.\n<|user|>Hi\n<|assistant|>");
     }
@@ -118,7 +147,10 @@ mod tests {
     fn special_tokens_and_block_trimming_follow_transformers() {
         let source = "{{ bos_token }}\n{% for m in messages %}\n  {{ m['content'] }}{{ eos_token }}\n{% endfor %}";
         let rendered = template(source)
-            .render(&[ChatMessage::new("user", "x")])
+            .render(
+                &[ChatMessage::new("user", "x")],
+                ChatEnding::GenerationPrompt,
+            )
             .unwrap();
         assert_eq!(rendered, "<s>\n  x</s>\n");
     }
@@ -127,7 +159,10 @@ mod tests {
     fn raise_exception_becomes_a_validation_error_with_its_message() {
         let source = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}";
         let error = template(source)
-            .render(&[ChatMessage::new("assistant", "x")])
+            .render(
+                &[ChatMessage::new("assistant", "x")],
+                ChatEnding::GenerationPrompt,
+            )
             .unwrap_err();
         assert!(
             error
@@ -135,6 +170,25 @@ mod tests {
                 .contains("Conversation must start with user"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_continued_final_message_stays_open_and_a_closed_one_has_no_generation_prompt() {
+        let messages = [
+            ChatMessage::new("user", "Count"),
+            ChatMessage::new("assistant", "1, 2, "),
+        ];
+        let chat = template(CHATML_TEMPLATE);
+        let open = chat.render(&messages, ChatEnding::ContinueFinal).unwrap();
+        assert_eq!(open, "<|user|>Count\n<|assistant|>1, 2,");
+        let closed = chat.render(&messages, ChatEnding::Closed).unwrap();
+        assert_eq!(closed, "<|user|>Count\n<|assistant|>1, 2,\n");
+        let empty = [
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", ""),
+        ];
+        let error = chat.render(&empty, ChatEnding::ContinueFinal).unwrap_err();
+        assert!(error.to_string().contains("final message"), "{error}");
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod chat_template;
 mod model_files;
 mod params;
 mod processors;
+mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -11,12 +12,11 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use model_files::{ModelFiles, ModelFilesError};
-pub use params::{
-    check_choices, check_count, reject_unsupported, GenerationParams, MAX_STOP_SEQUENCES,
-};
+pub use params::{check_choices, check_count, reject_unsupported, GenerationParams, MAX_CHOICES};
 pub use processors::ProcessorParams;
+pub use template_source::{chat_template_source, TemplateSourceError};
 
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
@@ -66,8 +66,10 @@ pub enum ValidationError {
         max_new_tokens: u32,
         max_total_tokens: usize,
     },
-    #[error("this model has no chat template; use /v1/completions or /generate")]
+    #[error("this server serves no chat completions (the model has no chat template); use /v1/completions or /generate")]
     NoChatTemplate,
+    #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
+    TooManyPrompts { max: usize, got: usize },
     #[error("chat template error: {0}")]
     Template(String),
     #[error("tokenizer error: {0}")]
@@ -82,6 +84,7 @@ impl ValidationError {
             Self::Missing(param) | Self::Empty(param) => Some(param),
             Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
             Self::TooManyStops { .. } => Some("stop"),
+            Self::TooManyPrompts { .. } => Some("prompt"),
             Self::TotalTooLong { param, .. }
             | Self::CountOutOfRange { param, .. }
             | Self::UnknownToken { param, .. } => Some(param),
@@ -95,9 +98,11 @@ impl ValidationError {
 pub enum Prompt {
     /// Raw text, tokenized with the tokenizer's special tokens (BOS), as `transformers` does.
     Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
     /// A conversation rendered by the chat template; the rendering already holds any special
     /// tokens, so it is tokenized without adding more.
-    Chat(Vec<ChatMessage>),
+    Chat(Vec<ChatMessage>, ChatEnding),
 }
 
 /// A request ready for the scheduler, plus what the HTTP layer reports back.
@@ -112,6 +117,7 @@ pub struct ValidRequest {
 pub struct Limits {
     pub max_input_tokens: usize,
     pub max_total_tokens: usize,
+    pub max_stop_sequences: usize,
 }
 
 /// Validates and tokenizes requests; cheap to share across handlers.
@@ -145,10 +151,14 @@ impl Validator {
         prompt: Prompt,
         params: &GenerationParams,
     ) -> Result<ValidRequest, ValidationError> {
-        let checked = params::check(params)?;
+        let checked = params::check(params, self.limits.max_stop_sequences)?;
         self.check_token_ids(&params.stop_token_ids, &checked.sampling.logit_bias)?;
         self.check_prompt(&prompt)?;
-        let input_ids = self.tokenize(prompt).await?;
+        let truncate = self.check_truncate(params.truncate)?;
+        let mut input_ids = self.tokenize(prompt).await?;
+        if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
+            input_ids.drain(..input_ids.len() - keep);
+        }
         let input_tokens = input_ids.len();
         if input_tokens > self.limits.max_input_tokens {
             return Err(ValidationError::InputTooLong {
@@ -211,11 +221,45 @@ impl Validator {
         }
     }
 
-    fn check_prompt(&self, prompt: &Prompt) -> Result<(), ValidationError> {
+    /// `truncate`: from 1 to `max_input_tokens`.
+    fn check_truncate(&self, truncate: Option<i64>) -> Result<Option<usize>, ValidationError> {
+        let max = self.limits.max_input_tokens;
+        truncate
+            .map(|keep| {
+                usize::try_from(keep)
+                    .ok()
+                    .filter(|keep| (1..=max).contains(keep))
+                    .ok_or_else(|| ValidationError::OutOfRange {
+                        param: "truncate".to_owned(),
+                        expected: "an integer from 1 to max_input_tokens",
+                        value: format!("{keep} (max_input_tokens {max})"),
+                    })
+            })
+            .transpose()
+    }
+
+    /// The prompt's own checks (non-empty, known token ids, valid roles), without tokenizing;
+    /// lets a route refuse a list of prompts before submitting any of them.
+    pub fn check_prompt(&self, prompt: &Prompt) -> Result<(), ValidationError> {
         match prompt {
             Prompt::Text(text) if text.is_empty() => Err(ValidationError::Empty("prompt")),
+            Prompt::Tokens(ids) if ids.is_empty() => Err(ValidationError::Empty("prompt")),
             Prompt::Text(_) => Ok(()),
-            Prompt::Chat(messages) => {
+            Prompt::Tokens(ids) => {
+                let vocab_size = self.tokenizer.get_vocab_size(true);
+                match ids
+                    .iter()
+                    .find(|&&id| usize::try_from(id).map_or(true, |id| id >= vocab_size))
+                {
+                    Some(&id) => Err(ValidationError::UnknownToken {
+                        param: "prompt",
+                        id,
+                        vocab_size,
+                    }),
+                    None => Ok(()),
+                }
+            }
+            Prompt::Chat(messages, _) => {
                 if self.chat_template.is_none() {
                     return Err(ValidationError::NoChatTemplate);
                 }
@@ -236,6 +280,26 @@ impl Validator {
         }
     }
 
+    /// The prompt's tokens with character offsets into `text`, as `/tokenize` reports them.
+    pub async fn tokenize_with_offsets(
+        &self,
+        text: String,
+    ) -> Result<Vec<(u32, (usize, usize))>, ValidationError> {
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let job = move || {
+            tokenizer
+                .encode_char_offsets(text, true)
+                .map(|encoding| {
+                    let offsets = encoding.get_offsets().iter().copied();
+                    encoding.get_ids().iter().copied().zip(offsets).collect()
+                })
+                .map_err(|e| ValidationError::Tokenizer(e.to_string()))
+        };
+        tokio::task::spawn_blocking(job)
+            .await
+            .map_err(|e| ValidationError::Tokenizer(e.to_string()))?
+    }
+
     /// Renders and tokenizes on the blocking pool: both can take milliseconds on long prompts.
     async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
@@ -243,9 +307,10 @@ impl Validator {
         let job = move || {
             let (text, add_special_tokens) = match prompt {
                 Prompt::Text(text) => (text, true),
-                Prompt::Chat(messages) => {
+                Prompt::Tokens(ids) => return Ok(ids),
+                Prompt::Chat(messages, ending) => {
                     let template = template.ok_or(ValidationError::NoChatTemplate)?;
-                    (template.render(&messages)?, false)
+                    (template.render(&messages, ending)?, false)
                 }
             };
             tokenizer

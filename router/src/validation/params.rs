@@ -6,8 +6,6 @@ use super::processors::{self, ProcessorParams};
 use super::ValidationError;
 use crate::scheduler::{LogprobOptions, SamplingParams};
 
-/// Most stop strings one request may carry.
-pub const MAX_STOP_SEQUENCES: usize = 4;
 /// Largest accepted temperature.
 pub const MAX_TEMPERATURE: f64 = 100.0;
 
@@ -34,6 +32,8 @@ pub struct GenerationParams {
     pub stop_token_ids: Vec<u32>,
     /// Already range-checked by the route, whose limits differ.
     pub logprobs: LogprobOptions,
+    /// Keep only this many prompt tokens, the last ones (TGI's `truncate`).
+    pub truncate: Option<i64>,
 }
 
 /// Parameters that passed their range checks.
@@ -46,7 +46,10 @@ pub struct CheckedParams {
 }
 
 /// Checks every parameter's range; the first violation names its parameter.
-pub fn check(params: &GenerationParams) -> Result<CheckedParams, ValidationError> {
+pub fn check(
+    params: &GenerationParams,
+    max_stop_sequences: usize,
+) -> Result<CheckedParams, ValidationError> {
     let temperature = params.temperature.unwrap_or(1.0);
     if !(0.0..=MAX_TEMPERATURE).contains(&temperature) {
         return Err(out_of_range(
@@ -72,7 +75,7 @@ pub fn check(params: &GenerationParams) -> Result<CheckedParams, ValidationError
             return Err(out_of_range(params.max_new_tokens_param, "at least 1", n));
         }
     };
-    check_stop(&params.stop)?;
+    check_stop(&params.stop, max_stop_sequences)?;
     let min_new_tokens = match params.min_new_tokens {
         None => 0,
         Some(n) => {
@@ -126,10 +129,10 @@ pub fn check_count(
     }
 }
 
-fn check_stop(stop: &[String]) -> Result<(), ValidationError> {
-    if stop.len() > MAX_STOP_SEQUENCES {
+fn check_stop(stop: &[String], max_stop_sequences: usize) -> Result<(), ValidationError> {
+    if stop.len() > max_stop_sequences {
         return Err(ValidationError::TooManyStops {
-            max: MAX_STOP_SEQUENCES,
+            max: max_stop_sequences,
             got: stop.len(),
         });
     }
@@ -195,20 +198,24 @@ fn is_neutral(name: &str, value: &Value) -> bool {
     }
 }
 
-/// Most choices (`n`) or candidates (`best_of`) one request may ask for.
+/// Most choices (`n`) one request may ask for.
 pub const MAX_CHOICES: usize = 16;
 
-/// `n`/`best_of`: an integer from 1 to `MAX_CHOICES`; 1 when absent.
-pub fn check_choices(param: &str, value: Option<i64>) -> Result<usize, ValidationError> {
+/// `n`/`best_of`: an integer from 1 to `max`; 1 when absent.
+pub fn check_choices(
+    param: &str,
+    value: Option<i64>,
+    max: usize,
+) -> Result<usize, ValidationError> {
     match value {
         None => Ok(1),
         Some(n) => usize::try_from(n)
             .ok()
-            .filter(|count| (1..=MAX_CHOICES).contains(count))
+            .filter(|count| (1..=max).contains(count))
             .ok_or_else(|| ValidationError::OutOfRange {
                 param: param.to_owned(),
-                expected: "an integer from 1 to 16",
-                value: n.to_string(),
+                expected: "an integer from 1 to the server's maximum",
+                value: format!("{n} (maximum {max})"),
             }),
     }
 }
@@ -231,8 +238,8 @@ mod tests {
 
     #[test]
     fn defaults_sample_at_temperature_one_with_a_random_seed() {
-        let a = check(&params()).unwrap();
-        let b = check(&params()).unwrap();
+        let a = check(&params(), 4).unwrap();
+        let b = check(&params(), 4).unwrap();
         assert_eq!(a.sampling.temperature, 1.0);
         assert_eq!(a.sampling.top_p, 1.0);
         assert_eq!(a.sampling.top_k, 0);
@@ -242,10 +249,13 @@ mod tests {
 
     #[test]
     fn explicit_seed_is_kept() {
-        let checked = check(&GenerationParams {
-            seed: Some(42),
-            ..params()
-        })
+        let checked = check(
+            &GenerationParams {
+                seed: Some(42),
+                ..params()
+            },
+            4,
+        )
         .unwrap();
         assert_eq!(checked.sampling.seed, 42);
     }
@@ -304,20 +314,23 @@ mod tests {
             ),
         ];
         for (case, param) in cases {
-            let text = message(check(&case));
+            let text = message(check(&case, 4));
             assert!(text.contains(&format!("`{param}`")), "{text}");
         }
     }
 
     #[test]
     fn greedy_and_boundary_values_are_accepted() {
-        let checked = check(&GenerationParams {
-            temperature: Some(0.0),
-            top_p: Some(1.0),
-            top_k: Some(0),
-            max_new_tokens: Some(1),
-            ..params()
-        })
+        let checked = check(
+            &GenerationParams {
+                temperature: Some(0.0),
+                top_p: Some(1.0),
+                top_k: Some(0),
+                max_new_tokens: Some(1),
+                ..params()
+            },
+            4,
+        )
         .unwrap();
         assert_eq!(checked.sampling.temperature, 0.0);
         assert_eq!(checked.max_new_tokens, Some(1));
@@ -329,12 +342,13 @@ mod tests {
             stop: vec!["a".into(); 5],
             ..params()
         };
-        assert!(message(check(&five)).contains("at most 4"));
+        assert!(message(check(&five, 4)).contains("at most 4"));
+        assert!(check(&five, 5).is_ok());
         let empty = GenerationParams {
             stop: vec![String::new()],
             ..params()
         };
-        assert!(message(check(&empty)).contains("`stop`"));
+        assert!(message(check(&empty, 4)).contains("`stop`"));
     }
 
     #[test]
@@ -368,11 +382,14 @@ mod tests {
     }
 
     #[test]
-    fn choices_range_from_one_to_sixteen() {
-        assert_eq!(check_choices("n", None).unwrap(), 1);
-        assert_eq!(check_choices("n", Some(16)).unwrap(), MAX_CHOICES);
+    fn choices_range_from_one_to_the_maximum() {
+        assert_eq!(check_choices("n", None, MAX_CHOICES).unwrap(), 1);
+        assert_eq!(
+            check_choices("n", Some(16), MAX_CHOICES).unwrap(),
+            MAX_CHOICES
+        );
         for bad in [0, -1, 17] {
-            let error = check_choices("best_of", Some(bad)).unwrap_err();
+            let error = check_choices("best_of", Some(bad), MAX_CHOICES).unwrap_err();
             assert!(error.to_string().contains("`best_of`"), "{error}");
         }
     }

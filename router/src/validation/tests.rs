@@ -12,6 +12,7 @@ fn validator(with_template: bool) -> Validator {
         Limits {
             max_input_tokens: 30,
             max_total_tokens: 40,
+            max_stop_sequences: 4,
         },
         vec![7],
     )
@@ -39,7 +40,10 @@ async fn text_prompts_get_bos_and_default_to_the_remaining_room() {
 async fn chat_prompts_are_rendered_then_tokenized_without_extra_special_tokens() {
     let messages = vec![ChatMessage::new("user", "hi")];
     let valid = validator(true)
-        .validate(Prompt::Chat(messages), &params())
+        .validate(
+            Prompt::Chat(messages, ChatEnding::GenerationPrompt),
+            &params(),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -91,7 +95,10 @@ async fn empty_prompt_and_empty_messages_are_rejected() {
         .unwrap_err();
     assert_eq!(error, ValidationError::Empty("prompt"));
     let error = validator
-        .validate(Prompt::Chat(vec![]), &params())
+        .validate(
+            Prompt::Chat(vec![], ChatEnding::GenerationPrompt),
+            &params(),
+        )
         .await
         .unwrap_err();
     assert_eq!(error, ValidationError::Empty("messages"));
@@ -104,7 +111,10 @@ async fn unknown_roles_are_rejected_with_their_index() {
         ChatMessage::new("wizard", "b"),
     ];
     let error = validator(true)
-        .validate(Prompt::Chat(messages), &params())
+        .validate(
+            Prompt::Chat(messages, ChatEnding::GenerationPrompt),
+            &params(),
+        )
         .await
         .unwrap_err();
     assert!(error.to_string().contains("messages[1].role"), "{error}");
@@ -113,7 +123,13 @@ async fn unknown_roles_are_rejected_with_their_index() {
 #[tokio::test]
 async fn chat_without_a_template_is_a_clear_error() {
     let error = validator(false)
-        .validate(Prompt::Chat(vec![ChatMessage::new("user", "a")]), &params())
+        .validate(
+            Prompt::Chat(
+                vec![ChatMessage::new("user", "a")],
+                ChatEnding::GenerationPrompt,
+            ),
+            &params(),
+        )
         .await
         .unwrap_err();
     assert_eq!(error, ValidationError::NoChatTemplate);
@@ -130,4 +146,48 @@ async fn parameter_errors_come_before_tokenization() {
         .await
         .unwrap_err();
     assert_eq!(error.param(), Some("top_p"));
+}
+
+#[tokio::test]
+async fn token_prompts_are_used_as_given_and_unknown_ids_are_refused() {
+    let valid = validator(false)
+        .validate(Prompt::Tokens(vec![104, 105]), &params())
+        .await
+        .unwrap();
+    assert_eq!(valid.request.input_ids, vec![104, 105]);
+    let error = validator(false)
+        .validate(Prompt::Tokens(vec![104, 99_999]), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(error.param(), Some("prompt"));
+    assert!(error.to_string().contains("99999"), "{error}");
+    let error = validator(false)
+        .validate(Prompt::Tokens(vec![]), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(error, ValidationError::Empty("prompt"));
+}
+
+#[tokio::test]
+async fn truncate_keeps_the_last_prompt_tokens_and_is_bounded() {
+    let truncated = GenerationParams {
+        truncate: Some(2),
+        ..params()
+    };
+    let valid = validator(false)
+        .validate(Prompt::Tokens(vec![104, 105, 106]), &truncated)
+        .await
+        .unwrap();
+    assert_eq!(valid.request.input_ids, vec![105, 106]);
+    for bad in [0, 31, -1] {
+        let params = GenerationParams {
+            truncate: Some(bad),
+            ..params()
+        };
+        let error = validator(false)
+            .validate(Prompt::Text("hello".into()), &params)
+            .await
+            .unwrap_err();
+        assert_eq!(error.param(), Some("truncate"), "{error}");
+    }
 }

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,68 +14,111 @@ use super::logprobs::chat_logprobs;
 use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
-use crate::error::{ApiError, OpenAi};
+use crate::error::{ApiError, OpenAi, OpenAiErrorBody};
 use crate::http::generation::{collect_siblings, Generation};
 use crate::http::json::ApiJson;
 use crate::http::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, ChatMessage, GenerationParams, Prompt,
-    ValidationError,
+    check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
+    Prompt, ValidationError, MAX_CHOICES,
 };
 
 /// Most alternatives per token OpenAI's chat route returns.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// The request body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct ChatRequest {
+    /// The conversation; required and non-empty.
     messages: Option<Vec<RequestMessage>>,
+    /// Accepted and ignored: the served model answers.
+    #[allow(dead_code)]
+    model: Option<String>,
+    /// Accepted and ignored: an opaque end-user id.
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[schema(minimum = 1)]
     max_tokens: Option<i64>,
+    /// Takes precedence over `max_tokens`.
+    #[schema(minimum = 1)]
     max_completion_tokens: Option<i64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    #[schema(minimum = 1, maximum = 16)]
     n: Option<i64>,
     logprobs: Option<bool>,
+    #[schema(minimum = 0, maximum = 20)]
     top_logprobs: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
     temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     top_p: Option<f64>,
+    #[schema(minimum = 0)]
     top_k: Option<i64>,
     seed: Option<u64>,
     stop: Option<StopSpec>,
+    #[schema(minimum = 0)]
     min_tokens: Option<i64>,
     ignore_eos: Option<bool>,
     stop_token_ids: Option<Vec<u32>>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     min_p: Option<f64>,
+    #[schema(exclusive_minimum = 0.0)]
     repetition_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     frequency_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     presence_penalty: Option<f64>,
+    /// Token id (decimal string) → bias in -100..100.
     logit_bias: Option<BTreeMap<String, f64>>,
+    /// Follow the conversation with the assistant's generation prompt (default `true`).
+    add_generation_prompt: Option<bool>,
+    /// Continue the last message, an assistant's, instead of starting a new one.
+    continue_final_message: Option<bool>,
     #[serde(flatten)]
+    #[schema(ignore)]
     extra: Map<String, Value>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One chat message.
+#[derive(Debug, Deserialize, ToSchema)]
 struct RequestMessage {
+    #[schema(value_type = ChatRole)]
     role: String,
     content: Option<MessageContent>,
     name: Option<String>,
     tool_call_id: Option<String>,
     #[serde(flatten)]
+    #[schema(ignore)]
     extra: Map<String, Value>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The roles a chat message may have.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum ChatRole {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// A message's text, or a list of text parts joined by newlines.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Debug, Deserialize)]
+/// A content part; only `text` parts are supported.
+#[derive(Debug, Deserialize, ToSchema)]
 struct ContentPart {
     #[serde(rename = "type")]
+    #[schema(rename = "type")]
     kind: String,
     text: Option<String>,
 }
@@ -120,10 +164,36 @@ impl RequestMessage {
 super::impl_sampling_fields!(ChatRequest);
 
 impl ChatRequest {
+    /// How the rendered conversation ends: `continue_final_message` needs a last assistant
+    /// message and excludes an explicit `add_generation_prompt: true`.
+    fn ending(&self, messages: &[ChatMessage]) -> Result<ChatEnding, ValidationError> {
+        if self.continue_final_message != Some(true) {
+            return Ok(match self.add_generation_prompt {
+                Some(false) => ChatEnding::Closed,
+                _ => ChatEnding::GenerationPrompt,
+            });
+        }
+        if self.add_generation_prompt == Some(true) {
+            return Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "false when `add_generation_prompt` is true",
+                value: "true".to_owned(),
+            });
+        }
+        match messages.last() {
+            Some(last) if last.role == "assistant" => Ok(ChatEnding::ContinueFinal),
+            _ => Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "true only when the last message is the assistant's",
+                value: "true".to_owned(),
+            }),
+        }
+    }
+
     /// The prompt, the parameters and the number of choices.
     fn into_parts(mut self) -> Result<(Prompt, GenerationParams, usize), ValidationError> {
-        reject_unsupported(&self.extra, &super::ACCEPTED_IGNORED)?;
-        let n = check_choices("n", self.n)?;
+        reject_unsupported(&self.extra, &[])?;
+        let n = check_choices("n", self.n, MAX_CHOICES)?;
         let messages = self
             .messages
             .take()
@@ -132,6 +202,7 @@ impl ChatRequest {
             .enumerate()
             .map(|(index, message)| message.into_chat_message(index))
             .collect::<Result<Vec<_>, _>>()?;
+        let ending = self.ending(&messages)?;
         let (max_new_tokens, max_new_tokens_param) = match self.max_completion_tokens {
             Some(n) => (Some(n), "max_completion_tokens"),
             None => (self.max_tokens, "max_tokens"),
@@ -151,12 +222,13 @@ impl ChatRequest {
         let params = self
             .sampling_fields()
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
-        Ok((Prompt::Chat(messages), params, n))
+        Ok((Prompt::Chat(messages, ending), params, n))
     }
 }
 
-#[derive(Debug, Serialize)]
-struct ChatCompletion {
+/// A chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletion {
     id: String,
     object: &'static str,
     created: u64,
@@ -165,15 +237,20 @@ struct ChatCompletion {
     usage: Usage,
 }
 
-#[derive(Debug, Serialize)]
+/// One choice of a chat completion.
+#[derive(Debug, Serialize, ToSchema)]
 struct ChatChoice {
     index: usize,
     message: AssistantMessage,
+    /// With `logprobs: true`: `{content: [{token, logprob, bytes, top_logprobs}], refusal: null}`.
+    #[schema(value_type = Option<Object>)]
     logprobs: Option<Value>,
+    /// `stop` or `length`.
     finish_reason: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+/// The generated message.
+#[derive(Debug, Serialize, ToSchema)]
 struct AssistantMessage {
     role: &'static str,
     content: String,
@@ -241,12 +318,24 @@ impl ChunkBuilder for ChatChunks {
 }
 
 /// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest, responses(
+    (status = 200, description = "The completion, or with `stream: true` server-sent events of \
+        `chat.completion.chunk` objects ending with `data: [DONE]`",
+        content(
+            (ChatCompletion = "application/json"),
+            (String = "text/event-stream"))),
+    (status = 400, description = "Invalid request", body = OpenAiErrorBody),
+    (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
+    (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
+    (status = 500, description = "Generation failed", body = OpenAiErrorBody),
+    (status = 503, description = "Draining or recovering", body = OpenAiErrorBody)))]
 pub async fn completions(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<ChatRequest, OpenAi>,
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
-    let include_usage = request.stream_options.unwrap_or_default().include_usage;
+    let include_usage =
+        StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
     let (prompt, params, n) = request.into_parts()?;
     let generations =
@@ -258,7 +347,12 @@ pub async fn completions(
             meta,
             logprobs: decoding,
         };
-        return Ok(stream_chunks(generations, chunks, include_usage));
+        let prompt_tokens = generations.first().map_or(0, |g| g.input_tokens);
+        return Ok(stream_chunks(
+            generations,
+            chunks,
+            include_usage.then_some(prompt_tokens),
+        ));
     }
     let completed = collect_siblings(generations).await?;
     let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);

@@ -40,6 +40,7 @@ use axum::response::Response;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::generation::Generation;
 use super::sse::{done_event, json_event, sse_response};
@@ -48,12 +49,8 @@ use crate::scheduler::LogprobOptions;
 use crate::stream::{Finish, TokenText};
 use crate::validation::{GenerationParams, ProcessorParams};
 
-/// Parameters accepted and deliberately without effect: the served model answers whatever
-/// `model` names, and `user` is an opaque end-user id.
-pub const ACCEPTED_IGNORED: [&str; 2] = ["model", "user"];
-
 /// `stop`: one string or a list of strings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StopSpec {
     One(String),
@@ -106,19 +103,28 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos == Some(true),
             stop_token_ids: self.stop_token_ids.unwrap_or_default(),
             logprobs,
+            truncate: None,
         }
     }
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
 pub struct StreamOptions {
+    /// End the stream with a chunk carrying `usage` and no choices.
     #[serde(default)]
     pub include_usage: bool,
 }
 
+impl StreamOptions {
+    /// Whether a stream ends with a usage chunk: asked for, or the server always sends it.
+    pub fn usage_wanted(options: Option<Self>, always: bool) -> bool {
+        always || options.is_some_and(|options| options.include_usage)
+    }
+}
+
 /// Token accounting of one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -185,15 +191,13 @@ pub trait ChunkBuilder: Send + 'static {
 
 /// Streams the choices' `generations` as OpenAI chunks, interleaved as tokens arrive and
 /// ending with `data: [DONE]`; an error in any choice becomes an error event followed by
-/// `[DONE]` and cancels the other choices.
+/// `[DONE]` and cancels the other choices. `usage_prompt_tokens`: send a usage chunk last,
+/// counting that many prompt tokens.
 pub fn stream_chunks(
     generations: Vec<Generation>,
     mut chunks: impl ChunkBuilder,
-    include_usage: bool,
+    usage_prompt_tokens: Option<usize>,
 ) -> Response {
-    let prompt_tokens = generations
-        .first()
-        .map_or(0, |generation| generation.input_tokens);
     let count = generations.len();
     let mut choices = futures::stream::select_all(
         generations
@@ -226,7 +230,7 @@ pub fn stream_chunks(
                 }
             }
         }
-        if include_usage {
+        if let Some(prompt_tokens) = usage_prompt_tokens {
             yield json_event(&chunks.usage(Usage::new(prompt_tokens, completion_tokens)));
         }
         yield done_event();

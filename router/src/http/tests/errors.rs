@@ -126,7 +126,7 @@ async fn unimplemented_parameters_are_rejected_by_name() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "a", "echo": true}"#,
+            r#"{"prompt": "a", "echo": true, "logprobs": 1}"#,
             "echo",
         ),
         (
@@ -145,7 +145,14 @@ async fn unimplemented_parameters_are_rejected_by_name() {
         StatusCode::UNPROCESSABLE_ENTITY,
     );
     assert!(message.contains("`watermark`"), "{message}");
+    assert!(message.contains("Kirchenbauer"), "{message}");
     assert_eq!(error_type, "validation");
+    let body = r#"{"inputs": "a", "parameters": {"adapter_id": "lora-1"}}"#;
+    let (message, _) = native_error(
+        &post(&app_ok(), "/generate", body).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    assert!(message.contains("`adapter_id`"), "{message}");
 }
 
 #[tokio::test]
@@ -257,8 +264,22 @@ async fn unknown_routes_and_methods_do_not_reach_handlers() {
 
 #[tokio::test]
 async fn oversized_bodies_get_413_in_the_route_shape() {
-    let prompt = "x".repeat(crate::http::BODY_LIMIT_BYTES);
+    let prompt = "x".repeat(super::PAYLOAD_LIMIT);
     let body = format!(r#"{{"prompt": "{prompt}"}}"#);
     let reply = post(&app_ok(), "/v1/completions", &body).await;
-    openai_error(&reply, StatusCode::PAYLOAD_TOO_LARGE);
+    let error = openai_error(&reply, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains(&super::PAYLOAD_LIMIT.to_string()),
+        "{error}"
+    );
+    let body = format!(r#"{{"inputs": "{prompt}"}}"#);
+    let (message, error_type) = native_error(
+        &post(&app_ok(), "/generate", &body).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+    );
+    assert!(message.contains("payload limit"), "{message}");
+    assert_eq!(error_type, "validation");
 }

@@ -39,6 +39,7 @@ fn state_over(inner: Arc<FakeBackend>, phase: EnginePhase) -> AppState {
     let files = ModelFiles::load(dir.path()).unwrap();
     let tokenizer = Arc::new(files.tokenizer);
     let limits = Limits {
+        max_stop_sequences: 4,
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
     };

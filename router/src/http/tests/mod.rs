@@ -1,10 +1,14 @@
 //! HTTP behaviour through `app()` with a scripted fake `Backend`.
 
+mod api_limits;
+mod chat_endings;
 mod errors;
 mod lifecycle;
 mod logprobs;
 mod native;
 mod openai;
+mod openapi;
+mod prompts;
 mod siblings;
 
 use std::sync::{Arc, Mutex};
@@ -27,6 +31,7 @@ use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, Validator};
 pub const MODEL_ID: &str = "test-model";
 pub const MAX_INPUT_TOKENS: usize = 64;
 pub const MAX_TOTAL_TOKENS: usize = 128;
+pub const PAYLOAD_LIMIT: usize = 64 * 1024;
 
 /// What the fake engine does with every request.
 #[derive(Debug, Clone)]
@@ -166,6 +171,13 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_batch_prefill_tokens: 256,
         max_batch_size: 8,
+        max_stop_sequences: 4,
+        max_top_n_tokens: 5,
+        max_best_of: 4,
+        max_client_batch_size: 3,
+        payload_limit: PAYLOAD_LIMIT,
+        always_include_usage: false,
+        validation_workers: 512,
         block_size: 16,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
@@ -177,6 +189,11 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
 
 /// The app over `backend`, with the test model directory and `max_concurrent` permits.
 pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Router {
+    test_app_with(backend, server_info(max_concurrent))
+}
+
+/// The app over `backend` with the limits in `info`.
+pub fn test_app_with(backend: Arc<FakeBackend>, info: ServerInfo) -> axum::Router {
     let dir = testing::chat_model_dir();
     let files = ModelFiles::load(dir.path()).unwrap();
     let template = ChatTemplate::new(
@@ -189,16 +206,24 @@ pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Route
     let limits = Limits {
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
+        max_stop_sequences: 4,
     };
     let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![]);
     let state = AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(TokenDecoding::new(tokenizer)),
-        server_info(max_concurrent),
+        info,
         crate::metrics::detached_handle(),
     );
     app(state)
+}
+
+/// The prompt the fake engine received last, decoded with its special tokens.
+pub fn last_prompt(backend: &FakeBackend) -> String {
+    let requests = backend.requests.lock().unwrap();
+    let ids = &requests.last().unwrap().input_ids;
+    testing::tokenizer().decode(ids, false).unwrap()
 }
 
 /// The ids the fake engine emits for `text`.

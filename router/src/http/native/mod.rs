@@ -1,0 +1,126 @@
+//! TGI-compatible routes: `POST /generate`, `POST /generate_stream` and `POST /tokenize`.
+
+mod request;
+mod response;
+pub(crate) mod tokenize;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use request::GenerateRequest;
+use response::{BestOfSequence, GenerateResponse, StreamDetails, StreamResponse};
+
+use super::generation::{collect_siblings, Generation};
+use super::json::ApiJson;
+use super::sse::{json_event, sse_response};
+use super::AppState;
+use crate::error::{error_event, Api, ApiError, AppError, Native, NativeErrorBody};
+use crate::validation::ValidationError;
+use response::{answer, top_tokens};
+
+/// `POST /generate`: the whole generation as one JSON object.
+#[utoipa::path(post, path = "/generate", tag = "TGI", request_body = GenerateRequest, responses(
+    (status = 200, description = "The generated text", body = GenerateResponse),
+    (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
+    (status = 422, description = "Invalid request", body = NativeErrorBody),
+    (status = 424, description = "Generation failed", body = NativeErrorBody),
+    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
+    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
+pub async fn generate(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    if request.wants_stream() {
+        return Err(ValidationError::Unsupported {
+            param: "stream".to_owned(),
+            detail: " on /generate: use /generate_stream".to_owned(),
+        }
+        .into());
+    }
+    let (prompt, params, options) = request.into_parts(&state.info)?;
+    let generations =
+        Generation::start_siblings(&state, "generate", prompt, &params, options.best_of).await?;
+    let mut candidates = collect_siblings(generations).await?;
+    let best = candidates
+        .iter()
+        .enumerate()
+        .max_by(|(_, a), (_, b)| a.cumulative_logprob().total_cmp(&b.cumulative_logprob()))
+        .map_or(0, |(index, _)| index);
+    let chosen = candidates.swap_remove(best);
+    let others = (options.best_of > 1).then(|| {
+        candidates
+            .into_iter()
+            .map(|candidate| {
+                let (generated_text, details) = answer(candidate, &options, &state.decoding);
+                BestOfSequence {
+                    generated_text,
+                    details,
+                }
+            })
+            .collect()
+    });
+    let (generated_text, mut details) = answer(chosen, &options, &state.decoding);
+    details.best_of_sequences = others;
+    let body = GenerateResponse {
+        generated_text,
+        details: options.details.then_some(details),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// `POST /generate_stream`: one event per token; the last carries the full text and details.
+#[utoipa::path(post, path = "/generate_stream", tag = "TGI", request_body = GenerateRequest, responses(
+    (status = 200, description = "Server-sent events, one `StreamResponse` per token (`data: {json}`)",
+        content_type = "text/event-stream", body = StreamResponse),
+    (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
+    (status = 422, description = "Invalid request", body = NativeErrorBody),
+    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
+    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
+pub async fn generate_stream(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    let (prompt, params, options) = request.into_parts(&state.info)?;
+    if options.best_of > 1 {
+        return Err(ValidationError::Unsupported {
+            param: "best_of".to_owned(),
+            detail: " on /generate_stream: use /generate".to_owned(),
+        }
+        .into());
+    }
+    let mut generation = Generation::start(&state, "generate_stream", prompt, &params).await?;
+    let events = async_stream::stream! {
+        let mut text = options.full_text_prefix.unwrap_or_default();
+        loop {
+            let error = match generation.next().await {
+                Some(Ok(delta)) => {
+                    text.push_str(&delta.token.text);
+                    let index = generation.generated_tokens();
+                    let details = delta.finish.map(|finish| StreamDetails {
+                        finish_reason: finish.into(),
+                        generated_tokens: index,
+                        seed: generation.seed,
+                        input_length: generation.input_tokens,
+                    });
+                    let last = details.is_some();
+                    let generated_text = last.then(|| std::mem::take(&mut text));
+                    let top_tokens = top_tokens(&delta.token.top_logprobs, &state.decoding);
+                    let token = delta.token.into();
+                    yield json_event(&StreamResponse { index, token, top_tokens, generated_text, details });
+                    if last {
+                        generation.succeed();
+                        return;
+                    }
+                    continue;
+                }
+                Some(Err(error)) => error,
+                None => AppError::Stream(crate::stream::StreamError::Incomplete),
+            };
+            yield error_event(Api::Native, &error);
+            generation.fail(&error);
+            return;
+        }
+    };
+    Ok(sse_response(events))
+}

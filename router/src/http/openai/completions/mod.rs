@@ -1,0 +1,226 @@
+//! `POST /v1/completions`.
+
+mod request;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Value};
+use utoipa::ToSchema;
+
+pub use request::CompletionRequest;
+
+use super::logprobs::CompletionLogprobs;
+use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
+use crate::error::{ApiError, OpenAi, OpenAiErrorBody};
+use crate::http::generation::{collect_siblings, Completed, Generation};
+use crate::http::json::ApiJson;
+use crate::http::AppState;
+use crate::stream::{TokenDecoding, TokenText};
+use crate::validation::{Prompt, ValidationError};
+
+/// A text completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Completion {
+    id: String,
+    /// Always `text_completion`.
+    object: &'static str,
+    created: u64,
+    model: String,
+    /// Prompt *p*'s choice *i* has index *p* × `n` + *i*.
+    choices: Vec<CompletionChoice>,
+    usage: Usage,
+}
+
+/// One choice of a text completion.
+#[derive(Debug, Serialize, ToSchema)]
+struct CompletionChoice {
+    index: usize,
+    text: String,
+    /// With `logprobs`: `{tokens, token_logprobs, top_logprobs, text_offset}`.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<Value>,
+    /// `stop` or `length`.
+    finish_reason: &'static str,
+}
+
+/// Chunks of `object: "text_completion"`; with logprobs, one per token.
+struct CompletionChunks {
+    meta: ResponseMeta,
+    /// The token decoding and one logprobs builder per choice.
+    logprobs: Option<(Arc<TokenDecoding>, Vec<CompletionLogprobs>)>,
+    /// With `echo`: each prompt's text, sent first in each of its choices.
+    echoes: Option<Vec<String>>,
+    /// Choices per prompt.
+    n: usize,
+}
+
+impl CompletionChunks {
+    fn chunk(&self, choices: Value, usage: Option<Usage>) -> Value {
+        let mut chunk = json!({
+            "id": self.meta.id,
+            "object": "text_completion",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": choices,
+        });
+        if let Some(usage) = usage {
+            chunk["usage"] = json!(usage);
+        }
+        chunk
+    }
+}
+
+impl ChunkBuilder for CompletionChunks {
+    fn opening(&self, index: usize) -> Option<Value> {
+        let echo = self.echoes.as_ref()?.get(index / self.n)?;
+        let choice = json!({"index": index, "text": echo, "logprobs": null, "finish_reason": null});
+        Some(self.chunk(json!([choice]), None))
+    }
+
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value> {
+        let logprobs = match &mut self.logprobs {
+            Some((decoding, per_choice)) => {
+                let logprobs = per_choice.get_mut(index)?;
+                logprobs.push(&token, decoding);
+                logprobs.take()
+            }
+            None if token.text.is_empty() && finish.is_none() => return None,
+            None => Value::Null,
+        };
+        let choice = json!({"index": index, "text": token.text, "logprobs": logprobs, "finish_reason": finish});
+        Some(self.chunk(json!([choice]), None))
+    }
+
+    fn usage(&self, usage: Usage) -> Value {
+        self.chunk(json!([]), Some(usage))
+    }
+}
+
+/// The text `echo` prepends: the prompt as sent, or its token ids decoded.
+fn echo_text(prompt: &Prompt, decoding: &TokenDecoding) -> Result<String, ValidationError> {
+    match prompt {
+        Prompt::Text(text) => Ok(text.clone()),
+        Prompt::Tokens(ids) => decoding
+            .tokenizer
+            .decode(ids, false)
+            .map_err(|e| ValidationError::Tokenizer(e.to_string())),
+        Prompt::Chat(..) => Ok(String::new()),
+    }
+}
+
+/// `POST /v1/completions`.
+#[utoipa::path(post, path = "/v1/completions", tag = "OpenAI", request_body = CompletionRequest, responses(
+    (status = 200, description = "The completion, or with `stream: true` server-sent events of \
+        `text_completion` objects ending with `data: [DONE]`",
+        content(
+            (Completion = "application/json"),
+            (String = "text/event-stream"))),
+    (status = 400, description = "Invalid request", body = OpenAiErrorBody),
+    (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
+    (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
+    (status = 500, description = "Generation failed", body = OpenAiErrorBody),
+    (status = 503, description = "Draining or recovering", body = OpenAiErrorBody)))]
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<CompletionRequest, OpenAi>,
+) -> Result<Response, ApiError<OpenAi>> {
+    let stream = request.stream == Some(true);
+    let include_usage =
+        StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
+    let with_logprobs = request.logprobs.is_some();
+    let plan = request.into_plan(&state.info)?;
+    for prompt in &plan.prompts {
+        state.validator.check_prompt(prompt)?;
+    }
+    let echoes = if plan.echo {
+        let texts = plan.prompts.iter().map(|p| echo_text(p, &state.decoding));
+        Some(texts.collect::<Result<Vec<_>, _>>()?)
+    } else {
+        None
+    };
+    let (n, best_of) = (plan.choices.n, plan.choices.best_of);
+    let mut per_prompt = Vec::with_capacity(plan.prompts.len());
+    for prompt in plan.prompts {
+        let generations =
+            Generation::start_siblings(&state, "completions", prompt, &plan.params, best_of)
+                .await?;
+        per_prompt.push(generations);
+    }
+    let prompt_tokens = per_prompt
+        .iter()
+        .map(|siblings| siblings.first().map_or(0, |g| g.input_tokens))
+        .sum();
+    let meta = ResponseMeta::new("cmpl", &state.info.model_id);
+    let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
+    if stream {
+        let generations: Vec<Generation> = per_prompt.into_iter().flatten().collect();
+        let chunks = CompletionChunks {
+            meta,
+            logprobs: decoding.map(|decoding| {
+                let per_choice = (0..generations.len()).map(|_| CompletionLogprobs::default());
+                (decoding, per_choice.collect())
+            }),
+            echoes,
+            n,
+        };
+        let usage = include_usage.then_some(prompt_tokens);
+        return Ok(stream_chunks(generations, chunks, usage));
+    }
+    let collected =
+        futures::future::try_join_all(per_prompt.into_iter().map(collect_siblings)).await?;
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (prompt_index, mut completed) in collected.into_iter().enumerate() {
+        completion_tokens += completed.iter().map(|c| c.tokens.len()).sum::<usize>();
+        if best_of > n {
+            completed.sort_by(|a, b| b.cumulative_logprob().total_cmp(&a.cumulative_logprob()));
+            completed.truncate(n);
+        }
+        let echo = echoes.as_ref().and_then(|texts| texts.get(prompt_index));
+        for (choice_index, choice) in completed.into_iter().enumerate() {
+            let index = prompt_index * n + choice_index;
+            choices.push(completion_choice(index, choice, decoding.as_deref(), echo));
+        }
+    }
+    let body = Completion {
+        id: meta.id,
+        object: "text_completion",
+        created: meta.created,
+        model: meta.model,
+        choices,
+        usage: Usage::new(prompt_tokens, completion_tokens),
+    };
+    Ok(Json(body).into_response())
+}
+
+fn completion_choice(
+    index: usize,
+    completed: Completed,
+    decoding: Option<&TokenDecoding>,
+    echo: Option<&String>,
+) -> CompletionChoice {
+    CompletionChoice {
+        index,
+        logprobs: decoding.map(|decoding| {
+            let mut logprobs = CompletionLogprobs::default();
+            for token in &completed.tokens {
+                logprobs.push(token, decoding);
+            }
+            logprobs.take()
+        }),
+        finish_reason: finish_reason(completed.finish),
+        text: match echo {
+            Some(prompt) => format!("{prompt}{}", completed.text),
+            None => completed.text,
+        },
+    }
+}

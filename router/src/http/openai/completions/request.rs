@@ -1,0 +1,193 @@
+//! The `/v1/completions` request body and its translation into prompts and parameters.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::http::openai::{StopSpec, StreamOptions};
+use crate::http::ServerInfo;
+use crate::scheduler::LogprobOptions;
+use crate::validation::{
+    check_choices, check_count, reject_unsupported, GenerationParams, Prompt, ValidationError,
+    MAX_CHOICES,
+};
+
+/// Most alternatives per token OpenAI's completions route returns.
+pub const MAX_LOGPROBS: u32 = 5;
+
+/// The request body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    /// Required: a string, a list of strings, a list of token ids, or a list of token-id lists.
+    /// Each prompt gets its own `n` choices.
+    prompt: Option<PromptSpec>,
+    /// Accepted and ignored: the served model answers.
+    #[allow(dead_code)]
+    model: Option<String>,
+    /// Accepted and ignored: an opaque end-user id.
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[schema(minimum = 1)]
+    max_tokens: Option<i64>,
+    pub(super) stream: Option<bool>,
+    pub(super) stream_options: Option<StreamOptions>,
+    #[schema(minimum = 1, maximum = 16)]
+    n: Option<i64>,
+    /// Candidates per prompt (at least `n`, at most `max_best_of`); the `n` most likely are returned.
+    #[schema(minimum = 1)]
+    best_of: Option<i64>,
+    /// The chosen token's logprob plus this many alternatives (0 to 5).
+    #[schema(minimum = 0, maximum = 5)]
+    pub(super) logprobs: Option<i64>,
+    /// Prepend the prompt to each choice's text (not with `logprobs`).
+    echo: Option<bool>,
+    /// Only empty: the served model has no fill-in-the-middle mode.
+    suffix: Option<String>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
+    temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    #[schema(minimum = 0)]
+    top_k: Option<i64>,
+    seed: Option<u64>,
+    stop: Option<StopSpec>,
+    #[schema(minimum = 0)]
+    min_tokens: Option<i64>,
+    ignore_eos: Option<bool>,
+    stop_token_ids: Option<Vec<u32>>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    min_p: Option<f64>,
+    #[schema(exclusive_minimum = 0.0)]
+    repetition_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    frequency_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    presence_penalty: Option<f64>,
+    /// Token id (decimal string) → bias in -100..100.
+    logit_bias: Option<BTreeMap<String, f64>>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    extra: Map<String, Value>,
+}
+
+/// `prompt`'s four forms.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+enum PromptSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptSpec {
+    fn into_prompts(self) -> Vec<Prompt> {
+        match self {
+            Self::Text(text) => vec![Prompt::Text(text)],
+            Self::Texts(texts) => texts.into_iter().map(Prompt::Text).collect(),
+            Self::Tokens(ids) => vec![Prompt::Tokens(ids)],
+            Self::TokenLists(lists) => lists.into_iter().map(Prompt::Tokens).collect(),
+        }
+    }
+}
+
+/// How many candidates run per prompt (`best_of`) and how many of them are returned (`n`).
+#[derive(Debug, Clone, Copy)]
+pub struct Choices {
+    pub n: usize,
+    pub best_of: usize,
+}
+
+/// What one completions request asks for.
+#[derive(Debug)]
+pub struct CompletionPlan {
+    pub prompts: Vec<Prompt>,
+    pub params: GenerationParams,
+    pub choices: Choices,
+    pub echo: bool,
+}
+
+super::super::impl_sampling_fields!(CompletionRequest);
+
+impl CompletionRequest {
+    /// `best_of` defaults to `n` and must be at least `n`; streaming returns every
+    /// candidate as it is generated, so it needs `best_of == n`.
+    fn choices(&self, max_best_of: usize) -> Result<Choices, ValidationError> {
+        let n = check_choices("n", self.n, MAX_CHOICES)?;
+        let best_of = match self.best_of {
+            None => n,
+            Some(_) => check_choices("best_of", self.best_of, max_best_of)?,
+        };
+        if best_of < n {
+            return Err(ValidationError::OutOfRange {
+                param: "best_of".to_owned(),
+                expected: "at least `n`",
+                value: format!("{best_of} (n = {n})"),
+            });
+        }
+        if best_of > n && self.stream == Some(true) {
+            return Err(ValidationError::Unsupported {
+                param: "best_of".to_owned(),
+                detail: " greater than `n` when streaming".to_owned(),
+            });
+        }
+        Ok(Choices { n, best_of })
+    }
+
+    /// `suffix` and `echo` with `logprobs` are refused; `echo` alone is kept.
+    fn echo(&self) -> Result<bool, ValidationError> {
+        if self
+            .suffix
+            .as_deref()
+            .is_some_and(|suffix| !suffix.is_empty())
+        {
+            return Err(ValidationError::Unsupported {
+                param: "suffix".to_owned(),
+                detail: ": the served model has no fill-in-the-middle mode".to_owned(),
+            });
+        }
+        let echo = self.echo == Some(true);
+        if echo && self.logprobs.is_some() {
+            return Err(ValidationError::Unsupported {
+                param: "echo".to_owned(),
+                detail: " together with `logprobs`".to_owned(),
+            });
+        }
+        Ok(echo)
+    }
+
+    pub fn into_plan(mut self, limits: &ServerInfo) -> Result<CompletionPlan, ValidationError> {
+        reject_unsupported(&self.extra, &[])?;
+        let choices = self.choices(limits.max_best_of)?;
+        let echo = self.echo()?;
+        let prompts = self
+            .prompt
+            .take()
+            .ok_or(ValidationError::Missing("prompt"))?
+            .into_prompts();
+        if prompts.is_empty() {
+            return Err(ValidationError::Empty("prompt"));
+        }
+        if prompts.len() > limits.max_client_batch_size {
+            return Err(ValidationError::TooManyPrompts {
+                max: limits.max_client_batch_size,
+                got: prompts.len(),
+            });
+        }
+        let logprobs = LogprobOptions {
+            top_logprobs: check_count("logprobs", self.logprobs, MAX_LOGPROBS)?,
+            prompt_logprobs: false,
+        };
+        let params = self
+            .sampling_fields()
+            .into_params((self.max_tokens, "max_tokens"), logprobs);
+        Ok(CompletionPlan {
+            prompts,
+            params,
+            choices,
+            echo,
+        })
+    }
+}

@@ -1,0 +1,97 @@
+//! `/openapi.json` documents every route, and `/docs` shows it.
+
+use std::collections::BTreeSet;
+
+use super::*;
+
+fn app() -> axum::Router {
+    test_app(
+        FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length)),
+        4,
+    )
+}
+
+/// Every route the router serves besides the document and its page.
+const ROUTES: [(&str, &str); 11] = [
+    ("post", "/v1/chat/completions"),
+    ("post", "/v1/completions"),
+    ("get", "/v1/models"),
+    ("post", "/generate"),
+    ("post", "/generate_stream"),
+    ("post", "/tokenize"),
+    ("get", "/info"),
+    ("get", "/health"),
+    ("get", "/ready"),
+    ("get", "/metrics"),
+    ("get", "/v1/models"),
+];
+
+#[tokio::test]
+async fn the_spec_lists_every_route_and_every_listed_route_is_served() {
+    let app = app();
+    let reply = get(&app, "/openapi.json").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let spec = reply.json();
+    assert!(spec["openapi"].as_str().unwrap().starts_with("3."));
+    let listed: BTreeSet<(String, String)> = spec["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(|method| (method.clone(), path.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(method, path)| ((*method).to_owned(), (*path).to_owned()))
+        .collect();
+    assert_eq!(listed, expected);
+    for (method, path) in &listed {
+        let request = Request::builder()
+            .method(method.to_uppercase().as_str())
+            .uri(path.as_str())
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        let status = send(&app, request).await.status;
+        assert_ne!(status, StatusCode::NOT_FOUND, "{method} {path}");
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn the_spec_names_request_and_error_schemas() {
+    let spec = get(&app(), "/openapi.json").await.json();
+    let schemas = spec["components"]["schemas"].as_object().unwrap();
+    for name in [
+        "ChatRequest",
+        "CompletionRequest",
+        "GenerateRequest",
+        "GenerateResponse",
+        "StreamResponse",
+        "SimpleToken",
+        "ServerInfo",
+        "OpenAiErrorBody",
+        "NativeErrorBody",
+    ] {
+        assert!(schemas.contains_key(name), "missing schema {name}");
+    }
+    let generate = &spec["paths"]["/generate"]["post"]["responses"];
+    assert!(generate.get("422").is_some() && generate.get("413").is_some());
+}
+
+#[tokio::test]
+async fn the_docs_page_is_served_from_the_binary() {
+    let app = app();
+    let page = get(&app, "/docs/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("swagger"), "{}", page.body);
+    let script = get(&app, "/docs/swagger-ui-bundle.js").await;
+    assert_eq!(script.status, StatusCode::OK);
+    let config = get(&app, "/docs/swagger-initializer.js").await;
+    assert!(config.body.contains("/openapi.json"), "{}", config.body);
+}
