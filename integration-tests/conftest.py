@@ -30,6 +30,7 @@ def tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--max-best-of", "3",
     )  # fmt: skip
 
 

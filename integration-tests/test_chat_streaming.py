@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import conformance
 import requests
 from tandem_harness import TandemServer
 
@@ -22,6 +23,8 @@ def test_streamed_chat_names_paris_and_ends_with_done(tandem: TandemServer) -> N
         data_lines = [line[len("data:") :].strip() for line in response.iter_lines(decode_unicode=True) if line]
     assert data_lines[-1] == "[DONE]"
     chunks = [json.loads(data) for data in data_lines[:-1]]
+    for chunk in chunks:
+        conformance.openai("CreateChatCompletionStreamResponse", chunk)
     assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
     content = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
     assert "Paris" in content

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-import jsonschema
+import conformance
 import pytest
 import requests
 from tandem_harness import TandemServer
 
 QUESTION = [{"role": "user", "content": "List three colours."}]
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 
 
 def _post(tandem: TandemServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -21,19 +19,10 @@ def _post(tandem: TandemServer, path: str, body: dict[str, Any]) -> dict[str, An
     return response.json()
 
 
-def _validate(document: str, root: str, instance: dict[str, Any]) -> None:
-    path = SCHEMAS / document
-    if not path.exists():
-        pytest.skip(f"{path} is not available")
-    defs = json.loads(path.read_text())
-    schema = {"$schema": defs["$schema"], "$defs": defs["$defs"], "$ref": f"#/$defs/{root}"}
-    jsonschema.Draft202012Validator(schema).validate(instance)
-
-
 def test_chat_logprobs_are_sane_and_greedy_picks_the_top_alternative(tandem: TandemServer) -> None:
     body = {"messages": QUESTION, "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 5}
     completion = _post(tandem, "/v1/chat/completions", body)
-    _validate("openai-schemas.json", "CreateChatCompletionResponse", completion)
+    conformance.openai("CreateChatCompletionResponse", completion)
     content = completion["choices"][0]["logprobs"]["content"]
     assert len(content) == completion["usage"]["completion_tokens"]
     for entry in content:
@@ -49,7 +38,7 @@ def test_chat_logprobs_are_sane_and_greedy_picks_the_top_alternative(tandem: Tan
 def test_completion_logprobs_and_stream_chunks_validate(tandem: TandemServer) -> None:
     body = {"prompt": "The sky is", "max_tokens": 6, "temperature": 0, "logprobs": 2}
     completion = _post(tandem, "/v1/completions", body)
-    _validate("openai-schemas.json", "CreateCompletionResponse", completion)
+    conformance.openai("CreateCompletionResponse", completion)
     logprobs = completion["choices"][0]["logprobs"]
     assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 6
     assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
@@ -61,7 +50,7 @@ def test_completion_logprobs_and_stream_chunks_validate(tandem: TandemServer) ->
     streamed = [entry for chunk in chunks[1:] for entry in chunk["choices"][0]["logprobs"]["content"]]
     assert len(streamed) == 6
     for chunk in chunks:
-        _validate("openai-schemas.json", "CreateChatCompletionStreamResponse", chunk)
+        conformance.openai("CreateChatCompletionStreamResponse", chunk)
 
 
 def test_penalties_change_greedy_output(tandem: TandemServer) -> None:
@@ -76,7 +65,7 @@ def test_penalties_change_greedy_output(tandem: TandemServer) -> None:
 def test_tgi_prefill_details_and_top_tokens(tandem: TandemServer) -> None:
     parameters = {"max_new_tokens": 4, "details": True, "decoder_input_details": True, "top_n_tokens": 2}
     response = _post(tandem, "/generate", {"inputs": "The capital of France is", "parameters": parameters})
-    _validate("tgi-schemas.json", "GenerateResponse", response)
+    conformance.tgi("GenerateResponse", response)
     details = response["details"]
     assert details["prefill"][0]["logprob"] is None
     assert all(token["logprob"] <= 0.0 for token in details["prefill"][1:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import conformance
 import requests
 from tandem_harness import TandemServer
 
@@ -37,6 +38,7 @@ def test_n_seeded_choices_equal_separate_requests_and_share_the_prompt_blocks(ta
     hits_before = tandem.metric("tandem_prefix_cache_hits_tokens_total")
     together = _post(tandem, "/v1/completions", _sampled(3, SEED))
     hits_after = tandem.metric("tandem_prefix_cache_hits_tokens_total")
+    conformance.openai("CreateCompletionResponse", together)
 
     choices = together["choices"]
     assert [choice["index"] for choice in choices] == [0, 1, 2]
@@ -64,6 +66,7 @@ def test_streamed_chat_choices_equal_the_non_streamed_ones(tandem: TandemServer)
         "max_tokens": 10,
     }
     whole = _post(tandem, "/v1/chat/completions", body)
+    conformance.openai("CreateChatCompletionResponse", whole)
     texts = {index: "" for index in range(2)}
     finishes: dict[int, str] = {}
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -74,6 +77,7 @@ def test_streamed_chat_choices_equal_the_non_streamed_ones(tandem: TandemServer)
             if not line or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])
+            conformance.openai("CreateChatCompletionStreamResponse", chunk)
             usage = chunk.get("usage") or usage
             for choice in chunk["choices"]:
                 texts[choice["index"]] += choice["delta"].get("content", "")

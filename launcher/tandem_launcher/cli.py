@@ -118,6 +118,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-queue-time", float, 60.0, "seconds a queued request waits for restarting shards before failing")
     add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
     add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
+    add.value("--max-stop-sequences", int, 4, "most stop strings one request may carry")
+    add.value("--max-top-n-tokens", int, 5, "most alternatives per token `top_n_tokens` may ask for")
+    add.value("--max-best-of", int, 2, "most candidates `best_of` may ask for")
+    add.value("--max-client-batch-size", int, 4, "most prompts one /v1/completions request may list")
+    add.value("--payload-limit", int, 2_000_000, "largest request body in bytes; larger ones get 413")
+    add.switch("--always-include-usage", "end every OpenAI stream with a usage chunk")
+    add.value("--chat-template", Path, None, "a Jinja chat template file used instead of the model's own")
+    add.switch("--disable-chat-completions", "serve no /v1/chat/completions (lets a model without a template start)")
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
     return parser
@@ -129,6 +137,8 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LauncherCon
     args = parser.parse_args(list(argv))
     values = vars(args)
     values["model_cache_dir"] = Path(values["model_cache_dir"]).expanduser()
+    if values["chat_template"] is not None:
+        values["chat_template"] = Path(values["chat_template"]).expanduser()
     try:
         return LauncherConfig(**values)
     except ValueError as error:

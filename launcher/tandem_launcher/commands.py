@@ -71,10 +71,29 @@ def router_argv(config: LauncherConfig, model: ResolvedModel, limits: TokenLimit
         "--max-queue-time", str(math.ceil(config.max_queue_time)),
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),
     ]  # fmt: skip
+    argv += api_argv(config)
     if config.json_output:
         argv.append("--json-output")
     if config.log_requests:
         argv.append("--log-requests")
+    return argv
+
+
+def api_argv(config: LauncherConfig) -> list[str]:
+    """The router's client-facing API limits and options."""
+    argv = [
+        "--max-stop-sequences", str(config.max_stop_sequences),
+        "--max-top-n-tokens", str(config.max_top_n_tokens),
+        "--max-best-of", str(config.max_best_of),
+        "--max-client-batch-size", str(config.max_client_batch_size),
+        "--payload-limit", str(config.payload_limit),
+    ]  # fmt: skip
+    if config.chat_template is not None:
+        argv += ["--chat-template", str(config.chat_template)]
+    if config.always_include_usage:
+        argv.append("--always-include-usage")
+    if config.disable_chat_completions:
+        argv.append("--disable-chat-completions")
     return argv
 
 

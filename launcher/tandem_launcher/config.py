@@ -65,6 +65,15 @@ class LauncherConfig:
     log_level: str = "info"
     # Rank r serves shard metrics on shard_metrics_port + r; 0 turns shard metrics off.
     shard_metrics_port: int = 0
+    # Client-facing API limits and options, passed to the router as flags of the same names.
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_best_of: int = 2
+    max_client_batch_size: int = 4
+    payload_limit: int = 2_000_000
+    always_include_usage: bool = False
+    chat_template: Path | None = None
+    disable_chat_completions: bool = False
     commands: ChildCommands = field(default_factory=ChildCommands)
 
     def __post_init__(self) -> None:
@@ -99,6 +108,16 @@ def _problems(config: LauncherConfig) -> list[str]:
         for flag, value in optional_positive.items()
         if value is not None and value <= 0
     ]
+    api_positive = {
+        "--max-best-of": config.max_best_of,
+        "--max-client-batch-size": config.max_client_batch_size,
+        "--payload-limit": config.payload_limit,
+    }
+    problems += [f"{flag} must be positive, got {value}" for flag, value in api_positive.items() if value <= 0]
+    api_counts = {"--max-stop-sequences": config.max_stop_sequences, "--max-top-n-tokens": config.max_top_n_tokens}
+    problems += [f"{flag} must not be negative, got {value}" for flag, value in api_counts.items() if value < 0]
+    if config.chat_template is not None and not config.chat_template.is_file():
+        problems.append(f"--chat-template must be a readable file, got {str(config.chat_template)!r}")
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

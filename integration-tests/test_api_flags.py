@@ -1,0 +1,80 @@
+"""Server flags of the client-facing API, through the launcher: a chat template file, usage in every stream,
+the payload limit, and a model without a chat template."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import conformance
+import pytest
+import requests
+from tandem_harness import LAUNCHER, TandemServer, free_port, model_cache_dir
+from tandem_launcher.config import EMBEDDED_MODEL_ID
+from tandem_launcher.model_resolution import resolve_model
+
+# Renders only the last message's text, so the prompt is exactly that text.
+ECHO_TEMPLATE = "{{ messages[-1]['content'] }}"
+PAYLOAD_LIMIT = 4096
+START_FAILURE_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def flagged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    directory = tmp_path_factory.mktemp("api-flags")
+    template = directory / "chat.jinja"
+    template.write_text(ECHO_TEMPLATE)
+    server = TandemServer.start(
+        directory / "launcher.log",
+        "--model-cache-dir", str(model_cache_dir()),
+        "--kv-cache-memory", "64MiB",
+        "--chat-template", str(template),
+        "--always-include-usage",
+        "--payload-limit", str(PAYLOAD_LIMIT),
+        "--max-client-batch-size", "2",
+    )  # fmt: skip
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def test_the_chat_template_file_replaces_the_models(flagged: TandemServer) -> None:
+    text = "Once upon a time"
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2, "temperature": 0}
+    completion = requests.post(f"{flagged.base_url}/v1/chat/completions", json=body, timeout=120).json()
+    conformance.openai("CreateChatCompletionResponse", completion)
+    tokens = requests.post(f"{flagged.base_url}/tokenize", json={"inputs": text}, timeout=30).json()
+    assert completion["usage"]["prompt_tokens"] == len(tokens)
+
+
+def test_every_stream_ends_with_usage_and_limits_apply(flagged: TandemServer) -> None:
+    body = {"prompt": "Hello", "max_tokens": 3, "stream": True}
+    with requests.post(f"{flagged.base_url}/v1/completions", json=body, stream=True, timeout=120) as reply:
+        events = conformance.sse_events(reply.iter_lines(decode_unicode=True))
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+    too_big = requests.post(f"{flagged.base_url}/generate", json={"inputs": "x" * PAYLOAD_LIMIT}, timeout=30)
+    assert too_big.status_code == 413 and too_big.json()["error_type"] == "validation"
+    three = requests.post(f"{flagged.base_url}/v1/completions", json={"prompt": ["a", "b", "c"]}, timeout=30)
+    assert three.status_code == 400 and three.json()["error"]["param"] == "prompt"
+    info = flagged.info()
+    assert (info["payload_limit"], info["always_include_usage"], info["max_client_batch_size"]) == (4096, True, 2)
+
+
+def _model_without_template(directory: Path) -> Path:
+    source = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        (directory / name).symlink_to(source / name)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_a_model_without_a_chat_template_fails_at_start_up(tandem: TandemServer, tmp_path: Path) -> None:
+    model = _model_without_template(tmp_path)
+    argv = [str(LAUNCHER), "--model-id", str(model), "--port", str(free_port()), "--kv-cache-memory", "64MiB"]
+    finished = subprocess.run(argv, capture_output=True, text=True, timeout=START_FAILURE_TIMEOUT_S, check=False)
+    assert finished.returncode != 0
+    assert "no chat template" in finished.stdout + finished.stderr

@@ -1,0 +1,70 @@
+"""The client-facing API flags reach the router as flags of the same names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tandem_launcher.cli import parse_config
+from tandem_launcher.commands import router_argv
+from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.limits import TokenLimits
+from tandem_launcher.model_resolution import ResolvedModel
+
+MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
+COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
+
+
+def _router_argv(config: LauncherConfig) -> list[str]:
+    return router_argv(config, MODEL, TokenLimits(100, 200), [Path("/s.sock")])
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_defaults_are_tgis_and_reach_the_router() -> None:
+    config = parse_config([], {})
+    argv = _router_argv(LauncherConfig(commands=COMMANDS))
+    expected = {
+        "--max-stop-sequences": "4",
+        "--max-top-n-tokens": "5",
+        "--max-best-of": "2",
+        "--max-client-batch-size": "4",
+        "--payload-limit": "2000000",
+    }
+    assert {flag: _value(argv, flag) for flag in expected} == expected
+    assert (config.max_best_of, config.payload_limit, config.chat_template) == (2, 2_000_000, None)
+    for absent in ("--always-include-usage", "--disable-chat-completions", "--chat-template"):
+        assert absent not in argv
+
+
+def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0].content }}")
+    argv = ["--max-best-of", "3", "--payload-limit", "1000", "--always-include-usage", "--chat-template", str(template)]
+    environ = {"MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6"}
+    config = parse_config(argv, environ)
+    assert (config.max_best_of, config.payload_limit, config.max_client_batch_size) == (3, 1000, 8)
+    assert config.always_include_usage and config.disable_chat_completions
+    assert config.chat_template == template
+    router = _router_argv(LauncherConfig(**{**vars(config), "commands": COMMANDS}))
+    assert _value(router, "--max-best-of") == "3" and _value(router, "--max-stop-sequences") == "6"
+    assert _value(router, "--chat-template") == str(template)
+    assert "--always-include-usage" in router and "--disable-chat-completions" in router
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-best-of", "0"], "--max-best-of must be positive"),
+        (["--payload-limit", "0"], "--payload-limit must be positive"),
+        (["--max-client-batch-size", "-1"], "--max-client-batch-size must be positive"),
+        (["--max-stop-sequences", "-1"], "--max-stop-sequences must not be negative"),
+        (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
+    ],
+)
+def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(argv, {})
+    assert message in capsys.readouterr().err
