@@ -92,6 +92,7 @@ impl AppState {
 pub fn app(state: AppState) -> Router {
     let mut inference = OpenApiRouter::new()
         .routes(routes!(native::generate))
+        .routes(routes!(native::compat_generate))
         .routes(routes!(native::generate_stream))
         .routes(routes!(openai::chat::completions))
         .routes(routes!(openai::completions::completions))

@@ -66,7 +66,7 @@ pub enum ValidationError {
         max_new_tokens: u32,
         max_total_tokens: usize,
     },
-    #[error("this server serves no chat completions (the model has no chat template); use /v1/completions or /generate")]
+    #[error("this server serves no chat completions (it runs without a chat template); use /v1/completions or /generate")]
     NoChatTemplate,
     #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
     TooManyPrompts { max: usize, got: usize },

@@ -38,6 +38,36 @@ pub async fn generate(
         }
         .into());
     }
+    generate_whole(state, request).await
+}
+
+/// `POST /`: TGI's compatibility route, where `huggingface_hub.InferenceClient` sends text
+/// generation; `stream` picks `/generate_stream`'s or `/generate`'s answer.
+#[utoipa::path(post, path = "/", tag = "TGI", request_body = GenerateRequest, responses(
+    (status = 200, description = "`/generate`'s answer, or with `stream: true` `/generate_stream`'s events",
+        content(
+            (GenerateResponse = "application/json"),
+            (StreamResponse = "text/event-stream"))),
+    (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
+    (status = 422, description = "Invalid request", body = NativeErrorBody),
+    (status = 424, description = "Generation failed", body = NativeErrorBody),
+    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
+    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
+pub async fn compat_generate(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    if request.wants_stream() {
+        stream_tokens(state, request).await
+    } else {
+        generate_whole(state, request).await
+    }
+}
+
+async fn generate_whole(
+    state: AppState,
+    request: GenerateRequest,
+) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.info)?;
     let generations =
         Generation::start_siblings(&state, "generate", prompt, &params, options.best_of).await?;
@@ -80,6 +110,13 @@ pub async fn generate(
 pub async fn generate_stream(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
+) -> Result<Response, ApiError<Native>> {
+    stream_tokens(state, request).await
+}
+
+async fn stream_tokens(
+    state: AppState,
+    request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.info)?;
     if options.best_of > 1 {

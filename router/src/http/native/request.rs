@@ -18,7 +18,8 @@ pub struct GenerateRequest {
     #[schema(example = "My name is Olivier and I")]
     inputs: String,
     parameters: Option<GenerateParameters>,
-    /// Must be `false` or absent on `/generate`; `/generate_stream` always streams.
+    /// `POST /` streams when `true`; must be `false` or absent on `/generate`; `/generate_stream`
+    /// always streams.
     stream: Option<bool>,
     #[serde(flatten)]
     #[schema(ignore)]

@@ -167,3 +167,28 @@ async fn streaming_is_refused_on_generate() {
         .unwrap()
         .contains("/generate_stream"));
 }
+
+#[tokio::test]
+async fn the_root_route_generates_or_streams_as_stream_says() {
+    let app = test_app(
+        FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length)),
+        4,
+    );
+    let whole = post(
+        &app,
+        "/",
+        r#"{"inputs": "q", "parameters": {"details": true}}"#,
+    )
+    .await;
+    assert_eq!(whole.status, StatusCode::OK, "{}", whole.body);
+    assert_eq!(whole.json()["generated_text"], "ok");
+    assert_eq!(whole.json()["details"]["generated_tokens"], 2);
+    let streamed = post(&app, "/", r#"{"inputs": "q", "stream": true}"#).await;
+    assert!(streamed.content_type.starts_with("text/event-stream"));
+    let events = streamed.json_events();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1]["generated_text"], "ok");
+    let refused = post(&app, "/", r#"{"inputs": ""}"#).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(refused.json()["error_type"], "validation");
+}

@@ -13,6 +13,7 @@ fn app() -> axum::Router {
 
 /// Every route the router serves besides the document and its page.
 const ROUTES: [(&str, &str); 11] = [
+    ("post", "/"),
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
     ("get", "/v1/models"),
@@ -23,7 +24,6 @@ const ROUTES: [(&str, &str); 11] = [
     ("get", "/health"),
     ("get", "/ready"),
     ("get", "/metrics"),
-    ("get", "/v1/models"),
 ];
 
 #[tokio::test]
