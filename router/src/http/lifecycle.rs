@@ -4,11 +4,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
@@ -61,12 +62,24 @@ pub async fn admit_when_serving(
     }
 }
 
+/// The query of `/health`.
+#[derive(Debug, Default, Deserialize)]
+pub struct HealthQuery {
+    /// Run a real one-token forward on every shard instead of a plain Health call.
+    #[serde(default)]
+    deep: bool,
+}
+
 /// `GET /health`: liveness. 200 while the router is up and every shard answers (also while
-/// draining), else 503; the body names the state (`ok`, `recovering` or `draining`).
-pub async fn health(State(state): State<AppState>) -> Response {
+/// draining), else 503; the body names the state (`ok`, `recovering` or `draining`). With
+/// `?deep=true` every shard runs a one-token forward, queued between two steps and bounded
+/// by the step timeout. Probes take no admission permit and count in no request metric.
+pub async fn health(State(state): State<AppState>, Query(query): Query<HealthQuery>) -> Response {
     let draining = state.draining.is_set();
     let shards = if state.backend.phase() == EnginePhase::Recovering {
         Err(SchedulerError::Recovering)
+    } else if query.deep {
+        state.backend.deep_health().await
     } else {
         state.backend.health().await
     };

@@ -1,5 +1,7 @@
 //! The axum application: routes, shared state, request ids, body limit.
 
+mod admission;
+mod auth;
 mod generation;
 mod info;
 mod json;
@@ -20,9 +22,10 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+pub use admission::Admission;
+pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use info::ServerInfo;
 pub use lifecycle::Draining;
 
@@ -46,12 +49,15 @@ pub struct AppState {
     pub draining: Draining,
     /// Whether request and response bodies are logged (`--log-requests`).
     log_requests: bool,
-    /// One permit per request in flight; none left means 429.
-    admission: Arc<Semaphore>,
+    /// Requests and queued tokens in flight; beyond the limits a request gets 429.
+    admission: Admission,
+    /// Keys the protected routes require; `None`: no authentication.
+    api_keys: Option<ApiKeys>,
 }
 
 impl AppState {
-    /// State whose admission allows `info.max_concurrent_requests` requests at once.
+    /// State whose admission allows `info.max_concurrent_requests` requests and
+    /// `info.max_queued_tokens` queued tokens at once.
     pub fn new(
         backend: Arc<dyn Backend>,
         validator: Arc<Validator>,
@@ -59,7 +65,7 @@ impl AppState {
         info: ServerInfo,
         metrics: PrometheusHandle,
     ) -> Self {
-        let admission = Arc::new(Semaphore::new(info.max_concurrent_requests));
+        let admission = Admission::new(info.max_concurrent_requests, info.max_queued_tokens);
         Self {
             backend,
             validator,
@@ -69,7 +75,15 @@ impl AppState {
             draining: Draining::default(),
             log_requests: false,
             admission,
+            api_keys: None,
         }
+    }
+
+    /// Requires one of `keys` on every route but `/health`, `/ready` and `/metrics`.
+    #[must_use]
+    pub fn with_api_keys(mut self, keys: Option<ApiKeys>) -> Self {
+        self.api_keys = keys;
+        self
     }
 
     /// Logs prompts and outputs when `enabled`; they are never logged otherwise.
@@ -81,13 +95,12 @@ impl AppState {
 
     /// Requests admitted and not yet finished (streams included).
     pub fn in_flight(&self) -> usize {
-        self.info
-            .max_concurrent_requests
-            .saturating_sub(self.admission.available_permits())
+        self.admission.requests_in_flight()
     }
 }
 
-/// The router's HTTP application.
+/// The router's HTTP application. Probes and the metrics scrape (`/health`, `/ready`,
+/// `/metrics`) are open; every other route requires an API key when keys are configured.
 pub fn app(state: AppState) -> Router {
     let mut inference = Router::new()
         .route("/generate", post(native::generate))
@@ -101,12 +114,18 @@ pub fn app(state: AppState) -> Router {
     if state.log_requests {
         inference = inference.route_layer(middleware::from_fn(request_log::log_bodies));
     }
-    Router::new()
+    let protected = Router::new()
         .merge(inference)
         .route("/v1/models", get(info::models))
+        .route("/info", get(info::info))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
+    Router::new()
+        .merge(protected)
         .route("/health", get(lifecycle::health))
         .route("/ready", get(lifecycle::ready))
-        .route("/info", get(info::info))
         .route("/metrics", get(info::metrics))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .layer(middleware::from_fn(request_span))

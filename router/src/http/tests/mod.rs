@@ -1,6 +1,10 @@
 //! HTTP behaviour through `app()` with a scripted fake `Backend`.
 
+mod admission;
+mod auth;
 mod errors;
+mod fuzz;
+mod hostile;
 mod lifecycle;
 mod logprobs;
 mod native;
@@ -49,6 +53,10 @@ pub struct FakeBackend {
     healthy: bool,
     /// Whether token logprobs fall with `seed % 4`, so sampled candidates can be ranked.
     logprob_by_seed: bool,
+    /// Deep health probes received.
+    pub deep_probes: std::sync::atomic::AtomicUsize,
+    /// What a deep probe answers besides the plain health.
+    deep_failure: Option<SchedulerError>,
 }
 
 impl FakeBackend {
@@ -68,6 +76,14 @@ impl FakeBackend {
         Self::with_health(Script::Hold(vec![]), false)
     }
 
+    /// Healthy, but a deep probe fails with `error`.
+    pub fn deep_failing(error: SchedulerError) -> Arc<Self> {
+        Arc::new(Self {
+            deep_failure: Some(error),
+            ..Self::fields(Script::Hold(vec![]), true)
+        })
+    }
+
     fn with_health(script: Script, healthy: bool) -> Arc<Self> {
         Arc::new(Self::fields(script, healthy))
     }
@@ -79,6 +95,8 @@ impl FakeBackend {
             senders: Mutex::new(Vec::new()),
             healthy,
             logprob_by_seed: false,
+            deep_probes: std::sync::atomic::AtomicUsize::new(0),
+            deep_failure: None,
         }
     }
 
@@ -152,6 +170,13 @@ impl Backend for FakeBackend {
             Err(SchedulerError::ShardFailed("rank 0 is gone".into()))
         }
     }
+
+    async fn deep_health(&self) -> Result<(), SchedulerError> {
+        self.deep_probes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.health().await?;
+        self.deep_failure.clone().map_or(Ok(()), Err)
+    }
 }
 
 pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
@@ -162,6 +187,7 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
         model_architecture: "LlamaForCausalLM".to_owned(),
         num_shard: 1,
         max_concurrent_requests,
+        max_queued_tokens: None,
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_batch_prefill_tokens: 256,
@@ -177,6 +203,11 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
 
 /// The app over `backend`, with the test model directory and `max_concurrent` permits.
 pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Router {
+    app(test_state(backend, server_info(max_concurrent)))
+}
+
+/// The state over `backend` and the test model directory, limited as `info` says.
+pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
     let dir = testing::chat_model_dir();
     let files = ModelFiles::load(dir.path()).unwrap();
     let template = ChatTemplate::new(
@@ -191,14 +222,13 @@ pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Route
         max_total_tokens: MAX_TOTAL_TOKENS,
     };
     let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![]);
-    let state = AppState::new(
+    AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(TokenDecoding::new(tokenizer)),
-        server_info(max_concurrent),
+        info,
         crate::metrics::detached_handle(),
-    );
-    app(state)
+    )
 }
 
 /// The ids the fake engine emits for `text`.
