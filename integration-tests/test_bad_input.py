@@ -50,3 +50,30 @@ def test_server_keeps_serving_and_frees_every_block_after_bad_input(tandem: Tand
     requests.post(f"{tandem.base_url}/generate", json={"inputs": "word " * 2000}, timeout=30)
     assert tandem.generate_ids("The capital of France is", 4)
     assert tandem.wait_for_metric("tandem_kv_blocks_used", 0, timeout=5) == 0
+
+
+HOSTILE = [
+    ("/v1/completions", b'{"model": "tandem", "prompt": "\xff\xfe"}', "unicode"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": ' + b"[" * 5000 + b'"a"' + b"]" * 5000 + b"}", "recursion"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": "a", "temperature": NaN}', "expected value"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": "a", "max_tokens": 1e400}', "out of range"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": "a", "max_tokens": 100000}', "max_tokens"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": "a", "logit_bias": {"abc": 1}}', "logit_bias"),
+    ("/v1/completions", b'{"model": "tandem", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+    (CHAT, b'{"model": "tandem", "messages": [{"role": "wizard", "content": "a"}]}', "role"),
+    (CHAT, b'{"model": "tandem", "messages": []}', "messages"),
+    (CHAT, b'{"model": "tandem", "messages": [' + b'{"role": "user", "content": "a"},' * 99_999
+     + b'{"role": "user", "content": "a"}]}', "token"),
+]  # fmt: skip
+
+
+def test_hostile_bodies_get_4xx_and_the_server_stays_healthy(tandem: TandemServer) -> None:
+    for route, body, named in HOSTILE:
+        response = requests.post(
+            f"{tandem.base_url}{route}", data=body, headers={"content-type": "application/json"}, timeout=120
+        )
+        assert 400 <= response.status_code < 500, (route, named, response.status_code, response.text[:200])
+        assert named in error_text(response), response.text[:300]
+    assert requests.get(f"{tandem.base_url}/health?deep=true", timeout=60).status_code == 200
+    assert tandem.generate_ids("The capital of France is", 4)
+    assert tandem.wait_for_metric("tandem_kv_blocks_used", 0, timeout=5) == 0

@@ -23,8 +23,17 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+# Flags whose variable is not the flag's name in upper case: shells and Kubernetes set `HOSTNAME`
+# to the machine or pod name, which must never become the bind address.
+_ENV_OVERRIDES = {"--hostname": "TANDEM_HOSTNAME"}
+
+
 def _env_name(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_").upper()
+    return _ENV_OVERRIDES.get(flag, flag.lstrip("-").replace("-", "_").upper())
+
+
+def _key_list(text: str) -> list[str]:
+    return [key.strip() for key in text.split(",") if key.strip()]
 
 
 def _memory_size(text: str) -> str:
@@ -51,6 +60,20 @@ def _bool_value(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean (use true/false): {text!r}")
 
 
+class _AppendOverEnv(argparse.Action):
+    """Collects every use of a repeatable flag; the first use replaces the env var's list."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if current is self.default else current), values])
+
+
 class _FlagAdder:
     """Adds flags whose default comes from the matching env var, and says so in `--help`."""
 
@@ -65,6 +88,14 @@ class _FlagAdder:
         shown = "none" if default is None else default
         self.parser.add_argument(
             flag, type=kind, default=chosen, help=f"{help_text} (default: {shown}; env: {env})", **extra
+        )
+
+    def repeated(self, flag: str, kind: Callable[[str], Any], help_text: str) -> None:
+        """A flag that may be given several times; its env var holds a comma-separated list."""
+        env = _env_name(flag)
+        default = [kind(item) for item in _key_list(self.environ.get(env, ""))]
+        self.parser.add_argument(
+            flag, type=kind, action=_AppendOverEnv, default=default, help=f"{help_text} (env: {env}, comma-separated)"
         )
 
     def switch(self, flag: str, help_text: str) -> None:
@@ -93,9 +124,20 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
     )
-    add.value("--hostname", str, "127.0.0.1", "address the HTTP server binds")
+    add.value("--hostname", str, "127.0.0.1", "address the HTTP server binds (0.0.0.0 to listen on every interface)")
     add.value("--port", int, 3000, "port the HTTP server binds")
-    add.value("--max-concurrent-requests", int, 128, "requests in flight before new ones are refused")
+    add.value(
+        "--max-concurrent-requests",
+        int,
+        128,
+        "requests queued or running (each n/best_of choice counts) before new ones get 429",
+    )
+    add.value(
+        "--max-queued-tokens",
+        int,
+        None,
+        "prompt + max new tokens that requests still waiting for their first token may hold before new ones get 429",
+    )
     add.value("--max-input-tokens", int, None, "longest prompt in tokens; derived: max-total-tokens - 1")
     add.value("--max-total-tokens", int, None, "prompt + generated tokens per request; derived: min(positions, 4096)")
     add.value("--max-batch-prefill-tokens", int, 512, "tokens one forward pass may carry (longer prompts are chunked)")
@@ -115,7 +157,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-restarts", int, 3, "shard-group restarts allowed within --restart-window before giving up")
     add.value("--restart-window", float, 600.0, "seconds over which --max-restarts is counted")
     add.value("--shard-health-timeout", float, 30.0, "seconds a shard may go without answering Health before a restart")
-    add.value("--max-queue-time", float, 60.0, "seconds a queued request waits for restarting shards before failing")
+    add.value("--max-queue-time", float, 60.0, "seconds a request may wait in the queue (also for restarting shards)")
+    add.value(
+        "--step-timeout", float, 120.0, "seconds the shards may take for one forward step before they count as dead"
+    )
+    add.repeated("--api-key", str, "an API key every route but /health, /ready and /metrics requires; repeatable")
+    add.repeated("--api-key-file", Path, "a file of API keys, one per line; SIGHUP to the launcher reloads it")
     add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
     add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
     add.value("--max-stop-sequences", int, 4, "most stop strings one request may carry")
@@ -139,6 +186,8 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LauncherCon
     values["model_cache_dir"] = Path(values["model_cache_dir"]).expanduser()
     if values["chat_template"] is not None:
         values["chat_template"] = Path(values["chat_template"]).expanduser()
+    values["api_key"] = tuple(key for given in values["api_key"] for key in _key_list(given))
+    values["api_key_file"] = tuple(Path(path).expanduser() for path in values["api_key_file"])
     try:
         return LauncherConfig(**values)
     except ValueError as error:

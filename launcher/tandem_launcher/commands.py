@@ -52,8 +52,15 @@ def shard_argv(config: LauncherConfig, model: ResolvedModel, rank: int, uds_path
     ]  # fmt: skip
 
 
-def router_argv(config: LauncherConfig, model: ResolvedModel, limits: TokenLimits, uds_paths: list[Path]) -> list[str]:
-    """argv of the router; shard sockets are listed in rank order."""
+def router_argv(
+    config: LauncherConfig,
+    model: ResolvedModel,
+    limits: TokenLimits,
+    uds_paths: list[Path],
+    key_file: Path | None = None,
+) -> list[str]:
+    """argv of the router; shard sockets are listed in rank order. API keys are never on it: `key_file` holds
+    the `--api-key` values and the user's `--api-key-file`s are passed as they are."""
     argv = [*config.commands.router, "--hostname", config.hostname, "--port", str(config.port)]
     for uds_path in uds_paths:
         argv += ["--shard-uds-path", str(uds_path)]
@@ -70,8 +77,13 @@ def router_argv(config: LauncherConfig, model: ResolvedModel, limits: TokenLimit
         "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
         "--max-queue-time", str(math.ceil(config.max_queue_time)),
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),
+        "--step-timeout", str(math.ceil(config.step_timeout)),
     ]  # fmt: skip
     argv += api_argv(config)
+    if config.max_queued_tokens is not None:
+        argv += ["--max-queued-tokens", str(config.max_queued_tokens)]
+    for path in (*([key_file] if key_file else []), *config.api_key_file):
+        argv += ["--api-key-file", str(path)]
     if config.json_output:
         argv.append("--json-output")
     if config.log_requests:

@@ -60,6 +60,11 @@ class LauncherConfig:
     restart_window: float = 600.0
     shard_health_timeout: float = 30.0
     max_queue_time: float = 60.0
+    # Unset: only --max-concurrent-requests bounds the queue.
+    max_queued_tokens: int | None = None
+    step_timeout: float = 120.0
+    api_key: tuple[str, ...] = ()
+    api_key_file: tuple[Path, ...] = ()
     log_requests: bool = False
     json_output: bool = False
     log_level: str = "info"
@@ -87,6 +92,16 @@ def is_memory_size(text: str) -> bool:
     return _MEMORY_SIZE.match(text) is not None
 
 
+def _api_key_problems(config: LauncherConfig) -> list[str]:
+    """Keys must be printable ASCII without spaces (as the router checks); the message never shows them."""
+    problems = []
+    for index, key in enumerate(config.api_key):
+        if not key or not all(33 <= ord(char) <= 126 for char in key):
+            problems.append(f"--api-key number {index + 1} must be printable ASCII without spaces")
+    problems += [f"--api-key-file {path} is not a readable file" for path in config.api_key_file if not path.is_file()]
+    return problems
+
+
 def _problems(config: LauncherConfig) -> list[str]:
     problems = []
     positive = {
@@ -100,9 +115,14 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--restart-window": config.restart_window,
         "--shard-health-timeout": config.shard_health_timeout,
         "--max-queue-time": config.max_queue_time,
+        "--step-timeout": config.step_timeout,
     }
     problems += [f"{flag} must be positive, got {value}" for flag, value in positive.items() if value <= 0]
-    optional_positive = {"--max-input-tokens": config.max_input_tokens, "--max-total-tokens": config.max_total_tokens}
+    optional_positive = {
+        "--max-input-tokens": config.max_input_tokens,
+        "--max-total-tokens": config.max_total_tokens,
+        "--max-queued-tokens": config.max_queued_tokens,
+    }
     problems += [
         f"{flag} must be positive, got {value}"
         for flag, value in optional_positive.items()
@@ -118,6 +138,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += [f"{flag} must not be negative, got {value}" for flag, value in api_counts.items() if value < 0]
     if config.chat_template is not None and not config.chat_template.is_file():
         problems.append(f"--chat-template must be a readable file, got {str(config.chat_template)!r}")
+    problems += _api_key_problems(config)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

@@ -8,7 +8,12 @@ from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimitError, derive_token_limits
 from tandem_launcher.logs import LOGGER, configure_logging, phase
 from tandem_launcher.model_resolution import ModelResolutionError, resolve_model
-from tandem_launcher.signals import ShutdownRequested, flag_on_shutdown_signal, raise_on_shutdown_signal
+from tandem_launcher.signals import (
+    ShutdownRequested,
+    flag_on_shutdown_signal,
+    forward_hangup,
+    raise_on_shutdown_signal,
+)
 from tandem_launcher.supervisor import LaunchPlan, Supervisor
 
 
@@ -30,4 +35,6 @@ def launch(config: LauncherConfig) -> int:
     LOGGER.info("token limits: max input %d, max total %d", limits.max_input_tokens, limits.max_total_tokens)
     shutdown = threading.Event()
     flag_on_shutdown_signal(shutdown)
-    return Supervisor(LaunchPlan(config, model, limits), shutdown).run()
+    supervisor = Supervisor(LaunchPlan(config, model, limits), shutdown)
+    forward_hangup(supervisor.reload_router_keys)
+    return supervisor.run()

@@ -75,9 +75,11 @@ def router_is_healthy(base_url: str) -> bool:
         return False
 
 
-def fetch_router_info(base_url: str) -> dict[str, Any]:
-    """`GET /info` as JSON."""
-    with urllib.request.urlopen(f"{base_url}/info", timeout=PROBE_TIMEOUT_S) as response:
+def fetch_router_info(base_url: str, api_key: str | None = None) -> dict[str, Any]:
+    """`GET /info` as JSON (a protected route: it needs a key when keys are configured)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(f"{base_url}/info", headers=headers)
+    with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
         return json.loads(response.read())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -44,3 +45,8 @@ def flag_on_shutdown_signal(requested: threading.Event) -> None:
 
     for signum in SHUTDOWN_SIGNALS:
         signal.signal(signum, _flag)
+
+
+def forward_hangup(reload: Callable[[], None]) -> None:
+    """SIGHUP calls `reload` (the router rereads its API key files) instead of ending the launcher."""
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem_launcher.api_keys import first_key, write_key_file
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
@@ -54,7 +56,9 @@ class Supervisor:
         self._router: ChildProcess | None = None
         self._watch: ShardHealthWatch | None = None
         self._budget = RestartBudget(plan.config.max_restarts, plan.config.restart_window)
+        # mkdtemp makes the directory 0700: sockets and the key file are the launching user's alone.
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="tandem-"))
+        self._key_file = write_key_file(self._runtime_dir, plan.config.api_key)
 
     def run(self) -> int:
         """Serves until a shutdown signal (exit 0), a failure it cannot restart from, or an abort (exit 1)."""
@@ -86,6 +90,12 @@ class Supervisor:
         finally:
             self._stop_all()
 
+    def reload_router_keys(self) -> None:
+        """SIGHUP: the router reads its key files again."""
+        if self._router is not None and self._router.poll() is None:
+            LOGGER.info("SIGHUP: the router reloads its API key files")
+            self._router.signal(signal.SIGHUP)
+
     def _children(self) -> list[ChildProcess]:
         return [*self._shards, *([self._router] if self._router else [])]
 
@@ -109,7 +119,7 @@ class Supervisor:
         config = self._plan.config
         base_url = probe_base_url(config.hostname, config.port)
         with phase("start router"):
-            argv = router_argv(config, self._plan.model, self._plan.limits, self._uds_paths())
+            argv = router_argv(config, self._plan.model, self._plan.limits, self._uds_paths(), self._key_file)
             self._router = ChildProcess.spawn("router", argv, self._sink)
             wait_until_ready(
                 self._router,
@@ -123,7 +133,7 @@ class Supervisor:
     def _announce(self, base_url: str) -> None:
         config = self._plan.config
         try:
-            info = fetch_router_info(base_url)
+            info = fetch_router_info(base_url, first_key(config.api_key, config.api_key_file))
         except (OSError, ValueError) as error:
             LOGGER.warning("cannot read the KV capacity from %s/info: %s", base_url, error)
         else:

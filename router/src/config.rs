@@ -10,8 +10,9 @@ use clap::Parser;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tandem-router", version, about)]
 pub struct RouterArgs {
-    /// Address to listen on.
-    #[arg(long, env = "HOSTNAME", default_value = "127.0.0.1")]
+    /// Address to listen on. Its variable is `TANDEM_HOSTNAME`, not `HOSTNAME`: shells and
+    /// Kubernetes set `HOSTNAME` to the machine or pod name.
+    #[arg(long, env = "TANDEM_HOSTNAME", default_value = "127.0.0.1")]
     pub hostname: String,
     /// Port to listen on.
     #[arg(long, env = "PORT", default_value_t = 3000)]
@@ -31,9 +32,15 @@ pub struct RouterArgs {
     /// Model name reported by the API.
     #[arg(long, env = "MODEL_ID")]
     pub model_id: String,
-    /// Requests handled at once; more are answered 429.
+    /// Requests admitted at once, queued or running (each `n` choice and `best_of` candidate
+    /// counts as one); more are answered 429.
     #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 128)]
     pub max_concurrent_requests: usize,
+    /// Tokens (prompt plus `max_new_tokens`, per choice) that admitted requests may hold
+    /// until their first token; more are answered 429. Unset: only the request count bounds
+    /// the queue.
+    #[arg(long, env = "MAX_QUEUED_TOKENS")]
+    pub max_queued_tokens: Option<usize>,
     /// Longest accepted prompt, in tokens.
     #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 4095)]
     pub max_input_tokens: usize,
@@ -58,9 +65,21 @@ pub struct RouterArgs {
     /// Seconds to wait for every shard socket to accept connections.
     #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 60)]
     pub shard_connect_timeout: u64,
-    /// Seconds a queued request waits for restarting shards before it fails.
+    /// Seconds a request may wait in the queue before it starts (also while the shards
+    /// restart); then it fails with 503.
     #[arg(long, env = "MAX_QUEUE_TIME", default_value_t = 60)]
     pub max_queue_time: u64,
+    /// Seconds the shards may take to answer one Step (and a deep health probe); past it
+    /// the shard group counts as dead: in-flight requests fail and the router recovers.
+    #[arg(long, env = "STEP_TIMEOUT", default_value_t = 120)]
+    pub step_timeout: u64,
+    /// An accepted API key; repeat or separate with commas. Prefer `--api-key-file`: argv
+    /// is visible to every local user.
+    #[arg(long = "api-key", env = "API_KEY", value_delimiter = ',')]
+    pub api_keys: Vec<ApiKey>,
+    /// A file of accepted API keys, one per line (`#` comments); read again on SIGHUP.
+    #[arg(long = "api-key-file", env = "API_KEY_FILE")]
+    pub api_key_files: Vec<PathBuf>,
     /// Seconds in-flight requests may take to finish after SIGTERM before the router exits.
     #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT", default_value_t = 90)]
     pub graceful_termination_timeout: u64,
@@ -100,6 +119,24 @@ pub struct ApiArgs {
     pub disable_chat_completions: bool,
 }
 
+/// An API key as given on the command line; its `Debug` form never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::str::FromStr for ApiKey {
+    type Err = std::convert::Infallible;
+
+    fn from_str(key: &str) -> Result<Self, Self::Err> {
+        Ok(Self(key.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("ApiKey(<redacted>)")
+    }
+}
+
 /// Flags that cannot work together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -112,12 +149,18 @@ pub enum ConfigError {
     },
     #[error("--model-id must not be empty")]
     EmptyModelId,
+    #[error("--max-queued-tokens ({max_queued_tokens}) must be at least --max-total-tokens ({max_total_tokens}), or no request could ever be queued")]
+    QueuedTokensBelowTotal {
+        max_queued_tokens: usize,
+        max_total_tokens: usize,
+    },
 }
 
 /// Token limits and batch sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_concurrent_requests: usize,
+    pub max_queued_tokens: Option<usize>,
     pub max_input_tokens: usize,
     pub max_total_tokens: usize,
     pub max_batch_prefill_tokens: usize,
@@ -139,6 +182,8 @@ pub struct RouterConfig {
     pub shard_connect_timeout: Duration,
     pub lifecycle: Lifecycle,
     pub api: ApiConfig,
+    pub api_keys: Vec<ApiKey>,
+    pub api_key_files: Vec<PathBuf>,
 }
 
 /// The client-facing API's limits and options.
@@ -157,8 +202,10 @@ pub struct ApiConfig {
 /// How the router rides through shard restarts and shuts down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifecycle {
-    /// How long a queued request waits for restarting shards.
+    /// How long a request waits in the queue (also for restarting shards).
     pub max_queue_time: Duration,
+    /// How long one Step (or a deep health probe) may take before the shards count as dead.
+    pub step_timeout: Duration,
     /// How long in-flight requests may drain after SIGTERM.
     pub graceful_termination_timeout: Duration,
     /// Whether prompts and outputs are logged.
@@ -179,6 +226,15 @@ impl TryFrom<RouterArgs> for RouterConfig {
             ("max-best-of", args.api.max_best_of),
             ("max-client-batch-size", args.api.max_client_batch_size),
             ("payload-limit", args.api.payload_limit),
+            ("max-queued-tokens", args.max_queued_tokens.unwrap_or(1)),
+            (
+                "max-queue-time",
+                usize::try_from(args.max_queue_time).unwrap_or(usize::MAX),
+            ),
+            (
+                "step-timeout",
+                usize::try_from(args.step_timeout).unwrap_or(usize::MAX),
+            ),
         ];
         if let Some((flag, _)) = sizes.iter().find(|(_, value)| *value == 0) {
             return Err(ConfigError::Zero(flag));
@@ -192,6 +248,14 @@ impl TryFrom<RouterArgs> for RouterConfig {
         if args.model_id.trim().is_empty() {
             return Err(ConfigError::EmptyModelId);
         }
+        if let Some(max_queued_tokens) = args.max_queued_tokens {
+            if max_queued_tokens < args.max_total_tokens {
+                return Err(ConfigError::QueuedTokensBelowTotal {
+                    max_queued_tokens,
+                    max_total_tokens: args.max_total_tokens,
+                });
+            }
+        }
         Ok(Self {
             hostname: args.hostname,
             port: args.port,
@@ -200,6 +264,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
             model_id: args.model_id,
             limits: Limits {
                 max_concurrent_requests: args.max_concurrent_requests,
+                max_queued_tokens: args.max_queued_tokens,
                 max_input_tokens: args.max_input_tokens,
                 max_total_tokens: args.max_total_tokens,
                 max_batch_prefill_tokens: args.max_batch_prefill_tokens,
@@ -211,6 +276,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),
             lifecycle: Lifecycle {
                 max_queue_time: Duration::from_secs(args.max_queue_time),
+                step_timeout: Duration::from_secs(args.step_timeout),
                 graceful_termination_timeout: Duration::from_secs(
                     args.graceful_termination_timeout,
                 ),
@@ -226,12 +292,16 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 chat_template: args.api.chat_template,
                 chat_completions: !args.api.disable_chat_completions,
             },
+            api_keys: args.api_keys,
+            api_key_files: args.api_key_files,
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
 
     fn parse(extra: &[&str]) -> Result<RouterConfig, ConfigError> {
@@ -253,8 +323,10 @@ mod tests {
     #[test]
     fn defaults_and_repeated_shard_paths_in_rank_order() {
         let config = parse(&[]).unwrap();
-        let hostname = std::env::var("HOSTNAME").unwrap_or_else(|_| "127.0.0.1".to_owned());
+        let hostname = std::env::var("TANDEM_HOSTNAME").unwrap_or_else(|_| "127.0.0.1".to_owned());
         assert_eq!(config.hostname, hostname);
+        assert_eq!(config.lifecycle.step_timeout, Duration::from_secs(120));
+        assert_eq!(config.limits.max_queued_tokens, None);
         assert_eq!(config.port, 3000);
         assert_eq!(
             config.shard_uds_paths,
@@ -342,6 +414,55 @@ mod tests {
         assert!(!config.api.chat_completions);
         let error = parse(&["--max-client-batch-size", "0"]).unwrap_err();
         assert_eq!(error, ConfigError::Zero("max-client-batch-size"));
+    }
+
+    #[test]
+    fn the_hostname_variable_is_not_the_shells_hostname() {
+        let args = RouterArgs::command();
+        let hostname = args
+            .get_arguments()
+            .find(|arg| arg.get_id() == "hostname")
+            .unwrap();
+        assert_eq!(
+            hostname.get_env().and_then(|env| env.to_str()),
+            Some("TANDEM_HOSTNAME")
+        );
+    }
+
+    #[test]
+    fn api_keys_are_repeatable_or_comma_separated_and_never_shown_in_debug() {
+        let config = parse(&[
+            "--api-key",
+            "sk-one,sk-two",
+            "--api-key",
+            "sk-three",
+            "--api-key-file",
+            "/etc/keys",
+        ])
+        .unwrap();
+        let keys: Vec<&str> = config.api_keys.iter().map(|key| key.0.as_str()).collect();
+        assert_eq!(keys, ["sk-one", "sk-two", "sk-three"]);
+        assert_eq!(config.api_key_files, [PathBuf::from("/etc/keys")]);
+        assert!(!format!("{config:?}").contains("sk-one"));
+    }
+
+    #[test]
+    fn queued_tokens_must_hold_one_full_request() {
+        let error = parse(&["--max-queued-tokens", "4095"]).unwrap_err();
+        assert_eq!(
+            error,
+            ConfigError::QueuedTokensBelowTotal {
+                max_queued_tokens: 4095,
+                max_total_tokens: 4096
+            }
+        );
+        let config = parse(&["--max-queued-tokens", "8192", "--step-timeout", "3"]).unwrap();
+        assert_eq!(config.limits.max_queued_tokens, Some(8192));
+        assert_eq!(config.lifecycle.step_timeout, Duration::from_secs(3));
+        assert_eq!(
+            parse(&["--step-timeout", "0"]).unwrap_err(),
+            ConfigError::Zero("step-timeout")
+        );
     }
 
     #[test]

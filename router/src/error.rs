@@ -31,6 +31,14 @@ pub enum AppError {
     PayloadTooLarge(usize),
     #[error("the server is handling its maximum of {0} concurrent requests; retry later")]
     Overloaded(usize),
+    #[error("the queue holds {queued} of at most {limit} tokens (--max-queued-tokens) and this request needs {needed}; retry later")]
+    QueueFull {
+        needed: usize,
+        queued: usize,
+        limit: usize,
+    },
+    #[error(transparent)]
+    Unauthorized(AuthError),
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
     #[error(transparent)]
@@ -45,8 +53,18 @@ enum Kind {
     Validation,
     TooLarge,
     Overloaded,
+    Unauthorized,
     Generation,
     Unavailable,
+}
+
+/// Why a request carried no valid API key. The messages never echo what was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing API key: send `Authorization: Bearer <key>`")]
+    Missing,
+    #[error("invalid API key")]
+    Invalid,
 }
 
 impl AppError {
@@ -56,7 +74,8 @@ impl AppError {
             | Self::InvalidBody { .. }
             | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,
             Self::PayloadTooLarge(_) => Kind::TooLarge,
-            Self::Overloaded(_) => Kind::Overloaded,
+            Self::Overloaded(_) | Self::QueueFull { .. } => Kind::Overloaded,
+            Self::Unauthorized(_) => Kind::Unauthorized,
             Self::Scheduler(
                 SchedulerError::ShuttingDown
                 | SchedulerError::Recovering
@@ -84,6 +103,7 @@ impl AppError {
             (_, Some(SchedulerError::ShardFailed(_))) => "shard_error",
             (Kind::Validation | Kind::TooLarge, _) => "validation",
             (Kind::Overloaded, _) => "overloaded",
+            (Kind::Unauthorized, _) => "unauthorized",
             (Kind::Unavailable, _) => "unavailable",
             (Kind::Generation, _) => "generation",
         }
@@ -102,6 +122,7 @@ impl AppError {
             Self::Validation(
                 ValidationError::InputTooLong { .. } | ValidationError::TotalTooLong { .. },
             ) => Some("context_length_exceeded"),
+            Self::Unauthorized(_) => Some("invalid_api_key"),
             _ => None,
         }
     }
@@ -137,6 +158,7 @@ fn native_type(kind: Kind) -> &'static str {
     match kind {
         Kind::Validation | Kind::TooLarge => "validation",
         Kind::Overloaded => "overloaded",
+        Kind::Unauthorized => "unauthorized",
         Kind::Generation => "generation",
         Kind::Unavailable => "unhealthy",
     }
@@ -148,6 +170,7 @@ fn status(api: Api, kind: Kind) -> StatusCode {
         (Kind::Validation, Api::Native) => StatusCode::UNPROCESSABLE_ENTITY,
         (Kind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
         (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
+        (Kind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
         (Kind::Generation, Api::OpenAi) => StatusCode::INTERNAL_SERVER_ERROR,
         (Kind::Generation, Api::Native) => StatusCode::FAILED_DEPENDENCY,
         (Kind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
@@ -193,7 +216,7 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
         }),
         Api::OpenAi => {
             let error_type = match kind {
-                Kind::Validation | Kind::TooLarge => "invalid_request_error",
+                Kind::Validation | Kind::TooLarge | Kind::Unauthorized => "invalid_request_error",
                 Kind::Overloaded => "overloaded",
                 Kind::Generation => "server_error",
                 Kind::Unavailable => "service_unavailable",
@@ -214,14 +237,30 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
 /// Seconds a client is told to wait before retrying a 503.
 pub const RETRY_AFTER_SECS: u64 = 5;
 
-/// The full HTTP response for `error` in `api`'s shape; a 503 carries `Retry-After`.
+/// Seconds a client is told to wait before retrying a 429: a slot frees as soon as one
+/// request finishes, so the wait is short.
+pub const OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
+
+/// The full HTTP response for `error` in `api`'s shape; a 503 and a 429 carry `Retry-After`,
+/// a 401 carries `WWW-Authenticate`.
 pub fn error_response(api: Api, error: &AppError) -> Response {
     let kind = error.kind();
     let mut response = (status(api, kind), Json(error_body(api, error))).into_response();
-    if kind == Kind::Unavailable {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    let headers = response.headers_mut();
+    match kind {
+        Kind::Unavailable => {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        Kind::Overloaded => {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(OVERLOADED_RETRY_AFTER_SECS),
+            );
+        }
+        Kind::Unauthorized => {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        Kind::Validation | Kind::TooLarge | Kind::Generation => {}
     }
     response
 }

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::RouterConfig;
-use crate::http::{self, AppState, ServerInfo, VALIDATION_WORKERS};
+use crate::http::{self, ApiKeyError, ApiKeys, AppState, ServerInfo, VALIDATION_WORKERS};
 use crate::pb;
 use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
@@ -39,6 +39,8 @@ pub enum StartupError {
         max_total_tokens: usize,
         max_position_embeddings: usize,
     },
+    #[error("API keys: {0}")]
+    ApiKeys(#[from] ApiKeyError),
     #[error("cannot set up metrics: {0}")]
     Metrics(#[from] BuildError),
     #[error("cannot listen on {address}: {source}")]
@@ -67,6 +69,8 @@ pub fn init_tracing(json: bool) {
 
 /// Runs the router until SIGINT/SIGTERM, then drains in-flight requests.
 pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
+    let inline_keys: Vec<String> = config.api_keys.iter().map(|key| key.0.clone()).collect();
+    let api_keys = ApiKeys::load(&inline_keys, &config.api_key_files)?;
     let metrics = crate::metrics::install()?;
     let phase = Instant::now();
     let files = ModelFiles::load(&config.tokenizer_path)?;
@@ -101,11 +105,15 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
-    let recovery = RecoveryConfig::new(warmup_request(&config), config.lifecycle.max_queue_time);
+    let recovery = RecoveryConfig::new(
+        warmup_request(&config),
+        config.lifecycle.max_queue_time,
+        config.lifecycle.step_timeout,
+    );
     let backend = scheduler::spawn(
         scheduler_config(&config, num_blocks),
         recovery,
-        fleet.clone(),
+        Arc::new(fleet.clone()),
     );
     let info = server_info(&config, &model, num_blocks, fleet.num_shards());
     crate::metrics::record_info(&info);
@@ -116,7 +124,18 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         info,
         metrics,
     )
-    .with_request_logging(config.lifecycle.log_requests);
+    .with_request_logging(config.lifecycle.log_requests)
+    .with_api_keys(api_keys.clone());
+    match api_keys {
+        Some(keys) => {
+            info!(
+                keys = keys.count(),
+                "API keys required on every route but /health, /ready and /metrics"
+            );
+            http::reload_api_keys_on_sighup(keys);
+        }
+        None => warn!("no API key configured: every route is open"),
+    }
     serve(&config, state).await
 }
 
@@ -198,6 +217,7 @@ fn server_info(
         model_architecture: model.architecture.clone(),
         num_shard,
         max_concurrent_requests: limits.max_concurrent_requests,
+        max_queued_tokens: limits.max_queued_tokens,
         max_input_tokens: limits.max_input_tokens,
         max_total_tokens: limits.max_total_tokens,
         max_batch_prefill_tokens: limits.max_batch_prefill_tokens,

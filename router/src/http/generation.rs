@@ -5,6 +5,7 @@ use std::sync::Arc;
 use futures::Stream;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::admission::TokenReservation;
 use super::AppState;
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
@@ -22,6 +23,8 @@ pub struct Generation {
     pub seed: u64,
     pub input_ids: Vec<u32>,
     _permit: OwnedSemaphorePermit,
+    /// Held until the first token arrives (see `admission`).
+    queued: Option<TokenReservation>,
 }
 
 /// A generation read to its end.
@@ -58,12 +61,14 @@ pub async fn collect_siblings(generations: Vec<Generation>) -> Result<Vec<Comple
     futures::future::try_join_all(generations.into_iter().map(Generation::collect)).await
 }
 
-/// What a successful submission hands back: one text stream and permit per sibling.
+/// What a successful submission hands back: one text stream, permit and token reservation
+/// per sibling.
 struct Submitted {
     texts: Vec<TextStream>,
     input_ids: Vec<u32>,
     seed: u64,
     permits: Vec<OwnedSemaphorePermit>,
+    reservations: Vec<TokenReservation>,
 }
 
 impl Generation {
@@ -99,11 +104,13 @@ impl Generation {
                     input_ids,
                     seed,
                     permits,
+                    reservations,
                 } = submitted;
-                let siblings = texts.into_iter().zip(permits).zip(metrics);
+                let siblings = texts.into_iter().zip(permits).zip(reservations);
                 Ok(siblings
+                    .zip(metrics)
                     .zip(0u64..)
-                    .map(|(((text, permit), metrics), index)| {
+                    .map(|((((text, permit), queued), metrics), index)| {
                         metrics.input_tokens(input_ids.len());
                         Self {
                             text,
@@ -112,6 +119,7 @@ impl Generation {
                             seed: seed.wrapping_add(index),
                             input_ids: input_ids.clone(),
                             _permit: permit,
+                            queued: Some(queued),
                         }
                     })
                     .collect())
@@ -131,11 +139,11 @@ impl Generation {
         params: &GenerationParams,
         count: usize,
     ) -> Result<Submitted, AppError> {
-        let permits = (0..count)
-            .map(|_| Arc::clone(&state.admission).try_acquire_owned())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| AppError::Overloaded(state.info.max_concurrent_requests))?;
+        let permits = state.admission.admit_requests(count)?;
         let valid = state.validator.validate(prompt, params).await?;
+        let queued_tokens =
+            valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
+        let reservations = state.admission.reserve_tokens(queued_tokens, count)?;
         let input_ids = valid.request.input_ids.clone();
         let seed = valid.request.sampling.seed;
         let requests = (0u64..)
@@ -164,12 +172,15 @@ impl Generation {
             input_ids,
             seed,
             permits,
+            reservations,
         })
     }
 
     /// The next token, `None` after the last one.
     pub async fn next(&mut self) -> Option<Result<TextDelta, AppError>> {
         let delta = self.text.next().await?;
+        // A token or an error: either way the request no longer waits in the queue.
+        self.queued = None;
         if let Ok(delta) = &delta {
             self.metrics.token(self.text.admitted_at(), delta.finish);
         }

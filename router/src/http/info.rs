@@ -19,6 +19,9 @@ pub struct ServerInfo {
     pub model_architecture: String,
     pub num_shard: usize,
     pub max_concurrent_requests: usize,
+    /// Tokens admitted requests may hold before their first token; `None`: no limit
+    /// beyond `max_concurrent_requests`.
+    pub max_queued_tokens: Option<usize>,
     pub max_input_tokens: usize,
     pub max_total_tokens: usize,
     pub max_batch_prefill_tokens: usize,

@@ -4,13 +4,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use crate::error::{error_response, Api, AppError};
@@ -83,15 +83,28 @@ pub struct ReadyBody {
     status: &'static str,
 }
 
+/// The query of `/health`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct HealthQuery {
+    /// Run a real one-token forward on every shard instead of a plain Health call.
+    #[serde(default)]
+    deep: bool,
+}
+
 /// `GET /health`: liveness. 200 while the router is up and every shard answers (also while
-/// draining), else 503; the body names the state (`ok`, `recovering` or `draining`).
-#[utoipa::path(get, path = "/health", tag = "Operations", responses(
+/// draining), else 503; the body names the state (`ok`, `recovering` or `draining`). With
+/// `?deep=true` every shard runs a one-token forward, queued between two steps and bounded
+/// by the step timeout. Probes take no admission permit and count in no request metric.
+#[utoipa::path(get, path = "/health", tag = "Operations", params(HealthQuery), responses(
     (status = 200, description = "Every shard answers", body = HealthBody),
     (status = 503, description = "A shard does not answer", body = HealthBody)))]
-pub async fn health(State(state): State<AppState>) -> Response {
+pub async fn health(State(state): State<AppState>, Query(query): Query<HealthQuery>) -> Response {
     let draining = state.draining.is_set();
     let shards = if state.backend.phase() == EnginePhase::Recovering {
         Err(SchedulerError::Recovering)
+    } else if query.deep {
+        state.backend.deep_health().await
     } else {
         state.backend.health().await
     };

@@ -1,5 +1,7 @@
 //! The axum application: routes, shared state, request ids, body limit.
 
+mod admission;
+mod auth;
 mod generation;
 mod info;
 mod json;
@@ -20,11 +22,12 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use admission::Admission;
+pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use lifecycle::Draining;
 
@@ -46,12 +49,15 @@ pub struct AppState {
     pub draining: Draining,
     /// Whether request and response bodies are logged (`--log-requests`).
     log_requests: bool,
-    /// One permit per request in flight; none left means 429.
-    admission: Arc<Semaphore>,
+    /// Requests and queued tokens in flight; beyond the limits a request gets 429.
+    admission: Admission,
+    /// Keys the protected routes require; `None`: no authentication.
+    api_keys: Option<ApiKeys>,
 }
 
 impl AppState {
-    /// State whose admission allows `info.max_concurrent_requests` requests at once.
+    /// State whose admission allows `info.max_concurrent_requests` requests and
+    /// `info.max_queued_tokens` queued tokens at once.
     pub fn new(
         backend: Arc<dyn Backend>,
         validator: Arc<Validator>,
@@ -59,7 +65,7 @@ impl AppState {
         info: ServerInfo,
         metrics: PrometheusHandle,
     ) -> Self {
-        let admission = Arc::new(Semaphore::new(info.max_concurrent_requests));
+        let admission = Admission::new(info.max_concurrent_requests, info.max_queued_tokens);
         Self {
             backend,
             validator,
@@ -69,7 +75,15 @@ impl AppState {
             draining: Draining::default(),
             log_requests: false,
             admission,
+            api_keys: None,
         }
+    }
+
+    /// Requires one of `keys` on every route but `/health`, `/ready` and `/metrics`.
+    #[must_use]
+    pub fn with_api_keys(mut self, keys: Option<ApiKeys>) -> Self {
+        self.api_keys = keys;
+        self
     }
 
     /// Logs prompts and outputs when `enabled`; they are never logged otherwise.
@@ -81,14 +95,14 @@ impl AppState {
 
     /// Requests admitted and not yet finished (streams included).
     pub fn in_flight(&self) -> usize {
-        self.info
-            .max_concurrent_requests
-            .saturating_sub(self.admission.available_permits())
+        self.admission.requests_in_flight()
     }
 }
 
 /// The router's HTTP application: every route is registered with its OpenAPI operation, so
-/// `/openapi.json` (browsable at `/docs`) lists exactly what is served.
+/// `/openapi.json` (browsable at `/docs`) lists exactly what is served. Probes, the metrics
+/// scrape and the API description (`/health`, `/ready`, `/metrics`, `/openapi.json`, `/docs`)
+/// are open; every other route requires an API key when keys are configured.
 pub fn app(state: AppState) -> Router {
     let mut inference = OpenApiRouter::new()
         .routes(routes!(native::generate))
@@ -106,13 +120,19 @@ pub fn app(state: AppState) -> Router {
             request_log::log_bodies,
         ));
     }
-    let (routes, spec) = OpenApiRouter::with_openapi(openapi::base())
+    let protected = OpenApiRouter::new()
         .merge(inference)
         .routes(routes!(native::tokenize::tokenize))
         .routes(routes!(info::models))
+        .routes(routes!(info::info))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
+    let (routes, spec) = OpenApiRouter::with_openapi(openapi::base())
+        .merge(protected)
         .routes(routes!(lifecycle::health))
         .routes(routes!(lifecycle::ready))
-        .routes(routes!(info::info))
         .routes(routes!(info::metrics))
         .split_for_parts();
     routes

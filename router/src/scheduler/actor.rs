@@ -1,22 +1,23 @@
 //! The step loop: owns `SchedulerState`, drives the shards one Step at a time, and rides
 //! through shard restarts (see `recovery`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
+use super::handle::Command;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
-use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{LoadSnapshot, SchedulerError};
 use crate::pb;
-use crate::shard::ShardFleet;
+use crate::shard::ShardGroup;
 
 /// The only owner of the scheduler's state.
 pub(crate) struct Actor {
     pub state: SchedulerState,
-    pub fleet: ShardFleet,
-    pub submissions: mpsc::UnboundedReceiver<Sequence>,
+    pub shards: Arc<dyn ShardGroup>,
+    pub submissions: mpsc::UnboundedReceiver<Command>,
     pub load: watch::Sender<LoadSnapshot>,
     pub phase: watch::Sender<EnginePhase>,
     pub recovery: RecoveryConfig,
@@ -29,9 +30,10 @@ impl Actor {
             if self.state.is_idle() && !self.wait_for_work().await {
                 return;
             }
-            while let Ok(sequence) = self.submissions.try_recv() {
-                self.state.enqueue(sequence);
+            while let Ok(command) = self.submissions.try_recv() {
+                self.accept(command).await;
             }
+            self.expire_unstarted();
             let scheduling = Instant::now();
             match self.state.schedule() {
                 Some(step) => {
@@ -41,7 +43,7 @@ impl Actor {
                 }
                 // Not idle yet nothing schedulable: wait for news instead of spinning.
                 None => match self.submissions.recv().await {
-                    Some(sequence) => self.state.enqueue(sequence),
+                    Some(command) => self.accept(command).await,
                     None => {
                         self.state.fail_all(&SchedulerError::ShuttingDown);
                         return;
@@ -58,14 +60,16 @@ impl Actor {
         loop {
             tokio::select! {
                 received = self.submissions.recv() => {
-                    let Some(sequence) = received else {
+                    let Some(command) = received else {
                         return false;
                     };
-                    self.state.enqueue(sequence);
-                    return true;
+                    self.accept(command).await;
+                    if !self.state.is_idle() {
+                        return true;
+                    }
                 }
                 () = tokio::time::sleep(self.recovery.idle_health_interval) => {
-                    if let Err(error) = recovery::shards_answer(&self.fleet).await {
+                    if let Err(error) = recovery::shards_answer(self.shards.as_ref()).await {
                         tracing::error!(%error, "a shard stopped answering");
                         self.recover().await;
                         if !self.state.is_idle() {
@@ -74,6 +78,55 @@ impl Actor {
                     }
                 }
             }
+        }
+    }
+
+    /// Takes one command: a submission joins the queue, a deep probe runs now, between
+    /// two steps, so its forward never races a Step on any rank.
+    async fn accept(&mut self, command: Command) {
+        match command {
+            Command::Submit(sequence) => self.state.enqueue(*sequence),
+            Command::DeepHealth(reply) => self.probe_deeply(reply).await,
+        }
+    }
+
+    /// A one-token forward on every rank within the step timeout; cancelled as soon as the
+    /// asker stops waiting.
+    async fn probe_deeply(&self, mut reply: oneshot::Sender<Result<(), SchedulerError>>) {
+        if reply.is_closed() {
+            return;
+        }
+        let timeout = self.recovery.step_timeout;
+        let probe = tokio::time::timeout(timeout, self.shards.health(true));
+        tokio::select! {
+            outcome = probe => {
+                let answer = match outcome {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(SchedulerError::ShardFailed(error.to_string())),
+                    Err(_) => Err(SchedulerError::HealthTimeout(timeout.as_secs())),
+                };
+                let _ = reply.send(answer);
+            }
+            () = reply.closed() => tracing::debug!("deep health probe abandoned by its caller"),
+        }
+    }
+
+    /// While recovering, submissions queue and deep probes are answered at once.
+    fn accept_while_recovering(&mut self, command: Command) {
+        match command {
+            Command::Submit(sequence) => self.state.enqueue(*sequence),
+            Command::DeepHealth(reply) => {
+                let _ = reply.send(Err(SchedulerError::Recovering));
+            }
+        }
+    }
+
+    /// Requests that waited `max_queue_time` without starting fail.
+    fn expire_unstarted(&mut self) {
+        let max_queue_time = self.recovery.max_queue_time;
+        if let Some(cutoff) = Instant::now().checked_sub(max_queue_time) {
+            let error = SchedulerError::QueueTimeout(max_queue_time.as_secs());
+            self.state.expire_unstarted(cutoff, &error);
         }
     }
 
@@ -87,7 +140,8 @@ impl Actor {
             .sum();
         crate::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
         let started = Instant::now();
-        match self.fleet.step(step).await {
+        let timeout = self.recovery.step_timeout;
+        match recovery::within(timeout, "Step", self.shards.step(step)).await {
             Ok(response) => {
                 crate::metrics::record_step_done(started.elapsed(), &response);
                 let applying = Instant::now();
@@ -97,8 +151,7 @@ impl Actor {
             }
             Err(error) => {
                 tracing::error!(%error, "step failed; failing its requests");
-                self.state
-                    .fail_running(&SchedulerError::ShardFailed(error.to_string()));
+                self.state.fail_running(&SchedulerError::ShardFailed(error));
                 false
             }
         }
@@ -112,12 +165,12 @@ impl Actor {
         metrics::counter!("tandem_shard_recoveries_total").increment(1);
         tracing::warn!("recovering: waiting for the model shards to answer again");
         loop {
-            while let Ok(sequence) = self.submissions.try_recv() {
-                self.state.enqueue(sequence);
+            while let Ok(command) = self.submissions.try_recv() {
+                self.accept_while_recovering(command);
             }
             self.expire_queued(started);
             self.publish_load();
-            match recovery::restore(&self.fleet, &self.recovery.warmup).await {
+            match recovery::restore(self.shards.as_ref(), &self.recovery).await {
                 Ok(num_blocks) if self.adopt_kv_size(num_blocks) => break,
                 Ok(_) => {}
                 Err(error) => tracing::debug!(%error, "the shards are not back yet"),

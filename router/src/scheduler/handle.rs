@@ -1,19 +1,33 @@
 //! The scheduler as the HTTP layer sees it: a `Backend` that queues requests for the actor.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::{mpsc, watch};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::request::{GenerationRequest, GenerationStream};
 use super::sequence::Sequence;
 use super::{Backend, EnginePhase, LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
-use crate::shard::ShardFleet;
+use crate::shard::ShardGroup;
+
+/// What the handle asks of the step loop.
+pub(crate) enum Command {
+    /// Queue a request.
+    Submit(Box<Sequence>),
+    /// Run a deep health probe between two steps and answer here; skipped or cancelled
+    /// once the asker stops waiting.
+    DeepHealth(oneshot::Sender<Result<(), SchedulerError>>),
+}
 
 pub(crate) struct SchedulerHandle {
     pub config: SchedulerConfig,
     pub pool: BlockPool,
-    pub fleet: ShardFleet,
-    pub submissions: mpsc::UnboundedSender<Sequence>,
+    pub shards: Arc<dyn ShardGroup>,
+    pub submissions: mpsc::UnboundedSender<Command>,
+    /// How long a deep health probe may wait for its turn and run.
+    pub deep_health_timeout: Duration,
     pub load: watch::Receiver<LoadSnapshot>,
     pub phase: watch::Receiver<EnginePhase>,
     pub next_id: AtomicU64,
@@ -56,7 +70,7 @@ impl SchedulerHandle {
         let mut sequence = Sequence::new(id, request, self.pool.new_table(), sender);
         sequence.leader = leader;
         self.submissions
-            .send(sequence)
+            .send(Command::Submit(Box::new(sequence)))
             .map_err(|_| SchedulerError::ShuttingDown)?;
         Ok((id, GenerationStream { events }))
     }
@@ -88,10 +102,29 @@ impl Backend for SchedulerHandle {
     }
 
     async fn health(&self) -> Result<(), SchedulerError> {
-        self.fleet
+        self.shards
             .health(false)
             .await
             .map_err(|error| SchedulerError::ShardFailed(error.to_string()))
+    }
+
+    /// Goes through the step loop, so with tensor parallelism the probe's forward never
+    /// runs beside a Step; gives up (and so cancels the probe) after the step timeout.
+    async fn deep_health(&self) -> Result<(), SchedulerError> {
+        if self.phase() == EnginePhase::Recovering {
+            return Err(SchedulerError::Recovering);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.submissions
+            .send(Command::DeepHealth(reply))
+            .map_err(|_| SchedulerError::ShuttingDown)?;
+        match tokio::time::timeout(self.deep_health_timeout, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(SchedulerError::ShuttingDown),
+            Err(_) => Err(SchedulerError::HealthTimeout(
+                self.deep_health_timeout.as_secs(),
+            )),
+        }
     }
 
     fn phase(&self) -> EnginePhase {

@@ -5,6 +5,8 @@
 
 mod actor;
 #[cfg(test)]
+mod actor_tests;
+#[cfg(test)]
 mod fake_shard;
 mod handle;
 mod outputs;
@@ -22,7 +24,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::shard::ShardFleet;
+use crate::shard::ShardGroup;
 
 pub use request::{
     FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
@@ -42,8 +44,12 @@ pub enum SchedulerError {
     ShuttingDown,
     #[error("the model shards are restarting; retry shortly")]
     Recovering,
-    #[error("timed out after {0}s waiting for the model shards")]
+    #[error(
+        "the request waited {0}s in the queue without starting (--max-queue-time); retry later"
+    )]
     QueueTimeout(u64),
+    #[error("the deep health check got no answer within {0}s")]
+    HealthTimeout(u64),
 }
 
 /// A snapshot of the scheduler's load, for `/health`, `/info` and admission.
@@ -79,6 +85,10 @@ pub trait Backend: Send + Sync {
     fn load(&self) -> LoadSnapshot;
     /// Asks every shard whether it is alive.
     async fn health(&self) -> Result<(), SchedulerError>;
+    /// Runs a one-token forward on every shard, between two steps, within a timeout.
+    async fn deep_health(&self) -> Result<(), SchedulerError> {
+        self.health().await
+    }
     /// Whether the engine takes requests or waits for restarted shards.
     fn phase(&self) -> EnginePhase {
         EnginePhase::Serving
@@ -104,7 +114,7 @@ pub struct SchedulerConfig {
 pub fn spawn(
     config: SchedulerConfig,
     recovery: RecoveryConfig,
-    fleet: ShardFleet,
+    shards: Arc<dyn ShardGroup>,
 ) -> Arc<dyn Backend> {
     let state = state::SchedulerState::new(config);
     let (submissions, receiver) = mpsc::unbounded_channel();
@@ -113,15 +123,16 @@ pub fn spawn(
     let handle = handle::SchedulerHandle {
         config,
         pool: state.pool().clone(),
-        fleet: fleet.clone(),
+        shards: Arc::clone(&shards),
         submissions,
+        deep_health_timeout: recovery.step_timeout,
         load,
         phase,
         next_id: AtomicU64::new(0),
     };
     let actor = actor::Actor {
         state,
-        fleet,
+        shards,
         submissions: receiver,
         load: load_sender,
         phase: phase_sender,

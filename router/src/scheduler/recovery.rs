@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::pb;
-use crate::shard::ShardFleet;
+use crate::shard::{ShardError, ShardGroup};
 
 /// A shard that does not answer `Health` within this counts as down.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,8 +23,11 @@ pub enum EnginePhase {
 pub struct RecoveryConfig {
     /// Sent again to the restarted shards; the same parameters as at start-up.
     pub warmup: pb::WarmupRequest,
-    /// How long a queued request waits for the shards before it fails.
+    /// How long a request waits in the queue (also for the shards) before it fails.
     pub max_queue_time: Duration,
+    /// How long one Step, deep health probe, Reset or Warmup may take before the shard
+    /// group counts as dead.
+    pub step_timeout: Duration,
     /// How often a recovering scheduler asks the shards whether they are back.
     pub poll_interval: Duration,
     /// How often an idle scheduler checks that the shards still answer.
@@ -33,19 +36,40 @@ pub struct RecoveryConfig {
 
 impl RecoveryConfig {
     /// Polls every 500 ms while recovering and every 2 s while idle.
-    pub fn new(warmup: pb::WarmupRequest, max_queue_time: Duration) -> Self {
+    pub fn new(
+        warmup: pb::WarmupRequest,
+        max_queue_time: Duration,
+        step_timeout: Duration,
+    ) -> Self {
         Self {
             warmup,
             max_queue_time,
+            step_timeout,
             poll_interval: Duration::from_millis(500),
             idle_health_interval: Duration::from_secs(2),
         }
     }
 }
 
+/// `call`'s answer, or an error naming `rpc` once `timeout` passed (the call is then dropped,
+/// which cancels it on the shards).
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    rpc: &str,
+    call: impl std::future::Future<Output = Result<T, ShardError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(answer) => answer.map_err(|error| error.to_string()),
+        Err(_) => Err(format!(
+            "no answer to {rpc} within {}s (--step-timeout)",
+            timeout.as_secs_f32()
+        )),
+    }
+}
+
 /// Every rank answers `Health` in time.
-pub(crate) async fn shards_answer(fleet: &ShardFleet) -> Result<(), String> {
-    match tokio::time::timeout(HEALTH_TIMEOUT, fleet.health(false)).await {
+pub(crate) async fn shards_answer(shards: &dyn ShardGroup) -> Result<(), String> {
+    match tokio::time::timeout(HEALTH_TIMEOUT, shards.health(false)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => Err(error.to_string()),
         Err(_) => Err(format!("no Health answer within {HEALTH_TIMEOUT:?}")),
@@ -54,15 +78,12 @@ pub(crate) async fn shards_answer(fleet: &ShardFleet) -> Result<(), String> {
 
 /// Once every rank answers: drop all request state, warm up again, return the block count.
 pub(crate) async fn restore(
-    fleet: &ShardFleet,
-    warmup: &pb::WarmupRequest,
+    shards: &dyn ShardGroup,
+    config: &RecoveryConfig,
 ) -> Result<usize, String> {
-    shards_answer(fleet).await?;
-    fleet.reset().await.map_err(|error| error.to_string())?;
-    let answer = fleet
-        .warmup(*warmup)
-        .await
-        .map_err(|error| error.to_string())?;
+    shards_answer(shards).await?;
+    within(config.step_timeout, "Reset", shards.reset()).await?;
+    let answer = within(config.step_timeout, "Warmup", shards.warmup(config.warmup)).await?;
     match usize::try_from(answer.num_blocks) {
         Ok(0) | Err(_) => Err("the restarted shards allocated no KV cache blocks".to_owned()),
         Ok(num_blocks) => Ok(num_blocks),

@@ -5,6 +5,41 @@ mod fleet;
 
 pub use fleet::ShardFleet;
 
+use crate::pb;
+
+/// The RPCs the step loop sends to the whole shard group; `ShardFleet` fans each out to
+/// every rank, tests put a fake here.
+#[async_trait::async_trait]
+pub trait ShardGroup: Send + Sync + 'static {
+    /// One forward pass on every rank; rank 0's outputs.
+    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError>;
+    /// Whether every rank answers; `deep` runs a one-token forward on each.
+    async fn health(&self, deep: bool) -> Result<(), ShardError>;
+    /// Every rank drops all request state.
+    async fn reset(&self) -> Result<(), ShardError>;
+    /// Every rank (re)allocates its KV cache; the smallest rank's answer.
+    async fn warmup(&self, request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError>;
+}
+
+#[async_trait::async_trait]
+impl ShardGroup for ShardFleet {
+    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+        ShardFleet::step(self, request).await
+    }
+
+    async fn health(&self, deep: bool) -> Result<(), ShardError> {
+        ShardFleet::health(self, deep).await
+    }
+
+    async fn reset(&self) -> Result<(), ShardError> {
+        ShardFleet::reset(self).await
+    }
+
+    async fn warmup(&self, request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError> {
+        ShardFleet::warmup(self, request).await
+    }
+}
+
 /// A failure talking to the shards. Any rank failing fails the whole call: a
 /// tensor-parallel group cannot continue without one of its ranks.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -187,7 +187,7 @@ async fn a_queue_timeout_is_503_with_retry_after() {
     assert!(retry_after.is_some());
     assert_eq!(
         reply.json()["error"],
-        "timed out after 60s waiting for the model shards"
+        "the request waited 60s in the queue without starting (--max-queue-time); retry later"
     );
 }
 
@@ -266,4 +266,35 @@ async fn prompts_and_outputs_are_logged_only_with_log_requests() {
     let logged = logs_of_one_generate(true, "logged-request", "logged secret").await;
     assert!(logged.contains("logged secret"), "{logged}");
     assert!(logged.contains("generated_text"), "{logged}");
+}
+
+#[tokio::test]
+async fn deep_health_runs_a_forward_only_when_asked() {
+    use std::sync::atomic::Ordering;
+    let backend = ok_backend();
+    let app = test_app(backend.clone(), 4);
+    assert_eq!(get(&app, "/health").await.status, StatusCode::OK);
+    assert_eq!(backend.deep_probes.load(Ordering::SeqCst), 0);
+    let reply = get(&app, "/health?deep=true").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["status"], "ok");
+    assert_eq!(backend.deep_probes.load(Ordering::SeqCst), 1);
+    let reply = get(&app, "/health?deep=maybe").await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.body.contains("deep"), "{}", reply.body);
+}
+
+#[tokio::test]
+async fn a_deep_probe_without_an_answer_in_time_is_503_unhealthy() {
+    let backend = FakeBackend::deep_failing(SchedulerError::HealthTimeout(5));
+    let app = test_app(backend, 4);
+    let reply = get(&app, "/health?deep=true").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    let body = reply.json();
+    assert_eq!(body["error_type"], "unhealthy");
+    assert_eq!(
+        body["error"],
+        "the model is not healthy: the deep health check got no answer within 5s"
+    );
+    assert_eq!(get(&app, "/health").await.status, StatusCode::OK);
 }

@@ -1,8 +1,12 @@
 //! HTTP behaviour through `app()` with a scripted fake `Backend`.
 
+mod admission;
 mod api_limits;
+mod auth;
 mod chat_endings;
 mod errors;
+mod fuzz;
+mod hostile;
 mod lifecycle;
 mod logprobs;
 mod native;
@@ -54,6 +58,10 @@ pub struct FakeBackend {
     healthy: bool,
     /// Whether token logprobs fall with `seed % 4`, so sampled candidates can be ranked.
     logprob_by_seed: bool,
+    /// Deep health probes received.
+    pub deep_probes: std::sync::atomic::AtomicUsize,
+    /// What a deep probe answers besides the plain health.
+    deep_failure: Option<SchedulerError>,
 }
 
 impl FakeBackend {
@@ -73,6 +81,14 @@ impl FakeBackend {
         Self::with_health(Script::Hold(vec![]), false)
     }
 
+    /// Healthy, but a deep probe fails with `error`.
+    pub fn deep_failing(error: SchedulerError) -> Arc<Self> {
+        Arc::new(Self {
+            deep_failure: Some(error),
+            ..Self::fields(Script::Hold(vec![]), true)
+        })
+    }
+
     fn with_health(script: Script, healthy: bool) -> Arc<Self> {
         Arc::new(Self::fields(script, healthy))
     }
@@ -84,6 +100,8 @@ impl FakeBackend {
             senders: Mutex::new(Vec::new()),
             healthy,
             logprob_by_seed: false,
+            deep_probes: std::sync::atomic::AtomicUsize::new(0),
+            deep_failure: None,
         }
     }
 
@@ -157,6 +175,13 @@ impl Backend for FakeBackend {
             Err(SchedulerError::ShardFailed("rank 0 is gone".into()))
         }
     }
+
+    async fn deep_health(&self) -> Result<(), SchedulerError> {
+        self.deep_probes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.health().await?;
+        self.deep_failure.clone().map_or(Ok(()), Err)
+    }
 }
 
 pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
@@ -167,6 +192,7 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
         model_architecture: "LlamaForCausalLM".to_owned(),
         num_shard: 1,
         max_concurrent_requests,
+        max_queued_tokens: None,
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_batch_prefill_tokens: 256,
@@ -194,6 +220,11 @@ pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Route
 
 /// The app over `backend` with the limits in `info`.
 pub fn test_app_with(backend: Arc<FakeBackend>, info: ServerInfo) -> axum::Router {
+    app(test_state(backend, info))
+}
+
+/// The state over `backend` and the test model directory, limited as `info` says.
+pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
     let dir = testing::chat_model_dir();
     let files = ModelFiles::load(dir.path()).unwrap();
     let template = ChatTemplate::new(
@@ -209,14 +240,13 @@ pub fn test_app_with(backend: Arc<FakeBackend>, info: ServerInfo) -> axum::Route
         max_stop_sequences: 4,
     };
     let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![]);
-    let state = AppState::new(
+    AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(TokenDecoding::new(tokenizer)),
         info,
         crate::metrics::detached_handle(),
-    );
-    app(state)
+    )
 }
 
 /// The prompt the fake engine received last, decoded with its special tokens.

@@ -290,6 +290,18 @@ impl SchedulerState {
         });
     }
 
+    /// Fails the waiting requests that never started and arrived before `cutoff` (preempted
+    /// ones already stream and wait only for blocks, which running requests free).
+    pub fn expire_unstarted(&mut self, cutoff: Instant, error: &SchedulerError) {
+        self.waiting.retain(|sequence| {
+            if sequence.started || sequence.arrived_at > cutoff {
+                return true;
+            }
+            sequence.notify(GenerationEvent::Error(error.clone()));
+            false
+        });
+    }
+
     /// Resets the KV pool to the shards' re-allocated cache of `num_blocks`, forgetting every
     /// cached prefix; refused (`false`) unless no block is used.
     pub fn resize_kv_cache(&mut self, num_blocks: usize) -> bool {
