@@ -16,7 +16,9 @@ use crate::pb;
 use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
-use crate::validation::{self, ChatTemplate, ModelFiles, ModelFilesError, Validator};
+use crate::validation::{
+    self, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError, Validator,
+};
 
 /// Why the router could not start or keep serving.
 #[derive(Debug, thiserror::Error)]
@@ -222,13 +224,35 @@ fn tokenization(
         max_input_tokens: config.limits.max_input_tokens,
         max_total_tokens: config.limits.max_total_tokens,
     };
-    let validator = Validator::new(
+    let grammars = grammar_compiler(config, &files.eos_token_ids);
+    let mut validator = Validator::new(
         Arc::clone(&tokenizer),
         chat_template,
         limits,
         files.eos_token_ids,
     );
+    if let Some(grammars) = grammars {
+        validator = validator.with_grammars(Arc::new(grammars));
+    }
     Ok((validator, TokenDecoding::new(tokenizer)))
+}
+
+/// The grammar engine over the model's vocabulary; without one, grammar requests get a 4xx.
+fn grammar_compiler(config: &RouterConfig, eos_token_ids: &[u32]) -> Option<GrammarCompiler> {
+    let started = Instant::now();
+    match GrammarCompiler::load(&config.tokenizer_path.join("tokenizer.json"), eos_token_ids) {
+        Ok(compiler) => {
+            info!(
+                elapsed_ms = started.elapsed().as_millis(),
+                "grammar engine ready"
+            );
+            Some(compiler)
+        }
+        Err(error) => {
+            warn!(%error, "structured output and tools are disabled");
+            None
+        }
+    }
 }
 
 /// Serves until SIGINT/SIGTERM, then drains: new requests get 503 (the listener stays

@@ -15,7 +15,7 @@ use crate::scheduler::{LogprobOptions, PromptLogprobs, TokenLogprob};
 use crate::stream::{Finish, TokenDecoding, TokenText};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
-    ValidationError,
+    RequestedGrammar, ValidationError,
 };
 
 /// Most alternatives per token `top_n_tokens` may ask for (TGI's default limit).
@@ -64,7 +64,8 @@ struct ResponseOptions {
 impl GenerateRequest {
     fn into_parts(self) -> Result<(Prompt, GenerationParams, ResponseOptions), ValidationError> {
         reject_unsupported(&self.extra, &[])?;
-        let p = self.parameters.unwrap_or_default();
+        let mut p = self.parameters.unwrap_or_default();
+        let grammar = RequestedGrammar::from_tgi(p.extra.remove("grammar"))?;
         reject_unsupported(&p.extra, &[])?;
         let best_of = check_choices("best_of", p.best_of)?;
         let sampling_requested = p.do_sample == Some(true)
@@ -105,6 +106,7 @@ impl GenerateRequest {
                 top_logprobs: check_count("top_n_tokens", p.top_n_tokens, MAX_TOP_N_TOKENS)?,
                 prompt_logprobs: p.decoder_input_details == Some(true),
             },
+            grammar,
         };
         let options = ResponseOptions {
             best_of,

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use crate::shard::ShardFleet;
 
 pub use request::{
-    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
+    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream, Grammar,
     LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams, TokenLogprob,
 };
 

@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::grammar::RequestedGrammar;
 use super::processors::{self, ProcessorParams};
 use super::ValidationError;
 use crate::scheduler::{LogprobOptions, SamplingParams};
@@ -34,6 +35,8 @@ pub struct GenerationParams {
     pub stop_token_ids: Vec<u32>,
     /// Already range-checked by the route, whose limits differ.
     pub logprobs: LogprobOptions,
+    /// Compiled by the validator before admission; `None` means unconstrained.
+    pub grammar: Option<RequestedGrammar>,
 }
 
 /// Parameters that passed their range checks.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import llguidance
 from tandem_server.errors import InvalidStepError
 from tandem_server.structured.grammar import GrammarSpec
 from tandem_server.structured.matcher import GrammarMatcher
+
+logger = logging.getLogger(__name__)
 
 
 class GrammarCompiler:
@@ -22,11 +25,16 @@ class GrammarCompiler:
 
     @classmethod
     def from_model_dir(cls, model_path: Path, vocab_size: int, eos_token_ids: Sequence[int]) -> GrammarCompiler | None:
-        """The compiler for `model_path/tokenizer.json`, or None when the model ships no such file."""
+        """The compiler for `model_path/tokenizer.json`, or None when the model ships none llguidance can read."""
         tokenizer_json = model_path / "tokenizer.json"
         if not tokenizer_json.is_file():
             return None
-        tokenizer = llguidance.LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        try:
+            tokenizer = llguidance.LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        except (ValueError, RuntimeError) as error:
+            # The router disables grammars for the same vocabulary, so no constrained request arrives.
+            logger.warning("grammar-constrained decoding is disabled: %s", error)
+            return None
         return cls(tokenizer, vocab_size)
 
     def matcher(self, spec: GrammarSpec, generated: Sequence[int] = ()) -> GrammarMatcher:

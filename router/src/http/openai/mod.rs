@@ -33,6 +33,9 @@ use impl_sampling_fields;
 pub mod chat;
 pub mod completions;
 mod logprobs;
+mod response_format;
+mod tool_calls;
+mod tools;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -106,6 +109,7 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos == Some(true),
             stop_token_ids: self.stop_token_ids.unwrap_or_default(),
             logprobs,
+            grammar: None,
         }
     }
 }
