@@ -17,8 +17,8 @@ use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
 use crate::validation::{
-    self, chat_template_source, ChatTemplate, ModelFiles, ModelFilesError, TemplateSourceError,
-    Validator,
+    self, chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
+    TemplateSourceError, Validator,
 };
 
 /// Why the router could not start or keep serving.
@@ -258,13 +258,35 @@ fn tokenization(
         max_total_tokens: config.limits.max_total_tokens,
         max_stop_sequences: config.api.max_stop_sequences,
     };
-    let validator = Validator::new(
+    let grammars = grammar_compiler(config, &files.eos_token_ids);
+    let mut validator = Validator::new(
         Arc::clone(&tokenizer),
         chat_template,
         limits,
         files.eos_token_ids,
     );
+    if let Some(grammars) = grammars {
+        validator = validator.with_grammars(Arc::new(grammars));
+    }
     Ok((validator, TokenDecoding::new(tokenizer)))
+}
+
+/// The grammar engine over the model's vocabulary; without one, grammar requests get a 4xx.
+fn grammar_compiler(config: &RouterConfig, eos_token_ids: &[u32]) -> Option<GrammarCompiler> {
+    let started = Instant::now();
+    match GrammarCompiler::load(&config.tokenizer_path.join("tokenizer.json"), eos_token_ids) {
+        Ok(compiler) => {
+            info!(
+                elapsed_ms = started.elapsed().as_millis(),
+                "grammar engine ready"
+            );
+            Some(compiler)
+        }
+        Err(error) => {
+            warn!(%error, "structured output and tools are disabled");
+            None
+        }
+    }
 }
 
 /// Serves until SIGINT/SIGTERM, then drains: new requests get 503 (the listener stays

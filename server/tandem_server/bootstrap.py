@@ -16,6 +16,7 @@ from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
+from tandem_server.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,12 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )
     model = load_model(checkpoint, config.dtype, device, parallel, backend)
-    runner = ModelRunner(model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory)
+    grammar_compiler = GrammarCompiler.from_model_dir(
+        config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
+    )
+    runner = ModelRunner(
+        model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory, grammar_compiler
+    )
     logger.info(
         "loaded %s (%s on %s, rank %d/%d) in %.1fs",
         checkpoint.architecture,

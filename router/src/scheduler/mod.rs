@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use crate::shard::ShardGroup;
 
 pub use request::{
-    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
+    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream, Grammar,
     LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams, TokenLogprob,
 };
 

@@ -63,6 +63,17 @@ pub struct LogprobOptions {
     pub prompt_logprobs: bool,
 }
 
+/// A grammar the generated text must match; compiled and bounded by `validation` before
+/// admission, so the shard never sees one it cannot compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grammar {
+    /// A serialized JSON Schema.
+    JsonSchema(String),
+    Regex(String),
+    /// llguidance's Lark dialect (tool calls).
+    Lark(String),
+}
+
 /// A validated, tokenized request ready for scheduling.
 #[derive(Debug, Clone, Default)]
 pub struct GenerationRequest {
@@ -70,6 +81,8 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
     pub logprobs: LogprobOptions,
+    /// `None` means unconstrained.
+    pub grammar: Option<Grammar>,
 }
 
 /// A token with its log-probability under the raw model distribution.

@@ -5,7 +5,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::request::{
-    GenerationEvent, GenerationRequest, LogprobOptions, SamplingParams, StoppingParams,
+    GenerationEvent, GenerationRequest, Grammar, LogprobOptions, SamplingParams, StoppingParams,
 };
 use crate::kv::BlockTable;
 use crate::pb;
@@ -25,6 +25,7 @@ pub(crate) struct Sequence {
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
     pub logprobs: LogprobOptions,
+    pub grammar: Option<Grammar>,
     pub events: mpsc::UnboundedSender<GenerationEvent>,
     pub known_to_shards: bool,
     pub started: bool,
@@ -51,6 +52,7 @@ impl Sequence {
             sampling: request.sampling,
             stopping: request.stopping,
             logprobs: request.logprobs,
+            grammar: request.grammar,
             events,
             known_to_shards: false,
             started: false,
@@ -107,8 +109,18 @@ impl Sequence {
             }),
             top_logprobs: self.logprobs.top_logprobs,
             prompt_logprobs: self.logprobs.prompt_logprobs,
+            grammar: self.grammar.as_ref().map(grammar_message),
         }
     }
+}
+
+fn grammar_message(grammar: &Grammar) -> pb::Grammar {
+    let kind = match grammar {
+        Grammar::JsonSchema(schema) => pb::grammar::Kind::JsonSchema(schema.clone()),
+        Grammar::Regex(regex) => pb::grammar::Kind::Regex(regex.clone()),
+        Grammar::Lark(lark) => pb::grammar::Kind::Lark(lark.clone()),
+    };
+    pb::Grammar { kind: Some(kind) }
 }
 
 /// The contract's form: every neutral value becomes the zero that means "disabled".

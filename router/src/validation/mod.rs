@@ -1,6 +1,7 @@
 //! Turns a client's prompt and parameters into a tokenized, bounded `GenerationRequest`.
 
 mod chat_template;
+mod grammar;
 mod model_files;
 mod params;
 mod processors;
@@ -13,6 +14,9 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
+pub use grammar::{
+    with_json_layout, GrammarCompiler, GrammarSetupError, RequestedGrammar, MAX_GRAMMAR_BYTES,
+};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams, MAX_CHOICES};
 pub use processors::ProcessorParams;
@@ -74,6 +78,11 @@ pub enum ValidationError {
     Template(String),
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
+    #[error("`{param}` is not a valid grammar: {message}")]
+    InvalidGrammar {
+        param: &'static str,
+        message: String,
+    },
 }
 
 impl ValidationError {
@@ -87,7 +96,8 @@ impl ValidationError {
             Self::TooManyPrompts { .. } => Some("prompt"),
             Self::TotalTooLong { param, .. }
             | Self::CountOutOfRange { param, .. }
-            | Self::UnknownToken { param, .. } => Some(param),
+            | Self::UnknownToken { param, .. }
+            | Self::InvalidGrammar { param, .. } => Some(param),
             Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
         }
     }
@@ -127,6 +137,8 @@ pub struct Validator {
     chat_template: Option<Arc<ChatTemplate>>,
     limits: Limits,
     eos_token_ids: Vec<u32>,
+    /// `None`: this model serves no grammars (requests asking for one are rejected).
+    grammars: Option<Arc<GrammarCompiler>>,
 }
 
 impl Validator {
@@ -142,7 +154,15 @@ impl Validator {
             chat_template: chat_template.map(Arc::new),
             limits,
             eos_token_ids,
+            grammars: None,
         }
+    }
+
+    /// Enables grammar-constrained requests.
+    #[must_use]
+    pub fn with_grammars(mut self, grammars: Arc<GrammarCompiler>) -> Self {
+        self.grammars = Some(grammars);
+        self
     }
 
     /// Checks parameters, renders and tokenizes the prompt, and bounds the request's length.
@@ -154,6 +174,9 @@ impl Validator {
         let checked = params::check(params, self.limits.max_stop_sequences)?;
         self.check_token_ids(&params.stop_token_ids, &checked.sampling.logit_bias)?;
         self.check_prompt(&prompt)?;
+        if let Some(requested) = &params.grammar {
+            self.check_grammar(requested).await?;
+        }
         let truncate = self.check_truncate(params.truncate)?;
         let mut input_ids = self.tokenize(prompt).await?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
@@ -194,12 +217,23 @@ impl Validator {
                 sampling: checked.sampling,
                 stopping,
                 logprobs: params.logprobs,
+                grammar: params.grammar.as_ref().map(|g| g.grammar.clone()),
             },
             stop: checked.stop,
         })
     }
 
     /// Token ids in `stop_token_ids` and `logit_bias` must exist in the vocabulary.
+    async fn check_grammar(&self, requested: &RequestedGrammar) -> Result<(), ValidationError> {
+        match &self.grammars {
+            Some(grammars) => grammars.check(requested).await,
+            None => Err(ValidationError::Unsupported {
+                param: requested.param.to_owned(),
+                detail: " by this model (its tokenizer.json has no usable vocabulary)".to_owned(),
+            }),
+        }
+    }
+
     fn check_token_ids(
         &self,
         stop_token_ids: &[u32],

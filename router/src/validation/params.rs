@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::grammar::RequestedGrammar;
 use super::processors::{self, ProcessorParams};
 use super::ValidationError;
 use crate::scheduler::{LogprobOptions, SamplingParams};
@@ -34,6 +35,8 @@ pub struct GenerationParams {
     pub logprobs: LogprobOptions,
     /// Keep only this many prompt tokens, the last ones (TGI's `truncate`).
     pub truncate: Option<i64>,
+    /// Compiled by the validator before admission; `None` means unconstrained.
+    pub grammar: Option<RequestedGrammar>,
 }
 
 /// Parameters that passed their range checks.

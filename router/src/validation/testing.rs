@@ -24,7 +24,7 @@ fn byte_to_char(byte: u8) -> char {
     char::from_u32(256 + u32::try_from(rank).unwrap()).unwrap()
 }
 
-fn tokenizer_json() -> Value {
+pub fn tokenizer_json() -> Value {
     let mut vocab = Map::new();
     for byte in 0..=255u8 {
         vocab.insert(byte_to_char(byte).to_string(), json!(u32::from(byte)));

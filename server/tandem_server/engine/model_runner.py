@@ -16,6 +16,7 @@ from tandem_server.engine.warmup import blocks_for_budget, run_reserved_forward
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
+from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
 
 class ModelRunner:
@@ -28,13 +29,14 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         kv_cache_memory: int,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
         self.model = model
         self.eos_token_ids = tuple(eos_token_ids)
         self.dtype = dtype
         self.device = device
         self.kv_cache_memory = kv_cache_memory
-        self.requests = RequestTable()
+        self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.sampler = Sampler()
 
@@ -126,7 +128,9 @@ class ModelRunner:
             )
             for s in states
         ]
-        sampled = self.sampler(logits, SamplingBatch.build(rows, self.device))
+        # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
+        token_mask = grammar_token_mask([s.grammar for s in states], logits.shape[-1], logits.device)
+        sampled = self.sampler(logits, SamplingBatch.build(rows, self.device, token_mask))
         generations = []
         for state, token_id, logprob, top in zip(
             states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True

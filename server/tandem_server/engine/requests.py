@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from tandem_server.engine.step import FinishReason, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.errors import InvalidStepError, StateMismatchError
 from tandem_server.sampling import SamplingParams
+from tandem_server.structured import GrammarCompiler, GrammarMatcher
 
 
 @dataclass
@@ -24,9 +25,11 @@ class RequestState:
     block_table: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache; the latest sampled token never is until the next step runs it.
     num_computed: int = 0
+    # Has consumed exactly the generated tokens; None for unconstrained requests.
+    grammar: GrammarMatcher | None = None
 
     @classmethod
-    def from_new(cls, request: NewRequest) -> RequestState:
+    def from_new(cls, request: NewRequest, grammar: GrammarMatcher | None = None) -> RequestState:
         return cls(
             id=request.id,
             token_ids=list(request.token_ids),
@@ -35,6 +38,7 @@ class RequestState:
             stopping=request.stopping,
             top_logprobs=request.top_logprobs,
             prompt_logprobs=request.prompt_logprobs,
+            grammar=grammar,
         )
 
     @property
@@ -58,6 +62,10 @@ class RequestState:
         """Records a sampled token and says whether it ends the request."""
         self.token_ids.append(token_id)
         self.num_output_tokens += 1
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
+            if self.grammar.is_complete:
+                return FinishReason.EOS
         if token_id in self.stopping.stop_token_ids:
             return FinishReason.STOP_TOKEN
         if not self.stopping.ignore_eos and token_id in eos_token_ids:
@@ -79,8 +87,9 @@ class StepLimits:
 class RequestTable:
     """The shard's requests by id; a Step is checked entirely before any state changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, grammar_compiler: GrammarCompiler | None = None) -> None:
         self._states: dict[int, RequestState] = {}
+        self._grammar_compiler = grammar_compiler
 
     def __len__(self) -> int:
         return len(self._states)
@@ -127,8 +136,17 @@ class RequestTable:
                 raise InvalidStepError(f"request {request.id} has no tokens")
             if request.num_output_tokens > len(request.token_ids):
                 raise InvalidStepError(f"request {request.id} has more output tokens than tokens")
-            incoming[request.id] = RequestState.from_new(request)
+            incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request))
         return incoming
+
+    def _grammar_matcher(self, request: NewRequest) -> GrammarMatcher | None:
+        # A re-admitted request replays the tokens it generated before its preemption.
+        if request.grammar is None:
+            return None
+        if self._grammar_compiler is None:
+            raise InvalidStepError(f"request {request.id} has a grammar but this model has no tokenizer.json")
+        generated = request.token_ids[len(request.token_ids) - request.num_output_tokens :]
+        return self._grammar_compiler.matcher(request.grammar, generated)
 
 
 def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: bool, limits: StepLimits) -> None:

@@ -7,6 +7,7 @@ from enum import Enum
 
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
+from tandem_server.structured import GrammarSpec
 
 
 class FinishReason(Enum):
@@ -39,6 +40,8 @@ class NewRequest:
     stopping: StoppingCriteria
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    # None means unconstrained.
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True)

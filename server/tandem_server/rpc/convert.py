@@ -15,6 +15,7 @@ from tandem_server.engine.step import (
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
+from tandem_server.structured import GrammarKind, GrammarSpec
 
 _FINISH_REASONS = {
     None: shard_pb2.FINISH_REASON_UNSPECIFIED,
@@ -75,7 +76,17 @@ def _new_request_from_pb(request: shard_pb2.NewRequest) -> NewRequest:
         ),
         top_logprobs=request.top_logprobs,
         prompt_logprobs=request.prompt_logprobs,
+        grammar=_grammar_from_pb(request),
     )
+
+
+def _grammar_from_pb(request: shard_pb2.NewRequest) -> GrammarSpec | None:
+    if not request.HasField("grammar"):
+        return None
+    kind = request.grammar.WhichOneof("kind")
+    if kind is None:
+        return None
+    return GrammarSpec(GrammarKind(kind), getattr(request.grammar, kind))
 
 
 def _token_logprobs_to_pb(tokens: TokenLogprobs) -> list[shard_pb2.TokenLogprob]:

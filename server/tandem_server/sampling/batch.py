@@ -22,15 +22,19 @@ class SamplingBatch:
     processors: tuple[LogitsTransform, ...]
     sampled_rows: tuple[int, ...]
     warpers: tuple[LogitsTransform, ...]
+    # [rows, vocab] bool, True where a token may be sampled (grammar rows); None when no row is constrained.
+    token_mask: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, rows: Sequence[SamplingRow], device: torch.device) -> SamplingBatch:
+    def build(
+        cls, rows: Sequence[SamplingRow], device: torch.device, token_mask: torch.Tensor | None = None
+    ) -> SamplingBatch:
         """Instantiates each processor only when some row's parameters make it do something."""
         processors = tuple(kind(rows, device) for kind in PROCESSORS if kind.needed(rows))
         sampled_rows = tuple(i for i, row in enumerate(rows) if not row.params.greedy)
         sampled_params = [rows[i].params for i in sampled_rows]
         warpers = tuple(kind(sampled_params, device) for kind in WARPERS if kind.needed(sampled_params))
-        return cls(tuple(rows), processors, sampled_rows, warpers)
+        return cls(tuple(rows), processors, sampled_rows, warpers, token_mask)
 
     @property
     def all_greedy(self) -> bool:

@@ -29,6 +29,9 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         for processor in batch.processors:
             logits = processor(logits)
+        if batch.token_mask is not None:
+            # After every processor, so no bias or penalty revives a token the grammar forbids.
+            logits = logits.masked_fill(~batch.token_mask, float("-inf"))
         chosen = logits.argmax(dim=-1)
         if not batch.all_greedy:
             rows = list(batch.sampled_rows)

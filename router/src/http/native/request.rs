@@ -8,7 +8,7 @@ use crate::http::ServerInfo;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
-    ValidationError,
+    RequestedGrammar, ValidationError,
 };
 
 /// `POST /generate` and `/generate_stream` body.
@@ -119,7 +119,8 @@ impl GenerateRequest {
         limits: &ServerInfo,
     ) -> Result<(Prompt, GenerationParams, ResponseOptions), ValidationError> {
         reject_unsupported(&self.extra, &[])?;
-        let p = self.parameters.unwrap_or_default();
+        let mut p = self.parameters.unwrap_or_default();
+        let grammar = RequestedGrammar::from_tgi(p.extra.remove("grammar"))?;
         reject_unsupported(&p.extra, &[])?;
         p.reject_unimplemented()?;
         let best_of = check_choices("best_of", p.best_of, limits.max_best_of)?;
@@ -158,6 +159,7 @@ impl GenerateRequest {
                 prompt_logprobs: p.decoder_input_details == Some(true),
             },
             truncate: p.truncate,
+            grammar,
         };
         let options = ResponseOptions {
             best_of,

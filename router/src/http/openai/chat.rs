@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::logprobs::chat_logprobs;
+use super::response_format;
+use super::tool_calls::{self, ChoiceOutput, DeltaBody, ToolCall};
+use super::tools::{self, ToolChoice, ToolPlan};
 use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
@@ -125,7 +128,11 @@ struct ContentPart {
 
 impl RequestMessage {
     /// Flattens text parts (joined by newlines); other part types are not supported yet.
-    fn into_chat_message(self, index: usize) -> Result<ChatMessage, ValidationError> {
+    fn into_chat_message(mut self, index: usize) -> Result<ChatMessage, ValidationError> {
+        let calls = self
+            .extra
+            .remove("tool_calls")
+            .filter(|calls| !calls.is_null());
         reject_unsupported(&self.extra, &[]).map_err(|error| match error {
             ValidationError::Unsupported { param, detail } => ValidationError::Unsupported {
                 param: format!("messages[{index}].{param}"),
@@ -151,6 +158,13 @@ impl RequestMessage {
                 }
                 texts.join("\n")
             }
+        };
+        // Assistant calls are shown to the model in the format it is asked to call in.
+        let content = match calls {
+            Some(calls) if content.is_empty() => {
+                tools::history_calls(calls, &format!("messages[{index}].tool_calls"))?
+            }
+            _ => content,
         };
         Ok(ChatMessage {
             role: self.role,
@@ -191,10 +205,18 @@ impl ChatRequest {
     }
 
     /// The prompt, the parameters and the number of choices.
-    fn into_parts(mut self) -> Result<(Prompt, GenerationParams, usize), ValidationError> {
+    fn into_parts(
+        mut self,
+    ) -> Result<(Prompt, GenerationParams, usize, Option<ToolPlan>), ValidationError> {
+        let response_format = self.extra.remove("response_format");
+        let tool_plan = tools::plan(
+            self.extra.remove("tools"),
+            self.extra.remove("tool_choice"),
+            self.extra.remove("parallel_tool_calls"),
+        )?;
         reject_unsupported(&self.extra, &[])?;
         let n = check_choices("n", self.n, MAX_CHOICES)?;
-        let messages = self
+        let mut messages = self
             .messages
             .take()
             .ok_or(ValidationError::Missing("messages"))?
@@ -219,10 +241,28 @@ impl ChatRequest {
             top_logprobs,
             prompt_logprobs: false,
         };
-        let params = self
+        let mut params = self
             .sampling_fields()
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
-        Ok((Prompt::Chat(messages, ending), params, n))
+        params.grammar = response_format::grammar(response_format)?;
+        if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
+            if params.grammar.is_some() {
+                return Err(ValidationError::Unsupported {
+                    param: "response_format".to_owned(),
+                    detail: " together with `tools` the model may call".to_owned(),
+                });
+            }
+            params.grammar = plan.grammar();
+            if let Some(preamble) = plan.preamble() {
+                match messages.first_mut().filter(|first| first.role == "system") {
+                    Some(system) => {
+                        system.content = format!("{}\n\n{}", system.content, preamble.content)
+                    }
+                    None => messages.insert(0, preamble),
+                }
+            }
+        }
+        Ok((Prompt::Chat(messages, ending), params, n, tool_plan))
     }
 }
 
@@ -253,7 +293,10 @@ struct ChatChoice {
 #[derive(Debug, Serialize, ToSchema)]
 struct AssistantMessage {
     role: &'static str,
-    content: String,
+    /// `null` when the model called tools.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCall>>,
     /// Always `null`: the model never refuses through a separate channel.
     refusal: Option<String>,
 }
@@ -263,6 +306,8 @@ struct AssistantMessage {
 struct ChatChunks {
     meta: ResponseMeta,
     logprobs: Option<Arc<TokenDecoding>>,
+    /// Per choice, when the model may call tools.
+    tool_outputs: Option<Vec<ChoiceOutput>>,
 }
 
 impl ChatChunks {
@@ -295,17 +340,29 @@ impl ChunkBuilder for ChatChunks {
         token: TokenText,
         finish: Option<&'static str>,
     ) -> Option<Value> {
-        if token.text.is_empty() && finish.is_none() && self.logprobs.is_none() {
+        let (body, finish) = match self
+            .tool_outputs
+            .as_mut()
+            .and_then(|outputs| outputs.get_mut(index))
+        {
+            Some(output) => {
+                let body = output.push(token.text.clone());
+                (body, finish.map(|finish| output.finish_reason(finish)))
+            }
+            None if token.text.is_empty() => (DeltaBody::Nothing, finish),
+            None => (DeltaBody::Content(token.text.clone()), finish),
+        };
+        if body == DeltaBody::Nothing && finish.is_none() && self.logprobs.is_none() {
             return None;
         }
         let logprobs = match &self.logprobs {
             Some(decoding) => chat_logprobs(std::slice::from_ref(&token), decoding),
             None => Value::Null,
         };
-        let delta = if token.text.is_empty() {
-            json!({})
-        } else {
-            json!({"content": token.text})
+        let delta = match body {
+            DeltaBody::Nothing => json!({}),
+            DeltaBody::Content(text) => json!({"content": text}),
+            DeltaBody::ToolCalls(calls) => json!({"tool_calls": calls}),
         };
         let choice =
             json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
@@ -337,15 +394,23 @@ pub async fn completions(
     let include_usage =
         StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
-    let (prompt, params, n) = request.into_parts()?;
+    let (prompt, params, n, tool_plan) = request.into_parts()?;
     let generations =
         Generation::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
+        let tool_outputs = tool_plan
+            .as_ref()
+            .filter(|plan| plan.may_call())
+            .map(|plan| {
+                let required = plan.choice != ToolChoice::Auto;
+                (0..n).map(|_| ChoiceOutput::new(required)).collect()
+            });
         let chunks = ChatChunks {
             meta,
             logprobs: decoding,
+            tool_outputs,
         };
         let prompt_tokens = generations.first().map_or(0, |g| g.input_tokens);
         return Ok(stream_chunks(
@@ -357,7 +422,7 @@ pub async fn completions(
     let completed = collect_siblings(generations).await?;
     let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
     let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
-    let choices = completed
+    let choices: Vec<ChatChoice> = completed
         .into_iter()
         .enumerate()
         .map(|(index, choice)| ChatChoice {
@@ -368,11 +433,16 @@ pub async fn completions(
             finish_reason: finish_reason(choice.finish),
             message: AssistantMessage {
                 role: "assistant",
-                content: choice.text,
+                content: Some(choice.text),
+                tool_calls: None,
                 refusal: None,
             },
         })
         .collect();
+    let choices = match tool_plan.filter(ToolPlan::may_call) {
+        Some(_) => choices.into_iter().map(with_tool_calls).collect(),
+        None => choices,
+    };
     let body = ChatCompletion {
         id: meta.id,
         object: "chat.completion",
@@ -382,4 +452,21 @@ pub async fn completions(
         usage: Usage::new(prompt_tokens, completion_tokens),
     };
     Ok(Json(body).into_response())
+}
+
+/// Moves a calls document out of `content` into `tool_calls` (finish reason `tool_calls`).
+fn with_tool_calls(mut choice: ChatChoice) -> ChatChoice {
+    let parsed = choice
+        .message
+        .content
+        .as_deref()
+        .and_then(tool_calls::parse);
+    if let Some(calls) = parsed.filter(|calls| !calls.is_empty()) {
+        if choice.finish_reason == "stop" {
+            choice.finish_reason = "tool_calls";
+        }
+        choice.message.content = None;
+        choice.message.tool_calls = Some(calls);
+    }
+    choice
 }

@@ -33,6 +33,9 @@ use impl_sampling_fields;
 pub mod chat;
 pub mod completions;
 mod logprobs;
+mod response_format;
+mod tool_calls;
+mod tools;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -104,6 +107,7 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.unwrap_or_default(),
             logprobs,
             truncate: None,
+            grammar: None,
         }
     }
 }

@@ -1,0 +1,322 @@
+//! Grammars compiled with llguidance before admission: a schema or regex the shard could
+//! not compile is the client's 4xx, never a shard error, and no grammar can stall the router.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+
+use super::ValidationError;
+use crate::scheduler::Grammar;
+
+/// Largest grammar source accepted (a schema, a regex or a generated tool grammar).
+pub const MAX_GRAMMAR_BYTES: usize = 128 * 1024;
+/// Wall-clock bound on one compilation; llguidance's fuel limits end it well before.
+pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Lexer fuel for building a grammar (llguidance: ~50k units per ms, so ~20 ms).
+const INITIAL_LEXER_FUEL: u64 = 1_000_000;
+/// Lexer fuel for one token mask (llguidance: ~14k units per ms, so ~15 ms).
+const STEP_LEXER_FUEL: u64 = 200_000;
+
+/// JSON output format the router asks of every schema unless the client set its own
+/// `x-guidance`: no free whitespace, so a small model cannot wander in blanks forever.
+fn json_layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// `schema` with the router's output layout unless it sets its own `x-guidance`.
+pub fn with_json_layout(mut schema: Value) -> Value {
+    if let Value::Object(fields) = &mut schema {
+        fields.entry("x-guidance").or_insert_with(json_layout);
+    }
+    schema
+}
+
+/// A grammar and the request parameter it came from (for messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestedGrammar {
+    pub grammar: Grammar,
+    pub param: &'static str,
+}
+
+impl RequestedGrammar {
+    /// A JSON Schema grammar with the router's output layout unless the schema sets one.
+    pub fn json_schema(schema: Value, param: &'static str) -> Self {
+        Self {
+            grammar: Grammar::JsonSchema(with_json_layout(schema).to_string()),
+            param,
+        }
+    }
+}
+
+/// TGI's `parameters.grammar`: `{"type": "json", "value": <schema>}` or
+/// `{"type": "regex", "value": "<regex>"}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    tag = "type",
+    content = "value",
+    rename_all = "snake_case",
+    deny_unknown_fields
+)]
+enum TgiGrammar {
+    Json(Value),
+    Regex(String),
+}
+
+impl RequestedGrammar {
+    /// The grammar of TGI's `parameters.grammar`; `None` when absent or null.
+    pub fn from_tgi(value: Option<Value>) -> Result<Option<Self>, ValidationError> {
+        let Some(value) = value.filter(|value| !value.is_null()) else {
+            return Ok(None);
+        };
+        let grammar: TgiGrammar =
+            serde_json::from_value(value).map_err(|error| ValidationError::OutOfRange {
+                param: "parameters.grammar".to_owned(),
+                expected: "`{\"type\": \"json\", \"value\": <JSON Schema>}` or `{\"type\": \"regex\", \"value\": \"<regex>\"}`",
+                value: error.to_string(),
+            })?;
+        Ok(Some(match grammar {
+            // TGI accepts the schema serialized as a string too.
+            TgiGrammar::Json(Value::String(text)) => {
+                let schema = serde_json::from_str(&text).map_err(|error| {
+                    ValidationError::InvalidGrammar {
+                        param: "parameters.grammar.value",
+                        message: format!("not valid JSON: {error}"),
+                    }
+                })?;
+                Self::json_schema(schema, "parameters.grammar.value")
+            }
+            TgiGrammar::Json(schema) => Self::json_schema(schema, "parameters.grammar.value"),
+            TgiGrammar::Regex(regex) => Self {
+                grammar: Grammar::Regex(regex),
+                param: "parameters.grammar.value",
+            },
+        }))
+    }
+}
+
+/// Why the grammar engine could not be set up from the model's tokenizer.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot prepare grammar support from {path}: {message}")]
+pub struct GrammarSetupError {
+    path: String,
+    message: String,
+}
+
+/// Compiles grammars against the model's vocabulary (built once at start-up).
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler").finish_non_exhaustive()
+    }
+}
+
+impl GrammarCompiler {
+    /// Reads the token bytes from `tokenizer.json`; tokenization inside the grammar engine is
+    /// approximate (greedy), which only matters for literal-token grammar features.
+    pub fn load(tokenizer_json: &Path, eos_token_ids: &[u32]) -> Result<Self, GrammarSetupError> {
+        let fail = |message: String| GrammarSetupError {
+            path: tokenizer_json.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(tokenizer_json).map_err(|e| fail(e.to_string()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+        Self::from_tokenizer_json(&value, eos_token_ids).map_err(fail)
+    }
+
+    /// The compiler for a parsed `tokenizer.json`.
+    pub fn from_tokenizer_json(value: &Value, eos_token_ids: &[u32]) -> Result<Self, String> {
+        let fail = |message: String| message;
+        let words =
+            llguidance::token_bytes_from_tokenizer_json(value).map_err(|e| fail(e.to_string()))?;
+        let vocab_size = u32::try_from(words.len()).map_err(|e| fail(e.to_string()))?;
+        let eos = eos_token_ids.first().copied().unwrap_or(0);
+        let trie =
+            TokTrie::from(&TokRxInfo::new(vocab_size, eos), &words).with_eos_tokens(eos_token_ids);
+        let env: llguidance::toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| fail(e.to_string()))?;
+        factory.quiet();
+        let limits: &mut ParserLimits = factory.limits_mut();
+        limits.initial_lexer_fuel = INITIAL_LEXER_FUEL;
+        limits.step_lexer_fuel = STEP_LEXER_FUEL;
+        limits.verbose_errors = false;
+        Ok(Self {
+            factory: Arc::new(factory),
+        })
+    }
+
+    /// Compiles `requested` and computes its first token mask, on a blocking worker, within
+    /// `COMPILE_TIMEOUT`; any failure names the request parameter.
+    pub async fn check(&self, requested: &RequestedGrammar) -> Result<(), ValidationError> {
+        let invalid = |message: String| ValidationError::InvalidGrammar {
+            param: requested.param,
+            message,
+        };
+        let source_len = match &requested.grammar {
+            Grammar::JsonSchema(text) | Grammar::Regex(text) | Grammar::Lark(text) => text.len(),
+        };
+        if source_len > MAX_GRAMMAR_BYTES {
+            return Err(invalid(format!(
+                "it has {source_len} bytes, at most {MAX_GRAMMAR_BYTES} are allowed"
+            )));
+        }
+        let factory = Arc::clone(&self.factory);
+        let grammar = requested.grammar.clone();
+        let job = tokio::task::spawn_blocking(move || compile(&factory, &grammar));
+        match tokio::time::timeout(COMPILE_TIMEOUT, job).await {
+            Err(_) => Err(invalid(format!(
+                "it did not compile within {} ms",
+                COMPILE_TIMEOUT.as_millis()
+            ))),
+            Ok(Err(join)) => Err(invalid(format!("the grammar compiler failed: {join}"))),
+            Ok(Ok(result)) => result.map_err(invalid),
+        }
+    }
+}
+
+/// Builds the parser and its first mask: errors that only show lazily surface here too.
+fn compile(factory: &ParserFactory, grammar: &Grammar) -> Result<(), String> {
+    let top = match grammar {
+        Grammar::JsonSchema(text) => {
+            let schema: Value =
+                serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+            TopLevelGrammar::from_json_schema(schema)
+        }
+        Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
+        Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+    };
+    let mut matcher = Matcher::new(factory.create_parser(top));
+    if let Some(error) = matcher.get_error() {
+        return Err(error);
+    }
+    matcher
+        .compute_mask()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::validation::testing::{tokenizer_json, EOS_ID};
+
+    fn compiler() -> GrammarCompiler {
+        GrammarCompiler::from_tokenizer_json(&tokenizer_json(), &[EOS_ID]).expect("test vocabulary")
+    }
+
+    fn regex(source: &str) -> RequestedGrammar {
+        RequestedGrammar {
+            grammar: Grammar::Regex(source.to_owned()),
+            param: "parameters.grammar.value",
+        }
+    }
+
+    async fn message(requested: RequestedGrammar) -> String {
+        match compiler().check(&requested).await {
+            Err(ValidationError::InvalidGrammar { param, message }) => {
+                assert_eq!(param, requested.param);
+                message
+            }
+            other => panic!("expected an invalid grammar, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn valid_schemas_regexes_and_lark_compile() {
+        let schema =
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let compiler = compiler();
+        for requested in [
+            RequestedGrammar::json_schema(schema, "response_format"),
+            regex("[0-9]{3}-[a-z]+"),
+            RequestedGrammar {
+                grammar: Grammar::Lark("start: \"yes\" | \"no\"".to_owned()),
+                param: "tools",
+            },
+        ] {
+            assert_eq!(compiler.check(&requested).await, Ok(()), "{requested:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_regexes_and_schemas_are_rejected_with_their_parameter() {
+        assert!(!message(regex("(unclosed")).await.is_empty());
+        assert!(!message(regex("a(?=b)")).await.is_empty());
+        let unknown_type = json!({"type": "objekt"});
+        assert!(!message(RequestedGrammar::json_schema(
+            unknown_type,
+            "response_format"
+        ))
+        .await
+        .is_empty());
+        let not_json = RequestedGrammar {
+            grammar: Grammar::JsonSchema("{not json".to_owned()),
+            param: "response_format",
+        };
+        assert!(message(not_json).await.contains("not valid JSON"));
+    }
+
+    #[tokio::test]
+    async fn oversized_sources_are_rejected_before_compiling() {
+        let huge = regex(&"a".repeat(MAX_GRAMMAR_BYTES + 1));
+        assert!(message(huge).await.contains("at most"));
+    }
+
+    #[tokio::test]
+    async fn pathological_grammars_end_within_the_compile_bound() {
+        let nested = "((a|b|c|d|e|f|g|h){1,200}){1,200}[0-9]{1,1000}(x{1,500}|y{1,500}){1,50}";
+        let deep = (0..200).fold(
+            json!({"type": "integer"}),
+            |inner, _| json!({"type": "object", "properties": {"k": inner}, "required": ["k"]}),
+        );
+        let compiler = compiler();
+        for requested in [
+            regex(nested),
+            RequestedGrammar::json_schema(deep, "response_format"),
+        ] {
+            let started = Instant::now();
+            let _ = compiler.check(&requested).await;
+            assert!(started.elapsed() <= COMPILE_TIMEOUT + Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn tgi_grammars_parse_json_schemas_given_as_objects_or_strings_and_regexes() {
+        let from_object =
+            RequestedGrammar::from_tgi(Some(json!({"type": "json", "value": {"type": "object"}})));
+        let from_string = RequestedGrammar::from_tgi(Some(
+            json!({"type": "json", "value": "{\"type\": \"object\"}"}),
+        ));
+        assert_eq!(from_object, from_string);
+        assert!(matches!(
+            RequestedGrammar::from_tgi(Some(json!({"type": "regex", "value": "[a-z]+"}))),
+            Ok(Some(RequestedGrammar {
+                grammar: Grammar::Regex(_),
+                ..
+            }))
+        ));
+        assert_eq!(RequestedGrammar::from_tgi(None), Ok(None));
+        for bad in [
+            json!({"type": "xml", "value": "x"}),
+            json!({"type": "regex"}),
+            json!({"type": "json", "value": "{"}),
+        ] {
+            let error = RequestedGrammar::from_tgi(Some(bad)).expect_err("malformed");
+            assert!(
+                error
+                    .param()
+                    .is_some_and(|p| p.starts_with("parameters.grammar")),
+                "{error}"
+            );
+        }
+    }
+}

@@ -1,0 +1,31 @@
+"""One request's grammar state: which tokens may come next, advanced by each sampled token."""
+
+from __future__ import annotations
+
+import llguidance
+import llguidance.torch
+import torch
+
+from tandem_server.errors import InvalidStepError
+
+
+class GrammarMatcher:
+    """Wraps an llguidance matcher; a token outside the mask is a broken invariant, never silently accepted."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+
+    @property
+    def is_complete(self) -> bool:
+        """True once nothing but EOS could follow, or EOS was consumed in an accepting state."""
+        return self._matcher.is_stopped()
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Writes the allowed-token bitmask (32 tokens per int32, low bit first) into `bitmask[row]`."""
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def advance(self, token_id: int) -> None:
+        """Consumes a sampled (or replayed) token; a token the grammar forbids is a contract violation."""
+        if not self._matcher.consume_token(token_id):
+            raise InvalidStepError(f"token {token_id} violates the grammar: {self._matcher.get_error()}")

@@ -1,0 +1,137 @@
+"""Grammar-constrained decoding: exact masks, replay after recompute, mixed constrained and unconstrained batches."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_llama
+from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
+from tandem_launcher.embedded import converted_model_dir, embedded_gguf
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import StepInput
+from tandem_server.errors import InvalidStepError
+from tandem_server.models.config import read_checkpoint_config
+from tandem_server.sampling import SamplingParams
+from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
+from tokenizers import Tokenizer
+
+# The embedded model's tokenizer; the tiny random model shares its vocabulary so masks are real.
+VOCAB_SIZE = 49152
+EOS = 2
+PROMPT = [1, 504, 3458, 282, 4649, 314]
+DIGITS = GrammarSpec(GrammarKind.REGEX, "[0-9]{3}")
+SCHEMA = {
+    "type": "object",
+    "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["red", "blue"]}},
+    "required": ["score", "tag"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+SAMPLING = SamplingParams(temperature=1.0, seed=11)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama-grammar")
+    write_tiny_llama(path, vocab_size=VOCAB_SIZE)
+    embedded = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
+    shutil.copy(embedded / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+@pytest.fixture(scope="module")
+def compiler(checkpoint: Path) -> GrammarCompiler:
+    compiler = GrammarCompiler.from_model_dir(checkpoint, VOCAB_SIZE, [EOS])
+    assert compiler is not None
+    return compiler
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+
+
+@pytest.fixture
+def runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
+    model = load_tiny_model(checkpoint)
+    eos = read_checkpoint_config(checkpoint).eos_token_ids
+    runner = ModelRunner(model, eos, torch.float32, torch.device("cpu"), 4 * 1024 * 1024, compiler)
+    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    return runner
+
+
+def test_mask_allows_exactly_the_tokens_that_keep_a_regex_matchable(
+    compiler: GrammarCompiler, tokenizer: Tokenizer
+) -> None:
+    matcher = compiler.matcher(DIGITS)
+    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu"))
+    assert mask is not None
+    allowed = mask[0].nonzero().flatten().tolist()
+    texts = {token: tokenizer.decode([token]) for token in allowed}
+    assert all(re.fullmatch("[0-9]{1,3}", text) for text in texts.values()), texts
+    single_digits = {tokenizer.token_to_id(str(d)) for d in range(10)}
+    assert single_digits <= set(allowed)
+    for token in (tokenizer.token_to_id("1"), tokenizer.token_to_id("2"), tokenizer.token_to_id("3")):
+        matcher.advance(token)
+    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu"))
+    assert mask is not None
+    assert mask[0].nonzero().flatten().tolist() == [EOS]
+
+
+def test_unconstrained_batch_builds_no_mask_and_mixed_batch_masks_only_constrained_rows(
+    compiler: GrammarCompiler,
+) -> None:
+    assert grammar_token_mask([None, None], VOCAB_SIZE, torch.device("cpu")) is None
+    mask = grammar_token_mask([None, compiler.matcher(DIGITS), None], VOCAB_SIZE, torch.device("cpu"))
+    assert mask is not None
+    assert bool(mask[0].all()) and bool(mask[2].all())
+    assert 0 < int(mask[1].sum()) < VOCAB_SIZE
+
+
+def test_constrained_generation_is_valid_json_and_stops_when_the_grammar_completes(
+    runner: ModelRunner, tokenizer: Tokenizer
+) -> None:
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    free = new_request(2, PROMPT, 12, SAMPLING)
+    request = replace(new_request(1, PROMPT, 40, SAMPLING), grammar=spec)
+    driver = StepDriver(runner, runner.cache.num_blocks, chunk_size=4)
+    done = driver.run([free, request])
+    # The grammar closes with its last token (nothing but EOS could follow), so no EOS is sampled.
+    value = json.loads(tokenizer.decode(done[1]))
+    assert set(value) == {"score", "tag"} and 0 <= value["score"] <= 99 and value["tag"] in ("red", "blue")
+    assert len(done[2]) == 12
+
+
+def test_readmitted_request_replays_its_tokens_and_continues_identically(runner: ModelRunner) -> None:
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    request = replace(new_request(1, PROMPT, 40, SAMPLING), grammar=spec)
+    alone = StepDriver(runner, runner.cache.num_blocks, chunk_size=8).run([request])[1]
+
+    partial = StepDriver(runner, runner.cache.num_blocks, chunk_size=8, seed=1)
+    partial.step([replace(request, id=3)])
+    while len(partial.tracked[3].generated) < 4:
+        partial.step([])
+    generated = partial.tracked.pop(3).generated
+    runner.step(StepInput(finished=(3,)))
+    resumed_request = replace(request, id=4, token_ids=(*PROMPT, *generated), num_output_tokens=4)
+    resumed = StepDriver(runner, runner.cache.num_blocks, chunk_size=16, seed=2).run([resumed_request])[4]
+    assert generated + resumed == alone
+    assert 4 not in runner.requests
+
+
+def test_invalid_grammar_or_replayed_token_outside_it_is_an_invalid_step(runner: ModelRunner) -> None:
+    bad = replace(new_request(1, PROMPT, 8), grammar=GrammarSpec(GrammarKind.REGEX, "(unclosed"))
+    with pytest.raises(InvalidStepError, match="invalid regex grammar"):
+        StepDriver(runner, runner.cache.num_blocks, chunk_size=8).step([bad])
+    letters = replace(
+        new_request(2, [*PROMPT, 257], 8, num_output_tokens=1), grammar=GrammarSpec(GrammarKind.REGEX, "[0-9]+")
+    )
+    with pytest.raises(InvalidStepError, match="violates the grammar"):
+        StepDriver(runner, runner.cache.num_blocks, chunk_size=8).step([letters])
+    assert len(runner.requests) == 0
