@@ -89,3 +89,8 @@ def test_the_launcher_finds_a_key_for_its_own_info_request(tmp_path: Path) -> No
     assert first_key(("sk-inline",), (user_file,)) == "sk-inline"
     assert first_key((), (tmp_path / "missing", user_file)) == "sk-from-file"
     assert first_key((), ()) is None
+
+
+def test_the_config_never_shows_its_keys() -> None:
+    config = parse_config(["--api-key", "sk-hidden"], {})
+    assert "sk-hidden" not in repr(config)
