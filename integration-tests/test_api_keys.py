@@ -3,6 +3,7 @@ key works, probes and metrics stay open, no key appears on a child's argv, and S
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import requests
 from tandem_harness import TandemServer, model_cache_dir
 
 INLINE_KEY = "sk-tandem-Inline-7f3a"
+# In the launcher's environment but overridden by its --api-key flag: must stay refused.
+OVERRIDDEN_ENV_KEY = "sk-tandem-env-overridden-04be"
 FILE_KEY = "sk-tandem-file-91c2"
 ROTATED_KEY = "sk-tandem-rotated-55d0"
 CHAT = {"model": "tandem", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
@@ -42,7 +45,15 @@ def keyed_tandem(tmp_path_factory: pytest.TempPathFactory, key_file: Path) -> It
         "--max-input-tokens", "256", "--max-total-tokens", "512",
         "--api-key", INLINE_KEY, "--api-key-file", str(key_file),
     )  # fmt: skip
-    server = TandemServer.start(log_path, *flags)
+    previous = os.environ.get("API_KEY")
+    os.environ["API_KEY"] = OVERRIDDEN_ENV_KEY
+    try:
+        server = TandemServer.start(log_path, *flags)
+    finally:
+        if previous is None:
+            del os.environ["API_KEY"]
+        else:
+            os.environ["API_KEY"] = previous
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -52,7 +63,9 @@ def call(server: TandemServer, method: str, path: str, body: dict | None, key: s
     return requests.request(method, f"{server.base_url}{path}", json=body, headers=headers, timeout=120)
 
 
-@pytest.mark.parametrize("key", [None, "sk-wrong", INLINE_KEY.lower(), INLINE_KEY.upper(), INLINE_KEY[:-1]], ids=str)
+@pytest.mark.parametrize(
+    "key", [None, "sk-wrong", INLINE_KEY.lower(), INLINE_KEY.upper(), INLINE_KEY[:-1], OVERRIDDEN_ENV_KEY], ids=str
+)
 def test_requests_without_an_accepted_key_get_401_in_the_route_shape(keyed_tandem: TandemServer, key) -> None:
     for method, path, body in PROTECTED:
         response = call(keyed_tandem, method, path, body, key)
@@ -83,6 +96,7 @@ def test_no_key_appears_on_any_childs_command_line_or_in_the_logs(keyed_tandem: 
     for child in psutil.Process(keyed_tandem.process.pid).children(recursive=True):
         command = " ".join(child.cmdline())
         assert INLINE_KEY not in command and FILE_KEY not in command, command
+        assert OVERRIDDEN_ENV_KEY not in child.environ().values(), command
     log = keyed_tandem.log_path.read_text(errors="replace")
     assert INLINE_KEY not in log and FILE_KEY not in log and "sk-wrong-key-in-log" not in log
 

@@ -122,12 +122,13 @@ def test_a_burst_of_ten_times_the_limit_is_shed_at_once_and_the_admitted_streams
     admitted = [outcome for outcome in outcomes if outcome.status == 200]
     refused = [outcome for outcome in outcomes if outcome.status == 429]
     completed = [outcome for outcome in admitted if outcome.error is None and len(outcome.ids) == MAX_NEW_TOKENS]
+    slowest_refusal = max((outcome.answered_after for outcome in refused), default=0.0)
     print(f"burst of {BURST} with limit {LIMIT}: admitted {len(admitted)}, 429 {len(refused)}, "
-          f"completed {len(completed)}")  # fmt: skip
+          f"completed {len(completed)}, slowest 429 after {slowest_refusal:.3f}s")  # fmt: skip
     assert len(admitted) + len(refused) == BURST, statuses
     assert LIMIT <= len(admitted) <= BURST // 2, statuses
     assert all(outcome.retry_after == "1" for outcome in refused)
-    assert max(outcome.answered_after for outcome in refused) < REFUSAL_DEADLINE_S
+    assert slowest_refusal < REFUSAL_DEADLINE_S
     assert len(completed) == len(admitted), [outcome.error for outcome in admitted]
     for outcome in completed:
         reference.assert_same_greedy(outcome.prompt, alone[outcome.prompt], outcome.ids)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
+import requests
 from reference import Reference
 from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
 
@@ -52,3 +54,19 @@ def test_two_shards_give_the_greedy_tokens_of_one_shard(
 def test_two_shards_stream_the_tokens_they_generate(two_shards: TandemServer) -> None:
     prompt = PROMPTS[0]
     assert two_shards.stream_ids(prompt, MAX_NEW_TOKENS) == two_shards.generate_ids(prompt, MAX_NEW_TOKENS)
+
+
+def test_deep_health_probes_during_a_stream_never_disturb_it(two_shards: TandemServer) -> None:
+    """`/health?deep=true` runs a forward on both ranks between two steps: every probe answers 200 while a stream runs,
+    and the stream's tokens are those it gives alone."""
+    prompt = PROMPTS[0]
+    alone = two_shards.generate_ids(prompt, 32)
+    streamed: list[list[int]] = []
+    worker = threading.Thread(target=lambda: streamed.append(two_shards.stream_ids(prompt, 32)))
+    worker.start()
+    statuses = []
+    while worker.is_alive() or not statuses:
+        statuses.append(requests.get(f"{two_shards.base_url}/health?deep=true", timeout=60).status_code)
+    worker.join()
+    assert set(statuses) == {200}, statuses
+    assert streamed == [alone]

@@ -63,7 +63,7 @@ class LauncherConfig:
     # Unset: only --max-concurrent-requests bounds the queue.
     max_queued_tokens: int | None = None
     step_timeout: float = 120.0
-    api_key: tuple[str, ...] = ()
+    api_key: tuple[str, ...] = field(default=(), repr=False)  # never shown in logs or tracebacks
     api_key_file: tuple[Path, ...] = ()
     log_requests: bool = False
     json_output: bool = False

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 TAIL_LINES = 50
 _PR_SET_PDEATHSIG = 1
@@ -39,8 +39,11 @@ class ChildProcess:
         self._reader.start()
 
     @classmethod
-    def spawn(cls, name: str, argv: Sequence[str], sink: LineSink) -> ChildProcess:
-        """Starts `argv` in its own session (a Ctrl-C reaches only the launcher; the group can be killed whole)."""
+    def spawn(
+        cls, name: str, argv: Sequence[str], sink: LineSink, environment: Mapping[str, str] | None = None
+    ) -> ChildProcess:
+        """Starts `argv` in its own session (a Ctrl-C reaches only the launcher; the group can be killed whole), with
+        `environment` instead of the launcher's when given."""
         try:
             process = subprocess.Popen(
                 list(argv),
@@ -51,6 +54,7 @@ class ChildProcess:
                 errors="replace",
                 bufsize=1,
                 start_new_session=True,
+                env=None if environment is None else dict(environment),
                 preexec_fn=_die_with_launcher,  # noqa: PLW1509  (only a prctl call, see _die_with_launcher)
             )
         except OSError as error:

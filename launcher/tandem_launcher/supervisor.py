@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import tempfile
@@ -10,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem_launcher.api_keys import first_key, write_key_file
+from tandem_launcher.api_keys import first_key, router_environment, write_key_file
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
@@ -109,7 +110,7 @@ class Supervisor:
         for rank, uds_path in enumerate(self._uds_paths()):
             uds_path.unlink(missing_ok=True)
             argv = shard_argv(config, self._plan.model, rank, uds_path, master_port)
-            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink))
+            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink, router_environment(os.environ)))
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
@@ -120,7 +121,7 @@ class Supervisor:
         base_url = probe_base_url(config.hostname, config.port)
         with phase("start router"):
             argv = router_argv(config, self._plan.model, self._plan.limits, self._uds_paths(), self._key_file)
-            self._router = ChildProcess.spawn("router", argv, self._sink)
+            self._router = ChildProcess.spawn("router", argv, self._sink, router_environment(os.environ))
             wait_until_ready(
                 self._router,
                 lambda: router_is_healthy(base_url),

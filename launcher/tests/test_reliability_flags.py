@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from tandem_launcher.api_keys import first_key, write_key_file
+from tandem_launcher.api_keys import first_key, router_environment, write_key_file
 from tandem_launcher.cli import parse_config
 from tandem_launcher.commands import router_argv
 from tandem_launcher.config import ChildCommands
@@ -89,3 +89,13 @@ def test_the_launcher_finds_a_key_for_its_own_info_request(tmp_path: Path) -> No
     assert first_key(("sk-inline",), (user_file,)) == "sk-inline"
     assert first_key((), (tmp_path / "missing", user_file)) == "sk-from-file"
     assert first_key((), ()) is None
+
+
+def test_the_config_never_shows_its_keys() -> None:
+    config = parse_config(["--api-key", "sk-hidden"], {})
+    assert "sk-hidden" not in repr(config)
+
+
+def test_the_router_never_inherits_the_key_variables() -> None:
+    environ = {"PATH": "/bin", "API_KEY": "sk-overridden", "API_KEY_FILE": "/old/keys", "HF_HOME": "/data"}
+    assert router_environment(environ) == {"PATH": "/bin", "HF_HOME": "/data"}
