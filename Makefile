@@ -3,7 +3,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/tandem/target
 UV = $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 ARGS ?=
 
-.PHONY: install serve test lint test-rust test-python chart bench bench-overhead
+.PHONY: install serve test lint test-rust test-python chart bench bench-overhead gpu-check gpu-check-bundle
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -39,3 +39,12 @@ bench-overhead: install
 # The first run builds helm from source into $(HOME)/.cache/tandem/helm (a few minutes); later runs reuse it.
 chart: install
 	$(UV) run --no-sync pytest charts/tests
+
+# On a CUDA machine (under 8 minutes): CUDA tests in bf16, the real stack answering a chat on cuda:0, and a batch
+# sweep (1..256) of a random-weight Llama-3-8B-shaped model with TTFT/ITL percentiles and MFU; see docs/gpu.md.
+# Needs no install: run gpu-check-bundle first on a machine with uv and carry what it lists.
+gpu-check:
+	bash scripts/gpu_check.sh $(ARGS)
+
+gpu-check-bundle: install
+	bash scripts/gpu_check_bundle.sh

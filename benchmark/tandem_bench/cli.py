@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tandem_bench import overhead_run
+from tandem_bench import overhead_run, soak_run
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem-bench",
         description="Streams load at OpenAI-compatible servers; reports throughput, TTFT, TPOT, ITL and E2E latency. "
-        "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass.",
+        "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass; "
+        "`tandem-bench soak --help`: a long run at half capacity with cancellations, watching memory and KV usage.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] == ["overhead"]:
         return overhead_run.main(arguments[1:])
+    if arguments[:1] == ["soak"]:
+        return soak_run.main(arguments[1:])
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
     try:

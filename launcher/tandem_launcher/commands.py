@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from tandem_launcher.config import LauncherConfig
+from tandem_launcher.config import LauncherConfig, cuda_graph_sizes
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 
@@ -31,9 +31,16 @@ def threads_per_shard(num_shard: int) -> int:
     return max(1, cpus // num_shard)
 
 
-def shard_argv(config: LauncherConfig, model: ResolvedModel, rank: int, uds_path: Path, master_port: int) -> list[str]:
-    """argv of the shard of `rank`."""
-    return [
+def shard_argv(
+    config: LauncherConfig,
+    model: ResolvedModel,
+    rank: int,
+    uds_path: Path,
+    master_port: int,
+    inject_faults: bool = False,
+) -> list[str]:
+    """argv of the shard of `rank`; the test-only fault flags only when `inject_faults`."""
+    argv = [
         *config.commands.shard,
         "--model-path", str(model.path),
         "--uds-path", str(uds_path),
@@ -45,11 +52,20 @@ def shard_argv(config: LauncherConfig, model: ResolvedModel, rank: int, uds_path
         "--dtype", config.dtype,
         "--kv-cache-memory", config.kv_cache_memory,
         "--num-threads", str(threads_per_shard(config.num_shard)),
-        "--attention-backend", "torch",
+        "--attention-backend", config.attention_backend,
+        "--cuda-memory-fraction", str(config.cuda_memory_fraction),
+        "--cuda-graphs", cuda_graph_sizes(config),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),
         "--metrics-hostname", config.hostname,
     ]  # fmt: skip
+    if config.allow_pickle_weights:
+        argv.append("--allow-pickle-weights")
+    if inject_faults and config.fault_inject_step_error is not None:
+        argv += ["--fault-inject-step-error", config.fault_inject_step_error]
+    if inject_faults and config.fault_inject_step_hang is not None:
+        argv += ["--fault-inject-step-hang", config.fault_inject_step_hang]
+    return argv
 
 
 def router_argv(

@@ -10,10 +10,17 @@ from pathlib import Path
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
+# The shard's --attention-backend choices (tandem_server.layers.attention.selection.BACKEND_CHOICES).
+ATTENTION_BACKENDS = ("auto", "torch", "sdpa", "triton", "flash")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# What `--device auto` becomes once the GPUs are counted.
+RESOLVED_DEVICES = ("cpu", "cuda")
+DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
 
+_FAULT_TARGET = re.compile(r"^(\d+):(\d+)$")
+_GRAPH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
 _MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
 
 
@@ -52,6 +59,10 @@ class LauncherConfig:
     block_size: int = 16
     prefix_caching: bool = True
     kv_cache_memory: str = "1GiB"
+    cuda_memory_fraction: float = 0.9
+    # Comma-separated decode batch sizes, "0" for none; None: 1,2,4,...,64 on CUDA and none on CPU.
+    cuda_graphs: str | None = None
+    attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
     router_start_timeout: float = 120.0
@@ -66,6 +77,10 @@ class LauncherConfig:
     api_key: tuple[str, ...] = field(default=(), repr=False)  # never shown in logs or tracebacks
     api_key_file: tuple[Path, ...] = ()
     log_requests: bool = False
+    allow_pickle_weights: bool = False
+    # Tests only, as RANK:STEP (see the shard's --fault-inject-step-*); the first shard group gets them.
+    fault_inject_step_error: str | None = None
+    fault_inject_step_hang: str | None = None
     json_output: bool = False
     log_level: str = "info"
     # Rank r serves shard metrics on shard_metrics_port + r; 0 turns shard metrics off.
@@ -149,12 +164,53 @@ def _problems(config: LauncherConfig) -> list[str]:
     last_metrics_port = config.shard_metrics_port + config.num_shard - 1
     if config.shard_metrics_port < 0 or (config.shard_metrics_port and last_metrics_port > 65535):
         problems.append(f"--shard-metrics-port must be 0 or leave room for {config.num_shard} ports below 65536")
-    if config.device not in DEVICES:
-        problems.append(f"--device must be one of {', '.join(DEVICES)}, got {config.device!r}")
+    if config.device not in RESOLVED_DEVICES:
+        problems.append(f"--device must be one of {', '.join(RESOLVED_DEVICES)}, got {config.device!r}")
+    problems += _cuda_problems(config)
     if config.dtype not in DTYPES:
         problems.append(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
     if config.log_level not in LOG_LEVELS:
         problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    problems += _fault_problems(config)
     if not is_memory_size(config.kv_cache_memory):
         problems.append(f"--kv-cache-memory must be a size such as 1GiB or 512MB, got {config.kv_cache_memory!r}")
+    return problems
+
+
+def _cuda_problems(config: LauncherConfig) -> list[str]:
+    problems = []
+    if not 0.0 < config.cuda_memory_fraction <= 1.0:
+        problems.append(f"--cuda-memory-fraction must be in (0, 1], got {config.cuda_memory_fraction}")
+    if config.attention_backend not in ATTENTION_BACKENDS:
+        choices = ", ".join(ATTENTION_BACKENDS)
+        problems.append(f"--attention-backend must be one of {choices}, got {config.attention_backend!r}")
+    if config.cuda_graphs is not None:
+        if _GRAPH_SIZES.match(config.cuda_graphs) is None:
+            problems.append(f"--cuda-graphs must be batch sizes such as 1,2,4,8 or 0, got {config.cuda_graphs!r}")
+        elif config.device != "cuda" and cuda_graph_sizes(config) != "0":
+            problems.append("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
+    return problems
+
+
+def cuda_graph_sizes(config: LauncherConfig) -> str:
+    """The shard's --cuda-graphs value: the user's sizes, else the defaults on CUDA and "0" (off) on CPU."""
+    if config.cuda_graphs is None:
+        return DEFAULT_CUDA_GRAPH_SIZES if config.device == "cuda" else "0"
+    sizes = config.cuda_graphs.replace(" ", "")
+    return "0" if sizes in ("", "0") else sizes
+
+
+def _fault_problems(config: LauncherConfig) -> list[str]:
+    problems = []
+    for flag, value in (
+        ("--fault-inject-step-error", config.fault_inject_step_error),
+        ("--fault-inject-step-hang", config.fault_inject_step_hang),
+    ):
+        if value is None:
+            continue
+        match = _FAULT_TARGET.match(value.strip())
+        if match is None or int(match.group(2)) < 1:
+            problems.append(f"{flag} expects RANK:STEP with STEP >= 1 (e.g. 0:5), got {value!r}")
+        elif int(match.group(1)) >= config.num_shard:
+            problems.append(f"{flag} names rank {match.group(1)}, but --num-shard is {config.num_shard}")
     return problems

@@ -23,7 +23,7 @@ def launch(config: LauncherConfig) -> int:
     raise_on_shutdown_signal()
     try:
         with phase(f"resolve model {config.model_id}"):
-            model = resolve_model(config.model_id, config.revision, config.model_cache_dir)
+            model = resolve_model(config.model_id, config.revision, config.model_cache_dir, config.allow_pickle_weights)
         LOGGER.info("model directory: %s", model.path)
         limits = derive_token_limits(config, model.max_position_embeddings)
     except (ModelResolutionError, TokenLimitError) as error:

@@ -9,6 +9,8 @@ from pathlib import Path
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.embedded import GgufConversionError, converted_model_dir, embedded_gguf, user_gguf
 
+# Weight files loaded through pickle, refused unless --allow-pickle-weights.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
 
@@ -25,13 +27,15 @@ class ResolvedModel:
     max_position_embeddings: int | None
 
 
-def resolve_model(model_id: str, revision: str | None, cache_dir: Path) -> ResolvedModel:
+def resolve_model(
+    model_id: str, revision: str | None, cache_dir: Path, allow_pickle_weights: bool = False
+) -> ResolvedModel:
     """Resolves offline: nothing is downloaded at start-up."""
     try:
         path = _locate(model_id, revision, cache_dir)
     except GgufConversionError as error:
         raise ModelResolutionError(str(error)) from error
-    validate_model_dir(path)
+    validate_model_dir(path, allow_pickle_weights)
     return ResolvedModel(path=path, served_name=model_id, max_position_embeddings=read_max_positions(path))
 
 
@@ -63,11 +67,19 @@ def _from_hf_cache(model_id: str, revision: str | None) -> Path:
         ) from error
 
 
-def validate_model_dir(path: Path) -> None:
-    """A servable directory has config.json, safetensors weights and tokenizer.json."""
+def validate_model_dir(path: Path, allow_pickle_weights: bool = False) -> None:
+    """A servable directory has config.json, safetensors weights (pickle ones only when allowed) and tokenizer.json."""
     missing = [name for name in ("config.json", "tokenizer.json") if not (path / name).is_file()]
+    pickled = sorted(file.name for file in path.iterdir() if file.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
     if not any(path.glob("*.safetensors")):
-        missing.append("*.safetensors weights")
+        if pickled and not allow_pickle_weights:
+            raise ModelResolutionError(
+                f"model directory {path} has only pickle weights ({', '.join(pickled[:3])}), which Tandem does not "
+                "load by default because unpickling can run arbitrary code: convert them to safetensors, or pass "
+                "--allow-pickle-weights if you trust the files"
+            )
+        if not pickled:
+            missing.append("*.safetensors weights")
     if missing:
         raise ModelResolutionError(f"model directory {path} is missing {', '.join(missing)}")
 

@@ -60,6 +60,7 @@ class Supervisor:
         # mkdtemp makes the directory 0700: sockets and the key file are the launching user's alone.
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="tandem-"))
         self._key_file = write_key_file(self._runtime_dir, plan.config.api_key)
+        self._groups_started = 0
 
     def run(self) -> int:
         """Serves until a shutdown signal (exit 0), a failure it cannot restart from, or an abort (exit 1)."""
@@ -104,12 +105,16 @@ class Supervisor:
         return [self._runtime_dir / f"shard-{rank}.sock" for rank in range(self._plan.config.num_shard)]
 
     def _start_shards(self) -> None:
-        """Spawns every rank (same socket paths each time, a fresh rendezvous port) and waits until all answer."""
+        """Spawns every rank (same socket paths each time, a fresh rendezvous port) and waits until all answer.
+
+        Only the first group gets the test-only fault flags, so the group restarted after a fault runs clean."""
         config = self._plan.config
         master_port = free_tcp_port()
+        first_group = self._groups_started == 0
+        self._groups_started += 1
         for rank, uds_path in enumerate(self._uds_paths()):
             uds_path.unlink(missing_ok=True)
-            argv = shard_argv(config, self._plan.model, rank, uds_path, master_port)
+            argv = shard_argv(config, self._plan.model, rank, uds_path, master_port, inject_faults=first_group)
             self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink, router_environment(os.environ)))
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731

@@ -10,10 +10,12 @@ import torch
 
 from tandem_server.config import ShardConfig, dtype_name
 from tandem_server.distributed import init_distributed
-from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.layers.attention import create_backend
-from tandem_server.models.config import read_checkpoint_config
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.layers.attention import AttentionBackend, create_backend
+from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
+from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
+from tandem_server.models.registry import model_factory
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
@@ -33,17 +35,18 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     """Joins the process group, loads the checkpoint for this rank and builds the runner."""
     started = time.perf_counter()
     checkpoint = read_checkpoint_config(config.model_path)
-    backend = create_backend(config.attention_backend)
+    backend = choose_attention_backend(config, checkpoint)
     parallel = init_distributed(config.rank, config.world_size, config.master_addr, config.master_port, config.device)
     device = (
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )
-    model = load_model(checkpoint, config.dtype, device, parallel, backend)
+    model = load_model(checkpoint, config.dtype, device, parallel, backend, config.allow_pickle_weights)
+    options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
     )
     runner = ModelRunner(
-        model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory, grammar_compiler
+        model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory, options, grammar_compiler
     )
     logger.info(
         "loaded %s (%s on %s, rank %d/%d) in %.1fs",
@@ -55,3 +58,26 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel))
+
+
+def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) -> AttentionBackend:
+    """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
+    # An unsupported architecture is the clearer error, and its config may lack the fields read below.
+    model_factory(checkpoint.architecture)
+    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype)
+    choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
+    logger.info("%s", choice.describe())
+    return create_backend(choice.name)
+
+
+def execution_options(config: ShardConfig, backend: AttentionBackend) -> ExecutionOptions:
+    """The runner's options; CUDA graphs stay off when the backend's decode steps cannot be captured."""
+    graph_sizes = config.cuda_graph_sizes
+    if graph_sizes and not backend.supports_cuda_graphs:
+        logger.info("CUDA graphs off: the %s attention backend runs decode steps eagerly", backend.name)
+        graph_sizes = ()
+    return ExecutionOptions(
+        slot_lists=backend.uses_slot_lists,
+        cuda_memory_fraction=config.cuda_memory_fraction,
+        cuda_graph_sizes=graph_sizes,
+    )

@@ -13,9 +13,18 @@ from pathlib import Path
 import torch
 
 from tandem_server.bootstrap import load_shard
-from tandem_server.config import ATTENTION_BACKENDS, DEVICES, DTYPES, ShardConfig, parse_byte_size, resolve_dtype
+from tandem_server.config import (
+    ATTENTION_BACKENDS,
+    DEVICES,
+    DTYPES,
+    ShardConfig,
+    parse_byte_size,
+    parse_cuda_graph_sizes,
+    resolve_dtype,
+)
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
+from tandem_server.faults import FaultPlan, FaultTarget
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc.server import serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
@@ -38,11 +47,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB, 2GiB, 1GB")
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")
-    parser.add_argument("--attention-backend", default="torch", help=f"one of: {', '.join(ATTENTION_BACKENDS)}")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        help=f"one of: {', '.join(ATTENTION_BACKENDS)}; auto: the first usable of flash, triton, sdpa, torch on CUDA, "
+        "torch on CPU",
+    )
+    parser.add_argument(
+        "--cuda-memory-fraction", type=float, default=0.9, help="CUDA: share of free device memory for the KV cache"
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        default=None,
+        help="CUDA: decode batch sizes captured as graphs, e.g. 1,2,4,8; 0 disables (default: 1,2,...,64 on CUDA)",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
     parser.add_argument("--metrics-hostname", default="127.0.0.1", help="address the metrics endpoint binds")
+    parser.add_argument(
+        "--allow-pickle-weights",
+        action="store_true",
+        help="load *.bin/*.pt weights when the model has no safetensors (unpickling untrusted files is unsafe)",
+    )
+    testing = parser.add_argument_group("fault injection (tests only; off by default)")
+    testing.add_argument(
+        "--fault-inject-step-error",
+        metavar="RANK:STEP",
+        help="rank RANK raises instead of running its STEP-th forward-pass Step (counted from 1 since start-up)",
+    )
+    testing.add_argument(
+        "--fault-inject-step-hang",
+        metavar="RANK:STEP",
+        help="rank RANK never returns from its STEP-th forward-pass Step (nor answers any later Step or Reset)",
+    )
     return parser
+
+
+def _fault_plan(args: argparse.Namespace) -> FaultPlan:
+    error, hang = args.fault_inject_step_error, args.fault_inject_step_hang
+    return FaultPlan(
+        step_error=FaultTarget.parse(error, "--fault-inject-step-error") if error is not None else None,
+        step_hang=FaultTarget.parse(hang, "--fault-inject-step-hang") if hang is not None else None,
+    )
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
@@ -62,9 +108,13 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         kv_cache_memory=parse_byte_size(args.kv_cache_memory),
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
         attention_backend=args.attention_backend,
+        cuda_memory_fraction=args.cuda_memory_fraction,
+        cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,
+        allow_pickle_weights=args.allow_pickle_weights,
+        faults=_fault_plan(args),
     )
 
 
@@ -86,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.metrics_port:
             metrics = ShardMetrics(config.rank, shard.runner.device)
             metrics.serve(config.metrics_port, config.metrics_hostname)
-        asyncio.run(serve_until_signalled(ShardServicer(shard.runner, shard.info, metrics), config.uds_path))
+        servicer = ShardServicer(shard.runner, shard.info, metrics, config.faults)
+        asyncio.run(serve_until_signalled(servicer, config.uds_path))
     except ConfigError as error:
         logger.error("cannot start: %s", error)
         return 2

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from tandem_server.errors import ConfigError
+from tandem_server.faults import FaultPlan
+from tandem_server.layers.attention.selection import BACKEND_CHOICES
 
-ATTENTION_BACKENDS = ("torch",)
+ATTENTION_BACKENDS = BACKEND_CHOICES
+# Decode batch sizes captured as CUDA graphs unless --cuda-graphs says otherwise (never on CPU).
+DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEVICES = ("cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,10 +47,18 @@ class ShardConfig:
     dtype: torch.dtype = torch.float32
     kv_cache_memory: int = 1024**3
     num_threads: int = 1
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
+    # CUDA only: the KV cache takes this share of the device memory left free after a profiling step.
+    cuda_memory_fraction: float = 0.9
+    # CUDA only: decode-only batch sizes replayed from captured graphs; empty runs every step eagerly.
+    cuda_graph_sizes: tuple[int, ...] = ()
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
+    # Pickle weights (*.bin, *.pt) can run code when loaded: refused unless explicitly allowed.
+    allow_pickle_weights: bool = False
+    # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
+    faults: FaultPlan = field(default_factory=FaultPlan)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -57,12 +69,22 @@ class ShardConfig:
             raise ConfigError(
                 f"unknown attention backend {self.attention_backend!r}; available: {', '.join(ATTENTION_BACKENDS)}"
             )
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if self.cuda_graph_sizes and self.device != "cuda":
+            raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
         if self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
             raise ConfigError("--num-threads must be at least 1")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
+        for flag, target in (
+            ("--fault-inject-step-error", self.faults.step_error),
+            ("--fault-inject-step-hang", self.faults.step_hang),
+        ):
+            if target is not None and target.rank >= self.world_size:
+                raise ConfigError(f"{flag} names rank {target.rank}, outside world size {self.world_size}")
 
 
 def parse_byte_size(text: str) -> int:
@@ -72,6 +94,22 @@ def parse_byte_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise ConfigError(f"invalid size {text!r}; expected a number with an optional unit such as 512MiB or 2GB")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_cuda_graph_sizes(text: str | None, device: str) -> tuple[int, ...]:
+    """`1,2,4` -> (1, 2, 4); `0` or empty disables graphs; None is the device default (off on CPU)."""
+    if text is None:
+        return DEFAULT_CUDA_GRAPH_SIZES if device == "cuda" else ()
+    if text.strip() in ("", "0"):
+        return ()
+    try:
+        sizes = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        message = f"--cuda-graphs must be comma-separated batch sizes such as 1,2,4,8 or 0, got {text!r}"
+        raise ConfigError(message) from None
+    if sizes[0] < 1:
+        raise ConfigError(f"--cuda-graphs batch sizes must be positive, got {text!r}")
+    return tuple(sizes)
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:

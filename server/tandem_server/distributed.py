@@ -9,6 +9,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from tandem_server.errors import ConfigError
+from tandem_server.rendezvous import bind_gloo_to_loopback, rendezvous_store
+
+# How long ranks wait for each other at the rendezvous and in a collective.
+_GROUP_TIMEOUT = timedelta(minutes=10)
+
 
 def split_evenly(total: int, parts: int) -> list[range]:
     """`range(total)` cut into `parts` contiguous runs; the first `total % parts` runs are one longer."""
@@ -54,18 +60,37 @@ class ParallelContext:
         return [len(run) for run in split_evenly(total, self.world_size)]
 
 
+def rank_device(rank: int, device: str, visible_cuda_devices: int) -> torch.device:
+    """The device rank `rank` owns: `cuda:{rank}` (one GPU per rank) or the CPU."""
+    if device != "cuda":
+        return torch.device("cpu")
+    if rank >= visible_cuda_devices:
+        raise ConfigError(
+            f"rank {rank} needs cuda:{rank} but {visible_cuda_devices} CUDA device(s) are visible; "
+            "lower --num-shard or check CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", rank)
+
+
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> ParallelContext:
-    """Joins the process group of `world_size` ranks rendezvousing at `master_addr:master_port`."""
+    """Takes this rank's device, then joins the group of `world_size` ranks at `master_addr:master_port`.
+
+    NCCL on CUDA (its intra-node transport needs a large /dev/shm), gloo on CPU.
+    """
+    own_device = rank_device(rank, device, torch.cuda.device_count() if device == "cuda" else 0)
+    if own_device.type == "cuda":
+        torch.cuda.set_device(own_device)
     if world_size > 1:
-        backend = "nccl" if device == "cuda" else "gloo"
-        if device == "cuda":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+        if own_device.type != "cuda":
+            bind_gloo_to_loopback(master_addr)
         dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
+            backend="nccl" if own_device.type == "cuda" else "gloo",
+            store=rendezvous_store(master_addr, master_port, rank, world_size, _GROUP_TIMEOUT),
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(minutes=10),
+            timeout=_GROUP_TIMEOUT,
+            # Binding the group to the rank's GPU lets NCCL set up its communicator eagerly.
+            device_id=own_device if own_device.type == "cuda" else None,
         )
     return ParallelContext(rank=rank, world_size=world_size)
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from shard_testing import StepDriver, load_tiny_model, make_runner, new_request
+from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 
 # float32 on CPU: differences come only from summation order.
 LOGITS_ATOL = 1e-4
@@ -26,17 +28,31 @@ SCHEDULE = [
 ]
 
 
-def assert_mixed_steps_match_logits(checkpoint: Path, reference: torch.nn.Module, label: str) -> None:
+@dataclass(frozen=True)
+class Target:
+    """Where our model runs and how close its logits must come to the float32 reference."""
+
+    device: torch.device = CPU
+    dtype: torch.dtype = torch.float32
+    backend: AttentionBackend = field(default_factory=TorchAttentionBackend)
+    atol: float = LOGITS_ATOL
+    rtol: float = 0.0
+
+
+def assert_mixed_steps_match_logits(
+    checkpoint: Path, reference: torch.nn.Module, label: str, target: Target | None = None
+) -> None:
     """Runs SCHEDULE over shuffled paged blocks and compares every token's logits with a full reference forward."""
-    model = load_tiny_model(checkpoint)
+    target = target or Target()
+    model = load_tiny_model(checkpoint, target.device, target.dtype, target.backend)
     rng = random.Random(1)
     sequences = {name: [rng.randrange(3, 96) for _ in range(n)] for name, n in SEQUENCE_LENGTHS.items()}
     with torch.no_grad():
         expected = {name: reference(torch.tensor([ids])).logits[0] for name, ids in sequences.items()}
 
     spec = model.spec
-    geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, torch.float32)
-    cache = KVCache(geometry, num_blocks=24, device=torch.device("cpu"))
+    geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, target.dtype)
+    cache = KVCache(geometry, num_blocks=24, device=target.device)
     shuffled = list(range(24))
     rng.shuffle(shuffled)
     block_tables = {name: [shuffled.pop() for _ in range(-(-n // BLOCK_SIZE))] for name, n in SEQUENCE_LENGTHS.items()}
@@ -44,13 +60,15 @@ def assert_mixed_steps_match_logits(checkpoint: Path, reference: torch.nn.Module
     with torch.inference_mode():
         for step in SCHEDULE:
             spans = [ScheduledSpan(sequences[n][s : s + k], s, block_tables[n]) for n, s, k in step]
-            batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
-            logits = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+            batch = build_step_batch(spans, BLOCK_SIZE, target.device, target.backend.uses_slot_lists)
+            hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+            logits = model.compute_logits(hidden).float().cpu()
             row = 0
             for name, start, num_tokens in step:
                 want = expected[name][start : start + num_tokens]
                 got = logits[row : row + num_tokens]
-                torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0, msg=f"{label} {name}@{start}")
+                message = f"{label} {name}@{start}"
+                torch.testing.assert_close(got, want, atol=target.atol, rtol=target.rtol, msg=message)
                 row += num_tokens
 
 

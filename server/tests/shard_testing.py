@@ -11,13 +11,14 @@ import torch
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
-from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import SamplingParams
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 
+CPU = torch.device("cpu")
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -77,10 +78,15 @@ def write_tiny_llama(path: Path, seed: int = 0, **overrides: Any) -> LlamaForCau
     return write_tiny_checkpoint(path, LlamaConfig, LlamaForCausalLM, seed, **overrides)
 
 
-def load_tiny_model(path: Path) -> CausalLM:
-    """Our float32 CPU model for the checkpoint at `path`."""
+def load_tiny_model(
+    path: Path,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
+    backend: AttentionBackend | None = None,
+) -> CausalLM:
+    """Our model for the checkpoint at `path` (float32 on CPU with the torch backend unless told otherwise)."""
     checkpoint = read_checkpoint_config(path)
-    return load_model(checkpoint, torch.float32, torch.device("cpu"), ParallelContext(), TorchAttentionBackend())
+    return load_model(checkpoint, dtype, device, ParallelContext(), backend or TorchAttentionBackend())
 
 
 def make_runner(path: Path, kv_cache_memory: int = 4 * 1024 * 1024) -> ModelRunner:

@@ -92,10 +92,13 @@ def main() -> int:
     parser.add_argument("--grandchild", action="store_true", help="start a `sleep` child, as a stray helper would")
     for flag in ("--model-path", "--uds-path", "--master-addr", "--device", "--dtype", "--kv-cache-memory"):
         parser.add_argument(flag, required=True)
-    for flag in ("--attention-backend", "--log-level", "--metrics-hostname"):
+    for flag in ("--attention-backend", "--log-level", "--metrics-hostname", "--cuda-memory-fraction", "--cuda-graphs"):
         parser.add_argument(flag, required=True)
     for flag in ("--rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
         parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--allow-pickle-weights", action="store_true")
+    parser.add_argument("--fault-inject-step-error")
+    parser.add_argument("--fault-inject-step-hang")
     args = parser.parse_args()
     record(args.events, f"shard-{args.rank} pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
     if args.behaviour == "fail-at-start":

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from tandem_server.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan
+from tandem_server.layers.attention import AttentionMetadata, DecodeGroup, PagedLayout, PrefillSpan
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,16 @@ class StepBatch:
     last_rows: tuple[int, ...]
 
 
-def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: torch.device) -> StepBatch:
-    """Flattens the spans in order; single-token spans share one padded decode group."""
+def build_step_batch(
+    spans: Sequence[ScheduledSpan], block_size: int, device: torch.device, slot_lists: bool = True
+) -> StepBatch:
+    """Flattens the spans in order; single-token spans share one padded decode group.
+
+    `slot_lists=False` skips the per-request slot lists only the `torch` backend reads; paged kernels need
+    just the block-table layout, which is always built.
+    """
+    if not slot_lists:
+        return _paged_only_batch(spans, block_size, device)
     input_ids: list[int] = []
     positions: list[torch.Tensor] = []
     slot_mapping: list[torch.Tensor] = []
@@ -61,6 +70,7 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         slot_mapping=torch.cat(slot_mapping).to(device),
         prefills=tuple(prefills),
         decode=_decode_group(decode_rows, decode_spans, block_size, device) if decode_rows else None,
+        paged=paged_layout(spans, block_size, device),
     )
     return StepBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -68,6 +78,55 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         metadata=metadata,
         last_rows=tuple(last_rows),
     )
+
+
+def _paged_only_batch(spans: Sequence[ScheduledSpan], block_size: int, device: torch.device) -> StepBatch:
+    input_ids = [token for span in spans for token in span.token_ids]
+    positions = [position for span in spans for position in range(span.start_position, span.context_len)]
+    slots = [
+        span.block_table[position // block_size] * block_size + position % block_size
+        for span in spans
+        for position in range(span.start_position, span.context_len)
+    ]
+    last_rows = [end - 1 for end in itertools.accumulate(len(span.token_ids) for span in spans)]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
+        prefills=(),
+        decode=None,
+        paged=paged_layout(spans, block_size, device),
+    )
+    return StepBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.long).to(device),
+        positions=torch.tensor(positions, dtype=torch.long).to(device),
+        metadata=metadata,
+        last_rows=tuple(last_rows),
+    )
+
+
+def paged_layout(spans: Sequence[ScheduledSpan], block_size: int, device: torch.device) -> PagedLayout:
+    """Block tables, query offsets and sequence lengths of the spans, as int32 tensors on `device`."""
+    query_lens = [len(span.token_ids) for span in spans]
+    seq_lens = [span.context_len for span in spans]
+    tables = [span.block_table[: -(-span.context_len // block_size)] for span in spans]
+    width = max(len(table) for table in tables)
+    block_tables = torch.zeros(len(spans), width, dtype=torch.int32)
+    for row, table in enumerate(tables):
+        block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+    return PagedLayout(
+        query_start_loc=_offsets(query_lens).to(device),
+        seq_start_loc=_offsets(seq_lens).to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
+        block_tables=block_tables.to(device),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        num_keys=sum(seq_lens),
+    )
+
+
+def _offsets(lengths: Sequence[int]) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return offsets
 
 
 def _context_slots(block_table: Sequence[int], length: int, block_size: int) -> torch.Tensor:

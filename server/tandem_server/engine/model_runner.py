@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.cuda_graphs import DecodeGraphs
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
 from tandem_server.engine.step import Generation, PromptLogprobs, StepInput, StepOutput, WarmupResult
-from tandem_server.engine.warmup import blocks_for_budget, run_reserved_forward
+from tandem_server.engine.timing import StepTimer
+from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile_cuda_budget, run_reserved_forward
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 from tandem_server.structured import GrammarCompiler, grammar_token_mask
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """How steps run on the device: the attention backend's tensor layout and the CUDA-only features."""
+
+    # False when the attention backend reads only the paged layout (flash, triton, sdpa).
+    slot_lists: bool = True
+    # CUDA: the KV cache takes this share of the memory left free after a profiled full-budget step.
+    cuda_memory_fraction: float = 0.9
+    # CUDA: decode-only batch sizes captured as graphs at Warmup; empty runs every step eagerly.
+    cuda_graph_sizes: tuple[int, ...] = ()
 
 
 class ModelRunner:
@@ -29,6 +43,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         kv_cache_memory: int,
+        options: ExecutionOptions = ExecutionOptions(),
         grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
         self.model = model
@@ -36,29 +51,43 @@ class ModelRunner:
         self.dtype = dtype
         self.device = device
         self.kv_cache_memory = kv_cache_memory
+        self.options = options
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler()
 
     @torch.inference_mode()
     def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
-        """Allocates the cache for the memory budget and runs one full-size step into the reserved block."""
+        """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs."""
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
         geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.dtype)
-        num_blocks = blocks_for_budget(geometry, self.kv_cache_memory)
+        limits = WarmupLimits(
+            max_batch_tokens, max_batch_requests, self.options.slot_lists, self.options.cuda_memory_fraction
+        )
         self.requests.clear()
         self.cache = None
+        self.graphs = None
+        if self.device.type == "cuda":
+            budget = profile_cuda_budget(self.model, geometry, limits)
+            num_blocks = blocks_for_budget(geometry, budget, "--cuda-memory-fraction")
+        else:
+            num_blocks = blocks_for_budget(geometry, self.kv_cache_memory)
         cache = KVCache(geometry, num_blocks, self.device)
-        run_reserved_forward(self.model, cache, max_batch_tokens, max_batch_requests)
+        run_reserved_forward(self.model, cache, limits)
+        if self.options.cuda_graph_sizes:
+            graphs = DecodeGraphs(self.model, cache, self.options.cuda_graph_sizes, self.device)
+            graphs.capture()
+            self.graphs = graphs
         self.cache = cache
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes)
 
     @torch.inference_mode()
     def health_check(self) -> None:
         """A one-token forward into the reserved block: proves the model and the cache still work."""
-        run_reserved_forward(self.model, self._require_cache(), 1, 1)
+        run_reserved_forward(self.model, self._require_cache(), WarmupLimits(1, 1, self.options.slot_lists))
 
     def reset(self) -> None:
         """Forgets every request; the cache's contents become garbage the router no longer references."""
@@ -68,11 +97,12 @@ class ModelRunner:
     def step(self, step: StepInput) -> StepOutput:
         """Runs the scheduled tokens and returns a Generation for each request that reached its end."""
         cache = self._require_cache()
-        start = time.perf_counter()
+        timer = StepTimer(self.device)
         limits = StepLimits(cache.block_size, cache.num_blocks, self.model.spec.max_position_embeddings)
         plan = self.requests.apply(step, limits)
         if not plan:
-            return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0, prepare_ms=self._elapsed_ms(start))
+            timer.mark()
+            return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0, prepare_ms=timer.phases_ms()[0])
         spans = [
             ScheduledSpan(
                 state.token_ids[state.num_computed : state.num_computed + num_tokens],
@@ -81,24 +111,33 @@ class ModelRunner:
             )
             for state, num_tokens in plan
         ]
-        batch = build_step_batch(spans, cache.block_size, self.device)
-        prepare_ms = self._elapsed_ms(start)
-        start = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+        batch = build_step_batch(spans, cache.block_size, self.device, self.options.slot_lists)
+        # Every host-to-device copy happens here, before the forward pass: afterwards the step's one host sync is
+        # the sampler's single transfer of its results (prompt logprobs, when asked for, add their own).
+        finishing = [
+            (state, row)
+            for (state, num_tokens), row in zip(plan, batch.last_rows, strict=True)
+            if state.samples_after(num_tokens)
+        ]
+        sampling_states = [state for state, _ in finishing]
+        sampling = self._sampling_batch(sampling_states) if finishing else None
+        sample_rows = torch.tensor([row for _, row in finishing], dtype=torch.long).to(self.device)
+        timer.mark()
+        hidden = self.graphs.run(batch) if self.graphs is not None else None
+        if hidden is None:
+            hidden = self.model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens
-        finishing = [
-            (state, row) for (state, _), row in zip(plan, batch.last_rows, strict=True) if state.ready_to_sample
-        ]
-        logits = self.model.compute_logits(hidden[[row for _, row in finishing]]) if finishing else None
-        forward_ms = self._elapsed_ms(start)
-        start = time.perf_counter()
-        generations = self._sample([state for state, _ in finishing], logits) if logits is not None else ()
+        logits = self.model.compute_logits(hidden[sample_rows]) if sampling is not None else None
+        timer.mark()
+        generations = self._sample(sampling_states, logits, sampling) if logits is not None else ()
+        timer.mark()
+        prepare_ms, forward_ms, sampling_ms = timer.phases_ms()
         return StepOutput(
             generations=generations,
             forward_ms=forward_ms,
-            sampling_ms=self._elapsed_ms(start),
+            sampling_ms=sampling_ms,
             prepare_ms=prepare_ms,
             prompt_logprobs=prompt_logprobs,
         )
@@ -115,7 +154,7 @@ class ModelRunner:
         scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
         return tuple(result for result in scored if result is not None)
 
-    def _sample(self, states: list[RequestState], logits: torch.Tensor) -> tuple[Generation, ...]:
+    def _sampling_batch(self, states: list[RequestState]) -> SamplingBatch:
         # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it.
         rows = [
             SamplingRow(
@@ -129,8 +168,13 @@ class ModelRunner:
             for s in states
         ]
         # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
-        token_mask = grammar_token_mask([s.grammar for s in states], logits.shape[-1], logits.device)
-        sampled = self.sampler(logits, SamplingBatch.build(rows, self.device, token_mask))
+        token_mask = grammar_token_mask([s.grammar for s in states], self.model.spec.vocab_size, self.device)
+        return SamplingBatch.build(rows, self.device, token_mask)
+
+    def _sample(
+        self, states: list[RequestState], logits: torch.Tensor, sampling: SamplingBatch
+    ) -> tuple[Generation, ...]:
+        sampled = self.sampler(logits, sampling)
         generations = []
         for state, token_id, logprob, top in zip(
             states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True
@@ -145,8 +189,3 @@ class ModelRunner:
         if self.cache is None:
             raise NotWarmedUpError("the shard has not been warmed up; call Warmup first")
         return self.cache
-
-    def _elapsed_ms(self, start: float) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return (time.perf_counter() - start) * 1000.0

@@ -53,10 +53,9 @@ class RequestState:
         eos = () if self.stopping.ignore_eos else tuple(eos_token_ids)
         return tuple(dict.fromkeys((*self.stopping.stop_token_ids, *eos)))
 
-    @property
-    def ready_to_sample(self) -> bool:
-        """True once every token, prompt and generated, has been run through the model."""
-        return self.num_computed == len(self.token_ids)
+    def samples_after(self, num_tokens: int) -> bool:
+        """True when running `num_tokens` more brings every token, prompt and generated, through the model."""
+        return self.num_computed + num_tokens == len(self.token_ids)
 
     def append_generated(self, token_id: int, eos_token_ids: Sequence[int]) -> FinishReason | None:
         """Records a sampled token and says whether it ends the request."""

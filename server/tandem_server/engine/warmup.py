@@ -1,6 +1,8 @@
-"""Sizes the KV cache from the memory budget and proves a full-budget step runs."""
+"""Sizes the KV cache (CPU: a memory budget; CUDA: free memory after a profiled step) and proves a full step runs."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -25,25 +27,69 @@ _WARMUP_SAMPLING = SamplingParams(
 )
 
 
-def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int) -> int:
+@dataclass(frozen=True)
+class WarmupLimits:
+    """The largest step the router will schedule, and how the step's tensors are laid out."""
+
+    max_batch_tokens: int
+    max_batch_requests: int
+    # False when the attention backend reads only the paged layout (see build_step_batch).
+    slot_lists: bool = True
+    cuda_memory_fraction: float = 0.9
+
+
+def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int, budget_flag: str = "--kv-cache-memory") -> int:
     """Blocks the router may use; one more block is kept back for health checks."""
     num_blocks = budget_bytes // geometry.bytes_per_block - 1
     if num_blocks < 1:
         raise CacheBudgetError(
             f"KV cache budget of {budget_bytes} bytes holds no block of {geometry.bytes_per_block} bytes "
-            f"plus the reserved one; raise --kv-cache-memory"
+            f"plus the reserved one; raise {budget_flag}"
         )
     return num_blocks
 
 
-def run_reserved_forward(model: CausalLM, cache: KVCache, num_tokens: int, num_samples: int) -> None:
-    """Runs `num_tokens` dummy tokens whose K/V all land in the reserved block, then samples `num_samples` rows."""
+def cuda_cache_budget(free_bytes: int, step_peak_bytes: int, memory_fraction: float) -> int:
+    """Bytes the KV cache may take: the fraction of free device memory, less what a full-budget step needs.
+
+    `free_bytes` is measured with the weights loaded and the profiling step's memory released, so the step's
+    peak must be set aside again for every later step.
+    """
+    budget = int(free_bytes * memory_fraction) - step_peak_bytes
+    if budget <= 0:
+        raise CacheBudgetError(
+            f"no device memory left for the KV cache: {free_bytes} bytes free x {memory_fraction} "
+            f"minus a {step_peak_bytes}-byte step; raise --cuda-memory-fraction or lower --max-batch-prefill-tokens"
+        )
+    return budget
+
+
+def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: WarmupLimits) -> int:
+    """Runs a full-budget step into a two-block cache, then sizes the cache from the memory left free."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    probe = KVCache(geometry, 1, device)
+    run_reserved_forward(model, probe, limits)
+    torch.cuda.synchronize(device)
+    step_peak = torch.cuda.max_memory_allocated(device) - before
+    del probe
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return cuda_cache_budget(free, step_peak, limits.cuda_memory_fraction)
+
+
+def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) -> None:
+    """Runs `max_batch_tokens` dummy tokens whose K/V all land in the reserved block, then samples
+    `max_batch_requests` rows."""
+    num_tokens, num_samples = limits.max_batch_tokens, limits.max_batch_requests
     num_tokens = max(1, min(num_tokens, model.spec.max_position_embeddings))
     num_blocks = -(-num_tokens // cache.block_size)
     # Every position wraps into the reserved block, so real blocks are never touched.
     span = ScheduledSpan([0] * num_tokens, 0, [cache.reserved_block] * num_blocks)
     device = cache.layers[0].key.device
-    batch = build_step_batch([span], cache.block_size, device)
+    batch = build_step_batch([span], cache.block_size, device, limits.slot_lists)
     hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
     rows = torch.arange(num_tokens - min(num_samples, num_tokens), num_tokens, device=device)
     logits = model.compute_logits(hidden[rows])

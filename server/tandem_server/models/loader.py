@@ -17,6 +17,7 @@ def load_model(
     device: torch.device,
     parallel: ParallelContext,
     backend: AttentionBackend,
+    allow_pickle_weights: bool = False,
 ) -> CausalLM:
     """The model of `checkpoint.architecture`, loaded for this rank and ready for inference."""
     factory = model_factory(checkpoint.architecture)
@@ -27,5 +28,5 @@ def load_model(
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
-    load_weights(model, checkpoint.path, model.checkpoint_layout())
+    load_weights(model, checkpoint.path, model.checkpoint_layout(), allow_pickle_weights)
     return model.eval()

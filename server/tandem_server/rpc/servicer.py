@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 
 import grpc
@@ -10,20 +12,38 @@ import grpc
 from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import StepInput, StepOutput
+from tandem_server.faults import FaultKind, FaultPlan, StepFaults
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
-from tandem_server.rpc.status import translate_errors
+from tandem_server.rpc.status import status_code_for, translate_errors
+
+logger = logging.getLogger(__name__)
+
+# Exit status of a tensor-parallel rank that left its group after a failed step.
+EXIT_GROUP_OUT_OF_STEP = 3
+_ANSWER_BEFORE_EXIT_S = 0.5
 
 
 class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     """Translates RPCs into ModelRunner calls; the lock serialises everything that touches tensors."""
 
-    def __init__(self, runner: ModelRunner, info: shard_pb2.InfoResponse, metrics: ShardMetrics | None = None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        info: shard_pb2.InfoResponse,
+        metrics: ShardMetrics | None = None,
+        faults: FaultPlan | None = None,
+    ) -> None:
         self._runner = runner
         self._info = info
         self._metrics = metrics
+        self._faults = StepFaults(faults or FaultPlan(), info.rank)
+        if self._faults.armed:
+            logger.warning("fault injection armed (tests only): %s", faults)
         self._lock = asyncio.Lock()
+        self._wedge: asyncio.Task[None] | None = None
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
@@ -55,12 +75,43 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         start = time.perf_counter()
         step = convert.step_input_from_pb(request)
         async with self._lock:
-            output = await asyncio.to_thread(self._runner.step, step)
+            fault = self._faults.on_step(len(step.scheduled))
+            if fault is FaultKind.HANG:
+                await self._hang_forever()
+            try:
+                output = await asyncio.to_thread(self._run_step, step, fault)
+            except Exception as error:
+                self._leave_group_if_out_of_step(error)
+                raise
         if self._metrics is not None:
             self._metrics.step_done(step, output.forward_ms, output.sampling_ms)
         response = convert.step_output_to_pb(output)
         response.shard_total_ms = (time.perf_counter() - start) * 1000.0
         return response
+
+    async def _hang_forever(self) -> None:
+        """Blocks this Step for good; once it is cancelled the lock passes to a task that never lets go, so every
+        later Step, Reset and Warmup hangs too, as on a wedged device, while a shallow Health still answers."""
+        logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
+        self._wedge = asyncio.create_task(self._hold_lock_forever())
+        await asyncio.Event().wait()
+
+    async def _hold_lock_forever(self) -> None:
+        await self._lock.acquire()
+        await asyncio.Event().wait()
+
+    def _leave_group_if_out_of_step(self, error: Exception) -> None:
+        """A rank whose step failed unexpectedly has left its tensor-parallel peers inside a collective, so the
+        group cannot run on: once the error has been answered the process exits and the launcher restarts the
+        group. A single rank keeps serving; the router resets it."""
+        if self._info.world_size > 1 and status_code_for(error) == grpc.StatusCode.INTERNAL:
+            logger.critical("rank %d failed mid-step; exiting so the shard group restarts", self._info.rank)
+            asyncio.get_running_loop().call_later(_ANSWER_BEFORE_EXIT_S, os._exit, EXIT_GROUP_OUT_OF_STEP)
+
+    def _run_step(self, step: StepInput, fault: FaultKind | None) -> StepOutput:
+        if fault is FaultKind.ERROR:
+            self._faults.raise_error()
+        return self._runner.step(step)
 
     @translate_errors
     async def Reset(

@@ -16,12 +16,17 @@ LogitsTransform = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class SamplingBatch:
-    """`processors` act on every row; `warpers` act on the rows in `sampled_rows` only, in that order."""
+    """`processors` act on every row; `warpers` act on the rows in `sampled_rows` only, in that order.
+
+    Every tensor is built here, before the forward pass, so sampling itself never copies from the host.
+    """
 
     rows: tuple[SamplingRow, ...]
     processors: tuple[LogitsTransform, ...]
     sampled_rows: tuple[int, ...]
     warpers: tuple[LogitsTransform, ...]
+    # `sampled_rows` on the device, for indexing the logits.
+    sampled_index: torch.Tensor
     # [rows, vocab] bool, True where a token may be sampled (grammar rows); None when no row is constrained.
     token_mask: torch.Tensor | None = None
 
@@ -34,7 +39,8 @@ class SamplingBatch:
         sampled_rows = tuple(i for i, row in enumerate(rows) if not row.params.greedy)
         sampled_params = [rows[i].params for i in sampled_rows]
         warpers = tuple(kind(sampled_params, device) for kind in WARPERS if kind.needed(sampled_params))
-        return cls(tuple(rows), processors, sampled_rows, warpers, token_mask)
+        sampled_index = torch.tensor(sampled_rows, dtype=torch.long).to(device)
+        return cls(tuple(rows), processors, sampled_rows, warpers, sampled_index, token_mask)
 
     @property
     def all_greedy(self) -> bool:

@@ -40,13 +40,14 @@ class BannedTokens:
 
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
         self.rows, self.tokens = _pairs([(r, row.banned_ids) for r, row in enumerate(rows)], device)
+        self.banned = torch.tensor(float("-inf"), device=device)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
         return any(row.banned_ids for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.index_put((self.rows, self.tokens), torch.tensor(float("-inf"), device=logits.device))
+        return logits.index_put((self.rows, self.tokens), self.banned.to(logits.dtype))
 
 
 class RepetitionPenalty:
@@ -55,13 +56,14 @@ class RepetitionPenalty:
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
         self.penalty = torch.tensor([row.params.repetition_penalty for row in rows], device=device).unsqueeze(1)
         self.rows, self.tokens = _pairs([(r, row.token_ids) for r, row in enumerate(rows)], device)
+        self.seen = torch.tensor(True, device=device)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
         return any(row.params.repetition_penalty != 1.0 for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        seen = torch.zeros_like(logits, dtype=torch.bool).index_put((self.rows, self.tokens), torch.tensor(True))
+        seen = torch.zeros_like(logits, dtype=torch.bool).index_put((self.rows, self.tokens), self.seen)
         penalized = torch.where(logits > 0, logits / self.penalty, logits * self.penalty)
         return torch.where(seen, penalized, logits)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.sampling.batch import SamplingBatch
-from tandem_server.sampling.logprobs import TokenLogprobs, top_alternatives
+from tandem_server.sampling.logprobs import TokenLogprobs
 from tandem_server.sampling.seeding import exponential_noise
 
 
@@ -34,15 +34,32 @@ class Sampler:
             logits = logits.masked_fill(~batch.token_mask, float("-inf"))
         chosen = logits.argmax(dim=-1)
         if not batch.all_greedy:
-            rows = list(batch.sampled_rows)
+            rows = batch.sampled_index
             warped = logits[rows]
             for warper in batch.warpers:
                 warped = warper(warped)
-            seeds = [batch.rows[r].params.seed for r in rows]
-            chosen[rows] = _draw(warped, seeds, [batch.rows[r].position for r in rows])
-        logprobs = raw_logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
-        top = top_alternatives(raw_logprobs, [row.top_logprobs for row in batch.rows])
-        return SampledTokens(token_ids=chosen.tolist(), logprobs=logprobs.tolist(), top_logprobs=top)
+            seeds = [batch.rows[r].params.seed for r in batch.sampled_rows]
+            chosen[rows] = _draw(warped, seeds, [batch.rows[r].position for r in batch.sampled_rows])
+        logprobs = raw_logprobs.gather(1, chosen.unsqueeze(1))
+        counts = [row.top_logprobs for row in batch.rows]
+        top_k = min(max(counts, default=0), raw_logprobs.shape[-1])
+        top_values, top_indices = raw_logprobs.topk(top_k, dim=-1)
+        # Everything the host needs leaves the device in one transfer (the step's single host sync); float64
+        # holds token ids and float32 logprobs exactly.
+        columns = (chosen.unsqueeze(1), logprobs, top_indices, top_values)
+        host = torch.cat([column.to(torch.float64) for column in columns], dim=1).cpu().tolist()
+        return _unpack(host, counts, top_k)
+
+
+def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTokens:
+    # Row layout: [token id, logprob, top_k alternative ids, top_k alternative logprobs].
+    alternatives = [
+        tuple(zip(map(int, row[2 : 2 + count]), row[2 + top_k : 2 + top_k + count], strict=True))
+        for row, count in zip(host, counts, strict=True)
+    ]
+    return SampledTokens(
+        token_ids=[int(row[0]) for row in host], logprobs=[row[1] for row in host], top_logprobs=alternatives
+    )
 
 
 def _draw(warped: torch.Tensor, seeds: list[int], positions: list[int]) -> torch.Tensor:

@@ -8,15 +8,23 @@ from pathlib import Path
 from safetensors import safe_open
 
 from tandem_server.errors import WeightsError
+from tandem_server.weights.pickled import pickle_files
 from tandem_server.weights.slicing import CheckpointTensor
 
 
 def checkpoint_files(model_path: Path) -> list[Path]:
     """All `*.safetensors` files of the checkpoint, in name order."""
     files = sorted(model_path.glob("*.safetensors"))
-    if not files:
-        raise WeightsError(f"no *.safetensors files in {model_path}")
-    return files
+    if files:
+        return files
+    pickled = pickle_files(model_path)
+    if pickled:
+        raise WeightsError(
+            f"{model_path} holds only pickle weights ({', '.join(path.name for path in pickled[:3])}); Tandem loads "
+            "safetensors only because unpickling can run arbitrary code: convert them to safetensors, or pass "
+            "--allow-pickle-weights if you trust the files"
+        )
+    raise WeightsError(f"no *.safetensors files in {model_path}")
 
 
 def iterate_tensors(model_path: Path) -> Iterator[tuple[str, CheckpointTensor]]:

@@ -4,27 +4,40 @@ from __future__ import annotations
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache
-from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSpan
+from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PagedLayout, PrefillSpan
+from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
+from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
-
-BACKENDS: dict[str, type[AttentionBackend]] = {TorchAttentionBackend.name: TorchAttentionBackend}
 
 
 def create_backend(name: str) -> AttentionBackend:
-    """The attention backend registered under `name`."""
-    if name not in BACKENDS:
-        raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name]()
+    """A new instance of the backend `name`; flash and triton import their optional packages here."""
+    if name == "torch":
+        return TorchAttentionBackend()
+    if name == "sdpa":
+        return SdpaAttentionBackend()
+    if name == "triton":
+        from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
+
+        return TritonAttentionBackend()
+    if name == "flash":
+        from tandem_server.layers.attention.flash_backend import FlashAttentionBackend  # noqa: PLC0415
+
+        return FlashAttentionBackend()
+    raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
 
 
 __all__ = [
-    "BACKENDS",
+    "BACKEND_CHOICES",
+    "BACKEND_NAMES",
     "AttentionBackend",
     "AttentionMetadata",
     "AttentionParams",
     "DecodeGroup",
     "LayerCache",
+    "PagedLayout",
     "PrefillSpan",
+    "SdpaAttentionBackend",
     "TorchAttentionBackend",
     "create_backend",
 ]

@@ -33,6 +33,10 @@ class AttentionBackend(Protocol):
     """Computes attention for a mixed step of prompt chunks and decode tokens."""
 
     name: str
+    # True when the backend reads AttentionMetadata.prefills/decode rather than only the paged layout.
+    uses_slot_lists: bool
+    # True when a decode-only step runs with fixed shapes and no host sync, so it can be captured in a CUDA graph.
+    supports_cuda_graphs: bool
 
     def forward(
         self,
@@ -45,3 +49,10 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:
         """`query` [tokens, heads, dim], `key`/`value` [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
         ...
+
+
+def write_step_kv(cache: LayerCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Stores the step's keys and values at their flat cache slots (block_id * block_size + offset)."""
+    num_kv_heads, head_dim = cache.key.shape[-2:]
+    cache.key.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(cache.key.dtype))
+    cache.value.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(cache.value.dtype))

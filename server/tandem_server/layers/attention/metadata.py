@@ -31,10 +31,34 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class PagedLayout:
+    """The step in the block-table form that paged kernels (flash-attn, Triton, batched SDPA) read."""
+
+    # [sequences + 1] int32: sequence i's query rows are query_start_loc[i]:query_start_loc[i + 1].
+    query_start_loc: torch.Tensor
+    # [sequences + 1] int32: cumulative seq_lens, the key offsets flash-attn's varlen API expects.
+    seq_start_loc: torch.Tensor
+    # [sequences] int32: tokens in the cache once this step's K/V are written (cached prefix + this step).
+    seq_lens: torch.Tensor
+    # [sequences, max_blocks] int32 block ids; entries past a sequence's last block are 0 and never read.
+    block_tables: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    # Sum of seq_lens, known on the host so gathers need no device round trip.
+    num_keys: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Where this step's keys/values go in the cache and what each query token may see."""
 
     # Flat cache slot (block_id * block_size + offset) of every token in the step, in batch order.
     slot_mapping: torch.Tensor
+    # Per-request slot lists for the `torch` backend; empty/None when the backend reads only `paged`.
     prefills: tuple[PrefillSpan, ...]
     decode: DecodeGroup | None
+    paged: PagedLayout

@@ -13,6 +13,8 @@ class TorchAttentionBackend:
     """Portable backend for CPU and as a CUDA fallback."""
 
     name = "torch"
+    uses_slot_lists = True
+    supports_cuda_graphs = False
 
     def forward(
         self,

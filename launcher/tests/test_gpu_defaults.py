@@ -1,0 +1,84 @@
+"""Defaults derived from the GPUs (device, shard count) and the CUDA flags passed to every shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tandem_launcher.cli import parse_config
+from tandem_launcher.commands import shard_argv
+from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.gpus import resolve_device, resolve_num_shard
+from tandem_launcher.model_resolution import ResolvedModel
+
+COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
+
+
+def gpus(count: int):
+    return lambda: count
+
+
+def test_auto_device_is_cuda_exactly_when_a_gpu_is_visible() -> None:
+    assert resolve_device("auto", gpus(2)) == "cuda"
+    assert resolve_device("auto", gpus(0)) == "cpu"
+    assert resolve_device("cpu", gpus(8)) == "cpu"
+
+
+def test_unset_num_shard_is_one_per_gpu_on_cuda_and_one_on_cpu() -> None:
+    assert resolve_num_shard(None, "cuda", gpus(4)) == 4
+    assert resolve_num_shard(None, "cpu", gpus(4)) == 1
+    assert resolve_num_shard(2, "cuda", gpus(8)) == 2
+
+
+def test_parse_config_derives_device_and_shards_from_gpus_unless_set() -> None:
+    on_gpu_machine = parse_config([], {}, count_gpus=gpus(8))
+    assert (on_gpu_machine.device, on_gpu_machine.num_shard) == ("cuda", 8)
+    explicit = parse_config(["--num-shard", "2"], {"DEVICE": "cuda"}, count_gpus=gpus(8))
+    assert (explicit.device, explicit.num_shard) == ("cuda", 2)
+    on_cpu_machine = parse_config([], {}, count_gpus=gpus(0))
+    assert (on_cpu_machine.device, on_cpu_machine.num_shard) == ("cpu", 1)
+
+
+def test_cpu_machine_never_counts_gpus_when_device_is_cpu() -> None:
+    def forbidden() -> int:
+        raise AssertionError("GPUs must not be counted for --device cpu --num-shard 1")
+
+    config = parse_config(["--device", "cpu", "--num-shard", "1"], {}, count_gpus=forbidden)
+    assert config.device == "cpu"
+
+
+def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    cuda = parse_config(["--attention-backend", "triton", "--cuda-memory-fraction", "0.8"], {}, count_gpus=gpus(1))
+    argv = shard_argv(LauncherConfig(**{**cuda.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+    assert argv[argv.index("--attention-backend") + 1] == "triton"
+    assert argv[argv.index("--cuda-memory-fraction") + 1] == "0.8"
+    assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
+    from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
+    argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+    assert argv[argv.index("--cuda-graphs") + 1] == "1,8"
+    assert argv[argv.index("--attention-backend") + 1] == "sdpa"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cuda-memory-fraction", "1.5"], "--cuda-memory-fraction must be in (0, 1]"),
+        (["--cuda-memory-fraction", "0"], "--cuda-memory-fraction must be in (0, 1]"),
+        (["--cuda-graphs", "1,x"], "--cuda-graphs must be batch sizes"),
+        (["--device", "cpu", "--cuda-graphs", "1,2"], "--cuda-graphs needs --device cuda"),
+        (["--attention-backend", "flashy"], "invalid choice"),
+    ],
+)
+def test_bad_cuda_flags_are_rejected_with_the_flag_named(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(argv, {}, count_gpus=gpus(0))
+    assert message in capsys.readouterr().err
+
+
+def test_env_attention_backend_is_validated_like_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config([], {"ATTENTION_BACKEND": "flashy"}, count_gpus=gpus(0))
+    assert "--attention-backend must be one of auto, torch, sdpa, triton, flash" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""CUDA graphs for decode-only steps: captured at Warmup per batch size, replayed with the batch padded up.
+
+A decode-only step (every request runs exactly one token) has shapes fixed by its batch size alone when the
+attention backend reads only the paged layout, so its kernels can be recorded once and replayed without
+per-kernel launch cost. Padding rows write into the reserved block and attend to it alone; their outputs are
+dropped. Mixed and prefill steps always run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.engine.batch import StepBatch
+from tandem_server.engine.kv_cache import KVCache
+from tandem_server.layers.attention import AttentionMetadata, PagedLayout
+from tandem_server.models.registry import CausalLM
+
+logger = logging.getLogger(__name__)
+
+# Eager runs on a side stream before capture, so lazily initialised kernels (Triton JIT, cuBLAS) are ready.
+_WARM_RUNS_BEFORE_CAPTURE = 2
+
+
+def graph_batch_size(num_requests: int, sizes: Sequence[int]) -> int | None:
+    """The smallest captured size (ascending `sizes`) that holds `num_requests`; None when none does."""
+    index = bisect.bisect_left(sizes, num_requests)
+    return sizes[index] if index < len(sizes) else None
+
+
+def is_decode_only(batch: StepBatch) -> bool:
+    """True when every request in the step runs exactly one token."""
+    return batch.metadata.paged.max_query_len == 1
+
+
+@dataclass(frozen=True)
+class DecodeBuffers:
+    """Fixed-address inputs of the captured graphs, sized for the largest batch; row i is request i."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    # Padding rows read and write position 0 of this block, which no request owns.
+    reserved_block: int
+    block_size: int
+
+    @classmethod
+    def allocate(cls, max_batch: int, max_positions: int, cache: KVCache, device: torch.device) -> DecodeBuffers:
+        """Buffers for up to `max_batch` requests whose contexts reach `max_positions` tokens."""
+        width = -(-max_positions // cache.block_size)
+        buffers = cls(
+            input_ids=torch.zeros(max_batch, dtype=torch.long, device=device),
+            positions=torch.zeros(max_batch, dtype=torch.long, device=device),
+            slot_mapping=torch.zeros(max_batch, dtype=torch.long, device=device),
+            # Every decode request has exactly one query row, so the offsets are 0, 1, 2, ...
+            query_start_loc=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
+            seq_start_loc=torch.zeros(max_batch + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.zeros(max_batch, dtype=torch.int32, device=device),
+            block_tables=torch.zeros(max_batch, width, dtype=torch.int32, device=device),
+            reserved_block=cache.reserved_block,
+            block_size=cache.block_size,
+        )
+        buffers.pad(0, max_batch)
+        return buffers
+
+    @property
+    def max_positions(self) -> int:
+        return self.block_tables.shape[1] * self.block_size
+
+    def pad(self, start: int, stop: int) -> None:
+        """Turns rows [start, stop) into padding: token 0 at position 0 of the reserved block."""
+        self.input_ids[start:stop] = 0
+        self.positions[start:stop] = 0
+        self.slot_mapping[start:stop] = self.reserved_block * self.block_size
+        self.seq_lens[start:stop] = 1
+        self.block_tables[start:stop, 0] = self.reserved_block
+
+    def fill(self, batch: StepBatch, size: int) -> None:
+        """Copies a decode-only batch into rows [0, n) and pads rows [n, size) for the graph of `size`."""
+        paged = batch.metadata.paged
+        count, width = paged.block_tables.shape
+        self.input_ids[:count].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:count].copy_(batch.positions, non_blocking=True)
+        self.slot_mapping[:count].copy_(batch.metadata.slot_mapping, non_blocking=True)
+        self.seq_lens[:count].copy_(paged.seq_lens, non_blocking=True)
+        self.block_tables[:count, :width].copy_(paged.block_tables, non_blocking=True)
+        self.pad(count, size)
+        torch.cumsum(self.seq_lens[:size], dim=0, out=self.seq_start_loc[1 : size + 1])
+
+    def metadata(self, size: int) -> AttentionMetadata:
+        """Views of the first `size` rows in the form the attention backends read."""
+        paged = PagedLayout(
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_start_loc=self.seq_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            max_query_len=1,
+            # Upper bounds: the real values change every step but a graph's host arguments cannot.
+            max_seq_len=self.max_positions,
+            num_keys=size * self.max_positions,
+        )
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:size], prefills=(), decode=None, paged=paged)
+
+
+class DecodeGraphs:
+    """One captured forward pass per batch size, sharing a memory pool; replays decode-only steps."""
+
+    def __init__(self, model: CausalLM, cache: KVCache, sizes: Sequence[int], device: torch.device) -> None:
+        self.sizes = tuple(sorted(sizes))
+        self._model = model
+        self._cache = cache
+        self._buffers = DecodeBuffers.allocate(self.sizes[-1], model.spec.max_position_embeddings, cache, device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def capture(self) -> None:
+        """Records the model's forward pass for every size, largest first so smaller graphs reuse its pool."""
+        pool = None
+        for size in reversed(self.sizes):
+            metadata = self._buffers.metadata(size)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(_WARM_RUNS_BEFORE_CAPTURE):
+                    self._forward(size, metadata)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self._forward(size, metadata)
+            pool = graph.pool()
+            self._graphs[size] = (graph, hidden)
+        logger.info("captured CUDA graphs for decode batch sizes %s", ",".join(map(str, self.sizes)))
+
+    def run(self, batch: StepBatch) -> torch.Tensor | None:
+        """Hidden states of a decode-only batch from the smallest fitting graph; None when no graph fits."""
+        if not is_decode_only(batch):
+            return None
+        count = batch.metadata.paged.num_seqs
+        size = graph_batch_size(count, self.sizes)
+        if size is None:
+            return None
+        self._buffers.fill(batch, size)
+        graph, hidden = self._graphs[size]
+        graph.replay()
+        return hidden[:count]
+
+    def _forward(self, size: int, metadata: AttentionMetadata) -> torch.Tensor:
+        buffers = self._buffers
+        return self._model(buffers.input_ids[:size], buffers.positions[:size], self._cache.layers, metadata)

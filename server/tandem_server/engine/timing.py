@@ -1,0 +1,35 @@
+"""Per-phase step timings that never add a host sync: CUDA events read after the step's one transfer."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class StepTimer:
+    """Marks phase boundaries; on CUDA they are events on the current stream, on CPU wall-clock readings."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._marks: list[torch.cuda.Event | float] = []
+        self.mark()
+
+    def mark(self) -> None:
+        """Ends the current phase and starts the next one."""
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def phases_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks; waits for the last CUDA event, which the step's result
+        transfer has normally completed already."""
+        if not self._cuda:
+            return [(end - start) * 1000.0 for start, end in zip(self._marks, self._marks[1:], strict=False)]
+        last = self._marks[-1]
+        assert isinstance(last, torch.cuda.Event)
+        last.synchronize()
+        return [start.elapsed_time(end) for start, end in zip(self._marks, self._marks[1:], strict=False)]

@@ -1,0 +1,83 @@
+"""One batched torch SDPA call per step over keys gathered through the block tables (any device, no softcap)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
+from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+
+
+class SdpaAttentionBackend:
+    """The last CUDA fallback: every sequence padded to the step's longest query and context, one kernel call."""
+
+    name = "sdpa"
+    uses_slot_lists = False
+    supports_cuda_graphs = False
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: LayerCache,
+        metadata: AttentionMetadata,
+        params: AttentionParams,
+    ) -> torch.Tensor:
+        """Writes the step's K/V, gathers each sequence's context from its blocks and attends in one call."""
+        if params.logit_softcap is not None:
+            raise ValueError("the sdpa attention backend cannot apply a logit softcap")
+        write_step_kv(cache, key, value, metadata.slot_mapping)
+        paged = metadata.paged
+        block_size = cache.key.shape[1]
+        rows, columns = padded_query_index(paged, query.shape[0], query.device)
+        padded_query = query.new_zeros(paged.num_seqs, paged.max_query_len, *query.shape[1:])
+        padded_query[rows, columns] = query
+        keys = _gather_context(cache.key, paged, block_size)
+        values = _gather_context(cache.value, paged, block_size)
+        groups = query.shape[1] // keys.shape[2]
+        mask = visibility_mask(paged, params.sliding_window, query.device)
+        attended = F.scaled_dot_product_attention(
+            padded_query.transpose(1, 2),
+            keys.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
+            values.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
+            attn_mask=mask.unsqueeze(1),
+            scale=params.scale,
+        )
+        return attended.transpose(1, 2)[rows, columns]
+
+
+def padded_query_index(paged: PagedLayout, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, index within its query) of each of the `num_rows` flat query rows, in batch order."""
+    query_lens = (paged.query_start_loc[1:] - paged.query_start_loc[:-1]).long()
+    # A host-known output size keeps repeat_interleave from synchronising with the device.
+    rows = torch.repeat_interleave(torch.arange(paged.num_seqs, device=device), query_lens, output_size=num_rows)
+    columns = torch.arange(rows.shape[0], device=device) - paged.query_start_loc[rows].long()
+    return rows, columns
+
+
+def visibility_mask(paged: PagedLayout, window: int | None, device: torch.device) -> torch.Tensor:
+    """[sequences, max_query, max_seq] True where a query may see a key: causal, in range, inside the window."""
+    query_lens = (paged.query_start_loc[1:] - paged.query_start_loc[:-1]).long()
+    seq_lens = paged.seq_lens.long()
+    # Query i of a sequence sits at position seq_len - query_len + i; its keys are positions 0..that position.
+    query_index = torch.arange(paged.max_query_len, device=device)
+    query_positions = (seq_lens - query_lens).unsqueeze(1) + query_index
+    key_positions = torch.arange(paged.max_seq_len, device=device)
+    visible = key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)
+    if window is not None:
+        visible &= key_positions.view(1, 1, -1) > (query_positions - window).unsqueeze(2)
+    # Padding rows (beyond a sequence's query) see key 0 only, so the softmax stays finite; they are dropped.
+    # Element-wise only: boolean-mask indexing would synchronise with the device.
+    padding = query_index.view(1, -1) >= query_lens.unsqueeze(1)
+    visible = visible & ~padding.unsqueeze(2)
+    visible[..., 0] |= padding
+    return visible
+
+
+def _gather_context(cache: torch.Tensor, paged: PagedLayout, block_size: int) -> torch.Tensor:
+    # [sequences, blocks, block_size, kv_heads, dim] -> [sequences, max_seq_len, kv_heads, dim].
+    blocks_needed = -(-paged.max_seq_len // block_size)
+    gathered = cache[paged.block_tables[:, :blocks_needed].long()]
+    return gathered.flatten(1, 2)[:, : paged.max_seq_len]

@@ -1,0 +1,114 @@
+"""Chooses the attention backend once at start-up from the device, installed packages and the model's features."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tandem_server.errors import ConfigError
+
+BACKEND_NAMES = ("torch", "sdpa", "triton", "flash")
+BACKEND_CHOICES = ("auto", *BACKEND_NAMES)
+# `auto` takes the first usable backend in this order.
+AUTO_ORDER = {"cuda": ("flash", "triton", "sdpa", "torch"), "cpu": ("torch",)}
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class AttentionNeeds:
+    """What the model and device ask of an attention backend (every backend handles sliding windows)."""
+
+    device: str
+    dtype: torch.dtype
+    head_dim: int
+    logit_softcap: bool = False
+
+
+@dataclass(frozen=True)
+class PackageProblems:
+    """Why an optional package cannot be used (None: it imports fine)."""
+
+    flash_attn: str | None
+    triton: str | None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The chosen backend and, for `auto`, why each earlier candidate was passed over."""
+
+    name: str
+    skipped: tuple[tuple[str, str], ...] = field(default=())
+
+    def describe(self) -> str:
+        """One log line: the choice and the reasons behind it."""
+        if not self.skipped:
+            return f"attention backend {self.name}"
+        passed_over = "; ".join(f"{name}: {reason}" for name, reason in self.skipped)
+        return f"attention backend {self.name} (passed over {passed_over})"
+
+
+def needs_from_hf_config(hf: Mapping[str, Any], device: str, dtype: torch.dtype) -> AttentionNeeds:
+    """The attention features of a checkpoint's config.json that narrow the choice: softcap and head size."""
+    head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
+    return AttentionNeeds(device, dtype, head_dim, hf.get("attn_logit_softcapping") is not None)
+
+
+def detect_package_problems(device: str) -> PackageProblems:
+    """Imports flash-attn and Triton only on CUDA; on CPU neither is usable anyway."""
+    if device != "cuda":
+        return PackageProblems(flash_attn="needs --device cuda", triton="needs --device cuda")
+    return PackageProblems(flash_attn=_import_problem("flash_attn"), triton=_import_problem("triton"))
+
+
+def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems) -> str | None:
+    """Why backend `name` cannot serve this model on this device, or None when it can."""
+    if name == "torch":
+        return None
+    if name == "sdpa":
+        return "torch SDPA cannot apply attention logit softcapping" if needs.logit_softcap else None
+    if needs.device != "cuda":
+        return f"{name} needs --device cuda"
+    if name == "triton":
+        return packages.triton
+    return _flash_problem(needs, packages)
+
+
+def _flash_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
+    if packages.flash_attn is not None:
+        return f"{packages.flash_attn} (install the optional extra: pip install 'tandem-server[cuda]')"
+    if needs.dtype not in FLASH_DTYPES:
+        return f"flash-attn supports float16 and bfloat16, not {str(needs.dtype).removeprefix('torch.')}"
+    if needs.head_dim > FLASH_MAX_HEAD_DIM or needs.head_dim % 8:
+        return f"flash-attn supports head sizes up to {FLASH_MAX_HEAD_DIM} in steps of 8, not {needs.head_dim}"
+    return None
+
+
+def select_backend(requested: str, needs: AttentionNeeds, packages: PackageProblems) -> BackendChoice:
+    """`auto` picks the first usable backend for the device; a named backend that cannot run is an error."""
+    if requested not in BACKEND_CHOICES:
+        raise ConfigError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKEND_CHOICES)}")
+    if requested != "auto":
+        reason = unusable_reason(requested, needs, packages)
+        if reason is not None:
+            raise ConfigError(f"--attention-backend {requested} is unavailable: {reason}")
+        return BackendChoice(requested)
+    skipped = []
+    for name in AUTO_ORDER[needs.device]:
+        reason = unusable_reason(name, needs, packages)
+        if reason is None:
+            return BackendChoice(name, tuple(skipped))
+        skipped.append((name, reason))
+    raise ConfigError("invariant: the torch attention backend is always usable")
+
+
+def _import_problem(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        return f"{module} is not importable ({error})"
+    return None

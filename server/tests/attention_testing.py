@@ -1,0 +1,67 @@
+"""Random paged attention inputs shared by the backend tests: shuffled block tables, mixed steps, GQA."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
+from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 24, 4, 48
+CPU = torch.device("cpu")
+# (cached prefix length, tokens this step): prompts, chunks after cached prefixes, decodes, a 1-token prompt.
+MIXED_STEP = ((0, 7), (5, 4), (13, 1), (0, 1), (9, 1), (3, 2), (16, 5))
+DECODE_STEP = ((4, 1), (11, 1), (0, 1), (20, 1))
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    """A filled cache plus one step's queries, keys and values over shuffled blocks."""
+
+    spans: tuple[ScheduledSpan, ...]
+    cache: LayerCache
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+
+    def fresh_cache(self) -> LayerCache:
+        """A copy, since every backend writes the step's K/V into the cache it is given."""
+        return LayerCache(self.cache.key.clone(), self.cache.value.clone())
+
+    def batch(self, slot_lists: bool, device: torch.device = CPU) -> StepBatch:
+        return build_step_batch(self.spans, BLOCK_SIZE, device, slot_lists)
+
+
+def paged_case(requests: Sequence[tuple[int, int]], seed: int = 0, dtype: torch.dtype = torch.float32) -> PagedCase:
+    """Cached prefixes hold random K/V; block ids are drawn from a shuffled pool so tables are scattered."""
+    generator = torch.Generator().manual_seed(seed)
+    free = list(range(NUM_BLOCKS))
+    random.Random(seed).shuffle(free)
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    cache = LayerCache(
+        torch.randn(shape, generator=generator).to(dtype), torch.randn(shape, generator=generator).to(dtype)
+    )
+    spans = tuple(
+        ScheduledSpan([0] * count, start, [free.pop() for _ in range(-(-(start + count) // BLOCK_SIZE))])
+        for start, count in requests
+    )
+    tokens = sum(count for _, count in requests)
+    return PagedCase(
+        spans=spans,
+        cache=cache,
+        query=torch.randn(tokens, HEADS, HEAD_DIM, generator=generator).to(dtype),
+        key=torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(dtype),
+        value=torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(dtype),
+    )
+
+
+def reference_output(case: PagedCase, params: AttentionParams) -> tuple[torch.Tensor, LayerCache]:
+    """The torch backend's output (computed in float32 from the case's values) and the cache it leaves behind."""
+    cache = case.fresh_cache()
+    output = TorchAttentionBackend().forward(
+        case.query.float(), case.key.float(), case.value.float(), cache, case.batch(True).metadata, params
+    )
+    return output, cache

@@ -1,0 +1,78 @@
+"""The sdpa and Triton backends (and flash's gather) equal the torch backend on random paged steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from attention_testing import BLOCK_SIZE, DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
+from tandem_server.engine.batch import _context_slots
+from tandem_server.layers.attention import AttentionParams, SdpaAttentionBackend
+from tandem_server.layers.attention.flash_backend import context_slots
+
+PARAMS = {
+    "causal": AttentionParams(scale=HEAD_DIM**-0.5),
+    "sliding_window": AttentionParams(scale=HEAD_DIM**-0.5, sliding_window=5),
+    "softcap": AttentionParams(scale=0.3, logit_softcap=2.5),
+    "window_and_softcap": AttentionParams(scale=0.3, sliding_window=3, logit_softcap=2.5),
+}
+STEPS = {"mixed": MIXED_STEP, "decode_only": DECODE_STEP}
+
+
+def test_triton_kernel_matches_torch_backend_under_the_interpreter() -> None:
+    """Runs triton_cases.py with TRITON_INTERPRET=1, which must be set before Triton is first imported."""
+    pytest.importorskip("triton")
+    cases = Path(__file__).with_name("triton_cases.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("params", ["causal", "sliding_window"])
+def test_sdpa_backend_matches_torch_backend(step: str, params: str) -> None:
+    case = paged_case(STEPS[step], seed=3)
+    expected, expected_cache = reference_output(case, PARAMS[params])
+    cache = case.fresh_cache()
+    output = SdpaAttentionBackend().forward(
+        case.query, case.key, case.value, cache, case.batch(slot_lists=False).metadata, PARAMS[params]
+    )
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache.key, expected_cache.key)
+
+
+def test_sdpa_backend_refuses_softcap_instead_of_ignoring_it() -> None:
+    case = paged_case(DECODE_STEP)
+    with pytest.raises(ValueError, match="softcap"):
+        SdpaAttentionBackend().forward(
+            case.query, case.key, case.value, case.fresh_cache(), case.batch(False).metadata, PARAMS["softcap"]
+        )
+
+
+def test_flash_gather_reads_every_context_slot_in_batch_order() -> None:
+    case = paged_case(MIXED_STEP)
+    paged = case.batch(slot_lists=False).metadata.paged
+    expected = torch.cat([_context_slots(s.block_table, s.context_len, BLOCK_SIZE) for s in case.spans])
+    assert context_slots(paged, BLOCK_SIZE).tolist() == expected.tolist()
+
+
+def test_paged_only_batch_matches_full_batch_tensors() -> None:
+    case = paged_case(MIXED_STEP)
+    full, paged_only = case.batch(slot_lists=True), case.batch(slot_lists=False)
+    assert paged_only.input_ids.tolist() == full.input_ids.tolist()
+    assert paged_only.positions.tolist() == full.positions.tolist()
+    assert paged_only.last_rows == full.last_rows
+    assert paged_only.metadata.slot_mapping.tolist() == full.metadata.slot_mapping.tolist()
+    assert paged_only.metadata.prefills == () and paged_only.metadata.decode is None
+    layout = full.metadata.paged
+    assert layout.query_start_loc.tolist() == [0, 7, 11, 12, 13, 14, 16, 21]
+    assert layout.seq_lens.tolist() == [7, 9, 14, 1, 10, 5, 21]
+    assert (layout.max_query_len, layout.max_seq_len, layout.num_keys) == (7, 21, 67)
+    for row, span in enumerate(case.spans):
+        assert layout.block_tables[row, : len(span.block_table)].tolist() == list(span.block_table)

@@ -1,0 +1,102 @@
+"""The attention backend is chosen once from device, installed packages and model features; bad requests fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tandem_server.errors import ConfigError
+from tandem_server.layers.attention import create_backend, selection
+from tandem_server.layers.attention.selection import (
+    AttentionNeeds,
+    PackageProblems,
+    detect_package_problems,
+    needs_from_hf_config,
+    select_backend,
+)
+
+BOTH_INSTALLED = PackageProblems(flash_attn=None, triton=None)
+NO_FLASH = PackageProblems(flash_attn="flash_attn is not importable (No module named 'flash_attn')", triton=None)
+NEITHER = PackageProblems(flash_attn=NO_FLASH.flash_attn, triton="triton is not importable (No module named 'triton')")
+CUDA_BF16 = AttentionNeeds("cuda", torch.bfloat16, head_dim=128)
+
+
+def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
+    needs = AttentionNeeds("cpu", torch.float32, head_dim=64)
+    assert select_backend("auto", needs, detect_package_problems("cpu")).name == "torch"
+
+
+@pytest.mark.parametrize(
+    ("packages", "needs", "expected"),
+    [
+        (BOTH_INSTALLED, CUDA_BF16, "flash"),
+        (NO_FLASH, CUDA_BF16, "triton"),
+        (NEITHER, CUDA_BF16, "sdpa"),
+        (NEITHER, AttentionNeeds("cuda", torch.bfloat16, 256, logit_softcap=True), "torch"),
+        # flash-attn has no float32 kernels and no head size above 256.
+        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.float32, 128), "triton"),
+        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.bfloat16, 512), "triton"),
+    ],
+)
+def test_auto_on_cuda_takes_the_first_usable_of_flash_triton_sdpa_torch(
+    packages: PackageProblems, needs: AttentionNeeds, expected: str
+) -> None:
+    assert select_backend("auto", needs, packages).name == expected
+
+
+def test_auto_choice_explains_what_it_passed_over() -> None:
+    choice = select_backend("auto", CUDA_BF16, NEITHER)
+    assert choice.name == "sdpa"
+    assert "flash: flash_attn is not importable" in choice.describe()
+    assert "pip install 'tandem-server[cuda]'" in choice.describe()
+    assert "triton: triton is not importable" in choice.describe()
+
+
+@pytest.mark.parametrize(
+    ("requested", "needs", "packages", "message"),
+    [
+        ("flash", AttentionNeeds("cpu", torch.float32, 64), BOTH_INSTALLED, "flash needs --device cuda"),
+        ("triton", AttentionNeeds("cpu", torch.float32, 64), BOTH_INSTALLED, "triton needs --device cuda"),
+        ("flash", CUDA_BF16, NO_FLASH, "flash_attn is not importable"),
+        ("triton", CUDA_BF16, NEITHER, "triton is not importable"),
+        ("flash", AttentionNeeds("cuda", torch.float32, 64), BOTH_INSTALLED, "float16 and bfloat16, not float32"),
+        ("sdpa", AttentionNeeds("cpu", torch.float32, 64, logit_softcap=True), BOTH_INSTALLED, "softcapping"),
+        ("flashy", CUDA_BF16, BOTH_INSTALLED, "unknown attention backend 'flashy'"),
+    ],
+)
+def test_a_requested_backend_that_cannot_run_is_a_startup_error(
+    requested: str, needs: AttentionNeeds, packages: PackageProblems, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        select_backend(requested, needs, packages)
+
+
+@pytest.mark.parametrize("name", ["torch", "sdpa"])
+def test_cpu_backends_are_chosen_when_asked(name: str) -> None:
+    choice = select_backend(name, AttentionNeeds("cpu", torch.float32, 64), detect_package_problems("cpu"))
+    assert choice.name == name and create_backend(name).name == name
+
+
+def test_missing_package_is_reported_with_the_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+
+    def import_module(name: str) -> object:
+        imported.append(name)
+        if name == "flash_attn":
+            raise ImportError("No module named 'flash_attn'")
+        return object()
+
+    monkeypatch.setattr(selection.importlib, "import_module", import_module)
+    problems = detect_package_problems("cuda")
+    assert problems == PackageProblems("flash_attn is not importable (No module named 'flash_attn')", None)
+    assert imported == ["flash_attn", "triton"]
+    assert select_backend("auto", CUDA_BF16, problems).name == "triton"
+
+
+def test_model_features_come_from_config_json() -> None:
+    gemma = {"hidden_size": 640, "num_attention_heads": 4, "head_dim": 256, "attn_logit_softcapping": 50.0}
+    gemma |= {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}
+    needs = needs_from_hf_config(gemma, "cuda", torch.bfloat16)
+    assert (needs.head_dim, needs.logit_softcap) == (256, True)
+    qwen = {"hidden_size": 896, "num_attention_heads": 14, "sliding_window": 4096, "use_sliding_window": False}
+    needs = needs_from_hf_config(qwen, "cpu", torch.float32)
+    assert (needs.head_dim, needs.logit_softcap) == (64, False)

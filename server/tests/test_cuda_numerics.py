@@ -1,0 +1,103 @@
+"""The model on CUDA in bfloat16, through every usable attention backend, against the float32 reference.
+
+Skipped without a GPU; `make gpu-check` runs it on one. Tolerances: bfloat16 keeps 8 mantissa bits, so logits
+of the tiny random models (magnitude ~5) may differ from the float32 transformers reference by up to
+BF16_LOGITS_ATOL + BF16_LOGITS_RTOL * |reference|.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from reference_checks import BLOCK_SIZE, Target, assert_mixed_steps_match_logits
+from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_request, write_tiny_llama
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.layers.attention import create_backend
+from tandem_server.layers.attention.selection import AttentionNeeds, detect_package_problems, unusable_reason
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+BF16_LOGITS_ATOL = 0.1
+BF16_LOGITS_RTOL = 0.05
+CUDA = torch.device("cuda", 0)
+
+
+def usable_backends() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=16)
+    packages = detect_package_problems("cuda")
+    return [name for name in ("torch", "sdpa", "triton", "flash") if unusable_reason(name, needs, packages) is None]
+
+
+@pytest.mark.parametrize("backend", usable_backends())
+@pytest.mark.parametrize("variant", sorted(CHECKPOINT_VARIANTS))
+def test_bf16_mixed_steps_match_float32_reference(tmp_path: Path, variant: str, backend: str) -> None:
+    reference = write_tiny_llama(tmp_path, **CHECKPOINT_VARIANTS[variant])
+    target = Target(CUDA, torch.bfloat16, create_backend(backend), BF16_LOGITS_ATOL, BF16_LOGITS_RTOL)
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{variant}/{backend}", target)
+
+
+def cuda_runner(checkpoint: Path, backend: str, graph_sizes: tuple[int, ...], memory_fraction: float) -> ModelRunner:
+    attention = create_backend(backend)
+    model = load_tiny_model(checkpoint, CUDA, torch.bfloat16, attention)
+    options = ExecutionOptions(attention.uses_slot_lists, memory_fraction, graph_sizes)
+    return ModelRunner(model, (), torch.bfloat16, CUDA, kv_cache_memory=1, options=options)
+
+
+def test_warmup_sizes_the_cache_from_free_device_memory(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path)
+    runner = cuda_runner(tmp_path, "triton", (), memory_fraction=0.05)
+    free_before, _ = torch.cuda.mem_get_info(CUDA)
+    result = runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=256, max_batch_requests=16)
+    # 5% of free memory, less the profiled step: far more than the 1-byte CPU budget would give.
+    assert result.num_blocks > 1000
+    assert result.kv_cache_bytes <= 0.05 * free_before
+
+
+@pytest.mark.parametrize("backend", [name for name in usable_backends() if name == "triton"])
+def test_graph_replayed_decode_generates_the_same_tokens_as_eager(tmp_path: Path, backend: str) -> None:
+    write_tiny_llama(tmp_path)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 96) for _ in range(length)] for length in (9, 3, 14, 6, 5)]
+    outputs = []
+    for sizes in ((), (1, 2, 4, 8)):
+        # A small cache keeps the driver's shuffled free-block list short.
+        runner = cuda_runner(tmp_path, backend, sizes, memory_fraction=0.001)
+        runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8)
+        assert (runner.graphs is not None) == bool(sizes)
+        driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
+        outputs.append(driver.run([new_request(i, p, 12) for i, p in enumerate(prompts)]))
+    assert outputs[0] == outputs[1]
+
+
+def test_sampling_synchronises_with_the_host_exactly_once() -> None:
+    import warnings  # noqa: PLC0415
+
+    from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow  # noqa: PLC0415
+
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=3, repetition_penalty=1.2),
+        SamplingParams(temperature=1.0, typical_p=0.9, frequency_penalty=0.5, logit_bias=((5, 2.0),)),
+    ]
+    rows = [
+        SamplingRow(p, position=10 + i, token_ids=(1, 2, 3, 4), prompt_len=2, banned_ids=(7,), top_logprobs=i)
+        for i, p in enumerate(params)
+    ]
+    batch = SamplingBatch.build(rows, CUDA)
+    logits = torch.randn(3, 500, device=CUDA)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sampled = Sampler()(logits, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert len(sampled.token_ids) == 3 and len(sampled.top_logprobs[2]) == 2
