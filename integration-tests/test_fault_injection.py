@@ -160,3 +160,34 @@ def test_a_step_error_on_one_tensor_parallel_rank_restarts_the_group(tmp_path: P
     finally:
         status = server.stop()
     assert status == 0, server.log_tail()
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_step_times_out_and_the_launcher_restarts_the_stalled_shard(tmp_path: Path) -> None:
+    """The router gives up on the Step after `--step-timeout`; the shard's Health then reports the stalled model
+    thread, so the launcher's health watch restarts the group."""
+    flags = (
+        *FLAGS,
+        "--fault-inject-step-hang", f"0:{FAULT_STEP}",
+        "--step-timeout", "10",
+        "--shard-health-timeout", "5",
+    )  # fmt: skip
+    server = TandemServer.start(tmp_path / "launcher.log", "--model-cache-dir", str(model_cache_dir()), *flags)
+    try:
+        before = probe(server.base_url)
+        assert before.status_code == 200, before.text
+        events = native_stream(server.base_url)
+        failed_at = time.monotonic()
+        assert "token" in events[0] and events[-1]["error_type"] == "generation", events[-2:]
+        assert "no answer to Step within 10s" in events[-1]["error"]
+
+        recovery_s, after = first_success_after(server, failed_at)
+        print(f"\nrecovery after a hung step: {recovery_s:.2f}s from the step timeout to the first success")
+        tokens = [token["id"] for token in after["details"]["tokens"]]
+        assert tokens == [token["id"] for token in before.json()["details"]["tokens"]]
+        log = server.log_path.read_text(errors="replace")
+        assert "injected fault: this step never returns" in log
+        assert "restarting all 1 shard(s)" in log, server.log_tail()
+    finally:
+        status = server.stop()
+    assert status == 0, server.log_tail()

@@ -55,6 +55,7 @@ def shard_argv(
         "--attention-backend", config.attention_backend,
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
+        "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),
         "--metrics-hostname", config.hostname,

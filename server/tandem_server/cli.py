@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load *.bin/*.pt weights when the model has no safetensors (unpickling untrusted files is unsafe)",
     )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=None,
+        help="seconds one model job may run before Health reports the shard stalled (default: never)",
+    )
     testing = parser.add_argument_group("fault injection (tests only; off by default)")
     testing.add_argument(
         "--fault-inject-step-error",
@@ -114,6 +120,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,
         allow_pickle_weights=args.allow_pickle_weights,
+        step_timeout_s=args.step_timeout,
         faults=_fault_plan(args),
     )
 
@@ -136,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.metrics_port:
             metrics = ShardMetrics(config.rank, shard.runner.device)
             metrics.serve(config.metrics_port, config.metrics_hostname)
-        servicer = ShardServicer(shard.runner, shard.info, metrics, config.faults)
+        servicer = ShardServicer(shard.runner, shard.info, metrics, config.faults, config.step_timeout_s)
         asyncio.run(serve_until_signalled(servicer, config.uds_path))
     except ConfigError as error:
         logger.error("cannot start: %s", error)

@@ -38,5 +38,9 @@ class NotWarmedUpError(ShardError):
     """An RPC that needs the KV cache arrived before Warmup."""
 
 
+class ModelThreadStalledError(ShardError):
+    """A job on the model thread has outrun the step timeout: the device is presumed wedged."""
+
+
 class CacheBudgetError(ShardError):
     """The KV cache budget cannot hold a single block."""

@@ -24,7 +24,7 @@ class FaultKind(Enum):
 
 
 class InjectedFaultError(ShardError):
-    """Raised in place of a forward pass by `--fault-inject-step-error`."""
+    """Raised in place of a forward pass by `--fault-inject-step-error` (or by a released injected hang)."""
 
 
 @dataclass(frozen=True)

@@ -81,10 +81,15 @@ def step(request_id: int, *, new: bool) -> shard_pb2.StepRequest:
     return shard_pb2.StepRequest(scheduled=[scheduled])
 
 
+# How long one model job may run before Health reports the shard stalled, in the hang test.
+STALL_AFTER_S = 1.5
+
 Scenario = Callable[[shard_pb2_grpc.ShardServiceStub], Awaitable[None]]
 
 
-def serve(tmp_path: Path, plan: FaultPlan, scenario: Scenario, world_size: int = 1) -> None:
+def serve(
+    tmp_path: Path, plan: FaultPlan, scenario: Scenario, world_size: int = 1, step_timeout_s: float | None = None
+) -> None:
     """Runs `scenario` against a warmed-up servicer over a real Unix socket, with `plan`'s faults; a `world_size`
     above 1 only changes what the servicer believes (no process group is joined)."""
     write_tiny_llama(tmp_path / "model")
@@ -94,13 +99,15 @@ def serve(tmp_path: Path, plan: FaultPlan, scenario: Scenario, world_size: int =
     socket_path = tmp_path / "shard.sock"
 
     async def run() -> None:
-        server = await start_server(ShardServicer(runner, info, faults=plan), socket_path)
+        servicer = ShardServicer(runner, info, faults=plan, step_timeout_s=step_timeout_s)
+        server = await start_server(servicer, socket_path)
         try:
             async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
                 stub = shard_pb2_grpc.ShardServiceStub(channel)
                 await stub.Warmup(shard_pb2.WarmupRequest(block_size=4, max_batch_tokens=16, max_batch_requests=2))
                 await scenario(stub)
         finally:
+            servicer.shut_down()
             await server.stop(0)
 
     asyncio.run(run())
@@ -124,20 +131,24 @@ def test_injected_step_error_fails_that_step_with_internal_then_the_shard_serves
     serve(tmp_path, FaultPlan(step_error=FaultTarget(0, 2)), scenario)
 
 
-def test_injected_step_hang_wedges_every_later_step_and_reset_but_health_still_answers(tmp_path: Path) -> None:
+def test_an_injected_hang_holds_the_model_until_health_reports_the_shard_stalled(tmp_path: Path) -> None:
     async def scenario(stub: shard_pb2_grpc.ShardServiceStub) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as hung:
-            await stub.Step(step(1, new=True), timeout=1.0)
+            await stub.Step(step(1, new=True), timeout=0.5)
         assert hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await stub.Health(shard_pb2.HealthRequest(deep=False), timeout=5.0)
-        with pytest.raises(grpc.aio.AioRpcError) as still_hung:
-            await stub.Step(step(2, new=True), timeout=0.5)
-        assert still_hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        with pytest.raises(grpc.aio.AioRpcError) as reset_hung:
-            await stub.Reset(shard_pb2.ResetRequest(), timeout=0.5)
-        assert reset_hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for later in (stub.Step(step(2, new=True), timeout=5.0), stub.Reset(shard_pb2.ResetRequest(), timeout=5.0)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await later
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "still busy" in (refused.value.details() or "")
+        await asyncio.sleep(STALL_AFTER_S)
+        with pytest.raises(grpc.aio.AioRpcError) as stalled:
+            await stub.Health(shard_pb2.HealthRequest(deep=False), timeout=5.0)
+        assert stalled.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "--step-timeout" in (stalled.value.details() or "")
 
-    serve(tmp_path, FaultPlan(step_hang=FaultTarget(0, 1)), scenario)
+    serve(tmp_path, FaultPlan(step_hang=FaultTarget(0, 1)), scenario, step_timeout_s=STALL_AFTER_S)
 
 
 def test_a_tensor_parallel_rank_exits_after_answering_a_failed_step(

@@ -48,4 +48,5 @@ async def serve_until_signalled(servicer: ShardServicer, uds_path: Path) -> None
         logger.info("stopping")
         await server.stop(_GRACE_SECONDS)
     finally:
+        servicer.shut_down()
         uds_path.unlink(missing_ok=True)

@@ -13,10 +13,11 @@ from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput
-from tandem_server.faults import FaultKind, FaultPlan, StepFaults
+from tandem_server.faults import FaultKind, FaultPlan, InjectedFaultError, StepFaults
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
+from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.status import status_code_for, translate_errors
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         info: shard_pb2.InfoResponse,
         metrics: ShardMetrics | None = None,
         faults: FaultPlan | None = None,
+        step_timeout_s: float | None = None,
     ) -> None:
         self._runner = runner
         self._info = info
@@ -42,8 +44,9 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self._faults = StepFaults(faults or FaultPlan(), info.rank)
         if self._faults.armed:
             logger.warning("fault injection armed (tests only): %s", faults)
+        # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
-        self._wedge: asyncio.Task[None] | None = None
+        self._model = ModelThread(step_timeout_s)
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
@@ -53,9 +56,10 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     async def Health(
         self, request: shard_pb2.HealthRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.HealthResponse:
+        self._model.check_not_stalled()
         if request.deep:
             async with self._lock:
-                await asyncio.to_thread(self._runner.health_check)
+                await self._model.run(self._runner.health_check)
         return shard_pb2.HealthResponse()
 
     @translate_errors
@@ -63,8 +67,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self, request: shard_pb2.WarmupRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.WarmupResponse:
         async with self._lock:
-            result = await asyncio.to_thread(
-                self._runner.warmup, request.block_size, request.max_batch_tokens, request.max_batch_requests
+            result = await self._model.run(
+                lambda: self._runner.warmup(request.block_size, request.max_batch_tokens, request.max_batch_requests)
             )
         if self._metrics is not None:
             self._metrics.kv_cache_allocated(result.kv_cache_bytes)
@@ -76,10 +80,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         step = convert.step_input_from_pb(request)
         async with self._lock:
             fault = self._faults.on_step(len(step.scheduled))
-            if fault is FaultKind.HANG:
-                await self._hang_forever()
             try:
-                output = await asyncio.to_thread(self._run_step, step, fault)
+                output = await self._model.run(lambda: self._run_step(step, fault))
             except Exception as error:
                 self._leave_group_if_out_of_step(error)
                 raise
@@ -88,17 +90,6 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         response = convert.step_output_to_pb(output)
         response.shard_total_ms = (time.perf_counter() - start) * 1000.0
         return response
-
-    async def _hang_forever(self) -> None:
-        """Blocks this Step for good; once it is cancelled the lock passes to a task that never lets go, so every
-        later Step, Reset and Warmup hangs too, as on a wedged device, while a shallow Health still answers."""
-        logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
-        self._wedge = asyncio.create_task(self._hold_lock_forever())
-        await asyncio.Event().wait()
-
-    async def _hold_lock_forever(self) -> None:
-        await self._lock.acquire()
-        await asyncio.Event().wait()
 
     def _leave_group_if_out_of_step(self, error: Exception) -> None:
         """A rank whose step failed unexpectedly has left its tensor-parallel peers inside a collective, so the
@@ -109,6 +100,10 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             asyncio.get_running_loop().call_later(_ANSWER_BEFORE_EXIT_S, os._exit, EXIT_GROUP_OUT_OF_STEP)
 
     def _run_step(self, step: StepInput, fault: FaultKind | None) -> StepOutput:
+        if fault is FaultKind.HANG:
+            logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
+            self._model.wait_for_shutdown()
+            raise InjectedFaultError("injected hang released at shutdown (--fault-inject-step-hang)")
         if fault is FaultKind.ERROR:
             self._faults.raise_error()
         return self._runner.step(step)
@@ -118,8 +113,12 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self, request: shard_pb2.ResetRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.ResetResponse:
         async with self._lock:
-            self._runner.reset()
+            await self._model.run(self._runner.reset)
         return shard_pb2.ResetResponse()
+
+    def shut_down(self) -> None:
+        """Releases a job blocked by an injected hang, so the process can exit."""
+        self._model.shut_down()
 
 
 def build_info(

@@ -13,6 +13,7 @@ from tandem_server.errors import (
     CacheBudgetError,
     ConfigError,
     InvalidStepError,
+    ModelThreadStalledError,
     NotWarmedUpError,
     StateMismatchError,
 )
@@ -28,6 +29,7 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (StateMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotWarmedUpError, grpc.StatusCode.FAILED_PRECONDITION),
     (CacheBudgetError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ModelThreadStalledError, grpc.StatusCode.UNAVAILABLE),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 

@@ -1,0 +1,65 @@
+"""The worker thread that runs model work off the event loop, and whether its current job has stalled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from tandem_server.errors import ModelThreadStalledError
+
+Result = TypeVar("Result")
+
+
+class ModelThread:
+    """Runs model jobs one at a time (the caller serialises them) and remembers when the running job started.
+
+    A job outlives the RPC that asked for it when that RPC is cancelled (a thread cannot be interrupted), so the
+    start time is cleared by the worker itself: while it is set, the model is busy whatever the RPCs say. A job
+    busy for longer than `stall_after_s` means a wedged device; Health then fails, so the launcher restarts the
+    shard group instead of the router waiting on it forever.
+    """
+
+    def __init__(self, stall_after_s: float | None) -> None:
+        self._stall_after_s = stall_after_s
+        # Set by the event loop right before a job is handed over, cleared by the worker when the job ends.
+        self._job_started: float | None = None
+        # Set at shutdown: releases a job that blocks on `wait_for_shutdown` (the injected hang).
+        self._shutdown = threading.Event()
+
+    async def run(self, job: Callable[[], Result]) -> Result:
+        """`job()` on the worker thread; refused while an abandoned job still occupies the model."""
+        started = self._job_started
+        if started is not None:
+            raise ModelThreadStalledError(
+                f"the model is still busy with a job started {time.monotonic() - started:.1f}s ago "
+                "whose caller gave up on it"
+            )
+        self._job_started = time.monotonic()
+        return await asyncio.to_thread(self._run_job, job)
+
+    def _run_job(self, job: Callable[[], Result]) -> Result:
+        try:
+            return job()
+        finally:
+            self._job_started = None
+
+    def check_not_stalled(self) -> None:
+        """Raises when the running job has been busy for longer than the stall limit."""
+        started = self._job_started
+        if started is None or self._stall_after_s is None:
+            return
+        busy_s = time.monotonic() - started
+        if busy_s > self._stall_after_s:
+            raise ModelThreadStalledError(
+                f"one model job has run for {busy_s:.0f}s, longer than --step-timeout {self._stall_after_s:g}s"
+            )
+
+    def wait_for_shutdown(self) -> None:
+        """Blocks the worker until `shut_down` (how an injected hang looks like a wedged device)."""
+        self._shutdown.wait()
+
+    def shut_down(self) -> None:
+        self._shutdown.set()
