@@ -4,12 +4,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::chunks::{chat_chunk, ChatChunk, ChatChunkChoice, ChatDelta};
 use super::logprobs::chat_logprobs;
 use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
@@ -265,28 +266,19 @@ struct ChatChunks {
     logprobs: Option<Arc<TokenDecoding>>,
 }
 
-impl ChatChunks {
-    fn chunk(&self, choices: Value, usage: Option<Usage>) -> Value {
-        let mut chunk = json!({
-            "id": self.meta.id,
-            "object": "chat.completion.chunk",
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            chunk["usage"] = json!(usage);
-        }
-        chunk
-    }
-}
-
 impl ChunkBuilder for ChatChunks {
     fn opening(&self, index: usize) -> Option<Value> {
-        let delta = json!({"role": "assistant", "content": ""});
-        let choice =
-            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
-        Some(self.chunk(json!([choice]), None))
+        let delta = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+        };
+        Some(chat_chunk(&self.meta, vec![choice], None))
     }
 
     fn token(
@@ -298,22 +290,25 @@ impl ChunkBuilder for ChatChunks {
         if token.text.is_empty() && finish.is_none() && self.logprobs.is_none() {
             return None;
         }
-        let logprobs = match &self.logprobs {
-            Some(decoding) => chat_logprobs(std::slice::from_ref(&token), decoding),
-            None => Value::Null,
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .map(|decoding| chat_logprobs(std::slice::from_ref(&token), decoding));
+        let delta = ChatDelta {
+            role: None,
+            content: (!token.text.is_empty()).then_some(token.text),
         };
-        let delta = if token.text.is_empty() {
-            json!({})
-        } else {
-            json!({"content": token.text})
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: finish,
         };
-        let choice =
-            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
-        Some(self.chunk(json!([choice]), None))
+        Some(chat_chunk(&self.meta, vec![choice], None))
     }
 
     fn usage(&self, usage: Usage) -> Value {
-        self.chunk(json!([]), Some(usage))
+        chat_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }
 
@@ -323,7 +318,7 @@ impl ChunkBuilder for ChatChunks {
         `chat.completion.chunk` objects ending with `data: [DONE]`",
         content(
             (ChatCompletion = "application/json"),
-            (String = "text/event-stream"))),
+            (ChatChunk = "text/event-stream"))),
     (status = 400, description = "Invalid request", body = OpenAiErrorBody),
     (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
     (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
