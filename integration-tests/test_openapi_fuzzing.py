@@ -22,8 +22,8 @@ CHECKS = (
     "response_schema_conformance",
     "negative_data_rejection",
 )
-MAX_EXAMPLES_PER_OPERATION = 15
-MIN_CASES = 100
+MAX_EXAMPLES_PER_OPERATION = 50
+MIN_CASES = 300
 RUN_TIMEOUT_S = 900
 
 
@@ -34,7 +34,8 @@ def test_generated_requests_get_no_5xx_and_documented_responses(tandem: TandemSe
         str(SCHEMATHESIS), "run", f"{tandem.base_url}/openapi.json",
         "--checks", ",".join(CHECKS),
         "--mode", "all",
-        "--phases", "examples,fuzzing",
+        # Fuzzing only: the hooks shape generated bodies, not the schema's fixed examples.
+        "--phases", "fuzzing",
         "--max-examples", str(MAX_EXAMPLES_PER_OPERATION),
         "--seed", "20261130",
         "--request-timeout", "120",
