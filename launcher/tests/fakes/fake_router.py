@@ -50,12 +50,16 @@ def main() -> int:
     for flag in (
         "--port", "--max-concurrent-requests", "--max-input-tokens", "--max-total-tokens",
         "--max-batch-prefill-tokens", "--max-batch-size", "--block-size", "--shard-connect-timeout",
-        "--max-queue-time", "--graceful-termination-timeout",
+        "--max-queue-time", "--graceful-termination-timeout", "--max-stop-sequences", "--max-top-n-tokens",
+        "--max-best-of", "--max-client-batch-size", "--payload-limit",
     ):  # fmt: skip
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--prefix-caching", choices=("true", "false"), required=True)
     parser.add_argument("--json-output", action="store_true")
     parser.add_argument("--log-requests", action="store_true")
+    parser.add_argument("--always-include-usage", action="store_true")
+    parser.add_argument("--disable-chat-completions", action="store_true")
+    parser.add_argument("--chat-template")
     args = parser.parse_args()
     record(args.events, f"router pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
     info = {"kv_cache_blocks": 100, "kv_cache_tokens": 100 * args.block_size, "max_total_tokens": args.max_total_tokens}
