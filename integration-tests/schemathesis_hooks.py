@@ -10,7 +10,7 @@ import schemathesis
 MAX_NEW_TOKENS = 4
 MAX_SEQUENCES = 2
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions")
-NATIVE_ROUTES = ("/generate", "/generate_stream")
+NATIVE_ROUTES = ("/", "/generate", "/generate_stream")
 
 
 def _is_count(value: Any) -> bool:

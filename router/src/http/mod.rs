@@ -136,7 +136,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(info::metrics))
         .split_for_parts();
     routes
-        .merge(openapi::docs(spec))
+        .merge(openapi::docs(&spec))
         .layer(DefaultBodyLimit::max(state.info.payload_limit))
         .layer(middleware::from_fn(request_span))
         .with_state(state)

@@ -157,9 +157,10 @@ pub(super) fn out_of_range(
     }
 }
 
-/// A fresh random seed; reported back to the client so it can replay the request.
+/// A fresh random seed below 2^63, so it fits the `int64` the API documents; reported back to
+/// the client so it can replay the request.
 fn random_seed() -> u64 {
-    uuid::Uuid::new_v4().as_u64_pair().0
+    uuid::Uuid::new_v4().as_u64_pair().0 >> 1
 }
 
 /// Rejects every parameter in `extra` (the fields a route does not declare) unless it is
@@ -248,6 +249,7 @@ mod tests {
         assert_eq!(a.sampling.top_k, 0);
         assert_eq!(a.max_new_tokens, None);
         assert_ne!(a.sampling.seed, b.sampling.seed);
+        assert!(a.sampling.seed <= i64::MAX as u64);
     }
 
     #[test]

@@ -83,10 +83,7 @@ async fn generate_whole(
             .into_iter()
             .map(|candidate| {
                 let (generated_text, details) = answer(candidate, &options, &state.decoding);
-                BestOfSequence {
-                    generated_text,
-                    details,
-                }
+                BestOfSequence::new(generated_text, details)
             })
             .collect()
     });

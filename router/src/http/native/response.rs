@@ -48,9 +48,8 @@ pub struct Details {
     /// Alternatives per generated token, with `top_n_tokens`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub top_tokens: Vec<Vec<Token>>,
-    /// The candidates not chosen, when `best_of` > 1 (never inside a candidate).
+    /// The candidates not chosen, when `best_of` > 1.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(no_recursion)]
     pub best_of_sequences: Option<Vec<BestOfSequence>>,
 }
 
@@ -58,8 +57,28 @@ pub struct Details {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BestOfSequence {
     pub generated_text: String,
-    #[serde(flatten)]
-    pub details: Details,
+    pub finish_reason: FinishReason,
+    pub generated_tokens: usize,
+    pub seed: u64,
+    pub prefill: Vec<PrefillToken>,
+    pub tokens: Vec<Token>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub top_tokens: Vec<Vec<Token>>,
+}
+
+impl BestOfSequence {
+    /// The candidate's text and details.
+    pub fn new(generated_text: String, details: Details) -> Self {
+        Self {
+            generated_text,
+            finish_reason: details.finish_reason,
+            generated_tokens: details.generated_tokens,
+            seed: details.seed,
+            prefill: details.prefill,
+            tokens: details.tokens,
+            top_tokens: details.top_tokens,
+        }
+    }
 }
 
 /// One token with its log-probability.

@@ -4,12 +4,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::chunks::{chat_chunk, ChatChunk, ChatChunkChoice, ChatDelta};
 use super::logprobs::chat_logprobs;
 use super::response_format;
 use super::tool_calls::{self, ChoiceOutput, DeltaBody, ToolCall};
@@ -310,28 +311,20 @@ struct ChatChunks {
     tool_outputs: Option<Vec<ChoiceOutput>>,
 }
 
-impl ChatChunks {
-    fn chunk(&self, choices: Value, usage: Option<Usage>) -> Value {
-        let mut chunk = json!({
-            "id": self.meta.id,
-            "object": "chat.completion.chunk",
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            chunk["usage"] = json!(usage);
-        }
-        chunk
-    }
-}
-
 impl ChunkBuilder for ChatChunks {
     fn opening(&self, index: usize) -> Option<Value> {
-        let delta = json!({"role": "assistant", "content": ""});
-        let choice =
-            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
-        Some(self.chunk(json!([choice]), None))
+        let delta = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            tool_calls: None,
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+        };
+        Some(chat_chunk(&self.meta, vec![choice], None))
     }
 
     fn token(
@@ -355,22 +348,32 @@ impl ChunkBuilder for ChatChunks {
         if body == DeltaBody::Nothing && finish.is_none() && self.logprobs.is_none() {
             return None;
         }
-        let logprobs = match &self.logprobs {
-            Some(decoding) => chat_logprobs(std::slice::from_ref(&token), decoding),
-            None => Value::Null,
-        };
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .map(|decoding| chat_logprobs(std::slice::from_ref(&token), decoding));
         let delta = match body {
-            DeltaBody::Nothing => json!({}),
-            DeltaBody::Content(text) => json!({"content": text}),
-            DeltaBody::ToolCalls(calls) => json!({"tool_calls": calls}),
+            DeltaBody::Nothing => ChatDelta::default(),
+            DeltaBody::Content(text) => ChatDelta {
+                content: Some(text),
+                ..ChatDelta::default()
+            },
+            DeltaBody::ToolCalls(calls) => ChatDelta {
+                tool_calls: Some(calls),
+                ..ChatDelta::default()
+            },
         };
-        let choice =
-            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
-        Some(self.chunk(json!([choice]), None))
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        };
+        Some(chat_chunk(&self.meta, vec![choice], None))
     }
 
     fn usage(&self, usage: Usage) -> Value {
-        self.chunk(json!([]), Some(usage))
+        chat_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }
 
@@ -380,7 +383,7 @@ impl ChunkBuilder for ChatChunks {
         `chat.completion.chunk` objects ending with `data: [DONE]`",
         content(
             (ChatCompletion = "application/json"),
-            (String = "text/event-stream"))),
+            (ChatChunk = "text/event-stream"))),
     (status = 400, description = "Invalid request", body = OpenAiErrorBody),
     (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
     (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),

@@ -31,6 +31,7 @@ macro_rules! impl_sampling_fields {
 use impl_sampling_fields;
 
 pub mod chat;
+mod chunks;
 pub mod completions;
 mod logprobs;
 mod response_format;

@@ -95,3 +95,25 @@ async fn the_docs_page_is_served_from_the_binary() {
     let config = get(&app, "/docs/swagger-initializer.js").await;
     assert!(config.body.contains("/openapi.json"), "{}", config.body);
 }
+
+#[tokio::test]
+async fn streams_are_documented_as_events_carrying_json_chunks() {
+    let spec = get(&app(), "/openapi.json").await.json();
+    let event = |path: &str| {
+        spec["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+            ["properties"]["data"]
+            .clone()
+    };
+    let native = event("/generate_stream");
+    assert_eq!(native["contentMediaType"], "application/json");
+    assert_eq!(
+        native["contentSchema"]["$ref"],
+        "#/components/schemas/StreamResponse"
+    );
+    let chat = event("/v1/chat/completions");
+    assert_eq!(chat["if"]["const"], "[DONE]");
+    assert_eq!(
+        chat["else"]["contentSchema"]["$ref"],
+        "#/components/schemas/ChatChunk"
+    );
+}

@@ -8,11 +8,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use request::CompletionRequest;
 
+use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
 use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
 use crate::error::{ApiError, OpenAi, OpenAiErrorBody};
@@ -58,27 +59,16 @@ struct CompletionChunks {
     n: usize,
 }
 
-impl CompletionChunks {
-    fn chunk(&self, choices: Value, usage: Option<Usage>) -> Value {
-        let mut chunk = json!({
-            "id": self.meta.id,
-            "object": "text_completion",
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            chunk["usage"] = json!(usage);
-        }
-        chunk
-    }
-}
-
 impl ChunkBuilder for CompletionChunks {
     fn opening(&self, index: usize) -> Option<Value> {
         let echo = self.echoes.as_ref()?.get(index / self.n)?;
-        let choice = json!({"index": index, "text": echo, "logprobs": null, "finish_reason": null});
-        Some(self.chunk(json!([choice]), None))
+        let choice = CompletionChunkChoice {
+            index,
+            text: echo.clone(),
+            logprobs: None,
+            finish_reason: None,
+        };
+        Some(completion_chunk(&self.meta, vec![choice], None))
     }
 
     fn token(
@@ -91,17 +81,22 @@ impl ChunkBuilder for CompletionChunks {
             Some((decoding, per_choice)) => {
                 let logprobs = per_choice.get_mut(index)?;
                 logprobs.push(&token, decoding);
-                logprobs.take()
+                Some(logprobs.take())
             }
             None if token.text.is_empty() && finish.is_none() => return None,
-            None => Value::Null,
+            None => None,
         };
-        let choice = json!({"index": index, "text": token.text, "logprobs": logprobs, "finish_reason": finish});
-        Some(self.chunk(json!([choice]), None))
+        let choice = CompletionChunkChoice {
+            index,
+            text: token.text,
+            logprobs,
+            finish_reason: finish,
+        };
+        Some(completion_chunk(&self.meta, vec![choice], None))
     }
 
     fn usage(&self, usage: Usage) -> Value {
-        self.chunk(json!([]), Some(usage))
+        completion_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }
 
@@ -123,7 +118,7 @@ fn echo_text(prompt: &Prompt, decoding: &TokenDecoding) -> Result<String, Valida
         `text_completion` objects ending with `data: [DONE]`",
         content(
             (Completion = "application/json"),
-            (String = "text/event-stream"))),
+            (CompletionChunk = "text/event-stream"))),
     (status = 400, description = "Invalid request", body = OpenAiErrorBody),
     (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
     (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
