@@ -49,9 +49,8 @@ def _client(tandem: TandemServer) -> openai.OpenAI:
 
 
 def _create(tandem: TandemServer, **fields: Any) -> Any:
-    completion = _client(tandem).chat.completions.create(
-        model="tandem", messages=fields.pop("messages", ASK), max_tokens=120, temperature=0, tools=TOOLS, **fields
-    )
+    fields = {"messages": ASK, "max_tokens": 120, "temperature": 0, "tools": TOOLS, **fields}
+    completion = _client(tandem).chat.completions.create(model="tandem", **fields)
     _validate("CreateChatCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
     return completion
 

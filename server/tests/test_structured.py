@@ -17,7 +17,7 @@ from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import StepInput
 from tandem_server.errors import InvalidStepError
 from tandem_server.models.config import read_checkpoint_config
-from tandem_server.sampling import SamplingParams
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, seeding
 from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
 from tokenizers import Tokenizer
 
@@ -135,3 +135,13 @@ def test_invalid_grammar_or_replayed_token_outside_it_is_an_invalid_step(runner:
     with pytest.raises(InvalidStepError, match="violates the grammar"):
         StepDriver(runner, runner.cache.num_blocks, chunk_size=8).step([letters])
     assert len(runner.requests) == 0
+
+
+def test_a_sampled_row_never_draws_a_masked_token_even_when_the_noise_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A uniform draw of exactly 0 once made 0/0 = NaN for masked tokens, and argmax picks NaN.
+    monkeypatch.setattr(seeding.torch, "rand", lambda size, **kwargs: torch.zeros(size))
+    rows = [SamplingRow(params=SAMPLING, position=3)]
+    allowed = torch.zeros(1, 16, dtype=torch.bool)
+    allowed[0, 5] = True
+    sampled = Sampler()(torch.randn(1, 16), SamplingBatch.build(rows, torch.device("cpu"), allowed))
+    assert sampled.token_ids == [5]

@@ -20,4 +20,6 @@ def exponential_noise(seed: int, position: int, vocab_size: int, device: torch.d
     generator = torch.Generator(device=device)
     generator.manual_seed(mix_seed(seed, position))
     uniform = torch.rand(vocab_size, generator=generator, device=device, dtype=torch.float32)
-    return -torch.log1p(-uniform)
+    # A uniform draw of exactly 0 gives zero noise; clamped, a masked token (probability 0) scores 0, never 0/0 = NaN,
+    # which argmax would pick.
+    return (-torch.log1p(-uniform)).clamp_min(torch.finfo(torch.float32).tiny)

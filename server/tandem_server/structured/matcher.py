@@ -24,6 +24,9 @@ class GrammarMatcher:
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Writes the allowed-token bitmask (32 tokens per int32, low bit first) into `bitmask[row]`."""
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        # A matcher that hit an engine limit leaves the row untouched (all allowed): never sample from it.
+        if self._matcher.is_error():
+            raise InvalidStepError(f"the grammar engine failed: {self._matcher.get_error()}")
 
     def advance(self, token_id: int) -> None:
         """Consumes a sampled (or replayed) token; a token the grammar forbids is a contract violation."""

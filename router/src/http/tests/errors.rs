@@ -122,7 +122,7 @@ async fn unimplemented_parameters_are_rejected_by_name() {
         (
             "/v1/chat/completions",
             r#"{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}"#,
-            "tools",
+            "tools[0]",
         ),
         (
             "/v1/completions",
