@@ -8,7 +8,12 @@ const COMPLETIONS: &str = "/v1/completions";
 
 fn app_ok() -> (axum::Router, AppState) {
     let backend = FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length));
-    let state = test_state(backend, server_info(4));
+    // Room for the 100k-message body, so it is refused for its tokens rather than its size.
+    let info = ServerInfo {
+        payload_limit: 8 << 20,
+        ..server_info(4)
+    };
+    let state = test_state(backend, info);
     (app(state.clone()), state)
 }
 
@@ -114,7 +119,11 @@ async fn malformed_bodies_are_refused_precisely() {
             br#"{"messages": [{"role": "user", "content": 5}]}"#.to_vec(),
             "messages",
         ),
-        (COMPLETIONS, br#"{"prompt": [1, 2, 3]}"#.to_vec(), "prompt"),
+        (
+            COMPLETIONS,
+            br#"{"prompt": [1, 2, 4000000000]}"#.to_vec(),
+            "prompt",
+        ),
         (
             "/generate",
             br#"{"inputs": "a", "parameters": []}"#.to_vec(),
