@@ -61,7 +61,7 @@ def tokenizer(checkpoint: Path) -> Tokenizer:
 def runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     model = load_tiny_model(checkpoint)
     eos = read_checkpoint_config(checkpoint).eos_token_ids
-    runner = ModelRunner(model, eos, torch.float32, torch.device("cpu"), 4 * 1024 * 1024, compiler)
+    runner = ModelRunner(model, eos, torch.float32, torch.device("cpu"), 4 * 1024 * 1024, grammar_compiler=compiler)
     runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
     return runner
 

@@ -1,4 +1,4 @@
-//! API keys: every route but the probes and the metrics scrape requires one.
+//! API keys: every route but the probes, the metrics scrape and the API description requires one.
 
 use std::io::Write;
 
@@ -11,8 +11,10 @@ const FIRST_KEY: &str = "sk-tandem-First";
 const SECOND_KEY: &str = "sk-tandem-second";
 
 /// (method, path, body) of every protected route.
-const PROTECTED: [(&str, &str, &str); 6] = [
+const PROTECTED: [(&str, &str, &str); 8] = [
     ("POST", "/generate", r#"{"inputs": "a"}"#),
+    ("POST", "/", r#"{"inputs": "a"}"#),
+    ("POST", "/tokenize", r#"{"inputs": "a"}"#),
     ("POST", "/generate_stream", r#"{"inputs": "a"}"#),
     (
         "POST",
@@ -133,9 +135,9 @@ async fn either_key_opens_every_route_and_the_scheme_is_case_insensitive() {
 }
 
 #[tokio::test]
-async fn probes_and_metrics_stay_open() {
+async fn probes_metrics_and_the_api_description_stay_open() {
     let (app, _) = keyed_app(Some(inline_keys()));
-    for path in ["/health", "/ready", "/metrics"] {
+    for path in ["/health", "/ready", "/metrics", "/openapi.json", "/docs/"] {
         assert_eq!(get(&app, path).await.status, StatusCode::OK, "{path}");
     }
 }
