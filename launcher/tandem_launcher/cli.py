@@ -180,7 +180,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--step-timeout", float, 120.0, "seconds the shards may take for one forward step before they count as dead"
     )
-    add.repeated("--api-key", str, "an API key every route but /health, /ready and /metrics requires; repeatable")
+    add.repeated("--api-key", str, "an API key for every route but probes, /metrics and /openapi.json; repeatable")
     add.repeated("--api-key-file", Path, "a file of API keys, one per line; SIGHUP to the launcher reloads it")
     add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
     add.switch(
