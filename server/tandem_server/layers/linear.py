@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,3 +101,28 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.parallel.all_reduce(F.linear(x, self.weight))
         return out if self.bias is None else out + self.bias
+
+
+def stack_columns(linears: Sequence[ColumnParallelLinear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) holding the layers' output rows in order, so a single GEMM computes all of them.
+
+    Each layer's parameters become views into the stack: loading a layer fills its rows, nothing is copied twice.
+    """
+    weight = torch.cat([linear.weight.data for linear in linears])
+    has_bias = all(linear.bias is not None for linear in linears)
+    bias = torch.cat([linear.bias.data for linear in linears if linear.bias is not None]) if has_bias else None
+    offset = 0
+    for linear in linears:
+        rows = slice(offset, offset + linear.weight.shape[0])
+        linear.weight = _rebound(linear.weight, weight[rows])
+        if bias is not None and linear.bias is not None:
+            linear.bias = _rebound(linear.bias, bias[rows])
+        offset = rows.stop
+    return weight, bias
+
+
+def _rebound(param: nn.Parameter, storage: torch.Tensor) -> nn.Parameter:
+    # The same parameter (loader, checkpoint slice) over new storage; nn.Parameter shares the view's memory.
+    rebound = nn.Parameter(storage, requires_grad=False)
+    rebound.__dict__.update(param.__dict__)
+    return rebound

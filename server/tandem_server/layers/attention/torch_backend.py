@@ -43,8 +43,8 @@ class TorchAttentionBackend:
         decode = metadata.decode
         if decode is not None:
             q = query[decode.query_rows].unsqueeze(2)
-            k = key_slots[decode.key_slots].transpose(1, 2)
-            v = value_slots[decode.key_slots].transpose(1, 2)
+            k = _decode_context(cache.key, decode.key_slots).transpose(1, 2)
+            v = _decode_context(cache.value, decode.key_slots).transpose(1, 2)
             mask = _decode_mask(decode, params.sliding_window)
             output[decode.query_rows] = _attend(q, k, v, mask, params).squeeze(2)
         return output
@@ -65,6 +65,15 @@ def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, 
     return span.key_slots[first_key:], visible
 
 
+def _decode_context(cache: torch.Tensor, key_slots: torch.Tensor) -> torch.Tensor:
+    # Slot lists are block-aligned: position j * block_size of a request is the first slot of its j-th block, so
+    # every block_size-th slot names a block and whole blocks are copied at once (padding reads block 0, masked).
+    block_size = cache.shape[1]
+    requests, max_context = key_slots.shape
+    blocks = cache.index_select(0, key_slots[:, ::block_size].flatten() // block_size)
+    return blocks.view(requests, -1, *cache.shape[2:])[:, :max_context]
+
+
 def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor:
     if window is None:
         return decode.key_mask
@@ -78,14 +87,15 @@ def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
 ) -> torch.Tensor:
     # q [batch, heads, q_len, dim]; k/v [batch, kv_heads, k_len, dim]; grouped heads share a kv head.
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
     k, v = k.to(q.dtype), v.to(q.dtype)
     if params.logit_softcap is not None:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return _softcapped_attention(q, k, v, mask, params.scale, params.logit_softcap)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=params.scale)
+    # enable_gqa reads each kv head in place for its group of query heads instead of materialising copies.
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=params.scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 def _softcapped_attention(
