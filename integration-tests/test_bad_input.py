@@ -62,7 +62,10 @@ HOSTILE = [
     ("/v1/completions", b'{"model": "tandem", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
     (CHAT, b'{"model": "tandem", "messages": [{"role": "wizard", "content": "a"}]}', "role"),
     (CHAT, b'{"model": "tandem", "messages": []}', "messages"),
+    # 100k messages are 3.3 MB, over the default --payload-limit; 50k fit it and overflow the context instead.
     (CHAT, b'{"model": "tandem", "messages": [' + b'{"role": "user", "content": "a"},' * 99_999
+     + b'{"role": "user", "content": "a"}]}', "payload limit"),
+    (CHAT, b'{"model": "tandem", "messages": [' + b'{"role": "user", "content": "a"},' * 49_999
      + b'{"role": "user", "content": "a"}]}', "token"),
 ]  # fmt: skip
 

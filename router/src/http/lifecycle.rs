@@ -98,6 +98,7 @@ pub struct HealthQuery {
 /// by the step timeout. Probes take no admission permit and count in no request metric.
 #[utoipa::path(get, path = "/health", tag = "Operations", params(HealthQuery), responses(
     (status = 200, description = "Every shard answers", body = HealthBody),
+    (status = 400, description = "`deep` is not `true` or `false`"),
     (status = 503, description = "A shard does not answer", body = HealthBody)))]
 pub async fn health(State(state): State<AppState>, Query(query): Query<HealthQuery>) -> Response {
     let draining = state.draining.is_set();
