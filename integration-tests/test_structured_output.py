@@ -193,3 +193,19 @@ def test_constrained_requests_preempted_and_recomputed_still_match_their_grammar
     assert tiny_kv_tandem.metric("tandem_preemptions_total") > preemptions_before
     for reply in replies:
         jsonschema.validate(json.loads(reply.json()["generated_text"]), schema)
+
+
+def test_completions_follow_a_json_schema_response_format_for_every_prompt(tandem: TandemServer) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    completion = _client(tandem).completions.create(
+        model="tandem",
+        prompt=["A person described as JSON:", "Here is a JSON record of a friend:"],
+        max_tokens=200,
+        temperature=0,
+        extra_body={"response_format": response_format},
+    )
+    _validate("CreateCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
+    assert len(completion.choices) == 2
+    for choice in completion.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.text), PERSON)

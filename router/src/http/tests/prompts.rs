@@ -139,3 +139,16 @@ async fn suffix_and_echo_with_logprobs_are_refused() {
         "an empty suffix changes nothing"
     );
 }
+
+#[tokio::test]
+async fn completions_read_response_format_and_refuse_a_malformed_one_by_name() {
+    let backend = ok_backend();
+    let body = r#"{"prompt": "a", "response_format": {"type": "xml"}}"#;
+    let reply = post(&app(&backend), "/v1/completions", body).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["param"], "response_format");
+    let body = r#"{"prompt": "a", "response_format": {"type": "text"}}"#;
+    let reply = post(&app(&backend), "/v1/completions", body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(backend.requests.lock().unwrap()[0].grammar.is_none());
+}

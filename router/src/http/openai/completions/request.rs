@@ -159,6 +159,7 @@ impl CompletionRequest {
     }
 
     pub fn into_plan(mut self, limits: &ServerInfo) -> Result<CompletionPlan, ValidationError> {
+        let response_format = self.extra.remove("response_format");
         reject_unsupported(&self.extra, &[])?;
         let choices = self.choices(limits.max_best_of)?;
         let echo = self.echo()?;
@@ -180,9 +181,10 @@ impl CompletionRequest {
             top_logprobs: check_count("logprobs", self.logprobs, MAX_LOGPROBS)?,
             prompt_logprobs: false,
         };
-        let params = self
+        let mut params = self
             .sampling_fields()
             .into_params((self.max_tokens, "max_tokens"), logprobs);
+        params.grammar = super::super::response_format::grammar(response_format)?;
         Ok(CompletionPlan {
             prompts,
             params,
