@@ -135,23 +135,29 @@ def test_an_injected_step_error_fails_the_requests_in_flight_and_the_group_recov
     assert status == 0, server.log_tail()
 
 
+def stream_fails_then_recovers(server: TandemServer, error_fragment: str, fault: str) -> str:
+    """A stream in flight at the fault ends with a generation error naming `error_fragment`; the probe then succeeds
+    again with its greedy tokens from before the fault. Returns the launcher's log."""
+    before = probe(server.base_url)
+    assert before.status_code == 200, before.text
+    events = native_stream(server.base_url)
+    failed_at = time.monotonic()
+    assert "token" in events[0] and events[-1]["error_type"] == "generation", events[-2:]
+    assert error_fragment in events[-1]["error"]
+
+    recovery_s, after = first_success_after(server, failed_at)
+    print(f"\nrecovery after {fault}: {recovery_s:.2f}s to the first successful request")
+    tokens = [token["id"] for token in after["details"]["tokens"]]
+    assert tokens == [token["id"] for token in before.json()["details"]["tokens"]]
+    return server.log_path.read_text(errors="replace")
+
+
 @pytest.mark.timeout(600)
 def test_a_step_error_on_one_tensor_parallel_rank_restarts_the_group(tmp_path: Path) -> None:
     flags = (*FLAGS, "--num-shard", "2", "--fault-inject-step-error", f"1:{FAULT_STEP}")
     server = TandemServer.start(tmp_path / "launcher.log", "--model-cache-dir", str(model_cache_dir()), *flags)
     try:
-        before = probe(server.base_url)
-        assert before.status_code == 200, before.text
-        events = native_stream(server.base_url)
-        failed_at = time.monotonic()
-        assert "token" in events[0] and events[-1]["error_type"] == "generation", events[-2:]
-        assert "shard" in events[-1]["error"]
-
-        recovery_s, after = first_success_after(server, failed_at)
-        print(f"\nrecovery after an injected step error on rank 1 of 2: {recovery_s:.2f}s (group restarted)")
-        tokens = [token["id"] for token in after["details"]["tokens"]]
-        assert tokens == [token["id"] for token in before.json()["details"]["tokens"]]
-        log = server.log_path.read_text(errors="replace")
+        log = stream_fails_then_recovers(server, "shard", "an injected step error on rank 1 of 2 (group restarted)")
         assert "injected fault: rank 1 fails its forward pass in step" in log
         assert "rank 1 failed mid-step; exiting so the shard group restarts" in log
         assert "restarting all 2 shard(s) in 1s (restart 1 of at most 3" in log
@@ -174,18 +180,7 @@ def test_a_hung_step_times_out_and_the_launcher_restarts_the_stalled_shard(tmp_p
     )  # fmt: skip
     server = TandemServer.start(tmp_path / "launcher.log", "--model-cache-dir", str(model_cache_dir()), *flags)
     try:
-        before = probe(server.base_url)
-        assert before.status_code == 200, before.text
-        events = native_stream(server.base_url)
-        failed_at = time.monotonic()
-        assert "token" in events[0] and events[-1]["error_type"] == "generation", events[-2:]
-        assert "no answer to Step within 10s" in events[-1]["error"]
-
-        recovery_s, after = first_success_after(server, failed_at)
-        print(f"\nrecovery after a hung step: {recovery_s:.2f}s from the step timeout to the first success")
-        tokens = [token["id"] for token in after["details"]["tokens"]]
-        assert tokens == [token["id"] for token in before.json()["details"]["tokens"]]
-        log = server.log_path.read_text(errors="replace")
+        log = stream_fails_then_recovers(server, "no answer to Step within 10s", "a hung step")
         assert "injected fault: this step never returns" in log
         assert "restarting all 1 shard(s)" in log, server.log_tail()
     finally:
