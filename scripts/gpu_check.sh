@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-check` on a CUDA machine: runs tandem_bench.gpu_check from this working tree (no install, no registry).
-# Needs torch, triton, transformers and grpcio on the machine, plus what scripts/gpu_check_bundle.sh prepared.
+# Needs torch, triton and transformers on the machine, plus what scripts/gpu_check_bundle.sh prepared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,12 @@ BUNDLE="$PWD/.gpu-check"
 # Whole check, from a cold start: the issue's limit.
 LIMIT_S=${GPU_CHECK_LIMIT_S:-480}
 
+# Unpacks what scripts/gpu_check_bundle.sh prepared: packages, tokenizer, router extension, protobuf code.
+if [ -f "$BUNDLE/bundle.tar.xz" ]; then
+  "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(filter="data")' "$BUNDLE/bundle.tar.xz"
+fi
+# The machine's own pytest plugins may not match the bundled pytest.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 export PYTHONPATH="$PWD/server:$PWD/launcher:$PWD/benchmark:$PWD/router/python:$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
 # The launcher spawns `tandem-shard` and `tandem-router` from PATH; without an install they are thin wrappers.
 BIN=$(mktemp -d)
@@ -26,7 +32,7 @@ import sys
 
 modules = [
     "torch", "triton", "transformers", "grpc", "google.protobuf", "safetensors", "tokenizers", "numpy",
-    "prometheus_client", "aiohttp", "tqdm", "huggingface_hub", "pytest",
+    "prometheus_client", "aiohttp", "tqdm", "huggingface_hub", "pytest", "llguidance", "psutil", "matplotlib",
     "tandem_router._native", "tandem_server.rpc.generated.shard_pb2",
 ]
 missing = []
@@ -36,8 +42,7 @@ for name in modules:
     except Exception as error:  # any import failure makes the check impossible
         missing.append(f"{name} ({error})")
 if missing:
-    sys.exit("gpu-check: cannot import " + "; ".join(missing) + "\n  prepare with scripts/gpu_check_bundle.sh and carry "
-             ".gpu-check/, router/python/tandem_router/_native.abi3.so, server/tandem_server/rpc/generated/")
+    sys.exit("gpu-check: cannot import " + "; ".join(missing) + "\n  prepare with scripts/gpu_check_bundle.sh and carry .gpu-check/")
 import torch
 
 if not torch.cuda.is_available():

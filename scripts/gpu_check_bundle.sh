@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Prepares what `make gpu-check` needs beyond the working tree on a GPU machine that has torch, triton,
-# transformers and grpcio but no package registry. Run here (uv, registry access, a synced .venv); then carry
-# .gpu-check/, router/python/tandem_router/_native.abi3.so and server/tandem_server/rpc/generated/ along.
+# Prepares what `make gpu-check` needs beyond the working tree on a GPU machine that has torch, triton and
+# transformers but no package registry. Run here (uv, registry access, a synced .venv); then carry .gpu-check/ along:
+# it holds one archive, .gpu-check/bundle.tar.xz, that scripts/gpu_check.sh unpacks into the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +19,8 @@ rm -rf "$BUNDLE/site" "$BUNDLE/tokenizer"
 mkdir -p "$BUNDLE/site" "$BUNDLE/tokenizer"
 # Same versions as the synced environment: the generated protobuf code needs its own protobuf runtime.
 packages=()
-for name in protobuf prometheus-client aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl \
+# grpcio too: the generated stubs refuse a grpcio older than the grpcio-tools that wrote them.
+for name in grpcio llguidance protobuf prometheus-client aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl \
             pytest pluggy iniconfig pytest-timeout; do
   packages+=("$name==$(version "$name")")
 done
@@ -34,4 +35,11 @@ print(converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR))")
 for name in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
   if [ -f "$tokenizer_source/$name" ]; then cp "$tokenizer_source/$name" "$BUNDLE/tokenizer/"; fi
 done
-du -sh "$BUNDLE" router/python/tandem_router/_native.abi3.so server/tandem_server/rpc/generated
+# One compressed archive keeps the copied tree small: the router extension is stripped of its symbols on the way.
+stripped=$(mktemp -d)
+trap 'rm -rf "$stripped"' EXIT
+strip -o "$stripped/_native.abi3.so" router/python/tandem_router/_native.abi3.so
+tar -cJf "$BUNDLE/bundle.tar.xz" "$BUNDLE/site" "$BUNDLE/tokenizer" server/tandem_server/rpc/generated \
+  -C "$stripped" --transform 's,^_native,router/python/tandem_router/_native,' _native.abi3.so
+rm -rf "$BUNDLE/site" "$BUNDLE/tokenizer"
+du -sh "$BUNDLE/bundle.tar.xz"
