@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,12 @@ SCHEDULE = [
 ]
 
 
+# Below float32 the bound is relative to transformers' own error in that dtype: on the tiny models (logits ~5) the
+# reference cast to bfloat16 is off its float32 forward by up to 0.22, ours by up to 1.2x that (CPU, measured).
+LOW_PRECISION_ERROR_FACTOR = 2.0
+LOW_PRECISION_ATOL = 0.02
+
+
 @dataclass(frozen=True)
 class Target:
     """Where our model runs and how close its logits must come to the float32 reference."""
@@ -35,8 +42,23 @@ class Target:
     device: torch.device = CPU
     dtype: torch.dtype = torch.float32
     backend: AttentionBackend = field(default_factory=TorchAttentionBackend)
-    atol: float = LOGITS_ATOL
-    rtol: float = 0.0
+
+    def bounds(self, reference: torch.nn.Module, sequences: dict[str, list[int]]) -> dict[str, float]:
+        """Largest allowed |logit difference| per sequence: float32 is exact up to summation order; a lower
+        precision may err LOW_PRECISION_ERROR_FACTOR times as much as the reference itself in that dtype."""
+        if self.dtype == torch.float32:
+            return dict.fromkeys(sequences, LOGITS_ATOL)
+        low = copy.deepcopy(reference).to(self.dtype)
+        with torch.no_grad():
+            return {
+                name: LOW_PRECISION_ERROR_FACTOR * _max_difference(low, reference, ids) + LOW_PRECISION_ATOL
+                for name, ids in sequences.items()
+            }
+
+
+def _max_difference(model: torch.nn.Module, reference: torch.nn.Module, ids: list[int]) -> float:
+    tokens = torch.tensor([ids])
+    return (model(tokens).logits.float() - reference(tokens).logits).abs().max().item()
 
 
 def assert_mixed_steps_match_logits(
@@ -49,6 +71,7 @@ def assert_mixed_steps_match_logits(
     sequences = {name: [rng.randrange(3, 96) for _ in range(n)] for name, n in SEQUENCE_LENGTHS.items()}
     with torch.no_grad():
         expected = {name: reference(torch.tensor([ids])).logits[0] for name, ids in sequences.items()}
+    bounds = target.bounds(reference, sequences)
 
     spec = model.spec
     geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, target.dtype)
@@ -67,8 +90,8 @@ def assert_mixed_steps_match_logits(
             for name, start, num_tokens in step:
                 want = expected[name][start : start + num_tokens]
                 got = logits[row : row + num_tokens]
-                message = f"{label} {name}@{start}"
-                torch.testing.assert_close(got, want, atol=target.atol, rtol=target.rtol, msg=message)
+                error = (got - want).abs().max().item()
+                assert error <= bounds[name], f"{label} {name}@{start}: |logit error| {error:.4g} > {bounds[name]:.4g}"
                 row += num_tokens
 
 
