@@ -1,55 +1,73 @@
-"""`make bench`: starts Tandem on a free port, runs the standard suite and rewrites the README's benchmark table."""
+"""`make bench`: the standard workloads on Tandem and its peers in one run, written into the README.
+
+Starts Tandem through the launcher (and, when asked, llama.cpp's `llama-server` on the same GGUF), measures the
+machine's roofline and the `transformers` static-batching baseline, runs every workload interleaved across the servers,
+then a second Tandem with the prefix cache off for the shared-prefix workload, and rewrites the README's table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
-import textwrap
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tandem_bench.cli import parse_server
 from tandem_bench.client import Endpoint
 from tandem_bench.datasets import DatasetConfig
 from tandem_bench.load import LoadPoint
+from tandem_bench.mfu import TransformerShape
+from tandem_bench.peers import LaunchedLlamaServer, LlamaServerConfig, StaticBatchResult, run_transformers_static
 from tandem_bench.plots import write_plots
 from tandem_bench.readme import replace_between_markers
-from tandem_bench.report import format_run
-from tandem_bench.results import results_document, write_results
+from tandem_bench.report import format_ratios, format_run
+from tandem_bench.results import write_results
+from tandem_bench.roofline import Roofline, measure_roofline
 from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark_sync
 from tandem_bench.server_process import LaunchedTandem
+from tandem_bench.suite_report import MeasuredRow, readme_block
 
 # Every request generates exactly its output length, so runs on different servers do the same work.
 EXTRA_BODY = {"ignore_eos": True}
 SUITE_COMMAND = "make bench"
+# Room for the shared-prefix workload's 16 cached prefixes of ~2,000 tokens next to 16 running requests.
+TANDEM_ARGS = ["--kv-cache-memory", "4GiB"]
+CACHE_OFF_ARGS = [*TANDEM_ARGS, "--prefix-caching", "false"]
+ROOFLINE_BATCH = 32
 
 
 @dataclass(frozen=True)
 class SuiteRun:
-    """One row of the README table."""
+    """One workload; `cache_off` also runs it on a Tandem without prefix caching, `static` on transformers."""
 
     workload: str
     dataset: DatasetConfig
     point: LoadPoint
+    cache_off: bool = False
+    static: bool = False
 
 
-def _fixed(num_prompts: int, seed: int) -> DatasetConfig:
-    return DatasetConfig(kind="fixed", num_prompts=num_prompts, input_len=64, output_len=64, seed=seed)
+def _fixed(num_prompts: int, input_len: int, output_len: int, seed: int) -> DatasetConfig:
+    return DatasetConfig(kind="fixed", num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=seed)
 
 
 # Every row has its own seed: no row may reuse prompts (and so cached prefixes) of an earlier one.
 STANDARD_SUITE: tuple[SuiteRun, ...] = (
-    SuiteRun("64 in / 64 out", _fixed(4, seed=1), LoadPoint(concurrency=1)),
-    SuiteRun("64 in / 64 out", _fixed(8, seed=2), LoadPoint(concurrency=4)),
-    SuiteRun("64 in / 64 out", _fixed(32, seed=3), LoadPoint(concurrency=16)),
+    SuiteRun("single stream, 50 in / 128 out", _fixed(4, 50, 128, seed=1), LoadPoint(concurrency=1)),
+    SuiteRun("decode-heavy, 50 in / 128 out", _fixed(32, 50, 128, seed=2), LoadPoint(concurrency=32), static=True),
+    SuiteRun("prefill-heavy, 1000 in / 32 out", _fixed(16, 1000, 32, seed=3), LoadPoint(concurrency=16)),
     SuiteRun(
-        "shared prefix 256 + 32 in / 32 out",
+        "shared prefix, 16 x 2000 + 100 in / 64 out",
         DatasetConfig(
-            kind="shared-prefix", num_prompts=16, prefix_len=256, num_prefixes=2, input_len=32, output_len=32, seed=4
+            kind="shared-prefix", num_prompts=64, prefix_len=2000, num_prefixes=16, input_len=100, output_len=64, seed=4
         ),
-        LoadPoint(concurrency=4),
+        LoadPoint(concurrency=16),
+        cache_off=True,
     ),
 )
 
@@ -66,95 +84,142 @@ def equivalent_command(run: SuiteRun) -> str:
     return shlex.join(args)
 
 
-def readme_block(runs: tuple[SuiteRun, ...], records: list[RunRecord], when: datetime, context: str) -> str:
-    """The README section: how it was measured (`context`: server and machine load), the table, each row's command."""
-    model = records[0].model if records else "?"
-    intro = (
-        f"Measured {when:%Y-%m-%d %H:%M} UTC with `{SUITE_COMMAND}` on {context}, model `{model}`, "
-        f"{os.cpu_count()} CPU cores. Other work may have shared the "
-        "machine; treat the figures as indicative. Closed loop, streamed `/v1/completions`, `ignore_eos` so every "
-        "request generates its full output; latencies in milliseconds."
-    )
-    lines = [
-        *textwrap.wrap(intro, width=120),
-        "",
-        "| workload | concurrency | ok/failed | req/s | output tok/s | total tok/s | TTFT median / p99 "
-        "| TPOT median | ITL median / p99 | E2E median |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for run, record in zip(runs, records, strict=True):
-        s = record.summary
-        lines.append(
-            f"| {run.workload} | {run.point.concurrency} | {s.completed}/{s.failed} | {s.request_throughput:.2f} "
-            f"| {s.output_throughput:.1f} | {s.total_token_throughput:.1f} | {s.ttft.median:.0f} / {s.ttft.p99:.0f} "
-            f"| {s.tpot.median:.1f} | {s.itl.median:.1f} / {s.itl.p99:.1f} | {s.e2e.median:.0f} |"
-        )
-    lines += ["", "Each row on its own, against a running server:", "", "```sh"]
-    lines += [equivalent_command(run) for run in runs]
-    lines.append("```")
-    return "\n".join(lines)
-
-
-def run_suite(
-    base_url: str, runs: tuple[SuiteRun, ...], show_progress: bool
-) -> tuple[list[BenchConfig], list[RunRecord]]:
-    """Runs each suite row in order; only the first warms the server up."""
-    endpoint = Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)
-    configs: list[BenchConfig] = []
-    records: list[RunRecord] = []
-    for index, run in enumerate(runs):
-        config = BenchConfig(
-            endpoints=[endpoint],
-            points=[run.point],
-            dataset=run.dataset,
-            warmup_requests=1 if index == 0 else 0,
-            show_progress=show_progress,
-        )
-        (record,) = run_benchmark_sync(config)
+def run_row(run: SuiteRun, endpoints: list[Endpoint], warmup: bool, show_progress: bool) -> list[RunRecord]:
+    """One workload on every endpoint, interleaved; the first endpoint is the baseline of the printed ratios."""
+    config = BenchConfig(endpoints, [run.point], run.dataset, warmup_requests=int(warmup), show_progress=show_progress)
+    records = run_benchmark_sync(config)
+    for record in records:
         print(format_run(record), flush=True)
-        configs.append(config)
-        records.append(replace(record, server=f"tandem {run.workload}"))
-    return configs, records
+    if len(records) > 1:
+        print(format_ratios(records, endpoints[0].name), flush=True)
+    return records
 
 
 def _load_average() -> str:
     return " / ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Starts Tandem (unless --base-url is given), runs the suite, writes results and the README table."""
-    parser = argparse.ArgumentParser(prog="python -m tandem_bench.suite", description=__doc__)
-    parser.add_argument("--base-url", default=None, help="measure this running server instead of starting one")
+def _embedded_model_shape() -> TransformerShape:
+    # The launcher converts the embedded GGUF on its first start; the suite reads the shape it wrote.
+    from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR  # noqa: PLC0415
+    from tandem_launcher.embedded import converted_model_dir, embedded_gguf  # noqa: PLC0415
+
+    config = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR) / "config.json"
+    return TransformerShape.from_hf_config(json.loads(config.read_text()))
+
+
+def _embedded_gguf_path() -> Path:
+    from tandem_launcher.embedded import embedded_gguf  # noqa: PLC0415
+
+    return embedded_gguf().path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tandem_bench.suite", description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default=None, help="measure this running Tandem instead of starting one")
+    parser.add_argument("--compare", nargs="+", default=[], metavar="NAME=URL", help="running peers to measure too")
+    parser.add_argument("--llama-server", type=Path, default=None, help="start this llama-server binary as a peer")
+    parser.add_argument("--no-static", action="store_true", help="skip the transformers static-batching baseline")
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="README to rewrite")
     parser.add_argument("--output-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench")
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     when = datetime.now(timezone.utc)
     load_before = _load_average()
+    show = not args.no_progress
+    measured: list[MeasuredRow] = []
     try:
-        if args.base_url:
-            configs, records = run_suite(args.base_url, STANDARD_SUITE, not args.no_progress)
-        else:
-            with LaunchedTandem(args.output_dir / "launcher.log") as tandem:
-                print(f"Tandem is up at {tandem.base_url}", flush=True)
-                configs, records = run_suite(tandem.base_url, STANDARD_SUITE, not args.no_progress)
+        with ExitStack() as servers:
+            base_url = (
+                args.base_url
+                or servers.enter_context(LaunchedTandem(args.output_dir / "launcher.log", TANDEM_ARGS)).base_url
+            )
+            shape = _embedded_model_shape()
+            roofline = measure_roofline(shape, ROOFLINE_BATCH)
+            print(f"roofline: {roofline.to_dict()}", flush=True)
+            static_run = next((run for run in STANDARD_SUITE if run.static), None)
+            static = None
+            if static_run is not None and not args.no_static:
+                d = static_run.dataset
+                result = run_transformers_static(static_run.point.concurrency, d.input_len, d.output_len)
+                static = (static_run.workload, result)
+                print(f"transformers static batch: {static[1]}", flush=True)
+            peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
+            if args.llama_server is not None:
+                llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path())
+                llama = servers.enter_context(LaunchedLlamaServer(llama_config, args.output_dir / "llama-server.log"))
+                peers.append(Endpoint(name="llama-server", base_url=llama.base_url))
+            endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
+            endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
+            for index, run in enumerate(STANDARD_SUITE):
+                records = run_row(run, endpoints, warmup=index == 0, show_progress=show)
+                measured += [MeasuredRow(run.workload, record, records[0]) for record in records]
+        if args.base_url is None:
+            measured += _cache_off_rows(args.output_dir, measured, show)
     except RuntimeError as error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
-    server = f"the server at {args.base_url}" if args.base_url else "Tandem started by the launcher with its defaults"
-    context = f"{server} (load average {load_before} before, {_load_average()} after)"
-    block = readme_block(STANDARD_SUITE, records, when, context)
+    _write_outputs(args, when, load_before, measured, static, roofline, shape)
+    return 1 if any(row.record.summary.failed for row in measured) else 0
+
+
+def _cache_off_rows(output_dir: Path, measured: list[MeasuredRow], show: bool) -> list[MeasuredRow]:
+    """The cache-off workloads on a second Tandem with --prefix-caching false, against the cache-on Tandem's run."""
+    rows = []
+    with LaunchedTandem(output_dir / "launcher-cache-off.log", CACHE_OFF_ARGS) as tandem:
+        endpoint = Endpoint(name="tandem, prefix cache off", base_url=tandem.base_url, extra_body=EXTRA_BODY)
+        for run in (run for run in STANDARD_SUITE if run.cache_off):
+            baseline = next(row.baseline for row in measured if row.workload == run.workload)
+            (record,) = run_row(run, [endpoint], warmup=True, show_progress=show)
+            rows.append(MeasuredRow(run.workload, record, baseline))
+    return rows
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    when: datetime,
+    load_before: str,
+    measured: list[MeasuredRow],
+    static: tuple[str, StaticBatchResult] | None,
+    roofline: Roofline,
+    shape: TransformerShape,
+) -> None:
+    """README block, results.json (every request's timings) and the plots."""
+    order = [run.workload for run in STANDARD_SUITE]
+    measured = sorted(measured, key=lambda row: order.index(row.workload))
+    servers = sorted({row.record.server for row in measured}, key=[row.record.server for row in measured].index)
+    launched = "Tandem started by the launcher with `" + " ".join(TANDEM_ARGS) + "`"
+    tandem = f"the Tandem at {args.base_url}" if args.base_url else launched
+    intro = (
+        f"Measured {when:%Y-%m-%d %H:%M} UTC with `{SUITE_COMMAND}` on {os.cpu_count()} CPU cores (load average "
+        f"{load_before} before, {_load_average()} after): {tandem}, servers {', '.join(servers)}; model "
+        f"`{measured[0].record.model}`. Closed loop, streamed `/v1/completions`, `ignore_eos` so every request "
+        'generates its full output; latencies in milliseconds; "vs Tandem" is output throughput against Tandem\'s run '
+        "of the same workload in this invocation."
+    )
+    commands = [equivalent_command(run) for run in STANDARD_SUITE]
+    block = readme_block(intro, measured, static, roofline, shape, commands)
     print(block)
-    document = results_document(configs[0], records, SUITE_COMMAND)
-    del document["dataset"]  # each suite row has its own workload, recorded with its run
-    document["runs"] = [
-        {**record.to_dict(), "dataset": asdict(config.dataset)} for config, record in zip(configs, records, strict=True)
-    ]
+    runs = []
+    for row in measured:
+        run = next(run for run in STANDARD_SUITE if run.workload == row.workload)
+        runs.append({**row.record.to_dict(), "workload": row.workload, "dataset": asdict(run.dataset)})
+    document = {
+        "date": when.isoformat(timespec="seconds"),
+        "command": SUITE_COMMAND,
+        "roofline": roofline.to_dict(),
+        "transformers_static": asdict(static[1]) if static else None,
+        "runs": runs,
+    }
     write_results(args.output_dir / "results.json", document)
-    write_plots(records, args.output_dir)
+    labelled = [replace(row.record, server=f"{row.record.server}: {row.workload}") for row in measured]
+    write_plots(labelled, args.output_dir)
     args.readme.write_text(replace_between_markers(args.readme.read_text(encoding="utf-8"), block), encoding="utf-8")
     print(f"results and plots: {args.output_dir}; table written to {args.readme}")
-    return 1 if any(record.summary.failed for record in records) else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,14 @@ from tandem_bench.client import Endpoint, RequestResult
 from tandem_bench.datasets import DatasetConfig
 from tandem_bench.load import LoadPoint
 from tandem_bench.metrics import summarize
+from tandem_bench.mfu import TransformerShape
+from tandem_bench.peers import LaunchedLlamaServer, LlamaServerConfig, StaticBatchResult
 from tandem_bench.readme import END_MARKER, START_MARKER, replace_between_markers
 from tandem_bench.report import format_ratios, format_table
+from tandem_bench.roofline import Roofline, model_matmuls
 from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark
-from tandem_bench.suite import STANDARD_SUITE, equivalent_command, readme_block
+from tandem_bench.suite import STANDARD_SUITE, equivalent_command
+from tandem_bench.suite_report import MeasuredRow, readme_block
 
 
 def _compare(fast: Script, slow: Script) -> list[RunRecord]:
@@ -99,18 +102,53 @@ def test_readme_without_markers_is_an_error() -> None:
 
 def test_every_standard_suite_row_has_a_reproducing_command() -> None:
     commands = [equivalent_command(run) for run in STANDARD_SUITE]
-    assert "--concurrency 16" in commands[2]
-    assert "--dataset shared-prefix" in commands[3] and "--prefix-len 256" in commands[3]
+    assert "--concurrency 1 " in commands[0] and "--output-len 128" in commands[0]
+    assert "--concurrency 32" in commands[1] and "--input-len 50" in commands[1]
+    assert "--input-len 1000" in commands[2] and "--concurrency 16" in commands[2]
+    assert "--prefix-len 2000 --num-prefixes 16" in commands[3] and "--input-len 100" in commands[3]
     assert len({run.dataset.seed for run in STANDARD_SUITE}) == len(STANDARD_SUITE)
     assert all("ignore_eos" in command for command in commands)
 
 
-def test_readme_block_has_one_row_per_suite_run_and_the_commands() -> None:
-    summary = summarize([RequestResult(success=True, output_tokens=4, ttft=0.1, itl=[0.01] * 3, e2e=0.13)], 1.0)
-    records = [RunRecord("tandem", "http://x", "m", run.point, summary) for run in STANDARD_SUITE]
-    block = readme_block(STANDARD_SUITE, records, datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc), "a server")
-    assert "2026-01-02 03:04 UTC" in block and "`make bench`" in block and "model `m`" in block
-    rows = [line for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
-    assert len(rows) == len(STANDARD_SUITE)
-    assert "| 100 / 100 |" in rows[0]  # TTFT median / p99 in ms
-    assert all(equivalent_command(run) in block for run in STANDARD_SUITE)
+TINY_SHAPE = TransformerShape(
+    num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4, vocab_size=32
+)
+ROOFLINE = Roofline(square_flops=2e9, model_flops=1e9, batch=32, copy_bytes_per_s=1e10, threads=2)
+
+
+def _record(server: str, output_tokens: int, duration_s: float) -> RunRecord:
+    request = RequestResult(success=True, prompt_tokens=10, output_tokens=output_tokens, ttft=0.1, itl=[0.01], e2e=0.2)
+    return RunRecord(server, "http://x", "m", LoadPoint(concurrency=1), summarize([request], duration_s))
+
+
+def test_readme_block_has_a_row_per_server_and_workload_with_ratios_and_mfu() -> None:
+    workloads = [run.workload for run in STANDARD_SUITE]
+    rows = []
+    for workload in workloads:
+        tandem, peer = _record("tandem", 8, 1.0), _record("llama-server", 8, 2.0)
+        rows += [MeasuredRow(workload, tandem, tandem), MeasuredRow(workload, peer, tandem)]
+    static = StaticBatchResult(
+        batch=32, input_len=50, output_len=128, seconds=4.0, output_throughput=16.0, decode_step_ms=9.0
+    )
+    block = readme_block("intro", rows, (workloads[1], static), ROOFLINE, TINY_SHAPE, ["tandem-bench x"])
+    table = [line for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
+    assert len(table) == 2 * len(workloads) + 1
+    assert "| llama-server | 1/0 | 4.0 | 0.50x |" in table[1]
+    assert "transformers static batch of 32" in table[3] and "| 2.00x |" in table[3]
+    flops = TINY_SHAPE.prefill_flops(10) + TINY_SHAPE.decode_flops(10, 8)
+    assert f"| {flops / 1.0 / 2e9:.1%} |" in table[0]  # the peak is the larger of the two matmul figures
+    assert "2 torch threads" in block and "tandem-bench x" in block
+
+
+def test_roofline_decode_matmuls_are_the_mfu_counts_matmul_weights() -> None:
+    matmuls = model_matmuls(TINY_SHAPE, batch=3)
+    flops = sum(2 * rows * inner * columns * times for rows, inner, columns, times in matmuls)
+    assert flops == 2 * 3 * TINY_SHAPE.matmul_params
+
+
+def test_a_llama_server_that_exits_at_start_is_reported(tmp_path: Path) -> None:
+    config = LlamaServerConfig(binary=Path("/bin/false"), gguf=tmp_path / "model.gguf", parallel=4, slot_context=256)
+    server = LaunchedLlamaServer(config, tmp_path / "llama.log")
+    assert server.args[server.args.index("--ctx-size") + 1] == "1024"
+    with pytest.raises(RuntimeError, match="llama-server did not become ready"):
+        server.__enter__()

@@ -1,0 +1,88 @@
+"""The README block of `make bench`: one row per (workload, server), ratios against Tandem, roofline and MFU."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from tandem_bench.mfu import TransformerShape, utilisation
+from tandem_bench.peers import StaticBatchResult
+from tandem_bench.roofline import Roofline
+from tandem_bench.runner import RunRecord
+
+HEADER = (
+    "| workload | server | ok/failed | output tok/s | vs Tandem | TTFT median / p99 | ITL median / p99 "
+    "| TPOT median | E2E median | MFU |"
+)
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One server's run of one workload; `baseline` is Tandem's run of the same workload."""
+
+    workload: str
+    record: RunRecord
+    baseline: RunRecord
+
+
+def run_flops(record: RunRecord, shape: TransformerShape) -> float:
+    """Model FLOPs of every successful request, its whole prompt counted as computed (cached prefixes included)."""
+    total = 0.0
+    for request in record.requests:
+        if request.success:
+            prompt = request.prompt_tokens or request.prompt_words
+            total += shape.prefill_flops(prompt) + shape.decode_flops(prompt, request.output_tokens)
+    return total
+
+
+def _row(row: MeasuredRow, shape: TransformerShape, peak: float) -> str:
+    s, base = row.record.summary, row.baseline.summary
+    versus = s.output_throughput / base.output_throughput if base.output_throughput else 0.0
+    mfu = utilisation(run_flops(row.record, shape), s.duration_s, peak)
+    return (
+        f"| {row.workload} | {row.record.server} | {s.completed}/{s.failed} | {s.output_throughput:.1f} "
+        f"| {versus:.2f}x | {s.ttft.median:.0f} / {s.ttft.p99:.0f} | {s.itl.median:.1f} / {s.itl.p99:.1f} "
+        f"| {s.tpot.median:.1f} | {s.e2e.median:.0f} | {mfu:.1%} |"
+    )
+
+
+def _static_row(
+    workload: str, result: StaticBatchResult, baseline: RunRecord, shape: TransformerShape, peak: float
+) -> str:
+    flops = result.batch * (
+        shape.prefill_flops(result.input_len) + shape.decode_flops(result.input_len, result.output_len)
+    )
+    versus = result.output_throughput / baseline.summary.output_throughput
+    return (
+        f"| {workload} | transformers static batch of {result.batch} | {result.batch}/0 "
+        f"| {result.output_throughput:.1f} | {versus:.2f}x | - | - | {result.decode_step_ms:.1f} (decode step) "
+        f"| {1000 * result.seconds:.0f} | {utilisation(flops, result.seconds, peak):.1%} |"
+    )
+
+
+def readme_block(
+    intro: str,
+    rows: list[MeasuredRow],
+    static: tuple[str, StaticBatchResult] | None,
+    roofline: Roofline,
+    shape: TransformerShape,
+    commands: list[str],
+) -> str:
+    """The intro paragraph, the roofline, the table and the command behind each workload."""
+    roof = (
+        f"Roofline measured in the same run ({roofline.threads} torch threads, float32): matmul "
+        f"{roofline.square_flops / 1e9:.0f} GFLOP/s at 2048³ and {roofline.model_flops / 1e9:.0f} GFLOP/s on the "
+        f"model's decode matmuls at batch {roofline.batch}; copy bandwidth {roofline.copy_bytes_per_s / 1e9:.1f} GB/s. "
+        f"MFU divides each run's model FLOPs ({2 * shape.matmul_params / 1e9:.2f} GFLOP per token plus attention; "
+        "cached prompt tokens count as computed) by its duration and the larger matmul figure."
+    )
+    lines = [*textwrap.wrap(intro, width=120), "", *textwrap.wrap(roof, width=120), "", HEADER]
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    peak = roofline.peak_flops
+    for row in rows:
+        lines.append(_row(row, shape, peak))
+        if static is not None and static[0] == row.workload and row.record is row.baseline:
+            lines.append(_static_row(row.workload, static[1], row.baseline, shape, peak))
+    lines += ["", "Each workload against a running server (add `--compare name=URL ...` for several):", "", "```sh"]
+    lines += [*commands, "```"]
+    return "\n".join(lines)
