@@ -143,8 +143,11 @@ async def run_load(
             on_result(result)
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    # limit=0: the connection pool must never cap the concurrency under test.
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    # limit=0: the connection pool must never cap the concurrency under test. force_close: one connection per
+    # request, since a request written to a kept-alive connection the server has just closed fails through no fault
+    # of the server (llama-server closes them); a loopback connect costs well under a millisecond.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         start = time.perf_counter()
         if point.request_rate is None:
             await _closed_loop(session, endpoint, conversations, point.concurrency or 1, record)

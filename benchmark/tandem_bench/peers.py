@@ -30,8 +30,9 @@ class LlamaServerConfig:
     binary: Path
     gguf: Path
     parallel: int = 32
-    slot_context: int = 2560
+    slot_context: int = 4096
     threads: int = os.cpu_count() or 1
+    extra_args: tuple[str, ...] = ()
 
 
 class LaunchedLlamaServer:
@@ -44,7 +45,7 @@ class LaunchedLlamaServer:
         self.args = [
             str(config.binary), "--model", str(config.gguf), "--host", "127.0.0.1", "--port", str(self.port),
             "--parallel", str(config.parallel), "--ctx-size", str(config.parallel * config.slot_context),
-            "--threads", str(config.threads), "--cont-batching",
+            "--threads", str(config.threads), "--cont-batching", *config.extra_args,
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
 

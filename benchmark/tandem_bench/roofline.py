@@ -1,5 +1,5 @@
-"""The machine's roofline for float32 torch on CPU: matmul FLOP/s (square and at the model's own shapes) and copy
-bandwidth, measured in the same run as the workloads they put into perspective."""
+"""The machine's roofline for torch on CPU: float32 matmul FLOP/s (square and at the model's own shapes), bfloat16
+matmul FLOP/s (square) and copy bandwidth, measured in the same run as the workloads they put into perspective."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ class Roofline:
 
     square_flops: float
     model_flops: float
+    bf16_square_flops: float
     batch: int
     copy_bytes_per_s: float
     threads: int
 
     @property
     def peak_flops(self) -> float:
+        """The float32 peak: the larger of the two float32 matmul figures."""
         return max(self.square_flops, self.model_flops)
+
+    def peak_for(self, precision: str) -> float:
+        return self.bf16_square_flops if precision == "bfloat16" else self.peak_flops
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "peak_flops": self.peak_flops}
@@ -60,6 +65,8 @@ def measure_roofline(shape: TransformerShape, batch: int, repeats: int = 5) -> R
 
     a, b = torch.randn(SQUARE, SQUARE), torch.randn(SQUARE, SQUARE)
     square = 2 * SQUARE**3 / _best_seconds(lambda: torch.mm(a, b), repeats)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    bf16_square = 2 * SQUARE**3 / _best_seconds(lambda: torch.mm(a16, b16), repeats)
     flops = seconds = 0.0
     for rows, inner, columns, times in model_matmuls(shape, batch):
         x, w = torch.randn(rows, inner), torch.randn(columns, inner)
@@ -70,4 +77,4 @@ def measure_roofline(shape: TransformerShape, batch: int, repeats: int = 5) -> R
     target = torch.empty_like(source)
     # A copy reads and writes every byte.
     copy = 2 * COPY_BYTES / _best_seconds(lambda: target.copy_(source), repeats)
-    return Roofline(square, flops / seconds, batch, copy, torch.get_num_threads())
+    return Roofline(square, flops / seconds, bf16_square, batch, copy, torch.get_num_threads())

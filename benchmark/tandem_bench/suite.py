@@ -36,7 +36,9 @@ from tandem_bench.suite_report import MeasuredRow, readme_block
 EXTRA_BODY = {"ignore_eos": True}
 SUITE_COMMAND = "make bench"
 # Room for the shared-prefix workload's 16 cached prefixes of ~2,000 tokens next to 16 running requests.
-TANDEM_ARGS = ["--kv-cache-memory", "4GiB"]
+# --max-queue-time: with the cache off, 16 concurrent 2,100-token prompts queue for about a minute of prefill on 2
+# cores; like llama-server, the benchmark lets them wait rather than fail.
+TANDEM_ARGS = ["--kv-cache-memory", "6GiB", "--max-queue-time", "600"]
 CACHE_OFF_ARGS = [*TANDEM_ARGS, "--prefix-caching", "false"]
 ROOFLINE_BATCH = 32
 
@@ -118,7 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tandem_bench.suite", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None, help="measure this running Tandem instead of starting one")
     parser.add_argument("--compare", nargs="+", default=[], metavar="NAME=URL", help="running peers to measure too")
+    parser.add_argument(
+        "--tandem-variant",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="also start Tandem with these extra launcher arguments, e.g. 'bf16=--dtype bfloat16'",
+    )
     parser.add_argument("--llama-server", type=Path, default=None, help="start this llama-server binary as a peer")
+    parser.add_argument("--llama-server-args", default="", help="more llama-server arguments, e.g. '--no-repack'")
     parser.add_argument("--no-static", action="store_true", help="skip the transformers static-batching baseline")
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="README to rewrite")
     parser.add_argument("--output-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench")
@@ -149,15 +159,26 @@ def main(argv: list[str] | None = None) -> int:
                 static = (static_run.workload, result)
                 print(f"transformers static batch: {static[1]}", flush=True)
             peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
+            precisions: dict[str, str | None] = {"tandem": "float32"} | {peer.name: None for peer in peers}
+            for variant in args.tandem_variant:
+                label, _, extra = variant.partition("=")
+                log = args.output_dir / f"launcher-{label}.log"
+                launched = servers.enter_context(LaunchedTandem(log, [*TANDEM_ARGS, *shlex.split(extra)]))
+                peers.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
+                precisions[peers[-1].name] = _precision(shlex.split(extra))
             if args.llama_server is not None:
-                llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path())
+                extra = tuple(shlex.split(args.llama_server_args))
+                llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path(), extra_args=extra)
                 llama = servers.enter_context(LaunchedLlamaServer(llama_config, args.output_dir / "llama-server.log"))
                 peers.append(Endpoint(name="llama-server", base_url=llama.base_url))
+                precisions["llama-server"] = None
             endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
             endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
             for index, run in enumerate(STANDARD_SUITE):
                 records = run_row(run, endpoints, warmup=index == 0, show_progress=show)
-                measured += [MeasuredRow(run.workload, record, records[0]) for record in records]
+                measured += [
+                    MeasuredRow(run.workload, record, records[0], precisions[record.server]) for record in records
+                ]
         if args.base_url is None:
             measured += _cache_off_rows(args.output_dir, measured, show)
     except RuntimeError as error:
@@ -165,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _write_outputs(args, when, load_before, measured, static, roofline, shape)
     return 1 if any(row.record.summary.failed for row in measured) else 0
+
+
+def _precision(launcher_args: list[str]) -> str | None:
+    """The precision a Tandem launched with these arguments multiplies in on CPU (float32 unless --dtype says)."""
+    dtype = launcher_args[launcher_args.index("--dtype") + 1] if "--dtype" in launcher_args else "float32"
+    return {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16"}.get(dtype)
 
 
 def _cache_off_rows(output_dir: Path, measured: list[MeasuredRow], show: bool) -> list[MeasuredRow]:

@@ -23,6 +23,8 @@ class MeasuredRow:
     workload: str
     record: RunRecord
     baseline: RunRecord
+    # The precision the server multiplies in ("float32", "bfloat16"), None when no roofline figure fits (quantized).
+    precision: str | None = "float32"
 
 
 def run_flops(record: RunRecord, shape: TransformerShape) -> float:
@@ -35,14 +37,16 @@ def run_flops(record: RunRecord, shape: TransformerShape) -> float:
     return total
 
 
-def _row(row: MeasuredRow, shape: TransformerShape, peak: float) -> str:
+def _row(row: MeasuredRow, shape: TransformerShape, roofline: Roofline) -> str:
     s, base = row.record.summary, row.baseline.summary
     versus = s.output_throughput / base.output_throughput if base.output_throughput else 0.0
-    mfu = utilisation(run_flops(row.record, shape), s.duration_s, peak)
+    mfu = "-"
+    if row.precision is not None:
+        mfu = f"{utilisation(run_flops(row.record, shape), s.duration_s, roofline.peak_for(row.precision)):.1%}"
     return (
         f"| {row.workload} | {row.record.server} | {s.completed}/{s.failed} | {s.output_throughput:.1f} "
         f"| {versus:.2f}x | {s.ttft.median:.0f} / {s.ttft.p99:.0f} | {s.itl.median:.1f} / {s.itl.p99:.1f} "
-        f"| {s.tpot.median:.1f} | {s.e2e.median:.0f} | {mfu:.1%} |"
+        f"| {s.tpot.median:.1f} | {s.e2e.median:.0f} | {mfu} |"
     )
 
 
@@ -70,19 +74,21 @@ def readme_block(
 ) -> str:
     """The intro paragraph, the roofline, the table and the command behind each workload."""
     roof = (
-        f"Roofline measured in the same run ({roofline.threads} torch threads, float32): matmul "
+        f"Roofline measured in the same run ({roofline.threads} torch threads): float32 matmul "
         f"{roofline.square_flops / 1e9:.0f} GFLOP/s at 2048³ and {roofline.model_flops / 1e9:.0f} GFLOP/s on the "
-        f"model's decode matmuls at batch {roofline.batch}; copy bandwidth {roofline.copy_bytes_per_s / 1e9:.1f} GB/s. "
-        f"MFU divides each run's model FLOPs ({2 * shape.matmul_params / 1e9:.2f} GFLOP per token plus attention; "
-        "cached prompt tokens count as computed) by its duration and the larger matmul figure."
+        f"model's decode matmuls at batch {roofline.batch}; bfloat16 matmul {roofline.bf16_square_flops / 1e9:.0f} "
+        f"GFLOP/s at 2048³; copy bandwidth {roofline.copy_bytes_per_s / 1e9:.1f} GB/s. MFU divides each run's model "
+        f"FLOPs ({2 * shape.matmul_params / 1e9:.2f} GFLOP per token plus attention) by its duration and the peak of "
+        "the precision the server computes in (float32: the larger float32 figure); llama-server's quantized kernels "
+        "have no figure here. Cached prompt tokens count as computed, so the shared-prefix rows read as effective "
+        "utilisation and can pass 100 %."
     )
     lines = [*textwrap.wrap(intro, width=120), "", *textwrap.wrap(roof, width=120), "", HEADER]
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    peak = roofline.peak_flops
     for row in rows:
-        lines.append(_row(row, shape, peak))
+        lines.append(_row(row, shape, roofline))
         if static is not None and static[0] == row.workload and row.record is row.baseline:
-            lines.append(_static_row(row.workload, static[1], row.baseline, shape, peak))
+            lines.append(_static_row(row.workload, static[1], row.baseline, shape, roofline.peak_flops))
     lines += ["", "Each workload against a running server (add `--compare name=URL ...` for several):", "", "```sh"]
     lines += [*commands, "```"]
     return "\n".join(lines)

@@ -113,7 +113,9 @@ def test_every_standard_suite_row_has_a_reproducing_command() -> None:
 TINY_SHAPE = TransformerShape(
     num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4, vocab_size=32
 )
-ROOFLINE = Roofline(square_flops=2e9, model_flops=1e9, batch=32, copy_bytes_per_s=1e10, threads=2)
+ROOFLINE = Roofline(
+    square_flops=2e9, model_flops=1e9, bf16_square_flops=8e9, batch=32, copy_bytes_per_s=1e10, threads=2
+)
 
 
 def _record(server: str, output_tokens: int, duration_s: float) -> RunRecord:
@@ -125,18 +127,20 @@ def test_readme_block_has_a_row_per_server_and_workload_with_ratios_and_mfu() ->
     workloads = [run.workload for run in STANDARD_SUITE]
     rows = []
     for workload in workloads:
-        tandem, peer = _record("tandem", 8, 1.0), _record("llama-server", 8, 2.0)
-        rows += [MeasuredRow(workload, tandem, tandem), MeasuredRow(workload, peer, tandem)]
+        tandem, peer, bf16 = _record("tandem", 8, 1.0), _record("llama-server", 8, 2.0), _record("tandem bf16", 8, 0.5)
+        rows += [MeasuredRow(workload, tandem, tandem), MeasuredRow(workload, peer, tandem, precision=None)]
+        rows.append(MeasuredRow(workload, bf16, tandem, precision="bfloat16"))
     static = StaticBatchResult(
         batch=32, input_len=50, output_len=128, seconds=4.0, output_throughput=16.0, decode_step_ms=9.0
     )
     block = readme_block("intro", rows, (workloads[1], static), ROOFLINE, TINY_SHAPE, ["tandem-bench x"])
     table = [line for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
-    assert len(table) == 2 * len(workloads) + 1
-    assert "| llama-server | 1/0 | 4.0 | 0.50x |" in table[1]
-    assert "transformers static batch of 32" in table[3] and "| 2.00x |" in table[3]
+    assert len(table) == 3 * len(workloads) + 1
+    assert "| llama-server | 1/0 | 4.0 | 0.50x |" in table[1] and table[1].endswith("| - |")  # no quantized peak
+    assert "transformers static batch of 32" in table[4] and "| 2.00x |" in table[4]
     flops = TINY_SHAPE.prefill_flops(10) + TINY_SHAPE.decode_flops(10, 8)
-    assert f"| {flops / 1.0 / 2e9:.1%} |" in table[0]  # the peak is the larger of the two matmul figures
+    assert table[0].endswith(f"| {flops / 1.0 / 2e9:.1%} |")  # float32: the larger of the two float32 figures
+    assert table[2].endswith(f"| {flops / 0.5 / 8e9:.1%} |")  # bfloat16: its own peak
     assert "2 torch threads" in block and "tandem-bench x" in block
 
 
