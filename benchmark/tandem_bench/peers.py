@@ -10,14 +10,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
-from tandem_bench.server_process import STOP_TIMEOUT_S, free_port
+from tandem_bench.server_process import LaunchedServer
 
 READY_TIMEOUT_S = 300.0
 TRANSFORMERS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "transformers_static.py"
@@ -35,55 +31,19 @@ class LlamaServerConfig:
     extra_args: tuple[str, ...] = ()
 
 
-class LaunchedLlamaServer:
-    """Context manager around `llama-server` on a free loopback port, with continuous batching over its slots."""
+class LaunchedLlamaServer(LaunchedServer):
+    """`llama-server` with continuous batching over its slots; it answers /health with 503 while loading."""
+
+    name = "llama-server"
+    ready_timeout_s = READY_TIMEOUT_S
 
     def __init__(self, config: LlamaServerConfig, log_path: Path) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
+        super().__init__(log_path)
         self.args = [
             str(config.binary), "--model", str(config.gguf), "--host", "127.0.0.1", "--port", str(self.port),
             "--parallel", str(config.parallel), "--ctx-size", str(config.parallel * config.slot_context),
             "--threads", str(config.threads), "--cont-batching", *config.extra_args,
         ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> LaunchedLlamaServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _ready(self.base_url):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server did not become ready; its log: {self.log_path}")
-            time.sleep(0.5)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def _ready(base_url: str) -> bool:
-    # llama-server answers /health with 503 while it loads the model and 200 once it serves.
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 READY_TIMEOUT_S = 900.0
+_Server = TypeVar("_Server", bound="LaunchedServer")
 STOP_TIMEOUT_S = 120.0
 
 
@@ -31,25 +33,29 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
-class LaunchedTandem:
-    """Context manager around `python -m tandem_launcher --port P`; its output goes to `log_path`."""
+class LaunchedServer:
+    """Context manager around one server process on a free loopback port: started with its output in `log_path`,
+    awaited until `/health` answers 200, stopped with SIGTERM (then SIGKILL if it overstays)."""
 
-    def __init__(self, log_path: Path, launcher_args: list[str] | None = None) -> None:
+    name = "server"
+    ready_timeout_s = READY_TIMEOUT_S
+
+    def __init__(self, log_path: Path) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.args = [sys.executable, "-m", "tandem_launcher", "--port", str(self.port), *(launcher_args or [])]
+        self.args: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> LaunchedTandem:
+    def __enter__(self: _Server) -> _Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + self.ready_timeout_s
         while not _healthy(self.base_url):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"Tandem did not become ready; launcher log: {self.log_path}")
+                raise RuntimeError(f"{self.name} did not become ready; its log: {self.log_path}")
             time.sleep(0.5)
         return self
 
@@ -59,7 +65,6 @@ class LaunchedTandem:
         self.stop()
 
     def stop(self) -> None:
-        """SIGTERM (the launcher drains and stops its children), then SIGKILL if it overstays."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGTERM)
@@ -68,3 +73,13 @@ class LaunchedTandem:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+class LaunchedTandem(LaunchedServer):
+    """`python -m tandem_launcher --port P`; on SIGTERM the launcher drains and stops its children."""
+
+    name = "Tandem"
+
+    def __init__(self, log_path: Path, launcher_args: list[str] | None = None) -> None:
+        super().__init__(log_path)
+        self.args = [sys.executable, "-m", "tandem_launcher", "--port", str(self.port), *(launcher_args or [])]

@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Starts the servers, runs the suite, writes results, plots and the README table; 1 when a request failed."""
     args = build_parser().parse_args(argv)
     when = datetime.now(timezone.utc)
     load_before = _load_average()
@@ -158,20 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_transformers_static(static_run.point.concurrency, d.input_len, d.output_len)
                 static = (static_run.workload, result)
                 print(f"transformers static batch: {static[1]}", flush=True)
-            peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
-            precisions: dict[str, str | None] = {"tandem": "float32"} | {peer.name: None for peer in peers}
-            for variant in args.tandem_variant:
-                label, _, extra = variant.partition("=")
-                log = args.output_dir / f"launcher-{label}.log"
-                launched = servers.enter_context(LaunchedTandem(log, [*TANDEM_ARGS, *shlex.split(extra)]))
-                peers.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
-                precisions[peers[-1].name] = _precision(shlex.split(extra))
-            if args.llama_server is not None:
-                extra = tuple(shlex.split(args.llama_server_args))
-                llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path(), extra_args=extra)
-                llama = servers.enter_context(LaunchedLlamaServer(llama_config, args.output_dir / "llama-server.log"))
-                peers.append(Endpoint(name="llama-server", base_url=llama.base_url))
-                precisions["llama-server"] = None
+            peers, precisions = _start_peers(args, servers)
             endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
             endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
             for index, run in enumerate(STANDARD_SUITE):
@@ -186,6 +174,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _write_outputs(args, when, load_before, measured, static, roofline, shape)
     return 1 if any(row.record.summary.failed for row in measured) else 0
+
+
+def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[Endpoint], dict[str, str | None]]:
+    """The servers measured beside Tandem (running ones, Tandem variants, llama-server), with the precision each
+    multiplies in (None where no roofline figure fits)."""
+    peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
+    precisions: dict[str, str | None] = {"tandem": "float32"} | {peer.name: None for peer in peers}
+    for variant in args.tandem_variant:
+        label, _, extra = variant.partition("=")
+        log = args.output_dir / f"launcher-{label}.log"
+        launched = servers.enter_context(LaunchedTandem(log, [*TANDEM_ARGS, *shlex.split(extra)]))
+        peers.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
+        precisions[peers[-1].name] = _precision(shlex.split(extra))
+    if args.llama_server is not None:
+        extra_args = tuple(shlex.split(args.llama_server_args))
+        llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path(), extra_args=extra_args)
+        llama = servers.enter_context(LaunchedLlamaServer(llama_config, args.output_dir / "llama-server.log"))
+        peers.append(Endpoint(name="llama-server", base_url=llama.base_url))
+        precisions["llama-server"] = None
+    return peers, precisions
 
 
 def _precision(launcher_args: list[str]) -> str | None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from bench_sse_server import Script, serve
+from tandem_bench import suite
 from tandem_bench.cli import main, parse_server
 from tandem_bench.client import Endpoint, RequestResult
 from tandem_bench.datasets import DatasetConfig
@@ -156,3 +158,42 @@ def test_a_llama_server_that_exits_at_start_is_reported(tmp_path: Path) -> None:
     assert server.args[server.args.index("--ctx-size") + 1] == "1024"
     with pytest.raises(RuntimeError, match="llama-server did not become ready"):
         server.__enter__()
+
+
+def test_the_suite_measures_every_workload_and_rewrites_the_readme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The suite's own orchestration against the fake streaming server; the roofline and the model shape are faked
+    # too, since this test is about the runs, the table and the results file, not the machine.
+    monkeypatch.setattr(suite, "_embedded_model_shape", lambda: TINY_SHAPE)
+    monkeypatch.setattr(suite, "measure_roofline", lambda shape, batch: ROOFLINE)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{START_MARKER}\nold\n{END_MARKER}\n")
+    script = Script(first_delay_s=0.0, gaps_s=(0.0, 0.0, 0.0))
+    ready = threading.Event()
+    urls: list[str] = []
+
+    async def serve_until_done(done: asyncio.Event) -> None:
+        async with serve(script) as url:
+            urls.append(url)
+            ready.set()
+            await done.wait()
+
+    loop = asyncio.new_event_loop()
+    done = asyncio.Event()
+    server = threading.Thread(target=loop.run_until_complete, args=(serve_until_done(done),))
+    server.start()
+    try:
+        assert ready.wait(10)
+        argv = ["--base-url", urls[0], "--compare", f"peer={urls[0]}", "--no-static", "--no-progress"]
+        status = suite.main([*argv, "--readme", str(readme), "--output-dir", str(tmp_path / "out")])
+    finally:
+        loop.call_soon_threadsafe(done.set)
+        server.join(10)
+    assert status == 0
+    rows = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "workload" not in line]
+    assert len(rows) == 2 * len(STANDARD_SUITE)  # Tandem and the peer; no cache-off run against a given --base-url
+    assert all(row.endswith("| - |") for row in rows[1::2])  # a peer's precision is unknown
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [run["workload"] for run in results["runs"][::2]] == [run.workload for run in STANDARD_SUITE]
+    assert len(script.received) == 2 * sum(run.dataset.num_prompts for run in STANDARD_SUITE) + 2  # + warm-ups
