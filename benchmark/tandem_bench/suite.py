@@ -30,11 +30,13 @@ from tandem_bench.results import write_results
 from tandem_bench.roofline import Roofline, measure_roofline
 from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark_sync
 from tandem_bench.server_process import LaunchedTandem
+from tandem_bench.suite_plot import plot_suite
 from tandem_bench.suite_report import MeasuredRow, readme_block
 
 # Every request generates exactly its output length, so runs on different servers do the same work.
 EXTRA_BODY = {"ignore_eos": True}
 SUITE_COMMAND = "make bench"
+SUITE_CHART = "docs/images/bench-suite.png"
 # Room for the shared-prefix workload's 16 cached prefixes of ~2,000 tokens next to 16 running requests.
 # --max-queue-time: with the cache off, 16 concurrent 2,100-token prompts queue for about a minute of prefill on 2
 # cores; like llama-server, the benchmark lets them wait rather than fail.
@@ -238,6 +240,7 @@ def _write_outputs(
     )
     commands = [equivalent_command(run) for run in STANDARD_SUITE]
     block = readme_block(intro, measured, static, roofline, shape, commands)
+    block += f"\n\n![Output tokens/s of every server on every workload]({SUITE_CHART})"
     print(block)
     runs = []
     for row in measured:
@@ -251,6 +254,13 @@ def _write_outputs(
         "runs": runs,
     }
     write_results(args.output_dir / "results.json", document)
+    bars = [(row.workload, row.record.server, row.record.summary.output_throughput) for row in measured]
+    if static is not None:
+        bars.append((static[0], "transformers static batch", static[1].output_throughput))
+    # The bar chart sits beside the README it illustrates; the other plots go to the output directory.
+    chart = args.readme.parent / SUITE_CHART
+    chart.parent.mkdir(parents=True, exist_ok=True)
+    plot_suite(bars, chart)
     labelled = [replace(row.record, server=f"{row.record.server}: {row.workload}") for row in measured]
     write_plots(labelled, args.output_dir)
     args.readme.write_text(replace_between_markers(args.readme.read_text(encoding="utf-8"), block), encoding="utf-8")

@@ -194,6 +194,8 @@ def test_the_suite_measures_every_workload_and_rewrites_the_readme(
     rows = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "workload" not in line]
     assert len(rows) == 2 * len(STANDARD_SUITE)  # Tandem and the peer; no cache-off run against a given --base-url
     assert all(row.endswith("| - |") for row in rows[1::2])  # a peer's precision is unknown
+    assert (tmp_path / "docs" / "images" / "bench-suite.png").stat().st_size > 0
+    assert "](docs/images/bench-suite.png)" in readme.read_text()
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [run["workload"] for run in results["runs"][::2]] == [run.workload for run in STANDARD_SUITE]
     assert len(script.received) == 2 * sum(run.dataset.num_prompts for run in STANDARD_SUITE) + 2  # + warm-ups
