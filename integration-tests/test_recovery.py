@@ -91,6 +91,11 @@ def test_a_shard_killed_mid_stream_fails_that_stream_then_the_group_restarts(tmp
 @pytest.mark.timeout(600)
 def test_without_a_restart_budget_a_killed_shard_ends_the_launcher_non_zero(tmp_path: Path) -> None:
     server = start(tmp_path, "--max-restarts", "0")
+    # The router answers /health a moment before the launcher finishes start-up; a shard lost before then is a
+    # start-up failure, not a crash the restart budget applies to.
+    deadline = time.monotonic() + 60
+    while "Tandem is ready at" not in server.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     descendants = psutil.Process(server.process.pid).children(recursive=True)
     (shard,) = shard_processes(server)
     os.kill(shard.pid, signal.SIGKILL)
