@@ -186,6 +186,38 @@ pub struct NativeErrorBody {
     pub error_type: &'static str,
 }
 
+/// The error answers of the native routes that return one generation (`/generate` and `POST /`).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only documents responses; the answers are built by `ApiError`
+pub enum NativeGenerationErrorResponses {
+    #[response(status = 413, description = "Body over the payload limit")]
+    TooLarge(NativeErrorBody),
+    #[response(status = 422, description = "Invalid request")]
+    Invalid(NativeErrorBody),
+    #[response(status = 424, description = "Generation failed")]
+    Generation(NativeErrorBody),
+    #[response(status = 429, description = "Too many requests in flight")]
+    Overloaded(NativeErrorBody),
+    #[response(status = 503, description = "Draining or recovering")]
+    Unavailable(NativeErrorBody),
+}
+
+/// The error answers of the OpenAI generation routes, documented once for both.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only documents responses; the answers are built by `ApiError`
+pub enum OpenAiErrorResponses {
+    #[response(status = 400, description = "Invalid request")]
+    Invalid(OpenAiErrorBody),
+    #[response(status = 413, description = "Body over the payload limit")]
+    TooLarge(OpenAiErrorBody),
+    #[response(status = 429, description = "Too many requests in flight")]
+    Overloaded(OpenAiErrorBody),
+    #[response(status = 500, description = "Generation failed")]
+    Generation(OpenAiErrorBody),
+    #[response(status = 503, description = "Draining or recovering")]
+    Unavailable(OpenAiErrorBody),
+}
+
 /// The error body of the OpenAI routes.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiErrorBody {

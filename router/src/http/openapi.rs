@@ -18,7 +18,8 @@ const SSE_MEDIA_TYPE: &str = "text/event-stream";
 /// The last event of every OpenAI stream.
 const OPENAI_STREAM_END: &str = "[DONE]";
 
-/// The document's title, version and tags; the routes add their operations and schemas.
+/// The document's title, version and tags; the routes add their operations and schemas, except
+/// those only shared response sets (`IntoResponses`) name, which are listed here.
 pub fn base() -> OpenApi {
     #[derive(utoipa::OpenApi)]
     #[openapi(
@@ -32,7 +33,8 @@ pub fn base() -> OpenApi {
             (name = "OpenAI", description = "OpenAI-compatible routes"),
             (name = "TGI", description = "Text-generation-inference-compatible routes"),
             (name = "Operations", description = "Health, readiness and metrics")
-        )
+        ),
+        components(schemas(crate::error::OpenAiErrorBody, crate::error::OpenAiError))
     )]
     struct Document;
     let mut document = <Document as utoipa::OpenApi>::openapi();

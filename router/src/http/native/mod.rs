@@ -15,18 +15,16 @@ use super::generation::{collect_siblings, Generation};
 use super::json::ApiJson;
 use super::sse::{json_event, sse_response};
 use super::AppState;
-use crate::error::{error_event, Api, ApiError, AppError, Native, NativeErrorBody};
+use crate::error::{
+    error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
+};
 use crate::validation::ValidationError;
 use response::{answer, top_tokens};
 
 /// `POST /generate`: the whole generation as one JSON object.
 #[utoipa::path(post, path = "/generate", tag = "TGI", request_body = GenerateRequest, responses(
     (status = 200, description = "The generated text", body = GenerateResponse),
-    (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
-    (status = 422, description = "Invalid request", body = NativeErrorBody),
-    (status = 424, description = "Generation failed", body = NativeErrorBody),
-    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
-    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
+    NativeGenerationErrorResponses))]
 pub async fn generate(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
@@ -48,11 +46,7 @@ pub async fn generate(
         content(
             (GenerateResponse = "application/json"),
             (StreamResponse = "text/event-stream"))),
-    (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
-    (status = 422, description = "Invalid request", body = NativeErrorBody),
-    (status = 424, description = "Generation failed", body = NativeErrorBody),
-    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
-    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
+    NativeGenerationErrorResponses))]
 pub async fn compat_generate(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,

@@ -18,7 +18,7 @@ use super::tools::{self, ToolChoice, ToolPlan};
 use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
-use crate::error::{ApiError, OpenAi, OpenAiErrorBody};
+use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, Generation};
 use crate::http::json::ApiJson;
 use crate::http::AppState;
@@ -384,11 +384,7 @@ impl ChunkBuilder for ChatChunks {
         content(
             (ChatCompletion = "application/json"),
             (ChatChunk = "text/event-stream"))),
-    (status = 400, description = "Invalid request", body = OpenAiErrorBody),
-    (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
-    (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
-    (status = 500, description = "Generation failed", body = OpenAiErrorBody),
-    (status = 503, description = "Draining or recovering", body = OpenAiErrorBody)))]
+    OpenAiErrorResponses))]
 pub async fn completions(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<ChatRequest, OpenAi>,

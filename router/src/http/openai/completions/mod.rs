@@ -16,7 +16,7 @@ pub use request::CompletionRequest;
 use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
 use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
-use crate::error::{ApiError, OpenAi, OpenAiErrorBody};
+use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, Completed, Generation};
 use crate::http::json::ApiJson;
 use crate::http::AppState;
@@ -119,11 +119,7 @@ fn echo_text(prompt: &Prompt, decoding: &TokenDecoding) -> Result<String, Valida
         content(
             (Completion = "application/json"),
             (CompletionChunk = "text/event-stream"))),
-    (status = 400, description = "Invalid request", body = OpenAiErrorBody),
-    (status = 413, description = "Body over the payload limit", body = OpenAiErrorBody),
-    (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
-    (status = 500, description = "Generation failed", body = OpenAiErrorBody),
-    (status = 503, description = "Draining or recovering", body = OpenAiErrorBody)))]
+    OpenAiErrorResponses))]
 pub async fn completions(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<CompletionRequest, OpenAi>,
