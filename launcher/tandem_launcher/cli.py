@@ -158,6 +158,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "CUDA: decode batch sizes replayed from CUDA graphs, e.g. 1,2,4,8; 0 disables; derived: 1,2,4,...,64 on CUDA",
     )
     add.value(
+        "--packed-gemm-rows",
+        str,
+        None,
+        "CPU float32: decode batch sizes whose GEMMs use MKL-prepacked weights, one weight copy each, e.g. 32 or "
+        "16,32; 0 disables; derived: 32 on CPU",
+    )
+    add.value(
         "--attention-backend",
         str,
         "auto",

@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from tandem_launcher.config import LauncherConfig, cuda_graph_sizes
+from tandem_launcher.config import LauncherConfig, cuda_graph_sizes, packed_gemm_rows
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 
@@ -55,6 +55,7 @@ def shard_argv(
         "--attention-backend", config.attention_backend,
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
+        "--packed-gemm-rows", packed_gemm_rows(config),
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),

@@ -18,6 +18,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # What `--device auto` becomes once the GPUs are counted.
 RESOLVED_DEVICES = ("cpu", "cuda")
 DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
+DEFAULT_PACKED_GEMM_ROWS = "32"
 
 _FAULT_TARGET = re.compile(r"^(\d+):(\d+)$")
 _GRAPH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
@@ -62,6 +63,8 @@ class LauncherConfig:
     cuda_memory_fraction: float = 0.9
     # Comma-separated decode batch sizes, "0" for none; None: 1,2,4,...,64 on CUDA and none on CPU.
     cuda_graphs: str | None = None
+    # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
+    packed_gemm_rows: str | None = None
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
@@ -189,6 +192,11 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append(f"--cuda-graphs must be batch sizes such as 1,2,4,8 or 0, got {config.cuda_graphs!r}")
         elif config.device != "cuda" and cuda_graph_sizes(config) != "0":
             problems.append("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
+    if config.packed_gemm_rows is not None:
+        if _GRAPH_SIZES.match(config.packed_gemm_rows) is None:
+            problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
+        elif config.device != "cpu" and packed_gemm_rows(config) != "0":
+            problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
     return problems
 
 
@@ -198,6 +206,14 @@ def cuda_graph_sizes(config: LauncherConfig) -> str:
         return DEFAULT_CUDA_GRAPH_SIZES if config.device == "cuda" else "0"
     sizes = config.cuda_graphs.replace(" ", "")
     return "0" if sizes in ("", "0") else sizes
+
+
+def packed_gemm_rows(config: LauncherConfig) -> str:
+    """The shard's --packed-gemm-rows value: the user's row counts, else 32 on CPU and "0" (off) on CUDA."""
+    if config.packed_gemm_rows is None:
+        return DEFAULT_PACKED_GEMM_ROWS if config.device == "cpu" else "0"
+    rows = config.packed_gemm_rows.replace(" ", "")
+    return "0" if rows in ("", "0") else rows
 
 
 def _fault_problems(config: LauncherConfig) -> list[str]:

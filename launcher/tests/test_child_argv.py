@@ -35,6 +35,7 @@ def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
     assert values["--num-threads"] == [str(threads_per_shard(2))]
     assert values["--attention-backend"] == ["auto"] and values["--log-level"] == ["info"]
     assert (values["--cuda-memory-fraction"], values["--cuda-graphs"]) == (["0.9"], ["0"])
+    assert values["--packed-gemm-rows"] == ["32"]
     assert values["--step-timeout"] == ["120.0"]
 
 

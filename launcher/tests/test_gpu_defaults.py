@@ -54,10 +54,22 @@ def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
     assert argv[argv.index("--attention-backend") + 1] == "triton"
     assert argv[argv.index("--cuda-memory-fraction") + 1] == "0.8"
     assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
+    assert argv[argv.index("--packed-gemm-rows") + 1] == "0"
     from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--cuda-graphs") + 1] == "1,8"
     assert argv[argv.index("--attention-backend") + 1] == "sdpa"
+
+
+def test_packed_gemm_rows_reach_the_cpu_shard_from_flag_and_environment() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    for argv, env, expected in (
+        (["--packed-gemm-rows", "16, 32"], {}, "16,32"),
+        ([], {"PACKED_GEMM_ROWS": "0"}, "0"),
+    ):
+        config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
+        shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+        assert shard[shard.index("--packed-gemm-rows") + 1] == expected
 
 
 @pytest.mark.parametrize(
@@ -67,6 +79,8 @@ def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
         (["--cuda-memory-fraction", "0"], "--cuda-memory-fraction must be in (0, 1]"),
         (["--cuda-graphs", "1,x"], "--cuda-graphs must be batch sizes"),
         (["--device", "cpu", "--cuda-graphs", "1,2"], "--cuda-graphs needs --device cuda"),
+        (["--packed-gemm-rows", "32,x"], "--packed-gemm-rows must be row counts"),
+        (["--device", "cuda", "--packed-gemm-rows", "32"], "--packed-gemm-rows is a CPU option"),
         (["--attention-backend", "flashy"], "invalid choice"),
     ],
 )

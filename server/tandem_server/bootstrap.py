@@ -13,6 +13,7 @@ from tandem_server.distributed import init_distributed
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
+from tandem_server.layers.gemm import pack_gemm_weights, packing_available
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import model_factory
@@ -41,6 +42,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )
     model = load_model(checkpoint, config.dtype, device, parallel, backend, config.allow_pickle_weights)
+    pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
@@ -58,6 +60,24 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel))
+
+
+def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
+    """Gives the model's GEMMs prepacked weights for `row_counts` where this device and dtype can use them."""
+    if not row_counts:
+        return
+    unavailable = packing_available(device, dtype)
+    if unavailable is not None:
+        logger.info("GEMM weights stay unpacked: %s", unavailable)
+        return
+    started = time.perf_counter()
+    added = pack_gemm_weights(model, row_counts)
+    logger.info(
+        "packed GEMM weights for %s-row batches in %.1fs (%.0f MiB more memory)",
+        ",".join(map(str, row_counts)),
+        time.perf_counter() - started,
+        added / 2**20,
+    )
 
 
 def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) -> AttentionBackend:

@@ -20,6 +20,7 @@ from tandem_server.config import (
     ShardConfig,
     parse_byte_size,
     parse_cuda_graph_sizes,
+    parse_packed_gemm_rows,
     resolve_dtype,
 )
 from tandem_server.distributed import shutdown_distributed
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda-graphs",
         default=None,
         help="CUDA: decode batch sizes captured as graphs, e.g. 1,2,4,8; 0 disables (default: 1,2,...,64 on CUDA)",
+    )
+    parser.add_argument(
+        "--packed-gemm-rows",
+        default=None,
+        help="CPU float32: GEMM row counts (decode batch sizes) that get MKL-prepacked weights, one weight copy each, "
+        "e.g. 32 or 16,32; 0 disables (default: 32 on CPU)",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
@@ -116,6 +123,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         attention_backend=args.attention_backend,
         cuda_memory_fraction=args.cuda_memory_fraction,
         cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
+        packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,

@@ -15,6 +15,8 @@ from tandem_server.layers.attention.selection import BACKEND_CHOICES
 ATTENTION_BACKENDS = BACKEND_CHOICES
 # Decode batch sizes captured as CUDA graphs unless --cuda-graphs says otherwise (never on CPU).
 DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# Batch row counts given MKL-prepacked weights unless --packed-gemm-rows says otherwise (CPU float32 only).
+DEFAULT_PACKED_GEMM_ROWS = (32,)
 DEVICES = ("cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,6 +54,8 @@ class ShardConfig:
     cuda_memory_fraction: float = 0.9
     # CUDA only: decode-only batch sizes replayed from captured graphs; empty runs every step eagerly.
     cuda_graph_sizes: tuple[int, ...] = ()
+    # CPU float32 only: GEMM row counts that get MKL-prepacked weight copies (one copy each); empty: dense only.
+    packed_gemm_rows: tuple[int, ...] = ()
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
@@ -75,6 +79,8 @@ class ShardConfig:
             raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
         if self.cuda_graph_sizes and self.device != "cuda":
             raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
+        if self.packed_gemm_rows and self.device != "cpu":
+            raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
         if self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
@@ -102,15 +108,26 @@ def parse_cuda_graph_sizes(text: str | None, device: str) -> tuple[int, ...]:
     """`1,2,4` -> (1, 2, 4); `0` or empty disables graphs; None is the device default (off on CPU)."""
     if text is None:
         return DEFAULT_CUDA_GRAPH_SIZES if device == "cuda" else ()
+    return parse_batch_sizes(text, "--cuda-graphs")
+
+
+def parse_packed_gemm_rows(text: str | None, device: str) -> tuple[int, ...]:
+    """`16,32` -> (16, 32); `0` or empty packs nothing; None is the device default (off on CUDA)."""
+    if text is None:
+        return DEFAULT_PACKED_GEMM_ROWS if device == "cpu" else ()
+    return parse_batch_sizes(text, "--packed-gemm-rows")
+
+
+def parse_batch_sizes(text: str, flag: str) -> tuple[int, ...]:
+    """Sorted distinct positive sizes from `1,2,4`; `0` or empty is none."""
     if text.strip() in ("", "0"):
         return ()
     try:
         sizes = sorted({int(part) for part in text.split(",")})
     except ValueError:
-        message = f"--cuda-graphs must be comma-separated batch sizes such as 1,2,4,8 or 0, got {text!r}"
-        raise ConfigError(message) from None
+        raise ConfigError(f"{flag} must be comma-separated batch sizes such as 1,2,4,8 or 0, got {text!r}") from None
     if sizes[0] < 1:
-        raise ConfigError(f"--cuda-graphs batch sizes must be positive, got {text!r}")
+        raise ConfigError(f"{flag} batch sizes must be positive, got {text!r}")
     return tuple(sizes)
 
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.distributed import ParallelContext
+from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.linear import rank_run, sliced_parameter
 from tandem_server.weights.slicing import CheckpointSlice
 
@@ -35,7 +36,7 @@ class Embedding(nn.Module):
         return self.parallel.all_reduce(hidden)
 
 
-class LMHead(nn.Module):
+class LMHead(GemmModule):
     """Projects hidden states to float32 logits over the whole vocabulary; may share the embedding's weight.
 
     Each rank computes its vocab slice; the slices are all-gathered so every rank holds (and samples) the same logits.
@@ -61,5 +62,5 @@ class LMHead(nn.Module):
             self.weight = sliced_parameter((len(vocab_range), hidden_size), part)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight).float()
+        local = self.gemm(hidden, None).float()
         return self.parallel.all_gather_last_dim(local, self.vocab_sizes)

@@ -10,6 +10,7 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
+from tandem_server.layers.gemm import GemmModule
 from tandem_server.weights.slicing import CheckpointSlice
 
 
@@ -76,7 +77,7 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(GemmModule):
     """Input features split across ranks; partial outputs are summed so every rank holds the full output.
 
     `input_range` picks this rank's input features and must match the column layer feeding it.
@@ -99,26 +100,36 @@ class RowParallelLinear(nn.Module):
         self.bias = sliced_parameter((out_features,), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.parallel.all_reduce(F.linear(x, self.weight))
+        out = self.parallel.all_reduce(self.gemm(x, None))
         return out if self.bias is None else out + self.bias
 
 
-def stack_columns(linears: Sequence[ColumnParallelLinear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) holding the layers' output rows in order, so a single GEMM computes all of them.
+class StackedColumns(GemmModule):
+    """Column layers fused into one weight (and bias) holding their output rows in order: one GEMM computes all.
 
     Each layer's parameters become views into the stack: loading a layer fills its rows, nothing is copied twice.
+    The stack's tensors are buffers outside the state dict, since the checkpoint names the layers, not the stack.
     """
-    weight = torch.cat([linear.weight.data for linear in linears])
-    has_bias = all(linear.bias is not None for linear in linears)
-    bias = torch.cat([linear.bias.data for linear in linears if linear.bias is not None]) if has_bias else None
-    offset = 0
-    for linear in linears:
-        rows = slice(offset, offset + linear.weight.shape[0])
-        linear.weight = _rebound(linear.weight, weight[rows])
-        if bias is not None and linear.bias is not None:
-            linear.bias = _rebound(linear.bias, bias[rows])
-        offset = rows.stop
-    return weight, bias
+
+    def __init__(self, linears: Sequence[ColumnParallelLinear]) -> None:
+        super().__init__()
+        weight = torch.cat([linear.weight.data for linear in linears])
+        has_bias = all(linear.bias is not None for linear in linears)
+        bias = torch.cat([linear.bias.data for linear in linears if linear.bias is not None]) if has_bias else None
+        offset = 0
+        for linear in linears:
+            rows = slice(offset, offset + linear.weight.shape[0])
+            linear.weight = _rebound(linear.weight, weight[rows])
+            if bias is not None and linear.bias is not None:
+                linear.bias = _rebound(linear.bias, bias[rows])
+            offset = rows.stop
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.sizes = [linear.weight.shape[0] for linear in linears]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each stacked layer's output, in stacking order."""
+        return self.gemm(x, self.bias).split(self.sizes, dim=-1)
 
 
 def _rebound(param: nn.Parameter, storage: torch.Tensor) -> nn.Parameter:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.distributed import ParallelContext
@@ -16,7 +15,7 @@ from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.head_partition import partition_heads
-from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, stack_columns
+from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rotary import RopeConfig, RotaryEmbedding
 from tandem_server.models.config import ModelSpec
@@ -123,10 +122,7 @@ class DecoderAttention(nn.Module):
         self.k_proj = ColumnParallelLinear(args.hidden_size, kv_size, args.qkv_bias, parallel, heads.kv_features)
         self.v_proj = ColumnParallelLinear(args.hidden_size, kv_size, args.qkv_bias, parallel, heads.kv_features)
         self.o_proj = RowParallelLinear(q_size, args.hidden_size, args.o_bias, parallel, heads.query_features)
-        qkv_weight, qkv_bias = stack_columns((self.q_proj, self.k_proj, self.v_proj))
-        self.register_buffer("qkv_weight", qkv_weight, persistent=False)
-        self.register_buffer("qkv_bias", qkv_bias, persistent=False)
-        self.qkv_sizes = [linear.weight.shape[0] for linear in (self.q_proj, self.k_proj, self.v_proj)]
+        self.qkv_proj = StackedColumns((self.q_proj, self.k_proj, self.v_proj))
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
@@ -144,7 +140,7 @@ class DecoderAttention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        query, key, value = F.linear(hidden, self.qkv_weight, self.qkv_bias).split(self.qkv_sizes, dim=-1)
+        query, key, value = self.qkv_proj(hidden)
         query = query.view(tokens, self.num_heads, self.head_dim)
         key = key.view(tokens, self.num_kv_heads, self.head_dim)
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
@@ -164,12 +160,10 @@ class GatedMLP(nn.Module):
         self.up_proj = ColumnParallelLinear(args.hidden_size, args.intermediate_size, args.mlp_bias, parallel)
         self.down_proj = RowParallelLinear(args.intermediate_size, args.hidden_size, args.mlp_bias, parallel)
         self.act = activation(args.hidden_act)
-        gate_up_weight, gate_up_bias = stack_columns((self.gate_proj, self.up_proj))
-        self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
-        self.register_buffer("gate_up_bias", gate_up_bias, persistent=False)
+        self.gate_up_proj = StackedColumns((self.gate_proj, self.up_proj))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(hidden, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(hidden)
         return self.down_proj(self.act(gate) * up)
 
 

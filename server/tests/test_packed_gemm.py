@@ -1,0 +1,117 @@
+"""CPU float32 prepacked GEMMs: the same numbers as the dense path, used only for the row counts they fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from shard_testing import load_tiny_model, write_tiny_llama
+from tandem_server.cli import config_from_args
+from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.errors import ConfigError
+from tandem_server.layers.gemm import GemmModule, PackedWeight, pack_gemm_weights, packing_available
+from tandem_server.layers.linear import RowParallelLinear, StackedColumns
+
+CPU = torch.device("cpu")
+needs_mkl = pytest.mark.skipif(
+    packing_available(CPU, torch.float32) is not None, reason="this torch build cannot prepack GEMMs"
+)
+
+
+class Spy(GemmModule):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gemm(x, None)
+
+
+def test_packing_is_a_cpu_float32_path() -> None:
+    assert packing_available(CPU, torch.bfloat16) is not None
+    assert packing_available(torch.device("cuda"), torch.float32) is not None
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [24, 30, 32])
+def test_batches_that_fill_a_packed_count_use_it_and_match_dense(rows: int) -> None:
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(48, 40), torch.randn(48), torch.randn(rows, 40)
+    packed = PackedWeight(weight, (32,))
+    assert packed.fitting_rows(rows) == 32
+    out = packed.linear(x, bias, 32)
+    assert out.shape == (rows, 48)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+@needs_mkl
+def test_small_or_large_batches_fall_back_to_dense() -> None:
+    packed = PackedWeight(torch.randn(8, 16), (16, 32))
+    # 16 * 0.75 = 12 and 32 * 0.75 = 24: 11 rows would be mostly padding, 33 do not fit any copy.
+    assert [packed.fitting_rows(rows) for rows in (1, 11, 12, 16, 17, 23, 24, 32, 33)] == [
+        None, None, 16, 16, None, None, 32, 32, None,
+    ]  # fmt: skip
+
+
+@needs_mkl
+def test_gemm_module_routes_by_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = Spy(torch.randn(8, 16))
+    module.pack((32,))
+    assert module.packed is not None
+    calls: list[int] = []
+    original = PackedWeight.linear
+
+    def recording(self: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+        calls.append(rows)
+        return original(self, x, bias, rows)
+
+    monkeypatch.setattr(PackedWeight, "linear", recording)
+    module(torch.randn(4, 16))
+    module(torch.randn(28, 16))
+    assert calls == [32]
+
+
+@needs_mkl
+def test_packing_a_model_covers_every_gemm_once_and_keeps_logits(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path, tie_word_embeddings=False)
+    model = load_tiny_model(tmp_path)
+    gemms = [module for module in model.modules() if isinstance(module, GemmModule)]
+    # Per layer: the fused QKV, o_proj, the fused gate/up, down_proj; plus the LM head. Stacked members stay dense.
+    assert len(gemms) == 4 * 2 + 1
+    assert sum(isinstance(m, StackedColumns) for m in gemms) == 4
+    assert sum(isinstance(m, RowParallelLinear) for m in gemms) == 4
+    batch = _decode_batch(rows=32, context=20)
+    spec = model.spec
+    cache = KVCache(CacheGeometry(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, torch.float32), 64, CPU)
+    with torch.inference_mode():
+        dense = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+        added = pack_gemm_weights(model, (32,))
+        packed = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+    weights = sum(module.weight.numel() * 4 for module in gemms)
+    assert added >= weights
+    torch.testing.assert_close(packed, dense, atol=1e-4, rtol=1e-4)
+    assert torch.equal(packed.argmax(-1), dense.argmax(-1))
+
+
+def _decode_batch(rows: int, context: int):
+    blocks_per_request = -(-(context + 1) // 16)
+    spans = [
+        ScheduledSpan([3 + row % 50], context, list(range(row * blocks_per_request, (row + 1) * blocks_per_request)))
+        for row in range(rows)
+    ]
+    return build_step_batch(spans, 16, CPU)
+
+
+def test_shard_flag_defaults_to_32_on_cpu_and_off_on_cuda(tmp_path: Path) -> None:
+    base = ["--model-path", str(tmp_path), "--uds-path", str(tmp_path / "s.sock")]
+    assert config_from_args(base).packed_gemm_rows == (32,)
+    assert config_from_args([*base, "--packed-gemm-rows", "32,16,32"]).packed_gemm_rows == (16, 32)
+    assert config_from_args([*base, "--packed-gemm-rows", "0"]).packed_gemm_rows == ()
+    assert config_from_args([*base, "--device", "cuda"]).packed_gemm_rows == ()
+    with pytest.raises(ConfigError, match="--packed-gemm-rows is a CPU option"):
+        config_from_args([*base, "--device", "cuda", "--packed-gemm-rows", "32"])
+    with pytest.raises(ConfigError, match="--packed-gemm-rows must be comma-separated"):
+        config_from_args([*base, "--packed-gemm-rows", "32,many"])
