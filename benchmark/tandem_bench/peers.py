@@ -10,7 +10,8 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem_bench.server_process import LaunchedServer
@@ -56,6 +57,21 @@ class StaticBatchResult:
     seconds: float
     output_throughput: float
     decode_step_ms: float
+    # How many runs this result averages: the suite runs the baseline right before and right after the servers.
+    runs: int = 1
+
+    @classmethod
+    def mean(cls, results: Sequence[StaticBatchResult]) -> StaticBatchResult:
+        """The average of runs of the same batch, so a machine whose speed drifts favours no side of a bracket."""
+        first = results[0]
+        seconds = sum(result.seconds for result in results) / len(results)
+        return replace(
+            first,
+            seconds=seconds,
+            output_throughput=first.batch * first.output_len / seconds,
+            decode_step_ms=sum(result.decode_step_ms for result in results) / len(results),
+            runs=len(results),
+        )
 
 
 def run_transformers_static(batch: int, input_len: int, output_len: int) -> StaticBatchResult:

@@ -70,7 +70,13 @@ STANDARD_SUITE: tuple[SuiteRun, ...] = (
     SuiteRun(
         "shared prefix, 128 over 16 x 2000 + 100 in / 64 out",
         DatasetConfig(
-            kind="shared-prefix", num_prompts=128, prefix_len=2000, num_prefixes=16, input_len=100, output_len=64, seed=4
+            kind="shared-prefix",
+            num_prompts=128,
+            prefix_len=2000,
+            num_prefixes=16,
+            input_len=100,
+            output_len=64,
+            seed=4,
         ),
         LoadPoint(concurrency=16),
         cache_off=True,
@@ -156,18 +162,16 @@ def main(argv: list[str] | None = None) -> int:
             shape = _embedded_model_shape()
             roofline = measure_roofline(shape, ROOFLINE_BATCH)
             print(f"roofline: {roofline.to_dict()}", flush=True)
-            static_run = next((run for run in STANDARD_SUITE if run.static), None)
             static = None
-            if static_run is not None and not args.no_static:
-                d = static_run.dataset
-                result = run_transformers_static(static_run.point.concurrency, d.input_len, d.output_len)
-                static = (static_run.workload, result)
-                print(f"transformers static batch: {static[1]}", flush=True)
             peers, precisions = _start_peers(args, servers)
             endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
             endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
             for index, run in enumerate(STANDARD_SUITE):
+                bracketed = run.static and not args.no_static
+                before = _static_baseline(run) if bracketed else None
                 records = run_row(run, endpoints, warmup=index == 0, show_progress=show)
+                if before is not None:
+                    static = (run.workload, StaticBatchResult.mean([before, _static_baseline(run)]))
                 measured += [
                     MeasuredRow(run.workload, record, records[0], precisions[record.server]) for record in records
                 ]
@@ -178,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _write_outputs(args, when, load_before, measured, static, roofline, shape)
     return 1 if any(row.record.summary.failed for row in measured) else 0
+
+
+def _static_baseline(run: SuiteRun) -> StaticBatchResult:
+    d = run.dataset
+    result = run_transformers_static(run.point.concurrency, d.input_len, d.output_len)
+    print(f"transformers static batch: {result}", flush=True)
+    return result
 
 
 def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[Endpoint], dict[str, str | None]]:

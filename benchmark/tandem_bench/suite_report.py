@@ -57,8 +57,9 @@ def _static_row(
         shape.prefill_flops(result.input_len) + shape.decode_flops(result.input_len, result.output_len)
     )
     versus = result.output_throughput / baseline.summary.output_throughput
+    runs = f" (mean of {result.runs} runs, before and after)" if result.runs > 1 else ""
     return (
-        f"| {workload} | transformers static batch of {result.batch} | {result.batch}/0 "
+        f"| {workload} | transformers static batch of {result.batch}{runs} | {result.batch}/0 "
         f"| {result.output_throughput:.1f} | {versus:.2f}x | - | - | {result.decode_step_ms:.1f} (decode step) "
         f"| {1000 * result.seconds:.0f} | {utilisation(flops, result.seconds, peak):.1%} |"
     )

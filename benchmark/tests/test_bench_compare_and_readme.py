@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,18 @@ def test_readme_block_has_a_row_per_server_and_workload_with_ratios_and_mfu() ->
     assert table[0].endswith(f"| {flops / 1.0 / 2e9:.1%} |")  # float32: the larger of the two float32 figures
     assert table[2].endswith(f"| {flops / 0.5 / 8e9:.1%} |")  # bfloat16: its own peak
     assert "2 torch threads" in block and "tandem-bench x" in block
+
+
+def test_static_baseline_bracketing_a_run_averages_its_time_not_its_rates() -> None:
+    before = StaticBatchResult(
+        batch=4, input_len=5, output_len=10, seconds=2.0, output_throughput=20.0, decode_step_ms=9.0
+    )
+    after = replace(before, seconds=8.0, output_throughput=5.0, decode_step_ms=30.0)
+    mean = StaticBatchResult.mean([before, after])
+    assert (mean.seconds, mean.output_throughput, mean.decode_step_ms, mean.runs) == (5.0, 8.0, 19.5, 2)
+    tandem = _record("tandem", 8, 1.0)
+    block = readme_block("intro", [MeasuredRow("w", tandem, tandem)], ("w", mean), ROOFLINE, TINY_SHAPE, [])
+    assert "transformers static batch of 4 (mean of 2 runs, before and after) | 4/0 | 8.0 |" in block
 
 
 def test_roofline_decode_matmuls_are_the_mfu_counts_matmul_weights() -> None:
