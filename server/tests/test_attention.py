@@ -66,3 +66,30 @@ def test_slot_mapping_follows_block_table() -> None:
     # Positions 5, 6, 7 live in the second block (id 2) at offsets 1, 2, 3.
     assert batch.metadata.slot_mapping.tolist() == [9, 10, 11]
     assert batch.positions.tolist() == [5, 6, 7]
+
+
+def test_decode_gathers_reuse_their_buffers_across_steps_of_any_shape() -> None:
+    torch.manual_seed(1)
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    cache = LayerCache(torch.randn(shape), torch.randn(shape))
+    params = AttentionParams(scale=HEAD_DIM**-0.5)
+    reused = TorchAttentionBackend()
+    # Batches that grow, shrink and grow again, with contexts of different lengths and shuffled blocks.
+    for step, contexts in enumerate([[3, 9], [13, 2, 7, 5], [4], [15, 16, 1, 11, 6]]):
+        tables = [random.Random(step * 10 + i).sample(range(NUM_BLOCKS), 4) for i in range(len(contexts))]
+        spans = [ScheduledSpan([0], context - 1, table) for context, table in zip(contexts, tables, strict=True)]
+        batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
+        query = torch.randn(len(contexts), HEADS, HEAD_DIM)
+        new_kv = torch.randn(len(contexts), KV_HEADS, HEAD_DIM)
+        fresh = TorchAttentionBackend().forward(query, new_kv, new_kv, cache, batch.metadata, params)
+        output = reused.forward(query, new_kv, new_kv, cache, batch.metadata, params)
+        torch.testing.assert_close(output, fresh, atol=0, rtol=0)
+        for row, (context, table) in enumerate(zip(contexts, tables, strict=True)):
+            slots = [table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(context)]
+            keys = cache.key.view(-1, KV_HEADS, HEAD_DIM)[slots]
+            values = cache.value.view(-1, KV_HEADS, HEAD_DIM)[slots]
+            expected = naive_attention(query[row : row + 1], keys, values, context - 1)
+            torch.testing.assert_close(output[row : row + 1], expected, atol=1e-5, rtol=1e-5)
+    first_key_buffer = reused.gather_buffers.take("key", (1,), cache.key).data_ptr()
+    reused.forward(query, new_kv, new_kv, cache, batch.metadata, params)
+    assert reused.gather_buffers.take("key", (1,), cache.key).data_ptr() == first_key_buffer

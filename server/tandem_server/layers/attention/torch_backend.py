@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache
 from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSpan
+
+
+class GatherBuffers:
+    """Reused outputs for the decode gathers, grown as needed and never shrunk.
+
+    Every layer of a step gathers the same shape, and steps are serialised. A fresh tensor of tens of megabytes per
+    gather costs more in page faults than the copy itself: 16 requests of 2,200 tokens took 5.1 ms per gather into new
+    memory against 1.7 ms into a reused buffer.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A `shape` view of buffer `name`, valid until the next `take` of that name."""
+        numel = math.prod(shape)
+        flat = self._flat.get(name)
+        if flat is None or flat.numel() < numel or flat.dtype != like.dtype or flat.device != like.device:
+            # Headroom: contexts grow a block at a time, and each regrowth faults its pages in again.
+            grown = max(numel, 3 * flat.numel() // 2) if flat is not None else numel
+            flat = torch.empty(grown, dtype=like.dtype, device=like.device)
+            self._flat[name] = flat
+        return flat[:numel].view(shape)
+
+    def decode_context(self, name: str, cache: torch.Tensor, key_slots: torch.Tensor) -> torch.Tensor:
+        """Each decode request's cached keys (or values) `[requests, max_context, kv_heads, head_dim]`, in buffer
+        `name`."""
+        # Slot lists are block-aligned: position j * block_size of a request is the first slot of its j-th block, so
+        # every block_size-th slot names a block and whole blocks are copied at once (padding reads block 0, masked).
+        block_size = cache.shape[1]
+        requests, max_context = key_slots.shape
+        block_ids = key_slots[:, ::block_size].flatten() // block_size
+        blocks = self.take(name, (block_ids.shape[0], *cache.shape[1:]), cache)
+        torch.index_select(cache, 0, block_ids, out=blocks)
+        return blocks.view(requests, -1, *cache.shape[2:])[:, :max_context]
 
 
 class TorchAttentionBackend:
@@ -15,6 +52,9 @@ class TorchAttentionBackend:
     name = "torch"
     uses_slot_lists = True
     supports_cuda_graphs = False
+
+    def __init__(self) -> None:
+        self.gather_buffers = GatherBuffers()
 
     def forward(
         self,
@@ -42,8 +82,9 @@ class TorchAttentionBackend:
             output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1)
         decode = metadata.decode
         if decode is not None:
-            k = _decode_context(cache.key, decode.key_slots).transpose(1, 2)
-            v = _decode_context(cache.value, decode.key_slots).transpose(1, 2)
+            # K and V gather into separate buffers: both must stay valid until the layer's attention has read them.
+            k = self.gather_buffers.decode_context("key", cache.key, decode.key_slots).transpose(1, 2)
+            v = self.gather_buffers.decode_context("value", cache.value, decode.key_slots).transpose(1, 2)
             mask = _decode_mask(decode, params.sliding_window)
             output[decode.query_rows] = _attend_decode(query[decode.query_rows], k, v, mask, params)
         return output
@@ -62,15 +103,6 @@ def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, 
     key_positions = torch.arange(first_key, context_len, device=device).unsqueeze(0)
     visible = (key_positions <= query_positions) & (key_positions > query_positions - window)
     return span.key_slots[first_key:], visible
-
-
-def _decode_context(cache: torch.Tensor, key_slots: torch.Tensor) -> torch.Tensor:
-    # Slot lists are block-aligned: position j * block_size of a request is the first slot of its j-th block, so
-    # every block_size-th slot names a block and whole blocks are copied at once (padding reads block 0, masked).
-    block_size = cache.shape[1]
-    requests, max_context = key_slots.shape
-    blocks = cache.index_select(0, key_slots[:, ::block_size].flatten() // block_size)
-    return blocks.view(requests, -1, *cache.shape[2:])[:, :max_context]
 
 
 def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor:
