@@ -26,7 +26,7 @@ test-python: install
 test: lint test-rust test-python
 
 # Starts Tandem on a free port, runs the standard suite against its peers (ARGS="--llama-server PATH ..."; about
-# 30 minutes on 2 cores with llama-server) and rewrites the README's benchmark table and chart; results.json and the
+# 45 minutes on 2 cores with llama-server) and rewrites the README's benchmark table and chart; results.json and the
 # other plots go to $(HOME)/.cache/tandem/bench.
 bench: install
 	$(UV) run --no-sync python -m tandem_bench.suite $(ARGS)
