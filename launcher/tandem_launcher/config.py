@@ -21,7 +21,7 @@ DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
 DEFAULT_PACKED_GEMM_ROWS = "32"
 
 _FAULT_TARGET = re.compile(r"^(\d+):(\d+)$")
-_GRAPH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
+_BATCH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
 _MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
 
 
@@ -188,12 +188,12 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
         choices = ", ".join(ATTENTION_BACKENDS)
         problems.append(f"--attention-backend must be one of {choices}, got {config.attention_backend!r}")
     if config.cuda_graphs is not None:
-        if _GRAPH_SIZES.match(config.cuda_graphs) is None:
+        if _BATCH_SIZES.match(config.cuda_graphs) is None:
             problems.append(f"--cuda-graphs must be batch sizes such as 1,2,4,8 or 0, got {config.cuda_graphs!r}")
         elif config.device != "cuda" and cuda_graph_sizes(config) != "0":
             problems.append("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
     if config.packed_gemm_rows is not None:
-        if _GRAPH_SIZES.match(config.packed_gemm_rows) is None:
+        if _BATCH_SIZES.match(config.packed_gemm_rows) is None:
             problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
         elif config.device != "cpu" and packed_gemm_rows(config) != "0":
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
@@ -202,18 +202,21 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
 
 def cuda_graph_sizes(config: LauncherConfig) -> str:
     """The shard's --cuda-graphs value: the user's sizes, else the defaults on CUDA and "0" (off) on CPU."""
-    if config.cuda_graphs is None:
-        return DEFAULT_CUDA_GRAPH_SIZES if config.device == "cuda" else "0"
-    sizes = config.cuda_graphs.replace(" ", "")
-    return "0" if sizes in ("", "0") else sizes
+    return _sizes_or_device_default(config.cuda_graphs, DEFAULT_CUDA_GRAPH_SIZES if config.device == "cuda" else "0")
 
 
 def packed_gemm_rows(config: LauncherConfig) -> str:
     """The shard's --packed-gemm-rows value: the user's row counts, else 32 on CPU and "0" (off) on CUDA."""
-    if config.packed_gemm_rows is None:
-        return DEFAULT_PACKED_GEMM_ROWS if config.device == "cpu" else "0"
-    rows = config.packed_gemm_rows.replace(" ", "")
-    return "0" if rows in ("", "0") else rows
+    default = DEFAULT_PACKED_GEMM_ROWS if config.device == "cpu" else "0"
+    return _sizes_or_device_default(config.packed_gemm_rows, default)
+
+
+def _sizes_or_device_default(sizes: str | None, default: str) -> str:
+    # Comma-separated sizes without spaces; "0" (none) for an empty list.
+    if sizes is None:
+        return default
+    sizes = sizes.replace(" ", "")
+    return "0" if sizes in ("", "0") else sizes
 
 
 def _fault_problems(config: LauncherConfig) -> list[str]:
