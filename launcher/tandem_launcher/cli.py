@@ -165,6 +165,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "16,32; 0 disables; derived: 32 on CPU",
     )
     add.value(
+        "--decode-mirror-memory",
+        _memory_size,
+        None,
+        "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
+        "attention reads instead of gathering cache blocks every step; 0 disables; derived: --kv-cache-memory on CPU",
+    )
+    add.value(
         "--attention-backend",
         str,
         "auto",

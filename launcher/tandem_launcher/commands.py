@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from tandem_launcher.config import LauncherConfig, cuda_graph_sizes, packed_gemm_rows
+from tandem_launcher.config import LauncherConfig, cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 
@@ -56,6 +56,7 @@ def shard_argv(
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
         "--packed-gemm-rows", packed_gemm_rows(config),
+        "--decode-mirror-memory", decode_mirror_memory(config),
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),

@@ -65,6 +65,8 @@ class LauncherConfig:
     cuda_graphs: str | None = None
     # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
     packed_gemm_rows: str | None = None
+    # Memory for contiguous copies of decoding requests' K/V; None: as much as --kv-cache-memory on CPU, 0 on CUDA.
+    decode_mirror_memory: str | None = None
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
@@ -197,6 +199,8 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
         elif config.device != "cpu" and packed_gemm_rows(config) != "0":
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
+    if config.device != "cpu" and decode_mirror_memory(config) != "0":
+        problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
     return problems
 
 
@@ -209,6 +213,13 @@ def packed_gemm_rows(config: LauncherConfig) -> str:
     """The shard's --packed-gemm-rows value: the user's row counts, else 32 on CPU and "0" (off) on CUDA."""
     default = DEFAULT_PACKED_GEMM_ROWS if config.device == "cpu" else "0"
     return _sizes_or_device_default(config.packed_gemm_rows, default)
+
+
+def decode_mirror_memory(config: LauncherConfig) -> str:
+    """The shard's --decode-mirror-memory value: the user's size, else --kv-cache-memory on CPU and "0" on CUDA."""
+    if config.decode_mirror_memory is not None:
+        return config.decode_mirror_memory
+    return config.kv_cache_memory if config.device == "cpu" else "0"
 
 
 def _sizes_or_device_default(sizes: str | None, default: str) -> str:

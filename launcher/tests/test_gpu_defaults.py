@@ -55,6 +55,7 @@ def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
     assert argv[argv.index("--cuda-memory-fraction") + 1] == "0.8"
     assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
     assert argv[argv.index("--packed-gemm-rows") + 1] == "0"
+    assert argv[argv.index("--decode-mirror-memory") + 1] == "0"
     from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--cuda-graphs") + 1] == "1,8"
@@ -72,6 +73,18 @@ def test_packed_gemm_rows_reach_the_cpu_shard_from_flag_and_environment() -> Non
         assert shard[shard.index("--packed-gemm-rows") + 1] == expected
 
 
+def test_decode_mirror_memory_follows_the_kv_cache_on_cpu_unless_given() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    for argv, env, expected in (
+        (["--kv-cache-memory", "6GiB"], {}, "6GiB"),
+        (["--kv-cache-memory", "6GiB", "--decode-mirror-memory", "2GiB"], {}, "2GiB"),
+        ([], {"DECODE_MIRROR_MEMORY": "0"}, "0"),
+    ):
+        config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
+        shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+        assert shard[shard.index("--decode-mirror-memory") + 1] == expected
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -81,6 +94,8 @@ def test_packed_gemm_rows_reach_the_cpu_shard_from_flag_and_environment() -> Non
         (["--device", "cpu", "--cuda-graphs", "1,2"], "--cuda-graphs needs --device cuda"),
         (["--packed-gemm-rows", "32,x"], "--packed-gemm-rows must be row counts"),
         (["--device", "cuda", "--packed-gemm-rows", "32"], "--packed-gemm-rows is a CPU option"),
+        (["--device", "cuda", "--decode-mirror-memory", "1GiB"], "--decode-mirror-memory is a CPU option"),
+        (["--decode-mirror-memory", "lots"], "--decode-mirror-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
     ],
 )

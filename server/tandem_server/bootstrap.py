@@ -100,4 +100,5 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         slot_lists=backend.uses_slot_lists,
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
+        decode_mirror_memory=config.decode_mirror_memory if backend.uses_slot_lists else 0,
     )

@@ -20,6 +20,7 @@ from tandem_server.config import (
     ShardConfig,
     parse_byte_size,
     parse_cuda_graph_sizes,
+    parse_decode_mirror_memory,
     parse_packed_gemm_rows,
     resolve_dtype,
 )
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU float32: GEMM row counts (decode batch sizes) that get MKL-prepacked weights, one weight copy each, "
         "e.g. 32 or 16,32; 0 disables (default: 32 on CPU)",
     )
+    parser.add_argument(
+        "--decode-mirror-memory",
+        default=None,
+        help="CPU: memory for contiguous copies of decoding requests' keys and values, read by decode attention "
+        "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables (default: --kv-cache-memory on CPU)",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
     parser.add_argument("--metrics-hostname", default="127.0.0.1", help="address the metrics endpoint binds")
@@ -109,6 +116,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
     args = build_parser().parse_args(argv)
     world_size = max(1, args.world_size)
     default_threads = max(1, (os.cpu_count() or 1) // world_size)
+    kv_cache_memory = parse_byte_size(args.kv_cache_memory)
     return ShardConfig(
         model_path=args.model_path,
         uds_path=args.uds_path,
@@ -118,12 +126,13 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         master_port=args.master_port,
         device=args.device,
         dtype=resolve_dtype(args.dtype, args.device),
-        kv_cache_memory=parse_byte_size(args.kv_cache_memory),
+        kv_cache_memory=kv_cache_memory,
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
         attention_backend=args.attention_backend,
         cuda_memory_fraction=args.cuda_memory_fraction,
         cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
         packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
+        decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,

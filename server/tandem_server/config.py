@@ -56,6 +56,8 @@ class ShardConfig:
     cuda_graph_sizes: tuple[int, ...] = ()
     # CPU float32 only: GEMM row counts that get MKL-prepacked weight copies (one copy each); empty: dense only.
     packed_gemm_rows: tuple[int, ...] = ()
+    # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
+    decode_mirror_memory: int = 0
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
@@ -75,12 +77,7 @@ class ShardConfig:
             raise ConfigError(
                 f"unknown attention backend {self.attention_backend!r}; available: {', '.join(ATTENTION_BACKENDS)}"
             )
-        if not 0.0 < self.cuda_memory_fraction <= 1.0:
-            raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
-        if self.cuda_graph_sizes and self.device != "cuda":
-            raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
-        if self.packed_gemm_rows and self.device != "cpu":
-            raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
+        self._check_device_options()
         if self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
@@ -93,6 +90,16 @@ class ShardConfig:
         ):
             if target is not None and target.rank >= self.world_size:
                 raise ConfigError(f"{flag} names rank {target.rank}, outside world size {self.world_size}")
+
+    def _check_device_options(self) -> None:
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if self.cuda_graph_sizes and self.device != "cuda":
+            raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
+        if self.packed_gemm_rows and self.device != "cpu":
+            raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
+        if self.decode_mirror_memory and self.device != "cpu":
+            raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
 
 
 def parse_byte_size(text: str) -> int:
@@ -116,6 +123,13 @@ def parse_packed_gemm_rows(text: str | None, device: str) -> tuple[int, ...]:
     if text is None:
         return DEFAULT_PACKED_GEMM_ROWS if device == "cpu" else ()
     return parse_batch_sizes(text, "--packed-gemm-rows")
+
+
+def parse_decode_mirror_memory(text: str | None, device: str, kv_cache_memory: int) -> int:
+    """Bytes for the decode mirror; None is the device default: as much as the KV cache on CPU, none on CUDA."""
+    if text is None:
+        return kv_cache_memory if device == "cpu" else 0
+    return parse_byte_size(text)
 
 
 def parse_batch_sizes(text: str, flag: str) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from tandem_server.distributed import ParallelContext
-from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
@@ -89,11 +89,16 @@ def load_tiny_model(
     return load_model(checkpoint, dtype, device, ParallelContext(), backend or TorchAttentionBackend())
 
 
-def make_runner(path: Path, kv_cache_memory: int = 4 * 1024 * 1024) -> ModelRunner:
-    """A float32 CPU runner over the checkpoint at `path`, not yet warmed up."""
+def make_runner(
+    path: Path, kv_cache_memory: int = 4 * 1024 * 1024, decode_mirror_memory: int | None = None
+) -> ModelRunner:
+    """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
+    may take as much memory as the KV cache unless `decode_mirror_memory` says otherwise."""
     checkpoint = read_checkpoint_config(path)
     model = load_tiny_model(path)
-    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, torch.device("cpu"), kv_cache_memory)
+    mirror_memory = kv_cache_memory if decode_mirror_memory is None else decode_mirror_memory
+    options = ExecutionOptions(decode_mirror_memory=mirror_memory)
+    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, kv_cache_memory, options)
 
 
 def new_request(

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.layers.attention import AttentionMetadata, DecodeGroup, PagedLayout, PrefillSpan
+from tandem_server.engine.decode_mirror import MirrorSlot
+from tandem_server.layers.attention import AttentionMetadata, DecodeGroup, MirrorFill, PagedLayout, PrefillSpan
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class ScheduledSpan:
     token_ids: Sequence[int]
     start_position: int
     block_table: Sequence[int]
+    # The request's decode-mirror row when this step's decodes attend through the mirror.
+    mirror: MirrorSlot | None = None
 
     @property
     def context_len(self) -> int:
@@ -35,12 +38,17 @@ class StepBatch:
 
 
 def build_step_batch(
-    spans: Sequence[ScheduledSpan], block_size: int, device: torch.device, slot_lists: bool = True
+    spans: Sequence[ScheduledSpan],
+    block_size: int,
+    device: torch.device,
+    slot_lists: bool = True,
+    mirror_capacity: int = 0,
 ) -> StepBatch:
     """Flattens the spans in order; single-token spans share one padded decode group.
 
     `slot_lists=False` skips the per-request slot lists only the `torch` backend reads; paged kernels need
-    just the block-table layout, which is always built.
+    just the block-table layout, which is always built. When the single-token spans carry mirror slots, the decode
+    group lists them in row order and says which positions to copy into rows of `mirror_capacity` positions.
     """
     if not slot_lists:
         return _paged_only_batch(spans, block_size, device)
@@ -69,7 +77,7 @@ def build_step_batch(
     metadata = AttentionMetadata(
         slot_mapping=torch.cat(slot_mapping).to(device),
         prefills=tuple(prefills),
-        decode=_decode_group(decode_rows, decode_spans, block_size, device) if decode_rows else None,
+        decode=_decode_group(decode_rows, decode_spans, block_size, device, mirror_capacity) if decode_rows else None,
         paged=paged_layout(spans, block_size, device),
     )
     return StepBatch(
@@ -144,18 +152,41 @@ def _chunk_mask(start: int, context_len: int) -> torch.Tensor | None:
     return torch.arange(context_len).unsqueeze(0) <= query_positions
 
 
-def _decode_group(rows: list[int], spans: list[ScheduledSpan], block_size: int, device: torch.device) -> DecodeGroup:
+def _decode_group(
+    rows: list[int], spans: list[ScheduledSpan], block_size: int, device: torch.device, mirror_capacity: int
+) -> DecodeGroup:
+    mirrored = all(span.mirror is not None for span in spans)
+    if mirrored:
+        # Request i of the group must be the one holding mirror row i.
+        order = sorted(range(len(spans)), key=lambda i: _mirror_slot(spans[i]).row)
+        rows, spans = [rows[i] for i in order], [spans[i] for i in order]
     max_context = max(span.context_len for span in spans)
     key_slots = torch.zeros(len(spans), max_context, dtype=torch.long)
     key_mask = torch.zeros(len(spans), max_context, dtype=torch.bool)
+    sources, targets = [], []
     for i, span in enumerate(spans):
-        key_slots[i, : span.context_len] = _context_slots(span.block_table, span.context_len, block_size)
+        context_slots = _context_slots(span.block_table, span.context_len, block_size)
+        key_slots[i, : span.context_len] = context_slots
         key_mask[i, : span.context_len] = True
+        if mirrored:
+            slot = _mirror_slot(span)
+            if slot.row != i:
+                raise ValueError(f"invariant: the mirror rows of a decode group are 0..{len(spans) - 1}")
+            sources.append(context_slots[slot.copied :])
+            targets.append(torch.arange(slot.copied, span.context_len) + i * mirror_capacity)
+    mirror = MirrorFill(torch.cat(sources).to(device), torch.cat(targets).to(device)) if mirrored else None
     return DecodeGroup(
         query_rows=torch.tensor(rows, dtype=torch.long, device=device),
         key_slots=key_slots.to(device),
         key_mask=key_mask.view(len(spans), 1, 1, max_context).to(device),
+        mirror=mirror,
     )
+
+
+def _mirror_slot(span: ScheduledSpan) -> MirrorSlot:
+    if span.mirror is None:
+        raise ValueError("invariant: every span of a mirrored decode group has a mirror slot")
+    return span.mirror
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.decode_mirror import DecodeMirror, MirrorSlot
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
@@ -16,6 +17,7 @@ from tandem_server.engine.step import Generation, PromptLogprobs, StepInput, Ste
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile_cuda_budget, run_reserved_forward
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
+from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 from tandem_server.structured import GrammarCompiler, grammar_token_mask
@@ -31,6 +33,8 @@ class ExecutionOptions:
     cuda_memory_fraction: float = 0.9
     # CUDA: decode-only batch sizes captured as graphs at Warmup; empty runs every step eagerly.
     cuda_graph_sizes: tuple[int, ...] = ()
+    # Slot-list backends: bytes the decode mirror may take (contiguous copies of decoding requests' K/V); 0 is off.
+    decode_mirror_memory: int = 0
 
 
 class ModelRunner:
@@ -55,6 +59,7 @@ class ModelRunner:
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None
+        self.mirror: DecodeMirror | None = None
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -70,6 +75,7 @@ class ModelRunner:
         self.requests.clear()
         self.cache = None
         self.graphs = None
+        self.mirror = None
         if self.device.type == "cuda":
             budget = profile_cuda_budget(self.model, geometry, limits)
             num_blocks = blocks_for_budget(geometry, budget, "--cuda-memory-fraction")
@@ -81,6 +87,8 @@ class ModelRunner:
             graphs = DecodeGraphs(self.model, cache, self.options.cuda_graph_sizes, self.device)
             graphs.capture()
             self.graphs = graphs
+        if self.options.slot_lists and self.options.decode_mirror_memory > 0:
+            self.mirror = DecodeMirror(geometry, self.options.decode_mirror_memory, self.device)
         self.cache = cache
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes)
 
@@ -92,6 +100,8 @@ class ModelRunner:
     def reset(self) -> None:
         """Forgets every request; the cache's contents become garbage the router no longer references."""
         self.requests.clear()
+        if self.mirror is not None:
+            self.mirror.clear()
 
     @torch.inference_mode()
     def step(self, step: StepInput) -> StepOutput:
@@ -100,18 +110,24 @@ class ModelRunner:
         timer = StepTimer(self.device)
         limits = StepLimits(cache.block_size, cache.num_blocks, self.model.spec.max_position_embeddings)
         plan = self.requests.apply(step, limits)
+        if self.mirror is not None:
+            self.mirror.forget([*step.finished, *(request.id for request in step.new_requests)])
         if not plan:
             timer.mark()
             return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0, prepare_ms=timer.phases_ms()[0])
+        mirror_slots = self._place_decodes(plan)
         spans = [
             ScheduledSpan(
                 state.token_ids[state.num_computed : state.num_computed + num_tokens],
                 state.num_computed,
                 state.block_table,
+                mirror_slots.get(state.id) if num_tokens == 1 else None,
             )
             for state, num_tokens in plan
         ]
-        batch = build_step_batch(spans, cache.block_size, self.device, self.options.slot_lists)
+        mirror_capacity = self.mirror.capacity if self.mirror is not None else 0
+        batch = build_step_batch(spans, cache.block_size, self.device, self.options.slot_lists, mirror_capacity)
+        layers = self.mirror.attach(cache.layers) if self.mirror is not None and mirror_slots else cache.layers
         # Every host-to-device copy happens here, before the forward pass: afterwards the step's one host sync is
         # the sampler's single transfer of its results (prompt logprobs, when asked for, add their own).
         finishing = [
@@ -125,7 +141,7 @@ class ModelRunner:
         timer.mark()
         hidden = self.graphs.run(batch) if self.graphs is not None else None
         if hidden is None:
-            hidden = self.model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+            hidden = self._forward(batch, layers)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens
@@ -141,6 +157,22 @@ class ModelRunner:
             prepare_ms=prepare_ms,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _place_decodes(self, plan: list[tuple[RequestState, int]]) -> dict[int, MirrorSlot]:
+        # Mirror rows for this step's single-token spans; empty when there is no mirror or it is over budget.
+        if self.mirror is None:
+            return {}
+        decodes = [(state.id, state.num_computed + 1) for state, num_tokens in plan if num_tokens == 1]
+        return self.mirror.place(decodes) or {}
+
+    def _forward(self, batch: StepBatch, layers: list[LayerCache]) -> torch.Tensor:
+        try:
+            return self.model(batch.input_ids, batch.positions, layers, batch.metadata)
+        except BaseException:
+            # A layer may have stopped between filling the mirror and finishing: no row is known to be whole.
+            if self.mirror is not None:
+                self.mirror.clear()
+            raise
 
     def _prompt_logprobs(
         self, plan: list[tuple[RequestState, int]], last_rows: Sequence[int], hidden: torch.Tensor

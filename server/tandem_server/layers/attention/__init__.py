@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache
-from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PagedLayout, PrefillSpan
+from tandem_server.layers.attention.metadata import (
+    AttentionMetadata,
+    DecodeGroup,
+    MirrorFill,
+    PagedLayout,
+    PrefillSpan,
+)
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
@@ -35,6 +41,7 @@ __all__ = [
     "AttentionParams",
     "DecodeGroup",
     "LayerCache",
+    "MirrorFill",
     "PagedLayout",
     "PrefillSpan",
     "SdpaAttentionBackend",

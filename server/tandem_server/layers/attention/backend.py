@@ -27,6 +27,10 @@ class LayerCache:
 
     key: torch.Tensor
     value: torch.Tensor
+    # The decode mirror (`torch` backend): decoding requests' keys and values, one row per request,
+    # `[rows, capacity, kv_heads, head_dim]`; None when the step gathers from the blocks instead.
+    mirror_key: torch.Tensor | None = None
+    mirror_value: torch.Tensor | None = None
 
 
 class AttentionBackend(Protocol):

@@ -20,6 +20,15 @@ class PrefillSpan:
 
 
 @dataclass(frozen=True)
+class MirrorFill:
+    """The cache positions a step copies into the decode mirror: `sources[i]` (a flat cache slot) goes to
+    `targets[i]` (row * capacity + position in the mirror's flat view)."""
+
+    sources: torch.Tensor
+    targets: torch.Tensor
+
+
+@dataclass(frozen=True)
 class DecodeGroup:
     """Requests contributing exactly one query token each, attended in one padded call."""
 
@@ -28,6 +37,8 @@ class DecodeGroup:
     key_slots: torch.Tensor
     # [requests, 1, 1, max_context]: True for the request's positions [0, context_len).
     key_mask: torch.Tensor
+    # Set when request i holds mirror row i: attention reads the mirror after this fill instead of the blocks.
+    mirror: MirrorFill | None = None
 
 
 @dataclass(frozen=True)

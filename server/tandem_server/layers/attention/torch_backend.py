@@ -82,12 +82,28 @@ class TorchAttentionBackend:
             output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1)
         decode = metadata.decode
         if decode is not None:
-            # K and V gather into separate buffers: both must stay valid until the layer's attention has read them.
-            k = self.gather_buffers.decode_context("key", cache.key, decode.key_slots).transpose(1, 2)
-            v = self.gather_buffers.decode_context("value", cache.value, decode.key_slots).transpose(1, 2)
+            k, v = self._decode_context(cache, decode)
             mask = _decode_mask(decode, params.sliding_window)
             output[decode.query_rows] = _attend_decode(query[decode.query_rows], k, v, mask, params)
         return output
+
+    def _decode_context(self, cache: LayerCache, decode: DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        # Keys and values [requests, kv_heads, max_context, head_dim], as views of the mirror or of gather buffers.
+        requests, max_context = decode.key_slots.shape
+        if decode.mirror is not None:
+            if cache.mirror_key is None or cache.mirror_value is None:
+                raise RuntimeError("invariant: a step with a mirror fill runs on layer caches with mirror tensors")
+            # The step's own keys are in the paged cache by now, so its positions are copied from there too.
+            for paged, mirror in ((cache.key, cache.mirror_key), (cache.value, cache.mirror_value)):
+                flat = mirror.view(-1, *mirror.shape[2:])
+                flat.index_copy_(0, decode.mirror.targets, paged.view(-1, *paged.shape[2:])[decode.mirror.sources])
+            k = cache.mirror_key[:requests, :max_context]
+            v = cache.mirror_value[:requests, :max_context]
+            return k.transpose(1, 2), v.transpose(1, 2)
+        # K and V gather into separate buffers: both must stay valid until the layer's attention has read them.
+        k = self.gather_buffers.decode_context("key", cache.key, decode.key_slots)
+        v = self.gather_buffers.decode_context("value", cache.value, decode.key_slots)
+        return k.transpose(1, 2), v.transpose(1, 2)
 
 
 def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:

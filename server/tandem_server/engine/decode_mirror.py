@@ -1,0 +1,148 @@
+"""Contiguous copies of decoding requests' keys and values, so decode attention reads them without a gather.
+
+The paged cache scatters a request's context over blocks, and the `torch` backend would otherwise copy every decoding
+request's blocks into one padded batch in every layer of every step. The mirror keeps that padded batch between
+steps instead: request r's position p lives at row r, column p of a `[rows, capacity, kv_heads, head_dim]` tensor
+per layer, and a step copies in only the positions the row does not hold yet (one per request in steady decode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.engine.kv_cache import CacheGeometry
+from tandem_server.layers.attention import LayerCache
+
+logger = logging.getLogger(__name__)
+
+# Capacity grows in whole multiples of these, so growth (which recopies every row) stays rare.
+ROW_QUANTUM = 8
+COLUMN_QUANTUM = 256
+
+
+@dataclass(frozen=True)
+class MirrorSlot:
+    """Where a decoding request sits in the mirror this step: its row and how many leading positions it holds."""
+
+    row: int
+    copied: int
+
+
+@dataclass
+class _Resident:
+    row: int
+    copied: int
+
+
+class DecodeMirror:
+    """Owns the mirror's tensors and which request holds which row; the `torch` backend reads and fills them.
+
+    Invariant: after `place`, this step's decoding requests hold exactly rows 0..B-1, so the backend attends over
+    the view `[:B, :max_context]` without copying. A row's leading `copied` positions equal the request's cached
+    keys and values, because a running request's cache positions are written once and never change.
+    """
+
+    def __init__(self, geometry: CacheGeometry, budget_bytes: int, device: torch.device) -> None:
+        self._geometry = geometry
+        self._budget_bytes = budget_bytes
+        self._device = device
+        self._residents: dict[int, _Resident] = {}
+        self._rows = 0
+        self._capacity = 0
+        self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def bytes_per_position(self) -> int:
+        """Keys and values of one token in every layer."""
+        return self._geometry.bytes_per_block // self._geometry.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self._rows * self._capacity * self.bytes_per_position
+
+    def place(self, decodes: Sequence[tuple[int, int]]) -> dict[int, MirrorSlot] | None:
+        """Assigns rows 0..B-1 to the step's decoding requests, given as (request id, context length after this
+        step), growing the tensors if needed; None when they would exceed the budget (the step gathers instead).
+
+        Requests not decoding this step give up their rows. The returned `copied` counts are what the rows hold
+        before the step; the step fills the rest, so afterwards each row holds its whole context.
+        """
+        if not decodes:
+            self._residents.clear()
+            return {}
+        if not self._fits(len(decodes), max(length for _, length in decodes)):
+            return None
+        decoding = {request_id for request_id, _ in decodes}
+        kept = {
+            request_id: resident
+            for request_id, resident in self._residents.items()
+            if request_id in decoding and resident.row < len(decodes)
+        }
+        free_rows = iter(sorted(set(range(len(decodes))) - {resident.row for resident in kept.values()}))
+        slots = {}
+        for request_id, context_len in decodes:
+            resident = kept.get(request_id) or _Resident(next(free_rows), 0)
+            slots[request_id] = MirrorSlot(resident.row, min(resident.copied, context_len))
+            kept[request_id] = _Resident(resident.row, context_len)
+        self._residents = kept
+        return slots
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Drops the rows of requests that finished, were preempted, or arrive anew under a known id."""
+        for request_id in request_ids:
+            self._residents.pop(request_id, None)
+
+    def clear(self) -> None:
+        """Forgets every row (after a reset or a failed step); the tensors stay allocated for reuse."""
+        self._residents.clear()
+
+    @property
+    def capacity(self) -> int:
+        """Positions per row."""
+        return self._capacity
+
+    def attach(self, layers: Sequence[LayerCache]) -> list[LayerCache]:
+        """The paged layer caches with this mirror's tensors beside them."""
+        return [
+            LayerCache(cache.key, cache.value, mirror_key, mirror_value)
+            for cache, (mirror_key, mirror_value) in zip(layers, self._layers, strict=True)
+        ]
+
+    def _fits(self, rows: int, context_len: int) -> bool:
+        if rows <= self._rows and context_len <= self._capacity:
+            return True
+        grown_rows = max(self._rows, _round_up(rows, ROW_QUANTUM))
+        grown_capacity = max(self._capacity, _round_up(context_len, COLUMN_QUANTUM))
+        if grown_rows * grown_capacity * self.bytes_per_position > self._budget_bytes:
+            grown_rows, grown_capacity = max(self._rows, rows), max(self._capacity, context_len)
+            if grown_rows * grown_capacity * self.bytes_per_position > self._budget_bytes:
+                return False
+        self._grow(grown_rows, grown_capacity)
+        return True
+
+    def _grow(self, rows: int, capacity: int) -> None:
+        geometry = self._geometry
+        shape = (rows, capacity, geometry.num_kv_heads, geometry.head_dim)
+        self._layers = []  # release the old tensors before allocating the new ones
+        # Zeroed, not empty: padding columns are masked out of the softmax, but a NaN bit pattern there would still
+        # poison the weighted sum (0 x NaN).
+        self._layers = [
+            (
+                torch.zeros(shape, dtype=geometry.dtype, device=self._device),
+                torch.zeros(shape, dtype=geometry.dtype, device=self._device),
+            )
+            for _ in range(geometry.num_layers)
+        ]
+        self._rows, self._capacity = rows, capacity
+        # The new tensors hold nothing yet: every resident copies its whole context again.
+        for resident in self._residents.values():
+            resident.copied = 0
+        logger.info("decode mirror grown to %d rows x %d positions (%d MiB)", rows, capacity, self.nbytes >> 20)
+
+
+def _round_up(value: int, quantum: int) -> int:
+    return -(-value // quantum) * quantum
