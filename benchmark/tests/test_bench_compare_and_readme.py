@@ -159,6 +159,34 @@ def test_static_baseline_bracketing_a_run_averages_its_time_not_its_rates() -> N
     assert "transformers static batch of 4 (mean of 2 runs, before and after) | 4/0 | 8.0 |" in block
 
 
+def test_the_static_baseline_brackets_tandems_run_alone_and_the_peers_run_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    order: list[str] = []
+    static = StaticBatchResult(
+        batch=4, input_len=5, output_len=10, seconds=2.0, output_throughput=20.0, decode_step_ms=9.0
+    )
+
+    def fake_static(run: suite.SuiteRun) -> StaticBatchResult:
+        order.append("static")
+        return static
+
+    def fake_row(run: suite.SuiteRun, endpoints: list[Endpoint], warmup: bool, show_progress: bool) -> list[RunRecord]:
+        order.append("+".join(endpoint.name for endpoint in endpoints))
+        return [_record(endpoint.name, 8, 1.0) for endpoint in endpoints]
+
+    monkeypatch.setattr(suite, "_static_baseline", fake_static)
+    monkeypatch.setattr(suite, "run_row", fake_row)
+    endpoints = [Endpoint(name=name, base_url="http://x") for name in ("tandem", "variant", "llama")]
+    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=True, warmup=False, show=False)
+    assert order == ["static", "tandem", "static", "variant+llama"]
+    assert [record.server for record in records] == ["tandem", "variant", "llama"]
+    assert baseline is not None and baseline.runs == 2
+    order.clear()
+    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=False, warmup=False, show=False)
+    assert (order, baseline) == (["tandem+variant+llama"], None)
+
+
 def test_roofline_decode_matmuls_are_the_mfu_counts_matmul_weights() -> None:
     matmuls = model_matmuls(TINY_SHAPE, batch=3)
     flops = sum(2 * rows * inner * columns * times for rows, inner, columns, times in matmuls)

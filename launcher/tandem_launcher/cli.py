@@ -169,7 +169,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         _memory_size,
         None,
         "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
-        "attention reads instead of gathering cache blocks every step; 0 disables; derived: --kv-cache-memory on CPU",
+        "attention reads instead of gathering cache blocks every step; 0 disables; derived: half of --kv-cache-memory "
+        "on CPU",
     )
     add.value(
         "--attention-backend",

@@ -65,7 +65,8 @@ class LauncherConfig:
     cuda_graphs: str | None = None
     # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
     packed_gemm_rows: str | None = None
-    # Memory for contiguous copies of decoding requests' K/V; None: as much as --kv-cache-memory on CPU, 0 on CUDA.
+    # Memory for contiguous copies of decoding requests' K/V; None: the shard's default (half the KV cache's) on
+    # CPU, 0 on CUDA.
     decode_mirror_memory: str | None = None
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
@@ -216,10 +217,11 @@ def packed_gemm_rows(config: LauncherConfig) -> str:
 
 
 def decode_mirror_memory(config: LauncherConfig) -> str:
-    """The shard's --decode-mirror-memory value: the user's size, else --kv-cache-memory on CPU and "0" on CUDA."""
+    """The shard's --decode-mirror-memory value: the user's size, else "auto" (half the KV cache's) on CPU and "0"
+    on CUDA."""
     if config.decode_mirror_memory is not None:
         return config.decode_mirror_memory
-    return config.kv_cache_memory if config.device == "cpu" else "0"
+    return "auto" if config.device == "cpu" else "0"
 
 
 def _sizes_or_device_default(sizes: str | None, default: str) -> str:

@@ -73,10 +73,10 @@ def test_packed_gemm_rows_reach_the_cpu_shard_from_flag_and_environment() -> Non
         assert shard[shard.index("--packed-gemm-rows") + 1] == expected
 
 
-def test_decode_mirror_memory_follows_the_kv_cache_on_cpu_unless_given() -> None:
+def test_decode_mirror_memory_is_the_shards_default_on_cpu_unless_given() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for argv, env, expected in (
-        (["--kv-cache-memory", "6GiB"], {}, "6GiB"),
+        (["--kv-cache-memory", "6GiB"], {}, "auto"),
         (["--kv-cache-memory", "6GiB", "--decode-mirror-memory", "2GiB"], {}, "2GiB"),
         ([], {"DECODE_MIRROR_MEMORY": "0"}, "0"),
     ):

@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--decode-mirror-memory",
         default=None,
         help="CPU: memory for contiguous copies of decoding requests' keys and values, read by decode attention "
-        "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables (default: --kv-cache-memory on CPU)",
+        "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables; auto (default): half of "
+        "--kv-cache-memory on CPU, 0 on CUDA",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")

@@ -126,9 +126,9 @@ def parse_packed_gemm_rows(text: str | None, device: str) -> tuple[int, ...]:
 
 
 def parse_decode_mirror_memory(text: str | None, device: str, kv_cache_memory: int) -> int:
-    """Bytes for the decode mirror; None is the device default: as much as the KV cache on CPU, none on CUDA."""
-    if text is None:
-        return kv_cache_memory if device == "cpu" else 0
+    """Bytes for the decode mirror; None or `auto` is the device default: half the KV cache's on CPU, none on CUDA."""
+    if text is None or text.strip() == "auto":
+        return kv_cache_memory // 2 if device == "cpu" else 0
     return parse_byte_size(text)
 
 

@@ -48,7 +48,7 @@ def test_forgotten_requests_and_steps_without_decodes_release_every_row() -> Non
     assert placed.place([(2, 7)]) == {2: MirrorSlot(0, 0)}
 
 
-def test_growth_recopies_every_row_and_the_budget_caps_the_tensors() -> None:
+def test_reallocation_recopies_every_row_fits_the_need_and_respects_the_budget() -> None:
     placed = mirror(budget_bytes=8 * COLUMN_QUANTUM * 2 * POSITION_BYTES)
     placed.place([(1, 10), (2, 20)])
     assert (placed.capacity, placed.nbytes) == (COLUMN_QUANTUM, 8 * COLUMN_QUANTUM * POSITION_BYTES)
@@ -60,6 +60,19 @@ def test_growth_recopies_every_row_and_the_budget_caps_the_tensors() -> None:
         1: MirrorSlot(0, 11),
         2: MirrorSlot(1, COLUMN_QUANTUM + 1),
     }
+    # Nine short contexts: 16 rows of 256 positions, not 16 rows of the 512 positions the long one needed before.
+    assert placed.place([(i, 100) for i in range(9)]) is not None
+    assert (placed.capacity, placed.nbytes) == (COLUMN_QUANTUM, 16 * COLUMN_QUANTUM * POSITION_BYTES)
+    # A step without decodes hands the memory back.
+    assert placed.place([]) == {}
+    assert placed.nbytes == 0
+
+
+def test_a_budget_below_the_rounded_size_still_leaves_room_to_grow_in_place() -> None:
+    placed = mirror(budget_bytes=1024 * POSITION_BYTES)
+    assert placed.place([(1, 4)]) == {1: MirrorSlot(0, 0)}
+    assert (placed.capacity, placed.nbytes) == (128, 1024 * POSITION_BYTES)  # 8 rows of 128, not 1 row of 4
+    assert placed.place([(1, 5)]) == {1: MirrorSlot(0, 4)}
 
 
 def test_a_budget_smaller_than_one_request_never_places_it() -> None:
@@ -154,12 +167,14 @@ def test_a_failed_forward_pass_leaves_no_row_assumed_whole(checkpoint: Path, mon
     assert placements == [{}, {1: MirrorSlot(0, 0)}, {1: MirrorSlot(0, 4)}, {1: MirrorSlot(0, 0)}]
 
 
-def test_decode_mirror_memory_flag_defaults_to_the_kv_cache_on_cpu_and_is_refused_on_cuda() -> None:
+def test_decode_mirror_memory_flag_defaults_to_half_the_kv_cache_on_cpu_and_is_refused_on_cuda() -> None:
     base = ["--model-path", "m", "--uds-path", "s", "--kv-cache-memory", "2GiB"]
-    assert config_from_args(base).decode_mirror_memory == 2 * 1024**3
+    assert config_from_args(base).decode_mirror_memory == 1024**3
+    assert config_from_args([*base, "--decode-mirror-memory", "auto"]).decode_mirror_memory == 1024**3
     assert config_from_args([*base, "--decode-mirror-memory", "512MiB"]).decode_mirror_memory == 512 * 1024**2
     assert config_from_args([*base, "--decode-mirror-memory", "0"]).decode_mirror_memory == 0
     assert config_from_args([*base, "--device", "cuda"]).decode_mirror_memory == 0
+    assert config_from_args([*base, "--device", "cuda", "--decode-mirror-memory", "auto"]).decode_mirror_memory == 0
     with pytest.raises(ConfigError, match="--decode-mirror-memory is a CPU option"):
         config_from_args([*base, "--device", "cuda", "--decode-mirror-memory", "1GiB"])
     with pytest.raises(ConfigError, match="invalid size 'lots'"):

@@ -19,7 +19,7 @@ from tandem_server.layers.attention import LayerCache
 
 logger = logging.getLogger(__name__)
 
-# Capacity grows in whole multiples of these, so growth (which recopies every row) stays rare.
+# Allocations are whole multiples of these, so reallocation (which recopies every row) stays rare.
 ROW_QUANTUM = 8
 COLUMN_QUANTUM = 256
 
@@ -72,7 +72,9 @@ class DecodeMirror:
         before the step; the step fills the rest, so afterwards each row holds its whole context.
         """
         if not decodes:
+            # No decodes, no rows: the memory goes back until decoding resumes.
             self._residents.clear()
+            self._allocate(0, 0)
             return {}
         if not self._fits(len(decodes), max(length for _, length in decodes)):
             return None
@@ -97,7 +99,7 @@ class DecodeMirror:
             self._residents.pop(request_id, None)
 
     def clear(self) -> None:
-        """Forgets every row (after a reset or a failed step); the tensors stay allocated for reuse."""
+        """Forgets every row (after a reset or a failed step); the tensors stay allocated until the next step."""
         self._residents.clear()
 
     @property
@@ -115,33 +117,35 @@ class DecodeMirror:
     def _fits(self, rows: int, context_len: int) -> bool:
         if rows <= self._rows and context_len <= self._capacity:
             return True
-        grown_rows = max(self._rows, _round_up(rows, ROW_QUANTUM))
-        grown_capacity = max(self._capacity, _round_up(context_len, COLUMN_QUANTUM))
-        if grown_rows * grown_capacity * self.bytes_per_position > self._budget_bytes:
-            grown_rows, grown_capacity = max(self._rows, rows), max(self._capacity, context_len)
-            if grown_rows * grown_capacity * self.bytes_per_position > self._budget_bytes:
-                return False
-        self._grow(grown_rows, grown_capacity)
-        return True
+        # Sized for this step's need, rounded up as far as the budget allows, not for the largest of each dimension
+        # ever seen: 32 short decodes followed by 16 long ones would otherwise hold 32 long rows.
+        budget_positions = self._budget_bytes // self.bytes_per_position
+        for row_count in (_round_up(rows, ROW_QUANTUM), rows):
+            capacity = min(_round_up(context_len, COLUMN_QUANTUM), budget_positions // row_count)
+            if capacity >= context_len:
+                self._allocate(row_count, capacity)
+                logger.info("decode mirror: %d rows x %d positions (%d MiB)", row_count, capacity, self.nbytes >> 20)
+                return True
+        return False
 
-    def _grow(self, rows: int, capacity: int) -> None:
+    def _allocate(self, rows: int, capacity: int) -> None:
         geometry = self._geometry
         shape = (rows, capacity, geometry.num_kv_heads, geometry.head_dim)
         self._layers = []  # release the old tensors before allocating the new ones
         # Zeroed, not empty: padding columns are masked out of the softmax, but a NaN bit pattern there would still
         # poison the weighted sum (0 x NaN).
-        self._layers = [
-            (
-                torch.zeros(shape, dtype=geometry.dtype, device=self._device),
-                torch.zeros(shape, dtype=geometry.dtype, device=self._device),
-            )
-            for _ in range(geometry.num_layers)
-        ]
+        if rows and capacity:
+            self._layers = [
+                (
+                    torch.zeros(shape, dtype=geometry.dtype, device=self._device),
+                    torch.zeros(shape, dtype=geometry.dtype, device=self._device),
+                )
+                for _ in range(geometry.num_layers)
+            ]
         self._rows, self._capacity = rows, capacity
         # The new tensors hold nothing yet: every resident copies its whole context again.
         for resident in self._residents.values():
             resident.copied = 0
-        logger.info("decode mirror grown to %d rows x %d positions (%d MiB)", rows, capacity, self.nbytes >> 20)
 
 
 def _round_up(value: int, quantum: int) -> int:
