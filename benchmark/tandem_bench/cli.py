@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--burstiness", type=_positive_float, default=1.0, help="gamma shape of arrivals; 1 is Poisson")
     load.add_argument("--max-concurrency", type=_positive_int, default=None, help="open loop: cap in flight")
-    load.add_argument("--warmup", type=int, default=1, help="unmeasured requests sent to each server first")
+    load.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured requests sent to each server first, all at once"
+    )
     load.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     out = parser.add_argument_group("output")
     out.add_argument("--output", type=Path, default=None, help="write results as JSON")

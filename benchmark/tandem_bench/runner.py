@@ -63,15 +63,19 @@ async def resolve_models(endpoints: list[Endpoint]) -> list[Endpoint]:
 
 
 async def warm_up(endpoint: Endpoint, count: int, seed: int) -> None:
-    """Sends `count` short requests first so model load or compilation never lands in a measured run."""
+    """Sends `count` short requests at once first, so neither model load or compilation nor a server's first batch
+    of that size (its buffers' first allocation) lands in a measured run."""
     warmup = build_dataset(DatasetConfig(kind="fixed", num_prompts=count, input_len=16, output_len=8, seed=seed))
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        for conversation in warmup:
-            result = await stream_request(
-                session, endpoint, [{"role": "user", "content": conversation.turns[0].text}], 8
+        results = await asyncio.gather(
+            *(
+                stream_request(session, endpoint, [{"role": "user", "content": conversation.turns[0].text}], 8)
+                for conversation in warmup
             )
-            if not result.success:
-                raise RuntimeError(f"warm-up request to {endpoint.name} ({endpoint.url}) failed: {result.error}")
+        )
+    for result in results:
+        if not result.success:
+            raise RuntimeError(f"warm-up request to {endpoint.name} ({endpoint.url}) failed: {result.error}")
 
 
 async def _run_one(

@@ -96,9 +96,15 @@ def equivalent_command(run: SuiteRun) -> str:
     return shlex.join(args)
 
 
-def run_row(run: SuiteRun, endpoints: list[Endpoint], warmup: bool, show_progress: bool) -> list[RunRecord]:
-    """One workload on every endpoint, interleaved; the first endpoint is the baseline of the printed ratios."""
-    config = BenchConfig(endpoints, [run.point], run.dataset, warmup_requests=int(warmup), show_progress=show_progress)
+def run_row(run: SuiteRun, endpoints: list[Endpoint], show_progress: bool) -> list[RunRecord]:
+    """One workload on every endpoint, interleaved; the first endpoint is the baseline of the printed ratios.
+
+    Each server first gets one warm-up request per concurrent stream, all at once, so the first batch of the
+    workload's size (and whatever a server allocates for it) is not measured: the `transformers` baseline too runs
+    a full-batch prefill before its timed run.
+    """
+    warmup = run.point.concurrency or 1
+    config = BenchConfig(endpoints, [run.point], run.dataset, warmup_requests=warmup, show_progress=show_progress)
     records = run_benchmark_sync(config)
     for record in records:
         print(format_run(record), flush=True)
@@ -166,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             peers, precisions = _start_peers(args, servers)
             endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
             endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
-            for index, run in enumerate(STANDARD_SUITE):
+            for run in STANDARD_SUITE:
                 bracketed = run.static and not args.no_static
-                records, baseline = measure_workload(run, endpoints, bracketed, warmup=index == 0, show=show)
+                records, baseline = measure_workload(run, endpoints, bracketed, show=show)
                 if baseline is not None:
                     static = (run.workload, baseline)
                 measured += [
@@ -184,18 +190,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_workload(
-    run: SuiteRun, endpoints: list[Endpoint], bracketed: bool, warmup: bool, show: bool
+    run: SuiteRun, endpoints: list[Endpoint], bracketed: bool, show: bool
 ) -> tuple[list[RunRecord], StaticBatchResult | None]:
     """Every endpoint's run of the workload, Tandem's first; with `bracketed`, the `transformers` baseline runs right
     before and right after Tandem's run (before the peers'), so the machine's drift during the peers' runs cannot
     reach the ratio against it."""
     if not bracketed:
-        return run_row(run, endpoints, warmup=warmup, show_progress=show), None
+        return run_row(run, endpoints, show_progress=show), None
     before = _static_baseline(run)
-    records = run_row(run, endpoints[:1], warmup=warmup, show_progress=show)
+    records = run_row(run, endpoints[:1], show_progress=show)
     baseline = StaticBatchResult.mean([before, _static_baseline(run)])
     if len(endpoints) > 1:
-        records += run_row(run, endpoints[1:], warmup=warmup, show_progress=show)
+        records += run_row(run, endpoints[1:], show_progress=show)
     return records, baseline
 
 
@@ -239,7 +245,7 @@ def _cache_off_rows(output_dir: Path, measured: list[MeasuredRow], show: bool) -
         endpoint = Endpoint(name="tandem, prefix cache off", base_url=tandem.base_url, extra_body=EXTRA_BODY)
         for run in (run for run in STANDARD_SUITE if run.cache_off):
             baseline = next(row.baseline for row in measured if row.workload == run.workload)
-            (record,) = run_row(run, [endpoint], warmup=True, show_progress=show)
+            (record,) = run_row(run, [endpoint], show_progress=show)
             rows.append(MeasuredRow(run.workload, record, baseline))
     return rows
 

@@ -24,6 +24,8 @@ class Script:
     status: int = 200
     error_after_first: bool = False
     received: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    most_in_flight: int = 0
 
 
 def _chunk(api_chat: bool, text: str) -> dict[str, Any]:
@@ -34,6 +36,15 @@ def _chunk(api_chat: bool, text: str) -> dict[str, Any]:
 async def _stream(request: web.Request, script: Script, api_chat: bool) -> web.StreamResponse:
     body = await request.json()
     script.received.append(body)
+    script.in_flight += 1
+    script.most_in_flight = max(script.most_in_flight, script.in_flight)
+    try:
+        return await _answer(request, script, api_chat)
+    finally:
+        script.in_flight -= 1
+
+
+async def _answer(request: web.Request, script: Script, api_chat: bool) -> web.StreamResponse:
     if script.status != 200:
         return web.json_response({"error": {"message": "overloaded"}}, status=script.status)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

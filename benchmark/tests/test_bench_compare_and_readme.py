@@ -21,7 +21,7 @@ from tandem_bench.peers import LaunchedLlamaServer, LlamaServerConfig, StaticBat
 from tandem_bench.readme import END_MARKER, START_MARKER, replace_between_markers
 from tandem_bench.report import format_ratios, format_table
 from tandem_bench.roofline import Roofline, model_matmuls
-from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark
+from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark, warm_up
 from tandem_bench.suite import STANDARD_SUITE, equivalent_command
 from tandem_bench.suite_report import MeasuredRow, readme_block
 
@@ -61,6 +61,17 @@ def test_compare_interleaves_servers_run_by_run_and_reports_ratios() -> None:
     ttft_ratio = float(rows[0].split("|")[5].strip().rstrip("x"))
     assert ttft_ratio > 2
     assert format_table(records).count("\n") == 5
+
+
+def test_warm_up_requests_are_sent_at_once_as_one_batch() -> None:
+    script = Script(first_delay_s=0.2, gaps_s=(0.0, 0.0, 0.0))
+
+    async def go() -> None:
+        async with serve(script) as url:
+            await warm_up(Endpoint(name="x", base_url=url, model="fake-model"), 4, seed=1)
+
+    asyncio.run(go())
+    assert (len(script.received), script.most_in_flight) == (4, 4)
 
 
 def test_server_spec_accepts_a_name_or_a_bare_url() -> None:
@@ -171,19 +182,19 @@ def test_the_static_baseline_brackets_tandems_run_alone_and_the_peers_run_after(
         order.append("static")
         return static
 
-    def fake_row(run: suite.SuiteRun, endpoints: list[Endpoint], warmup: bool, show_progress: bool) -> list[RunRecord]:
+    def fake_row(run: suite.SuiteRun, endpoints: list[Endpoint], show_progress: bool) -> list[RunRecord]:
         order.append("+".join(endpoint.name for endpoint in endpoints))
         return [_record(endpoint.name, 8, 1.0) for endpoint in endpoints]
 
     monkeypatch.setattr(suite, "_static_baseline", fake_static)
     monkeypatch.setattr(suite, "run_row", fake_row)
     endpoints = [Endpoint(name=name, base_url="http://x") for name in ("tandem", "variant", "llama")]
-    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=True, warmup=False, show=False)
+    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=True, show=False)
     assert order == ["static", "tandem", "static", "variant+llama"]
     assert [record.server for record in records] == ["tandem", "variant", "llama"]
     assert baseline is not None and baseline.runs == 2
     order.clear()
-    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=False, warmup=False, show=False)
+    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=False, show=False)
     assert (order, baseline) == (["tandem+variant+llama"], None)
 
 
@@ -239,4 +250,6 @@ def test_the_suite_measures_every_workload_and_rewrites_the_readme(
     assert "](docs/images/bench-suite.png)" in readme.read_text()
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [run["workload"] for run in results["runs"][::2]] == [run.workload for run in STANDARD_SUITE]
-    assert len(script.received) == 2 * sum(run.dataset.num_prompts for run in STANDARD_SUITE) + 2  # + warm-ups
+    # Before each workload, each server gets one warm-up request per concurrent stream.
+    warmups = sum(run.point.concurrency or 1 for run in STANDARD_SUITE)
+    assert len(script.received) == 2 * (sum(run.dataset.num_prompts for run in STANDARD_SUITE) + warmups)

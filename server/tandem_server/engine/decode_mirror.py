@@ -64,6 +64,11 @@ class DecodeMirror:
     def nbytes(self) -> int:
         return self._rows * self._capacity * self.bytes_per_position
 
+    @property
+    def capacity(self) -> int:
+        """Positions per row."""
+        return self._capacity
+
     def place(self, decodes: Sequence[tuple[int, int]]) -> dict[int, MirrorSlot] | None:
         """Assigns rows 0..B-1 to the step's decoding requests, given as (request id, context length after this
         step), growing the tensors if needed; None when they would exceed the budget (the step gathers instead).
@@ -101,11 +106,6 @@ class DecodeMirror:
     def clear(self) -> None:
         """Forgets every row (after a reset or a failed step); the tensors stay allocated until the next step."""
         self._residents.clear()
-
-    @property
-    def capacity(self) -> int:
-        """Positions per row."""
-        return self._capacity
 
     def attach(self, layers: Sequence[LayerCache]) -> list[LayerCache]:
         """The paged layer caches with this mirror's tensors beside them."""
