@@ -113,6 +113,12 @@ def is_memory_size(text: str) -> bool:
     return _MEMORY_SIZE.match(text) is not None
 
 
+def _is_zero_size(text: str) -> bool:
+    # "0", "0GiB" and "0.0 MB" all mean no memory.
+    size = _MEMORY_SIZE.match(text)
+    return size is not None and float(size.group(1)) == 0.0
+
+
 def _api_key_problems(config: LauncherConfig) -> list[str]:
     """Keys must be printable ASCII without spaces (as the router checks); the message never shows them."""
     problems = []
@@ -200,7 +206,7 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
         elif config.device != "cpu" and packed_gemm_rows(config) != "0":
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
-    if config.device != "cpu" and decode_mirror_memory(config) != "0":
+    if config.device != "cpu" and not _is_zero_size(decode_mirror_memory(config)):
         problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
     return problems
 
