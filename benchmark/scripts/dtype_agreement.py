@@ -1,7 +1,8 @@
 """How far Tandem's model in a lower precision strays from float32 on the embedded model: the accuracy bound behind
-running it with `--dtype bfloat16` (or `float16`) on CPU.
+running it with `--dtype bfloat16` (or `float16`), or keeping its KV cache in one (`--kv-cache-dtype`), on CPU.
 
-Run: uv run --no-sync python benchmark/scripts/dtype_agreement.py [--dtype bfloat16] [--prompts 16] [--new-tokens 64]
+Run: uv run --no-sync python benchmark/scripts/dtype_agreement.py [--dtype bfloat16] [--kv-cache-dtype bfloat16]
+[--prompts 16] [--new-tokens 64]
 Each prompt (random common words) is continued greedily in float32; both precisions then score the same sequence in
 one forward pass, and the script reports how often their top-1 tokens agree over the generated positions and how far
 their logits differ, as JSON.
@@ -50,12 +51,16 @@ def greedy(model: CausalLM, dtype: torch.dtype, prompt: list[int], new_tokens: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument(
+        "--kv-cache-dtype", choices=("bfloat16", "float16", "float32"), default=None, help="default: --dtype"
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args()
     low_dtype = getattr(torch, args.dtype)
+    cache_dtype = getattr(torch, args.kv_cache_dtype or args.dtype)
     path = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
     checkpoint = read_checkpoint_config(path)
     reference = load_model(checkpoint, torch.float32, CPU, ParallelContext(), TorchAttentionBackend())
@@ -67,7 +72,7 @@ def main() -> None:
     for _ in range(args.prompts):
         prompt = tokenizer.encode(" ".join(rng.choice(WORDS) for _ in range(args.prompt_words))).ids
         ids = greedy(reference, torch.float32, prompt, args.new_tokens)
-        want, got = score(reference, torch.float32, ids), score(low, low_dtype, ids)
+        want, got = score(reference, torch.float32, ids), score(low, cache_dtype, ids)
         generated = slice(len(prompt) - 1, len(ids) - 1)
         agree += int((want[generated].argmax(-1) == got[generated].argmax(-1)).sum())
         total += args.new_tokens
@@ -76,6 +81,7 @@ def main() -> None:
         sum_error += float(error.sum())
     result = {
         "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype or args.dtype,
         "positions": total,
         "top1_agreement": round(agree / total, 4),
         "max_abs_logit_error": round(max_error, 3),

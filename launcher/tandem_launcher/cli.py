@@ -147,38 +147,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
     add.value("--block-size", int, 16, "tokens per KV-cache block")
     add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
-    add.value("--kv-cache-memory", _memory_size, "1GiB", "CPU: memory each shard's KV cache takes, e.g. 1GiB")
-    add.value(
-        "--cuda-memory-fraction", float, 0.9, "CUDA: share of free memory (after a profiled step) for the KV cache"
-    )
-    add.value(
-        "--cuda-graphs",
-        str,
-        None,
-        "CUDA: decode batch sizes replayed from CUDA graphs, e.g. 1,2,4,8; 0 disables; derived: 1,2,4,...,64 on CUDA",
-    )
-    add.value(
-        "--packed-gemm-rows",
-        str,
-        None,
-        "CPU float32: decode batch sizes whose GEMMs use MKL-prepacked weights, one weight copy each, e.g. 32 or "
-        "16,32; 0 disables; derived: 32 on CPU",
-    )
-    add.value(
-        "--decode-mirror-memory",
-        _memory_size,
-        None,
-        "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
-        "attention reads instead of gathering cache blocks every step; 0 disables; derived: half of --kv-cache-memory "
-        "on CPU",
-    )
-    add.value(
-        "--attention-backend",
-        str,
-        "auto",
-        "attention kernels; auto: the first usable of flash, triton, sdpa, torch on CUDA, torch on CPU",
-        choices=ATTENTION_BACKENDS,
-    )
+    _add_execution_flags(add)
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
     add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
@@ -226,6 +195,50 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
     return parser
+
+
+def _add_execution_flags(add: _FlagAdder) -> None:
+    """How the shards hold the KV cache and run their steps on the device."""
+    add.value("--kv-cache-memory", _memory_size, "1GiB", "CPU: memory each shard's KV cache takes, e.g. 1GiB")
+    add.value(
+        "--kv-cache-dtype",
+        str,
+        "auto",
+        "dtype of the KV cache, in which attention computes; auto: the model's --dtype; bfloat16 under a float32 "
+        "model holds twice the tokens per byte (needs the torch attention backend, the CPU one)",
+        choices=DTYPES,
+    )
+    add.value(
+        "--cuda-memory-fraction", float, 0.9, "CUDA: share of free memory (after a profiled step) for the KV cache"
+    )
+    add.value(
+        "--cuda-graphs",
+        str,
+        None,
+        "CUDA: decode batch sizes replayed from CUDA graphs, e.g. 1,2,4,8; 0 disables; derived: 1,2,4,...,64 on CUDA",
+    )
+    add.value(
+        "--packed-gemm-rows",
+        str,
+        None,
+        "CPU float32: decode batch sizes whose GEMMs use MKL-prepacked weights, one weight copy each, e.g. 32 or "
+        "16,32; 0 disables; derived: 32 on CPU",
+    )
+    add.value(
+        "--decode-mirror-memory",
+        _memory_size,
+        None,
+        "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
+        "attention reads instead of gathering cache blocks every step; 0 disables; derived: half of --kv-cache-memory "
+        "on CPU",
+    )
+    add.value(
+        "--attention-backend",
+        str,
+        "auto",
+        "attention kernels; auto: the first usable of flash, triton, sdpa, torch on CUDA, torch on CPU",
+        choices=ATTENTION_BACKENDS,
+    )
 
 
 def parse_config(

@@ -51,6 +51,7 @@ def shard_argv(
         "--device", config.device,
         "--dtype", config.dtype,
         "--kv-cache-memory", config.kv_cache_memory,
+        "--kv-cache-dtype", config.kv_cache_dtype,
         "--num-threads", str(threads_per_shard(config.num_shard)),
         "--attention-backend", config.attention_backend,
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),

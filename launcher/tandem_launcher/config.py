@@ -60,6 +60,8 @@ class LauncherConfig:
     block_size: int = 16
     prefix_caching: bool = True
     kv_cache_memory: str = "1GiB"
+    # The KV cache's dtype, in which attention computes; "auto": the model's dtype.
+    kv_cache_dtype: str = "auto"
     cuda_memory_fraction: float = 0.9
     # Comma-separated decode batch sizes, "0" for none; None: 1,2,4,...,64 on CUDA and none on CPU.
     cuda_graphs: str | None = None
@@ -179,8 +181,9 @@ def _problems(config: LauncherConfig) -> list[str]:
     if config.device not in RESOLVED_DEVICES:
         problems.append(f"--device must be one of {', '.join(RESOLVED_DEVICES)}, got {config.device!r}")
     problems += _cuda_problems(config)
-    if config.dtype not in DTYPES:
-        problems.append(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    for flag, value in (("--dtype", config.dtype), ("--kv-cache-dtype", config.kv_cache_dtype)):
+        if value not in DTYPES:
+            problems.append(f"{flag} must be one of {', '.join(DTYPES)}, got {value!r}")
     if config.log_level not in LOG_LEVELS:
         problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     problems += _fault_problems(config)

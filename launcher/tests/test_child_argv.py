@@ -37,6 +37,7 @@ def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
     assert (values["--cuda-memory-fraction"], values["--cuda-graphs"]) == (["0.9"], ["0"])
     assert values["--packed-gemm-rows"] == ["32"]
     assert values["--decode-mirror-memory"] == ["auto"]
+    assert values["--kv-cache-dtype"] == ["auto"]
     assert values["--step-timeout"] == ["120.0"]
 
 

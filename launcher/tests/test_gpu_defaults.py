@@ -85,13 +85,13 @@ def test_decode_mirror_memory_is_the_shards_default_on_cpu_unless_given() -> Non
         assert shard[shard.index("--decode-mirror-memory") + 1] == expected
 
 
-
 def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for zero in ("0", "0GiB", "0.0 MB"):
         config = parse_config(["--device", "cuda", "--decode-mirror-memory", zero], {}, count_gpus=gpus(1))
         shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
         assert shard[shard.index("--decode-mirror-memory") + 1] == zero
+
 
 @pytest.mark.parametrize(
     ("argv", "message"),

@@ -25,13 +25,15 @@ def test_flags_use_tgi_names_and_types() -> None:
     argv = [
         "--model-id", "/models/llama", "--revision", "abc", "--num-shard", "2", "--dtype", "bfloat16",
         "--port", "8080", "--max-input-tokens", "1000", "--max-total-tokens", "2000",
-        "--kv-cache-memory", "24MiB", "--json-output", "--model-cache-dir", "/tmp/cache",
+        "--kv-cache-memory", "24MiB", "--kv-cache-dtype", "bfloat16", "--json-output",
+        "--model-cache-dir", "/tmp/cache",
     ]  # fmt: skip
     config = parse_config(argv, {})
     assert config.model_id == "/models/llama" and config.revision == "abc"
     assert (config.num_shard, config.dtype, config.port) == (2, "bfloat16", 8080)
     assert (config.max_input_tokens, config.max_total_tokens) == (1000, 2000)
     assert config.kv_cache_memory == "24MiB" and config.json_output
+    assert config.kv_cache_dtype == "bfloat16"
     assert config.model_cache_dir == Path("/tmp/cache")
 
 
@@ -58,6 +60,8 @@ def test_help_names_each_env_var() -> None:
         (["--port", "http"], {}, "invalid int value"),
         (["--kv-cache-memory", "lots"], {}, "not a size"),
         (["--device", "tpu"], {}, "invalid choice"),
+        (["--kv-cache-dtype", "int4"], {}, "invalid choice"),
+        ([], {"KV_CACHE_DTYPE": "fp8"}, "--kv-cache-dtype must be one of auto, float32, bfloat16, float16"),
         ([], {"DEVICE": "tpu"}, "--device must be one of cpu, cuda"),
         ([], {"NUM_SHARD": "0"}, "--num-shard must be positive"),
         (["--port", "70000"], {}, "--port must be in 1..65535"),

@@ -51,10 +51,11 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory, options, grammar_compiler
     )
     logger.info(
-        "loaded %s (%s on %s, rank %d/%d) in %.1fs",
+        "loaded %s (%s on %s, KV cache in %s, rank %d/%d) in %.1fs",
         checkpoint.architecture,
         dtype_name(config.dtype),
         device,
+        dtype_name(config.cache_dtype),
         parallel.rank,
         parallel.world_size,
         time.perf_counter() - started,
@@ -84,7 +85,7 @@ def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) 
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
     model_factory(checkpoint.architecture)
-    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype)
+    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype)
     choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
     logger.info("%s", choice.describe())
     return create_backend(choice.name)
@@ -101,4 +102,5 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
         decode_mirror_memory=config.decode_mirror_memory if backend.uses_slot_lists else 0,
+        kv_cache_dtype=config.cache_dtype,
     )

@@ -23,6 +23,7 @@ from tandem_server.config import (
     parse_decode_mirror_memory,
     parse_packed_gemm_rows,
     resolve_dtype,
+    resolve_kv_cache_dtype,
 )
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
@@ -47,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="dtype of the KV cache, in which attention computes; auto: the model's dtype (other dtypes need the "
+        "torch attention backend)",
+    )
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB, 2GiB, 1GB")
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")
     parser.add_argument(
@@ -127,6 +135,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         master_port=args.master_port,
         device=args.device,
         dtype=resolve_dtype(args.dtype, args.device),
+        kv_cache_dtype=resolve_kv_cache_dtype(args.kv_cache_dtype),
         kv_cache_memory=kv_cache_memory,
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
         attention_backend=args.attention_backend,

@@ -47,6 +47,8 @@ class ShardConfig:
     master_port: int = 29500
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    # The paged KV cache's (and decode mirror's) dtype; attention computes in it. None: the model's dtype.
+    kv_cache_dtype: torch.dtype | None = None
     kv_cache_memory: int = 1024**3
     num_threads: int = 1
     attention_backend: str = "auto"
@@ -90,6 +92,11 @@ class ShardConfig:
         ):
             if target is not None and target.rank >= self.world_size:
                 raise ConfigError(f"{flag} names rank {target.rank}, outside world size {self.world_size}")
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype the KV cache is allocated in."""
+        return self.kv_cache_dtype or self.dtype
 
     def _check_device_options(self) -> None:
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
@@ -151,6 +158,15 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         return torch.float32 if device == "cpu" else torch.bfloat16
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}; choose auto or one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_kv_cache_dtype(name: str) -> torch.dtype | None:
+    """`auto` (None) keeps the KV cache in the model's dtype."""
+    if name == "auto":
+        return None
+    if name not in DTYPES:
+        raise ConfigError(f"unknown KV cache dtype {name!r}; choose auto or one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 

@@ -35,6 +35,8 @@ class ExecutionOptions:
     cuda_graph_sizes: tuple[int, ...] = ()
     # Slot-list backends: bytes the decode mirror may take (contiguous copies of decoding requests' K/V); 0 is off.
     decode_mirror_memory: int = 0
+    # The KV cache's dtype, in which attention computes; None: the model's dtype.
+    kv_cache_dtype: torch.dtype | None = None
 
 
 class ModelRunner:
@@ -53,6 +55,7 @@ class ModelRunner:
         self.model = model
         self.eos_token_ids = tuple(eos_token_ids)
         self.dtype = dtype
+        self.cache_dtype = options.kv_cache_dtype or dtype
         self.device = device
         self.kv_cache_memory = kv_cache_memory
         self.options = options
@@ -68,7 +71,7 @@ class ModelRunner:
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
-        geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.dtype)
+        geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
         limits = WarmupLimits(
             max_batch_tokens, max_batch_requests, self.options.slot_lists, self.options.cuda_memory_fraction
         )

@@ -27,6 +27,8 @@ class AttentionNeeds:
     dtype: torch.dtype
     head_dim: int
     logit_softcap: bool = False
+    # The KV cache's dtype; None: the model's.
+    kv_cache_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,12 @@ class BackendChoice:
         return f"attention backend {self.name} (passed over {passed_over})"
 
 
-def needs_from_hf_config(hf: Mapping[str, Any], device: str, dtype: torch.dtype) -> AttentionNeeds:
+def needs_from_hf_config(
+    hf: Mapping[str, Any], device: str, dtype: torch.dtype, kv_cache_dtype: torch.dtype | None = None
+) -> AttentionNeeds:
     """The attention features of a checkpoint's config.json that narrow the choice: softcap and head size."""
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
-    return AttentionNeeds(device, dtype, head_dim, hf.get("attn_logit_softcapping") is not None)
+    return AttentionNeeds(device, dtype, head_dim, hf.get("attn_logit_softcapping") is not None, kv_cache_dtype)
 
 
 def detect_package_problems(device: str) -> PackageProblems:
@@ -69,6 +73,8 @@ def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems)
     """Why backend `name` cannot serve this model on this device, or None when it can."""
     if name == "torch":
         return None
+    if needs.kv_cache_dtype not in (None, needs.dtype):
+        return "it keeps the KV cache in the model's dtype only (--kv-cache-dtype needs the torch backend)"
     if name == "sdpa":
         return "torch SDPA cannot apply attention logit softcapping" if needs.logit_softcap else None
     if needs.device != "cuda":

@@ -65,7 +65,11 @@ class TorchAttentionBackend:
         metadata: AttentionMetadata,
         params: AttentionParams,
     ) -> torch.Tensor:
-        """Writes the step's K/V at `slot_mapping`, then attends each query through its request's slots."""
+        """Writes the step's K/V at `slot_mapping`, then attends each query through its request's slots.
+
+        Attention computes in the cache's dtype (`--kv-cache-dtype`), so the cache is read as stored, never
+        converted; the output returns in the query's dtype.
+        """
         num_kv_heads, head_dim = cache.key.shape[-2:]
         key_slots = cache.key.view(-1, num_kv_heads, head_dim)
         value_slots = cache.value.view(-1, num_kv_heads, head_dim)
@@ -73,18 +77,20 @@ class TorchAttentionBackend:
         value_slots.index_copy_(0, metadata.slot_mapping, value.to(value_slots.dtype))
 
         output = torch.empty_like(query)
+        query = query.to(key_slots.dtype)
         for span in metadata.prefills:
             rows = slice(span.query_start, span.query_start + span.query_len)
             slots, mask = _prefill_keys(span, params.sliding_window)
             q = query[rows].transpose(0, 1).unsqueeze(0)
             k = key_slots[slots].transpose(0, 1).unsqueeze(0)
             v = value_slots[slots].transpose(0, 1).unsqueeze(0)
-            output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1)
+            output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1).to(output.dtype)
         decode = metadata.decode
         if decode is not None:
             k, v = self._decode_context(cache, decode)
             mask = _decode_mask(decode, params.sliding_window)
-            output[decode.query_rows] = _attend_decode(query[decode.query_rows], k, v, mask, params)
+            attended = _attend_decode(query[decode.query_rows], k, v, mask, params)
+            output[decode.query_rows] = attended.to(output.dtype)
         return output
 
     def _decode_context(self, cache: LayerCache, decode: DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +140,6 @@ def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
 ) -> torch.Tensor:
     # q [batch, heads, q_len, dim]; k/v [batch, kv_heads, k_len, dim]; grouped heads share a kv head.
-    k, v = k.to(q.dtype), v.to(q.dtype)
     if params.logit_softcap is not None:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -157,7 +162,6 @@ def _attend_decode(
     requests, heads, dim = q.shape
     kv_heads = k.shape[1]
     grouped = q.view(requests, kv_heads, heads // kv_heads, dim)
-    k, v = k.to(q.dtype), v.to(q.dtype)
     attended = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=params.scale)
     return attended.reshape(requests, heads, dim)
 
