@@ -19,6 +19,7 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (),
         (
             "numShard=4",
+            "kvCacheDtype=bfloat16",
             "model.id=meta-llama/Llama-3.1-70B-Instruct",
             "model.revision=main",
             "limits.maxTotalTokens=8192",

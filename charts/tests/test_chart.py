@@ -70,6 +70,7 @@ def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: di
         "main",
         8192,
     )
+    assert config.kv_cache_dtype == "bfloat16"
     secrets = {env["name"]: env["valueFrom"]["secretKeyRef"]["name"] for env in tandem["env"] if "valueFrom" in env}
     assert secrets == {"HF_TOKEN": "hf-token", "API_KEY": "tandem-api-key"}
     (monitor,) = objects_of_kind(objects, "ServiceMonitor")
@@ -88,6 +89,7 @@ def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, 
     assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
     config = parse_config(tandem["args"], {})
     assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "float32", "512MiB")
+    assert config.kv_cache_dtype == "auto"
     assert "--model-id" not in tandem["args"]
 
 

@@ -48,6 +48,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - {{ .Values.device | quote }}
 - --dtype
 - {{ .Values.dtype | quote }}
+- --kv-cache-dtype
+- {{ .Values.kvCacheDtype | quote }}
 - --hostname
 - "0.0.0.0"
 - --port
