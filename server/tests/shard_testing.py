@@ -168,3 +168,28 @@ class StepDriver:
         scheduled = ScheduledRequest(rid, num_tokens, tuple(new_blocks), state.num_computed)
         state.num_computed += num_tokens
         return scheduled
+
+
+def warmed(runner: ModelRunner) -> ModelRunner:
+    """`runner` warmed up for small steps: blocks of 4 tokens, 64 tokens and 8 requests per step."""
+    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    return runner
+
+
+def staggered_decodes(
+    runner: ModelRunner, sampling: SamplingParams | None = None
+) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
+    """Six requests of different lengths join one per step, decode together and finish at different steps; their
+    tokens and every step's logits."""
+    logits: list[torch.Tensor] = []
+    compute_logits = runner.model.compute_logits
+
+    def recording(hidden: torch.Tensor) -> torch.Tensor:
+        logits.append(compute_logits(hidden))
+        return logits[-1]
+
+    runner.model.compute_logits = recording  # type: ignore[method-assign]
+    prompts = [[5 + i, *range(20, 20 + 3 * i + 2)] for i in range(6)]
+    requests = [new_request(i, prompt, max_new_tokens=6 + 3 * i, sampling=sampling) for i, prompt in enumerate(prompts)]
+    done = StepDriver(runner, runner.cache.num_blocks, chunk_size=5).run(requests)
+    return done, logits

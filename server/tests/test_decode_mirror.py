@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
+from shard_testing import make_runner, new_request, staggered_decodes, warmed, write_tiny_llama
 from tandem_server.cli import config_from_args
 from tandem_server.engine.decode_mirror import COLUMN_QUANTUM, DecodeMirror, MirrorSlot
 from tandem_server.engine.kv_cache import CacheGeometry
@@ -88,26 +88,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def warmed(runner: ModelRunner) -> ModelRunner:
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
-    return runner
-
-
 def staggered_run(runner: ModelRunner) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
-    """Requests of different lengths join one per step, decode together and finish at different steps."""
-    logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits.append(compute_logits(hidden))
-        return logits[-1]
-
-    runner.model.compute_logits = recording  # type: ignore[method-assign]
-    sampling = SamplingParams(temperature=0.8, seed=3)
-    prompts = [[5 + i, *range(20, 20 + 3 * i + 2)] for i in range(6)]
-    requests = [new_request(i, prompt, max_new_tokens=6 + 3 * i, sampling=sampling) for i, prompt in enumerate(prompts)]
-    done = StepDriver(runner, runner.cache.num_blocks, chunk_size=5).run(requests)
-    return done, logits
+    return staggered_decodes(runner, SamplingParams(temperature=0.8, seed=3))
 
 
 def test_decodes_through_the_mirror_equal_decodes_through_gathered_blocks(checkpoint: Path) -> None:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
+from shard_testing import make_runner, staggered_decodes, warmed, write_tiny_llama
 from tandem_server.cli import config_from_args
-from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.selection import AttentionNeeds, PackageProblems, select_backend
 
@@ -20,26 +19,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
     write_tiny_llama(path)
     return path
-
-
-def warmed(runner: ModelRunner) -> ModelRunner:
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
-    return runner
-
-
-def greedy_run(runner: ModelRunner) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
-    """Requests of different lengths join one per step, decode together and finish apart; every step's logits."""
-    logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits.append(compute_logits(hidden))
-        return logits[-1]
-
-    runner.model.compute_logits = recording  # type: ignore[method-assign]
-    prompts = [[5 + i, *range(20, 20 + 3 * i + 2)] for i in range(6)]
-    requests = [new_request(i, prompt, max_new_tokens=6 + 3 * i) for i, prompt in enumerate(prompts)]
-    return StepDriver(runner, runner.cache.num_blocks, chunk_size=5).run(requests), logits
 
 
 def test_a_bfloat16_cache_under_a_float32_model_holds_twice_the_blocks(checkpoint: Path) -> None:
@@ -60,8 +39,8 @@ def test_attention_over_a_bfloat16_cache_stays_within_bfloat16_rounding_of_float
 ) -> None:
     half = warmed(make_runner(checkpoint, KV_MEMORY, mirror_memory, kv_cache_dtype=torch.bfloat16))
     full = warmed(make_runner(checkpoint, KV_MEMORY, mirror_memory))
-    half_tokens, half_logits = greedy_run(half)
-    full_tokens, full_logits = greedy_run(full)
+    half_tokens, half_logits = staggered_decodes(half)
+    full_tokens, full_logits = staggered_decodes(full)
     assert half_tokens == full_tokens
     assert len(half_logits) == len(full_logits)
     for got, want in zip(half_logits, full_logits, strict=True):
