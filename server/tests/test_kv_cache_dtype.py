@@ -8,6 +8,7 @@ import pytest
 import torch
 from shard_testing import make_runner, staggered_decodes, warmed, write_tiny_llama
 from tandem_server.cli import config_from_args
+from tandem_server.config import resolve_kv_cache_dtype
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.selection import AttentionNeeds, PackageProblems, select_backend
 
@@ -61,6 +62,8 @@ def test_kv_cache_dtype_flag_defaults_to_the_model_dtype() -> None:
     assert half.dtype == torch.float32
     with pytest.raises(SystemExit):
         config_from_args([*base, "--kv-cache-dtype", "fp8"])
+    with pytest.raises(ConfigError, match="unknown KV cache dtype 'fp8'"):
+        resolve_kv_cache_dtype("fp8")
 
 
 def test_a_cache_dtype_other_than_the_models_needs_the_torch_backend() -> None:
