@@ -1,4 +1,5 @@
-"""`--kv-cache-dtype bfloat16` through the launcher: twice the KV blocks in the same memory, the same greedy text."""
+"""`--kv-cache-dtype bfloat16` through the launcher: twice the KV blocks in the same memory, and greedy output that
+parts from float32's only at near-ties."""
 
 from __future__ import annotations
 

@@ -156,17 +156,17 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     """`auto` is float32 on CPU and bfloat16 on CUDA."""
     if name == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
-    if name not in DTYPES:
-        raise ConfigError(f"unknown dtype {name!r}; choose auto or one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return _named_dtype(name, "dtype")
 
 
 def resolve_kv_cache_dtype(name: str) -> torch.dtype | None:
     """`auto` (None) keeps the KV cache in the model's dtype."""
-    if name == "auto":
-        return None
+    return None if name == "auto" else _named_dtype(name, "KV cache dtype")
+
+
+def _named_dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
-        raise ConfigError(f"unknown KV cache dtype {name!r}; choose auto or one of {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown {what} {name!r}; choose auto or one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
