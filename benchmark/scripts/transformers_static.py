@@ -1,8 +1,8 @@
 """The `transformers` static-batching baseline: one `generate` call over a batch of equal-length prompts.
 
 Run: uv run --no-sync python benchmark/scripts/transformers_static.py [--batch 32] [--input-len 50] [--output-len 128]
-The model is the embedded SmolLM2 checkpoint the launcher converts (float32), greedy, every sequence generating
-exactly --output-len tokens; prints output tokens/s and the mean decode step as JSON.
+[--dtype float32|bfloat16]. The model is the embedded SmolLM2 checkpoint the launcher converts, greedy, every sequence
+generating exactly --output-len tokens; prints output tokens/s and the mean decode step as JSON.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=50)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     model_dir = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     ids = prompts(args.batch, args.input_len, tokenizer, args.seed)
     timed_generate(model, ids[:1, :8], 4)  # warm-up
     prefill_s = timed_generate(model, ids, 1)
@@ -57,6 +58,7 @@ def main() -> None:
     decode_step_s = (total_s - prefill_s) / max(1, args.output_len - 1)
     result = {
         "engine": "transformers static batch",
+        "dtype": args.dtype,
         "torch_threads": torch.get_num_threads(),
         "batch": args.batch,
         "input_len": args.input_len,

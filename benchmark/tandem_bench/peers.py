@@ -57,6 +57,7 @@ class StaticBatchResult:
     seconds: float
     output_throughput: float
     decode_step_ms: float
+    dtype: str = "float32"
     # How many runs this result averages: the suite runs the baseline right before and right after the servers.
     runs: int = 1
 
@@ -74,10 +75,10 @@ class StaticBatchResult:
         )
 
 
-def run_transformers_static(batch: int, input_len: int, output_len: int) -> StaticBatchResult:
+def run_transformers_static(batch: int, input_len: int, output_len: int, dtype: str = "float32") -> StaticBatchResult:
     """Runs the baseline script in its own process, so its torch threads never share a process with the suite's."""
     command = [sys.executable, str(TRANSFORMERS_SCRIPT), "--batch", str(batch)]
-    command += ["--input-len", str(input_len), "--output-len", str(output_len)]
+    command += ["--input-len", str(input_len), "--output-len", str(output_len), "--dtype", dtype]
     completed = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     return StaticBatchResult(
@@ -87,4 +88,5 @@ def run_transformers_static(batch: int, input_len: int, output_len: int) -> Stat
         seconds=result["seconds"],
         output_throughput=result["output_tok_s"],
         decode_step_ms=result["decode_step_ms"],
+        dtype=dtype,
     )

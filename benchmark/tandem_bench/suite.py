@@ -1,8 +1,9 @@
 """`make bench`: the standard workloads on Tandem and its peers in one run, written into the README.
 
-Starts Tandem through the launcher (and, when asked, llama.cpp's `llama-server` on the same GGUF), measures the
-machine's roofline and the `transformers` static-batching baseline, runs every workload interleaved across the servers,
-then a second Tandem with the prefix cache off for the shared-prefix workload, and rewrites the README's table.
+Starts Tandem through the launcher (and, when asked, Tandem variants and llama.cpp's `llama-server` on the same GGUF),
+measures the machine's roofline and the `transformers` static-batching baseline in each asked dtype, runs every workload
+interleaved across the servers, then a second Tandem with the prefix cache off for the shared-prefix workload, and
+rewrites the README's table.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ SUITE_CHART = "docs/images/bench-suite.png"
 TANDEM_ARGS = ["--kv-cache-memory", "6GiB", "--max-queue-time", "600"]
 CACHE_OFF_ARGS = [*TANDEM_ARGS, "--prefix-caching", "false"]
 ROOFLINE_BATCH = 32
+STATIC_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -146,10 +148,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--llama-server", type=Path, default=None, help="start this llama-server binary as a peer")
     parser.add_argument("--llama-server-args", default="", help="more llama-server arguments, e.g. '--no-repack'")
     parser.add_argument("--no-static", action="store_true", help="skip the transformers static-batching baseline")
+    parser.add_argument(
+        "--static-dtypes",
+        type=parse_static_dtypes,
+        default=("float32",),
+        help="dtypes the transformers baseline runs in, comma-separated: float32 (default), bfloat16 or both",
+    )
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="README to rewrite")
     parser.add_argument("--output-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench")
     parser.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def parse_static_dtypes(text: str) -> tuple[str, ...]:
+    """`float32,bfloat16` -> ("float32", "bfloat16"); every name must be a dtype the baseline script accepts."""
+    dtypes = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in dtypes if name not in STATIC_DTYPES]
+    if not dtypes or unknown:
+        raise argparse.ArgumentTypeError(f"expected dtypes among {', '.join(STATIC_DTYPES)}, got {text!r}")
+    return dtypes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,15 +185,12 @@ def main(argv: list[str] | None = None) -> int:
             shape = _embedded_model_shape()
             roofline = measure_roofline(shape, ROOFLINE_BATCH)
             print(f"roofline: {roofline.to_dict()}", flush=True)
-            static = None
-            peers, precisions = _start_peers(args, servers)
-            endpoints = [Endpoint(name="tandem", base_url=base_url, extra_body=EXTRA_BODY)]
-            endpoints += [replace(peer, extra_body=EXTRA_BODY) for peer in peers]
+            static: list[tuple[str, StaticBatchResult]] = []
+            tandems, peers, precisions = _start_servers(args, servers, base_url)
             for run in STANDARD_SUITE:
-                bracketed = run.static and not args.no_static
-                records, baseline = measure_workload(run, endpoints, bracketed, show=show)
-                if baseline is not None:
-                    static = (run.workload, baseline)
+                static_dtypes = args.static_dtypes if run.static and not args.no_static else ()
+                records, baselines = measure_workload(run, tandems, peers, static_dtypes, show=show)
+                static += [(run.workload, baseline) for baseline in baselines]
                 measured += [
                     MeasuredRow(run.workload, record, records[0], precisions[record.server]) for record in records
                 ]
@@ -190,39 +204,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_workload(
-    run: SuiteRun, endpoints: list[Endpoint], bracketed: bool, show: bool
-) -> tuple[list[RunRecord], StaticBatchResult | None]:
-    """Every endpoint's run of the workload, Tandem's first; with `bracketed`, the `transformers` baseline runs right
-    before and right after Tandem's run (before the peers'), so the machine's drift during the peers' runs cannot
-    reach the ratio against it."""
-    if not bracketed:
-        return run_row(run, endpoints, show_progress=show), None
-    before = _static_baseline(run)
-    records = run_row(run, endpoints[:1], show_progress=show)
-    baseline = StaticBatchResult.mean([before, _static_baseline(run)])
-    if len(endpoints) > 1:
-        records += run_row(run, endpoints[1:], show_progress=show)
-    return records, baseline
+    run: SuiteRun, tandems: list[Endpoint], peers: list[Endpoint], static_dtypes: tuple[str, ...], show: bool
+) -> tuple[list[RunRecord], list[StaticBatchResult]]:
+    """Every endpoint's run of the workload, Tandem's first. The `transformers` baseline in each of `static_dtypes`
+    runs right before and right after the Tandem runs (before the peers'), so the machine's drift during the peers'
+    runs cannot reach the ratios against it."""
+    if not static_dtypes:
+        return run_row(run, [*tandems, *peers], show_progress=show), []
+    before = [_static_baseline(run, dtype) for dtype in static_dtypes]
+    records = run_row(run, tandems, show_progress=show)
+    baselines = [StaticBatchResult.mean([first, _static_baseline(run, first.dtype)]) for first in before]
+    if peers:
+        records += run_row(run, peers, show_progress=show)
+    return records, baselines
 
 
-def _static_baseline(run: SuiteRun) -> StaticBatchResult:
+def _static_baseline(run: SuiteRun, dtype: str) -> StaticBatchResult:
     d = run.dataset
-    result = run_transformers_static(run.point.concurrency, d.input_len, d.output_len)
+    result = run_transformers_static(run.point.concurrency, d.input_len, d.output_len, dtype)
     print(f"transformers static batch: {result}", flush=True)
     return result
 
 
-def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[Endpoint], dict[str, str | None]]:
-    """The servers measured beside Tandem (running ones, Tandem variants, llama-server), with the precision each
-    multiplies in (None where no roofline figure fits)."""
-    peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
-    precisions: dict[str, str | None] = {"tandem": "float32"} | {peer.name: None for peer in peers}
+def _start_servers(
+    args: argparse.Namespace, servers: ExitStack, base_url: str
+) -> tuple[list[Endpoint], list[Endpoint], dict[str, str | None]]:
+    """The Tandems (the one at `base_url`, then the variants), the peers (running ones, llama-server), and the
+    precision each multiplies in (None where no roofline figure fits)."""
+    tandems = [Endpoint(name="tandem", base_url=base_url)]
+    precisions: dict[str, str | None] = {"tandem": "float32"}
     for variant in args.tandem_variant:
         label, _, extra = variant.partition("=")
         log = args.output_dir / f"launcher-{label}.log"
         launched = servers.enter_context(LaunchedTandem(log, [*TANDEM_ARGS, *shlex.split(extra)]))
-        peers.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
-        precisions[peers[-1].name] = _precision(shlex.split(extra))
+        tandems.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
+        precisions[tandems[-1].name] = _precision(shlex.split(extra))
+    peers, peer_precisions = _start_peers(args, servers)
+    precisions |= peer_precisions
+    with_body = [replace(endpoint, extra_body=EXTRA_BODY) for endpoint in [*tandems, *peers]]
+    return with_body[: len(tandems)], with_body[len(tandems) :], precisions
+
+
+def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[Endpoint], dict[str, str | None]]:
+    """The servers measured beside the Tandems: running ones given with --compare, and llama-server when asked."""
+    peers = [Endpoint(name=name, base_url=url) for name, url in map(parse_server, args.compare)]
+    precisions: dict[str, str | None] = {peer.name: None for peer in peers}
     if args.llama_server is not None:
         extra_args = tuple(shlex.split(args.llama_server_args))
         llama_config = LlamaServerConfig(args.llama_server, _embedded_gguf_path(), extra_args=extra_args)
@@ -255,7 +281,7 @@ def _write_outputs(
     when: datetime,
     load_before: str,
     measured: list[MeasuredRow],
-    static: tuple[str, StaticBatchResult] | None,
+    static: list[tuple[str, StaticBatchResult]],
     roofline: Roofline,
     shape: TransformerShape,
 ) -> None:
@@ -284,13 +310,15 @@ def _write_outputs(
         "date": when.isoformat(timespec="seconds"),
         "command": SUITE_COMMAND,
         "roofline": roofline.to_dict(),
-        "transformers_static": asdict(static[1]) if static else None,
+        "transformers_static": [{"workload": workload, **asdict(result)} for workload, result in static],
         "runs": runs,
     }
     write_results(args.output_dir / "results.json", document)
     bars = [(row.workload, row.record.server, row.record.summary.output_throughput) for row in measured]
-    if static is not None:
-        bars.append((static[0], "transformers static batch", static[1].output_throughput))
+    bars += [
+        (workload, f"transformers static batch, {result.dtype}", result.output_throughput)
+        for workload, result in static
+    ]
     # The bar chart sits beside the README it illustrates; the other plots go to the output directory.
     chart = args.readme.parent / SUITE_CHART
     chart.parent.mkdir(parents=True, exist_ok=True)

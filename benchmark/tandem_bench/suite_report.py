@@ -59,7 +59,7 @@ def _static_row(
     versus = result.output_throughput / baseline.summary.output_throughput
     runs = f" (mean of {result.runs} runs, before and after)" if result.runs > 1 else ""
     return (
-        f"| {workload} | transformers static batch of {result.batch}{runs} | {result.batch}/0 "
+        f"| {workload} | transformers static batch of {result.batch}, {result.dtype}{runs} | {result.batch}/0 "
         f"| {result.output_throughput:.1f} | {versus:.2f}x | - | - | {result.decode_step_ms:.1f} (decode step) "
         f"| {1000 * result.seconds:.0f} | {utilisation(flops, result.seconds, peak):.1%} |"
     )
@@ -68,7 +68,7 @@ def _static_row(
 def readme_block(
     intro: str,
     rows: list[MeasuredRow],
-    static: tuple[str, StaticBatchResult] | None,
+    static: list[tuple[str, StaticBatchResult]],
     roofline: Roofline,
     shape: TransformerShape,
     commands: list[str],
@@ -88,8 +88,12 @@ def readme_block(
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         lines.append(_row(row, shape, roofline))
-        if static is not None and static[0] == row.workload and row.record is row.baseline:
-            lines.append(_static_row(row.workload, static[1], row.baseline, shape, roofline.peak_flops))
+        if row.record is row.baseline:
+            lines += [
+                _static_row(row.workload, result, row.baseline, shape, roofline.peak_for(result.dtype))
+                for workload, result in static
+                if workload == row.workload
+            ]
     lines += ["", "Each workload against a running server (add `--compare name=URL ...` for several):", "", "```sh"]
     lines += [*commands, "```"]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -147,11 +148,18 @@ def test_readme_block_has_a_row_per_server_and_workload_with_ratios_and_mfu() ->
     static = StaticBatchResult(
         batch=32, input_len=50, output_len=128, seconds=4.0, output_throughput=16.0, decode_step_ms=9.0
     )
-    block = readme_block("intro", rows, (workloads[1], static), ROOFLINE, TINY_SHAPE, ["tandem-bench x"])
+    static_bf16 = replace(static, seconds=2.0, output_throughput=32.0, dtype="bfloat16")
+    baselines = [(workloads[1], static), (workloads[1], static_bf16)]
+    block = readme_block("intro", rows, baselines, ROOFLINE, TINY_SHAPE, ["tandem-bench x"])
     table = [line for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
-    assert len(table) == 3 * len(workloads) + 1
+    assert len(table) == 3 * len(workloads) + 2
     assert "| llama-server | 1/0 | 4.0 | 0.50x |" in table[1] and table[1].endswith("| - |")  # no quantized peak
-    assert "transformers static batch of 32" in table[4] and "| 2.00x |" in table[4]
+    # Each baseline follows Tandem's row of its workload, with the MFU of its own precision's peak.
+    static_flops = 32 * (TINY_SHAPE.prefill_flops(50) + TINY_SHAPE.decode_flops(50, 128))
+    assert "transformers static batch of 32, float32" in table[4] and "| 2.00x |" in table[4]
+    assert table[4].endswith(f"| {static_flops / 4.0 / 2e9:.1%} |")
+    assert "transformers static batch of 32, bfloat16" in table[5] and "| 4.00x |" in table[5]
+    assert table[5].endswith(f"| {static_flops / 2.0 / 8e9:.1%} |")
     flops = TINY_SHAPE.prefill_flops(10) + TINY_SHAPE.decode_flops(10, 8)
     assert table[0].endswith(f"| {flops / 1.0 / 2e9:.1%} |")  # float32: the larger of the two float32 figures
     assert table[2].endswith(f"| {flops / 0.5 / 8e9:.1%} |")  # bfloat16: its own peak
@@ -166,11 +174,11 @@ def test_static_baseline_bracketing_a_run_averages_its_time_not_its_rates() -> N
     mean = StaticBatchResult.mean([before, after])
     assert (mean.seconds, mean.output_throughput, mean.decode_step_ms, mean.runs) == (5.0, 8.0, 19.5, 2)
     tandem = _record("tandem", 8, 1.0)
-    block = readme_block("intro", [MeasuredRow("w", tandem, tandem)], ("w", mean), ROOFLINE, TINY_SHAPE, [])
-    assert "transformers static batch of 4 (mean of 2 runs, before and after) | 4/0 | 8.0 |" in block
+    block = readme_block("intro", [MeasuredRow("w", tandem, tandem)], [("w", mean)], ROOFLINE, TINY_SHAPE, [])
+    assert "transformers static batch of 4, float32 (mean of 2 runs, before and after) | 4/0 | 8.0 |" in block
 
 
-def test_the_static_baseline_brackets_tandems_run_alone_and_the_peers_run_after(
+def test_the_static_baselines_bracket_the_tandem_runs_and_the_peers_run_after(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     order: list[str] = []
@@ -178,9 +186,9 @@ def test_the_static_baseline_brackets_tandems_run_alone_and_the_peers_run_after(
         batch=4, input_len=5, output_len=10, seconds=2.0, output_throughput=20.0, decode_step_ms=9.0
     )
 
-    def fake_static(run: suite.SuiteRun) -> StaticBatchResult:
-        order.append("static")
-        return static
+    def fake_static(run: suite.SuiteRun, dtype: str) -> StaticBatchResult:
+        order.append(f"static {dtype}")
+        return replace(static, dtype=dtype)
 
     def fake_row(run: suite.SuiteRun, endpoints: list[Endpoint], show_progress: bool) -> list[RunRecord]:
         order.append("+".join(endpoint.name for endpoint in endpoints))
@@ -188,14 +196,25 @@ def test_the_static_baseline_brackets_tandems_run_alone_and_the_peers_run_after(
 
     monkeypatch.setattr(suite, "_static_baseline", fake_static)
     monkeypatch.setattr(suite, "run_row", fake_row)
-    endpoints = [Endpoint(name=name, base_url="http://x") for name in ("tandem", "variant", "llama")]
-    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=True, show=False)
-    assert order == ["static", "tandem", "static", "variant+llama"]
+    tandems = [Endpoint(name=name, base_url="http://x") for name in ("tandem", "variant")]
+    peers = [Endpoint(name="llama", base_url="http://x")]
+    dtypes = ("float32", "bfloat16")
+    records, baselines = suite.measure_workload(STANDARD_SUITE[1], tandems, peers, dtypes, show=False)
+    assert order == [
+        "static float32", "static bfloat16", "tandem+variant", "static float32", "static bfloat16", "llama",
+    ]  # fmt: skip
     assert [record.server for record in records] == ["tandem", "variant", "llama"]
-    assert baseline is not None and baseline.runs == 2
+    assert [(baseline.dtype, baseline.runs) for baseline in baselines] == [("float32", 2), ("bfloat16", 2)]
     order.clear()
-    records, baseline = suite.measure_workload(STANDARD_SUITE[1], endpoints, bracketed=False, show=False)
-    assert (order, baseline) == (["tandem+variant+llama"], None)
+    records, baselines = suite.measure_workload(STANDARD_SUITE[1], tandems, peers, (), show=False)
+    assert (order, baselines) == (["tandem+variant+llama"], [])
+
+
+def test_static_dtypes_parse_in_order_without_repeats_and_reject_unknown_names() -> None:
+    assert suite.parse_static_dtypes("bfloat16, float32,bfloat16") == ("bfloat16", "float32")
+    for text in ("", "float16", "float32,int8"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected dtypes among float32, bfloat16"):
+            suite.parse_static_dtypes(text)
 
 
 def test_roofline_decode_matmuls_are_the_mfu_counts_matmul_weights() -> None:

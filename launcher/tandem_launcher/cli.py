@@ -221,8 +221,8 @@ def _add_execution_flags(add: _FlagAdder) -> None:
         "--packed-gemm-rows",
         str,
         None,
-        "CPU float32: decode batch sizes whose GEMMs use MKL-prepacked weights, one weight copy each, e.g. 32 or "
-        "16,32; 0 disables; derived: 32 on CPU",
+        "CPU: decode batch sizes whose GEMMs use prepacked weights, e.g. 32 or 16,32 (float32: one MKL copy per "
+        "size; bfloat16: one oneDNN copy for every batch up to 256 rows); 0 disables; derived: 32 on CPU",
     )
     add.value(
         "--decode-mirror-memory",

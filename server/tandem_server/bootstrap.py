@@ -13,7 +13,7 @@ from tandem_server.distributed import init_distributed
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
-from tandem_server.layers.gemm import pack_gemm_weights, packing_available
+from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import model_factory
@@ -74,9 +74,9 @@ def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: to
     started = time.perf_counter()
     added = pack_gemm_weights(model, row_counts)
     logger.info(
-        "packed GEMM weights for %s-row batches in %.1fs (MKL allocated %.0f MiB for the copies)",
-        ",".join(map(str, row_counts)),
+        "packed GEMM weights in %.1fs: %s (%.0f MiB)",
         time.perf_counter() - started,
+        packing_summary(dtype, row_counts),
         added / 2**20,
     )
 

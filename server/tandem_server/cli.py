@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--packed-gemm-rows",
         default=None,
-        help="CPU float32: GEMM row counts (decode batch sizes) that get MKL-prepacked weights, one weight copy each, "
-        "e.g. 32 or 16,32; 0 disables (default: 32 on CPU)",
+        help="CPU: GEMM row counts (decode batch sizes) that get prepacked weights, e.g. 32 or 16,32 (float32: one "
+        "MKL copy per count; bfloat16: one oneDNN copy for any batch up to 256 rows); 0 disables (default: 32 on CPU)",
     )
     parser.add_argument(
         "--decode-mirror-memory",

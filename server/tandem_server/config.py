@@ -15,7 +15,7 @@ from tandem_server.layers.attention.selection import BACKEND_CHOICES
 ATTENTION_BACKENDS = BACKEND_CHOICES
 # Decode batch sizes captured as CUDA graphs unless --cuda-graphs says otherwise (never on CPU).
 DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-# Batch row counts given MKL-prepacked weights unless --packed-gemm-rows says otherwise (CPU float32 only).
+# Batch row counts given prepacked weights unless --packed-gemm-rows says otherwise (CPU float32 and bfloat16).
 DEFAULT_PACKED_GEMM_ROWS = (32,)
 DEVICES = ("cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,7 +56,8 @@ class ShardConfig:
     cuda_memory_fraction: float = 0.9
     # CUDA only: decode-only batch sizes replayed from captured graphs; empty runs every step eagerly.
     cuda_graph_sizes: tuple[int, ...] = ()
-    # CPU float32 only: GEMM row counts that get MKL-prepacked weight copies (one copy each); empty: dense only.
+    # CPU only: GEMM row counts that get prepacked weights (float32: one MKL copy each; bfloat16: one oneDNN copy
+    # packed for the largest); empty: dense only.
     packed_gemm_rows: tuple[int, ...] = ()
     # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
     decode_mirror_memory: int = 0

@@ -1,4 +1,4 @@
-"""CPU float32 prepacked GEMMs: the same numbers as the dense path, used only for the row counts they fit."""
+"""CPU prepacked GEMMs (MKL float32, oneDNN bfloat16): the dense path's numbers, for the row counts they fit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,23 @@ from tandem_server.cli import config_from_args
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
-from tandem_server.layers.gemm import GemmModule, PackedWeight, pack_gemm_weights, packing_available
+from tandem_server.layers.gemm import (
+    ONEDNN_MAX_ROWS,
+    GemmModule,
+    OneDnnPackedWeight,
+    PackedWeight,
+    pack_gemm_weights,
+    packing_available,
+    packing_summary,
+)
 from tandem_server.layers.linear import RowParallelLinear, StackedColumns
 
 CPU = torch.device("cpu")
 needs_mkl = pytest.mark.skipif(
     packing_available(CPU, torch.float32) is not None, reason="this torch build cannot prepack GEMMs"
+)
+needs_onednn_bf16 = pytest.mark.skipif(
+    packing_available(CPU, torch.bfloat16) is not None, reason="this CPU or torch build has no oneDNN bfloat16"
 )
 
 
@@ -30,9 +41,15 @@ class Spy(GemmModule):
         return self.gemm(x, None)
 
 
-def test_packing_is_a_cpu_float32_path() -> None:
-    assert packing_available(CPU, torch.bfloat16) is not None
+def test_packing_is_a_cpu_float32_or_bfloat16_path() -> None:
+    assert packing_available(CPU, torch.float16) is not None
     assert packing_available(torch.device("cuda"), torch.float32) is not None
+    assert packing_available(torch.device("cuda"), torch.bfloat16) is not None
+
+
+def test_the_start_up_log_names_what_packing_builds_for_each_dtype() -> None:
+    assert packing_summary(torch.float32, (16, 32)) == "MKL float32 copies for 16,32-row batches"
+    assert packing_summary(torch.bfloat16, (16, 32)) == "one oneDNN bfloat16 copy for batches of up to 256 rows"
 
 
 @needs_mkl
@@ -115,3 +132,60 @@ def test_shard_flag_defaults_to_32_on_cpu_and_off_on_cuda(tmp_path: Path) -> Non
         config_from_args([*base, "--device", "cuda", "--packed-gemm-rows", "32"])
     with pytest.raises(ConfigError, match="--packed-gemm-rows must be comma-separated"):
         config_from_args([*base, "--packed-gemm-rows", "32,many"])
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("rows", [1, 7, 32, 100, ONEDNN_MAX_ROWS])
+def test_onednn_bfloat16_copy_serves_any_batch_up_to_its_limit_with_dense_numbers(rows: int) -> None:
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 40).bfloat16(), torch.randn(96).bfloat16()
+    x = torch.randn(rows, 40).bfloat16()
+    packed = OneDnnPackedWeight(weight, (32,))
+    assert packed.fitting_rows(rows) == rows
+    assert packed.nbytes == weight.numel() * 2
+    out = packed.linear(x, bias, rows)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, F.linear(x, weight, bias))
+
+
+@needs_onednn_bf16
+def test_onednn_bfloat16_leaves_prefill_sized_batches_dense() -> None:
+    module = Spy(torch.randn(8, 16).bfloat16())
+    module.pack((32,))
+    assert isinstance(module.packed, OneDnnPackedWeight)
+    assert module.packed.fitting_rows(ONEDNN_MAX_ROWS + 1) is None
+    x = torch.randn(ONEDNN_MAX_ROWS + 1, 16).bfloat16()
+    assert torch.equal(module(x), F.linear(x, module.weight))
+
+
+@needs_onednn_bf16
+def test_packing_a_bfloat16_model_runs_every_gemm_packed_with_the_same_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tiny_llama(tmp_path, tie_word_embeddings=True)
+    model = load_tiny_model(tmp_path, dtype=torch.bfloat16)
+    batch = _decode_batch(rows=32, context=20)
+    spec = model.spec
+    cache = KVCache(CacheGeometry(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16), 64, CPU)
+    with torch.inference_mode():
+        dense = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+        added = pack_gemm_weights(model, (32,))
+        calls = _count_calls(monkeypatch, OneDnnPackedWeight)
+        packed = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+    gemms = [module for module in model.modules() if isinstance(module, GemmModule)]
+    assert len(calls) == len(gemms) == 4 * 2 + 1
+    assert added == sum(module.weight.numel() * 2 for module in gemms)
+    assert torch.equal(packed, dense)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, packed_class: type[OneDnnPackedWeight]) -> list[int]:
+    """Records the row count of every packed GEMM `packed_class` runs from now on."""
+    calls: list[int] = []
+    original = packed_class.linear
+
+    def recording(self: OneDnnPackedWeight, x: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+        calls.append(rows)
+        return original(self, x, bias, rows)
+
+    monkeypatch.setattr(packed_class, "linear", recording)
+    return calls
