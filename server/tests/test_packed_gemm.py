@@ -16,6 +16,7 @@ from tandem_server.layers.gemm import (
     ONEDNN_MAX_ROWS,
     GemmModule,
     OneDnnPackedWeight,
+    PackedGemm,
     PackedWeight,
     pack_gemm_weights,
     packing_available,
@@ -78,14 +79,7 @@ def test_gemm_module_routes_by_row_count(monkeypatch: pytest.MonkeyPatch) -> Non
     module = Spy(torch.randn(8, 16))
     module.pack((32,))
     assert module.packed is not None
-    calls: list[int] = []
-    original = PackedWeight.linear
-
-    def recording(self: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-        calls.append(rows)
-        return original(self, x, bias, rows)
-
-    monkeypatch.setattr(PackedWeight, "linear", recording)
+    calls = _count_calls(monkeypatch, PackedWeight)
     module(torch.randn(4, 16))
     module(torch.randn(28, 16))
     assert calls == [32]
@@ -178,12 +172,12 @@ def test_packing_a_bfloat16_model_runs_every_gemm_packed_with_the_same_logits(
     assert torch.equal(packed, dense)
 
 
-def _count_calls(monkeypatch: pytest.MonkeyPatch, packed_class: type[OneDnnPackedWeight]) -> list[int]:
+def _count_calls(monkeypatch: pytest.MonkeyPatch, packed_class: type[PackedGemm]) -> list[int]:
     """Records the row count of every packed GEMM `packed_class` runs from now on."""
     calls: list[int] = []
     original = packed_class.linear
 
-    def recording(self: OneDnnPackedWeight, x: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    def recording(self: PackedGemm, x: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
         calls.append(rows)
         return original(self, x, bias, rows)
 
