@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tandem_server.layers.gemm import (
     packing_summary,
 )
 from tandem_server.layers.linear import RowParallelLinear, StackedColumns
+from tandem_server.models.registry import CausalLM
 
 CPU = torch.device("cpu")
 needs_mkl = pytest.mark.skipif(
@@ -94,17 +96,27 @@ def test_packing_a_model_covers_every_gemm_once_and_keeps_logits(tmp_path: Path)
     assert len(gemms) == 4 * 2 + 1
     assert sum(isinstance(m, StackedColumns) for m in gemms) == 4
     assert sum(isinstance(m, RowParallelLinear) for m in gemms) == 4
-    batch = _decode_batch(rows=32, context=20)
-    spec = model.spec
-    cache = KVCache(CacheGeometry(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, torch.float32), 64, CPU)
-    with torch.inference_mode():
-        dense = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
-        added = pack_gemm_weights(model, (32,))
-        packed = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+    logits = _decode_logits(model, torch.float32)
+    dense = logits()
+    added = pack_gemm_weights(model, (32,))
+    packed = logits()
     weights = sum(module.weight.numel() * 4 for module in gemms)
     assert added >= weights
     torch.testing.assert_close(packed, dense, atol=1e-4, rtol=1e-4)
     assert torch.equal(packed.argmax(-1), dense.argmax(-1))
+
+
+def _decode_logits(model: CausalLM, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    """Computes the logits of one fixed decode step of 32 rows over 20-token contexts, each time it is called."""
+    batch = _decode_batch(rows=32, context=20)
+    spec = model.spec
+    cache = KVCache(CacheGeometry(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, dtype), 64, CPU)
+
+    def logits() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+
+    return logits
 
 
 def _decode_batch(rows: int, context: int):
@@ -158,14 +170,11 @@ def test_packing_a_bfloat16_model_runs_every_gemm_packed_with_the_same_logits(
 ) -> None:
     write_tiny_llama(tmp_path, tie_word_embeddings=True)
     model = load_tiny_model(tmp_path, dtype=torch.bfloat16)
-    batch = _decode_batch(rows=32, context=20)
-    spec = model.spec
-    cache = KVCache(CacheGeometry(spec.num_layers, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16), 64, CPU)
-    with torch.inference_mode():
-        dense = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
-        added = pack_gemm_weights(model, (32,))
-        calls = _count_calls(monkeypatch, OneDnnPackedWeight)
-        packed = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+    logits = _decode_logits(model, torch.bfloat16)
+    dense = logits()
+    added = pack_gemm_weights(model, (32,))
+    calls = _count_calls(monkeypatch, OneDnnPackedWeight)
+    packed = logits()
     gemms = [module for module in model.modules() if isinstance(module, GemmModule)]
     assert len(calls) == len(gemms) == 4 * 2 + 1
     assert added == sum(module.weight.numel() * 2 for module in gemms)
