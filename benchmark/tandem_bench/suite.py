@@ -240,9 +240,8 @@ def _start_servers(
         tandems.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
         precisions[tandems[-1].name] = _precision(shlex.split(extra))
     peers, peer_precisions = _start_peers(args, servers)
-    precisions |= peer_precisions
-    with_body = [replace(endpoint, extra_body=EXTRA_BODY) for endpoint in [*tandems, *peers]]
-    return with_body[: len(tandems)], with_body[len(tandems) :], precisions
+    with_body = [replace(tandem, extra_body=EXTRA_BODY) for tandem in tandems]
+    return with_body, [replace(peer, extra_body=EXTRA_BODY) for peer in peers], precisions | peer_precisions
 
 
 def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[Endpoint], dict[str, str | None]]:

@@ -23,26 +23,6 @@ MIN_FILLED_SHARE = 0.75
 ONEDNN_MAX_ROWS = 256
 
 
-def packing_available(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None when prepacked GEMMs can run here, else why not."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return "prepacked GEMMs are a CPU float32 or bfloat16 path"
-    if dtype == torch.float32 and (not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear")):
-        return "this torch build has no MKL"
-    if dtype == torch.bfloat16 and not (
-        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    ):
-        return "this CPU or torch build has no oneDNN bfloat16 kernels"
-    return None
-
-
-def packing_summary(dtype: torch.dtype, row_counts: tuple[int, ...]) -> str:
-    """What packing for `row_counts` builds in `dtype`, for the start-up log."""
-    if dtype == torch.bfloat16:
-        return f"one oneDNN bfloat16 copy for batches of up to {ONEDNN_MAX_ROWS} rows"
-    return f"MKL float32 copies for {','.join(map(str, row_counts))}-row batches"
-
-
 class PackedGemm(Protocol):
     """Prepacked copies of one `[out, in]` weight and the row counts they serve."""
 
@@ -57,6 +37,16 @@ class PackedGemm(Protocol):
 
 class PackedWeight:
     """MKL-packed float32 copies of one `[out, in]` weight, one per row count in `row_counts`."""
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        if not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"):
+            return "this torch build has no MKL"
+        return None
+
+    @staticmethod
+    def summary(row_counts: tuple[int, ...]) -> str:
+        return f"MKL float32 copies for {','.join(map(str, row_counts))}-row batches"
 
     def __init__(self, weight: torch.Tensor, row_counts: tuple[int, ...]) -> None:
         self.weight = weight
@@ -84,6 +74,16 @@ class PackedWeight:
 class OneDnnPackedWeight:
     """One oneDNN-packed bfloat16 copy of an `[out, in]` weight, for any batch of up to `ONEDNN_MAX_ROWS` rows."""
 
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return "this CPU or torch build has no oneDNN bfloat16 kernels"
+        return None
+
+    @staticmethod
+    def summary(row_counts: tuple[int, ...]) -> str:
+        return f"one oneDNN bfloat16 copy for batches of up to {ONEDNN_MAX_ROWS} rows"
+
     def __init__(self, weight: torch.Tensor, row_counts: tuple[int, ...]) -> None:
         self.copy = torch.ops.mkldnn._reorder_linear_weight(weight, max(row_counts))
         self.nbytes = weight.numel() * weight.element_size()
@@ -95,6 +95,26 @@ class OneDnnPackedWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.copy, bias, "none", [], "")
 
 
+# How a CPU weight of each dtype is packed; other dtypes stay dense.
+PACKING_BY_DTYPE: dict[torch.dtype, type[PackedWeight] | type[OneDnnPackedWeight]] = {
+    torch.float32: PackedWeight,
+    torch.bfloat16: OneDnnPackedWeight,
+}
+
+
+def packing_available(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when prepacked GEMMs can run here, else why not."""
+    packing = PACKING_BY_DTYPE.get(dtype)
+    if device.type != "cpu" or packing is None:
+        return "prepacked GEMMs are a CPU float32 or bfloat16 path"
+    return packing.unavailable_reason()
+
+
+def packing_summary(dtype: torch.dtype, row_counts: tuple[int, ...]) -> str:
+    """What packing for `row_counts` builds in `dtype`, for the start-up log."""
+    return PACKING_BY_DTYPE[dtype].summary(row_counts)
+
+
 class GemmModule(nn.Module):
     """A module whose forward multiplies by `self.weight`; `pack` gives it prepacked copies for some row counts."""
 
@@ -103,11 +123,9 @@ class GemmModule(nn.Module):
 
     def pack(self, row_counts: tuple[int, ...]) -> int:
         """Packs the weight for `row_counts` in the way its dtype allows; returns the bytes the copies take."""
-        if self.weight.dtype == torch.bfloat16:
-            self.packed = OneDnnPackedWeight(self.weight, row_counts)
-        else:
-            self.packed = PackedWeight(self.weight, row_counts)
-        return self.packed.nbytes
+        packed = PACKING_BY_DTYPE[self.weight.dtype](self.weight, row_counts)
+        self.packed = packed
+        return packed.nbytes
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`x @ weight.T + bias` for 2-D `x`, through a packed copy when one fits the row count."""
