@@ -117,6 +117,22 @@ def test_tgi_regex_and_json_grammars_constrain_generate_and_generate_stream(tand
     jsonschema.validate(json.loads(generated), schema)
 
 
+def test_tgi_json_schema_grammars_and_tgi_response_formats_constrain_output(tandem: TandemServer) -> None:
+    grammar = {"type": "json_schema", "value": {"name": "person", "schema": PERSON}}
+    body = {"inputs": "A person as JSON:", "parameters": {"max_new_tokens": 200, "grammar": grammar}}
+    reply = requests.post(f"{tandem.base_url}/generate", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    jsonschema.validate(json.loads(reply.json()["generated_text"]), PERSON)
+
+    # TGI's Messages API takes its grammar object as `response_format`; `json_object` there carries a schema.
+    completion = _client(tandem).chat.completions.create(
+        model="tandem", messages=ASK_PERSON, max_tokens=200, temperature=0,
+        response_format={"type": "json_object", "value": PERSON},  # type: ignore[arg-type, typeddict-unknown-key]
+    )  # fmt: skip
+    assert completion.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(completion.choices[0].message.content or ""), PERSON)
+
+
 @pytest.mark.parametrize(
     ("response_format", "param"),
     [
@@ -124,6 +140,8 @@ def test_tgi_regex_and_json_grammars_constrain_generate_and_generate_stream(tand
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"pattern": "(a"}}}, SCHEMA_PARAM),
         ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format"),
         ({"type": "xml"}, "response_format"),
+        ({"type": "json_schema", "value": {"name": "x"}}, "response_format"),
+        ({"type": "regex", "value": "(unclosed"}, "response_format.value"),
     ],
 )  # fmt: skip
 def test_bad_response_formats_are_400_with_their_param(
@@ -143,6 +161,8 @@ def test_bad_and_pathological_tgi_grammars_are_422_and_the_server_still_serves(t
         {"type": "json", "value": "{not json"},
         {"type": "json", "value": {"type": "integer", "minimum": 5, "maximum": 1}},
         {"type": "yaml", "value": "x"},
+        {"type": "json_schema", "value": {"name": "no schema"}},
+        {"type": "json_schema", "value": {"schema": {"type": "objekt"}}},
     ):
         body = {"inputs": "x", "parameters": {"max_new_tokens": 4, "grammar": grammar}}
         reply = requests.post(f"{tandem.base_url}/generate", json=body, timeout=60)

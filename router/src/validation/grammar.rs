@@ -53,7 +53,8 @@ impl RequestedGrammar {
     }
 }
 
-/// TGI's `parameters.grammar`: `{"type": "json", "value": <schema>}` or
+/// TGI's grammar object: `{"type": "json" | "json_object", "value": <schema>}`,
+/// `{"type": "json_schema", "value": {"name": ..., "schema": <schema>}}` or
 /// `{"type": "regex", "value": "<regex>"}`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(
@@ -63,39 +64,82 @@ impl RequestedGrammar {
     deny_unknown_fields
 )]
 enum TgiGrammar {
+    #[serde(alias = "json_object")]
     Json(Value),
+    JsonSchema(TgiJsonSchema),
     Regex(String),
 }
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TgiJsonSchema {
+    /// A label for the client's own bookkeeping; it does not change the grammar.
+    #[serde(default, rename = "name")]
+    _name: Option<String>,
+    schema: Value,
+}
+
+/// The request parameters a TGI grammar object is reported under in errors.
+#[derive(Debug, Clone, Copy)]
+pub struct TgiGrammarSite {
+    /// The grammar object itself.
+    pub object: &'static str,
+    /// Its `value`, the schema or regex.
+    pub value: &'static str,
+}
+
+impl TgiGrammarSite {
+    /// `/generate`'s `parameters.grammar`.
+    pub const PARAMETERS: Self = Self {
+        object: "parameters.grammar",
+        value: "parameters.grammar.value",
+    };
+    /// A chat or completions `response_format` written in TGI's form.
+    pub const RESPONSE_FORMAT: Self = Self {
+        object: "response_format",
+        value: "response_format.value",
+    };
+}
+
+/// What a malformed TGI grammar object is told it should look like.
+const TGI_GRAMMAR_FORMS: &str = "`{\"type\": \"json\" or \"json_object\", \"value\": <JSON Schema>}`, `{\"type\": \"json_schema\", \"value\": {\"name\", \"schema\"}}` or `{\"type\": \"regex\", \"value\": \"<regex>\"}`";
 
 impl RequestedGrammar {
     /// The grammar of TGI's `parameters.grammar`; `None` when absent or null.
     pub fn from_tgi(value: Option<Value>) -> Result<Option<Self>, ValidationError> {
-        let Some(value) = value.filter(|value| !value.is_null()) else {
-            return Ok(None);
-        };
+        value
+            .filter(|value| !value.is_null())
+            .map(|value| Self::from_tgi_object(value, TgiGrammarSite::PARAMETERS))
+            .transpose()
+    }
+
+    /// The grammar of one TGI grammar object, with errors reported under `site`.
+    pub fn from_tgi_object(value: Value, site: TgiGrammarSite) -> Result<Self, ValidationError> {
         let grammar: TgiGrammar =
             serde_json::from_value(value).map_err(|error| ValidationError::OutOfRange {
-                param: "parameters.grammar".to_owned(),
-                expected: "`{\"type\": \"json\", \"value\": <JSON Schema>}` or `{\"type\": \"regex\", \"value\": \"<regex>\"}`",
+                param: site.object.to_owned(),
+                expected: TGI_GRAMMAR_FORMS,
                 value: error.to_string(),
             })?;
-        Ok(Some(match grammar {
+        let schema = match grammar {
+            TgiGrammar::Regex(regex) => {
+                return Ok(Self {
+                    grammar: Grammar::Regex(regex),
+                    param: site.value,
+                })
+            }
             // TGI accepts the schema serialized as a string too.
             TgiGrammar::Json(Value::String(text)) => {
-                let schema = serde_json::from_str(&text).map_err(|error| {
-                    ValidationError::InvalidGrammar {
-                        param: "parameters.grammar.value",
-                        message: format!("not valid JSON: {error}"),
-                    }
-                })?;
-                Self::json_schema(schema, "parameters.grammar.value")
+                serde_json::from_str(&text).map_err(|error| ValidationError::InvalidGrammar {
+                    param: site.value,
+                    message: format!("not valid JSON: {error}"),
+                })?
             }
-            TgiGrammar::Json(schema) => Self::json_schema(schema, "parameters.grammar.value"),
-            TgiGrammar::Regex(regex) => Self {
-                grammar: Grammar::Regex(regex),
-                param: "parameters.grammar.value",
-            },
-        }))
+            TgiGrammar::Json(schema) | TgiGrammar::JsonSchema(TgiJsonSchema { schema, .. }) => {
+                schema
+            }
+        };
+        Ok(Self::json_schema(schema, site.value))
     }
 }
 
@@ -296,7 +340,24 @@ mod tests {
         let from_string = RequestedGrammar::from_tgi(Some(
             json!({"type": "json", "value": "{\"type\": \"object\"}"}),
         ));
-        assert_eq!(from_object, from_string);
+        let from_alias = RequestedGrammar::from_tgi(Some(
+            json!({"type": "json_object", "value": {"type": "object"}}),
+        ));
+        let from_json_schema = RequestedGrammar::from_tgi(Some(json!({
+            "type": "json_schema", "value": {"name": "thing", "schema": {"type": "object"}}
+        })));
+        let unnamed_json_schema = RequestedGrammar::from_tgi(Some(
+            json!({"type": "json_schema", "value": {"schema": {"type": "object"}}}),
+        ));
+        assert!(matches!(&from_object, Ok(Some(g)) if g.param == "parameters.grammar.value"));
+        for other in [
+            from_string,
+            from_alias,
+            from_json_schema,
+            unnamed_json_schema,
+        ] {
+            assert_eq!(other, from_object);
+        }
         assert!(matches!(
             RequestedGrammar::from_tgi(Some(json!({"type": "regex", "value": "[a-z]+"}))),
             Ok(Some(RequestedGrammar {
@@ -309,6 +370,8 @@ mod tests {
             json!({"type": "xml", "value": "x"}),
             json!({"type": "regex"}),
             json!({"type": "json", "value": "{"}),
+            json!({"type": "json_schema", "value": {"name": "no schema"}}),
+            json!({"type": "json_schema", "value": {"schema": {}, "strict": true}}),
         ] {
             let error = RequestedGrammar::from_tgi(Some(bad)).expect_err("malformed");
             assert!(

@@ -15,7 +15,8 @@ use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use grammar::{
-    with_json_layout, GrammarCompiler, GrammarSetupError, RequestedGrammar, MAX_GRAMMAR_BYTES,
+    with_json_layout, GrammarCompiler, GrammarSetupError, RequestedGrammar, TgiGrammarSite,
+    MAX_GRAMMAR_BYTES,
 };
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams, MAX_CHOICES};

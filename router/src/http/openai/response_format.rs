@@ -1,9 +1,10 @@
-//! OpenAI `response_format`: `text`, `json_object` (any JSON object) and `json_schema`.
+//! `response_format`: OpenAI's `text`, `json_object` (any JSON object) and `json_schema`, or
+//! TGI's grammar object, recognised by its `value` field.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::validation::{RequestedGrammar, ValidationError};
+use crate::validation::{RequestedGrammar, TgiGrammarSite, ValidationError};
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -27,15 +28,20 @@ struct JsonSchemaFormat {
     _strict: Option<bool>,
 }
 
+const OPENAI_OR_TGI_FORMS: &str = "`{\"type\": \"text\"}`, `{\"type\": \"json_object\"}`, `{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\", \"strict\"}}`, or TGI's `{\"type\": \"json\" | \"json_object\" | \"json_schema\" | \"regex\", \"value\": ...}`";
+
 /// The grammar `response_format` asks for; `None` for `text` or an absent field.
 pub fn grammar(value: Option<Value>) -> Result<Option<RequestedGrammar>, ValidationError> {
     let Some(value) = value.filter(|value| !value.is_null()) else {
         return Ok(None);
     };
+    if value.get("value").is_some() {
+        return RequestedGrammar::from_tgi_object(value, TgiGrammarSite::RESPONSE_FORMAT).map(Some);
+    }
     let format: ResponseFormat =
         serde_json::from_value(value).map_err(|error| ValidationError::OutOfRange {
             param: "response_format".to_owned(),
-            expected: "`{\"type\": \"text\"}`, `{\"type\": \"json_object\"}` or `{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\", \"strict\"}}`",
+            expected: OPENAI_OR_TGI_FORMS,
             value: error.to_string(),
         })?;
     match format {
@@ -112,6 +118,25 @@ mod tests {
     }
 
     #[test]
+    fn tgi_grammar_objects_are_read_by_their_value() {
+        let person = json!({"type": "object", "properties": {"name": {"type": "string"}}});
+        // TGI's `json_object` with a `value` is that schema, not OpenAI's "any object".
+        for format in [
+            json!({"type": "json_object", "value": person}),
+            json!({"type": "json", "value": person}),
+            json!({"type": "json_schema", "value": {"name": "person", "schema": person}}),
+        ] {
+            assert_eq!(schema_of(format)["properties"], person["properties"]);
+        }
+        let regex = grammar(Some(json!({"type": "regex", "value": "[0-9]+"})));
+        assert!(
+            matches!(&regex, Ok(Some(RequestedGrammar { grammar: Grammar::Regex(r), param }))
+                if r == "[0-9]+" && *param == "response_format.value"),
+            "{regex:?}"
+        );
+    }
+
+    #[test]
     fn malformed_formats_name_their_parameter() {
         for (value, param) in [
             (json!({"type": "yaml"}), "response_format"),
@@ -123,6 +148,15 @@ mod tests {
             (
                 json!({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}),
                 "response_format.json_schema.schema",
+            ),
+            (json!({"type": "yaml", "value": "a: 1"}), "response_format"),
+            (
+                json!({"type": "json_schema", "value": {"name": "x"}}),
+                "response_format",
+            ),
+            (
+                json!({"type": "json", "value": "{not json"}),
+                "response_format.value",
             ),
         ] {
             let error = grammar(Some(value)).expect_err("malformed");
