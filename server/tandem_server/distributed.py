@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from tandem_server.errors import ConfigError
-from tandem_server.rendezvous import bind_gloo_to_loopback, rendezvous_store
+from tandem_server.rendezvous import bind_collectives_to_loopback, rendezvous_store
 
 # How long ranks wait for each other at the rendezvous and in a collective.
 _GROUP_TIMEOUT = timedelta(minutes=10)
@@ -81,8 +81,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     if own_device.type == "cuda":
         torch.cuda.set_device(own_device)
     if world_size > 1:
-        if own_device.type != "cuda":
-            bind_gloo_to_loopback(master_addr)
+        bind_collectives_to_loopback(master_addr)
         dist.init_process_group(
             backend="nccl" if own_device.type == "cuda" else "gloo",
             store=rendezvous_store(master_addr, master_port, rank, world_size, _GROUP_TIMEOUT),

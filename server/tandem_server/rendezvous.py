@@ -1,7 +1,8 @@
-"""Where the tensor-parallel ranks meet: a TCPStore, and for gloo the interface its sockets bind.
+"""Where the tensor-parallel ranks meet: a TCPStore, and the interface gloo's and NCCL's sockets bind.
 
 On a loopback master address (one machine, the launcher's default) nothing listens beyond loopback: torch's own
-store would listen on every interface and gloo on the address the host name resolves to.
+store would listen on every interface, gloo on the address the host name resolves to, and NCCL's bootstrap on the
+first interface it finds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: 
     )
 
 
-def bind_gloo_to_loopback(master_addr: str) -> None:
-    """Makes gloo listen on the loopback interface for a single-machine group (an explicit setting wins)."""
+# The settings gloo and NCCL read for the interface their sockets use.
+SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def bind_collectives_to_loopback(master_addr: str) -> None:
+    """Makes gloo and NCCL open their sockets on the loopback interface for a single-machine group (explicit settings
+    win)."""
     if is_loopback(master_addr):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+        interface = loopback_interface()
+        for variable in SOCKET_INTERFACE_VARIABLES:
+            os.environ.setdefault(variable, interface)

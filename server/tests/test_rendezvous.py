@@ -1,15 +1,21 @@
-"""A single-machine tensor-parallel group listens on loopback only: its store and gloo's sockets."""
+"""A single-machine tensor-parallel group listens on loopback only: its store, gloo's and NCCL's sockets."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 import sys
 
 import pytest
-from tandem_server.rendezvous import is_loopback
+from tandem_server.rendezvous import (
+    SOCKET_INTERFACE_VARIABLES,
+    bind_collectives_to_loopback,
+    is_loopback,
+    loopback_interface,
+)
 
 RANK_PROGRAM = """
 import json, sys
@@ -44,6 +50,19 @@ def free_port() -> int:
 )
 def test_loopback_master_addresses_are_recognised(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_collectives_bind_loopback_for_a_loopback_master_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A private copy of the environment, so nothing set here outlives the test.
+    environ = {name: value for name, value in os.environ.items() if name not in SOCKET_INTERFACE_VARIABLES}
+    monkeypatch.setattr(os, "environ", environ)
+    bind_collectives_to_loopback("10.0.0.5")
+    assert not any(variable in environ for variable in SOCKET_INTERFACE_VARIABLES)
+
+    environ["NCCL_SOCKET_IFNAME"] = "ib0"
+    bind_collectives_to_loopback("127.0.0.1")
+    assert environ["GLOO_SOCKET_IFNAME"] == loopback_interface()
+    assert environ["NCCL_SOCKET_IFNAME"] == "ib0"
 
 
 @pytest.mark.timeout(120)
