@@ -16,6 +16,7 @@ from tandem_launcher.config import (
     DEVICES,
     DTYPES,
     EMBEDDED_MODEL_ID,
+    GENERATION_CONFIG_USES,
     LOG_LEVELS,
     LauncherConfig,
     is_memory_size,
@@ -192,6 +193,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.switch("--always-include-usage", "end every OpenAI stream with a usage chunk")
     add.value("--chat-template", Path, None, "a Jinja chat template file used instead of the model's own")
     add.switch("--disable-chat-completions", "serve no /v1/chat/completions (lets a model without a template start)")
+    add.value(
+        "--generation-config",
+        str,
+        "auto",
+        "auto: OpenAI requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset use the values "
+        "the model's generation_config.json recommends (with do_sample: true); none: the OpenAI defaults",
+        choices=GENERATION_CONFIG_USES,
+    )
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
     return parser

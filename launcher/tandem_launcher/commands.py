@@ -119,6 +119,7 @@ def api_argv(config: LauncherConfig) -> list[str]:
         "--max-best-of", str(config.max_best_of),
         "--max-client-batch-size", str(config.max_client_batch_size),
         "--payload-limit", str(config.payload_limit),
+        "--generation-config", config.generation_config,
     ]  # fmt: skip
     if config.chat_template is not None:
         argv += ["--chat-template", str(config.chat_template)]

@@ -15,6 +15,8 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "sdpa", "triton", "flash")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Whether the model's generation_config.json sets OpenAI requests' sampling defaults (the router's flag).
+GENERATION_CONFIG_USES = ("auto", "none")
 # What `--device auto` becomes once the GPUs are counted.
 RESOLVED_DEVICES = ("cpu", "cuda")
 DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
@@ -102,6 +104,7 @@ class LauncherConfig:
     always_include_usage: bool = False
     chat_template: Path | None = None
     disable_chat_completions: bool = False
+    generation_config: str = "auto"
     commands: ChildCommands = field(default_factory=ChildCommands)
 
     def __post_init__(self) -> None:
@@ -186,6 +189,9 @@ def _problems(config: LauncherConfig) -> list[str]:
             problems.append(f"{flag} must be one of {', '.join(DTYPES)}, got {value!r}")
     if config.log_level not in LOG_LEVELS:
         problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if config.generation_config not in GENERATION_CONFIG_USES:
+        choices = ", ".join(GENERATION_CONFIG_USES)
+        problems.append(f"--generation-config must be one of {choices}, got {config.generation_config!r}")
     problems += _fault_problems(config)
     if not is_memory_size(config.kv_cache_memory):
         problems.append(f"--kv-cache-memory must be a size such as 1GiB or 512MB, got {config.kv_cache_memory!r}")

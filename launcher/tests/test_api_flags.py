@@ -32,6 +32,7 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
         "--max-best-of": "2",
         "--max-client-batch-size": "4",
         "--payload-limit": "2000000",
+        "--generation-config": "auto",
     }
     assert {flag: _value(argv, flag) for flag in expected} == expected
     assert (config.max_best_of, config.payload_limit, config.chat_template) == (2, 2_000_000, None)
@@ -43,7 +44,10 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     template = tmp_path / "chat.jinja"
     template.write_text("{{ messages[0].content }}")
     argv = ["--max-best-of", "3", "--payload-limit", "1000", "--always-include-usage", "--chat-template", str(template)]
-    environ = {"MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6"}
+    environ = {
+        "MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6",
+        "GENERATION_CONFIG": "none",
+    }  # fmt: skip
     config = parse_config(argv, environ)
     assert (config.max_best_of, config.payload_limit, config.max_client_batch_size) == (3, 1000, 8)
     assert config.always_include_usage and config.disable_chat_completions
@@ -52,6 +56,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     assert _value(router, "--max-best-of") == "3" and _value(router, "--max-stop-sequences") == "6"
     assert _value(router, "--chat-template") == str(template)
     assert "--always-include-usage" in router and "--disable-chat-completions" in router
+    assert _value(router, "--generation-config") == "none"
 
 
 @pytest.mark.parametrize(
@@ -62,6 +67,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         (["--max-client-batch-size", "-1"], "--max-client-batch-size must be positive"),
         (["--max-stop-sequences", "-1"], "--max-stop-sequences must not be negative"),
         (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
+        (["--generation-config", "vllm"], "--generation-config"),
     ],
 )
 def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

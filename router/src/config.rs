@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
 #[derive(Debug, Clone, Parser)]
@@ -117,6 +117,18 @@ pub struct ApiArgs {
     /// Serve no chat completions: lets a model without a chat template start.
     #[arg(long, env = "DISABLE_CHAT_COMPLETIONS")]
     pub disable_chat_completions: bool,
+    /// `auto`: OpenAI requests that leave temperature, top_p, top_k, min_p or
+    /// repetition_penalty unset get the values the model's generation_config.json recommends
+    /// (when it sets `do_sample: true`); `none`: they get the OpenAI defaults.
+    #[arg(long, env = "GENERATION_CONFIG", value_enum, default_value_t = GenerationConfigUse::Auto)]
+    pub generation_config: GenerationConfigUse,
+}
+
+/// Whether the model's recommended sampling values are OpenAI requests' defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GenerationConfigUse {
+    Auto,
+    None,
 }
 
 /// An API key as given on the command line; its `Debug` form never shows it.
@@ -197,6 +209,8 @@ pub struct ApiConfig {
     pub always_include_usage: bool,
     pub chat_template: Option<PathBuf>,
     pub chat_completions: bool,
+    /// Whether `generation_config.json`'s sampling values are OpenAI requests' defaults.
+    pub model_sampling_defaults: bool,
 }
 
 /// How the router rides through shard restarts and shuts down.
@@ -291,6 +305,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 always_include_usage: args.api.always_include_usage,
                 chat_template: args.api.chat_template,
                 chat_completions: !args.api.disable_chat_completions,
+                model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
             },
             api_keys: args.api_keys,
             api_key_files: args.api_key_files,
@@ -393,6 +408,7 @@ mod tests {
         assert_eq!(config.api.payload_limit, 2_000_000);
         assert!(!config.api.always_include_usage);
         assert!(config.api.chat_completions);
+        assert!(config.api.model_sampling_defaults);
         let config = parse(&[
             "--max-stop-sequences",
             "0",
@@ -404,6 +420,8 @@ mod tests {
             "--chat-template",
             "/t.jinja",
             "--disable-chat-completions",
+            "--generation-config",
+            "none",
         ])
         .unwrap();
         assert_eq!(config.api.max_stop_sequences, 0);
@@ -412,6 +430,7 @@ mod tests {
         assert!(config.api.always_include_usage);
         assert_eq!(config.api.chat_template, Some(PathBuf::from("/t.jinja")));
         assert!(!config.api.chat_completions);
+        assert!(!config.api.model_sampling_defaults);
         let error = parse(&["--max-client-batch-size", "0"]).unwrap_err();
         assert_eq!(error, ConfigError::Zero("max-client-batch-size"));
     }

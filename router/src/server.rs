@@ -18,7 +18,7 @@ use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
 use crate::validation::{
     self, chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
-    TemplateSourceError, Validator,
+    SamplingDefaults, TemplateSourceError, Validator,
 };
 
 /// Why the router could not start or keep serving.
@@ -81,6 +81,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         "tokenizer loaded"
     );
     let vocab = files.tokenizer.get_vocab_size(true);
+    let sampling_defaults = model_sampling_defaults(&files, &config);
     let (validator, decoding) = tokenization(files, &config)?;
     let phase = Instant::now();
     let fleet = ShardFleet::connect(&config.shard_uds_paths, config.shard_connect_timeout).await?;
@@ -115,7 +116,13 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         recovery,
         Arc::new(fleet.clone()),
     );
-    let info = server_info(&config, &model, num_blocks, fleet.num_shards());
+    let info = server_info(
+        &config,
+        &model,
+        num_blocks,
+        fleet.num_shards(),
+        sampling_defaults,
+    );
     crate::metrics::record_info(&info);
     let state = AppState::new(
         backend,
@@ -208,6 +215,7 @@ fn server_info(
     model: &pb::InfoResponse,
     num_blocks: usize,
     num_shard: usize,
+    default_sampling: SamplingDefaults,
 ) -> ServerInfo {
     let limits = &config.limits;
     ServerInfo {
@@ -228,6 +236,7 @@ fn server_info(
         max_client_batch_size: config.api.max_client_batch_size,
         payload_limit: config.api.payload_limit,
         always_include_usage: config.api.always_include_usage,
+        default_sampling,
         validation_workers: VALIDATION_WORKERS,
         block_size: limits.block_size,
         kv_cache_blocks: num_blocks,
@@ -238,6 +247,21 @@ fn server_info(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_secs()),
     }
+}
+
+/// The sampling values OpenAI requests default to: generation_config.json's, unless
+/// `--generation-config none`.
+fn model_sampling_defaults(files: &ModelFiles, config: &RouterConfig) -> SamplingDefaults {
+    let recommended = files.sampling_defaults;
+    if !config.api.model_sampling_defaults || recommended.is_empty() {
+        return SamplingDefaults::default();
+    }
+    info!(
+        defaults = ?recommended,
+        "OpenAI requests sample with generation_config.json's values where they set none \
+         (--generation-config none turns this off)"
+    );
+    recommended
 }
 
 /// Compiles the chat template and builds the validator and detokenizer from the model files.

@@ -8,10 +8,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
+use crate::validation::SamplingDefaults;
 
 /// What `/info` reports: the model, the limits and the KV cache size (TGI's `Info` plus
 /// Tandem's KV facts).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ServerInfo {
     pub model_id: String,
     pub model_dtype: String,
@@ -38,6 +39,9 @@ pub struct ServerInfo {
     pub payload_limit: usize,
     /// Whether every OpenAI stream ends with a usage chunk.
     pub always_include_usage: bool,
+    /// What OpenAI requests that leave these fields unset sample with: the model's
+    /// generation_config.json recommendations (`--generation-config auto`); empty for none.
+    pub default_sampling: SamplingDefaults,
     /// Most prompts tokenized at once (the blocking pool tokenization runs on).
     pub validation_workers: usize,
     pub block_size: usize,

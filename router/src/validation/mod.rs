@@ -5,6 +5,7 @@ mod grammar;
 mod model_files;
 mod params;
 mod processors;
+mod sampling_defaults;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -21,6 +22,7 @@ pub use grammar::{
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams, MAX_CHOICES};
 pub use processors::ProcessorParams;
+pub use sampling_defaults::SamplingDefaults;
 pub use template_source::{chat_template_source, TemplateSourceError};
 
 use crate::scheduler::{GenerationRequest, StoppingParams};

@@ -6,6 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+use super::SamplingDefaults;
+
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelFilesError {
@@ -34,6 +36,8 @@ pub struct ModelFiles {
     pub eos_token: Option<String>,
     /// `eos_token_id` from `generation_config.json`: extra ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// The sampling values `generation_config.json` recommends.
+    pub sampling_defaults: SamplingDefaults,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -41,11 +45,6 @@ struct TokenizerConfig {
     chat_template: Option<Value>,
     bos_token: Option<Value>,
     eos_token: Option<Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct GenerationConfig {
-    eos_token_id: Option<Value>,
 }
 
 impl ModelFiles {
@@ -70,14 +69,19 @@ impl ModelFiles {
                 .transpose()?
                 .flatten(),
         };
-        let generation: GenerationConfig =
+        let generation: Value =
             read_optional_json(&dir.join("generation_config.json"))?.unwrap_or_default();
         Ok(Self {
             tokenizer,
             chat_template,
             bos_token: config.bos_token.as_ref().and_then(token_content),
             eos_token: config.eos_token.as_ref().and_then(token_content),
-            eos_token_ids: generation.eos_token_id.map(token_ids).unwrap_or_default(),
+            eos_token_ids: generation
+                .get("eos_token_id")
+                .cloned()
+                .map(token_ids)
+                .unwrap_or_default(),
+            sampling_defaults: SamplingDefaults::from_generation_config(&generation),
         })
     }
 }
@@ -161,7 +165,7 @@ mod tests {
         );
         std::fs::write(
             dir.path().join("generation_config.json"),
-            r#"{"eos_token_id": [257, 3]}"#,
+            r#"{"eos_token_id": [257, 3], "do_sample": true, "temperature": 0.6}"#,
         )
         .unwrap();
         let files = ModelFiles::load(dir.path()).unwrap();
@@ -169,6 +173,7 @@ mod tests {
         assert_eq!(files.eos_token.as_deref(), Some("</s>"));
         assert_eq!(files.chat_template.as_deref(), Some("T"));
         assert_eq!(files.eos_token_ids, vec![257, 3]);
+        assert_eq!(files.sampling_defaults.temperature, Some(0.6));
     }
 
     #[test]
@@ -176,6 +181,7 @@ mod tests {
         let dir = write_model_dir(&json!({"chat_template": "from config"}), Some("from file"));
         let files = ModelFiles::load(dir.path()).unwrap();
         assert_eq!(files.chat_template.as_deref(), Some("from file"));
+        assert!(files.eos_token_ids.is_empty() && files.sampling_defaults.is_empty());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
-    Prompt, ValidationError, MAX_CHOICES,
+    Prompt, SamplingDefaults, ValidationError, MAX_CHOICES,
 };
 
 /// Most alternatives per token OpenAI's chat route returns.
@@ -208,6 +208,7 @@ impl ChatRequest {
     /// The prompt, the parameters and the number of choices.
     fn into_parts(
         mut self,
+        defaults: &SamplingDefaults,
     ) -> Result<(Prompt, GenerationParams, usize, Option<ToolPlan>), ValidationError> {
         let response_format = self.extra.remove("response_format");
         let tool_plan = tools::plan(
@@ -244,6 +245,7 @@ impl ChatRequest {
         };
         let mut params = self
             .sampling_fields()
+            .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
@@ -393,7 +395,7 @@ pub async fn completions(
     let include_usage =
         StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
-    let (prompt, params, n, tool_plan) = request.into_parts()?;
+    let (prompt, params, n, tool_plan) = request.into_parts(&state.info.default_sampling)?;
     let generations =
         Generation::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);

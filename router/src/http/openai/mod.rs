@@ -51,7 +51,7 @@ use super::sse::{done_event, json_event, sse_response};
 use crate::error::{error_event, Api};
 use crate::scheduler::LogprobOptions;
 use crate::stream::{Finish, TokenText};
-use crate::validation::{GenerationParams, ProcessorParams};
+use crate::validation::{GenerationParams, ProcessorParams, SamplingDefaults};
 
 /// `stop`: one string or a list of strings.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -88,6 +88,19 @@ pub struct SamplingFields {
 }
 
 impl SamplingFields {
+    /// Fills the fields the client left unset with the model's recommended values.
+    pub fn or_defaults(mut self, defaults: &SamplingDefaults) -> Self {
+        self.temperature = self.temperature.or(defaults.temperature);
+        self.top_p = self.top_p.or(defaults.top_p);
+        self.top_k = self.top_k.or(defaults.top_k);
+        let processors = &mut self.processors;
+        processors.min_p = processors.min_p.or(defaults.min_p);
+        processors.repetition_penalty = processors
+            .repetition_penalty
+            .or(defaults.repetition_penalty);
+        self
+    }
+
     /// The route-independent parameters; `max_new_tokens` is named by the route.
     pub fn into_params(
         self,

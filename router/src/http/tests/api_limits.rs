@@ -3,10 +3,7 @@
 use serde_json::json;
 
 use super::*;
-
-fn ok_backend() -> Arc<FakeBackend> {
-    FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
-}
+use crate::validation::SamplingDefaults;
 
 fn native_error(reply: &Reply, param: &str) {
     assert_eq!(
@@ -132,4 +129,64 @@ async fn info_reports_tgi_limits() {
     }
     assert_eq!(info["payload_limit"], PAYLOAD_LIMIT);
     assert_eq!(info["always_include_usage"], false);
+}
+
+#[tokio::test]
+async fn model_sampling_defaults_fill_only_what_openai_requests_leave_unset() {
+    let backend = ok_backend();
+    let info = ServerInfo {
+        default_sampling: SamplingDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            top_k: Some(20),
+            min_p: None,
+            repetition_penalty: Some(1.25),
+        },
+        ..server_info(4)
+    };
+    let app = test_app_with(backend.clone(), info);
+    let chat = r#"{"messages": [{"role": "user", "content": "a"}]}"#;
+    let completion = r#"{"prompt": "a", "temperature": 0, "top_k": 0}"#;
+    for (path, body) in [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completion),
+        ("/generate", r#"{"inputs": "a"}"#),
+    ] {
+        assert_eq!(
+            post(&app, path, body).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    let sampled: Vec<_> = backend
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request| {
+            let s = &request.sampling;
+            (
+                s.temperature,
+                s.top_k,
+                s.top_p,
+                s.min_p,
+                s.repetition_penalty,
+            )
+        })
+        .collect();
+    assert_eq!(
+        sampled,
+        vec![
+            (0.6, 20, 0.9, 0.0, 1.25),
+            // What the client set wins, even where it turns an option off.
+            (0.0, 0, 0.9, 0.0, 1.25),
+            // The native route keeps TGI's defaults: greedy, no processors.
+            (0.0, 0, 1.0, 0.0, 1.0),
+        ]
+    );
+    let reported = get(&app, "/info").await.json();
+    assert_eq!(
+        reported["default_sampling"],
+        json!({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.25})
+    );
 }

@@ -2,10 +2,6 @@
 
 use super::*;
 
-fn ok_backend() -> Arc<FakeBackend> {
-    FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
-}
-
 const PARTIAL: &str = r#"[{"role": "system", "content": "Hi"},
     {"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2, "}]"#;
 

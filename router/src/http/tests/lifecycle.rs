@@ -76,10 +76,6 @@ async fn post_with_headers(app: &axum::Router, path: &str, body: &str) -> (Reply
     (reply, retry_after)
 }
 
-fn ok_backend() -> Arc<FakeBackend> {
-    FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
-}
-
 #[tokio::test]
 async fn recovering_refuses_new_requests_with_503_and_retry_after_in_each_routes_shape() {
     let backend = ok_backend();

@@ -30,7 +30,7 @@ use crate::scheduler::{
     LoadSnapshot, SchedulerError, TokenLogprob,
 };
 use crate::stream::TokenDecoding;
-use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, Validator};
+use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, SamplingDefaults, Validator};
 
 pub const MODEL_ID: &str = "test-model";
 pub const MAX_INPUT_TOKENS: usize = 64;
@@ -203,6 +203,7 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
         max_client_batch_size: 3,
         payload_limit: PAYLOAD_LIMIT,
         always_include_usage: false,
+        default_sampling: SamplingDefaults::default(),
         validation_workers: 512,
         block_size: 16,
         kv_cache_blocks: 100,
@@ -219,6 +220,11 @@ pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Route
 }
 
 /// The app over `backend` with the limits in `info`.
+/// A backend that answers every request with the tokens of "ok", stopped by length.
+pub fn ok_backend() -> Arc<FakeBackend> {
+    FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
+}
+
 pub fn test_app_with(backend: Arc<FakeBackend>, info: ServerInfo) -> axum::Router {
     app(test_state(backend, info))
 }

@@ -8,10 +8,6 @@ fn app(backend: &Arc<FakeBackend>) -> axum::Router {
     test_app(backend.clone(), 16)
 }
 
-fn ok_backend() -> Arc<FakeBackend> {
-    FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
-}
-
 #[tokio::test]
 async fn each_prompt_of_a_list_gets_its_own_n_choices_indexed_as_openai_does() {
     let backend = ok_backend();

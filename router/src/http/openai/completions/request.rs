@@ -183,6 +183,7 @@ impl CompletionRequest {
         };
         let mut params = self
             .sampling_fields()
+            .or_defaults(&limits.default_sampling)
             .into_params((self.max_tokens, "max_tokens"), logprobs);
         params.grammar = super::super::response_format::grammar(response_format)?;
         Ok(CompletionPlan {
