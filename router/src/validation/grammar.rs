@@ -73,9 +73,14 @@ enum TgiGrammar {
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TgiJsonSchema {
-    /// A label for the client's own bookkeeping; it does not change the grammar.
+    /// OpenAI's `json_schema` fields besides `schema` label the schema or ask for strictness
+    /// (output always follows the schema), so none changes the grammar.
     #[serde(default, rename = "name")]
     _name: Option<String>,
+    #[serde(default, rename = "description")]
+    _description: Option<String>,
+    #[serde(default, rename = "strict")]
+    _strict: Option<bool>,
     schema: Value,
 }
 
@@ -347,7 +352,7 @@ mod tests {
             "type": "json_schema", "value": {"name": "thing", "schema": {"type": "object"}}
         })));
         let unnamed_json_schema = RequestedGrammar::from_tgi(Some(
-            json!({"type": "json_schema", "value": {"schema": {"type": "object"}}}),
+            json!({"type": "json_schema", "value": {"schema": {"type": "object"}, "strict": true}}),
         ));
         assert!(matches!(&from_object, Ok(Some(g)) if g.param == "parameters.grammar.value"));
         for other in [
@@ -371,7 +376,7 @@ mod tests {
             json!({"type": "regex"}),
             json!({"type": "json", "value": "{"}),
             json!({"type": "json_schema", "value": {"name": "no schema"}}),
-            json!({"type": "json_schema", "value": {"schema": {}, "strict": true}}),
+            json!({"type": "json_schema", "value": {"schema": {}, "format": "yaml"}}),
         ] {
             let error = RequestedGrammar::from_tgi(Some(bad)).expect_err("malformed");
             assert!(
