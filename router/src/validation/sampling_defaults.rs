@@ -49,47 +49,20 @@ impl SamplingDefaults {
         *self == Self::default()
     }
 
-    fn without_refused_values(self) -> Self {
-        let accepted = |alone: Self| match check(&alone.as_params(), 0) {
-            Ok(_) => true,
-            Err(error) => {
-                warn!(%error, "generation_config.json recommends a value Tandem refuses; ignoring it");
-                false
+    fn without_refused_values(mut self) -> Self {
+        // Each round drops the value the range checks name first, until the rest all pass.
+        while let Err(error) = check(&self.as_params(), 0) {
+            warn!(%error, "generation_config.json recommends a value Tandem refuses; ignoring it");
+            match error.param() {
+                Some("temperature") => self.temperature = None,
+                Some("top_p") => self.top_p = None,
+                Some("top_k") => self.top_k = None,
+                Some("min_p") => self.min_p = None,
+                Some("repetition_penalty") => self.repetition_penalty = None,
+                _ => return Self::default(),
             }
-        };
-        let none = Self::default();
-        Self {
-            temperature: self.temperature.filter(|&value| {
-                accepted(Self {
-                    temperature: Some(value),
-                    ..none
-                })
-            }),
-            top_p: self.top_p.filter(|&value| {
-                accepted(Self {
-                    top_p: Some(value),
-                    ..none
-                })
-            }),
-            top_k: self.top_k.filter(|&value| {
-                accepted(Self {
-                    top_k: Some(value),
-                    ..none
-                })
-            }),
-            min_p: self.min_p.filter(|&value| {
-                accepted(Self {
-                    min_p: Some(value),
-                    ..none
-                })
-            }),
-            repetition_penalty: self.repetition_penalty.filter(|&value| {
-                accepted(Self {
-                    repetition_penalty: Some(value),
-                    ..none
-                })
-            }),
         }
+        self
     }
 
     fn as_params(&self) -> GenerationParams {
