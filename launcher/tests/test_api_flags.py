@@ -74,3 +74,9 @@ def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str],
     with pytest.raises(SystemExit):
         parse_config(argv, {})
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_generation_config_from_the_environment_exits_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config([], {"GENERATION_CONFIG": "vllm"})
+    assert "--generation-config must be one of auto, none, got 'vllm'" in capsys.readouterr().err
