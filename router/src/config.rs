@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::limits::{ConnectionLimits, RequestLimits};
+
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tandem-router", version, about)]
@@ -88,6 +90,10 @@ pub struct RouterArgs {
     pub log_requests: bool,
     #[command(flatten)]
     pub api: ApiArgs,
+    #[command(flatten)]
+    pub request_limits: RequestLimits,
+    #[command(flatten)]
+    pub connections: ConnectionLimits,
 }
 
 /// Limits and behaviour of the client-facing API.
@@ -194,6 +200,8 @@ pub struct RouterConfig {
     pub shard_connect_timeout: Duration,
     pub lifecycle: Lifecycle,
     pub api: ApiConfig,
+    pub request_limits: RequestLimits,
+    pub connections: ConnectionLimits,
     pub api_keys: Vec<ApiKey>,
     pub api_key_files: Vec<PathBuf>,
 }
@@ -226,33 +234,46 @@ pub struct Lifecycle {
     pub log_requests: bool,
 }
 
+/// Every size flag that must be at least 1 is.
+fn check_nonzero(args: &RouterArgs) -> Result<(), ConfigError> {
+    let sizes = [
+        ("max-concurrent-requests", args.max_concurrent_requests),
+        ("max-input-tokens", args.max_input_tokens),
+        ("max-total-tokens", args.max_total_tokens),
+        ("max-batch-prefill-tokens", args.max_batch_prefill_tokens),
+        ("max-batch-size", args.max_batch_size),
+        ("block-size", args.block_size),
+        ("max-best-of", args.api.max_best_of),
+        ("max-client-batch-size", args.api.max_client_batch_size),
+        ("payload-limit", args.api.payload_limit),
+        ("max-queued-tokens", args.max_queued_tokens.unwrap_or(1)),
+        (
+            "max-queue-time",
+            usize::try_from(args.max_queue_time).unwrap_or(usize::MAX),
+        ),
+        (
+            "step-timeout",
+            usize::try_from(args.step_timeout).unwrap_or(usize::MAX),
+        ),
+    ];
+    if let Some((flag, _)) = sizes.iter().find(|(_, value)| *value == 0) {
+        return Err(ConfigError::Zero(flag));
+    }
+    match args
+        .request_limits
+        .zero_flag()
+        .or_else(|| args.connections.zero_flag())
+    {
+        Some(flag) => Err(ConfigError::Zero(flag)),
+        None => Ok(()),
+    }
+}
+
 impl TryFrom<RouterArgs> for RouterConfig {
     type Error = ConfigError;
 
     fn try_from(args: RouterArgs) -> Result<Self, ConfigError> {
-        let sizes = [
-            ("max-concurrent-requests", args.max_concurrent_requests),
-            ("max-input-tokens", args.max_input_tokens),
-            ("max-total-tokens", args.max_total_tokens),
-            ("max-batch-prefill-tokens", args.max_batch_prefill_tokens),
-            ("max-batch-size", args.max_batch_size),
-            ("block-size", args.block_size),
-            ("max-best-of", args.api.max_best_of),
-            ("max-client-batch-size", args.api.max_client_batch_size),
-            ("payload-limit", args.api.payload_limit),
-            ("max-queued-tokens", args.max_queued_tokens.unwrap_or(1)),
-            (
-                "max-queue-time",
-                usize::try_from(args.max_queue_time).unwrap_or(usize::MAX),
-            ),
-            (
-                "step-timeout",
-                usize::try_from(args.step_timeout).unwrap_or(usize::MAX),
-            ),
-        ];
-        if let Some((flag, _)) = sizes.iter().find(|(_, value)| *value == 0) {
-            return Err(ConfigError::Zero(flag));
-        }
+        check_nonzero(&args)?;
         if args.max_input_tokens >= args.max_total_tokens {
             return Err(ConfigError::InputNotBelowTotal {
                 max_input_tokens: args.max_input_tokens,
@@ -307,6 +328,8 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 chat_completions: !args.api.disable_chat_completions,
                 model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
             },
+            request_limits: args.request_limits,
+            connections: args.connections,
             api_keys: args.api_keys,
             api_key_files: args.api_key_files,
         })
@@ -433,6 +456,43 @@ mod tests {
         assert!(!config.api.model_sampling_defaults);
         let error = parse(&["--max-client-batch-size", "0"]).unwrap_err();
         assert_eq!(error, ConfigError::Zero("max-client-batch-size"));
+    }
+
+    #[test]
+    fn request_and_connection_limits_default_and_are_parsed() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.request_limits, RequestLimits::default());
+        assert_eq!(config.request_limits.max_logit_bias, 300);
+        assert_eq!(config.connections.max_connections, 1024);
+        assert_eq!(
+            config.connections.header_read_timeout(),
+            Duration::from_secs(10)
+        );
+        let config = parse(&[
+            "--max-stop-sequence-length",
+            "8",
+            "--max-stop-token-ids",
+            "0",
+            "--max-choices",
+            "3",
+            "--max-connections",
+            "5",
+            "--header-read-timeout",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(config.request_limits.max_stop_sequence_length, 8);
+        assert_eq!(config.request_limits.max_stop_token_ids, 0);
+        assert_eq!(config.request_limits.max_choices, 3);
+        assert_eq!(config.connections.max_connections, 5);
+        assert_eq!(config.connections.header_read_timeout, 2);
+        for (flag, name) in [
+            ("--max-choices", "max-choices"),
+            ("--max-connections", "max-connections"),
+            ("--header-read-timeout", "header-read-timeout"),
+        ] {
+            assert_eq!(parse(&[flag, "0"]).unwrap_err(), ConfigError::Zero(name));
+        }
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub enum AppError {
     },
     #[error("the request body exceeds the payload limit of {0} bytes")]
     PayloadTooLarge(usize),
+    #[error("the request body must be JSON: send `Content-Type: application/json`")]
+    NotJson,
     #[error("the server is handling its maximum of {0} concurrent requests; retry later")]
     Overloaded(usize),
     #[error("the queue holds {queued} of at most {limit} tokens (--max-queued-tokens) and this request needs {needed}; retry later")]
@@ -52,6 +54,7 @@ pub enum AppError {
 enum Kind {
     Validation,
     TooLarge,
+    NotJson,
     Overloaded,
     Unauthorized,
     Generation,
@@ -101,7 +104,7 @@ impl AppError {
         match (self.kind(), scheduler) {
             (_, Some(SchedulerError::QueueTimeout(_))) => "timeout",
             (_, Some(SchedulerError::ShardFailed(_))) => "shard_error",
-            (Kind::Validation | Kind::TooLarge, _) => "validation",
+            (Kind::Validation | Kind::TooLarge | Kind::NotJson, _) => "validation",
             (Kind::Overloaded, _) => "overloaded",
             (Kind::Unauthorized, _) => "unauthorized",
             (Kind::Unavailable, _) => "unavailable",
@@ -156,7 +159,7 @@ impl Flavor for Native {
 
 fn native_type(kind: Kind) -> &'static str {
     match kind {
-        Kind::Validation | Kind::TooLarge => "validation",
+        Kind::Validation | Kind::TooLarge | Kind::NotJson => "validation",
         Kind::Overloaded => "overloaded",
         Kind::Unauthorized => "unauthorized",
         Kind::Generation => "generation",
@@ -169,6 +172,7 @@ fn status(api: Api, kind: Kind) -> StatusCode {
         (Kind::Validation, Api::OpenAi) => StatusCode::BAD_REQUEST,
         (Kind::Validation, Api::Native) => StatusCode::UNPROCESSABLE_ENTITY,
         (Kind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
+        (Kind::NotJson, _) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
         (Kind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
         (Kind::Generation, Api::OpenAi) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -248,7 +252,9 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
         }),
         Api::OpenAi => {
             let error_type = match kind {
-                Kind::Validation | Kind::TooLarge | Kind::Unauthorized => "invalid_request_error",
+                Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::Unauthorized => {
+                    "invalid_request_error"
+                }
                 Kind::Overloaded => "overloaded",
                 Kind::Generation => "server_error",
                 Kind::Unavailable => "service_unavailable",
@@ -292,7 +298,7 @@ pub fn error_response(api: Api, error: &AppError) -> Response {
         Kind::Unauthorized => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        Kind::Validation | Kind::TooLarge | Kind::Generation => {}
+        Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::Generation => {}
     }
     response
 }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod kv;
+pub mod limits;
 pub mod metrics;
 pub mod scheduler;
 pub mod server;

@@ -1,6 +1,5 @@
 //! Start-up: tokenizer, shards, KV cache, scheduler, then the HTTP server until a signal.
 
-use std::future::IntoFuture;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -96,13 +95,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         "shards connected"
     );
     check_model_fits(&config, &model)?;
-    if vocab > usize::try_from(model.vocab_size).unwrap_or(usize::MAX) {
-        warn!(
-            tokenizer_vocab = vocab,
-            model_vocab = model.vocab_size,
-            "the tokenizer has more tokens than the model"
-        );
-    }
+    let validator = bound_to_model_vocab(validator, vocab, &model);
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
@@ -158,6 +151,27 @@ fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(
         });
     }
     Ok(())
+}
+
+/// Token ids must exist in the model's embedding as well as in the tokenizer (a model
+/// vocabulary of 0 means the shard did not say).
+fn bound_to_model_vocab(
+    validator: Validator,
+    tokenizer_vocab: usize,
+    model: &pb::InfoResponse,
+) -> Validator {
+    let model_vocab = usize::try_from(model.vocab_size).unwrap_or(usize::MAX);
+    if tokenizer_vocab > model_vocab {
+        warn!(
+            tokenizer_vocab,
+            model_vocab = model.vocab_size,
+            "the tokenizer has more tokens than the model"
+        );
+    }
+    if model_vocab == 0 {
+        return validator;
+    }
+    validator.with_model_vocab_size(model_vocab)
 }
 
 /// The Warmup sent at start-up and again after every shard restart.
@@ -236,6 +250,8 @@ fn server_info(
         max_client_batch_size: config.api.max_client_batch_size,
         payload_limit: config.api.payload_limit,
         always_include_usage: config.api.always_include_usage,
+        request_limits: config.request_limits,
+        connections: config.connections,
         default_sampling,
         validation_workers: VALIDATION_WORKERS,
         block_size: limits.block_size,
@@ -288,7 +304,8 @@ fn tokenization(
         chat_template,
         limits,
         files.eos_token_ids,
-    );
+    )
+    .with_request_limits(config.request_limits);
     if let Some(grammars) = grammars {
         validator = validator.with_grammars(Arc::new(grammars));
     }
@@ -304,7 +321,7 @@ fn grammar_compiler(config: &RouterConfig, eos_token_ids: &[u32]) -> Option<Gram
                 elapsed_ms = started.elapsed().as_millis(),
                 "grammar engine ready"
             );
-            Some(compiler)
+            Some(compiler.with_max_bytes(config.request_limits.max_grammar_bytes))
         }
         Err(error) => {
             warn!(%error, "structured output and tools are disabled");
@@ -327,13 +344,14 @@ async fn serve(config: &RouterConfig, state: AppState) -> Result<(), StartupErro
     info!("listening on http://{address}");
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     // A task of its own: the accept loop must keep running (answering 503) during the drain.
-    let mut server = tokio::spawn(
-        axum::serve(listener, http::app(state.clone()))
-            .with_graceful_shutdown(async {
-                let _ = closed.await;
-            })
-            .into_future(),
-    );
+    let mut server = tokio::spawn(http::serve_connections(
+        listener,
+        http::app(state.clone()),
+        config.connections,
+        async {
+            let _ = closed.await;
+        },
+    ));
     tokio::select! {
         result = &mut server => return served(result),
         () = shutdown_signal() => {}
@@ -353,11 +371,8 @@ async fn serve(config: &RouterConfig, state: AppState) -> Result<(), StartupErro
 }
 
 /// The server task's outcome as the router's.
-fn served(result: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), StartupError> {
-    match result {
-        Ok(outcome) => outcome.map_err(StartupError::Serve),
-        Err(error) => Err(StartupError::Serve(std::io::Error::other(error))),
-    }
+fn served(result: Result<(), tokio::task::JoinError>) -> Result<(), StartupError> {
+    result.map_err(|error| StartupError::Serve(std::io::Error::other(error)))
 }
 
 /// How long open connections get to finish sending after the drain.

@@ -8,6 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
+use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::validation::SamplingDefaults;
 
 /// What `/info` reports: the model, the limits and the KV cache size (TGI's `Info` plus
@@ -39,6 +40,10 @@ pub struct ServerInfo {
     pub payload_limit: usize,
     /// Whether every OpenAI stream ends with a usage chunk.
     pub always_include_usage: bool,
+    #[serde(flatten)]
+    pub request_limits: RequestLimits,
+    #[serde(flatten)]
+    pub connections: ConnectionLimits,
     /// What OpenAI requests that leave these fields unset sample with: the model's
     /// generation_config.json recommendations (`--generation-config auto`); empty for none.
     pub default_sampling: SamplingDefaults,

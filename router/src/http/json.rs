@@ -1,9 +1,13 @@
 //! A JSON body extractor whose rejections use the route's error shape, never axum's plain text.
+//! Like axum's own `Json`, it takes only bodies sent as JSON: a `Content-Type` of
+//! `application/json` or `application/*+json` (parameters such as `charset` allowed). Any other
+//! type, or none, is answered 415 before the body is read. The OpenAI SDKs, `huggingface_hub`
+//! and `curl -H 'Content-Type: application/json'` all send it; `curl -d` alone sends a form type.
 
 use std::marker::PhantomData;
 
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
@@ -23,6 +27,9 @@ where
     type Rejection = ApiError<F>;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        if !is_json(request.headers()) {
+            return Err(AppError::NotJson.into());
+        }
         let body = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| {
@@ -39,6 +46,22 @@ where
             .map(|value| Self(value, PhantomData))
             .map_err(Into::into)
     }
+}
+
+/// Whether the body is declared as JSON, as axum's `Json` decides it.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let subtype = subtype.to_ascii_lowercase();
+    kind.eq_ignore_ascii_case("application") && (subtype == "json" || subtype.ends_with("+json"))
 }
 
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
@@ -91,6 +114,35 @@ mod tests {
             message.starts_with("`nested.seed`: invalid value"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn only_json_content_types_are_json() {
+        let declared = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::CONTENT_TYPE, value.parse().unwrap());
+            }
+            is_json(&headers)
+        };
+        for json in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/vnd.api+json",
+        ] {
+            assert!(declared(Some(json)), "{json}");
+        }
+        for other in [
+            None,
+            Some("application/x-www-form-urlencoded"),
+            Some("text/plain"),
+            Some("text/json"),
+            Some("application/jsonx"),
+            Some("json"),
+        ] {
+            assert!(!declared(other), "{other:?}");
+        }
     }
 
     #[test]

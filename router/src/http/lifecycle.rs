@@ -95,7 +95,8 @@ pub struct HealthQuery {
 /// `GET /health`: liveness. 200 while the router is up and every shard answers (also while
 /// draining), else 503; the body names the state (`ok`, `recovering` or `draining`). With
 /// `?deep=true` every shard runs a one-token forward, queued between two steps and bounded
-/// by the step timeout. Probes take no admission permit and count in no request metric.
+/// by the step timeout; one probe runs at a time and its answer is shared for a second (see
+/// `deep_health`). Probes take no admission permit and count in no request metric.
 #[utoipa::path(get, path = "/health", tag = "Operations", params(HealthQuery), responses(
     (status = 200, description = "Every shard answers", body = HealthBody),
     (status = 400, description = "`deep` is not `true` or `false`"),
@@ -105,7 +106,7 @@ pub async fn health(State(state): State<AppState>, Query(query): Query<HealthQue
     let shards = if state.backend.phase() == EnginePhase::Recovering {
         Err(SchedulerError::Recovering)
     } else if query.deep {
-        state.backend.deep_health().await
+        state.deep_probe.check(state.backend.as_ref()).await
     } else {
         state.backend.health().await
     };

@@ -2,6 +2,8 @@
 
 mod admission;
 mod auth;
+mod connections;
+mod deep_health;
 mod generation;
 mod info;
 mod json;
@@ -28,6 +30,7 @@ use utoipa_axum::routes;
 
 pub use admission::Admission;
 pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
+pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use lifecycle::Draining;
 
@@ -53,6 +56,8 @@ pub struct AppState {
     admission: Admission,
     /// Keys the protected routes require; `None`: no authentication.
     api_keys: Option<ApiKeys>,
+    /// The deep health probe every `/health?deep=true` shares.
+    deep_probe: Arc<deep_health::DeepProbe>,
 }
 
 impl AppState {
@@ -76,6 +81,7 @@ impl AppState {
             log_requests: false,
             admission,
             api_keys: None,
+            deep_probe: Arc::default(),
         }
     }
 
@@ -110,6 +116,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(native::generate_stream))
         .routes(routes!(openai::chat::completions))
         .routes(routes!(openai::completions::completions))
+        .routes(routes!(native::tokenize::tokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             lifecycle::admit_when_serving,
@@ -122,7 +129,6 @@ pub fn app(state: AppState) -> Router {
     }
     let protected = OpenApiRouter::new()
         .merge(inference)
-        .routes(routes!(native::tokenize::tokenize))
         .routes(routes!(info::models))
         .routes(routes!(info::info))
         .route_layer(middleware::from_fn_with_state(

@@ -73,6 +73,10 @@ fn describe() {
         "tandem_info",
         "Always 1; the labels describe the served model and the limits"
     );
+    describe_counter!(
+        "tandem_health_deep_probes_total",
+        "Deep health probes run on the shards (concurrent /health?deep=true callers share one)"
+    );
 }
 
 fn describe_requests() {

@@ -2,21 +2,25 @@
 //! not compile is the client's 4xx, never a shard error, and no grammar can stall the router.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use super::ValidationError;
 use crate::scheduler::Grammar;
 
-/// Largest grammar source accepted (a schema, a regex or a generated tool grammar).
-pub const MAX_GRAMMAR_BYTES: usize = 128 * 1024;
-/// Wall-clock bound on one compilation; llguidance's fuel limits end it well before.
+/// Wall-clock bound on one compilation, waiting for a compile slot included; llguidance's
+/// fuel limits end the work well before, and a compilation given up on is cancelled.
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Compilations running at once. A compilation given up on keeps its slot until it has
+/// really stopped, so abandoned work can never pile up on the blocking pool.
+const MAX_CONCURRENT_COMPILES: usize = 4;
 /// Lexer fuel for building a grammar (llguidance: ~50k units per ms, so ~20 ms).
 const INITIAL_LEXER_FUEL: u64 = 1_000_000;
 /// Lexer fuel for one token mask (llguidance: ~14k units per ms, so ~15 ms).
@@ -159,6 +163,42 @@ pub struct GrammarSetupError {
 /// Compiles grammars against the model's vocabulary (built once at start-up).
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    /// Largest grammar source accepted, in bytes (`--max-grammar-bytes`).
+    max_bytes: usize,
+    compile_slots: Arc<Semaphore>,
+}
+
+/// Lets the side waiting for a compilation stop it once it gives up.
+#[derive(Debug, Default)]
+struct Abandon {
+    abandoned: AtomicBool,
+    mask: Mutex<Option<CancellationHandle>>,
+}
+
+impl Abandon {
+    /// Stops the compilation: before its mask computation starts, or while it runs.
+    fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+        if let Ok(mask) = self.mask.lock() {
+            if let Some(handle) = mask.as_ref() {
+                handle.cancel();
+            }
+        }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// Registers the mask computation's cancellation; cancels it at once if already abandoned.
+    fn watch(&self, handle: CancellationHandle) {
+        if let Ok(mut mask) = self.mask.lock() {
+            *mask = Some(handle.clone());
+        }
+        if self.is_abandoned() {
+            handle.cancel();
+        }
+    }
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -198,7 +238,16 @@ impl GrammarCompiler {
         limits.verbose_errors = false;
         Ok(Self {
             factory: Arc::new(factory),
+            max_bytes: 128 * 1024,
+            compile_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_COMPILES)),
         })
+    }
+
+    /// Accepts grammar sources of at most `max_bytes` bytes.
+    #[must_use]
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Compiles `requested` and computes its first token mask, on a blocking worker, within
@@ -211,27 +260,44 @@ impl GrammarCompiler {
         let source_len = match &requested.grammar {
             Grammar::JsonSchema(text) | Grammar::Regex(text) | Grammar::Lark(text) => text.len(),
         };
-        if source_len > MAX_GRAMMAR_BYTES {
+        if source_len > self.max_bytes {
             return Err(invalid(format!(
-                "it has {source_len} bytes, at most {MAX_GRAMMAR_BYTES} are allowed"
+                "it has {source_len} bytes, at most {} are allowed",
+                self.max_bytes
             )));
         }
-        let factory = Arc::clone(&self.factory);
-        let grammar = requested.grammar.clone();
-        let job = tokio::task::spawn_blocking(move || compile(&factory, &grammar));
-        match tokio::time::timeout(COMPILE_TIMEOUT, job).await {
-            Err(_) => Err(invalid(format!(
+        let deadline = tokio::time::Instant::now() + COMPILE_TIMEOUT;
+        let timed_out = || {
+            invalid(format!(
                 "it did not compile within {} ms",
                 COMPILE_TIMEOUT.as_millis()
-            ))),
+            ))
+        };
+        let slots = Arc::clone(&self.compile_slots).acquire_owned();
+        let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, slots).await else {
+            return Err(timed_out());
+        };
+        let (factory, grammar) = (Arc::clone(&self.factory), requested.grammar.clone());
+        let abandon = Arc::new(Abandon::default());
+        let compiling = Arc::clone(&abandon);
+        let job = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            compile(&factory, &grammar, &compiling)
+        });
+        match tokio::time::timeout_at(deadline, job).await {
+            Err(_) => {
+                abandon.abandon();
+                Err(timed_out())
+            }
             Ok(Err(join)) => Err(invalid(format!("the grammar compiler failed: {join}"))),
             Ok(Ok(result)) => result.map_err(invalid),
         }
     }
 }
 
-/// Builds the parser and its first mask: errors that only show lazily surface here too.
-fn compile(factory: &ParserFactory, grammar: &Grammar) -> Result<(), String> {
+/// Builds the parser (bounded by llguidance's fuel and grammar-size limits) and its first
+/// mask (cancellable through `abandon`): errors that only show lazily surface here too.
+fn compile(factory: &ParserFactory, grammar: &Grammar, abandon: &Abandon) -> Result<(), String> {
     let top = match grammar {
         Grammar::JsonSchema(text) => {
             let schema: Value =
@@ -241,7 +307,14 @@ fn compile(factory: &ParserFactory, grammar: &Grammar) -> Result<(), String> {
         Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
         Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
     };
-    let mut matcher = Matcher::new(factory.create_parser(top));
+    let parser = factory.create_parser(top);
+    if abandon.is_abandoned() {
+        return Err("the compilation was cancelled".to_owned());
+    }
+    let mut matcher = Matcher::new(parser).into_cancellable();
+    if let Some(handle) = matcher.cancellation_handle() {
+        abandon.watch(handle);
+    }
     if let Some(error) = matcher.get_error() {
         return Err(error);
     }
@@ -316,8 +389,45 @@ mod tests {
 
     #[tokio::test]
     async fn oversized_sources_are_rejected_before_compiling() {
-        let huge = regex(&"a".repeat(MAX_GRAMMAR_BYTES + 1));
+        let huge = regex(&"a".repeat(128 * 1024 + 1));
         assert!(message(huge).await.contains("at most"));
+        let small = compiler().with_max_bytes(8);
+        let error = small.check(&regex("[a-z]{1,9}")).await.unwrap_err();
+        assert!(error.to_string().contains("at most 8"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_compile_waits_for_a_slot_no_longer_than_the_bound() {
+        let compiler = compiler();
+        let held = Arc::clone(&compiler.compile_slots)
+            .acquire_many_owned(u32::try_from(MAX_CONCURRENT_COMPILES).unwrap())
+            .await
+            .unwrap();
+        let error = compiler.check(&regex("[a-z]+")).await.unwrap_err();
+        assert!(
+            error.to_string().contains("did not compile within"),
+            "{error}"
+        );
+        drop(held);
+        assert_eq!(compiler.check(&regex("[a-z]+")).await, Ok(()));
+    }
+
+    #[test]
+    fn an_abandoned_compilation_stops_before_its_mask_or_during_it() {
+        let compiler = compiler();
+        let abandon = Abandon::default();
+        abandon.abandon();
+        let error = compile(
+            &compiler.factory,
+            &Grammar::Regex("[a-z]+".into()),
+            &abandon,
+        );
+        assert_eq!(error, Err("the compilation was cancelled".to_owned()));
+        let watched = Abandon::default();
+        let handle = CancellationHandle::default();
+        watched.watch(handle.clone());
+        watched.abandon();
+        assert!(handle.is_cancelled());
     }
 
     #[tokio::test]

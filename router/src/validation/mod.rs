@@ -1,5 +1,6 @@
 //! Turns a client's prompt and parameters into a tokenized, bounded `GenerationRequest`.
 
+mod bounds;
 mod chat_template;
 mod grammar;
 mod model_files;
@@ -17,14 +18,14 @@ use tokenizers::Tokenizer;
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use grammar::{
     with_json_layout, GrammarCompiler, GrammarSetupError, RequestedGrammar, TgiGrammarSite,
-    MAX_GRAMMAR_BYTES,
 };
 pub use model_files::{ModelFiles, ModelFilesError};
-pub use params::{check_choices, check_count, reject_unsupported, GenerationParams, MAX_CHOICES};
+pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
 pub use sampling_defaults::SamplingDefaults;
 pub use template_source::{chat_template_source, TemplateSourceError};
 
+use crate::limits::RequestLimits;
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
 /// Roles a chat message may have.
@@ -61,6 +62,18 @@ pub enum ValidationError {
     InvalidRole { index: usize, role: String },
     #[error("`stop` accepts at most {max} strings, got {got}")]
     TooManyStops { max: usize, got: usize },
+    #[error("`{param}` accepts at most {max} entries, got {got}")]
+    TooMany {
+        param: &'static str,
+        max: usize,
+        got: usize,
+    },
+    #[error("`{param}` holds a string of {got} bytes, at most {max} are allowed")]
+    TooLong {
+        param: &'static str,
+        max: usize,
+        got: usize,
+    },
     #[error("the prompt has {input_tokens} tokens but at most {max_input_tokens} are allowed (`max_input_tokens`)")]
     InputTooLong {
         input_tokens: usize,
@@ -100,6 +113,8 @@ impl ValidationError {
             Self::TotalTooLong { param, .. }
             | Self::CountOutOfRange { param, .. }
             | Self::UnknownToken { param, .. }
+            | Self::TooMany { param, .. }
+            | Self::TooLong { param, .. }
             | Self::InvalidGrammar { param, .. } => Some(param),
             Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
         }
@@ -139,6 +154,9 @@ pub struct Validator {
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<Arc<ChatTemplate>>,
     limits: Limits,
+    request_limits: RequestLimits,
+    /// Token ids below this exist in both the tokenizer and the model.
+    vocab_size: usize,
     eos_token_ids: Vec<u32>,
     /// `None`: this model serves no grammars (requests asking for one are rejected).
     grammars: Option<Arc<GrammarCompiler>>,
@@ -153,12 +171,28 @@ impl Validator {
         eos_token_ids: Vec<u32>,
     ) -> Self {
         Self {
+            vocab_size: tokenizer.get_vocab_size(true),
             tokenizer,
             chat_template: chat_template.map(Arc::new),
             limits,
+            request_limits: RequestLimits::default(),
             eos_token_ids,
             grammars: None,
         }
+    }
+
+    /// Bounds stop strings, stop token ids and logit bias entries by `limits`.
+    #[must_use]
+    pub fn with_request_limits(mut self, limits: RequestLimits) -> Self {
+        self.request_limits = limits;
+        self
+    }
+
+    /// Accepts only token ids the model has too: its embedding has `model_vocab_size` rows.
+    #[must_use]
+    pub fn with_model_vocab_size(mut self, model_vocab_size: usize) -> Self {
+        self.vocab_size = self.vocab_size.min(model_vocab_size);
+        self
     }
 
     /// Enables grammar-constrained requests.
@@ -174,6 +208,7 @@ impl Validator {
         prompt: Prompt,
         params: &GenerationParams,
     ) -> Result<ValidRequest, ValidationError> {
+        bounds::check(params, &self.request_limits)?;
         let checked = params::check(params, self.limits.max_stop_sequences)?;
         self.check_token_ids(&params.stop_token_ids, &checked.sampling.logit_bias)?;
         self.check_prompt(&prompt)?;
@@ -208,9 +243,16 @@ impl Validator {
         if !params.ignore_eos {
             stop_token_ids.extend(&self.eos_token_ids);
         }
+        if checked.min_new_tokens > max_new_tokens {
+            return Err(ValidationError::OutOfRange {
+                param: "min_tokens".to_owned(),
+                expected: "at most the number of new tokens the prompt leaves room for",
+                value: format!("{} (room for {max_new_tokens})", checked.min_new_tokens),
+            });
+        }
         let stopping = StoppingParams {
             max_new_tokens,
-            min_new_tokens: checked.min_new_tokens.min(max_new_tokens),
+            min_new_tokens: checked.min_new_tokens,
             ignore_eos: params.ignore_eos,
             stop_token_ids,
         };
@@ -242,7 +284,7 @@ impl Validator {
         stop_token_ids: &[u32],
         logit_bias: &[(u32, f32)],
     ) -> Result<(), ValidationError> {
-        let vocab_size = self.tokenizer.get_vocab_size(true);
+        let vocab_size = self.vocab_size;
         let biased = logit_bias.iter().map(|(id, _)| *id);
         let named = stop_token_ids.iter().map(|id| ("stop_token_ids", *id));
         match named
@@ -282,8 +324,14 @@ impl Validator {
             Prompt::Text(text) if text.is_empty() => Err(ValidationError::Empty("prompt")),
             Prompt::Tokens(ids) if ids.is_empty() => Err(ValidationError::Empty("prompt")),
             Prompt::Text(_) => Ok(()),
+            Prompt::Tokens(ids) if ids.len() > self.limits.max_input_tokens => {
+                Err(ValidationError::InputTooLong {
+                    input_tokens: ids.len(),
+                    max_input_tokens: self.limits.max_input_tokens,
+                })
+            }
             Prompt::Tokens(ids) => {
-                let vocab_size = self.tokenizer.get_vocab_size(true);
+                let vocab_size = self.vocab_size;
                 match ids
                     .iter()
                     .find(|&&id| usize::try_from(id).map_or(true, |id| id >= vocab_size))
@@ -317,20 +365,22 @@ impl Validator {
         }
     }
 
-    /// The prompt's tokens with character offsets into `text`, as `/tokenize` reports them.
+    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, and
+    /// `text` back. Only the ids and offsets outlive the tokenizer's work.
     pub async fn tokenize_with_offsets(
         &self,
         text: String,
-    ) -> Result<Vec<(u32, (usize, usize))>, ValidationError> {
+    ) -> Result<(String, Vec<(u32, (usize, usize))>), ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
         let job = move || {
-            tokenizer
-                .encode_char_offsets(text, true)
+            let tokens = tokenizer
+                .encode(text.as_str(), true)
                 .map(|encoding| {
                     let offsets = encoding.get_offsets().iter().copied();
                     encoding.get_ids().iter().copied().zip(offsets).collect()
                 })
-                .map_err(|e| ValidationError::Tokenizer(e.to_string()))
+                .map_err(|e| ValidationError::Tokenizer(e.to_string()))?;
+            Ok((text, tokens))
         };
         tokio::task::spawn_blocking(job)
             .await

@@ -202,9 +202,6 @@ fn is_neutral(name: &str, value: &Value) -> bool {
     }
 }
 
-/// Most choices (`n`) one request may ask for.
-pub const MAX_CHOICES: usize = 16;
-
 /// `n`/`best_of`: an integer from 1 to `max`; 1 when absent.
 pub fn check_choices(
     param: &str,
@@ -388,13 +385,10 @@ mod tests {
 
     #[test]
     fn choices_range_from_one_to_the_maximum() {
-        assert_eq!(check_choices("n", None, MAX_CHOICES).unwrap(), 1);
-        assert_eq!(
-            check_choices("n", Some(16), MAX_CHOICES).unwrap(),
-            MAX_CHOICES
-        );
+        assert_eq!(check_choices("n", None, 16).unwrap(), 1);
+        assert_eq!(check_choices("n", Some(16), 16).unwrap(), 16);
         for bad in [0, -1, 17] {
-            let error = check_choices("best_of", Some(bad), MAX_CHOICES).unwrap_err();
+            let error = check_choices("best_of", Some(bad), 16).unwrap_err();
             assert!(error.to_string().contains("`best_of`"), "{error}");
         }
     }

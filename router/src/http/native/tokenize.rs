@@ -1,7 +1,8 @@
 //! `POST /tokenize`: the prompt's tokens as TGI reports them.
 
 use axum::extract::State;
-use axum::Json;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -25,38 +26,102 @@ pub struct TokenizeRequest {
 /// One token of the prompt: its id, its text, and where that text sits in `inputs`
 /// (character offsets, `stop` exclusive; special tokens added by the tokenizer span nothing).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SimpleToken {
+pub struct SimpleToken<'a> {
     pub id: u32,
-    pub text: String,
+    pub text: &'a str,
     pub start: usize,
     pub stop: usize,
 }
 
-/// `POST /tokenize`: the tokens `/generate` would see for `inputs`.
+/// `POST /tokenize`: the tokens `/generate` would see for `inputs`. It holds an admission
+/// permit like a generation (429 when the server is full, 503 while draining) and keeps only
+/// the input, the ids with their offsets, and the JSON answer it writes from them.
 #[utoipa::path(post, path = "/tokenize", tag = "TGI", request_body = TokenizeRequest, responses(
     (status = 200, description = "The tokens", body = Vec<SimpleToken>),
     (status = 413, description = "Body over the payload limit", body = NativeErrorBody),
-    (status = 422, description = "Invalid request", body = NativeErrorBody)))]
+    (status = 415, description = "Body not sent as JSON", body = NativeErrorBody),
+    (status = 422, description = "Invalid request", body = NativeErrorBody),
+    (status = 429, description = "Too many requests in flight", body = NativeErrorBody),
+    (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<TokenizeRequest, Native>,
-) -> Result<Json<Vec<SimpleToken>>, ApiError<Native>> {
+) -> Result<Response, ApiError<Native>> {
     reject_unsupported(&request.extra, &[])?;
-    let characters: Vec<char> = request.inputs.chars().collect();
-    let tokens = state
+    let _permit = state.admission.admit_requests(1)?;
+    let (text, tokens) = state
         .validator
         .tokenize_with_offsets(request.inputs)
-        .await?
-        .into_iter()
-        .map(|(id, (start, stop))| {
-            let span = characters.get(start..stop).unwrap_or_default();
-            SimpleToken {
-                id,
-                text: span.iter().collect(),
-                start,
-                stop,
-            }
-        })
-        .collect();
-    Ok(Json(tokens))
+        .await?;
+    let body = tokens_json(&text, &tokens);
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The JSON array of `SimpleToken`s, written token by token from byte offsets into `text`.
+fn tokens_json(text: &str, tokens: &[(u32, (usize, usize))]) -> Vec<u8> {
+    let mut characters = CharacterOffsets::new(text);
+    let mut body = Vec::with_capacity(tokens.len() * 48 + 2);
+    body.push(b'[');
+    for (index, &(id, (start, stop))) in tokens.iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        let (start, stop) = (characters.floor(start), characters.ceil(stop.max(start)));
+        let token = SimpleToken {
+            id,
+            text: text.get(start..stop).unwrap_or_default(),
+            start: characters.count_before(start),
+            stop: characters.count_before(stop),
+        };
+        // Writing to a Vec cannot fail, and a SimpleToken always serializes.
+        let _ = serde_json::to_writer(&mut body, &token);
+    }
+    body.push(b']');
+    body
+}
+
+/// Character counts at byte offsets of one text, computed incrementally for offsets that
+/// mostly move forward.
+struct CharacterOffsets<'a> {
+    text: &'a str,
+    byte: usize,
+    characters: usize,
+}
+
+impl<'a> CharacterOffsets<'a> {
+    fn new(text: &'a str) -> Self {
+        Self {
+            text,
+            byte: 0,
+            characters: 0,
+        }
+    }
+
+    /// The character boundary at or before `byte` (clamped to the text).
+    fn floor(&self, byte: usize) -> usize {
+        let mut byte = byte.min(self.text.len());
+        while !self.text.is_char_boundary(byte) {
+            byte -= 1;
+        }
+        byte
+    }
+
+    /// The character boundary at or after `byte` (clamped to the text).
+    fn ceil(&self, byte: usize) -> usize {
+        let mut byte = byte.min(self.text.len());
+        while !self.text.is_char_boundary(byte) {
+            byte += 1;
+        }
+        byte
+    }
+
+    /// Characters before the character boundary `byte`.
+    fn count_before(&mut self, byte: usize) -> usize {
+        if byte < self.byte {
+            (self.byte, self.characters) = (0, 0);
+        }
+        self.characters += self.text[self.byte..byte].chars().count();
+        self.byte = byte;
+        self.characters
+    }
 }

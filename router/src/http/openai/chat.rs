@@ -21,12 +21,12 @@ use super::{
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, Generation};
 use crate::http::json::ApiJson;
-use crate::http::AppState;
+use crate::http::{AppState, ServerInfo};
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
-    Prompt, SamplingDefaults, ValidationError, MAX_CHOICES,
+    Prompt, ValidationError,
 };
 
 /// Most alternatives per token OpenAI's chat route returns.
@@ -208,16 +208,27 @@ impl ChatRequest {
     /// The prompt, the parameters and the number of choices.
     fn into_parts(
         mut self,
-        defaults: &SamplingDefaults,
+        info: &ServerInfo,
     ) -> Result<(Prompt, GenerationParams, usize, Option<ToolPlan>), ValidationError> {
         let response_format = self.extra.remove("response_format");
+        let tools = self.extra.remove("tools");
+        let max_tools = info.request_limits.max_tools;
+        if let Some(Value::Array(entries)) = &tools {
+            if entries.len() > max_tools {
+                return Err(ValidationError::TooMany {
+                    param: "tools",
+                    max: max_tools,
+                    got: entries.len(),
+                });
+            }
+        }
         let tool_plan = tools::plan(
-            self.extra.remove("tools"),
+            tools,
             self.extra.remove("tool_choice"),
             self.extra.remove("parallel_tool_calls"),
         )?;
         reject_unsupported(&self.extra, &[])?;
-        let n = check_choices("n", self.n, MAX_CHOICES)?;
+        let n = check_choices("n", self.n, info.request_limits.max_choices)?;
         let mut messages = self
             .messages
             .take()
@@ -245,7 +256,7 @@ impl ChatRequest {
         };
         let mut params = self
             .sampling_fields()
-            .or_defaults(defaults)
+            .or_defaults(&info.default_sampling)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
@@ -395,7 +406,7 @@ pub async fn completions(
     let include_usage =
         StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
-    let (prompt, params, n, tool_plan) = request.into_parts(&state.info.default_sampling)?;
+    let (prompt, params, n, tool_plan) = request.into_parts(&state.info)?;
     let generations =
         Generation::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use super::{app, AppState, ServerInfo};
+use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::scheduler::{
     Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
     LoadSnapshot, SchedulerError, TokenLogprob,
@@ -203,6 +204,11 @@ pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
         max_client_batch_size: 3,
         payload_limit: PAYLOAD_LIMIT,
         always_include_usage: false,
+        request_limits: RequestLimits::default(),
+        connections: ConnectionLimits {
+            max_connections: 1024,
+            header_read_timeout: 10,
+        },
         default_sampling: SamplingDefaults::default(),
         validation_workers: 512,
         block_size: 16,

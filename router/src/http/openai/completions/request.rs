@@ -11,7 +11,6 @@ use crate::http::ServerInfo;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, GenerationParams, Prompt, ValidationError,
-    MAX_CHOICES,
 };
 
 /// Most alternatives per token OpenAI's completions route returns.
@@ -114,11 +113,11 @@ super::super::impl_sampling_fields!(CompletionRequest);
 impl CompletionRequest {
     /// `best_of` defaults to `n` and must be at least `n`; streaming returns every
     /// candidate as it is generated, so it needs `best_of == n`.
-    fn choices(&self, max_best_of: usize) -> Result<Choices, ValidationError> {
-        let n = check_choices("n", self.n, MAX_CHOICES)?;
+    fn choices(&self, limits: &ServerInfo) -> Result<Choices, ValidationError> {
+        let n = check_choices("n", self.n, limits.request_limits.max_choices)?;
         let best_of = match self.best_of {
             None => n,
-            Some(_) => check_choices("best_of", self.best_of, max_best_of)?,
+            Some(_) => check_choices("best_of", self.best_of, limits.max_best_of)?,
         };
         if best_of < n {
             return Err(ValidationError::OutOfRange {
@@ -161,7 +160,7 @@ impl CompletionRequest {
     pub fn into_plan(mut self, limits: &ServerInfo) -> Result<CompletionPlan, ValidationError> {
         let response_format = self.extra.remove("response_format");
         reject_unsupported(&self.extra, &[])?;
-        let choices = self.choices(limits.max_best_of)?;
+        let choices = self.choices(limits)?;
         let echo = self.echo()?;
         let prompts = self
             .prompt
@@ -175,6 +174,15 @@ impl CompletionRequest {
             return Err(ValidationError::TooManyPrompts {
                 max: limits.max_client_batch_size,
                 got: prompts.len(),
+            });
+        }
+        let generations = prompts.len() * choices.best_of;
+        let max_choices = limits.request_limits.max_choices;
+        if generations > max_choices {
+            return Err(ValidationError::OutOfRange {
+                param: if choices.best_of > choices.n { "best_of" } else { "n" }.to_owned(),
+                expected: "at most the server's maximum of generations per request when multiplied by the number of prompts",
+                value: format!("{} × {} prompts = {generations} (maximum {max_choices})", choices.best_of, prompts.len()),
             });
         }
         let logprobs = LogprobOptions {
