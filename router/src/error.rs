@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::scheduler::SchedulerError;
+use crate::scheduler::{RequestFailureKind, SchedulerError};
 use crate::stream::StreamError;
 use crate::validation::ValidationError;
 
@@ -76,6 +76,14 @@ impl AppError {
             Self::Validation(_)
             | Self::InvalidBody { .. }
             | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,
+            // The shards ended this request alone; only non-finite logits are not the request's own doing.
+            Self::Scheduler(SchedulerError::RequestFailed(failure))
+            | Self::Stream(StreamError::Scheduler(SchedulerError::RequestFailed(failure))) => {
+                if failure.kind == RequestFailureKind::Model {
+                    Kind::Generation
+                } else {
+                    Kind::Validation
+                }
             Self::PayloadTooLarge(_) => Kind::TooLarge,
             Self::Overloaded(_) | Self::QueueFull { .. } => Kind::Overloaded,
             Self::Unauthorized(_) => Kind::Unauthorized,
@@ -339,6 +347,7 @@ impl<F> From<ValidationError> for ApiError<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::RequestFailure;
 
     #[test]
     fn validation_errors_are_400_on_openai_and_422_native() {
@@ -372,6 +381,41 @@ mod tests {
         let timeout = AppError::Stream(StreamError::Scheduler(SchedulerError::QueueTimeout(5)));
         assert_eq!(timeout.metric_reason(), "timeout");
         assert_eq!(AppError::Overloaded(4).metric_reason(), "overloaded");
+    }
+
+    #[test]
+    fn a_request_failed_by_its_own_constraints_is_a_4xx_and_by_its_logits_a_5xx() {
+        let failed = |kind| {
+            AppError::Stream(StreamError::Scheduler(SchedulerError::RequestFailed(
+                RequestFailure {
+                    kind,
+                    message: "no token is left".into(),
+                },
+            )))
+        };
+        let constrained = failed(RequestFailureKind::NoValidToken);
+        assert_eq!(
+            status(Api::OpenAi, constrained.kind()),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(Api::Native, constrained.kind()),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(
+            error_body(Api::OpenAi, &constrained)["error"]["message"],
+            "no token is left"
+        );
+        assert_eq!(constrained.metric_reason(), "validation");
+        let model = failed(RequestFailureKind::Model);
+        assert_eq!(
+            status(Api::OpenAi, model.kind()),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            status(Api::Native, model.kind()),
+            StatusCode::FAILED_DEPENDENCY
+        );
     }
 
     #[test]

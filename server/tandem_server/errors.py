@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 
 class ShardError(Exception):
     """Base class of every error the shard raises on purpose."""
@@ -28,6 +30,27 @@ class WeightsError(ConfigError):
 
 class InvalidStepError(ShardError):
     """A Step contradicts itself or the model (duplicate ids, too few blocks, unknown ids)."""
+
+
+class FailureKind(Enum):
+    """Why the shard ended one request without a token; each belongs to that request alone."""
+
+    TOKEN_OUT_OF_RANGE = "token_out_of_range"
+    INVALID_PARAMETERS = "invalid_parameters"
+    GRAMMAR = "grammar"
+    NO_VALID_TOKEN = "no_valid_token"
+    NON_FINITE_LOGITS = "non_finite_logits"
+
+
+class RequestFailedError(ShardError):
+    """One request cannot go on: the engine ends that request alone and the Step continues.
+
+    Never reaches `rpc/status.py`; the message is what the request's client reads, so it stays short.
+    """
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class StateMismatchError(ShardError):

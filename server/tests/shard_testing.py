@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import NewRequest, RequestFailure, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
@@ -139,6 +139,7 @@ class StepDriver:
         self.chunk_size = chunk_size
         self.tracked: dict[int, _Tracked] = {}
         self.done: dict[int, list[int]] = {}
+        self.failed: dict[int, RequestFailure] = {}
 
     def step(self, new_requests: list[NewRequest]) -> None:
         for request in new_requests:
@@ -152,6 +153,9 @@ class StepDriver:
             if generation.finish_reason is not None:
                 self.free_blocks.extend(self.tracked.pop(generation.id).blocks)
                 self.done[generation.id] = state.generated
+        for failure in output.failures:
+            self.free_blocks.extend(self.tracked.pop(failure.id).blocks)
+            self.failed[failure.id] = failure
 
     def run(self, staggered: list[NewRequest]) -> dict[int, list[int]]:
         """Admits one request per step, then steps until every request finished."""

@@ -7,6 +7,7 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,11 +15,13 @@ from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_l
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import StepInput
-from tandem_server.errors import InvalidStepError
+from tandem_server.engine.step import StepInput, StoppingCriteria
+from tandem_server.errors import FailureKind
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, seeding
 from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
+from tandem_server.structured import compiler as compiler_module
+from tandem_server.structured.matcher import GrammarMatcher
 from tokenizers import Tokenizer
 
 # The embedded model's tokenizer; the tiny random model shares its vocabulary so masks are real.
@@ -70,7 +73,7 @@ def test_mask_allows_exactly_the_tokens_that_keep_a_regex_matchable(
     compiler: GrammarCompiler, tokenizer: Tokenizer
 ) -> None:
     matcher = compiler.matcher(DIGITS)
-    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu"))
+    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu")).allowed
     assert mask is not None
     allowed = mask[0].nonzero().flatten().tolist()
     texts = {token: tokenizer.decode([token]) for token in allowed}
@@ -79,7 +82,7 @@ def test_mask_allows_exactly_the_tokens_that_keep_a_regex_matchable(
     assert single_digits <= set(allowed)
     for token in (tokenizer.token_to_id("1"), tokenizer.token_to_id("2"), tokenizer.token_to_id("3")):
         matcher.advance(token)
-    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu"))
+    mask = grammar_token_mask([matcher], VOCAB_SIZE, torch.device("cpu")).allowed
     assert mask is not None
     assert mask[0].nonzero().flatten().tolist() == [EOS]
 
@@ -87,8 +90,8 @@ def test_mask_allows_exactly_the_tokens_that_keep_a_regex_matchable(
 def test_unconstrained_batch_builds_no_mask_and_mixed_batch_masks_only_constrained_rows(
     compiler: GrammarCompiler,
 ) -> None:
-    assert grammar_token_mask([None, None], VOCAB_SIZE, torch.device("cpu")) is None
-    mask = grammar_token_mask([None, compiler.matcher(DIGITS), None], VOCAB_SIZE, torch.device("cpu"))
+    assert grammar_token_mask([None, None], VOCAB_SIZE, torch.device("cpu")).allowed is None
+    mask = grammar_token_mask([None, compiler.matcher(DIGITS), None], VOCAB_SIZE, torch.device("cpu")).allowed
     assert mask is not None
     assert bool(mask[0].all()) and bool(mask[2].all())
     assert 0 < int(mask[1].sum()) < VOCAB_SIZE
@@ -125,16 +128,40 @@ def test_readmitted_request_replays_its_tokens_and_continues_identically(runner:
     assert 4 not in runner.requests
 
 
-def test_invalid_grammar_or_replayed_token_outside_it_is_an_invalid_step(runner: ModelRunner) -> None:
+def test_invalid_grammar_or_replayed_token_outside_it_fails_that_request_alone(runner: ModelRunner) -> None:
+    free = new_request(3, PROMPT, 6)
+    alone = StepDriver(runner, runner.cache.num_blocks, chunk_size=8).run([free])[3]
     bad = replace(new_request(1, PROMPT, 8), grammar=GrammarSpec(GrammarKind.REGEX, "(unclosed"))
-    with pytest.raises(InvalidStepError, match="invalid regex grammar"):
-        StepDriver(runner, runner.cache.num_blocks, chunk_size=8).step([bad])
     letters = replace(
         new_request(2, [*PROMPT, 257], 8, num_output_tokens=1), grammar=GrammarSpec(GrammarKind.REGEX, "[0-9]+")
     )
-    with pytest.raises(InvalidStepError, match="violates the grammar"):
-        StepDriver(runner, runner.cache.num_blocks, chunk_size=8).step([letters])
+    driver = StepDriver(runner, runner.cache.num_blocks, chunk_size=8)
+    done = driver.run([free, bad, letters])
+    assert done == {3: alone}
+    assert driver.failed[1].kind is FailureKind.GRAMMAR and "does not compile" in driver.failed[1].message
+    assert driver.failed[2].kind is FailureKind.GRAMMAR and "token 257" in driver.failed[2].message
     assert len(runner.requests) == 0
+
+
+def test_one_compiled_grammar_serves_every_request_that_names_it(compiler: GrammarCompiler) -> None:
+    spec = GrammarSpec(GrammarKind.REGEX, "[a-f]{2}[0-9]+")
+    compiled: list[object] = []
+    real_matcher = compiler_module.llguidance.LLMatcher
+
+    def counting(*args: object, **kwargs: object) -> object:
+        compiled.append(args[1])
+        return real_matcher(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiler_module, "llguidance", SimpleNamespace(LLMatcher=counting))
+        first, second = compiler.matcher(spec), compiler.matcher(spec, generated=[])
+    assert len(compiled) == 1
+    # Each request got its own copy: advancing one leaves the other where it started.
+    before = grammar_token_mask([second], VOCAB_SIZE, torch.device("cpu")).allowed
+    first.advance(compiler.tokenizer.tokenize_str("a")[0])
+    after = grammar_token_mask([second], VOCAB_SIZE, torch.device("cpu")).allowed
+    assert before is not None and after is not None and torch.equal(before, after)
+    assert not torch.equal(grammar_token_mask([first], VOCAB_SIZE, torch.device("cpu")).allowed, before)
 
 
 def test_a_sampled_row_never_draws_a_masked_token_even_when_the_noise_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,3 +172,46 @@ def test_a_sampled_row_never_draws_a_masked_token_even_when_the_noise_is_zero(mo
     allowed[0, 5] = True
     sampled = Sampler()(torch.randn(1, 16), SamplingBatch.build(rows, torch.device("cpu"), allowed))
     assert sampled.token_ids == [5]
+
+
+def test_constraints_that_leave_no_token_fail_that_request_instead_of_sampling_token_0(
+    runner: ModelRunner, tokenizer: Tokenizer
+) -> None:
+    free = new_request(3, PROMPT, 6)
+    alone = StepDriver(runner, runner.cache.num_blocks, chunk_size=8).run([free])[3]
+    digits = tuple(tokenizer.token_to_id(str(d)) for d in range(10))
+    # The grammar allows only digits and every digit is a stop token that min_new_tokens bans: nothing is left.
+    impossible = replace(
+        new_request(1, PROMPT, 8, SAMPLING),
+        grammar=GrammarSpec(GrammarKind.REGEX, "[0-9]"),
+        stopping=StoppingCriteria(max_new_tokens=8, stop_token_ids=digits, min_new_tokens=1),
+    )
+    driver = StepDriver(runner, runner.cache.num_blocks, chunk_size=8)
+    assert driver.run([free, impossible]) == {3: alone}
+    assert driver.failed[1].kind is FailureKind.NO_VALID_TOKEN
+    assert 1 not in runner.requests
+
+
+def test_a_grammar_engine_failure_deep_into_a_generation_fails_that_request_alone(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    free = new_request(3, PROMPT, 12, SAMPLING)
+    alone = StepDriver(runner, runner.cache.num_blocks, chunk_size=8).run([free])[3]
+    fill_bitmask = GrammarMatcher.fill_bitmask
+    masks_built: list[int] = []
+
+    def engine_stops_at_the_fifth_token(matcher: GrammarMatcher, bitmask: torch.Tensor, row: int) -> None:
+        masks_built.append(row)
+        if len(masks_built) == 5:
+            matcher._matcher.consume_token(EOS)  # EOS mid-object puts the real engine into its error state
+        fill_bitmask(matcher, bitmask, row)
+
+    monkeypatch.setattr(GrammarMatcher, "fill_bitmask", engine_stops_at_the_fifth_token)
+    driver = StepDriver(runner, runner.cache.num_blocks, chunk_size=8)
+    done = driver.run([free, replace(new_request(1, PROMPT, 40, SAMPLING), grammar=spec)])
+    assert done == {3: alone}
+    assert driver.failed[1].kind is FailureKind.GRAMMAR
+    assert driver.tracked == {} and len(runner.requests) == 0
+    # Short and free of the engine's internal state.
+    assert len(driver.failed[1].message) < 120 and "\n" not in driver.failed[1].message

@@ -166,6 +166,10 @@ fn describe_scheduler() {
         "tandem_shard_recoveries_total",
         "Times the scheduler waited for restarted shards"
     );
+    describe_counter!(
+        "tandem_request_step_failures_total",
+        "Requests the shards ended on their own while the rest of their step went on, by reason"
+    );
     describe_histogram!("tandem_batch_size", "Requests per step");
     describe_histogram!("tandem_batch_tokens", "Tokens per step");
     describe_histogram!(

@@ -24,6 +24,8 @@ pub(super) struct FakeShard {
     pub requests: HashMap<u64, FakeRequest>,
     pub forgotten: Vec<u64>,
     pub step_tokens: Vec<u32>,
+    /// Request id -> generated-token count at which the shard fails that request alone.
+    pub fail_after: HashMap<u64, u32>,
 }
 
 impl FakeShard {
@@ -88,19 +90,21 @@ impl FakeShard {
         }
         self.step_tokens
             .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
-        let mut generations = Vec::new();
+        let mut response = pb::StepResponse::default();
         for scheduled in step.scheduled {
-            if let Some(generation) = self.run(&scheduled) {
-                generations.push(generation);
+            match self.run(&scheduled) {
+                Some(Ok(generation)) => response.generations.push(generation),
+                Some(Err(failure)) => response.failures.push(failure),
+                None => {}
             }
         }
-        pb::StepResponse {
-            generations,
-            ..Default::default()
-        }
+        response
     }
 
-    fn run(&mut self, scheduled: &pb::ScheduledRequest) -> Option<pb::Generation> {
+    fn run(
+        &mut self,
+        scheduled: &pb::ScheduledRequest,
+    ) -> Option<Result<pb::Generation, pb::RequestFailure>> {
         let mut request = self
             .requests
             .remove(&scheduled.id)
@@ -127,6 +131,14 @@ impl FakeShard {
             self.requests.insert(scheduled.id, request);
             return None;
         }
+        if self.fail_after.get(&scheduled.id) == Some(&request.generated) {
+            // The shard forgets a request it failed, as it does one it finished.
+            return Some(Err(pb::RequestFailure {
+                id: scheduled.id,
+                kind: pb::FailureKind::NoValidToken as i32,
+                message: "no token left".into(),
+            }));
+        }
         let token = self.next_token(&request);
         request.tokens.push(token);
         request.generated += 1;
@@ -134,7 +146,7 @@ impl FakeShard {
         if !finished {
             self.requests.insert(scheduled.id, request);
         }
-        Some(pb::Generation {
+        Some(Ok(pb::Generation {
             id: scheduled.id,
             token_id: token,
             logprob: 0.0,
@@ -144,7 +156,7 @@ impl FakeShard {
                 0
             },
             ..pb::Generation::default()
-        })
+        }))
     }
 }
 

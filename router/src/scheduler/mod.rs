@@ -28,7 +28,8 @@ use crate::shard::ShardGroup;
 
 pub use request::{
     FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream, Grammar,
-    LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams, TokenLogprob,
+    LogprobOptions, PromptLogprobs, RequestFailure, RequestFailureKind, SamplingParams,
+    StoppingParams, TokenLogprob,
 };
 
 pub use recovery::{EnginePhase, RecoveryConfig};
@@ -40,6 +41,9 @@ pub enum SchedulerError {
     ExceedsKvCapacity { needed: usize, available: usize },
     #[error("model shard failure: {0}")]
     ShardFailed(String),
+    /// This request alone could not go on; the shards ran every other request of its step.
+    #[error("{}", .0.message)]
+    RequestFailed(RequestFailure),
     #[error("the server is shutting down")]
     ShuttingDown,
     #[error("the model shards are restarting; retry shortly")]

@@ -1,6 +1,8 @@
 //! The shards' step outputs as the scheduler's per-request events.
 
-use super::request::{FinishReason, PromptLogprobs, TokenLogprob};
+use super::request::{
+    FinishReason, PromptLogprobs, RequestFailure, RequestFailureKind, TokenLogprob,
+};
 use crate::pb;
 
 pub(super) fn token_logprobs(tokens: Vec<pb::TokenLogprob>) -> Vec<TokenLogprob> {
@@ -31,5 +33,21 @@ pub(super) fn finish_reason(code: i32) -> Option<FinishReason> {
         Ok(pb::FinishReason::Eos) => Some(FinishReason::Eos),
         Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
         Ok(pb::FinishReason::Unspecified) | Err(_) => None,
+    }
+}
+
+pub(super) fn request_failure(failure: pb::RequestFailure) -> RequestFailure {
+    let kind = match pb::FailureKind::try_from(failure.kind) {
+        Ok(pb::FailureKind::TokenOutOfRange) => RequestFailureKind::TokenOutOfRange,
+        Ok(pb::FailureKind::InvalidParameters) => RequestFailureKind::InvalidParameters,
+        Ok(pb::FailureKind::Grammar) => RequestFailureKind::Grammar,
+        Ok(pb::FailureKind::NoValidToken) => RequestFailureKind::NoValidToken,
+        Ok(pb::FailureKind::NonFiniteLogits) | Ok(pb::FailureKind::Unspecified) | Err(_) => {
+            RequestFailureKind::Model
+        }
+    };
+    RequestFailure {
+        kind,
+        message: failure.message,
     }
 }

@@ -109,6 +109,41 @@ pub enum FinishReason {
     StopToken,
 }
 
+/// Why the shards ended one request on its own; the other requests of its step went on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFailureKind {
+    /// A token id (prompt, logit bias, stop token) outside the model's vocabulary.
+    TokenOutOfRange,
+    /// A sampling parameter no processor can use.
+    InvalidParameters,
+    /// The grammar did not compile, its engine stopped, or a token broke it.
+    Grammar,
+    /// The request's own constraints left no token it may sample.
+    NoValidToken,
+    /// The model produced non-finite logits for the request (not the client's doing).
+    Model,
+}
+
+impl RequestFailureKind {
+    /// The `reason` label of `tandem_request_step_failures_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::TokenOutOfRange => "token_out_of_range",
+            Self::InvalidParameters => "invalid_parameters",
+            Self::Grammar => "grammar",
+            Self::NoValidToken => "no_valid_token",
+            Self::Model => "non_finite_logits",
+        }
+    }
+}
+
+/// A request the shards ended without a token, with a message safe to show its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFailure {
+    pub kind: RequestFailureKind,
+    pub message: String,
+}
+
 /// One generated token; `finish` is set on the last one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GeneratedToken {

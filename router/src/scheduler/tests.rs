@@ -7,7 +7,7 @@ use super::handle::check_capacity;
 use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
-use super::{SchedulerConfig, SchedulerError};
+use super::{RequestFailureKind, SchedulerConfig, SchedulerError};
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -213,6 +213,37 @@ fn failed_step_fails_running_requests_only() {
     assert_eq!(state.load().running_requests, 0);
     assert_eq!(state.load().queued_requests, 1);
     assert_eq!(state.load().kv_blocks_used, 0);
+}
+
+#[test]
+fn a_request_the_shard_fails_alone_ends_with_its_error_and_frees_its_blocks() {
+    let mut state = SchedulerState::new(config(64, 32));
+    let mut shard = FakeShard::new(4);
+    shard.fail_after.insert(1, 3);
+    let mut healthy = submit(&mut state, 0, request(5, 8));
+    let mut failing = submit(&mut state, 1, request(9, 8));
+    run_until_idle(&mut state, &mut shard);
+    assert_eq!(tokens_of(&mut healthy), alone_output(5, 8));
+    let mut failing_tokens = 0;
+    let mut failure = None;
+    while let Ok(event) = failing.try_recv() {
+        match event {
+            GenerationEvent::Token(_) => failing_tokens += 1,
+            GenerationEvent::Error(error) => failure = Some(error),
+            GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+        }
+    }
+    assert_eq!(failing_tokens, 3);
+    assert!(
+        matches!(failure, Some(SchedulerError::RequestFailed(ref f)) if f.kind == RequestFailureKind::NoValidToken),
+        "got {failure:?}"
+    );
+    assert_eq!(state.load().kv_blocks_used, 0);
+    assert!(state.is_idle());
+    assert!(
+        !shard.forgotten.contains(&1),
+        "the shard already forgot the request it failed; it is not told again"
+    );
 }
 
 #[test]

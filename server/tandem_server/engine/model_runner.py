@@ -13,10 +13,17 @@ from tandem_server.engine.decode_mirror import DecodeMirror, MirrorSlot
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
-from tandem_server.engine.step import Generation, PromptLogprobs, StepInput, StepOutput, WarmupResult
+from tandem_server.engine.step import (
+    Generation,
+    PromptLogprobs,
+    RequestFailure,
+    StepInput,
+    StepOutput,
+    WarmupResult,
+)
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile_cuda_budget, run_reserved_forward
-from tandem_server.errors import InvalidStepError, NotWarmedUpError
+from tandem_server.errors import FailureKind, InvalidStepError, NotWarmedUpError, RequestFailedError
 from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
@@ -37,6 +44,36 @@ class ExecutionOptions:
     decode_mirror_memory: int = 0
     # The KV cache's dtype, in which attention computes; None: the model's dtype.
     kv_cache_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class StepSampling:
+    """The sampling inputs of one step, and the grammar rows that already failed building their masks."""
+
+    batch: SamplingBatch
+    grammar_failures: dict[int, RequestFailedError]
+
+
+@dataclass(frozen=True)
+class SampledStep:
+    generations: tuple[Generation, ...]
+    failures: tuple[RequestFailure, ...]
+
+
+_NO_VALID_TOKEN = "the request's constraints (grammar, banned tokens, logit bias) leave no token it may sample"
+_NON_FINITE_LOGITS = "the model produced non-finite logits for this request"
+
+
+def _raise_row_failure(
+    row: int, grammar_failures: dict[int, RequestFailedError], sampler_failures: dict[int, FailureKind]
+) -> None:
+    # A grammar that failed allows nothing, so the sampler also flags its row: the grammar's reason wins.
+    if row in grammar_failures:
+        raise grammar_failures[row]
+    kind = sampler_failures.get(row)
+    if kind is not None:
+        message = _NON_FINITE_LOGITS if kind is FailureKind.NON_FINITE_LOGITS else _NO_VALID_TOKEN
+        raise RequestFailedError(kind, message)
 
 
 class ModelRunner:
@@ -108,16 +145,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(self, step: StepInput) -> StepOutput:
-        """Runs the scheduled tokens and returns a Generation for each request that reached its end."""
+        """Runs the scheduled tokens; returns a Generation for each request that reached its end.
+
+        A request that fails on its own (its token ids, parameters, grammar or logits) ends with a RequestFailure
+        while every other row runs and samples as it would have without it.
+        """
         cache = self._require_cache()
         timer = StepTimer(self.device)
-        limits = StepLimits(cache.block_size, cache.num_blocks, self.model.spec.max_position_embeddings)
-        plan = self.requests.apply(step, limits)
+        spec = self.model.spec
+        limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size)
+        applied = self.requests.apply(step, limits)
+        plan = applied.plan
         if self.mirror is not None:
             self.mirror.forget([*step.finished, *(request.id for request in step.new_requests)])
         if not plan:
             timer.mark()
-            return StepOutput(generations=(), forward_ms=0.0, sampling_ms=0.0, prepare_ms=timer.phases_ms()[0])
+            prepare_ms = timer.phases_ms()[0]
+            return StepOutput((), forward_ms=0.0, sampling_ms=0.0, prepare_ms=prepare_ms, failures=(*applied.failures,))
         mirror_slots = self._place_decodes(plan)
         spans = [
             ScheduledSpan(
@@ -150,15 +194,16 @@ class ModelRunner:
             state.num_computed += num_tokens
         logits = self.model.compute_logits(hidden[sample_rows]) if sampling is not None else None
         timer.mark()
-        generations = self._sample(sampling_states, logits, sampling) if logits is not None else ()
+        sampled = self._sample(sampling_states, logits, sampling) if logits is not None and sampling is not None else None
         timer.mark()
         prepare_ms, forward_ms, sampling_ms = timer.phases_ms()
         return StepOutput(
-            generations=generations,
+            generations=sampled.generations if sampled else (),
             forward_ms=forward_ms,
             sampling_ms=sampling_ms,
             prepare_ms=prepare_ms,
             prompt_logprobs=prompt_logprobs,
+            failures=(*applied.failures, *(sampled.failures if sampled else ())),
         )
 
     def _place_decodes(self, plan: list[tuple[RequestState, int]]) -> dict[int, MirrorSlot]:
@@ -189,7 +234,7 @@ class ModelRunner:
         scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
         return tuple(result for result in scored if result is not None)
 
-    def _sampling_batch(self, states: list[RequestState]) -> SamplingBatch:
+    def _sampling_batch(self, states: list[RequestState]) -> StepSampling:
         # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it.
         rows = [
             SamplingRow(
@@ -203,22 +248,27 @@ class ModelRunner:
             for s in states
         ]
         # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
-        token_mask = grammar_token_mask([s.grammar for s in states], self.model.spec.vocab_size, self.device)
-        return SamplingBatch.build(rows, self.device, token_mask)
+        mask = grammar_token_mask([s.grammar for s in states], self.model.spec.vocab_size, self.device)
+        return StepSampling(SamplingBatch.build(rows, self.device, mask.allowed), mask.failures)
 
-    def _sample(
-        self, states: list[RequestState], logits: torch.Tensor, sampling: SamplingBatch
-    ) -> tuple[Generation, ...]:
-        sampled = self.sampler(logits, sampling)
-        generations = []
-        for state, token_id, logprob, top in zip(
-            states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True
+    def _sample(self, states: list[RequestState], logits: torch.Tensor, sampling: StepSampling) -> SampledStep:
+        sampled = self.sampler(logits, sampling.batch)
+        generations: list[Generation] = []
+        failures: list[RequestFailure] = []
+        for row, (state, token_id, logprob, top) in enumerate(
+            zip(states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True)
         ):
-            reason = state.append_generated(token_id, self.eos_token_ids)
+            try:
+                _raise_row_failure(row, sampling.grammar_failures, sampled.failures)
+                reason = state.append_generated(token_id, self.eos_token_ids)
+            except RequestFailedError as error:
+                self.requests.forget([state.id])
+                failures.append(RequestFailure(state.id, error.kind, str(error)))
+                continue
             if reason is not None:
                 self.requests.forget([state.id])
             generations.append(Generation(state.id, token_id, logprob, reason, top))
-        return tuple(generations)
+        return SampledStep(tuple(generations), tuple(failures))
 
     def _require_cache(self) -> KVCache:
         if self.cache is None:

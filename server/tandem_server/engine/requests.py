@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tandem_server.engine.step import FinishReason, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
-from tandem_server.errors import InvalidStepError, StateMismatchError
+from tandem_server.engine.step import (
+    FinishReason,
+    NewRequest,
+    RequestFailure,
+    ScheduledRequest,
+    StepInput,
+    StoppingCriteria,
+)
+from tandem_server.errors import FailureKind, InvalidStepError, RequestFailedError, StateMismatchError
 from tandem_server.sampling import SamplingParams
 from tandem_server.structured import GrammarCompiler, GrammarMatcher
 
@@ -81,6 +89,16 @@ class StepLimits:
     block_size: int
     num_blocks: int
     max_positions: int
+    # Width of the logits: every token id a request names must be below it.
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class AppliedStep:
+    """The step's (state, num_tokens) in scheduled order, and the new requests that failed on their own."""
+
+    plan: list[tuple[RequestState, int]]
+    failures: list[RequestFailure]
 
 
 class RequestTable:
@@ -104,15 +122,18 @@ class RequestTable:
     def clear(self) -> None:
         self._states.clear()
 
-    def apply(self, step: StepInput, limits: StepLimits) -> list[tuple[RequestState, int]]:
-        """Registers new requests and appends blocks; returns (state, num_tokens) in scheduled order."""
+    def apply(self, step: StepInput, limits: StepLimits) -> AppliedStep:
+        """Registers new requests and appends blocks; a new request that cannot run fails alone and is skipped."""
         self.forget(step.finished)
-        incoming = self._check_new(step.new_requests)
-        seen: set[int] = set()
+        incoming, failures = self._check_new(step.new_requests, limits.vocab_size)
+        failed = {failure.id for failure in failures}
+        scheduled_ids: set[int] = set()
         for scheduled in step.scheduled:
-            if scheduled.id in seen:
+            if scheduled.id in scheduled_ids:
                 raise InvalidStepError(f"request {scheduled.id} is scheduled twice")
-            seen.add(scheduled.id)
+            scheduled_ids.add(scheduled.id)
+            if scheduled.id in failed:
+                continue
             state = incoming.get(scheduled.id) or self._states.get(scheduled.id)
             if state is None:
                 raise StateMismatchError(f"request {scheduled.id} is scheduled but unknown to the shard")
@@ -120,14 +141,19 @@ class RequestTable:
         self._states.update(incoming)
         plan = []
         for scheduled in step.scheduled:
+            if scheduled.id in failed:
+                continue
             state = self._states[scheduled.id]
             state.block_table.extend(scheduled.new_block_ids)
             state.num_computed = scheduled.num_computed_tokens
             plan.append((state, scheduled.num_tokens))
-        return plan
+        return AppliedStep(plan, failures)
 
-    def _check_new(self, requests: Sequence[NewRequest]) -> dict[int, RequestState]:
+    def _check_new(
+        self, requests: Sequence[NewRequest], vocab_size: int
+    ) -> tuple[dict[int, RequestState], list[RequestFailure]]:
         incoming: dict[int, RequestState] = {}
+        failures: list[RequestFailure] = []
         for request in requests:
             if request.id in self._states or request.id in incoming:
                 raise InvalidStepError(f"request {request.id} is already registered")
@@ -135,17 +161,57 @@ class RequestTable:
                 raise InvalidStepError(f"request {request.id} has no tokens")
             if request.num_output_tokens > len(request.token_ids):
                 raise InvalidStepError(f"request {request.id} has more output tokens than tokens")
-            incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request))
-        return incoming
+            try:
+                _check_request_inputs(request, vocab_size)
+                incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request))
+            except RequestFailedError as error:
+                failures.append(RequestFailure(request.id, error.kind, str(error)))
+        return incoming, failures
 
     def _grammar_matcher(self, request: NewRequest) -> GrammarMatcher | None:
         # A re-admitted request replays the tokens it generated before its preemption.
         if request.grammar is None:
             return None
         if self._grammar_compiler is None:
-            raise InvalidStepError(f"request {request.id} has a grammar but this model has no tokenizer.json")
+            raise RequestFailedError(FailureKind.GRAMMAR, "this model serves no grammars (it has no tokenizer.json)")
         generated = request.token_ids[len(request.token_ids) - request.num_output_tokens :]
         return self._grammar_compiler.matcher(request.grammar, generated)
+
+
+def _check_request_inputs(request: NewRequest, vocab_size: int) -> None:
+    # Every id indexes the embedding or a [rows, vocab] tensor: one out of range would fail the whole step.
+    named = (
+        ("prompt token", request.token_ids),
+        ("logit_bias token", [token for token, _ in request.sampling.logit_bias]),
+        ("stop token", request.stopping.stop_token_ids),
+    )
+    for what, ids in named:
+        bad = next((token for token in ids if not 0 <= token < vocab_size), None)
+        if bad is not None:
+            raise RequestFailedError(
+                FailureKind.TOKEN_OUT_OF_RANGE, f"{what} id {bad} is outside the vocabulary of {vocab_size} tokens"
+            )
+    _check_sampling(request.sampling)
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    # The router validates these; the shard refuses what no processor can use rather than fail the whole step.
+    values = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "typical_p": params.typical_p,
+        "repetition_penalty": params.repetition_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "presence_penalty": params.presence_penalty,
+        **{f"logit_bias[{token}]": bias for token, bias in params.logit_bias},
+    }
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise RequestFailedError(FailureKind.INVALID_PARAMETERS, f"{name} must be a finite number")
+    positive = params.top_p > 0 and params.typical_p > 0 and params.repetition_penalty > 0
+    if params.temperature < 0 or params.min_p < 0 or not positive:
+        raise RequestFailedError(FailureKind.INVALID_PARAMETERS, "a sampling parameter is out of its range")
 
 
 def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: bool, limits: StepLimits) -> None:

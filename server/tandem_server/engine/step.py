@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from tandem_server.errors import FailureKind
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
 from tandem_server.structured import GrammarSpec
@@ -16,6 +17,15 @@ class FinishReason(Enum):
     LENGTH = "length"
     EOS = "eos"
     STOP_TOKEN = "stop_token"
+
+
+@dataclass(frozen=True)
+class RequestFailure:
+    """A request the shard ended and forgot; `message` is short and safe to show its client."""
+
+    id: int
+    kind: FailureKind
+    message: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class StepOutput:
     # Request-state updates and the step's input tensors, before the model runs.
     prepare_ms: float = 0.0
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
+    # Requests that failed on their own; none of them is in `generations`.
+    failures: tuple[RequestFailure, ...] = ()
 
 
 @dataclass(frozen=True)

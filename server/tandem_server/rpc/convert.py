@@ -6,12 +6,14 @@ from tandem_server.engine.step import (
     FinishReason,
     NewRequest,
     PromptLogprobs,
+    RequestFailure,
     ScheduledRequest,
     StepInput,
     StepOutput,
     StoppingCriteria,
     WarmupResult,
 )
+from tandem_server.errors import FailureKind
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
@@ -22,6 +24,14 @@ _FINISH_REASONS = {
     FinishReason.LENGTH: shard_pb2.FINISH_REASON_LENGTH,
     FinishReason.EOS: shard_pb2.FINISH_REASON_EOS,
     FinishReason.STOP_TOKEN: shard_pb2.FINISH_REASON_STOP_TOKEN,
+}
+
+_FAILURE_KINDS = {
+    FailureKind.TOKEN_OUT_OF_RANGE: shard_pb2.FAILURE_KIND_TOKEN_OUT_OF_RANGE,
+    FailureKind.INVALID_PARAMETERS: shard_pb2.FAILURE_KIND_INVALID_PARAMETERS,
+    FailureKind.GRAMMAR: shard_pb2.FAILURE_KIND_GRAMMAR,
+    FailureKind.NO_VALID_TOKEN: shard_pb2.FAILURE_KIND_NO_VALID_TOKEN,
+    FailureKind.NON_FINITE_LOGITS: shard_pb2.FAILURE_KIND_NON_FINITE_LOGITS,
 }
 
 
@@ -119,7 +129,12 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
         sampling_ms=output.sampling_ms,
         prepare_ms=output.prepare_ms,
         prompt_logprobs=[_prompt_logprobs_to_pb(chunk) for chunk in output.prompt_logprobs],
+        failures=[_failure_to_pb(failure) for failure in output.failures],
     )
+
+
+def _failure_to_pb(failure: RequestFailure) -> shard_pb2.RequestFailure:
+    return shard_pb2.RequestFailure(id=failure.id, kind=_FAILURE_KINDS[failure.kind], message=failure.message)
 
 
 def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.errors import FailureKind
 from tandem_server.sampling.batch import SamplingBatch
 from tandem_server.sampling.logprobs import TokenLogprobs
 from tandem_server.sampling.seeding import exponential_noise
@@ -18,6 +19,12 @@ class SampledTokens:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[TokenLogprobs]
+    # Rows that could not sample, by row; their token is meaningless and must not be used.
+    failures: dict[int, FailureKind]
+
+
+# Row status codes in the host transfer; 0 is a valid draw.
+_ROW_FAILURES = {1.0: FailureKind.NON_FINITE_LOGITS, 2.0: FailureKind.NO_VALID_TOKEN}
 
 
 class Sampler:
@@ -25,6 +32,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampledTokens:
         logits = logits.float()
+        finite = torch.isfinite(logits).all(dim=-1)
         # Reported logprobs come from the model alone: no penalty, bias or warper distorts them.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         for processor in batch.processors:
@@ -32,6 +40,8 @@ class Sampler:
         if batch.token_mask is not None:
             # After every processor, so no bias or penalty revives a token the grammar forbids.
             logits = logits.masked_fill(~batch.token_mask, float("-inf"))
+        # A row whose own constraints forbid every token samples nothing (argmax would say token 0).
+        status = torch.where(finite, torch.where(logits.isneginf().all(dim=-1), 2.0, 0.0), 1.0)
         chosen = logits.argmax(dim=-1)
         if not batch.all_greedy:
             rows = batch.sampled_index
@@ -46,19 +56,22 @@ class Sampler:
         top_values, top_indices = raw_logprobs.topk(top_k, dim=-1)
         # Everything the host needs leaves the device in one transfer (the step's single host sync); float64
         # holds token ids and float32 logprobs exactly.
-        columns = (chosen.unsqueeze(1), logprobs, top_indices, top_values)
+        columns = (status.unsqueeze(1), chosen.unsqueeze(1), logprobs, top_indices, top_values)
         host = torch.cat([column.to(torch.float64) for column in columns], dim=1).cpu().tolist()
         return _unpack(host, counts, top_k)
 
 
 def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTokens:
-    # Row layout: [token id, logprob, top_k alternative ids, top_k alternative logprobs].
+    # Row layout: [status, token id, logprob, top_k alternative ids, top_k alternative logprobs].
     alternatives = [
-        tuple(zip(map(int, row[2 : 2 + count]), row[2 + top_k : 2 + top_k + count], strict=True))
+        tuple(zip(map(int, row[3 : 3 + count]), row[3 + top_k : 3 + top_k + count], strict=True))
         for row, count in zip(host, counts, strict=True)
     ]
     return SampledTokens(
-        token_ids=[int(row[0]) for row in host], logprobs=[row[1] for row in host], top_logprobs=alternatives
+        token_ids=[int(row[1]) for row in host],
+        logprobs=[row[2] for row in host],
+        top_logprobs=alternatives,
+        failures={index: _ROW_FAILURES[row[0]] for index, row in enumerate(host) if row[0] != 0.0},
     )
 
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+
 import llguidance
 import llguidance.torch
 import torch
 
-from tandem_server.errors import InvalidStepError
+from tandem_server.errors import FailureKind, RequestFailedError
+
+logger = logging.getLogger(__name__)
 
 
 class GrammarMatcher:
-    """Wraps an llguidance matcher; a token outside the mask is a broken invariant, never silently accepted."""
+    """Wraps an llguidance matcher; a token outside the mask is never silently accepted.
+
+    Failures end this request alone. The engine's own error text describes its internal state, so it is logged at
+    debug level and the request's client reads a short message.
+    """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
@@ -26,9 +34,13 @@ class GrammarMatcher:
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
         # A matcher that hit an engine limit leaves the row untouched (all allowed): never sample from it.
         if self._matcher.is_error():
-            raise InvalidStepError(f"the grammar engine failed: {self._matcher.get_error()}")
+            self._fail("the grammar engine stopped (a limit of the grammar engine was reached)")
 
     def advance(self, token_id: int) -> None:
-        """Consumes a sampled (or replayed) token; a token the grammar forbids is a contract violation."""
+        """Consumes a sampled (or replayed) token; a token the grammar forbids ends the request."""
         if not self._matcher.consume_token(token_id):
-            raise InvalidStepError(f"token {token_id} violates the grammar: {self._matcher.get_error()}")
+            self._fail(f"token {token_id} does not continue the grammar")
+
+    def _fail(self, message: str) -> None:
+        logger.debug("grammar failure: %s; engine said: %s", message, self._matcher.get_error())
+        raise RequestFailedError(FailureKind.GRAMMAR, message)

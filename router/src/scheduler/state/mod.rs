@@ -6,7 +6,7 @@ use std::time::Instant;
 
 mod admission;
 
-use super::outputs::{finish_reason, prompt_logprobs, token_logprobs};
+use super::outputs::{finish_reason, prompt_logprobs, request_failure, token_logprobs};
 use super::request::{GeneratedToken, GenerationEvent};
 use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
@@ -205,6 +205,9 @@ impl SchedulerState {
     /// Delivers a step's tokens. Requests the shard finished are dropped (freeing their
     /// blocks); the shard has already forgotten them.
     pub fn apply(&mut self, response: pb::StepResponse) {
+        // Before publishing: a failed request's blocks (non-finite logits may mean non-finite keys and values)
+        // never enter the prefix cache.
+        self.fail_requests(response.failures);
         // Every scheduled token is in the KV cache now: full blocks become shareable.
         for sequence in &mut self.running {
             sequence
@@ -243,6 +246,28 @@ impl SchedulerState {
             }
         }
         self.fail_starved();
+    }
+
+    /// Ends the requests the shards failed on their own (the shards have already forgotten them).
+    fn fail_requests(&mut self, failures: Vec<pb::RequestFailure>) {
+        for failure in failures {
+            let Some(index) = self.running.iter().position(|s| s.id == failure.id) else {
+                tracing::warn!(id = failure.id, "failure for a request that is not running");
+                continue;
+            };
+            let sequence = self.running.remove(index);
+            let failure = request_failure(failure);
+            tracing::debug!(
+                id = sequence.id,
+                reason = failure.kind.label(),
+                "request failed on its own"
+            );
+            metrics::counter!("tandem_request_step_failures_total", "reason" => failure.kind.label())
+                .increment(1);
+            sequence.notify(GenerationEvent::Error(SchedulerError::RequestFailed(
+                failure,
+            )));
+        }
     }
 
     /// A request whose tokens were all computed must have received its next token.
