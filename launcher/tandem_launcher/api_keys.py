@@ -4,12 +4,9 @@ through its argv (visible to every local user in `ps`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 KEY_FILE_NAME = "api-keys"
-# The router would read these like its flags; it must get keys only from the files the launcher chose.
-_KEY_VARIABLES = ("API_KEY", "API_KEY_FILE")
 
 
 def write_key_file(runtime_dir: Path, keys: tuple[str, ...]) -> Path | None:
@@ -38,9 +35,3 @@ def first_key(keys: tuple[str, ...], key_files: tuple[Path, ...]) -> str | None:
             if key and not key.startswith("#"):
                 return key
     return None
-
-
-def router_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The children's environment: the launcher's without the key variables, so a key the user overrode with a flag
-    stays refused and no child holds a key it does not need."""
-    return {name: value for name, value in environ.items() if name not in _KEY_VARIABLES}

@@ -78,10 +78,14 @@ def router_argv(
     limits: TokenLimits,
     uds_paths: list[Path],
     key_file: Path | None = None,
+    launch_id_file: Path | None = None,
 ) -> list[str]:
     """argv of the router; shard sockets are listed in rank order. API keys are never on it: `key_file` holds
-    the `--api-key` values and the user's `--api-key-file`s are passed as they are."""
+    the `--api-key` values and the user's `--api-key-file`s are passed as they are. The router answers `/health`
+    with the id in `launch_id_file`, so the launcher knows it talks to its own router."""
     argv = [*config.commands.router, "--hostname", config.hostname, "--port", str(config.port)]
+    if launch_id_file is not None:
+        argv += ["--launch-id-file", str(launch_id_file)]
     for uds_path in uds_paths:
         argv += ["--shard-uds-path", str(uds_path)]
     argv += [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -18,10 +19,13 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def _die_with_launcher() -> None:
-    """Runs in the child before exec: the kernel SIGKILLs it if the launcher itself dies, even by SIGKILL."""
+def _die_with_launcher(launcher_pid: int) -> None:
+    """Runs in the child before exec: the kernel SIGKILLs it if the launcher itself dies, even by SIGKILL. A
+    launcher that died before the prctl call left the child to another parent: then it dies at once."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher_pid:
+        signal.raise_signal(signal.SIGKILL)
 
 
 LineSink = Callable[[str, str], None]
@@ -55,7 +59,8 @@ class ChildProcess:
                 bufsize=1,
                 start_new_session=True,
                 env=None if environment is None else dict(environment),
-                preexec_fn=_die_with_launcher,  # noqa: PLW1509  (only a prctl call, see _die_with_launcher)
+                # Only a prctl call and a parent check run between fork and exec (see _die_with_launcher).
+                preexec_fn=functools.partial(_die_with_launcher, os.getpid()),  # noqa: PLW1509
             )
         except OSError as error:
             raise ChildStartError(name, argv, error) from error

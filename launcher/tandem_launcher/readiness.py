@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hmac
+import http.client
 import json
 import threading
 import time
@@ -66,13 +68,35 @@ def shard_answers_health(uds_path: Path, timeout: float) -> bool:
     return True
 
 
-def router_is_healthy(base_url: str) -> bool:
-    """The router is ready once `GET /health` answers 200."""
+# The router answers every /health with the id from its --launch-id-file; only the launcher that wrote it knows it.
+LAUNCH_ID_HEADER = "X-Tandem-Launch-Id"
+
+
+class RouterIdentityError(Exception):
+    """Something other than this launch's router answers on the router's address."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(
+            f"{base_url} is answered by another process, not by the router this launch started "
+            "(is the port already in use?); nothing was sent to it"
+        )
+
+
+def router_is_healthy(base_url: str, launch_id: str) -> bool:
+    """The router is ready once `GET /health` answers 200 with this launch's id; any listener that answers without
+    it is another process holding the port, and the start fails before an API key could reach it."""
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=PROBE_TIMEOUT_S) as response:
-            return response.status == 200
+            status, answered_id = response.status, response.headers.get(LAUNCH_ID_HEADER)
+    except urllib.error.HTTPError as error:
+        status, answered_id = error.code, error.headers.get(LAUNCH_ID_HEADER)
+    except http.client.HTTPException:
+        raise RouterIdentityError(base_url) from None  # it answers, but not in HTTP
     except (urllib.error.URLError, OSError):
         return False
+    if answered_id is None or not hmac.compare_digest(answered_id, launch_id):
+        raise RouterIdentityError(base_url)
+    return status == 200
 
 
 def fetch_router_info(base_url: str, api_key: str | None = None) -> dict[str, Any]:

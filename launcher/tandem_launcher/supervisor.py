@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem_launcher.api_keys import first_key, router_environment, write_key_file
+from tandem_launcher.api_keys import first_key, write_key_file
+from tandem_launcher.child_environment import router_environment, shard_environment
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
@@ -21,6 +20,7 @@ from tandem_launcher.processes import ChildProcess, ChildStartError, LineSink, s
 from tandem_launcher.readiness import (
     POLL_INTERVAL_S,
     ChildExitedError,
+    RouterIdentityError,
     StartTimeoutError,
     fetch_router_info,
     router_is_healthy,
@@ -28,6 +28,7 @@ from tandem_launcher.readiness import (
     wait_until_ready,
 )
 from tandem_launcher.restarts import RestartBudget, RestartBudgetSpentError
+from tandem_launcher.runtime_dir import RuntimeDir
 from tandem_launcher.shard_watch import ShardHealthWatch
 from tandem_launcher.signals import AbortRequested, ShutdownRequested
 
@@ -57,9 +58,9 @@ class Supervisor:
         self._router: ChildProcess | None = None
         self._watch: ShardHealthWatch | None = None
         self._budget = RestartBudget(plan.config.max_restarts, plan.config.restart_window)
-        # mkdtemp makes the directory 0700: sockets and the key file are the launching user's alone.
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix="tandem-"))
-        self._key_file = write_key_file(self._runtime_dir, plan.config.api_key)
+        # A 0700 directory: sockets, the key file and the launch id are the launching user's alone.
+        self._runtime = RuntimeDir()
+        self._key_file = write_key_file(self._runtime.path, plan.config.api_key)
         self._groups_started = 0
 
     def run(self) -> int:
@@ -75,7 +76,7 @@ class Supervisor:
             self._stop_watch()
             for child in self._children():
                 child.kill_group()  # no child, nor anything it started, outlives the launcher
-            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime.remove()
 
     def _run_then_stop(self) -> int:
         try:
@@ -86,7 +87,9 @@ class Supervisor:
         except ShutdownRequested:
             LOGGER.info("shutdown requested during start-up or restart")
             return 0
-        except (ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError) as error:
+        except (
+            ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError, RouterIdentityError
+        ) as error:  # fmt: skip
             LOGGER.error("%s", error)
             return 1
         finally:
@@ -102,7 +105,7 @@ class Supervisor:
         return [*self._shards, *([self._router] if self._router else [])]
 
     def _uds_paths(self) -> list[Path]:
-        return [self._runtime_dir / f"shard-{rank}.sock" for rank in range(self._plan.config.num_shard)]
+        return [self._runtime.path / f"shard-{rank}.sock" for rank in range(self._plan.config.num_shard)]
 
     def _start_shards(self) -> None:
         """Spawns every rank (same socket paths each time, a fresh rendezvous port) and waits until all answer.
@@ -115,7 +118,7 @@ class Supervisor:
         for rank, uds_path in enumerate(self._uds_paths()):
             uds_path.unlink(missing_ok=True)
             argv = shard_argv(config, self._plan.model, rank, uds_path, master_port, inject_faults=first_group)
-            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink, router_environment(os.environ)))
+            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink, shard_environment(os.environ)))
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
@@ -125,11 +128,14 @@ class Supervisor:
         config = self._plan.config
         base_url = probe_base_url(config.hostname, config.port)
         with phase("start router"):
-            argv = router_argv(config, self._plan.model, self._plan.limits, self._uds_paths(), self._key_file)
+            argv = router_argv(
+                config, self._plan.model, self._plan.limits, self._uds_paths(), self._key_file,
+                self._runtime.launch_id_file,
+            )  # fmt: skip
             self._router = ChildProcess.spawn("router", argv, self._sink, router_environment(os.environ))
             wait_until_ready(
                 self._router,
-                lambda: router_is_healthy(base_url),
+                lambda: router_is_healthy(base_url, self._runtime.launch_id),
                 config.router_start_timeout,
                 self._children(),
                 self._shutdown,

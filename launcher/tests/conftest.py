@@ -39,6 +39,7 @@ def launch_fakes(tmp_path: Path, model_dir: Path) -> Iterator[Any]:
         router: str = "serve",
         shard_command: list[str] | None = None,
         shard_args: tuple[str, ...] = (),
+        environ: dict[str, str] | None = None,
         **config: Any,
     ):
         events = tmp_path / "events.log"
@@ -61,6 +62,7 @@ def launch_fakes(tmp_path: Path, model_dir: Path) -> Iterator[Any]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env={**os.environ, **(environ or {})},
         )
         launch = LaunchUnderTest(process, events)
         started.append(launch)

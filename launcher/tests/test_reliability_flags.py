@@ -7,7 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from tandem_launcher.api_keys import first_key, router_environment, write_key_file
+from tandem_launcher.api_keys import first_key, write_key_file
+from tandem_launcher.child_environment import router_environment
 from tandem_launcher.cli import parse_config
 from tandem_launcher.commands import router_argv
 from tandem_launcher.config import ChildCommands
@@ -98,4 +99,4 @@ def test_the_config_never_shows_its_keys() -> None:
 
 def test_the_router_never_inherits_the_key_variables() -> None:
     environ = {"PATH": "/bin", "API_KEY": "sk-overridden", "API_KEY_FILE": "/old/keys", "HF_HOME": "/data"}
-    assert router_environment(environ) == {"PATH": "/bin", "HF_HOME": "/data"}
+    assert router_environment(environ) == {"PATH": "/bin"}

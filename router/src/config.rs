@@ -88,6 +88,10 @@ pub struct RouterArgs {
     /// Log every request body and response body (prompts and outputs); off by default.
     #[arg(long, env = "LOG_REQUESTS")]
     pub log_requests: bool,
+    /// A file holding this launch's id, sent with every `/health` answer so the launcher
+    /// knows the port is served by the router it started. Set by the launcher; no variable.
+    #[arg(long)]
+    pub launch_id_file: Option<PathBuf>,
     #[command(flatten)]
     pub api: ApiArgs,
     #[command(flatten)]
@@ -204,6 +208,7 @@ pub struct RouterConfig {
     pub connections: ConnectionLimits,
     pub api_keys: Vec<ApiKey>,
     pub api_key_files: Vec<PathBuf>,
+    pub launch_id_file: Option<PathBuf>,
 }
 
 /// The client-facing API's limits and options.
@@ -332,6 +337,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
             connections: args.connections,
             api_keys: args.api_keys,
             api_key_files: args.api_key_files,
+            launch_id_file: args.launch_id_file,
         })
     }
 }

@@ -10,7 +10,9 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::RouterConfig;
-use crate::http::{self, ApiKeyError, ApiKeys, AppState, ServerInfo, VALIDATION_WORKERS};
+use crate::http::{
+    self, ApiKeyError, ApiKeys, AppState, LaunchIdError, ServerInfo, VALIDATION_WORKERS,
+};
 use crate::pb;
 use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
 use crate::shard::{ShardError, ShardFleet};
@@ -40,6 +42,8 @@ pub enum StartupError {
     },
     #[error("API keys: {0}")]
     ApiKeys(#[from] ApiKeyError),
+    #[error(transparent)]
+    LaunchId(#[from] LaunchIdError),
     #[error("cannot set up metrics: {0}")]
     Metrics(#[from] BuildError),
     #[error("cannot listen on {address}: {source}")]
@@ -70,6 +74,11 @@ pub fn init_tracing(json: bool) {
 pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let inline_keys: Vec<String> = config.api_keys.iter().map(|key| key.0.clone()).collect();
     let api_keys = ApiKeys::load(&inline_keys, &config.api_key_files)?;
+    let launch_id = config
+        .launch_id_file
+        .as_deref()
+        .map(http::read_launch_id)
+        .transpose()?;
     let metrics = crate::metrics::install()?;
     let phase = Instant::now();
     let files = ModelFiles::load(&config.tokenizer_path)?;
@@ -125,7 +134,8 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         metrics,
     )
     .with_request_logging(config.lifecycle.log_requests)
-    .with_api_keys(api_keys.clone());
+    .with_api_keys(api_keys.clone())
+    .with_launch_id(launch_id);
     match api_keys {
         Some(keys) => {
             info!(

@@ -8,12 +8,15 @@ import os
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-BEHAVIOURS = ("serve", "crash-after-ready", "slow-drain")
+BEHAVIOURS = ("serve", "crash-after-ready", "slow-drain", "slow-warmup")
 SLOW_DRAIN_S = 60.0
+# Like the real router, which binds its port only once the shards are warm.
+SLOW_WARMUP_S = 1.0
 
 
 def record(events: Path | None, text: str) -> None:
@@ -22,7 +25,7 @@ def record(events: Path | None, text: str) -> None:
             handle.write(text + "\n")
 
 
-def handler_for(info: dict[str, int]) -> type[BaseHTTPRequestHandler]:
+def handler_for(info: dict[str, int], launch_id: str | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             routes = {"/health": b"", "/info": json.dumps(info).encode()}
@@ -30,6 +33,8 @@ def handler_for(info: dict[str, int]) -> type[BaseHTTPRequestHandler]:
                 self.send_error(404)
                 return
             self.send_response(200)
+            if launch_id is not None and self.path == "/health":
+                self.send_header("X-Tandem-Launch-Id", launch_id)
             self.send_header("Content-Length", str(len(routes[self.path])))
             self.end_headers()
             self.wfile.write(routes[self.path])
@@ -63,10 +68,19 @@ def main() -> int:
     parser.add_argument("--always-include-usage", action="store_true")
     parser.add_argument("--disable-chat-completions", action="store_true")
     parser.add_argument("--chat-template")
+    parser.add_argument("--launch-id-file", type=Path)
     args = parser.parse_args()
     record(args.events, f"router pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
+    record(args.events, f"router environment {' '.join(sorted(os.environ))}")
     info = {"kv_cache_blocks": 100, "kv_cache_tokens": 100 * args.block_size, "max_total_tokens": args.max_total_tokens}
-    server = ThreadingHTTPServer((args.hostname, args.port), handler_for(info))
+    launch_id = args.launch_id_file.read_text() if args.launch_id_file else None
+    if args.behaviour == "slow-warmup":
+        time.sleep(SLOW_WARMUP_S)
+    try:
+        server = ThreadingHTTPServer((args.hostname, args.port), handler_for(info, launch_id))
+    except OSError as error:
+        print(f"cannot listen on {args.hostname}:{args.port}: {error}", flush=True)
+        return 1
     exit_status = {"value": 0}
 
     def stop(_signum: int, _frame: FrameType | None) -> None:

@@ -104,6 +104,7 @@ def main() -> int:
     parser.add_argument("--fault-inject-step-hang")
     args = parser.parse_args()
     record(args.events, f"shard-{args.rank} pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
+    record(args.events, f"shard-{args.rank} environment {' '.join(sorted(os.environ))}")
     if args.behaviour == "fail-at-start":
         print("loading weights", flush=True)
         print("error: config.json names an unsupported architecture", flush=True)

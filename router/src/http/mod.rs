@@ -7,6 +7,7 @@ mod deep_health;
 mod generation;
 mod info;
 mod json;
+mod launch_identity;
 mod lifecycle;
 mod native;
 mod openai;
@@ -32,6 +33,7 @@ pub use admission::Admission;
 pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
+pub use launch_identity::{read_launch_id, LaunchIdError};
 pub use lifecycle::Draining;
 
 use crate::scheduler::Backend;
@@ -58,6 +60,8 @@ pub struct AppState {
     api_keys: Option<ApiKeys>,
     /// The deep health probe every `/health?deep=true` shares.
     deep_probe: Arc<deep_health::DeepProbe>,
+    /// Sent with every `/health` answer (`--launch-id-file`); `None`: not sent.
+    launch_id: Option<HeaderValue>,
 }
 
 impl AppState {
@@ -82,6 +86,7 @@ impl AppState {
             admission,
             api_keys: None,
             deep_probe: Arc::default(),
+            launch_id: None,
         }
     }
 
@@ -89,6 +94,14 @@ impl AppState {
     #[must_use]
     pub fn with_api_keys(mut self, keys: Option<ApiKeys>) -> Self {
         self.api_keys = keys;
+        self
+    }
+
+    /// Answers every `/health` with `launch_id`, which only the launcher that started this
+    /// router knows.
+    #[must_use]
+    pub fn with_launch_id(mut self, launch_id: Option<HeaderValue>) -> Self {
+        self.launch_id = launch_id;
         self
     }
 
@@ -135,9 +148,15 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             auth::require_api_key,
         ));
+    let health = OpenApiRouter::new()
+        .routes(routes!(lifecycle::health))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            launch_identity::answer_with_launch_id,
+        ));
     let (routes, spec) = OpenApiRouter::with_openapi(openapi::base())
         .merge(protected)
-        .routes(routes!(lifecycle::health))
+        .merge(health)
         .routes(routes!(lifecycle::ready))
         .routes(routes!(info::metrics))
         .split_for_parts();
