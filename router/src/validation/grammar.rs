@@ -430,22 +430,37 @@ mod tests {
         assert!(handle.is_cancelled());
     }
 
-    #[tokio::test]
-    async fn pathological_grammars_end_within_the_compile_bound() {
-        let nested = "((a|b|c|d|e|f|g|h){1,200}){1,200}[0-9]{1,1000}(x{1,500}|y{1,500}){1,50}";
-        let deep = (0..200).fold(
+    /// An object schema nesting `levels` objects, each under `properties` (two JSON levels each).
+    fn nested_schema(levels: usize) -> Value {
+        (0..levels).fold(
             json!({"type": "integer"}),
             |inner, _| json!({"type": "object", "properties": {"k": inner}, "required": ["k"]}),
-        );
-        let compiler = compiler();
-        for requested in [
-            regex(nested),
-            RequestedGrammar::json_schema(deep, "response_format"),
-        ] {
-            let started = Instant::now();
-            let _ = compiler.check(&requested).await;
-            assert!(started.elapsed() <= COMPILE_TIMEOUT + Duration::from_millis(100));
-        }
+        )
+    }
+
+    #[tokio::test]
+    async fn a_pathological_regex_compiles_within_the_compile_bound() {
+        // The engine builds its automaton lazily: the first mask does not expand the repeats.
+        let nested = "((a|b|c|d|e|f|g|h){1,200}){1,200}[0-9]{1,1000}(x{1,500}|y{1,500}){1,50}";
+        let started = Instant::now();
+        assert_eq!(compiler().check(&regex(nested)).await, Ok(()));
+        assert!(started.elapsed() <= COMPILE_TIMEOUT + Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn the_deepest_schema_a_request_can_carry_reaches_the_grammar_engine_and_compiles() {
+        // serde_json parses 128 levels: a request body holds at most about 60 schema levels.
+        let deepest = RequestedGrammar::json_schema(nested_schema(60), "response_format");
+        let started = Instant::now();
+        assert_eq!(compiler().check(&deepest).await, Ok(()));
+        assert!(started.elapsed() <= COMPILE_TIMEOUT + Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn a_schema_deeper_than_the_json_parser_allows_is_refused_as_such() {
+        let too_deep = RequestedGrammar::json_schema(nested_schema(200), "response_format");
+        let message = compiler().check(&too_deep).await.unwrap_err().to_string();
+        assert!(message.contains("recursion limit exceeded"), "{message}");
     }
 
     #[test]
