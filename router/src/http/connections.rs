@@ -2,6 +2,7 @@
 //! open at once (more are closed as soon as they are accepted), and a connection that does
 //! not deliver a complete request head within `header_read_timeout` is closed, whether it
 //! is new (a slow or silent client) or idle between two requests of a kept-alive connection.
+//! Connections speak HTTP/1.1.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -34,12 +35,12 @@ pub async fn serve(
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
+    // HTTP/1.1 only: sniffing for an HTTP/2 preface would wait on a silent client with no
+    // timeout. Every client Tandem serves (OpenAI SDKs, huggingface_hub, curl) speaks HTTP/1.1.
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout());
-    builder.http2().timer(TokioTimer::new());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -61,10 +62,7 @@ pub async fn serve(
             app.clone()
                 .map_request(|request: hyper::Request<Incoming>| request.map(Body::new)),
         );
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 debug!(%peer, %error, "connection closed");

@@ -191,3 +191,67 @@ async fn truncate_keeps_the_last_prompt_tokens_and_is_bounded() {
         assert_eq!(error.param(), Some("truncate"), "{error}");
     }
 }
+
+#[tokio::test]
+async fn token_ids_beyond_the_models_vocabulary_are_refused_where_they_appear() {
+    let validator = validator(false).with_model_vocab_size(100);
+    let biased = |id: u32| GenerationParams {
+        processors: ProcessorParams {
+            logit_bias: Some([(id.to_string(), 1.0)].into()),
+            ..ProcessorParams::default()
+        },
+        ..params()
+    };
+    let stopped = |id: u32| GenerationParams {
+        stop_token_ids: vec![id],
+        ..params()
+    };
+    let cases = [
+        (Prompt::Tokens(vec![1, 100]), params(), "prompt"),
+        (Prompt::Text("a".into()), biased(100), "logit_bias"),
+        (Prompt::Text("a".into()), stopped(100), "stop_token_ids"),
+    ];
+    for (prompt, params, param) in cases {
+        let error = validator.validate(prompt, &params).await.unwrap_err();
+        assert_eq!(
+            error,
+            ValidationError::UnknownToken {
+                param,
+                id: 100,
+                vocab_size: 100
+            }
+        );
+    }
+    let last = validator
+        .validate(Prompt::Tokens(vec![99]), &stopped(99))
+        .await;
+    assert!(last.is_ok(), "{last:?}");
+}
+
+#[tokio::test]
+async fn min_tokens_beyond_the_room_the_prompt_leaves_is_refused_not_shortened() {
+    let params = GenerationParams {
+        min_new_tokens: Some(39),
+        ..params()
+    };
+    let error = validator(false)
+        .validate(Prompt::Text("hello".into()), &params)
+        .await
+        .unwrap_err();
+    assert_eq!(error.param(), Some("min_tokens"));
+    assert!(error.to_string().contains("room for 38"), "{error}");
+}
+
+#[test]
+fn a_token_prompt_over_the_input_limit_is_refused_before_tokenizing() {
+    let error = validator(false)
+        .check_prompt(&Prompt::Tokens(vec![1; 31]))
+        .unwrap_err();
+    assert_eq!(
+        error,
+        ValidationError::InputTooLong {
+            input_tokens: 31,
+            max_input_tokens: 30
+        }
+    );
+}

@@ -3,7 +3,9 @@
 mod admission;
 mod api_limits;
 mod auth;
+mod bounds;
 mod chat_endings;
+mod connections;
 mod errors;
 mod fuzz;
 mod hostile;
@@ -251,7 +253,8 @@ pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_stop_sequences: 4,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![]);
+    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![])
+        .with_request_limits(info.request_limits);
     AppState::new(
         backend,
         Arc::new(validator),
