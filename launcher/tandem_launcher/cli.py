@@ -78,6 +78,23 @@ class _AppendOverEnv(argparse.Action):
         setattr(namespace, self.dest, [*([] if current is self.default else current), values])
 
 
+def _add_bound_flags(add: _FlagAdder) -> None:
+    """The router's per-request and per-connection bounds (docs/security.md)."""
+    add.value("--max-stop-sequence-length", int, 512, "longest stop string, in bytes of UTF-8")
+    add.value("--max-stop-token-ids", int, 64, "most stop_token_ids one request may list")
+    add.value("--max-logit-bias", int, 300, "most logit_bias entries one request may carry")
+    add.value("--max-tools", int, 128, "most tool definitions one chat request may carry")
+    add.value("--max-grammar-bytes", int, 128 * 1024, "largest JSON schema, regex or tool grammar, in bytes")
+    add.value("--max-choices", int, 16, "most generations one request may start: n (or best_of) times its prompts")
+    add.value("--max-connections", int, 1024, "client connections open at once; more are closed at once")
+    add.value(
+        "--header-read-timeout",
+        int,
+        10,
+        "seconds a client connection may take to send a request head (also how long an idle one stays open)",
+    )
+
+
 class _FlagAdder:
     """Adds flags whose default comes from the matching env var, and says so in `--help`."""
 
@@ -190,6 +207,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-best-of", int, 2, "most candidates `best_of` may ask for")
     add.value("--max-client-batch-size", int, 4, "most prompts one /v1/completions request may list")
     add.value("--payload-limit", int, 2_000_000, "largest request body in bytes; larger ones get 413")
+    _add_bound_flags(add)
     add.switch("--always-include-usage", "end every OpenAI stream with a usage chunk")
     add.value("--chat-template", Path, None, "a Jinja chat template file used instead of the model's own")
     add.switch("--disable-chat-completions", "serve no /v1/chat/completions (lets a model without a template start)")

@@ -7,7 +7,13 @@ import os
 import socket
 from pathlib import Path
 
-from tandem_launcher.config import LauncherConfig, cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
+from tandem_launcher.config import (
+    LauncherConfig,
+    bound_flags,
+    cuda_graph_sizes,
+    decode_mirror_memory,
+    packed_gemm_rows,
+)
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 
@@ -125,6 +131,8 @@ def api_argv(config: LauncherConfig) -> list[str]:
         "--payload-limit", str(config.payload_limit),
         "--generation-config", config.generation_config,
     ]  # fmt: skip
+    for flag, value in {**bound_flags(config, positive=True), **bound_flags(config, positive=False)}.items():
+        argv += [flag, str(value)]
     if config.chat_template is not None:
         argv += ["--chat-template", str(config.chat_template)]
     if config.always_include_usage:

@@ -101,6 +101,15 @@ class LauncherConfig:
     max_best_of: int = 2
     max_client_batch_size: int = 4
     payload_limit: int = 2_000_000
+    # Per-request and per-connection bounds, passed to the router as flags of the same names.
+    max_stop_sequence_length: int = 512
+    max_stop_token_ids: int = 64
+    max_logit_bias: int = 300
+    max_tools: int = 128
+    max_grammar_bytes: int = 128 * 1024
+    max_choices: int = 16
+    max_connections: int = 1024
+    header_read_timeout: int = 10
     always_include_usage: bool = False
     chat_template: Path | None = None
     disable_chat_completions: bool = False
@@ -111,6 +120,24 @@ class LauncherConfig:
         problems = _problems(self)
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def bound_flags(config: LauncherConfig, *, positive: bool) -> dict[str, int]:
+    """The router's per-request and per-connection bounds by flag: those that must be at least 1 (`positive`), or
+    those that 0 turns into "none allowed"."""
+    must_be_positive = {
+        "--max-stop-sequence-length": config.max_stop_sequence_length,
+        "--max-grammar-bytes": config.max_grammar_bytes,
+        "--max-choices": config.max_choices,
+        "--max-connections": config.max_connections,
+        "--header-read-timeout": config.header_read_timeout,
+    }
+    may_be_zero = {
+        "--max-stop-token-ids": config.max_stop_token_ids,
+        "--max-logit-bias": config.max_logit_bias,
+        "--max-tools": config.max_tools,
+    }
+    return must_be_positive if positive else may_be_zero
 
 
 def is_memory_size(text: str) -> bool:
@@ -164,9 +191,14 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--max-best-of": config.max_best_of,
         "--max-client-batch-size": config.max_client_batch_size,
         "--payload-limit": config.payload_limit,
+        **bound_flags(config, positive=True),
     }
     problems += [f"{flag} must be positive, got {value}" for flag, value in api_positive.items() if value <= 0]
-    api_counts = {"--max-stop-sequences": config.max_stop_sequences, "--max-top-n-tokens": config.max_top_n_tokens}
+    api_counts = {
+        "--max-stop-sequences": config.max_stop_sequences,
+        "--max-top-n-tokens": config.max_top_n_tokens,
+        **bound_flags(config, positive=False),
+    }
     problems += [f"{flag} must not be negative, got {value}" for flag, value in api_counts.items() if value < 0]
     if config.chat_template is not None and not config.chat_template.is_file():
         problems.append(f"--chat-template must be a readable file, got {str(config.chat_template)!r}")

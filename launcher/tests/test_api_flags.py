@@ -80,3 +80,38 @@ def test_a_bad_generation_config_from_the_environment_exits_naming_the_flag(caps
     with pytest.raises(SystemExit):
         parse_config([], {"GENERATION_CONFIG": "vllm"})
     assert "--generation-config must be one of auto, none, got 'vllm'" in capsys.readouterr().err
+
+
+BOUNDS = {
+    "--max-stop-sequence-length": ("512", "MAX_STOP_SEQUENCE_LENGTH", "32"),
+    "--max-stop-token-ids": ("64", "MAX_STOP_TOKEN_IDS", "0"),
+    "--max-logit-bias": ("300", "MAX_LOGIT_BIAS", "10"),
+    "--max-tools": ("128", "MAX_TOOLS", "3"),
+    "--max-grammar-bytes": ("131072", "MAX_GRAMMAR_BYTES", "4096"),
+    "--max-choices": ("16", "MAX_CHOICES", "2"),
+    "--max-connections": ("1024", "MAX_CONNECTIONS", "50"),
+    "--header-read-timeout": ("10", "HEADER_READ_TIMEOUT", "3"),
+}
+
+
+def test_request_and_connection_bounds_reach_the_router_from_flags_or_env_vars() -> None:
+    defaults = _router_argv(LauncherConfig(commands=COMMANDS))
+    assert {flag: _value(defaults, flag) for flag in BOUNDS} == {flag: given[0] for flag, given in BOUNDS.items()}
+    environ = {variable: value for _, variable, value in BOUNDS.values()}
+    config = parse_config([], environ)
+    router = _router_argv(LauncherConfig(**{**vars(config), "commands": COMMANDS}))
+    assert {flag: _value(router, flag) for flag in BOUNDS} == {flag: given[2] for flag, given in BOUNDS.items()}
+
+
+@pytest.mark.parametrize("flag", ["--max-stop-sequence-length", "--max-grammar-bytes", "--max-choices",
+                                  "--max-connections", "--header-read-timeout"])  # fmt: skip
+def test_bounds_that_must_allow_something_refuse_zero(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_config([flag, "0"], {})
+    assert f"{flag} must be positive" in capsys.readouterr().err
+
+
+def test_counted_bounds_refuse_negatives(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--max-logit-bias", "-1"], {})
+    assert "--max-logit-bias must not be negative" in capsys.readouterr().err
