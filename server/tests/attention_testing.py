@@ -26,35 +26,46 @@ class PagedCase:
     query: torch.Tensor
     key: torch.Tensor
     value: torch.Tensor
+    block_size: int = BLOCK_SIZE
 
     def fresh_cache(self) -> LayerCache:
         """A copy, since every backend writes the step's K/V into the cache it is given."""
         return LayerCache(self.cache.key.clone(), self.cache.value.clone())
 
     def batch(self, slot_lists: bool, device: torch.device = CPU) -> StepBatch:
-        return build_step_batch(self.spans, BLOCK_SIZE, device, slot_lists)
+        return build_step_batch(self.spans, self.block_size, device, slot_lists)
 
 
-def paged_case(requests: Sequence[tuple[int, int]], seed: int = 0, dtype: torch.dtype = torch.float32) -> PagedCase:
-    """Cached prefixes hold random K/V; block ids are drawn from a shuffled pool so tables are scattered."""
+def paged_case(
+    requests: Sequence[tuple[int, int]],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    block_size: int = BLOCK_SIZE,
+    heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM),
+) -> PagedCase:
+    """Cached prefixes hold random K/V; block ids are drawn from a shuffled pool so tables are scattered.
+
+    `heads` is (query heads, KV heads, head size)."""
+    num_heads, num_kv_heads, head_dim = heads
     generator = torch.Generator().manual_seed(seed)
     free = list(range(NUM_BLOCKS))
     random.Random(seed).shuffle(free)
-    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    shape = (NUM_BLOCKS, block_size, num_kv_heads, head_dim)
     cache = LayerCache(
         torch.randn(shape, generator=generator).to(dtype), torch.randn(shape, generator=generator).to(dtype)
     )
     spans = tuple(
-        ScheduledSpan([0] * count, start, [free.pop() for _ in range(-(-(start + count) // BLOCK_SIZE))])
+        ScheduledSpan([0] * count, start, [free.pop() for _ in range(-(-(start + count) // block_size))])
         for start, count in requests
     )
     tokens = sum(count for _, count in requests)
     return PagedCase(
         spans=spans,
         cache=cache,
-        query=torch.randn(tokens, HEADS, HEAD_DIM, generator=generator).to(dtype),
-        key=torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(dtype),
-        value=torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(dtype),
+        query=torch.randn(tokens, num_heads, head_dim, generator=generator).to(dtype),
+        key=torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype),
+        value=torch.randn(tokens, num_kv_heads, head_dim, generator=generator).to(dtype),
+        block_size=block_size,
     )
 
 

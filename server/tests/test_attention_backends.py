@@ -1,4 +1,4 @@
-"""The sdpa and Triton backends (and flash's gather) equal the torch backend on random paged steps."""
+"""The sdpa and Triton backends equal the torch backend on random paged steps."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_testing import BLOCK_SIZE, DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
-from tandem_server.engine.batch import _context_slots
+from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
 from tandem_server.layers.attention import AttentionParams, SdpaAttentionBackend
-from tandem_server.layers.attention.flash_backend import context_slots
 
 PARAMS = {
     "causal": AttentionParams(scale=HEAD_DIM**-0.5),
@@ -53,13 +51,6 @@ def test_sdpa_backend_refuses_softcap_instead_of_ignoring_it() -> None:
         SdpaAttentionBackend().forward(
             case.query, case.key, case.value, case.fresh_cache(), case.batch(False).metadata, PARAMS["softcap"]
         )
-
-
-def test_flash_gather_reads_every_context_slot_in_batch_order() -> None:
-    case = paged_case(MIXED_STEP)
-    paged = case.batch(slot_lists=False).metadata.paged
-    expected = torch.cat([_context_slots(s.block_table, s.context_len, BLOCK_SIZE) for s in case.spans])
-    assert context_slots(paged, BLOCK_SIZE).tolist() == expected.tolist()
 
 
 def test_paged_only_batch_matches_full_batch_tensors() -> None:

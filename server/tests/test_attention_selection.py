@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import create_backend, selection
+from tandem_server.layers.attention import create_backend, flash_release, selection
+from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
 from tandem_server.layers.attention.selection import (
     AttentionNeeds,
     PackageProblems,
@@ -14,7 +15,7 @@ from tandem_server.layers.attention.selection import (
     select_backend,
 )
 
-BOTH_INSTALLED = PackageProblems(flash_attn=None, triton=None)
+BOTH_INSTALLED = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_4)
 NO_FLASH = PackageProblems(flash_attn="flash_attn is not importable (No module named 'flash_attn')", triton=None)
 NEITHER = PackageProblems(flash_attn=NO_FLASH.flash_attn, triton="triton is not importable (No module named 'triton')")
 CUDA_BF16 = AttentionNeeds("cuda", torch.bfloat16, head_dim=128)
@@ -81,15 +82,69 @@ def test_missing_package_is_reported_with_the_import_error(monkeypatch: pytest.M
 
     def import_module(name: str) -> object:
         imported.append(name)
-        if name == "flash_attn":
-            raise ImportError("No module named 'flash_attn'")
+        if name.startswith("flash_attn"):
+            raise ImportError(f"No module named {name!r}")
         return object()
 
+    monkeypatch.setattr(flash_release.importlib, "import_module", import_module)
     monkeypatch.setattr(selection.importlib, "import_module", import_module)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     problems = detect_package_problems("cuda")
-    assert problems == PackageProblems("flash_attn is not importable (No module named 'flash_attn')", None)
-    assert imported == ["flash_attn", "triton"]
+    assert problems.flash_attn == (
+        "flash_attn.cute is not importable (No module named 'flash_attn.cute'); "
+        "flash_attn is not importable (No module named 'flash_attn')"
+    )
+    assert problems.triton is None and problems.flash_release is None
+    assert imported == ["flash_attn.cute", "flash_attn", "triton"]
     assert select_backend("auto", CUDA_BF16, problems).name == "triton"
+
+
+class VarlenModule:
+    """What an installed FlashAttention release's module offers the backend."""
+
+    @staticmethod
+    def flash_attn_varlen_func() -> None:
+        raise AssertionError("selection never calls the kernel")
+
+
+@pytest.mark.parametrize(
+    ("installed", "capability", "release"),
+    [
+        # flash-attn-4 has kernels for Hopper and Blackwell only; flash-attn 2 from Ampere on.
+        ({"flash_attn.cute", "flash_attn"}, (9, 0), FLASH_ATTN_4),
+        ({"flash_attn.cute", "flash_attn"}, (10, 0), FLASH_ATTN_4),
+        ({"flash_attn.cute", "flash_attn"}, (8, 0), FLASH_ATTN_2),
+        ({"flash_attn.cute"}, (8, 9), None),
+        ({"flash_attn"}, (9, 0), FLASH_ATTN_2),
+    ],
+)
+def test_the_flash_backend_drives_the_newest_release_with_kernels_for_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, installed: set[str], capability: tuple[int, int], release: FlashRelease | None
+) -> None:
+    def import_module(name: str) -> object:
+        if name not in installed:
+            raise ImportError(f"No module named {name!r}")
+        return VarlenModule
+
+    monkeypatch.setattr(flash_release.importlib, "import_module", import_module)
+    chosen, problems = choose_release(capability)
+    assert chosen == release
+    if release is None:
+        assert problems[0] == "flash-attn-4 has no kernels for compute capability 8.9"
+
+
+FA2_ONLY = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_2)
+FA4 = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_4)
+
+
+def test_auto_passes_over_flash_attn_2_whose_pages_need_256_tokens() -> None:
+    choice = select_backend("auto", CUDA_BF16, FA2_ONLY)
+    assert choice.name == "triton"
+    assert "flash: flash-attn 2 pages the KV cache only in blocks of a multiple of 256 tokens" in choice.describe()
+    assert "--attention-backend flash takes it, with --block-size 256" in choice.describe()
+    # Named, it is taken: the launcher then picks 256-token blocks.
+    assert select_backend("flash", CUDA_BF16, FA2_ONLY).name == "flash"
+    assert select_backend("auto", CUDA_BF16, FA4).name == "flash"
 
 
 def test_model_features_come_from_config_json() -> None:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
+from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, PagedCase, paged_case, reference_output
 from tandem_server.layers.attention import AttentionParams, LayerCache
 
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -33,14 +33,45 @@ if not ON_CUDA and os.environ.get("TRITON_INTERPRET") != "1":
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("params", PARAMS)
 def test_triton_kernel_matches_torch_backend(step: str, params: str) -> None:
+    case = paged_case(STEPS[step], seed=len(params), dtype=DTYPE)
+    assert_matches_torch_backend(case, PARAMS[params])
+
+
+# Corners of the ahead-of-time compile matrix (test_triton_compile.py): head size 64, one, seven and eight query
+# heads per KV head, 16- and 256-token pages; a prefill spanning several query tiles, a long-context decode split
+# across programs, windows with softcap.
+LONG_PREFILL = ((0, 21), (40, 30), (3, 1))
+LONG_DECODE = ((520, 1), (7, 1))
+CORNERS = {
+    "groups1-page16-prefill": (LONG_PREFILL, 16, (2, 2, 64)),
+    "groups7-page16-prefill": (LONG_PREFILL, 16, (14, 2, 64)),
+    "groups8-page256-prefill": (LONG_PREFILL, 256, (8, 1, 64)),
+    "groups7-page256-split-decode": (LONG_DECODE, 256, (7, 1, 64)),
+    "groups1-page16-split-decode": (LONG_DECODE, 16, (2, 2, 64)),
+}
+
+
+@pytest.mark.parametrize("corner", CORNERS)
+def test_triton_kernel_corners_match_torch_backend(corner: str) -> None:
+    from tandem_server.layers.attention.triton_backend import DEFAULT_SM_COUNT, decode_splits  # noqa: PLC0415
+
+    requests, block_size, heads = CORNERS[corner]
+    case = paged_case(requests, seed=11, dtype=DTYPE, block_size=block_size, heads=heads)
+    if "decode" in corner:
+        # The interpreter's step splits each context across programs, so the combine kernel runs too.
+        longest = max(start + count for start, count in requests)
+        assert decode_splits(len(requests), heads[1], longest, DEFAULT_SM_COUNT) > 1
+    assert_matches_torch_backend(case, AttentionParams(scale=0.125, sliding_window=200, logit_softcap=20.0))
+
+
+def assert_matches_torch_backend(case: PagedCase, params: AttentionParams) -> None:
     from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
 
-    case = paged_case(STEPS[step], seed=len(params), dtype=DTYPE)
-    expected, expected_cache = reference_output(case, PARAMS[params])
+    expected, expected_cache = reference_output(case, params)
     cache = LayerCache(case.cache.key.to(DEVICE), case.cache.value.to(DEVICE))
     metadata = case.batch(slot_lists=False, device=DEVICE).metadata
     query, key, value = (tensor.to(DEVICE) for tensor in (case.query, case.key, case.value))
-    output = TritonAttentionBackend().forward(query, key, value, cache, metadata, PARAMS[params])
+    output = TritonAttentionBackend().forward(query, key, value, cache, metadata, params)
     torch.testing.assert_close(output.float().cpu(), expected.float(), **TOLERANCE)
     torch.testing.assert_close(cache.key.cpu(), expected_cache.key)
     torch.testing.assert_close(cache.value.cpu(), expected_cache.value)

@@ -128,6 +128,7 @@ def paged_layout(spans: Sequence[ScheduledSpan], block_size: int, device: torch.
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
         num_keys=sum(seq_lens),
+        query_lens=tuple(query_lens),
     )
 
 

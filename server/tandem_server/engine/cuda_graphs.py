@@ -9,8 +9,9 @@ dropped. Mixed and prefill steps always run eagerly.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,7 @@ class DecodeBuffers:
             # Upper bounds: the real values change every step but a graph's host arguments cannot.
             max_seq_len=self.max_positions,
             num_keys=size * self.max_positions,
+            query_lens=(1,) * size,
         )
         return AttentionMetadata(slot_mapping=self.slot_mapping[:size], prefills=(), decode=None, paged=paged)
 
@@ -117,22 +119,23 @@ class DecodeGraphs:
         self.sizes = tuple(sorted(sizes))
         self._model = model
         self._cache = cache
+        self._device = device
         self._buffers = DecodeBuffers.allocate(self.sizes[-1], model.spec.max_position_embeddings, cache, device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Capture and replay run on this rank's own stream (never torch's process-wide capture stream, which
+        # lives on whichever device first asked for it).
+        self._stream = torch.cuda.Stream(device)
 
     def capture(self) -> None:
         """Records the model's forward pass for every size, largest first so smaller graphs reuse its pool."""
         pool = None
         for size in reversed(self.sizes):
             metadata = self._buffers.metadata(size)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with self._on_own_stream():
                 for _ in range(_WARM_RUNS_BEFORE_CAPTURE):
                     self._forward(size, metadata)
-            torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 hidden = self._forward(size, metadata)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)
@@ -148,8 +151,18 @@ class DecodeGraphs:
             return None
         self._buffers.fill(batch, size)
         graph, hidden = self._graphs[size]
-        graph.replay()
+        with self._on_own_stream():
+            graph.replay()
         return hidden[:count]
+
+    @contextlib.contextmanager
+    def _on_own_stream(self) -> Iterator[None]:
+        # The own stream starts after everything queued so far and what follows waits for it.
+        current = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            yield
+        current.wait_stream(self._stream)
 
     def _forward(self, size: int, metadata: AttentionMetadata) -> torch.Tensor:
         buffers = self._buffers

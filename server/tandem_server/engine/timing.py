@@ -11,6 +11,7 @@ class StepTimer:
     """Marks phase boundaries; on CUDA they are events on the current stream, on CPU wall-clock readings."""
 
     def __init__(self, device: torch.device) -> None:
+        self._device = device
         self._cuda = device.type == "cuda"
         self._marks: list[torch.cuda.Event | float] = []
         self.mark()
@@ -19,7 +20,7 @@ class StepTimer:
         """Ends the current phase and starts the next one."""
         if self._cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self._device))
             self._marks.append(event)
         else:
             self._marks.append(time.perf_counter())

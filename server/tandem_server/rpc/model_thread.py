@@ -6,11 +6,15 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import torch
 
 from tandem_server.errors import ModelThreadStalledError
 
 Result = TypeVar("Result")
+_CPU = torch.device("cpu")
 
 
 class ModelThread:
@@ -20,10 +24,16 @@ class ModelThread:
     start time is cleared by the worker itself: while it is set, the model is busy whatever the RPCs say. A job
     busy for longer than `stall_after_s` means a wedged device; Health then fails, so the launcher restarts the
     shard group instead of the router waiting on it forever.
+
+    The CUDA current device is per thread, so the one worker is bound to the rank's device when it starts: every
+    kernel launch, stream, event and memory probe a job makes without naming a device lands on the rank's GPU.
     """
 
-    def __init__(self, stall_after_s: float | None) -> None:
+    def __init__(self, stall_after_s: float | None, device: torch.device = _CPU) -> None:
         self._stall_after_s = stall_after_s
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="model", initializer=bind_thread_to_device, initargs=(device,)
+        )
         # Set by the event loop right before a job is handed over, cleared by the worker when the job ends.
         self._job_started: float | None = None
         # Set at shutdown: releases a job that blocks on `wait_for_shutdown` (the injected hang).
@@ -38,7 +48,7 @@ class ModelThread:
                 "whose caller gave up on it"
             )
         self._job_started = time.monotonic()
-        return await asyncio.to_thread(self._run_job, job)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run_job, job)
 
     def _run_job(self, job: Callable[[], Result]) -> Result:
         try:
@@ -63,3 +73,10 @@ class ModelThread:
 
     def shut_down(self) -> None:
         self._shutdown.set()
+        self._executor.shutdown(wait=False)
+
+
+def bind_thread_to_device(device: torch.device) -> None:
+    """Makes `device` the calling thread's current CUDA device (nothing to bind on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)

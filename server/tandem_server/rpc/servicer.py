@@ -46,7 +46,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             logger.warning("fault injection armed (tests only): %s", faults)
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
-        self._model = ModelThread(step_timeout_s)
+        self._model = ModelThread(step_timeout_s, runner.device)
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:

@@ -1,29 +1,37 @@
-"""Attention through flash-attn's varlen kernel (CUDA, fp16/bf16); flash-attn is the optional `cuda` extra."""
+"""Attention through FlashAttention's paged varlen kernel (CUDA, fp16/bf16): flash-attn 2 or flash-attn-4.
+
+Both releases read the block tables directly, so no step gathers its context: flash-attn 2 when a block holds a
+multiple of 256 tokens, flash-attn-4 (CuTe DSL, Hopper and Blackwell) at any block size.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
+from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
-
-# flash-attn 2 reads a paged cache through `block_table` only when a block holds a multiple of 256 tokens.
-FLASH_PAGE_MULTIPLE = 256
 
 
 class FlashAttentionBackend:
-    """Mixed prefill/decode steps in one varlen call; causal masks align to each sequence's end (cached prefixes)."""
+    """Mixed prefill/decode steps in one paged varlen call; causal masks align to each sequence's end."""
 
     name = "flash"
     uses_slot_lists = False
-    # The varlen call takes host integers (max lengths) that change every step, so steps run eagerly.
-    supports_cuda_graphs = False
+    # Every call reads only device tensors plus host bounds that are fixed for a captured batch size.
+    supports_cuda_graphs = True
 
-    def __init__(self) -> None:
-        # Imported here: the module loads on machines without flash-attn, selection decides whether it is built.
-        from flash_attn import flash_attn_varlen_func  # noqa: PLC0415
-
-        self._varlen = flash_attn_varlen_func
+    def __init__(self, release: FlashRelease | None = None) -> None:
+        if release is None:
+            release, problems = choose_release(torch.cuda.get_device_capability())
+            if release is None:
+                raise ConfigError(f"no usable FlashAttention release: {'; '.join(problems)}")
+        self.release = release
+        self._attend = _ATTEND[release.name](release.load())
 
     def forward(
         self,
@@ -34,36 +42,63 @@ class FlashAttentionBackend:
         metadata: AttentionMetadata,
         params: AttentionParams,
     ) -> torch.Tensor:
-        """Writes the step's K/V, then attends through the block tables (or a gather when blocks are small)."""
-        write_step_kv(cache, key, value, metadata.slot_mapping)
-        paged = metadata.paged
+        """Writes the step's K/V, then attends through the block tables."""
         block_size = cache.key.shape[1]
+        problem = self.release.page_problem(block_size)
+        if problem is not None:
+            raise ConfigError(f"{problem}; start with --block-size {self.release.page_multiple}")
+        write_step_kv(cache, key, value, metadata.slot_mapping)
+        return self._attend(query, cache, metadata.paged, params)
+
+
+Attend = Callable[[torch.Tensor, LayerCache, PagedLayout, AttentionParams], torch.Tensor]
+
+
+def _flash_attn_2(varlen: Callable[..., Any]) -> Attend:
+    def attend(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
         window = (params.sliding_window - 1, 0) if params.sliding_window is not None else (-1, -1)
-        common = {
-            "cu_seqlens_q": paged.query_start_loc,
-            "cu_seqlens_k": paged.seq_start_loc,
-            "max_seqlen_q": paged.max_query_len,
-            "max_seqlen_k": paged.max_seq_len,
-            "softmax_scale": params.scale,
-            "causal": True,
-            "window_size": window,
-            "softcap": params.logit_softcap or 0.0,
-        }
-        if block_size % FLASH_PAGE_MULTIPLE == 0:
-            return self._varlen(query, cache.key, cache.value, block_table=paged.block_tables, **common)
-        slots = context_slots(paged, block_size)
-        num_kv_heads, head_dim = cache.key.shape[-2:]
-        keys = cache.key.view(-1, num_kv_heads, head_dim)[slots]
-        values = cache.value.view(-1, num_kv_heads, head_dim)[slots]
-        return self._varlen(query, keys, values, **common)
+        return varlen(
+            query,
+            cache.key,
+            cache.value,
+            cu_seqlens_q=paged.query_start_loc,
+            cu_seqlens_k=paged.seq_start_loc,
+            max_seqlen_q=paged.max_query_len,
+            max_seqlen_k=paged.max_seq_len,
+            softmax_scale=params.scale,
+            causal=True,
+            window_size=window,
+            softcap=params.logit_softcap or 0.0,
+            block_table=paged.block_tables,
+        )
+
+    return attend
 
 
-def context_slots(paged: PagedLayout, block_size: int) -> torch.Tensor:
-    """Flat cache slots of every sequence's positions [0, seq_len), concatenated in batch order."""
-    device = paged.seq_lens.device
-    sequence = torch.repeat_interleave(
-        torch.arange(paged.num_seqs, device=device), paged.seq_lens.long(), output_size=paged.num_keys
-    )
-    position = torch.arange(paged.num_keys, device=device) - paged.seq_start_loc[sequence].long()
-    block = paged.block_tables[sequence, position // block_size].long()
-    return block * block_size + position % block_size
+def _flash_attn_4(varlen: Callable[..., Any]) -> Attend:
+    def attend(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
+        # With a page table the key lengths come from seqused_k; cu_seqlens_k must stay unset.
+        window = (params.sliding_window - 1, 0) if params.sliding_window is not None else (None, None)
+        output, _ = varlen(
+            query,
+            cache.key,
+            cache.value,
+            cu_seqlens_q=paged.query_start_loc,
+            max_seqlen_q=paged.max_query_len,
+            max_seqlen_k=paged.max_seq_len,
+            seqused_k=paged.seq_lens,
+            page_table=paged.block_tables,
+            softmax_scale=params.scale,
+            causal=True,
+            window_size=window,
+            softcap=params.logit_softcap or 0.0,
+        )
+        return output
+
+    return attend
+
+
+_ATTEND: dict[str, Callable[[Callable[..., Any]], Attend]] = {
+    FLASH_ATTN_2.name: _flash_attn_2,
+    FLASH_ATTN_4.name: _flash_attn_4,
+}

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tandem_server.errors import ConfigError
+from tandem_server.layers.attention.flash_release import FlashRelease, choose_release
 
 BACKEND_NAMES = ("torch", "sdpa", "triton", "flash")
 BACKEND_CHOICES = ("auto", *BACKEND_NAMES)
@@ -37,6 +38,8 @@ class PackageProblems:
 
     flash_attn: str | None
     triton: str | None
+    # The FlashAttention release the flash backend drives on this GPU; None when `flash_attn` says why none.
+    flash_release: FlashRelease | None = None
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,12 @@ def needs_from_hf_config(
 
 
 def detect_package_problems(device: str) -> PackageProblems:
-    """Imports flash-attn and Triton only on CUDA; on CPU neither is usable anyway."""
+    """Imports FlashAttention and Triton only on CUDA; on CPU neither is usable anyway."""
     if device != "cuda":
         return PackageProblems(flash_attn="needs --device cuda", triton="needs --device cuda")
-    return PackageProblems(flash_attn=_import_problem("flash_attn"), triton=_import_problem("triton"))
+    release, problems = choose_release(torch.cuda.get_device_capability())
+    flash_problem = None if release is not None else "; ".join(problems)
+    return PackageProblems(flash_attn=flash_problem, triton=_import_problem("triton"), flash_release=release)
 
 
 def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems) -> str | None:
@@ -86,7 +91,10 @@ def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems)
 
 def _flash_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
     if packages.flash_attn is not None:
-        return f"{packages.flash_attn} (install the optional extra: pip install 'tandem-server[cuda]')"
+        return (
+            f"{packages.flash_attn} (install flash-attn-4 on Hopper or Blackwell, "
+            "or flash-attn 2 with pip install 'tandem-server[cuda]')"
+        )
     if needs.dtype not in FLASH_DTYPES:
         return f"flash-attn supports float16 and bfloat16, not {str(needs.dtype).removeprefix('torch.')}"
     if needs.head_dim > FLASH_MAX_HEAD_DIM or needs.head_dim % 8:
@@ -105,11 +113,22 @@ def select_backend(requested: str, needs: AttentionNeeds, packages: PackageProbl
         return BackendChoice(requested)
     skipped = []
     for name in AUTO_ORDER[needs.device]:
-        reason = unusable_reason(name, needs, packages)
+        reason = unusable_reason(name, needs, packages) or _auto_problem(name, packages)
         if reason is None:
             return BackendChoice(name, tuple(skipped))
         skipped.append((name, reason))
     raise ConfigError("invariant: the torch attention backend is always usable")
+
+
+def _auto_problem(name: str, packages: PackageProblems) -> str | None:
+    # `auto` must serve every --block-size: a release that pages only some block sizes is taken when named.
+    release = packages.flash_release
+    if name != "flash" or release is None or release.page_multiple == 1:
+        return None
+    return (
+        f"{release.name} pages the KV cache only in blocks of a multiple of {release.page_multiple} tokens "
+        f"(--attention-backend flash takes it, with --block-size {release.page_multiple})"
+    )
 
 
 def _import_problem(module: str) -> str | None:

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
-from tandem_server.layers.attention.metadata import AttentionMetadata
+from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+
+if TYPE_CHECKING:
+    from tandem_server.layers.attention.triton_kernel import LaunchPlan
+
+# Split a decode step's keys until about this many programs run per streaming multiprocessor.
+PROGRAMS_PER_SM = 2
+# Below this many keys per split the combine step costs more than the extra parallelism brings.
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 16
+# Streaming multiprocessors assumed where the device cannot say (Triton's CPU interpreter).
+DEFAULT_SM_COUNT = 132
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
+    """Programs per (sequence, KV head) of a decode-only step: enough to fill the GPU, never below
+    MIN_KEYS_PER_SPLIT keys each. Depends only on host bounds, so a captured graph keeps its split."""
+    wanted = -(-PROGRAMS_PER_SM * sm_count // (num_seqs * num_kv_heads))
+    return max(1, min(MAX_SPLITS, wanted, max_seq_len // MIN_KEYS_PER_SPLIT))
+
+
+def query_tiles(query_lens: tuple[int, ...], tile_tokens: int) -> list[tuple[int, int]]:
+    """(sequence, tile) for every tile of `tile_tokens` query tokens that some sequence fills at least partly."""
+    return [(seq, tile) for seq, length in enumerate(query_lens) for tile in range(-(-length // tile_tokens))]
 
 
 class TritonAttentionBackend:
-    """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap in one kernel launch."""
+    """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap; split-KV decoding."""
 
     name = "triton"
     uses_slot_lists = False
@@ -17,9 +42,12 @@ class TritonAttentionBackend:
 
     def __init__(self) -> None:
         # Imported here so a machine without Triton can still import (and select among) the other backends.
-        from tandem_server.layers.attention.triton_kernel import paged_attention  # noqa: PLC0415
+        from tandem_server.layers.attention import triton_kernel  # noqa: PLC0415
 
-        self._paged_attention = paged_attention
+        self._kernel = triton_kernel
+        # Every layer of a step shares its metadata, so the launch plan is built once per step.
+        self._planned: tuple[PagedLayout, LaunchPlan] | None = None
+        self._sm_count: int | None = None
 
     def forward(
         self,
@@ -32,4 +60,30 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:
         """Writes the step's K/V at `slot_mapping`, then runs the kernel over every sequence's block table."""
         write_step_kv(cache, key, value, metadata.slot_mapping)
-        return self._paged_attention(query.contiguous(), cache.key, cache.value, metadata.paged, params)
+        plan = self._plan(metadata.paged, query, cache.key.shape[2])
+        return self._kernel.paged_attention(query.contiguous(), cache.key, cache.value, metadata.paged, params, plan)
+
+    def _plan(self, paged: PagedLayout, query: torch.Tensor, num_kv_heads: int) -> LaunchPlan:
+        if self._planned is not None and self._planned[0] is paged:
+            return self._planned[1]
+        kernel = self._kernel
+        if paged.max_query_len == 1:
+            sm_count = self._streaming_multiprocessors(query.device)
+            splits = decode_splits(paged.num_seqs, num_kv_heads, paged.max_seq_len, sm_count)
+            plan = kernel.LaunchPlan(work=None, num_items=paged.num_seqs, tile_tokens=1, num_splits=splits)
+        else:
+            groups = query.shape[1] // num_kv_heads
+            tile_tokens = kernel.query_tile_tokens(groups, False, query.shape[2], query.dtype)
+            tiles = query_tiles(paged.query_lens, tile_tokens)
+            work = torch.tensor(tiles, dtype=torch.int32).to(query.device, non_blocking=True)
+            plan = kernel.LaunchPlan(work=work, num_items=len(tiles), tile_tokens=tile_tokens)
+        self._planned = (paged, plan)
+        return plan
+
+    def _streaming_multiprocessors(self, device: torch.device) -> int:
+        if self._sm_count is None:
+            on_gpu = device.type == "cuda"
+            self._sm_count = (
+                torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else DEFAULT_SM_COUNT
+            )
+        return self._sm_count

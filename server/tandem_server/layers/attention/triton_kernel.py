@@ -1,11 +1,16 @@
 """A paged-attention Triton kernel for mixed prefill/decode steps; imported only when the Triton backend is built.
 
-One program handles one sequence, one tile of its query tokens and one KV head; the query heads sharing that KV
-head are stacked into the tile's rows, so each cache page is loaded once for the whole group (grouped-query
-attention). Pages are visited in block-table order with an online softmax, so no score matrix is materialised.
+One program handles one work item (a sequence and one tile of its query tokens) for one KV head; the query heads
+sharing that KV head are stacked into the tile's rows, so each key tile is loaded once for the whole group
+(grouped-query attention). Keys are visited in tiles of at most 64 positions whatever the page size: every key
+row finds its own page through the block table, so a tile may span several small pages or part of a large one.
+An online softmax keeps the score matrix out of memory. Decode-only steps with few sequences split each
+sequence's keys across programs (flash-decoding) and combine the partial results in a second kernel.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -14,28 +19,112 @@ import triton.language as tl
 from tandem_server.layers.attention.backend import AttentionParams
 from tandem_server.layers.attention.metadata import PagedLayout
 
-# Rows of a prefill tile (query tokens x grouped heads); decode-only steps use one token per tile instead.
-_PREFILL_TILE_ROWS = 64
+# Rows of a prefill tile (query tokens x grouped heads) and keys per K/V tile, at most, whatever the page size.
+KEY_TILE = 64
+# Each of the query, key and value tiles stays within this many bytes, so the kernel and its pipelined loads fit
+# the shared memory of Ampere (163 KiB per block) at every head size and dtype; float32 at head size 256 halves both.
+TILE_BYTES = 32 * 1024
 # tl.dot needs every tile dimension to be at least 16.
-_MIN_DOT_DIM = 16
+MIN_DOT_DIM = 16
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one step's attention is laid out over programs; shared by every layer of the step."""
+
+    # Mixed steps: [items, 2] int32 (sequence, query tile) per program, so no program is empty; None: item = sequence.
+    work: torch.Tensor | None
+    num_items: int
+    tile_tokens: int
+    # Decode-only steps: programs per (sequence, KV head), each over its share of the keys; 1: no split.
+    num_splits: int = 1
 
 
 @triton.jit
+def _attend_rows(  # noqa: PLR0913, PLR0917  (device helper: arguments are registers)
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    kv_head,
+    query_position,
+    key_lo,
+    key_hi,
+    scale,
+    softcap,
+    window,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Online softmax over keys [key_lo, key_hi): returns (unnormalised output, running max, running sum)."""
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < HEAD_DIM
+    running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        key_position = start + tl.arange(0, BLOCK_N)
+        key_valid = key_position < key_hi
+        block = tl.load(table_row_ptr + key_position // PAGE, mask=key_valid, other=0).to(tl.int64)
+        row = block * stride_cache_block + (key_position % PAGE) * stride_cache_slot + kv_head * stride_cache_head
+        kv_offsets = row[:, None] + dims[None, :]
+        kv_mask = key_valid[:, None] & dim_valid[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = scores.to(tl.float32) * scale
+        if USE_SOFTCAP:
+            # tanh(x) = 2 * sigmoid(2x) - 1, portable to every Triton backend.
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        visible = key_valid[None, :] & (key_position[None, :] <= query_position[:, None])
+        if USE_WINDOW:
+            visible = visible & (key_position[None, :] > query_position[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
+        # Rows that have seen no visible key yet keep a finite reference so exp() stays 0, never NaN.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.exp(scores - safe_max[:, None])
+        correction = tl.exp(running_max - safe_max)
+        running_sum = running_sum * correction + tl.sum(probs, 1)
+        if IEEE:
+            update = tl.dot(probs.to(v.dtype), v, input_precision="ieee")
+        else:
+            update = tl.dot(probs.to(v.dtype), v)
+        acc = acc * correction[:, None] + update.to(tl.float32)
+        running_max = new_max
+    return acc, running_max, running_sum
+
+
+@triton.jit(do_not_specialize=["stride_table", "num_splits"])
 def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its launch contract)
     out_ptr,
+    partial_ptr,
+    lse_ptr,
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    work_ptr,
     scale,
     softcap,
     window,
+    num_splits,
     stride_q_token,
     stride_q_head,
-    stride_o_token,
-    stride_o_head,
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
@@ -44,114 +133,157 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
-    BLOCK_PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     TILE_TOKENS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    MIXED: tl.constexpr,
+    SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    item = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if MIXED:
+        seq = tl.load(work_ptr + 2 * item)
+        tile = tl.load(work_ptr + 2 * item + 1)
+    else:
+        seq = item
+        tile = 0
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
-    if tile * TILE_TOKENS < query_len:
-        seq_len = tl.load(seq_lens_ptr + seq)
-        first_query_position = seq_len - query_len
-        rows = tl.arange(0, BLOCK_M)
-        token = tile * TILE_TOKENS + rows // GROUPS
-        head = kv_head * GROUPS + rows % GROUPS
-        row_valid = (rows < TILE_TOKENS * GROUPS) & (token < query_len)
-        query_position = first_query_position + token
-        dims = tl.arange(0, BLOCK_D)
-        dim_valid = dims < HEAD_DIM
-        q_offsets = (query_start + token)[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
-        q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_query_position = seq_len - query_len
+    rows = tl.arange(0, BLOCK_M)
+    token = tile * TILE_TOKENS + rows // GROUPS
+    head = kv_head * GROUPS + rows % GROUPS
+    row_valid = (rows < TILE_TOKENS * GROUPS) & (token < query_len)
+    query_position = first_query_position + token
+    dims = tl.arange(0, BLOCK_D)
+    io_mask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
+    # Queries and outputs share one layout: [tokens, heads, head_dim], contiguous in head_dim.
+    q_offsets = (query_start + token)[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=io_mask, other=0.0)
 
-        # Keys [key_lo, key_hi) can be visible to some row of this tile.
-        key_hi = tl.minimum(first_query_position + (tile + 1) * TILE_TOKENS, seq_len)
-        key_lo = 0
-        if USE_WINDOW:
-            key_lo = tl.maximum(first_query_position + tile * TILE_TOKENS - window + 1, 0)
-        running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        slots = tl.arange(0, BLOCK_PAGE)
-        for page in range(key_lo // PAGE, tl.cdiv(key_hi, PAGE)):
-            block = tl.load(block_tables_ptr + seq * stride_table + page).to(tl.int64)
-            key_position = page * PAGE + slots
-            key_valid = (slots < PAGE) & (key_position < key_hi)
-            kv_offsets = (
-                block * stride_cache_block
-                + slots[:, None] * stride_cache_slot
-                + kv_head * stride_cache_head
-                + dims[None, :]
-            )
-            kv_mask = key_valid[:, None] & dim_valid[None, :]
-            k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            if USE_SOFTCAP:
-                # tanh(x) = 2 * sigmoid(2x) - 1, portable to every Triton backend.
-                scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
-            visible = key_valid[None, :] & (key_position[None, :] <= query_position[:, None])
-            if USE_WINDOW:
-                visible = visible & (key_position[None, :] > query_position[:, None] - window)
-            scores = tl.where(visible, scores, float("-inf"))
-            new_max = tl.maximum(running_max, tl.max(scores, 1))
-            # Rows that have seen no visible key yet keep a finite reference so exp() stays 0, never NaN.
-            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            probs = tl.exp(scores - safe_max[:, None])
-            correction = tl.exp(running_max - safe_max)
-            running_sum = running_sum * correction + tl.sum(probs, 1)
-            acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v).to(tl.float32)
-            running_max = new_max
-        out = acc / tl.where(running_sum == 0.0, 1.0, running_sum)[:, None]
-        o_offsets = (query_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
-        tl.store(out_ptr + o_offsets, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+    # Keys [key_lo, key_hi) can be visible to some row of this tile.
+    key_hi = tl.minimum(first_query_position + (tile + 1) * TILE_TOKENS, seq_len)
+    key_lo = 0
+    if USE_WINDOW:
+        key_lo = tl.maximum(first_query_position + tile * TILE_TOKENS - window + 1, 0)
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(key_hi - key_lo, num_splits), BLOCK_N) * BLOCK_N
+        key_lo = key_lo + split * chunk
+        key_hi = tl.minimum(key_lo + chunk, key_hi)
+    acc, running_max, running_sum = _attend_rows(
+        q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table, kv_head, query_position, key_lo,
+        key_hi, scale, softcap, window, stride_cache_block, stride_cache_slot, stride_cache_head,
+        HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, BLOCK_M, USE_SOFTCAP, USE_WINDOW, IEEE,
+    )  # fmt: skip
+    out = acc / tl.where(running_sum == 0.0, 1.0, running_sum)[:, None]
+    if SPLIT:
+        # Partial results [split, token, head, dim] and their log-sum-exp [split, token, head], combined later.
+        num_tokens_heads = tl.num_programs(0) * stride_q_token // HEAD_DIM
+        partial_row = split * num_tokens_heads + (query_start + token) * (stride_q_token // HEAD_DIM) + head
+        tl.store(partial_ptr + partial_row[:, None] * HEAD_DIM + dims[None, :], out, mask=io_mask)
+        has_keys = running_sum > 0.0
+        lse = tl.where(has_keys, running_max + tl.log(tl.where(has_keys, running_sum, 1.0)), float("-inf"))
+        tl.store(lse_ptr + partial_row, lse, mask=row_valid)
+    else:
+        tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def _pow2_at_least(value: int, floor: int = _MIN_DOT_DIM) -> int:
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_splits(  # noqa: PLR0913, PLR0917  (a kernel's signature is its launch contract)
+    out_ptr,
+    partial_ptr,
+    lse_ptr,
+    num_splits,
+    num_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One program per (token, head) row: the splits' outputs weighted by their share of the softmax mass."""
+    row = tl.program_id(0)
+    splits = tl.arange(0, BLOCK_S)
+    split_valid = splits < num_splits
+    dims = tl.arange(0, BLOCK_D)
+    lse = tl.load(lse_ptr + splits * num_rows + row, mask=split_valid, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weights = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))
+    mask = split_valid[:, None] & (dims < HEAD_DIM)[None, :]
+    partial = tl.load(partial_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+    total = tl.sum(weights, 0)
+    out = tl.sum(partial * weights[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+def pow2_at_least(value: int, floor: int = MIN_DOT_DIM) -> int:
     return max(floor, triton.next_power_of_2(value))
 
 
+def tile_rows(head_dim: int, dtype: torch.dtype) -> int:
+    """Rows (query rows or keys) of one tile: at most 64, and at most TILE_BYTES of `head_dim`-wide rows."""
+    row_bytes = pow2_at_least(head_dim) * torch.empty((), dtype=dtype).element_size()
+    return max(MIN_DOT_DIM, min(KEY_TILE, TILE_BYTES // row_bytes))
+
+
+def query_tile_tokens(groups: int, decode_only: bool, head_dim: int, dtype: torch.dtype) -> int:
+    """Query tokens per program: one on decode-only steps, else as many as fill a tile's rows with their groups."""
+    return 1 if decode_only else max(1, tile_rows(head_dim, dtype) // groups)
+
+
+def kernel_constants(
+    head_dim: int, groups: int, page: int, tile_tokens: int, params: AttentionParams, dtype: torch.dtype
+) -> dict[str, int | bool]:
+    """The compile-time constants of one launch (also what the ahead-of-time compile test sweeps)."""
+    return {
+        "GROUPS": groups,
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": pow2_at_least(head_dim),
+        "PAGE": page,
+        "BLOCK_N": tile_rows(head_dim, dtype),
+        "TILE_TOKENS": tile_tokens,
+        "BLOCK_M": pow2_at_least(tile_tokens * groups),
+        "USE_SOFTCAP": params.logit_softcap is not None,
+        "USE_WINDOW": params.sliding_window is not None,
+        "IEEE": dtype == torch.float32,
+    }
+
+
 def paged_attention(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, paged: PagedLayout, params: AttentionParams
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    paged: PagedLayout,
+    params: AttentionParams,
+    plan: LaunchPlan,
 ) -> torch.Tensor:
-    """query [tokens, heads, dim] against caches [blocks, block_size, kv_heads, dim] -> [tokens, heads, dim]."""
-    num_heads, head_dim = query.shape[1:]
+    """query [tokens, heads, dim] (contiguous) against caches [blocks, block_size, kv_heads, dim]."""
+    num_tokens, num_heads, head_dim = query.shape
     _, page, num_kv_heads, _ = key_cache.shape
-    groups = num_heads // num_kv_heads
-    tile_tokens = 1 if paged.max_query_len == 1 else max(1, _PREFILL_TILE_ROWS // groups)
     output = torch.empty_like(query)
-    grid = (paged.num_seqs, triton.cdiv(paged.max_query_len, tile_tokens), num_kv_heads)
-    _paged_attention[grid](
-        output,
-        query,
-        key_cache,
-        value_cache,
-        paged.block_tables,
-        paged.query_start_loc,
-        paged.seq_lens,
-        params.scale,
-        params.logit_softcap or 1.0,
-        params.sliding_window or 0,
-        query.stride(0),
-        query.stride(1),
-        output.stride(0),
-        output.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
+    split = plan.num_splits > 1
+    partial = lse = output
+    if split:
+        partial = torch.empty(
+            plan.num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=query.device
+        )
+        lse = torch.empty(plan.num_splits, num_tokens, num_heads, dtype=torch.float32, device=query.device)
+    constants = kernel_constants(head_dim, num_heads // num_kv_heads, page, plan.tile_tokens, params, query.dtype)
+    _paged_attention[(plan.num_items, num_kv_heads, plan.num_splits)](
+        output, partial, lse, query, key_cache, value_cache, paged.block_tables, paged.query_start_loc,
+        paged.seq_lens, plan.work if plan.work is not None else paged.seq_lens,
+        params.scale, params.logit_softcap or 1.0, params.sliding_window or 0, plan.num_splits,
+        query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         paged.block_tables.stride(0),
-        GROUPS=groups,
-        HEAD_DIM=head_dim,
-        BLOCK_D=_pow2_at_least(head_dim),
-        PAGE=page,
-        BLOCK_PAGE=_pow2_at_least(page),
-        TILE_TOKENS=tile_tokens,
-        BLOCK_M=_pow2_at_least(tile_tokens * groups),
-        USE_SOFTCAP=params.logit_softcap is not None,
-        USE_WINDOW=params.sliding_window is not None,
-    )
+        MIXED=plan.work is not None, SPLIT=split, **constants,
+    )  # fmt: skip
+    if split:
+        rows = num_tokens * num_heads
+        _combine_splits[(rows,)](
+            output, partial, lse, plan.num_splits, rows,
+            HEAD_DIM=head_dim, BLOCK_D=pow2_at_least(head_dim), BLOCK_S=pow2_at_least(plan.num_splits, 2),
+        )  # fmt: skip
     return output

@@ -1,0 +1,194 @@
+"""A fake CUDA runtime for CPU tests: per-thread current devices, memory probes, streams, events and graphs that
+record which device each call named and from which thread, with every CUDA tensor placed on the CPU instead.
+
+The current device is per thread, as in the CUDA runtime: a thread that never called `set_device` is on device 0.
+A call that names no device uses its thread's current device, so code that forgets to bind a worker thread shows
+up as calls on device 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+DeviceLike = torch.device | str | int | None
+
+
+@dataclass(frozen=True)
+class CudaCall:
+    name: str
+    device: int
+    thread: int
+
+
+class FakeCuda:
+    """Installs itself over `torch.cuda` (and `torch.Generator`) through a MonkeyPatch."""
+
+    def __init__(self, free_bytes: int, device_count: int = 2) -> None:
+        self.calls: list[CudaCall] = []
+        self.free_bytes = free_bytes
+        self.device_count = device_count
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # The test's own thread keeps real placement, so no mode outlives the test there.
+        self._installing_thread = threading.get_ident()
+
+    def current(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    def index(self, device: DeviceLike) -> int:
+        """The device a call names, or the calling thread's current device when it names none."""
+        if device is None:
+            return self.current()
+        if isinstance(device, int):
+            return device
+        parsed = torch.device(device)
+        if parsed.type != "cuda":
+            raise AssertionError(f"a CUDA call named {device!r}")
+        return self.current() if parsed.index is None else parsed.index
+
+    def record(self, name: str, device: DeviceLike = None) -> int:
+        """Notes the call and makes the calling worker thread place CUDA tensors on the CPU from now on."""
+        index = self.index(device)
+        thread = threading.get_ident()
+        with self._lock:
+            self.calls.append(CudaCall(name, index, thread))
+        if thread != self._installing_thread and not getattr(self._local, "redirecting", False):
+            self._local.redirecting = True
+            _CudaTensorsOnCpu(self).__enter__()
+        return index
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake = self
+        replacements: dict[str, Callable[..., Any]] = {
+            "is_available": lambda: True,
+            "device_count": lambda: fake.device_count,
+            "set_device": fake._set_device,
+            "current_device": lambda: fake.record("current_device"),
+            "get_device_properties": fake._properties,
+            "get_device_capability": fake._probe("get_device_capability", (9, 0)),
+            "empty_cache": lambda: fake._probe("empty_cache", None)(None),
+            "synchronize": fake._probe("synchronize", None),
+            "reset_peak_memory_stats": fake._probe("reset_peak_memory_stats", None),
+            "memory_allocated": fake._probe("memory_allocated", 0),
+            "max_memory_allocated": fake._probe("max_memory_allocated", 4096),
+            "mem_get_info": fake._probe("mem_get_info", (fake.free_bytes, 2**34)),
+            "Stream": lambda device=None, priority=0: FakeStream(fake, fake.record("Stream", device)),
+            "current_stream": lambda device=None: FakeStream(fake, fake.record("current_stream", device)),
+            "stream": fake._stream_context,
+            "Event": type("Event", (FakeEvent,), {"fake": fake}),
+            "CUDAGraph": lambda *_, **__: FakeGraph(fake),
+            "graph": fake._graph_context,
+        }
+        for name, replacement in replacements.items():
+            monkeypatch.setattr(torch.cuda, name, replacement)
+        real_generator = torch.Generator
+
+        def generator(device: DeviceLike = "cpu") -> torch.Generator:
+            if torch.device(device).type == "cuda":
+                fake.record("Generator", device)
+                return real_generator()
+            return real_generator(device)
+
+        monkeypatch.setattr(torch, "Generator", generator)
+
+    def _probe(self, name: str, result: Any) -> Callable[[DeviceLike], Any]:
+        def probe(device: DeviceLike = None) -> Any:
+            self.record(name, device)
+            return result
+
+        return probe
+
+    def _set_device(self, device: DeviceLike) -> None:
+        index = self.index(device)
+        self._local.device = index
+        self.record("set_device", index)
+
+    def _properties(self, device: DeviceLike = None) -> SimpleNamespace:
+        self.record("get_device_properties", device)
+        return SimpleNamespace(multi_processor_count=132, total_memory=2**34, major=9, minor=0)
+
+    @contextlib.contextmanager
+    def _stream_context(self, stream: FakeStream | None) -> Iterator[None]:
+        if stream is not None:
+            self.record("stream", stream.device)
+        yield
+
+    @contextlib.contextmanager
+    def _graph_context(self, graph: FakeGraph, pool: object = None, stream: FakeStream | None = None) -> Iterator[None]:
+        self.record("graph", stream.device if stream is not None else None)
+        yield
+
+
+@dataclass
+class FakeStream:
+    fake: FakeCuda
+    device: int
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.fake.record("wait_stream", self.device)
+        self.fake.record("wait_stream", other.device)
+
+    def synchronize(self) -> None:
+        self.fake.record("Stream.synchronize", self.device)
+
+
+class FakeEvent:
+    """Subclassed per FakeCuda (the class names its runtime), so isinstance checks against torch.cuda.Event hold."""
+
+    fake: FakeCuda
+
+    def __init__(self, enable_timing: bool = False, **_: Any) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        self.fake.record("Event.record", stream.device if stream is not None else None)
+
+    def synchronize(self) -> None:
+        self.fake.record("Event.synchronize")
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        return 1.0
+
+
+@dataclass
+class FakeGraph:
+    fake: FakeCuda
+
+    def pool(self) -> object:
+        return object()
+
+    def replay(self) -> None:
+        self.fake.record("CUDAGraph.replay")
+
+
+class _CudaTensorsOnCpu(TorchFunctionMode):
+    """Turns every CUDA device argument into the CPU, noting which CUDA device it named (thread-local, like every
+    torch function mode)."""
+
+    def __init__(self, fake: FakeCuda) -> None:
+        super().__init__()
+        self._fake = fake
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func is torch.device:
+            return func(*args, **(kwargs or {}))
+        kwargs = {key: self._place(value) for key, value in (kwargs or {}).items()}
+        kwargs.pop("pin_memory", None)
+        return func(*(self._place(arg) for arg in args), **kwargs)
+
+    def _place(self, value: Any) -> Any:
+        if (isinstance(value, str) and value.startswith("cuda")) or (
+            isinstance(value, torch.device) and value.type == "cuda"
+        ):
+            self._fake.record("tensor placement", value)
+            return torch.device("cpu")
+        return value

@@ -1,0 +1,142 @@
+"""The flash backend's forward, through stand-ins that enforce flash-attn 2's and flash-attn-4's contracts on CPU,
+equals the torch backend at 16- and 256-token pages, on mixed and decode steps, with windows and softcap, and on
+the padded batches CUDA graphs replay."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, NUM_BLOCKS, paged_case, reference_output
+from flash_contract import FlashContractError
+from tandem_server.engine.cuda_graphs import DecodeBuffers
+from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.errors import ConfigError
+from tandem_server.layers.attention import AttentionParams, LayerCache
+from tandem_server.layers.attention.flash_backend import FlashAttentionBackend
+from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease
+
+STAND_INS = Path(__file__).with_name("flash_stand_ins")
+RELEASES = {
+    "flash-attn-2": (FLASH_ATTN_2, STAND_INS / "flash_attn_2"),
+    "flash-attn-4": (FLASH_ATTN_4, STAND_INS / "flash_attn_4"),
+}
+PARAMS = {
+    "causal": AttentionParams(scale=HEAD_DIM**-0.5),
+    "sliding_window": AttentionParams(scale=HEAD_DIM**-0.5, sliding_window=5),
+    "softcap": AttentionParams(scale=0.3, logit_softcap=2.5),
+    "window_and_softcap": AttentionParams(scale=0.3, sliding_window=3, logit_softcap=2.5),
+}
+STEPS = {"mixed": MIXED_STEP, "decode_only": DECODE_STEP}
+# bfloat16 inputs and caches; the stand-ins round their float32 result to bfloat16 (as triton_cases.py allows).
+BF16_TOLERANCE = {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _forget_flash_modules() -> None:
+    for name in [name for name in sys.modules if name == "flash_attn" or name.startswith("flash_attn.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(params=sorted(RELEASES))
+def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlashRelease]:
+    """The release whose stand-in is importable as `flash_attn` (2) or `flash_attn.cute` (4) for one test."""
+    flash_release, root = RELEASES[request.param]
+    _forget_flash_modules()
+    monkeypatch.syspath_prepend(str(root))
+    yield flash_release
+    _forget_flash_modules()
+
+
+def _pageable(release: FlashRelease, block_size: int) -> bool:
+    return release.page_problem(block_size) is None
+
+
+# flash-attn 2 pages only multiples of 256 tokens (its refusal of 16 is tested below).
+@pytest.mark.parametrize(
+    ("release", "block_size"),
+    [("flash-attn-2", 256), ("flash-attn-4", 16), ("flash-attn-4", 256)],
+    indirect=["release"],
+)
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("params", PARAMS)
+def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: int, step: str, params: str) -> None:
+    case = paged_case(STEPS[step], seed=len(params), dtype=torch.bfloat16, block_size=block_size)
+    expected, expected_cache = reference_output(case, PARAMS[params])
+    cache = case.fresh_cache()
+    output = FlashAttentionBackend(release).forward(
+        case.query, case.key, case.value, cache, case.batch(slot_lists=False).metadata, PARAMS[params]
+    )
+    assert output.dtype == torch.bfloat16 and output.shape == case.query.shape
+    torch.testing.assert_close(output.float(), expected, **BF16_TOLERANCE)
+    torch.testing.assert_close(cache.key, expected_cache.key.to(torch.bfloat16))
+
+
+def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: FlashRelease) -> None:
+    case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=16)
+    backend = FlashAttentionBackend(release)
+    metadata = case.batch(slot_lists=False).metadata
+    if _pageable(release, 16):
+        backend.forward(case.query, case.key, case.value, case.fresh_cache(), metadata, PARAMS["causal"])
+        return
+    cache = case.fresh_cache()
+    with pytest.raises(ConfigError, match="multiple of 256 tokens, not 16; start with --block-size 256"):
+        backend.forward(case.query, case.key, case.value, cache, metadata, PARAMS["causal"])
+    # Refused before anything was written.
+    assert torch.equal(cache.key, case.cache.key)
+
+
+def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashRelease) -> None:
+    block_size = 256 if release is FLASH_ATTN_2 else 16
+    case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=block_size)
+    expected, _ = reference_output(case, PARAMS["sliding_window"])
+    geometry = CacheGeometry(1, block_size, *case.cache.key.shape[2:], torch.bfloat16)
+    # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
+    buffers = DecodeBuffers.allocate(
+        8, 4 * block_size, KVCache(geometry, NUM_BLOCKS, torch.device("cpu")), torch.device("cpu")
+    )
+    buffers.fill(case.batch(slot_lists=False), 8)
+    cache = LayerCache(
+        torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
+        torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
+    )
+    count = len(DECODE_STEP)
+    padded = (
+        torch.cat([t, torch.zeros(8 - count, *t.shape[1:], dtype=t.dtype)]) for t in (case.query, case.key, case.value)
+    )
+    output = FlashAttentionBackend(release).forward(*padded, cache, buffers.metadata(8), PARAMS["sliding_window"])
+    torch.testing.assert_close(output[:count].float(), expected, **BF16_TOLERANCE)
+    assert torch.isfinite(output).all()
+
+
+def test_stand_ins_refuse_what_upstream_refuses(release: FlashRelease) -> None:
+    """The stand-ins are only worth their passing tests if they fail where the real kernels do."""
+    block_size = 256 if release is FLASH_ATTN_2 else 16
+    case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=block_size)
+    metadata = case.batch(slot_lists=False).metadata
+    varlen = release.load()
+    paged = metadata.paged
+    if release is FLASH_ATTN_2:
+        keywords = {"cu_seqlens_q": paged.query_start_loc, "cu_seqlens_k": paged.seq_start_loc, "causal": True}
+        keywords |= {"max_seqlen_q": paged.max_query_len, "max_seqlen_k": paged.max_seq_len}
+        table_keyword = "block_table"
+    else:
+        keywords = {"cu_seqlens_q": paged.query_start_loc, "seqused_k": paged.seq_lens, "causal": True}
+        table_keyword = "page_table"
+    cache = case.cache
+    with pytest.raises(FlashContractError, match="int32"):
+        varlen(case.query, cache.key, cache.value, **keywords, **{table_keyword: paged.block_tables.long()})
+    with pytest.raises(FlashContractError, match="fp16 and bf16"):
+        varlen(
+            case.query.float(),
+            cache.key.float(),
+            cache.value.float(),
+            **keywords,
+            **{table_keyword: paged.block_tables},
+        )
+    with pytest.raises(FlashContractError, match="divide number of heads"):
+        varlen(case.query[:, :3], cache.key, cache.value, **keywords, **{table_keyword: paged.block_tables})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        varlen(case.query, cache.key, cache.value, **keywords, **{table_keyword: paged.block_tables}, sliding_window=4)
