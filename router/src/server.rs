@@ -315,12 +315,16 @@ fn tokenization(
         limits,
         files.eos_token_ids,
     )
-    .with_request_limits(config.request_limits);
+    .with_request_limits(config.request_limits)
+    .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
     if let Some(grammars) = grammars {
         validator = validator.with_grammars(Arc::new(grammars));
     }
     Ok((validator, TokenDecoding::new(tokenizer)))
 }
+
+/// How many bodies of `--payload-limit` bytes are tokenized at once, at most.
+const TOKENIZATION_BUDGET_BODIES: usize = 2;
 
 /// The grammar engine over the model's vocabulary; without one, grammar requests get a 4xx.
 fn grammar_compiler(config: &RouterConfig, eos_token_ids: &[u32]) -> Option<GrammarCompiler> {

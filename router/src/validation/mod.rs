@@ -1,6 +1,7 @@
 //! Turns a client's prompt and parameters into a tokenized, bounded `GenerationRequest`.
 
 mod bounds;
+mod budget;
 mod chat_template;
 mod grammar;
 mod model_files;
@@ -27,6 +28,10 @@ pub use template_source::{chat_template_source, TemplateSourceError};
 
 use crate::limits::RequestLimits;
 use crate::scheduler::{GenerationRequest, StoppingParams};
+
+/// Bytes of text tokenized at once unless `with_tokenization_budget` says otherwise: two
+/// prompts of the default payload limit.
+pub const DEFAULT_TOKENIZATION_BUDGET: usize = 4_000_000;
 
 /// Roles a chat message may have.
 pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -160,6 +165,8 @@ pub struct Validator {
     eos_token_ids: Vec<u32>,
     /// `None`: this model serves no grammars (requests asking for one are rejected).
     grammars: Option<Arc<GrammarCompiler>>,
+    /// Text rendered and tokenized at once (see `budget`).
+    tokenizing: budget::TokenizationBudget,
 }
 
 impl Validator {
@@ -178,7 +185,15 @@ impl Validator {
             request_limits: RequestLimits::default(),
             eos_token_ids,
             grammars: None,
+            tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
         }
+    }
+
+    /// Tokenizes at most `bytes` of text at once; more waits (a larger input runs alone).
+    #[must_use]
+    pub fn with_tokenization_budget(mut self, bytes: usize) -> Self {
+        self.tokenizing = budget::TokenizationBudget::new(bytes);
+        self
     }
 
     /// Bounds stop strings, stop token ids and logit bias entries by `limits`.
@@ -372,7 +387,9 @@ impl Validator {
         text: String,
     ) -> Result<(String, Vec<(u32, (usize, usize))>), ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
+        let reserved = self.tokenizing.reserve(text.len()).await;
         let job = move || {
+            let _reserved = reserved;
             let tokens = tokenizer
                 .encode(text.as_str(), true)
                 .map(|encoding| {
@@ -391,7 +408,18 @@ impl Validator {
     async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
         let template = self.chat_template.clone();
+        let prompt = match prompt {
+            Prompt::Tokens(ids) => return Ok(ids),
+            other => other,
+        };
+        let text_bytes = match &prompt {
+            Prompt::Tokens(ids) => ids.len(),
+            Prompt::Text(text) => text.len(),
+            Prompt::Chat(messages, _) => messages.iter().map(|m| m.content.len()).sum(),
+        };
+        let reserved = self.tokenizing.reserve(text_bytes).await;
         let job = move || {
+            let _reserved = reserved;
             let (text, add_special_tokens) = match prompt {
                 Prompt::Text(text) => (text, true),
                 Prompt::Tokens(ids) => return Ok(ids),
