@@ -84,7 +84,9 @@ impl AppError {
                 } else {
                     Kind::Validation
                 }
+            }
             Self::PayloadTooLarge(_) => Kind::TooLarge,
+            Self::NotJson => Kind::NotJson,
             Self::Overloaded(_) | Self::QueueFull { .. } => Kind::Overloaded,
             Self::Unauthorized(_) => Kind::Unauthorized,
             Self::Scheduler(
