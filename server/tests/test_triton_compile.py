@@ -1,0 +1,157 @@
+"""The Triton kernel compiles ahead of time for Ampere (sm80) and Hopper (sm90) and fits their shared memory; its
+launch plan leaves no program empty, splits long decodes and never specialises on what changes every step.
+
+Compiling needs no GPU: Triton ships its compiler and ptxas. Each configuration takes seconds, so the matrix covers
+every head size x step kind per architecture in full and cycles page sizes and head groups through it (each value
+appears on each architecture), compiling two at a time; Triton's cache makes reruns instant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from tandem_server.layers.attention import AttentionParams, triton_kernel  # noqa: E402
+from tandem_server.layers.attention.triton_backend import MAX_SPLITS, decode_splits, query_tiles  # noqa: E402
+
+# Shared memory one block may opt into (bytes): A100 163 KiB, H100/H200 227 KiB.
+SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}
+HEAD_DIMS = (64, 128, 256)
+PAGES = (16, 64, 256)
+GROUPS = (1, 4, 7, 8)
+WINDOW_AND_SOFTCAP = AttentionParams(scale=0.1, sliding_window=4096, logit_softcap=30.0)
+_TYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_FLOAT_ARGS = ("scale", "softcap")
+_FLOAT32_POINTERS = ("partial_ptr", "lse_ptr")
+_INDEX_POINTERS = ("block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr", "work_ptr")
+
+
+@dataclass(frozen=True)
+class CompileCase:
+    arch: int
+    head_dim: int
+    page: int
+    groups: int
+    decode: bool
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def name(self) -> str:
+        kind = "split-decode" if self.decode else "prefill"
+        return f"sm{self.arch}-d{self.head_dim}-page{self.page}-g{self.groups}-{kind}-{_TYPE_NAMES[self.dtype]}"
+
+
+def compile_matrix() -> list[CompileCase]:
+    cases = []
+    for arch in SHARED_MEMORY:
+        shapes = itertools.product(HEAD_DIMS, (False, True))
+        for index, (head_dim, decode) in enumerate(shapes):
+            cases.append(CompileCase(arch, head_dim, PAGES[index % 3], GROUPS[index % 4], decode))
+    # float32 runs IEEE dots on twice the bytes: its largest tiles, on the smaller shared memory.
+    cases.append(CompileCase(80, 256, 16, 8, decode=False, dtype=torch.float32))
+    return cases
+
+
+def _signature(dtype: torch.dtype) -> dict[str, str]:
+    element = _TYPE_NAMES[dtype]
+    signature = {}
+    for name in triton_kernel._paged_attention.arg_names:
+        if name.isupper():
+            signature[name] = "constexpr"
+        elif name in _FLOAT32_POINTERS:
+            signature[name] = "*fp32"
+        elif name in _INDEX_POINTERS:
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{element}"
+        else:
+            signature[name] = "fp32" if name in _FLOAT_ARGS else "i32"
+    return signature
+
+
+def compile_case(case: CompileCase) -> list[int]:
+    """Shared memory (bytes) of the attention kernel and, for decodes, of the split-combining kernel."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    target = GPUTarget("cuda", case.arch, 32)
+    tile_tokens = triton_kernel.query_tile_tokens(case.groups, case.decode, case.head_dim, case.dtype)
+    constants = triton_kernel.kernel_constants(
+        case.head_dim, case.groups, case.page, tile_tokens, WINDOW_AND_SOFTCAP, case.dtype
+    )
+    constants |= {"MIXED": not case.decode, "SPLIT": case.decode}
+    kernel = triton.compile(ASTSource(triton_kernel._paged_attention, _signature(case.dtype), constants), target=target)
+    shared = [kernel.metadata.shared]
+    if case.decode:
+        combine = {"out_ptr": f"*{_TYPE_NAMES[case.dtype]}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
+        combine |= {"num_splits": "i32", "num_rows": "i32", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr"}
+        combine |= {"BLOCK_S": "constexpr"}
+        block_d = triton_kernel.pow2_at_least(case.head_dim)
+        values = {"HEAD_DIM": case.head_dim, "BLOCK_D": block_d, "BLOCK_S": MAX_SPLITS}
+        combined = triton.compile(ASTSource(triton_kernel._combine_splits, combine, values), target=target)
+        shared.append(combined.metadata.shared)
+    return shared
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[CompileCase, list[int]]:
+    cases = compile_matrix()
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+        return dict(zip(cases, pool.map(compile_case, cases), strict=True))
+
+
+@pytest.mark.parametrize("case", compile_matrix(), ids=lambda case: case.name)
+def test_kernel_compiles_ahead_of_time_within_shared_memory(
+    compiled: dict[CompileCase, list[int]], case: CompileCase
+) -> None:
+    assert max(compiled[case]) <= SHARED_MEMORY[case.arch], f"{case.name} needs {compiled[case]} bytes of shared memory"
+
+
+def test_matrix_reaches_every_page_size_and_head_group_on_each_architecture() -> None:
+    for arch in SHARED_MEMORY:
+        cases = [case for case in compile_matrix() if case.arch == arch]
+        assert {case.page for case in cases} == set(PAGES) and {case.groups for case in cases} == set(GROUPS)
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.bfloat16), (256, torch.bfloat16), (256, torch.float32)])
+def test_key_tiles_hold_at_most_64_keys_whatever_the_page_size(page: int, head_dim: int, dtype: torch.dtype) -> None:
+    constants = triton_kernel.kernel_constants(head_dim, 4, page, 16, WINDOW_AND_SOFTCAP, dtype)
+    assert constants["BLOCK_N"] <= 64
+    assert constants["BLOCK_N"] * constants["BLOCK_D"] * torch.empty((), dtype=dtype).element_size() <= 32 * 1024
+    assert constants["IEEE"] is (dtype == torch.float32)
+
+
+def test_per_step_integers_are_never_specialised() -> None:
+    """The block table's width (its row stride) and the split count change from step to step; a value of 1 or a
+    multiple of 16 must not compile a new kernel mid-serving."""
+    unspecialised = {param.name for param in triton_kernel._paged_attention.params if param.do_not_specialize}
+    assert {"stride_table", "num_splits"} <= unspecialised
+
+
+def test_mixed_step_programs_each_own_a_query_tile_that_holds_tokens() -> None:
+    # A 130-token prompt chunk, three decodes and a 2-token chunk, 16 tokens per tile.
+    tiles = query_tiles((130, 1, 1, 1, 2), 16)
+    assert len(tiles) == 9 + 1 + 1 + 1 + 1
+    assert tiles[:2] == [(0, 0), (0, 1)] and tiles[8:] == [(0, 8), (1, 0), (2, 0), (3, 0), (4, 0)]
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "max_seq_len", "expected"),
+    [
+        (1, 8192, 16),  # one long sequence: as many splits as allowed
+        (1, 700, 2),  # at least 256 keys per split
+        (1, 200, 1),  # short contexts never split
+        (64, 8192, 1),  # enough programs already
+        (8, 8192, 5),  # 8 x 8 KV heads x 5 splits fills 2 programs per SM of 132
+    ],
+)
+def test_decode_splits_fill_the_gpu_without_tiny_parts(num_seqs: int, max_seq_len: int, expected: int) -> None:
+    assert decode_splits(num_seqs, 8, max_seq_len, 132) == expected
