@@ -19,6 +19,8 @@ COPY . .
 RUN uv sync --locked --no-dev --no-editable --python "${PYTHON_VERSION}"
 
 FROM ${CUDA_RUNTIME_IMAGE}
+# Triton compiles a small C launcher for its kernels at their first launch, so the runtime needs a C compiler.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /opt/python /opt/python
 COPY --from=builder /opt/tandem /opt/tandem
 ENV PATH=/opt/tandem/bin:${PATH} \

@@ -7,15 +7,25 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 BUNDLE="$PWD/.gpu-check"
 # Whole check, from a cold start: the issue's limit.
-LIMIT_S=${GPU_CHECK_LIMIT_S:-480}
+LIMIT_S=${GPU_CHECK_LIMIT_S:-570}
 
-# Unpacks what scripts/gpu_check_bundle.sh prepared: packages, tokenizer, router extension, protobuf code.
-if [ -f "$BUNDLE/bundle.tar.xz" ]; then
-  "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(filter="data")' "$BUNDLE/bundle.tar.xz"
+# Unpacks what scripts/gpu_check_bundle.sh prepared: packages per Python version, tokenizer, router extension,
+# protobuf code, and flash-attn-4 when it was bundled.
+for archive in "$BUNDLE/bundle.tar.xz" "$BUNDLE/flash-attn-4.tar.xz"; do
+  if [ -f "$archive" ]; then
+    "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(filter="data")' "$archive"
+  fi
+done
+python_version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')
+if [ -d "$BUNDLE" ] && [ ! -d "$BUNDLE/site-$python_version" ]; then
+  echo "gpu-check: the bundle has no packages for Python $python_version ($(ls -d "$BUNDLE"/site-* 2>/dev/null | xargs -n1 basename | tr '\n' ' '));" \
+    "run GPU_CHECK_PYTHON_VERSIONS=$python_version make gpu-check-bundle" >&2
+  exit 1
 fi
 # The machine's own pytest plugins may not match the bundled pytest.
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
-export PYTHONPATH="$PWD/server:$PWD/launcher:$PWD/benchmark:$PWD/router/python:$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
+SITES="$BUNDLE/site-$python_version:$BUNDLE/flash-site-$python_version"
+export PYTHONPATH="$PWD/server:$PWD/launcher:$PWD/benchmark:$PWD/router/python:$SITES${PYTHONPATH:+:$PYTHONPATH}"
 # The launcher spawns `tandem-shard` and `tandem-router` from PATH; without an install they are thin wrappers.
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Prepares what `make gpu-check` needs beyond the working tree on a GPU machine that has torch, triton and
 # transformers but no package registry. Run here (uv, registry access, a synced .venv); then carry .gpu-check/ along:
-# it holds one archive, .gpu-check/bundle.tar.xz, that scripts/gpu_check.sh unpacks into the working tree.
+# .gpu-check/bundle.tar.xz (packages, tokenizer, router extension, protobuf code) and, unless GPU_CHECK_FLASH=0,
+# .gpu-check/flash-attn-4.tar.xz (flash-attn-4 and its CuTe DSL compiler, about 75 MB) for the flash backend.
+# scripts/gpu_check.sh unpacks both into the working tree and picks the packages of the Python it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE=.gpu-check
-# The GPU machine's Python (abi3 router extension: any >= 3.10); pure-Python wheels are chosen where they exist.
-PYTHON_VERSION=${GPU_CHECK_PYTHON_VERSION:-3.11}
+# The GPU machine's Pythons, space-separated (abi3 router extension: any >= 3.10); each gets its own site folder.
+PYTHON_VERSIONS=${GPU_CHECK_PYTHON_VERSIONS:-${GPU_CHECK_PYTHON_VERSION:-3.12}}
+WITH_FLASH=${GPU_CHECK_FLASH:-1}
 UV=${UV:-uv}
+# flash-attn-4 and what it imports beyond torch (from its published requirements, resolved for Python 3.12).
+FLASH_PACKAGES=(flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
+                nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu12==4.8.1 apache-tvm-ffi==0.1.15.post2
+                torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5 einops==0.8.2 cuda-bindings==13.5.0
+                cuda-pathfinder==1.9.1)
 
 version() { "$UV" run --no-sync python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 
 test -f router/python/tandem_router/_native.abi3.so || { echo "router extension missing: run make install" >&2; exit 1; }
 test -f server/tandem_server/rpc/generated/shard_pb2.py || { echo "protobuf code missing: run make install" >&2; exit 1; }
 
-rm -rf "$BUNDLE/site" "$BUNDLE/tokenizer"
-mkdir -p "$BUNDLE/site" "$BUNDLE/tokenizer"
+rm -rf "$BUNDLE"/site* "$BUNDLE"/flash-site* "$BUNDLE/tokenizer" "$BUNDLE/flash-attn-4.tar.xz"
+mkdir -p "$BUNDLE/tokenizer"
 # Same versions as the synced environment: the generated protobuf code needs its own protobuf runtime.
 packages=()
 # grpcio too: the generated stubs refuse a grpcio older than the grpcio-tools that wrote them.
@@ -24,8 +32,18 @@ for name in grpcio llguidance protobuf prometheus-client aiohttp aiohappyeyeball
             pytest pluggy iniconfig pytest-timeout; do
   packages+=("$name==$(version "$name")")
 done
-"$UV" pip install --quiet --no-deps --target "$BUNDLE/site" --python-version "$PYTHON_VERSION" \
-  --python-platform x86_64-manylinux_2_28 "${packages[@]}"
+sites=()
+flash_sites=()
+for python_version in $PYTHON_VERSIONS; do
+  "$UV" pip install --quiet --no-deps --target "$BUNDLE/site-$python_version" --python-version "$python_version" \
+    --python-platform x86_64-manylinux_2_28 "${packages[@]}"
+  sites+=("$BUNDLE/site-$python_version")
+  if [ "$WITH_FLASH" = 1 ]; then
+    "$UV" pip install --quiet --no-deps --target "$BUNDLE/flash-site-$python_version" \
+      --python-version "$python_version" --python-platform x86_64-manylinux_2_28 "${FLASH_PACKAGES[@]}"
+    flash_sites+=("$BUNDLE/flash-site-$python_version")
+  fi
+done
 
 # The embedded model's tokenizer, converted once by the launcher; the check pads it to Llama 3's vocabulary.
 tokenizer_source=$("$UV" run --no-sync python -c "
@@ -39,7 +57,10 @@ done
 stripped=$(mktemp -d)
 trap 'rm -rf "$stripped"' EXIT
 strip -o "$stripped/_native.abi3.so" router/python/tandem_router/_native.abi3.so
-tar -cJf "$BUNDLE/bundle.tar.xz" "$BUNDLE/site" "$BUNDLE/tokenizer" server/tandem_server/rpc/generated \
+tar -cJf "$BUNDLE/bundle.tar.xz" "${sites[@]}" "$BUNDLE/tokenizer" server/tandem_server/rpc/generated \
   -C "$stripped" --transform 's,^_native,router/python/tandem_router/_native,' _native.abi3.so
-rm -rf "$BUNDLE/site" "$BUNDLE/tokenizer"
-du -sh "$BUNDLE/bundle.tar.xz"
+if [ "${#flash_sites[@]}" -gt 0 ]; then
+  XZ_OPT=-T0 tar -cJf "$BUNDLE/flash-attn-4.tar.xz" "${flash_sites[@]}"
+fi
+rm -rf "$BUNDLE"/site-* "$BUNDLE"/flash-site-* "$BUNDLE/tokenizer"
+du -sh "$BUNDLE"/*.tar.xz

@@ -4,6 +4,8 @@ Runs on one CUDA machine from the working tree (see scripts/gpu_check.sh, which 
   1. the CUDA numerics and attention-backend tests (bfloat16, tolerances stated in the test files);
   2. launcher -> router -> shard on cuda:0 serving a random-weight Llama-3-8B-shaped model, answering a chat;
   3. a closed-loop sweep with tandem-bench's runner: throughput, TTFT/ITL percentiles, prefill and decode MFU.
+Phases 2 and 3 run once per attention backend of --attention-backends (triton, then flash), each on its own share
+of the time budget.
 Prints every result and writes them as JSON; exits non-zero when any phase fails.
 """
 
@@ -36,7 +38,9 @@ CUDA_TESTS = [
     "server/tests/test_attention_backends.py",
     "server/tests/test_attention_selection.py",
     "server/tests/test_cuda_path_logic.py",
+    "server/tests/test_flash_backend.py",
 ]
+ATTENTION_BACKENDS = ("triton", "flash")
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GRAPH_SIZES = "1,2,4,8,16,32,64,128,256"
 PREFILL_BURST = 64
@@ -104,7 +108,7 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> dict[
         return json.loads(response.read())
 
 
-def check_chat(base_url: str, log_path: Path, report: CheckReport) -> None:
+def check_chat(base_url: str, log_path: Path, report: CheckReport, phase: str = "chat_request") -> None:
     """Phase 2: one chat completion through the whole stack, with /info and the shard's start-up choices."""
     body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "ignore_eos": True}
     answer = post_json(f"{base_url}/v1/chat/completions", body)
@@ -113,9 +117,7 @@ def check_chat(base_url: str, log_path: Path, report: CheckReport) -> None:
     content = answer["choices"][0]["message"]["content"]
     ok = bool(content) and answer["usage"]["completion_tokens"] == 16
     choices = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if _is_choice(line)]
-    report.record(
-        "chat_request", ok, completion_tokens=answer["usage"]["completion_tokens"], info=info, shard_choices=choices
-    )
+    report.record(phase, ok, completion_tokens=answer["usage"]["completion_tokens"], info=info, shard_choices=choices)
 
 
 def _is_choice(log_line: str) -> bool:
@@ -161,7 +163,7 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
     rows: list[SweepRow] = []
     skipped = []
     for concurrency in args.sweep:
-        if time.monotonic() > args.deadline:
+        if time.monotonic() > args.backend_deadline:
             skipped.append(concurrency)
             continue
         dataset = DatasetConfig(
@@ -173,22 +175,42 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
     print(f"{device_name}, bf16 peak {peak / 1e12:.0f} TFLOP/s, prefill MFU {prefill:.1%}\n{format_sweep(rows)}")
     ok = bool(rows) and all(row.failed == 0 for row in rows) and not skipped
     report.record(
-        "throughput", ok, device=device_name, prefill_mfu=prefill, rows=[r.to_dict() for r in rows], skipped=skipped
+        f"throughput/{args.backend}",
+        ok,
+        device=device_name,
+        prefill_mfu=prefill,
+        rows=[r.to_dict() for r in rows],
+        skipped=skipped,
     )
 
 
 def serve_and_measure(model_dir: Path, args: argparse.Namespace, report: CheckReport) -> None:
-    """Phases 2 and 3 against one launch of the real stack."""
+    """Phases 2 and 3 against one launch of the real stack per attention backend, each within its budget share."""
+    for index, backend in enumerate(args.attention_backends):
+        remaining = args.deadline - time.monotonic()
+        args.backend = backend
+        args.backend_deadline = time.monotonic() + remaining / (len(args.attention_backends) - index)
+        log_path = args.work_dir / f"launcher-{backend}.log"
+        try:
+            serve_with_backend(model_dir, log_path, args, report)
+        except Exception as error:
+            # One backend's failure is reported; the next backend still runs.
+            report.record(f"serve/{backend}", False, error=f"{type(error).__name__}: {error}")
+            print_log_tail(log_path)
+
+
+def serve_with_backend(model_dir: Path, log_path: Path, args: argparse.Namespace, report: CheckReport) -> None:
     metrics_port = free_port()
     launcher_args = [
         "--model-id", str(model_dir), "--device", "cuda", "--num-shard", "1", "--dtype", "bfloat16",
         "--max-batch-size", "256", "--max-concurrent-requests", "1024", "--max-batch-prefill-tokens", "8192",
         "--max-total-tokens", "2048", "--cuda-graphs", GRAPH_SIZES, "--shard-metrics-port", str(metrics_port),
+        "--attention-backend", args.backend,
     ]  # fmt: skip
     started = time.monotonic()
-    with LaunchedTandem(args.work_dir / "launcher.log", launcher_args) as tandem:
-        report.record("stack_ready", True, seconds=round(time.monotonic() - started, 1))
-        check_chat(tandem.base_url, tandem.log_path, report)
+    with LaunchedTandem(log_path, launcher_args) as tandem:
+        report.record(f"stack_ready/{args.backend}", True, seconds=round(time.monotonic() - started, 1))
+        check_chat(tandem.base_url, tandem.log_path, report, f"chat_request/{args.backend}")
         run_sweep(tandem.base_url, f"http://127.0.0.1:{metrics_port}/metrics", model_dir, args, report)
 
 
@@ -205,9 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--sweep", type=int, nargs="+", default=list(SWEEP))
-    parser.add_argument("--budget-s", type=float, default=460.0, help="stop starting sweep points after this")
+    parser.add_argument("--budget-s", type=float, default=520.0, help="stop starting sweep points after this")
     parser.add_argument("--tests-timeout-s", type=float, default=180.0)
     parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak when the GPU is not known")
+    parser.add_argument("--attention-backends", nargs="+", choices=ATTENTION_BACKENDS, default=list(ATTENTION_BACKENDS))
     return parser
 
 
@@ -223,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         # Every failure is reported, then the check fails.
         report.record("aborted", False, error=f"{type(error).__name__}: {error}")
-        print_log_tail(args.work_dir / "launcher.log")
     (args.work_dir / "gpu-check.json").write_text(json.dumps(report.phases, indent=2, default=str) + "\n")
     print(f"[gpu-check] results: {args.work_dir / 'gpu-check.json'}; failed: {report.failed or 'none'}")
     return 1 if report.failed else 0

@@ -127,3 +127,23 @@ def test_default_sweep_is_batch_1_to_256_with_512_token_prompts_and_256_token_ou
     args = build_parser().parse_args([])
     assert args.sweep == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert (args.prompt_tokens, args.output_len) == (512, 256)
+
+
+def test_each_attention_backend_serves_on_its_share_of_the_remaining_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tandem_bench import gpu_check  # noqa: PLC0415
+
+    served: list[tuple[str, float]] = []
+    clock = iter([100.0, 100.0, 300.0, 300.0])
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: next(clock))
+
+    def serve(model_dir: Path, log_path: Path, args: object, report: object) -> None:
+        served.append((args.backend, args.backend_deadline))
+        assert log_path.name == f"launcher-{args.backend}.log"
+
+    monkeypatch.setattr(gpu_check, "serve_with_backend", serve)
+    args = build_parser().parse_args([])
+    assert args.attention_backends == ["triton", "flash"]
+    args.deadline = 500.0
+    gpu_check.serve_and_measure(Path("/m"), args, gpu_check.CheckReport())
+    # triton gets half of the 400 s left; flash all of what remains after it.
+    assert served == [("triton", 300.0), ("flash", 500.0)]
