@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+import conformance
 import jsonschema
 import openai
 import pytest
 import requests
 from tandem_harness import TandemServer
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 PERSON = {
     "type": "object",
     "properties": {
@@ -30,15 +29,6 @@ PERSON = {
 ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON: name, age, city, hobbies, employed."}]
 SCHEMA_PARAM = "response_format.json_schema.schema"
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
-
-
-def _validate(root: str, instance: dict[str, Any]) -> None:
-    path = SCHEMAS / "openai-schemas.json"
-    if not path.exists():
-        pytest.skip(f"{path} is not available")
-    defs = json.loads(path.read_text())
-    schema = {"$schema": defs["$schema"], "$defs": defs["$defs"], "$ref": f"#/$defs/{root}"}
-    jsonschema.Draft202012Validator(schema).validate(instance)
 
 
 def _client(tandem: TandemServer) -> openai.OpenAI:
@@ -58,7 +48,7 @@ def test_json_schema_output_parses_and_validates_against_the_schema(tandem: Tand
     completion = _client(tandem).chat.completions.create(
         model="tandem", messages=ASK_PERSON, max_tokens=200, temperature=0, response_format=response_format
     )
-    _validate("CreateChatCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
+    conformance.openai("CreateChatCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
     choice = completion.choices[0]
     assert choice.finish_reason == "stop"
     jsonschema.validate(json.loads(choice.message.content or ""), PERSON)
@@ -85,7 +75,7 @@ def test_streamed_json_object_concatenates_to_a_json_object(tandem: TandemServer
     }  # fmt: skip
     chunks = _sse_chunks(tandem, "/v1/chat/completions", body)
     for chunk in chunks:
-        _validate("CreateChatCompletionStreamResponse", chunk)
+        conformance.openai("CreateChatCompletionStreamResponse", chunk)
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop", text
     assert isinstance(json.loads(text), dict)
@@ -224,7 +214,7 @@ def test_completions_follow_a_json_schema_response_format_for_every_prompt(tande
         temperature=0,
         extra_body={"response_format": response_format},
     )
-    _validate("CreateCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
+    conformance.openai("CreateCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
     assert len(completion.choices) == 2
     for choice in completion.choices:
         assert choice.finish_reason == "stop"

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+import conformance
 import jsonschema
 import openai
 import pytest
 import requests
 from tandem_harness import TandemServer
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 WEATHER_PARAMETERS = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -35,15 +34,6 @@ PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "get_time": TIME_PARAMETERS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def _validate(root: str, instance: dict[str, Any]) -> None:
-    path = SCHEMAS / "openai-schemas.json"
-    if not path.exists():
-        pytest.skip(f"{path} is not available")
-    defs = json.loads(path.read_text())
-    schema = {"$schema": defs["$schema"], "$defs": defs["$defs"], "$ref": f"#/$defs/{root}"}
-    jsonschema.Draft202012Validator(schema).validate(instance)
-
-
 def _client(tandem: TandemServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{tandem.base_url}/v1", api_key="unused", timeout=300, max_retries=0)
 
@@ -51,7 +41,7 @@ def _client(tandem: TandemServer) -> openai.OpenAI:
 def _create(tandem: TandemServer, **fields: Any) -> Any:
     fields = {"messages": ASK, "max_tokens": 120, "temperature": 0, "tools": TOOLS, **fields}
     completion = _client(tandem).chat.completions.create(model="tandem", **fields)
-    _validate("CreateChatCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
+    conformance.openai("CreateChatCompletionResponse", completion.model_dump(mode="json", exclude_unset=True))
     return completion
 
 
@@ -109,7 +99,7 @@ def test_streamed_tool_call_arrives_as_deltas_the_sdk_accumulates(tandem: Tandem
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(payload) for payload in payloads[:-1]]
     for chunk in chunks:
-        _validate("CreateChatCompletionStreamResponse", chunk)
+        conformance.openai("CreateChatCompletionStreamResponse", chunk)
     deltas = [entry for chunk in chunks for entry in chunk["choices"][0]["delta"].get("tool_calls", [])]
     openings = [entry for entry in deltas if "id" in entry]
     assert openings and all(entry["type"] == "function" and entry["function"]["name"] for entry in openings)
