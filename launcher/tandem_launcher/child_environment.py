@@ -20,10 +20,11 @@ _COMMON_PREFIXES = ("LC_",)
 # The router is Rust: its logging, backtraces and the tokenizers crate's thread pool.
 _ROUTER_NAMES = frozenset({"RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE", "RAYON_NUM_THREADS"})
 _ROUTER_PREFIXES = ("TOKENIZERS_",)
-# Shards run torch: its device, collective, kernel-compiler and threading libraries read these.
-_SHARD_NAMES = frozenset({"LD_PRELOAD", "MALLOC_CONF", "XDG_CACHE_HOME"})
+# Shards run torch: its device, collective, kernel-compiler (Triton builds with CC) and threading libraries read these.
+_SHARD_NAMES = frozenset({"LD_PRELOAD", "MALLOC_CONF", "XDG_CACHE_HOME", "CC", "CXX"})
 _SHARD_PREFIXES = (
     "CUDA_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "TRITON_", "GLOO_", "OMP_", "MKL_", "KMP_", "ONEDNN_", "DNNL_",
+    "OPENBLAS_",
 )  # fmt: skip
 # Never passed on, whatever list names them: a child that needs a secret gets it from a file the launcher chose.
 _CREDENTIAL = re.compile(r"TOKEN(?!IZERS_)|SECRET|PASSW|CREDENTIAL|(^|_)KEY($|_)", re.IGNORECASE)
