@@ -75,6 +75,7 @@ def test_sampling_synchronises_with_the_host_exactly_once() -> None:
     import warnings  # noqa: PLC0415
 
     from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow  # noqa: PLC0415
+    from tandem_server.sampling.statistics import TokenStatistics  # noqa: PLC0415
 
     params = [
         SamplingParams(),
@@ -82,7 +83,13 @@ def test_sampling_synchronises_with_the_host_exactly_once() -> None:
         SamplingParams(temperature=1.0, typical_p=0.9, frequency_penalty=0.5, logit_bias=((5, 2.0),)),
     ]
     rows = [
-        SamplingRow(p, position=10 + i, token_ids=(1, 2, 3, 4), prompt_len=2, banned_ids=(7,), top_logprobs=i)
+        SamplingRow(
+            p,
+            position=10 + i,
+            statistics=TokenStatistics(p, (1, 2, 3, 4), 2, 500, CUDA),
+            banned_ids=(7,),
+            top_logprobs=i,
+        )
         for i, p in enumerate(params)
     ]
     batch = SamplingBatch.build(rows, CUDA)

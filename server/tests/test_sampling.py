@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from sampling_testing import CPU, batch_of
+from sampling_testing import CPU, batch_of, row_with_history
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.warpers import TopKTopP
 
@@ -96,7 +96,7 @@ def test_logprobs_and_alternatives_ignore_top_p_top_k_and_penalties() -> None:
     torch.manual_seed(3)
     logits = torch.randn(2, 50)
     warped = SamplingParams(temperature=0.3, top_k=2, top_p=0.1, repetition_penalty=3.0, seed=1)
-    rows = [SamplingRow(warped, 5, token_ids=(1, 2, 3), prompt_len=2, top_logprobs=4), SamplingRow(SamplingParams(), 5)]
+    rows = [row_with_history(warped, 5, (1, 2, 3), 2, 50, top_logprobs=4), SamplingRow(SamplingParams(), 5)]
     sampled = Sampler()(logits, SamplingBatch.build(rows, CPU))
     raw = torch.log_softmax(logits, dim=-1)
     values, indices = raw[0].topk(4)

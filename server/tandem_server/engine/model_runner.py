@@ -27,6 +27,7 @@ from tandem_server.errors import FailureKind, InvalidStepError, NotWarmedUpError
 from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
+from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
 
@@ -194,7 +195,9 @@ class ModelRunner:
             state.num_computed += num_tokens
         logits = self.model.compute_logits(hidden[sample_rows]) if sampling is not None else None
         timer.mark()
-        sampled = self._sample(sampling_states, logits, sampling) if logits is not None and sampling is not None else None
+        sampled = None
+        if logits is not None and sampling is not None:
+            sampled = self._sample(sampling_states, logits, sampling)
         timer.mark()
         prepare_ms, forward_ms, sampling_ms = timer.phases_ms()
         return StepOutput(
@@ -240,8 +243,7 @@ class ModelRunner:
             SamplingRow(
                 params=s.sampling,
                 position=len(s.token_ids),
-                token_ids=s.token_ids,
-                prompt_len=s.prompt_len,
+                statistics=self._statistics(s),
                 banned_ids=s.banned_token_ids(self.eos_token_ids),
                 top_logprobs=s.top_logprobs,
             )
@@ -250,6 +252,15 @@ class ModelRunner:
         # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
         mask = grammar_token_mask([s.grammar for s in states], self.model.spec.vocab_size, self.device)
         return StepSampling(SamplingBatch.build(rows, self.device, mask.allowed), mask.failures)
+
+    def _statistics(self, state: RequestState) -> TokenStatistics | None:
+        # Built once, from everything the request holds when it first samples; `append_generated` keeps it current.
+        if state.statistics is None and TokenStatistics.needed(state.sampling):
+            vocab_size = self.model.spec.vocab_size
+            state.statistics = TokenStatistics(
+                state.sampling, state.token_ids, state.prompt_len, vocab_size, self.device
+            )
+        return state.statistics
 
     def _sample(self, states: list[RequestState], logits: torch.Tensor, sampling: StepSampling) -> SampledStep:
         sampled = self.sampler(logits, sampling.batch)

@@ -16,6 +16,7 @@ from tandem_server.engine.step import (
 )
 from tandem_server.errors import FailureKind, InvalidStepError, RequestFailedError, StateMismatchError
 from tandem_server.sampling import SamplingParams
+from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, GrammarMatcher
 
 
@@ -35,6 +36,8 @@ class RequestState:
     num_computed: int = 0
     # Has consumed exactly the generated tokens; None for unconstrained requests.
     grammar: GrammarMatcher | None = None
+    # Bias and penalty vectors, built at the request's first sampling and updated by every token after it.
+    statistics: TokenStatistics | None = None
 
     @classmethod
     def from_new(cls, request: NewRequest, grammar: GrammarMatcher | None = None) -> RequestState:
@@ -69,6 +72,8 @@ class RequestState:
         """Records a sampled token and says whether it ends the request."""
         self.token_ids.append(token_id)
         self.num_output_tokens += 1
+        if self.statistics is not None:
+            self.statistics.record(token_id)
         if self.grammar is not None:
             self.grammar.advance(token_id)
             if self.grammar.is_complete:

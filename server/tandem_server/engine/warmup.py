@@ -11,6 +11,7 @@ from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
+from tandem_server.sampling.statistics import TokenStatistics
 
 # Warm-up rows use every sampling processor so their kernels are exercised too.
 _WARMUP_SAMPLING = SamplingParams(
@@ -93,8 +94,15 @@ def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) 
     hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
     rows = torch.arange(num_tokens - min(num_samples, num_tokens), num_tokens, device=device)
     logits = model.compute_logits(hidden[rows])
+    vocab_size = logits.shape[-1]
     sampling_rows = [
-        SamplingRow(_WARMUP_SAMPLING, position, token_ids=(0, 0), prompt_len=1, banned_ids=(0,), top_logprobs=1)
+        SamplingRow(
+            _WARMUP_SAMPLING,
+            position,
+            statistics=TokenStatistics(_WARMUP_SAMPLING, (0, 0), 1, vocab_size, device),
+            banned_ids=(0,),
+            top_logprobs=1,
+        )
         for position in range(len(rows))
     ]
     Sampler()(logits, SamplingBatch.build(sampling_rows, device))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem_server.sampling.statistics import TokenStatistics
 
 
 @dataclass(frozen=True)
@@ -29,19 +32,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SamplingRow:
-    """One request sampling its next token: parameters, history and what it may not pick yet."""
+    """One request sampling its next token: parameters, its token statistics and what it may not pick yet."""
 
     params: SamplingParams
     # Absolute position the sampled token will occupy in its request (seeds the draw).
     position: int
-    # Prompt followed by generated tokens; `token_ids[:prompt_len]` is the prompt.
-    token_ids: Sequence[int] = ()
-    prompt_len: int = 0
+    # The request's own bias and penalty vectors; set whenever `TokenStatistics.needed(params)`.
+    statistics: TokenStatistics | None = None
     # Tokens masked this step (EOS and stop tokens while `min_new_tokens` is not reached).
     banned_ids: tuple[int, ...] = ()
     # Alternatives to report with the chosen token; 0 means none.
     top_logprobs: int = 0
-
-    @property
-    def output_ids(self) -> Sequence[int]:
-        return self.token_ids[self.prompt_len :]

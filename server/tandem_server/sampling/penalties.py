@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from tandem_server.sampling.params import SamplingRow
+from tandem_server.sampling.params import SamplingParams, SamplingRow
+from tandem_server.sampling.statistics import TokenStatistics
 
 
 def _pairs(rows: Sequence[tuple[int, Sequence[int]]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,21 +19,38 @@ def _pairs(rows: Sequence[tuple[int, Sequence[int]]], device: torch.device) -> t
     )
 
 
+class _RowsUsing:
+    """The rows whose parameters use one processor: their index, and one vector of their statistics stacked."""
+
+    def __init__(self, rows: Sequence[SamplingRow], uses: Callable[[SamplingParams], bool], device: torch.device):
+        indices = [r for r, row in enumerate(rows) if uses(row.params)]
+        self.index = torch.tensor(indices, dtype=torch.long).to(device)
+        self.rows = [rows[r] for r in indices]
+
+    def stacked(self, vector: Callable[[TokenStatistics], torch.Tensor | None]) -> torch.Tensor:
+        vectors = [vector(row.statistics) if row.statistics is not None else None for row in self.rows]
+        if any(v is None for v in vectors):
+            raise ValueError("a row whose parameters use bias or penalties must carry their TokenStatistics")
+        return torch.stack(vectors)  # type: ignore[arg-type]
+
+    def column(self, value: Callable[[SamplingParams], float], device: torch.device) -> torch.Tensor:
+        return torch.tensor([value(row.params) for row in self.rows], dtype=torch.float32).to(device).unsqueeze(1)
+
+
 class LogitBias:
-    """logits[row, token] += bias for every (token, bias) the row's request names."""
+    """logits[row] += the row's dense bias vector (built once per request)."""
 
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
-        pairs = [(r, [t for t, _ in row.params.logit_bias]) for r, row in enumerate(rows)]
-        self.rows, self.tokens = _pairs(pairs, device)
-        values = [bias for row in rows for _, bias in row.params.logit_bias]
-        self.values = torch.tensor(values, dtype=torch.float32, device=device)
+        using = _RowsUsing(rows, _uses_bias, device)
+        self.index = using.index
+        self.bias = using.stacked(lambda statistics: statistics.bias)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
-        return any(row.params.logit_bias for row in rows)
+        return any(_uses_bias(row.params) for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.index_put((self.rows, self.tokens), self.values, accumulate=True)
+        return logits.index_add(0, self.index, self.bias.to(logits.dtype))
 
 
 class BannedTokens:
@@ -54,36 +72,52 @@ class RepetitionPenalty:
     """HF rule over prompt and output tokens: positive logits divided by the penalty, negative multiplied."""
 
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
-        self.penalty = torch.tensor([row.params.repetition_penalty for row in rows], device=device).unsqueeze(1)
-        self.rows, self.tokens = _pairs([(r, row.token_ids) for r, row in enumerate(rows)], device)
-        self.seen = torch.tensor(True, device=device)
+        using = _RowsUsing(rows, _uses_repetition, device)
+        self.index = using.index
+        self.penalty = using.column(lambda params: params.repetition_penalty, device)
+        self.seen = using.stacked(lambda statistics: statistics.seen)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
-        return any(row.params.repetition_penalty != 1.0 for row in rows)
+        return any(_uses_repetition(row.params) for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        seen = torch.zeros_like(logits, dtype=torch.bool).index_put((self.rows, self.tokens), self.seen)
-        penalized = torch.where(logits > 0, logits / self.penalty, logits * self.penalty)
-        return torch.where(seen, penalized, logits)
+        own = logits.index_select(0, self.index)
+        penalized = torch.where(own > 0, own / self.penalty, own * self.penalty)
+        return logits.index_copy(0, self.index, torch.where(self.seen, penalized, own))
 
 
 class FrequencyPresencePenalty:
     """OpenAI rule over generated tokens: logit -= frequency * count + presence * (count > 0)."""
 
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
-        self.frequency = torch.tensor([row.params.frequency_penalty for row in rows], device=device).unsqueeze(1)
-        self.presence = torch.tensor([row.params.presence_penalty for row in rows], device=device).unsqueeze(1)
-        self.rows, self.tokens = _pairs([(r, row.output_ids) for r, row in enumerate(rows)], device)
+        using = _RowsUsing(rows, _uses_frequency_or_presence, device)
+        self.index = using.index
+        self.frequency = using.column(lambda params: params.frequency_penalty, device)
+        self.presence = using.column(lambda params: params.presence_penalty, device)
+        self.counts = using.stacked(lambda statistics: statistics.output_counts)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
-        return any(row.params.frequency_penalty != 0.0 or row.params.presence_penalty != 0.0 for row in rows)
+        return any(_uses_frequency_or_presence(row.params) for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        ones = torch.ones(self.rows.shape, dtype=logits.dtype, device=logits.device)
-        counts = torch.zeros_like(logits).index_put((self.rows, self.tokens), ones, accumulate=True)
-        return logits - self.frequency * counts - self.presence * (counts > 0).to(logits.dtype)
+        counts = self.counts.to(logits.dtype)
+        own = logits.index_select(0, self.index)
+        penalised = own - self.frequency * counts - self.presence * (counts > 0).to(logits.dtype)
+        return logits.index_copy(0, self.index, penalised)
+
+
+def _uses_bias(params: SamplingParams) -> bool:
+    return bool(params.logit_bias)
+
+
+def _uses_repetition(params: SamplingParams) -> bool:
+    return params.repetition_penalty != 1.0
+
+
+def _uses_frequency_or_presence(params: SamplingParams) -> bool:
+    return params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
 
 
 # Applied in this order; bias first so penalties see the biased logits, bans last so nothing revives them.

@@ -26,9 +26,7 @@ class GrammarMask:
     failures: dict[int, RequestFailedError] = field(default_factory=dict)
 
 
-def grammar_token_mask(
-    matchers: Sequence[GrammarMatcher | None], vocab_size: int, device: torch.device
-) -> GrammarMask:
+def grammar_token_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: int, device: torch.device) -> GrammarMask:
     """The mask for one step's sampling rows (the common, unconstrained case costs nothing)."""
     constrained = [(row, matcher) for row, matcher in enumerate(matchers) if matcher is not None]
     if not constrained:
