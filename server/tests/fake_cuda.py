@@ -35,6 +35,9 @@ class FakeCuda:
     def __init__(self, free_bytes: int, device_count: int = 2) -> None:
         self.calls: list[CudaCall] = []
         self.free_bytes = free_bytes
+        # Grows by `graph_pool_bytes` with every graph capture, as a captured graph's private pool does.
+        self.reserved_bytes = 0
+        self.graph_pool_bytes = 0
         self.device_count = device_count
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -79,6 +82,7 @@ class FakeCuda:
             "synchronize": fake._probe("synchronize", None),
             "reset_peak_memory_stats": fake._probe("reset_peak_memory_stats", None),
             "memory_allocated": fake._probe("memory_allocated", 0),
+            "memory_reserved": lambda device=None: fake._probe("memory_reserved", fake.reserved_bytes)(device),
             "max_memory_allocated": fake._probe("max_memory_allocated", 4096),
             "mem_get_info": fake._probe("mem_get_info", (fake.free_bytes, 2**34)),
             "Stream": lambda device=None, priority=0: FakeStream(fake, fake.record("Stream", device)),
@@ -125,6 +129,7 @@ class FakeCuda:
     @contextlib.contextmanager
     def _graph_context(self, graph: FakeGraph, pool: object = None, stream: FakeStream | None = None) -> Iterator[None]:
         self.record("graph", stream.device if stream is not None else None)
+        self.reserved_bytes += self.graph_pool_bytes
         yield
 
 

@@ -29,8 +29,14 @@ def test_cuda_cache_budget_is_a_fraction_of_free_memory_less_the_profiled_step()
     assert blocks == (int(124 * GIB * 0.9) - 3 * GIB // 2) // (2 * 1024**2) - 1
 
 
+def test_captured_graphs_pool_is_set_aside_before_the_cache_is_sized() -> None:
+    assert cuda_cache_budget(124 * GIB, GIB, 0.9, graph_bytes=GIB // 2) == int(124 * GIB * 0.9) - GIB - GIB // 2
+    with pytest.raises(CacheBudgetError, match="capture fewer --cuda-graphs"):
+        cuda_cache_budget(2 * GIB, GIB, 0.9, graph_bytes=GIB)
+
+
 def test_no_memory_left_for_the_cache_names_the_flags_to_change() -> None:
-    with pytest.raises(CacheBudgetError, match="raise --cuda-memory-fraction or lower --max-batch-prefill-tokens"):
+    with pytest.raises(CacheBudgetError, match="raise --cuda-memory-fraction, lower --max-batch-prefill-tokens"):
         cuda_cache_budget(2 * GIB, 3 * GIB, 0.9)
     with pytest.raises(CacheBudgetError, match="raise --cuda-memory-fraction"):
         blocks_for_budget(CacheGeometry(32, 16, 8, 128, torch.bfloat16), 3 * 1024**2, "--cuda-memory-fraction")

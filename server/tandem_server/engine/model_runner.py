@@ -110,8 +110,13 @@ class ModelRunner:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
         geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
+        options = self.options
         limits = WarmupLimits(
-            max_batch_tokens, max_batch_requests, self.options.slot_lists, self.options.cuda_memory_fraction
+            max_batch_tokens,
+            max_batch_requests,
+            options.slot_lists,
+            options.cuda_memory_fraction,
+            options.cuda_graph_sizes,
         )
         self.requests.clear()
         self.cache = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.cuda_graphs import DecodeGraphs
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
 from tandem_server.models.registry import CausalLM
@@ -37,6 +38,8 @@ class WarmupLimits:
     # False when the attention backend reads only the paged layout (see build_step_batch).
     slot_lists: bool = True
     cuda_memory_fraction: float = 0.9
+    # Decode batch sizes captured as CUDA graphs; their memory pool is set aside before the KV cache is sized.
+    cuda_graph_sizes: tuple[int, ...] = ()
 
 
 def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int, budget_flag: str = "--kv-cache-memory") -> int:
@@ -50,23 +53,27 @@ def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int, budget_flag: s
     return num_blocks
 
 
-def cuda_cache_budget(free_bytes: int, step_peak_bytes: int, memory_fraction: float) -> int:
-    """Bytes the KV cache may take: the fraction of free device memory, less what a full-budget step needs.
+def cuda_cache_budget(free_bytes: int, step_peak_bytes: int, memory_fraction: float, graph_bytes: int = 0) -> int:
+    """Bytes the KV cache may take: the fraction of free device memory, less what a full-budget step needs and what
+    the captured decode graphs hold.
 
     `free_bytes` is measured with the weights loaded and the profiling step's memory released, so the step's
-    peak must be set aside again for every later step.
+    peak must be set aside again for every later step; the graphs are captured after the cache is allocated, so
+    their pool (which also holds the attention backend's decode workspace) is set aside too.
     """
-    budget = int(free_bytes * memory_fraction) - step_peak_bytes
+    budget = int(free_bytes * memory_fraction) - step_peak_bytes - graph_bytes
     if budget <= 0:
         raise CacheBudgetError(
             f"no device memory left for the KV cache: {free_bytes} bytes free x {memory_fraction} "
-            f"minus a {step_peak_bytes}-byte step; raise --cuda-memory-fraction or lower --max-batch-prefill-tokens"
+            f"minus a {step_peak_bytes}-byte step and {graph_bytes} bytes of CUDA graphs; raise "
+            "--cuda-memory-fraction, lower --max-batch-prefill-tokens or capture fewer --cuda-graphs"
         )
     return budget
 
 
 def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: WarmupLimits) -> int:
-    """Runs a full-budget step into a two-block cache, then sizes the cache from the memory left free."""
+    """Runs a full-budget step into a two-block cache and captures the largest decode graph into one, then sizes
+    the cache from the memory left free."""
     device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -76,9 +83,27 @@ def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: Warmup
     torch.cuda.synchronize(device)
     step_peak = torch.cuda.max_memory_allocated(device) - before
     del probe
+    graph_bytes = profile_graph_bytes(model, geometry, limits.cuda_graph_sizes, device)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    return cuda_cache_budget(free, step_peak, limits.cuda_memory_fraction)
+    return cuda_cache_budget(free, step_peak, limits.cuda_memory_fraction, graph_bytes)
+
+
+def profile_graph_bytes(model: CausalLM, geometry: CacheGeometry, sizes: tuple[int, ...], device: torch.device) -> int:
+    """Device memory the decode graphs hold: the largest size (smaller ones share its pool) captured into a
+    two-block cache, measured, then released."""
+    if not sizes:
+        return 0
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    probe = KVCache(geometry, 1, device)
+    graphs = DecodeGraphs(model, probe, (max(sizes),), device)
+    graphs.capture()
+    torch.cuda.synchronize(device)
+    held = torch.cuda.memory_reserved(device) - before - probe.nbytes
+    del graphs, probe
+    torch.cuda.empty_cache()
+    return max(0, held)
 
 
 def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) -> None:
