@@ -26,9 +26,19 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "ingress.enabled=true",
             "secrets.hfToken.existingSecret=hf-token",
             "secrets.apiKey.existingSecret=tandem-api-key",
+            "hub.endpoint=https://hub-mirror.example.internal",
             "metrics.serviceMonitor.enabled=true",
             "metrics.prometheusRule.enabled=true",
             "metrics.dashboard.enabled=true",
+        ),
+    ),
+    # Air-gapped: the model is already in the cache PVC; nothing talks to the Hub.
+    "air-gapped": (
+        (),
+        (
+            "model.offline=true",
+            "model.revision=0123456789abcdef0123456789abcdef01234567",
+            "modelCache.existingClaim=prefilled-models",
         ),
     ),
     "autoscaling": (

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helm import CHART, VALUE_SETS, objects_of_kind
 from tandem_launcher.cli import parse_config
+from tandem_launcher.download import build_download_parser
 
 KUBERNETES_VERSION = "1.36.0"
 # Prometheus-operator kinds: no Kubernetes schema; their PromQL is checked with promtool instead.
@@ -59,6 +60,45 @@ def test_rendered_args_are_accepted_by_the_launcher_parser(
     assert shard_ports == [config.shard_metrics_port + rank for rank in range(config.num_shard)]
 
 
+def init_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (deployment,) = objects_of_kind(objects, "Deployment")
+    return deployment["spec"]["template"]["spec"].get("initContainers", [])
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_a_repo_id_is_downloaded_by_an_init_container_with_the_launchers_model_flags(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    tandem = container(rendered[value_set])
+    served = parse_config(tandem["args"], {})
+    downloads = init_containers(rendered[value_set])
+    if value_set in ("cpu", "air-gapped"):  # the embedded model, or a model already in the PVC
+        assert downloads == []
+        return
+    (download,) = downloads
+    assert download["command"] == ["tandem-launcher"] and download["args"][0] == "download"
+    args = build_download_parser({}).parse_args(download["args"][1:])
+    assert (args.model_id, args.revision, args.gguf_file) == (served.model_id, served.revision, served.gguf_file)
+    assert (args.allow_pickle_weights, args.model_cache_dir) == (served.allow_pickle_weights, served.model_cache_dir)
+    assert {"name": "HF_HOME", "value": "/data/huggingface"} in download["env"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in download["volumeMounts"]}
+    assert mounts == {"model-cache": "/data", "tmp": "/tmp"}
+
+
+def test_air_gapped_values_serve_from_the_existing_claim_without_the_hub(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    tandem = container(rendered["air-gapped"])
+    config = parse_config(tandem["args"], {})
+    assert (config.model_id, config.revision) == (
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+        "0123456789abcdef0123456789abcdef01234567",
+    )
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in tandem["env"]
+    assert not [env for env in tandem["env"] if env["name"] in ("HF_TOKEN", "HF_ENDPOINT")]
+    assert objects_of_kind(rendered["air-gapped"], "PersistentVolumeClaim") == []
+
+
 def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["gpu-4-shard"]
     tandem = container(objects)
@@ -72,7 +112,13 @@ def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: di
     )
     assert config.kv_cache_dtype == "bfloat16"
     secrets = {env["name"]: env["valueFrom"]["secretKeyRef"]["name"] for env in tandem["env"] if "valueFrom" in env}
-    assert secrets == {"HF_TOKEN": "hf-token", "API_KEY": "tandem-api-key"}
+    assert secrets == {"API_KEY": "tandem-api-key"}  # the Hugging Face token goes to the download only
+    (download,) = init_containers(objects)
+    download_env = {
+        env["name"]: env.get("value") or env["valueFrom"]["secretKeyRef"]["name"] for env in download["env"]
+    }
+    assert download_env["HF_TOKEN"] == "hf-token" and "API_KEY" not in download_env
+    assert download_env["HF_ENDPOINT"] == "https://hub-mirror.example.internal"
     (monitor,) = objects_of_kind(objects, "ServiceMonitor")
     assert [endpoint["port"] for endpoint in monitor["spec"]["endpoints"]] == [
         "http",
@@ -110,9 +156,14 @@ def test_pod_is_hardened_and_drains_before_it_is_killed(
     shm = next(volume for volume in pod["volumes"] if volume["name"] == "shm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert tandem["startupProbe"]["httpGet"]["path"] == "/health"
-    assert tandem["livenessProbe"]["httpGet"]["path"] == "/health"
+    # /health answers 503 while the launcher restarts shards: liveness asks only whether the router answers.
+    assert tandem["livenessProbe"]["httpGet"]["path"] == "/metrics"
     assert tandem["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert {"name": "HF_HOME", "value": "/data/huggingface"} in tandem["env"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in tandem["env"]
+    for download in init_containers(rendered[value_set]):
+        assert download["securityContext"] == tandem["securityContext"]
+        assert "nvidia.com/gpu" not in download["resources"].get("limits", {})
 
 
 def test_autoscaling_value_set_scales_on_queue_depth_and_uses_the_existing_claim(

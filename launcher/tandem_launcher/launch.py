@@ -7,7 +7,7 @@ import threading
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimitError, derive_token_limits
 from tandem_launcher.logs import LOGGER, configure_logging, phase
-from tandem_launcher.model_resolution import ModelResolutionError, resolve_model
+from tandem_launcher.model_resolution import ModelResolutionError, resolve_configured_model
 from tandem_launcher.signals import (
     ShutdownRequested,
     flag_on_shutdown_signal,
@@ -23,7 +23,7 @@ def launch(config: LauncherConfig) -> int:
     raise_on_shutdown_signal()
     try:
         with phase(f"resolve model {config.model_id}"):
-            model = resolve_model(config.model_id, config.revision, config.model_cache_dir, config.allow_pickle_weights)
+            model = resolve_configured_model(config)
         LOGGER.info("model directory: %s", model.path)
         limits = derive_token_limits(config, model.max_position_embeddings)
     except (ModelResolutionError, TokenLimitError) as error:
@@ -33,6 +33,7 @@ def launch(config: LauncherConfig) -> int:
         LOGGER.info("%s before start-up finished", request)
         return 0
     LOGGER.info("token limits: max input %d, max total %d", limits.max_input_tokens, limits.max_total_tokens)
+    LOGGER.info("KV cache blocks of %d tokens (%s)", config.block_size, config.block_size_reason)
     shutdown = threading.Event()
     flag_on_shutdown_signal(shutdown)
     supervisor = Supervisor(LaunchPlan(config, model, limits), shutdown)

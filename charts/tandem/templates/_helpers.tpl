@@ -31,6 +31,38 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- add .Values.lifecycle.preStopSleepSeconds .Values.lifecycle.drainTimeoutSeconds .Values.lifecycle.extraGraceSeconds -}}
 {{- end -}}
 
+{{/* "true" when model.id is a Hugging Face repo id the init container fetches (not "", not a path, not offline). */}}
+{{- define "tandem.downloadsModel" -}}
+{{- $id := .Values.model.id -}}
+{{- if and $id (not .Values.model.offline) (not (hasPrefix "/" $id)) (not (hasPrefix "." $id)) (not (hasPrefix "~" $id)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The model flags the init container's download and the launcher share. */}}
+{{- define "tandem.modelArgs" -}}
+{{- if .Values.model.revision }}
+- --revision
+- {{ .Values.model.revision | quote }}
+{{- end }}
+{{- if .Values.model.ggufFile }}
+- --gguf-file
+- {{ .Values.model.ggufFile | quote }}
+{{- end }}
+{{- if .Values.model.allowPickleWeights }}
+- --allow-pickle-weights
+{{- end }}
+- --model-cache-dir
+- "/data/tandem"
+{{- end -}}
+
+{{/* `tandem-launcher download`'s argv for the init container. */}}
+{{- define "tandem.downloadArgs" -}}
+- download
+- {{ .Values.model.id | quote }}
+{{- include "tandem.modelArgs" . }}
+{{- end -}}
+
 {{/* tandem-launcher's argv, one flag per line; charts/tests checks it against the launcher's own parser. */}}
 {{- define "tandem.launcherArgs" -}}
 {{- $limits := .Values.limits -}}
@@ -38,10 +70,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --model-id
 - {{ .Values.model.id | quote }}
 {{- end }}
-{{- if .Values.model.revision }}
-- --revision
-- {{ .Values.model.revision | quote }}
-{{- end }}
+{{- include "tandem.modelArgs" . }}
 - --num-shard
 - {{ .Values.numShard | quote }}
 - --device
@@ -56,8 +85,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - {{ .Values.ports.http | quote }}
 - --shard-metrics-port
 - {{ .Values.ports.shardMetricsBase | quote }}
-- --model-cache-dir
-- "/data/tandem"
 - --graceful-termination-timeout
 - {{ .Values.lifecycle.drainTimeoutSeconds | quote }}
 - --shard-start-timeout

@@ -1,0 +1,93 @@
+"""Pickle weights of a downloaded repo (only behind --allow-pickle-weights) converted once into a cached safetensors
+directory, as TGI does, so the shards never unpickle anything from the Hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from fnmatch import fnmatch
+from pathlib import Path
+
+from tandem_launcher.hub import PICKLE_WEIGHTS, SERVING_FILES
+from tandem_launcher.logs import LOGGER, phase
+
+
+class PickleConversionError(Exception):
+    """A pickle checkpoint that torch's restricted unpickler refuses or that holds no tensors."""
+
+
+def has_only_pickle_weights(path: Path) -> bool:
+    return not any(path.glob("*.safetensors")) and any(path.glob(PICKLE_WEIGHTS))
+
+
+def converted_pickle_dir(snapshot: Path, cache_dir: Path, cache_name: str) -> Path:
+    """The safetensors conversion of `snapshot` under `cache_dir/cache_name`, converting it first if needed."""
+    target = cache_dir / cache_name
+    if target.is_dir():
+        LOGGER.info("using converted model %s", target)
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Built beside its target and renamed into place, so `target` is always complete (also with concurrent launchers).
+    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{cache_name}.partial-"))
+    try:
+        with phase(f"convert the pickle weights of {snapshot} to safetensors in {target}"):
+            convert_pickle_checkpoint(snapshot, partial)
+        partial.chmod(0o755)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            LOGGER.info("another launcher converted %s first", target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def convert_pickle_checkpoint(source: Path, output: Path) -> None:
+    """One safetensors file per pickle file (with an index when there are several), plus the serving files."""
+    import torch  # noqa: PLC0415  (heavy imports only when a conversion is needed)
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    pickles = sorted(path for path in source.iterdir() if fnmatch(path.name, PICKLE_WEIGHTS))
+    if not pickles:
+        raise PickleConversionError(f"{source} has no {PICKLE_WEIGHTS} files to convert")
+    weight_map: dict[str, str] = {}
+    for number, pickle_path in enumerate(pickles, start=1):
+        name = "model.safetensors" if len(pickles) == 1 else f"model-{number:05d}-of-{len(pickles):05d}.safetensors"
+        try:
+            # weights_only: torch's restricted unpickler, which builds tensors and plain containers and nothing else.
+            state = torch.load(pickle_path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as error:
+            raise PickleConversionError(f"torch refuses to load {pickle_path} as plain weights: {error}") from error
+        tensors = _tensors(state, pickle_path)
+        save_file(tensors, output / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        del state, tensors
+    if len(pickles) > 1:
+        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+        (output / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    for name in SERVING_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, output / name)
+    for path in output.iterdir():
+        path.chmod(0o644)
+
+
+def _tensors(state: object, path: Path) -> dict[str, object]:
+    """The checkpoint's tensors, each with storage of its own (safetensors refuses tensors sharing memory)."""
+    import torch  # noqa: PLC0415
+
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PickleConversionError(f"{path} is not a flat dictionary of tensors")
+    seen: set[tuple[int, int]] = set()
+    tensors = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        shared = key in seen or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+        seen.add(key)
+        tensors[str(name)] = tensor.clone().contiguous() if shared else tensor.contiguous()
+    return tensors
