@@ -25,7 +25,7 @@ LIMITS = {
     "max_tools": 2,
     "max_grammar_bytes": 2048,
     "max_choices": 4,
-    "max_connections": 64,
+    "max_connections": 256,
     "header_read_timeout_s": HEADER_READ_TIMEOUT_S,
 }
 PROMPT = "Once upon a time, in a faraway kingdom,"
