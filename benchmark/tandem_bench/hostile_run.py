@@ -40,6 +40,8 @@ class HostileConfig:
     tokenize_requests: int
     tokenize_bytes: int
     probes: int
+    # Seconds each prober waits between its probes; 0: it probes again as soon as answered.
+    probe_interval_s: float
     output_len: int
     logit_bias_entries: int
     stop_token_ids: int
@@ -120,13 +122,16 @@ async def beside_probes(session: aiohttp.ClientSession, config: HostileConfig, a
     async def prober() -> None:
         while not done.is_set():
             statuses[await _status_of(session, "GET", url)] += 1
+            if config.probe_interval_s:
+                await asyncio.sleep(config.probe_interval_s)
 
     probers = [asyncio.create_task(prober()) for _ in range(config.probes)]
     await asyncio.sleep(0.2)
     beside = await _greedy_stream(session, config)
     done.set()
     await asyncio.gather(*probers)
-    hostile = f"{config.probes} clients probing /health?deep=true"
+    pace = f" every {config.probe_interval_s:g} s" if config.probe_interval_s else ""
+    hostile = f"{config.probes} clients probing /health?deep=true{pace}"
     return _beside(hostile, alone, beside, dict(statuses))
 
 
@@ -185,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenize-requests", type=int, default=24)
     parser.add_argument("--tokenize-bytes", type=int, default=1_990_000, help="input size of each /tokenize request")
     parser.add_argument("--probes", type=int, default=200, help="concurrent deep health probers")
+    parser.add_argument("--probe-interval", type=float, default=0.0, help="seconds between one prober's probes")
     parser.add_argument("--output-len", type=int, default=64, help="tokens of the measured stream (ignore_eos)")
     parser.add_argument("--logit-bias-entries", type=int, default=300)
     parser.add_argument("--stop-token-ids", type=int, default=64)
@@ -202,6 +208,7 @@ def _config(args: argparse.Namespace, base_url: str, pid: int | None) -> Hostile
         tokenize_requests=args.tokenize_requests,
         tokenize_bytes=args.tokenize_bytes,
         probes=args.probes,
+        probe_interval_s=args.probe_interval,
         output_len=args.output_len,
         logit_bias_entries=args.logit_bias_entries,
         stop_token_ids=args.stop_token_ids,

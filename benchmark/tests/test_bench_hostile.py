@@ -27,7 +27,7 @@ def test_a_stream_that_changed_beside_the_load_is_flagged() -> None:
 
 def test_inputs_have_the_asked_sizes() -> None:
     assert len(words_text(10_000, 3)) == 10_000
-    config = HostileConfig(Endpoint("x", "http://127.0.0.1:1"), None, 1, 1, 1, 64, 300, 64, 16)
+    config = HostileConfig(Endpoint("x", "http://127.0.0.1:1"), None, 1, 1, 1, 0.0, 64, 300, 64, 16)
     body = heavy_body(config)
     assert (len(body["logit_bias"]), len(body["stop_token_ids"]), body["n"]) == (300, 64, 16)
 
