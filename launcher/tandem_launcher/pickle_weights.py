@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from fnmatch import fnmatch
 from pathlib import Path
 
+from tandem_launcher.conversion_cache import converted_once
 from tandem_launcher.hub import PICKLE_WEIGHTS, SERVING_FILES
-from tandem_launcher.logs import LOGGER, phase
 
 
 class PickleConversionError(Exception):
@@ -23,26 +22,12 @@ def has_only_pickle_weights(path: Path) -> bool:
 
 def converted_pickle_dir(snapshot: Path, cache_dir: Path, cache_name: str) -> Path:
     """The safetensors conversion of `snapshot` under `cache_dir/cache_name`, converting it first if needed."""
-    target = cache_dir / cache_name
-    if target.is_dir():
-        LOGGER.info("using converted model %s", target)
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Built beside its target and renamed into place, so `target` is always complete (also with concurrent launchers).
-    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{cache_name}.partial-"))
-    try:
-        with phase(f"convert the pickle weights of {snapshot} to safetensors in {target}"):
-            convert_pickle_checkpoint(snapshot, partial)
-        partial.chmod(0o755)
-        try:
-            partial.rename(target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            LOGGER.info("another launcher converted %s first", target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    return converted_once(
+        cache_dir,
+        cache_name,
+        f"convert the pickle weights of {snapshot} to safetensors",
+        lambda output: convert_pickle_checkpoint(snapshot, output),
+    )
 
 
 def convert_pickle_checkpoint(source: Path, output: Path) -> None:
