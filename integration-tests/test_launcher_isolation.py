@@ -6,16 +6,19 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 from tandem_harness import FIRST_START_TIMEOUT_S, LAUNCHER, TandemServer, all_gone, model_cache_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launcher" / "tests"))
+
+from squatter import Squatter, squatting
 
 ORPHAN_DEADLINE_S = 10.0
 API_KEY = "sk-isolation-test-key"
@@ -64,38 +67,10 @@ def test_a_launcher_killed_by_sigkill_leaves_no_shard_or_router_running(killed_l
     assert killed_launch.runtime_dir.is_dir(), "a launcher killed by SIGKILL cannot remove its own directory"
 
 
-class Squatter:
-    """Another program on the port: answers every GET with 200 and keeps whatever Authorization it is sent."""
-
-    def __init__(self) -> None:
-        self.authorizations: list[str] = []
-        self.requests = 0
-        squatter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                squatter.requests += 1
-                if "Authorization" in self.headers:
-                    squatter.authorizations.append(self.headers["Authorization"])
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-
 @pytest.fixture
 def squatter() -> Iterator[Squatter]:
-    held = Squatter()
-    yield held
-    held.server.shutdown()
-    held.server.server_close()
+    with squatting() as held:
+        yield held
 
 
 def test_a_squatted_port_fails_the_start_without_sending_the_key_and_the_stale_directory_goes(
@@ -116,6 +91,6 @@ def test_a_squatted_port_fails_the_start_without_sending_the_key_and_the_stale_d
     output = log_path.read_text(errors="replace")
     assert status == 1, output[-4000:]
     assert f"http://127.0.0.1:{squatter.port} is answered by another process" in output, output[-4000:]
-    assert squatter.requests > 0 and squatter.authorizations == []
+    assert squatter.paths and squatter.authorizations == []
     assert f"removed {killed_launch.runtime_dir}" in output
     assert not killed_launch.runtime_dir.exists()

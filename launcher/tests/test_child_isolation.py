@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from launch_harness import pid_is_alive
+from squatter import Squatter, squatting
 from tandem_launcher import processes
 from tandem_launcher.child_environment import router_environment, shard_environment
 from tandem_launcher.processes import ChildProcess
@@ -32,38 +31,10 @@ LAUNCHER_FLAG_VARIABLES = {"PORT": "1", "MAX_INPUT_TOKENS": "7", "LOG_REQUESTS":
 LIBRARY_SETTINGS = {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "2", "RUST_LOG": "debug"}
 
 
-class Squatter:
-    """Another local program holding a port: answers every GET with 200 and keeps the Authorization headers."""
-
-    def __init__(self) -> None:
-        self.authorizations: list[str] = []
-        self.paths: list[str] = []
-        squatter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                squatter.paths.append(self.path)
-                if "Authorization" in self.headers:
-                    squatter.authorizations.append(self.headers["Authorization"])
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-
 @pytest.fixture
 def squatter() -> Iterator[Squatter]:
-    held = Squatter()
-    yield held
-    held.server.shutdown()
-    held.server.server_close()
+    with squatting() as held:
+        yield held
 
 
 def test_a_squatted_port_fails_the_start_and_the_squatter_never_gets_the_key(launch_fakes, squatter) -> None:
