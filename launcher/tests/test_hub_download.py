@@ -246,12 +246,16 @@ def test_a_killed_download_keeps_its_complete_files_and_the_next_run_fetches_the
     assert process.returncode == 128 + signal.SIGTERM
     assert "download interrupted by SIGTERM: the files already complete stay in the cache" in stderr
     snapshot = snapshot_of(tmp_path, "acme/slow")
-    assert "config.json" in os.listdir(snapshot) and "model.safetensors" not in os.listdir(snapshot)
+    kept = set(os.listdir(snapshot))
+    assert "config.json" in kept and "model.safetensors" not in kept
+    # Files are fetched in parallel: which small ones finished before the signal depends on the machine's load.
+    served = {name for name in repo.files if name != "README.md" and not name.startswith("original/")}
+    missing = served - kept
 
     standin.throttle("acme/slow", "model.safetensors", 0.0)
     resumed = run_download(tmp_path, standin.url, "acme/slow")
     assert resumed.returncode == 0, resumed.stderr
-    assert "fetching 1 of 5 files (2.0 MiB)" in resumed.stderr
+    assert f"fetching {len(missing)} of {len(served)} files (" in resumed.stderr
     assert (snapshot / "model.safetensors").read_bytes() == repo.files["model.safetensors"]
 
 
