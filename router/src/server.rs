@@ -125,7 +125,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         fleet.num_shards(),
         sampling_defaults,
     );
-    crate::metrics::record_info(&info);
+    info.record_metric();
     let state = AppState::new(
         backend,
         Arc::new(validator),

@@ -60,6 +60,34 @@ pub struct ServerInfo {
     pub started_at: u64,
 }
 
+impl ServerInfo {
+    /// Sets the `tandem_info` gauge to 1 with the served model and the limits as labels.
+    pub fn record_metric(&self) {
+        let labels = [
+            ("model_id", self.model_id.clone()),
+            ("architecture", self.model_architecture.clone()),
+            ("dtype", self.model_dtype.clone()),
+            ("device", self.model_device_type.clone()),
+            ("num_shards", self.num_shard.to_string()),
+            ("block_size", self.block_size.to_string()),
+            ("kv_cache_blocks", self.kv_cache_blocks.to_string()),
+            (
+                "max_concurrent_requests",
+                self.max_concurrent_requests.to_string(),
+            ),
+            ("max_input_tokens", self.max_input_tokens.to_string()),
+            ("max_total_tokens", self.max_total_tokens.to_string()),
+            (
+                "max_batch_prefill_tokens",
+                self.max_batch_prefill_tokens.to_string(),
+            ),
+            ("max_batch_size", self.max_batch_size.to_string()),
+            ("version", self.version.to_owned()),
+        ];
+        metrics::gauge!("tandem_info", &labels).set(1.0);
+    }
+}
+
 /// Threads tokio's blocking pool runs at most, which bounds concurrent tokenizations.
 pub const VALIDATION_WORKERS: usize = 512;
 

@@ -1,8 +1,7 @@
-//! Prometheus exposition: the recorder and every metric's description. `request` records
-//! one request's lifecycle, `engine` the scheduler's steps, load and the server's identity.
+//! Prometheus exposition: the recorder, and the description of the series recorded outside
+//! the scheduler (which describes its own). `request` records one request's lifecycle.
 //! docs/metrics.md lists every series.
 
-mod engine;
 mod request;
 
 use std::time::Duration;
@@ -10,9 +9,6 @@ use std::time::Duration;
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
-pub use engine::{
-    record_info, record_load, record_step_done, record_step_planned, record_step_scheduling,
-};
 pub use request::RequestMetrics;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -47,7 +43,6 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
 pub fn install() -> Result<PrometheusHandle, BuildError> {
     let handle = builder()?.install_recorder()?;
     describe();
-    engine::register_event_counters();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(UPKEEP_INTERVAL);
@@ -67,8 +62,6 @@ pub fn detached_handle() -> PrometheusHandle {
 fn describe() {
     describe_requests();
     describe_request_latency();
-    describe_scheduler();
-    describe_kv_cache();
     describe_gauge!(
         "tandem_info",
         "Always 1; the labels describe the served model and the limits"
@@ -144,94 +137,6 @@ fn describe_request_latency() {
     for (name, help) in seconds {
         describe_histogram!(name, Unit::Seconds, help);
     }
-}
-
-/// The scheduler emits these; their descriptions live here with the rest.
-fn describe_scheduler() {
-    describe_gauge!("tandem_queue_size", "Requests waiting to be scheduled");
-    describe_gauge!(
-        "tandem_queue_tokens",
-        "Prompt tokens the waiting requests still need to compute"
-    );
-    describe_gauge!("tandem_running_requests", "Requests being generated");
-    describe_counter!(
-        "tandem_preemptions_total",
-        "Requests preempted for lack of KV blocks"
-    );
-    describe_counter!(
-        "tandem_cancelled_requests_total",
-        "Requests the scheduler dropped because their client went away"
-    );
-    describe_counter!(
-        "tandem_shard_recoveries_total",
-        "Times the scheduler waited for restarted shards"
-    );
-    describe_counter!(
-        "tandem_request_step_failures_total",
-        "Requests the shards ended on their own while the rest of their step went on, by reason"
-    );
-    describe_histogram!("tandem_batch_size", "Requests per step");
-    describe_histogram!("tandem_batch_tokens", "Tokens per step");
-    describe_histogram!(
-        "tandem_step_duration_seconds",
-        Unit::Seconds,
-        "Duration of one step across all shards, as the router sees it"
-    );
-    describe_step_parts();
-}
-
-/// The parts of one step, so overhead can be told apart from the forward pass.
-fn describe_step_parts() {
-    let seconds = [
-        (
-            "tandem_step_scheduling_duration_seconds",
-            "Router time per step planning it and applying its results",
-        ),
-        (
-            "tandem_step_shard_duration_seconds",
-            "Rank 0's whole handling of one step, request decoded to response built",
-        ),
-        (
-            "tandem_step_prepare_duration_seconds",
-            "Rank 0's time applying one step to request state and building its input tensors",
-        ),
-        (
-            "tandem_step_forward_duration_seconds",
-            "Forward-pass time (model only) of one step as rank 0 reports it",
-        ),
-        (
-            "tandem_step_sampling_duration_seconds",
-            "Sampling time of one step as rank 0 reports it",
-        ),
-    ];
-    for (name, help) in seconds {
-        describe_histogram!(name, Unit::Seconds, help);
-    }
-}
-
-fn describe_kv_cache() {
-    describe_gauge!("tandem_kv_blocks_used", "KV cache blocks in use");
-    describe_gauge!("tandem_kv_blocks_total", "KV cache blocks in the pool");
-    describe_gauge!(
-        "tandem_kv_cache_usage_ratio",
-        "Fraction of KV cache blocks in use (0 to 1)"
-    );
-    describe_counter!(
-        "tandem_prefix_cache_queries_tokens_total",
-        "Prompt tokens looked up in the prefix cache"
-    );
-    describe_counter!(
-        "tandem_prefix_cache_hits_tokens_total",
-        "Prompt tokens found in the prefix cache"
-    );
-    describe_counter!(
-        "tandem_prefix_cache_evictions_total",
-        "Idle cached blocks evicted (least recently used first) to make room"
-    );
-    describe_gauge!(
-        "tandem_prefix_cache_blocks",
-        "KV blocks caching a prompt prefix, held or idle (idle ones are reclaimable)"
-    );
 }
 
 #[allow(clippy::cast_precision_loss)]

@@ -138,15 +138,15 @@ impl Actor {
             .iter()
             .map(|scheduled| scheduled.num_tokens)
             .sum();
-        crate::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
+        super::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
         let started = Instant::now();
         let timeout = self.recovery.step_timeout;
         match recovery::within(timeout, "Step", self.shards.step(step)).await {
             Ok(response) => {
-                crate::metrics::record_step_done(started.elapsed(), &response);
+                super::metrics::record_step_done(started.elapsed(), &response);
                 let applying = Instant::now();
                 self.state.apply(response);
-                crate::metrics::record_step_scheduling(scheduling + applying.elapsed());
+                super::metrics::record_step_scheduling(scheduling + applying.elapsed());
                 true
             }
             Err(error) => {
@@ -219,7 +219,7 @@ impl Actor {
 
     fn publish_load(&self) {
         let snapshot = self.state.load();
-        crate::metrics::record_load(&snapshot);
+        super::metrics::record_load(&snapshot);
         self.load.send_replace(snapshot);
     }
 }

@@ -9,6 +9,7 @@ mod actor_tests;
 #[cfg(test)]
 mod fake_shard;
 mod handle;
+mod metrics;
 mod outputs;
 #[cfg(test)]
 mod proptests;
@@ -120,6 +121,7 @@ pub fn spawn(
     recovery: RecoveryConfig,
     shards: Arc<dyn ShardGroup>,
 ) -> Arc<dyn Backend> {
+    metrics::describe();
     let state = state::SchedulerState::new(config);
     let (submissions, receiver) = mpsc::unbounded_channel();
     let (load_sender, load) = watch::channel(state.load());

@@ -1,0 +1,223 @@
+//! The scheduler's own series, recorded where they are measured: step sizes and timings, the
+//! load gauges, and the event counters its bookkeeping (and the KV cache it owns) bumps.
+//! docs/metrics.md lists every series.
+
+use std::time::Duration;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
+
+use super::LoadSnapshot;
+use crate::pb;
+
+/// Describes every series the scheduler emits and registers its event counters at 0, so
+/// rates and alerts have a series before the first event.
+pub(super) fn describe() {
+    describe_load();
+    describe_steps();
+    describe_step_parts();
+    describe_kv_cache();
+    for name in [
+        "tandem_prefix_cache_queries_tokens_total",
+        "tandem_prefix_cache_hits_tokens_total",
+        "tandem_prefix_cache_evictions_total",
+        "tandem_preemptions_total",
+        "tandem_cancelled_requests_total",
+        "tandem_shard_recoveries_total",
+    ] {
+        counter!(name).absolute(0);
+    }
+}
+
+/// Records the size of a step about to run.
+pub(super) fn record_step_planned(requests: usize, tokens: u32) {
+    histogram!("tandem_batch_size").record(as_f64(requests));
+    histogram!("tandem_batch_tokens").record(f64::from(tokens));
+}
+
+/// Records a step that succeeded: its round trip and the timings rank 0 reported.
+pub(super) fn record_step_done(elapsed: Duration, response: &pb::StepResponse) {
+    histogram!("tandem_step_duration_seconds").record(elapsed);
+    for (name, millis) in [
+        ("tandem_step_prepare_duration_seconds", response.prepare_ms),
+        ("tandem_step_forward_duration_seconds", response.forward_ms),
+        (
+            "tandem_step_sampling_duration_seconds",
+            response.sampling_ms,
+        ),
+        (
+            "tandem_step_shard_duration_seconds",
+            response.shard_total_ms,
+        ),
+    ] {
+        histogram!(name).record(f64::from(millis) / 1000.0);
+    }
+}
+
+/// Records the router's own work for one step: planning it and applying its results.
+pub(super) fn record_step_scheduling(elapsed: Duration) {
+    histogram!("tandem_step_scheduling_duration_seconds").record(elapsed);
+}
+
+/// Publishes the scheduler's load as gauges.
+pub(super) fn record_load(load: &LoadSnapshot) {
+    gauge!("tandem_queue_size").set(as_f64(load.queued_requests));
+    gauge!("tandem_queue_tokens").set(as_f64(load.queued_tokens));
+    gauge!("tandem_running_requests").set(as_f64(load.running_requests));
+    gauge!("tandem_kv_blocks_used").set(as_f64(load.kv_blocks_used));
+    gauge!("tandem_kv_blocks_total").set(as_f64(load.kv_blocks_total));
+    gauge!("tandem_prefix_cache_blocks").set(as_f64(load.kv_blocks_cached));
+    let usage = if load.kv_blocks_total == 0 {
+        0.0
+    } else {
+        as_f64(load.kv_blocks_used) / as_f64(load.kv_blocks_total)
+    };
+    gauge!("tandem_kv_cache_usage_ratio").set(usage);
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn as_f64(count: usize) -> f64 {
+    count as f64
+}
+
+fn describe_load() {
+    describe_gauge!("tandem_queue_size", "Requests waiting to be scheduled");
+    describe_gauge!(
+        "tandem_queue_tokens",
+        "Prompt tokens the waiting requests still need to compute"
+    );
+    describe_gauge!("tandem_running_requests", "Requests being generated");
+    describe_counter!(
+        "tandem_preemptions_total",
+        "Requests preempted for lack of KV blocks"
+    );
+    describe_counter!(
+        "tandem_cancelled_requests_total",
+        "Requests the scheduler dropped because their client went away"
+    );
+    describe_counter!(
+        "tandem_shard_recoveries_total",
+        "Times the scheduler waited for restarted shards"
+    );
+    describe_counter!(
+        "tandem_request_step_failures_total",
+        "Requests the shards ended on their own while the rest of their step went on, by reason"
+    );
+}
+
+fn describe_steps() {
+    describe_histogram!("tandem_batch_size", "Requests per step");
+    describe_histogram!("tandem_batch_tokens", "Tokens per step");
+    describe_histogram!(
+        "tandem_step_duration_seconds",
+        Unit::Seconds,
+        "Duration of one step across all shards, as the router sees it"
+    );
+}
+
+/// The parts of one step, so overhead can be told apart from the forward pass.
+fn describe_step_parts() {
+    let seconds = [
+        (
+            "tandem_step_scheduling_duration_seconds",
+            "Router time per step planning it and applying its results",
+        ),
+        (
+            "tandem_step_shard_duration_seconds",
+            "Rank 0's whole handling of one step, request decoded to response built",
+        ),
+        (
+            "tandem_step_prepare_duration_seconds",
+            "Rank 0's time applying one step to request state and building its input tensors",
+        ),
+        (
+            "tandem_step_forward_duration_seconds",
+            "Forward-pass time (model only) of one step as rank 0 reports it",
+        ),
+        (
+            "tandem_step_sampling_duration_seconds",
+            "Sampling time of one step as rank 0 reports it",
+        ),
+    ];
+    for (name, help) in seconds {
+        describe_histogram!(name, Unit::Seconds, help);
+    }
+}
+
+fn describe_kv_cache() {
+    describe_gauge!("tandem_kv_blocks_used", "KV cache blocks in use");
+    describe_gauge!("tandem_kv_blocks_total", "KV cache blocks in the pool");
+    describe_gauge!(
+        "tandem_kv_cache_usage_ratio",
+        "Fraction of KV cache blocks in use (0 to 1)"
+    );
+    describe_counter!(
+        "tandem_prefix_cache_queries_tokens_total",
+        "Prompt tokens looked up in the prefix cache"
+    );
+    describe_counter!(
+        "tandem_prefix_cache_hits_tokens_total",
+        "Prompt tokens found in the prefix cache"
+    );
+    describe_counter!(
+        "tandem_prefix_cache_evictions_total",
+        "Idle cached blocks evicted (least recently used first) to make room"
+    );
+    describe_gauge!(
+        "tandem_prefix_cache_blocks",
+        "KV blocks caching a prompt prefix, held or idle (idle ones are reclaimable)"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    #[test]
+    fn load_gauges_include_queue_tokens_and_kv_usage_ratio() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            record_load(&LoadSnapshot {
+                queued_requests: 2,
+                queued_tokens: 40,
+                running_requests: 3,
+                kv_blocks_used: 25,
+                kv_blocks_total: 100,
+                kv_blocks_cached: 7,
+            });
+            record_step_planned(3, 48);
+            record_step_done(
+                Duration::from_millis(20),
+                &pb::StepResponse {
+                    forward_ms: 15.0,
+                    sampling_ms: 2.0,
+                    prepare_ms: 1.5,
+                    shard_total_ms: 19.0,
+                    ..pb::StepResponse::default()
+                },
+            );
+            record_step_scheduling(Duration::from_micros(250));
+        });
+        let text = handle.render();
+        for expected in [
+            "tandem_queue_size 2",
+            "tandem_queue_tokens 40",
+            "tandem_kv_cache_usage_ratio 0.25",
+            "tandem_prefix_cache_blocks 7",
+            "tandem_prefix_cache_hits_tokens_total 0",
+            "tandem_batch_tokens_sum 48",
+            "tandem_step_forward_duration_seconds_sum 0.015",
+            "tandem_step_sampling_duration_seconds_count 1",
+            "tandem_step_prepare_duration_seconds_sum 0.0015",
+            "tandem_step_shard_duration_seconds_sum 0.019",
+            "tandem_step_scheduling_duration_seconds_sum 0.00025",
+        ] {
+            assert!(text.contains(expected), "missing {expected} in\n{text}");
+        }
+    }
+}
