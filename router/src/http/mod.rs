@@ -1,4 +1,4 @@
-//! The axum application: routes, shared state, request ids, body limit.
+//! The axum application: routes, request ids, body limit (the shared state is `state`).
 
 mod admission;
 mod auth;
@@ -14,17 +14,15 @@ mod openai;
 mod openapi;
 mod request_log;
 mod sse;
+mod state;
 #[cfg(test)]
 mod tests;
-
-use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -35,88 +33,9 @@ pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use launch_identity::{read_launch_id, LaunchIdError};
 pub use lifecycle::Draining;
-
-use crate::scheduler::Backend;
-use crate::stream::TokenDecoding;
-use crate::validation::Validator;
+pub use state::AppState;
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    pub backend: Arc<dyn Backend>,
-    pub validator: Arc<Validator>,
-    pub decoding: Arc<TokenDecoding>,
-    pub info: Arc<ServerInfo>,
-    pub metrics: PrometheusHandle,
-    /// Set on SIGTERM: new requests get 503 while in-flight ones finish.
-    pub draining: Draining,
-    /// Whether request and response bodies are logged (`--log-requests`).
-    log_requests: bool,
-    /// Requests and queued tokens in flight; beyond the limits a request gets 429.
-    admission: Admission,
-    /// Keys the protected routes require; `None`: no authentication.
-    api_keys: Option<ApiKeys>,
-    /// The deep health probe every `/health?deep=true` shares.
-    deep_probe: Arc<deep_health::DeepProbe>,
-    /// Sent with every `/health` answer (`--launch-id-file`); `None`: not sent.
-    launch_id: Option<HeaderValue>,
-}
-
-impl AppState {
-    /// State whose admission allows `info.max_concurrent_requests` requests and
-    /// `info.max_queued_tokens` queued tokens at once.
-    pub fn new(
-        backend: Arc<dyn Backend>,
-        validator: Arc<Validator>,
-        decoding: Arc<TokenDecoding>,
-        info: ServerInfo,
-        metrics: PrometheusHandle,
-    ) -> Self {
-        let admission = Admission::new(info.max_concurrent_requests, info.max_queued_tokens);
-        Self {
-            backend,
-            validator,
-            decoding,
-            info: Arc::new(info),
-            metrics,
-            draining: Draining::default(),
-            log_requests: false,
-            admission,
-            api_keys: None,
-            deep_probe: Arc::default(),
-            launch_id: None,
-        }
-    }
-
-    /// Requires one of `keys` on every route but `/health`, `/ready` and `/metrics`.
-    #[must_use]
-    pub fn with_api_keys(mut self, keys: Option<ApiKeys>) -> Self {
-        self.api_keys = keys;
-        self
-    }
-
-    /// Answers every `/health` with `launch_id`, which only the launcher that started this
-    /// router knows.
-    #[must_use]
-    pub fn with_launch_id(mut self, launch_id: Option<HeaderValue>) -> Self {
-        self.launch_id = launch_id;
-        self
-    }
-
-    /// Logs prompts and outputs when `enabled`; they are never logged otherwise.
-    #[must_use]
-    pub fn with_request_logging(mut self, enabled: bool) -> Self {
-        self.log_requests = enabled;
-        self
-    }
-
-    /// Requests admitted and not yet finished (streams included).
-    pub fn in_flight(&self) -> usize {
-        self.admission.requests_in_flight()
-    }
-}
 
 /// The router's HTTP application: every route is registered with its OpenAPI operation, so
 /// `/openapi.json` (browsable at `/docs`) lists exactly what is served. Probes, the metrics

@@ -107,6 +107,19 @@ pub enum ValidationError {
 }
 
 impl ValidationError {
+    /// `param`'s value is not what it must be.
+    pub(crate) fn out_of_range(
+        param: &'static str,
+        expected: &'static str,
+        value: impl ToString,
+    ) -> Self {
+        Self::OutOfRange {
+            param: param.to_owned(),
+            expected,
+            value: value.to_string(),
+        }
+    }
+
     /// The request parameter at fault, when there is one.
     pub fn param(&self) -> Option<&str> {
         match self {

@@ -55,7 +55,7 @@ pub fn check(
 ) -> Result<CheckedParams, ValidationError> {
     let temperature = params.temperature.unwrap_or(1.0);
     if !(0.0..=MAX_TEMPERATURE).contains(&temperature) {
-        return Err(out_of_range(
+        return Err(ValidationError::out_of_range(
             "temperature",
             "between 0 and 100",
             temperature,
@@ -63,27 +63,30 @@ pub fn check(
     }
     let top_p = params.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(out_of_range("top_p", "in (0, 1]", top_p));
+        return Err(ValidationError::out_of_range("top_p", "in (0, 1]", top_p));
     }
     let top_k = match params.top_k {
         None => 0,
-        Some(k) => {
-            u32::try_from(k).map_err(|_| out_of_range("top_k", "a non-negative integer", k))?
-        }
+        Some(k) => u32::try_from(k)
+            .map_err(|_| ValidationError::out_of_range("top_k", "a non-negative integer", k))?,
     };
     let max_new_tokens = match params.max_new_tokens {
         None => None,
         Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         Some(n) => {
-            return Err(out_of_range(params.max_new_tokens_param, "at least 1", n));
+            return Err(ValidationError::out_of_range(
+                params.max_new_tokens_param,
+                "at least 1",
+                n,
+            ));
         }
     };
     check_stop(&params.stop, max_stop_sequences)?;
     let min_new_tokens = match params.min_new_tokens {
         None => 0,
-        Some(n) => {
-            u32::try_from(n).map_err(|_| out_of_range("min_tokens", "a non-negative integer", n))?
-        }
+        Some(n) => u32::try_from(n).map_err(|_| {
+            ValidationError::out_of_range("min_tokens", "a non-negative integer", n)
+        })?,
     };
     if let Some(max) = max_new_tokens.filter(|&max| min_new_tokens > max) {
         return Err(ValidationError::OutOfRange {
@@ -143,18 +146,6 @@ fn check_stop(stop: &[String], max_stop_sequences: usize) -> Result<(), Validati
         return Err(ValidationError::Empty("stop"));
     }
     Ok(())
-}
-
-pub(super) fn out_of_range(
-    param: &'static str,
-    expected: &'static str,
-    value: impl ToString,
-) -> ValidationError {
-    ValidationError::OutOfRange {
-        param: param.to_owned(),
-        expected,
-        value: value.to_string(),
-    }
 }
 
 /// A fresh random seed below 2^63, so it fits the `int64` the API documents; reported back to

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use super::params::out_of_range;
 use super::ValidationError;
 use crate::scheduler::SamplingParams;
 
@@ -30,15 +29,19 @@ pub fn check(
 ) -> Result<SamplingParams, ValidationError> {
     let min_p = params.min_p.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {
-        return Err(out_of_range("min_p", "in [0, 1]", min_p));
+        return Err(ValidationError::out_of_range("min_p", "in [0, 1]", min_p));
     }
     let typical_p = params.typical_p.unwrap_or(1.0);
     if !(typical_p > 0.0 && typical_p <= 1.0) {
-        return Err(out_of_range("typical_p", "in (0, 1]", typical_p));
+        return Err(ValidationError::out_of_range(
+            "typical_p",
+            "in (0, 1]",
+            typical_p,
+        ));
     }
     let repetition_penalty = params.repetition_penalty.unwrap_or(1.0);
     if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
-        return Err(out_of_range(
+        return Err(ValidationError::out_of_range(
             "repetition_penalty",
             "a positive number",
             repetition_penalty,
@@ -61,7 +64,11 @@ pub fn check(
 fn check_penalty(param: &'static str, value: Option<f64>) -> Result<f32, ValidationError> {
     let value = value.unwrap_or(0.0);
     if !(-MAX_ABS_PENALTY..=MAX_ABS_PENALTY).contains(&value) {
-        return Err(out_of_range(param, "between -2 and 2", value));
+        return Err(ValidationError::out_of_range(
+            param,
+            "between -2 and 2",
+            value,
+        ));
     }
     #[allow(clippy::cast_possible_truncation)]
     Ok(value as f32)
@@ -73,10 +80,14 @@ fn check_logit_bias(
     let mut checked = Vec::new();
     for (key, &value) in bias.into_iter().flatten() {
         let id: u32 = key.trim().parse().map_err(|_| {
-            out_of_range("logit_bias", "keyed by token ids", format!("key {key:?}"))
+            ValidationError::out_of_range(
+                "logit_bias",
+                "keyed by token ids",
+                format!("key {key:?}"),
+            )
         })?;
         if !(-MAX_ABS_LOGIT_BIAS..=MAX_ABS_LOGIT_BIAS).contains(&value) {
-            return Err(out_of_range(
+            return Err(ValidationError::out_of_range(
                 "logit_bias",
                 "valued between -100 and 100",
                 format!("{value} for token {id}"),

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, Native, NativeErrorBody};
 use crate::http::json::ApiJson;
-use crate::http::AppState;
+use crate::http::state::AppState;
 use crate::validation::reject_unsupported;
 
 /// `POST /tokenize` body.

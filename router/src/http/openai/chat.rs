@@ -20,8 +20,9 @@ use super::{
 };
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, Generation};
+use crate::http::info::ServerInfo;
 use crate::http::json::ApiJson;
-use crate::http::{AppState, ServerInfo};
+use crate::http::state::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{

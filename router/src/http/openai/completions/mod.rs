@@ -19,7 +19,7 @@ use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOpti
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, Completed, Generation};
 use crate::http::json::ApiJson;
-use crate::http::AppState;
+use crate::http::state::AppState;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::{Prompt, ValidationError};
 

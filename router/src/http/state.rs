@@ -1,0 +1,92 @@
+//! What every handler shares: the backend, the validator, the server's configuration and the
+//! admission, authentication and health state.
+
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use super::admission::Admission;
+use super::auth::ApiKeys;
+use super::deep_health::DeepProbe;
+use super::info::ServerInfo;
+use super::lifecycle::Draining;
+use crate::scheduler::Backend;
+use crate::stream::TokenDecoding;
+use crate::validation::Validator;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub validator: Arc<Validator>,
+    pub decoding: Arc<TokenDecoding>,
+    pub info: Arc<ServerInfo>,
+    pub metrics: PrometheusHandle,
+    /// Set on SIGTERM: new requests get 503 while in-flight ones finish.
+    pub draining: Draining,
+    /// Whether request and response bodies are logged (`--log-requests`).
+    pub(super) log_requests: bool,
+    /// Requests and queued tokens in flight; beyond the limits a request gets 429.
+    pub(super) admission: Admission,
+    /// Keys the protected routes require; `None`: no authentication.
+    pub(super) api_keys: Option<ApiKeys>,
+    /// The deep health probe every `/health?deep=true` shares.
+    pub(super) deep_probe: Arc<DeepProbe>,
+    /// Sent with every `/health` answer (`--launch-id-file`); `None`: not sent.
+    pub(super) launch_id: Option<HeaderValue>,
+}
+
+impl AppState {
+    /// State whose admission allows `info.max_concurrent_requests` requests and
+    /// `info.max_queued_tokens` queued tokens at once.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        validator: Arc<Validator>,
+        decoding: Arc<TokenDecoding>,
+        info: ServerInfo,
+        metrics: PrometheusHandle,
+    ) -> Self {
+        let admission = Admission::new(info.max_concurrent_requests, info.max_queued_tokens);
+        Self {
+            backend,
+            validator,
+            decoding,
+            info: Arc::new(info),
+            metrics,
+            draining: Draining::default(),
+            log_requests: false,
+            admission,
+            api_keys: None,
+            deep_probe: Arc::default(),
+            launch_id: None,
+        }
+    }
+
+    /// Requires one of `keys` on every route but `/health`, `/ready` and `/metrics`.
+    #[must_use]
+    pub fn with_api_keys(mut self, keys: Option<ApiKeys>) -> Self {
+        self.api_keys = keys;
+        self
+    }
+
+    /// Answers every `/health` with `launch_id`, which only the launcher that started this
+    /// router knows.
+    #[must_use]
+    pub fn with_launch_id(mut self, launch_id: Option<HeaderValue>) -> Self {
+        self.launch_id = launch_id;
+        self
+    }
+
+    /// Logs prompts and outputs when `enabled`; they are never logged otherwise.
+    #[must_use]
+    pub fn with_request_logging(mut self, enabled: bool) -> Self {
+        self.log_requests = enabled;
+        self
+    }
+
+    /// Requests admitted and not yet finished (streams included).
+    pub fn in_flight(&self) -> usize {
+        self.admission.requests_in_flight()
+    }
+}
