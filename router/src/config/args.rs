@@ -1,0 +1,158 @@
+//! The router's command-line flags, each also read from an upper-case environment variable.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::limits::{ConnectionLimits, RequestLimits};
+
+/// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tandem-router", version, about)]
+pub struct RouterArgs {
+    /// Address to listen on. Its variable is `TANDEM_HOSTNAME`, not `HOSTNAME`: shells and
+    /// Kubernetes set `HOSTNAME` to the machine or pod name.
+    #[arg(long, env = "TANDEM_HOSTNAME", default_value = "127.0.0.1")]
+    pub hostname: String,
+    /// Port to listen on.
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+    /// Unix socket of a shard; repeat once per rank, in rank order.
+    #[arg(
+        long = "shard-uds-path",
+        env = "SHARD_UDS_PATH",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub shard_uds_paths: Vec<PathBuf>,
+    /// Model directory holding tokenizer.json, tokenizer_config.json and optionally
+    /// chat_template.jinja and generation_config.json.
+    #[arg(long, env = "TOKENIZER_PATH")]
+    pub tokenizer_path: PathBuf,
+    /// Model name reported by the API.
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: String,
+    /// Requests admitted at once, queued or running (each `n` choice and `best_of` candidate
+    /// counts as one); more are answered 429.
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 128)]
+    pub max_concurrent_requests: usize,
+    /// Tokens (prompt plus `max_new_tokens`, per choice) that admitted requests may hold
+    /// until their first token; more are answered 429. Unset: only the request count bounds
+    /// the queue.
+    #[arg(long, env = "MAX_QUEUED_TOKENS")]
+    pub max_queued_tokens: Option<usize>,
+    /// Longest accepted prompt, in tokens.
+    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 4095)]
+    pub max_input_tokens: usize,
+    /// Longest prompt plus generation, in tokens.
+    #[arg(long, env = "MAX_TOTAL_TOKENS", default_value_t = 4096)]
+    pub max_total_tokens: usize,
+    /// Tokens one forward step may process (prompt chunks plus decode tokens).
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 512)]
+    pub max_batch_prefill_tokens: usize,
+    /// Requests one forward step may carry.
+    #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, env = "BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// Share the KV blocks of a common token prefix between requests (`--prefix-caching false` turns it off).
+    #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_caching: bool,
+    /// Log as JSON lines.
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+    /// Seconds to wait for every shard socket to accept connections.
+    #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 60)]
+    pub shard_connect_timeout: u64,
+    /// Seconds a request may wait in the queue before it starts (also while the shards
+    /// restart); then it fails with 503.
+    #[arg(long, env = "MAX_QUEUE_TIME", default_value_t = 60)]
+    pub max_queue_time: u64,
+    /// Seconds the shards may take to answer one Step (and a deep health probe); past it
+    /// the shard group counts as dead: in-flight requests fail and the router recovers.
+    #[arg(long, env = "STEP_TIMEOUT", default_value_t = 120)]
+    pub step_timeout: u64,
+    /// An accepted API key; repeat or separate with commas. Prefer `--api-key-file`: argv
+    /// is visible to every local user.
+    #[arg(long = "api-key", env = "API_KEY", value_delimiter = ',')]
+    pub api_keys: Vec<ApiKey>,
+    /// A file of accepted API keys, one per line (`#` comments); read again on SIGHUP.
+    #[arg(long = "api-key-file", env = "API_KEY_FILE")]
+    pub api_key_files: Vec<PathBuf>,
+    /// Seconds in-flight requests may take to finish after SIGTERM before the router exits.
+    #[arg(long, env = "GRACEFUL_TERMINATION_TIMEOUT", default_value_t = 90)]
+    pub graceful_termination_timeout: u64,
+    /// Log every request body and response body (prompts and outputs); off by default.
+    #[arg(long, env = "LOG_REQUESTS")]
+    pub log_requests: bool,
+    /// A file holding this launch's id, sent with every `/health` answer so the launcher
+    /// knows the port is served by the router it started. Set by the launcher; no variable.
+    #[arg(long)]
+    pub launch_id_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub api: ApiArgs,
+    #[command(flatten)]
+    pub request_limits: RequestLimits,
+    #[command(flatten)]
+    pub connections: ConnectionLimits,
+}
+
+/// Limits and behaviour of the client-facing API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// Most stop strings one request may carry.
+    #[arg(long, env = "MAX_STOP_SEQUENCES", default_value_t = 4)]
+    pub max_stop_sequences: usize,
+    /// Most alternatives per token `top_n_tokens` may ask for on the native routes.
+    #[arg(long, env = "MAX_TOP_N_TOKENS", default_value_t = 5)]
+    pub max_top_n_tokens: u32,
+    /// Most candidates `best_of` may ask for.
+    #[arg(long, env = "MAX_BEST_OF", default_value_t = 2)]
+    pub max_best_of: usize,
+    /// Most prompts one `/v1/completions` request may list.
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 4)]
+    pub max_client_batch_size: usize,
+    /// Largest accepted request body, in bytes; larger ones are answered 413.
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+    /// End every OpenAI stream with a usage chunk, as if `stream_options.include_usage` were set.
+    #[arg(long, env = "ALWAYS_INCLUDE_USAGE")]
+    pub always_include_usage: bool,
+    /// A Jinja chat template file used instead of the model's own.
+    #[arg(long, env = "CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
+    /// Serve no chat completions: lets a model without a chat template start.
+    #[arg(long, env = "DISABLE_CHAT_COMPLETIONS")]
+    pub disable_chat_completions: bool,
+    /// `auto`: OpenAI requests that leave temperature, top_p, top_k, min_p or
+    /// repetition_penalty unset get the values the model's generation_config.json recommends
+    /// (when it sets `do_sample: true`); `none`: they get the OpenAI defaults.
+    #[arg(long, env = "GENERATION_CONFIG", value_enum, default_value_t = GenerationConfigUse::Auto)]
+    pub generation_config: GenerationConfigUse,
+}
+
+/// Whether the model's recommended sampling values are OpenAI requests' defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GenerationConfigUse {
+    Auto,
+    None,
+}
+
+/// An API key as given on the command line; its `Debug` form never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::str::FromStr for ApiKey {
+    type Err = std::convert::Infallible;
+
+    fn from_str(key: &str) -> Result<Self, Self::Err> {
+        Ok(Self(key.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("ApiKey(<redacted>)")
+    }
+}

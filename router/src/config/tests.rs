@@ -1,0 +1,213 @@
+//! Flags parse into the checked configuration, and bad combinations are refused.
+
+use clap::{CommandFactory, Parser};
+
+use super::*;
+
+fn parse(extra: &[&str]) -> Result<RouterConfig, ConfigError> {
+    let mut argv = vec![
+        "tandem-router",
+        "--shard-uds-path",
+        "/run/s0.sock",
+        "--shard-uds-path",
+        "/run/s1.sock",
+        "--tokenizer-path",
+        "/models/m",
+        "--model-id",
+        "m",
+    ];
+    argv.extend_from_slice(extra);
+    RouterConfig::try_from(RouterArgs::try_parse_from(argv).unwrap())
+}
+
+#[test]
+fn defaults_and_repeated_shard_paths_in_rank_order() {
+    let config = parse(&[]).unwrap();
+    let hostname = std::env::var("TANDEM_HOSTNAME").unwrap_or_else(|_| "127.0.0.1".to_owned());
+    assert_eq!(config.hostname, hostname);
+    assert_eq!(config.lifecycle.step_timeout, Duration::from_secs(120));
+    assert_eq!(config.limits.max_queued_tokens, None);
+    assert_eq!(config.port, 3000);
+    assert_eq!(
+        config.shard_uds_paths,
+        [PathBuf::from("/run/s0.sock"), PathBuf::from("/run/s1.sock")]
+    );
+    assert_eq!(config.limits.max_total_tokens, 4096);
+    assert_eq!(config.limits.block_size, 16);
+    assert_eq!(config.shard_connect_timeout, Duration::from_secs(60));
+    assert_eq!(config.lifecycle.max_queue_time, Duration::from_secs(60));
+    assert_eq!(
+        config.lifecycle.graceful_termination_timeout,
+        Duration::from_secs(90)
+    );
+    assert!(!config.lifecycle.log_requests);
+}
+
+#[test]
+fn prefix_caching_is_on_unless_turned_off() {
+    assert!(parse(&[]).unwrap().limits.prefix_caching);
+    let off = parse(&["--prefix-caching", "false"]).unwrap();
+    assert!(!off.limits.prefix_caching);
+}
+
+#[test]
+fn lifecycle_flags_are_parsed() {
+    let config = parse(&[
+        "--max-queue-time",
+        "5",
+        "--graceful-termination-timeout",
+        "7",
+        "--log-requests",
+    ])
+    .unwrap();
+    assert_eq!(config.lifecycle.max_queue_time, Duration::from_secs(5));
+    assert_eq!(
+        config.lifecycle.graceful_termination_timeout,
+        Duration::from_secs(7)
+    );
+    assert!(config.lifecycle.log_requests);
+}
+
+#[test]
+fn input_limit_must_be_below_total_limit() {
+    let error = parse(&["--max-input-tokens", "4096"]).unwrap_err();
+    assert!(
+        error.to_string().contains("--max-total-tokens (4096)"),
+        "{error}"
+    );
+}
+
+#[test]
+fn zero_sizes_are_rejected() {
+    let error = parse(&["--block-size", "0"]).unwrap_err();
+    assert_eq!(error, ConfigError::Zero("block-size"));
+}
+
+#[test]
+fn api_limits_default_to_tgi_values_and_are_parsed() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.api.max_stop_sequences, 4);
+    assert_eq!(config.api.max_top_n_tokens, 5);
+    assert_eq!(config.api.max_best_of, 2);
+    assert_eq!(config.api.max_client_batch_size, 4);
+    assert_eq!(config.api.payload_limit, 2_000_000);
+    assert!(!config.api.always_include_usage);
+    assert!(config.api.chat_completions);
+    assert!(config.api.model_sampling_defaults);
+    let config = parse(&[
+        "--max-stop-sequences",
+        "0",
+        "--max-best-of",
+        "3",
+        "--payload-limit",
+        "1000",
+        "--always-include-usage",
+        "--chat-template",
+        "/t.jinja",
+        "--disable-chat-completions",
+        "--generation-config",
+        "none",
+    ])
+    .unwrap();
+    assert_eq!(config.api.max_stop_sequences, 0);
+    assert_eq!(config.api.max_best_of, 3);
+    assert_eq!(config.api.payload_limit, 1000);
+    assert!(config.api.always_include_usage);
+    assert_eq!(config.api.chat_template, Some(PathBuf::from("/t.jinja")));
+    assert!(!config.api.chat_completions);
+    assert!(!config.api.model_sampling_defaults);
+    let error = parse(&["--max-client-batch-size", "0"]).unwrap_err();
+    assert_eq!(error, ConfigError::Zero("max-client-batch-size"));
+}
+
+#[test]
+fn request_and_connection_limits_default_and_are_parsed() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.request_limits, RequestLimits::default());
+    assert_eq!(config.request_limits.max_logit_bias, 300);
+    assert_eq!(config.connections.max_connections, 1024);
+    assert_eq!(
+        config.connections.header_read_timeout(),
+        Duration::from_secs(10)
+    );
+    let config = parse(&[
+        "--max-stop-sequence-length",
+        "8",
+        "--max-stop-token-ids",
+        "0",
+        "--max-choices",
+        "3",
+        "--max-connections",
+        "5",
+        "--header-read-timeout",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(config.request_limits.max_stop_sequence_length, 8);
+    assert_eq!(config.request_limits.max_stop_token_ids, 0);
+    assert_eq!(config.request_limits.max_choices, 3);
+    assert_eq!(config.connections.max_connections, 5);
+    assert_eq!(config.connections.header_read_timeout, 2);
+    for (flag, name) in [
+        ("--max-choices", "max-choices"),
+        ("--max-connections", "max-connections"),
+        ("--header-read-timeout", "header-read-timeout"),
+    ] {
+        assert_eq!(parse(&[flag, "0"]).unwrap_err(), ConfigError::Zero(name));
+    }
+}
+
+#[test]
+fn the_hostname_variable_is_not_the_shells_hostname() {
+    let args = RouterArgs::command();
+    let hostname = args
+        .get_arguments()
+        .find(|arg| arg.get_id() == "hostname")
+        .unwrap();
+    assert_eq!(
+        hostname.get_env().and_then(|env| env.to_str()),
+        Some("TANDEM_HOSTNAME")
+    );
+}
+
+#[test]
+fn api_keys_are_repeatable_or_comma_separated_and_never_shown_in_debug() {
+    let config = parse(&[
+        "--api-key",
+        "sk-one,sk-two",
+        "--api-key",
+        "sk-three",
+        "--api-key-file",
+        "/etc/keys",
+    ])
+    .unwrap();
+    let keys: Vec<&str> = config.api_keys.iter().map(|key| key.0.as_str()).collect();
+    assert_eq!(keys, ["sk-one", "sk-two", "sk-three"]);
+    assert_eq!(config.api_key_files, [PathBuf::from("/etc/keys")]);
+    assert!(!format!("{config:?}").contains("sk-one"));
+}
+
+#[test]
+fn queued_tokens_must_hold_one_full_request() {
+    let error = parse(&["--max-queued-tokens", "4095"]).unwrap_err();
+    assert_eq!(
+        error,
+        ConfigError::QueuedTokensBelowTotal {
+            max_queued_tokens: 4095,
+            max_total_tokens: 4096
+        }
+    );
+    let config = parse(&["--max-queued-tokens", "8192", "--step-timeout", "3"]).unwrap();
+    assert_eq!(config.limits.max_queued_tokens, Some(8192));
+    assert_eq!(config.lifecycle.step_timeout, Duration::from_secs(3));
+    assert_eq!(
+        parse(&["--step-timeout", "0"]).unwrap_err(),
+        ConfigError::Zero("step-timeout")
+    );
+}
+
+#[test]
+fn shard_socket_is_required() {
+    let argv = ["tandem-router", "--tokenizer-path", "/m", "--model-id", "m"];
+    assert!(RouterArgs::try_parse_from(argv).is_err());
+}
