@@ -16,12 +16,13 @@ lint: install
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(UV) run --no-sync ruff check .
+	$(UV) run --no-sync python scripts/check_layers.py
 
 test-rust:
 	cargo test --workspace
 
 test-python: install
-	$(UV) run --no-sync pytest server/tests launcher/tests benchmark/tests integration-tests charts/tests
+	$(UV) run --no-sync pytest server/tests launcher/tests benchmark/tests scripts/tests integration-tests charts/tests
 
 test: lint test-rust test-python
 
