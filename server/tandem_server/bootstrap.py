@@ -88,7 +88,8 @@ def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) 
     needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype)
     choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
     logger.info("%s", choice.describe())
-    return create_backend(choice.name)
+    mirror_memory = config.decode_mirror_memory if choice.name == "torch" else 0
+    return create_backend(choice.name, decode_mirror_memory=mirror_memory)
 
 
 def execution_options(config: ShardConfig, backend: AttentionBackend) -> ExecutionOptions:
@@ -98,9 +99,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         logger.info("CUDA graphs off: the %s attention backend runs decode steps eagerly", backend.name)
         graph_sizes = ()
     return ExecutionOptions(
-        slot_lists=backend.uses_slot_lists,
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
-        decode_mirror_memory=config.decode_mirror_memory if backend.uses_slot_lists else 0,
         kv_cache_dtype=config.cache_dtype,
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
+from tandem_server.layers.attention import AttentionMetadata, AttentionParams, LayerCache, TorchAttentionBackend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 24, 4, 48
 CPU = torch.device("cpu")
@@ -32,8 +32,12 @@ class PagedCase:
         """A copy, since every backend writes the step's K/V into the cache it is given."""
         return LayerCache(self.cache.key.clone(), self.cache.value.clone())
 
-    def batch(self, slot_lists: bool, device: torch.device = CPU) -> StepBatch:
-        return build_step_batch(self.spans, self.block_size, device, slot_lists)
+    def batch(self, device: torch.device = CPU) -> StepBatch:
+        return build_step_batch(self.spans, self.block_size, device)
+
+    def torch_metadata(self) -> AttentionMetadata:
+        """The step's metadata as the torch backend prepares it (slot lists beside the common layout)."""
+        return TorchAttentionBackend().prepare(self.batch().metadata, [self.cache]).metadata
 
 
 def paged_case(
@@ -73,6 +77,6 @@ def reference_output(case: PagedCase, params: AttentionParams) -> tuple[torch.Te
     """The torch backend's output (computed in float32 from the case's values) and the cache it leaves behind."""
     cache = case.fresh_cache()
     output = TorchAttentionBackend().forward(
-        case.query.float(), case.key.float(), case.value.float(), cache, case.batch(True).metadata, params
+        case.query.float(), case.key.float(), case.value.float(), cache, case.torch_metadata(), params
     )
     return output, cache

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 
@@ -83,8 +84,8 @@ def assert_mixed_steps_match_logits(
     with torch.inference_mode():
         for step in SCHEDULE:
             spans = [ScheduledSpan(sequences[n][s : s + k], s, block_tables[n]) for n, s, k in step]
-            batch = build_step_batch(spans, BLOCK_SIZE, target.device, target.backend.uses_slot_lists)
-            hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+            batch = build_step_batch(spans, BLOCK_SIZE, target.device)
+            hidden = forward_step(model, batch, cache.layers)
             logits = model.compute_logits(hidden).float().cpu()
             row = 0
             for name, start, num_tokens in step:

@@ -98,9 +98,9 @@ def make_runner(
     """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
     may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise."""
     checkpoint = read_checkpoint_config(path)
-    model = load_tiny_model(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
-    options = ExecutionOptions(decode_mirror_memory=mirror_memory, kv_cache_dtype=kv_cache_dtype)
+    model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
+    options = ExecutionOptions(kv_cache_dtype=kv_cache_dtype)
     return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, kv_cache_memory, options)
 
 

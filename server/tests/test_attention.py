@@ -7,6 +7,7 @@ import random
 import torch
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
+from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 32
 # (cached prefix length, tokens in this step): prompts, a chunk at an offset, decodes, a 1-token prompt.
@@ -46,18 +47,20 @@ def test_paged_attention_matches_naive_reference_for_mixed_step() -> None:
         queries.append(torch.randn(count, HEADS, HEAD_DIM))
 
     batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
+    metadata = TorchAttentionBackend().prepare(batch.metadata, [cache]).metadata
     step_keys = torch.cat([k[s:] for k, (s, _) in zip(full_keys, REQUESTS, strict=True)])
     step_values = torch.cat([v[s:] for v, (s, _) in zip(full_values, REQUESTS, strict=True)])
     params = AttentionParams(scale=HEAD_DIM**-0.5)
-    output = TorchAttentionBackend().forward(torch.cat(queries), step_keys, step_values, cache, batch.metadata, params)
+    output = TorchAttentionBackend().forward(torch.cat(queries), step_keys, step_values, cache, metadata, params)
 
     row = 0
     for (start, count), query, keys, values in zip(REQUESTS, queries, full_keys, full_values, strict=True):
         expected = naive_attention(query, keys, values, start)
         torch.testing.assert_close(output[row : row + count], expected, atol=1e-5, rtol=1e-5)
         row += count
-    assert batch.metadata.decode is not None and len(batch.metadata.decode.query_rows) == 3
-    assert len(batch.metadata.prefills) == 3
+    assert isinstance(metadata, TorchAttentionMetadata)
+    assert metadata.decode is not None and len(metadata.decode.query_rows) == 3
+    assert len(metadata.prefills) == 3
 
 
 def test_slot_mapping_follows_block_table() -> None:
@@ -79,10 +82,11 @@ def test_decode_gathers_reuse_their_buffers_across_steps_of_any_shape() -> None:
         tables = [random.Random(step * 10 + i).sample(range(NUM_BLOCKS), 4) for i in range(len(contexts))]
         spans = [ScheduledSpan([0], context - 1, table) for context, table in zip(contexts, tables, strict=True)]
         batch = build_step_batch(spans, BLOCK_SIZE, torch.device("cpu"))
+        metadata = reused.prepare(batch.metadata, [cache]).metadata
         query = torch.randn(len(contexts), HEADS, HEAD_DIM)
         new_kv = torch.randn(len(contexts), KV_HEADS, HEAD_DIM)
-        fresh = TorchAttentionBackend().forward(query, new_kv, new_kv, cache, batch.metadata, params)
-        output = reused.forward(query, new_kv, new_kv, cache, batch.metadata, params)
+        fresh = TorchAttentionBackend().forward(query, new_kv, new_kv, cache, metadata, params)
+        output = reused.forward(query, new_kv, new_kv, cache, metadata, params)
         torch.testing.assert_close(output, fresh, atol=0, rtol=0)
         for row, (context, table) in enumerate(zip(contexts, tables, strict=True)):
             slots = [table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(context)]
@@ -91,5 +95,5 @@ def test_decode_gathers_reuse_their_buffers_across_steps_of_any_shape() -> None:
             expected = naive_attention(query[row : row + 1], keys, values, context - 1)
             torch.testing.assert_close(output[row : row + 1], expected, atol=1e-5, rtol=1e-5)
     first_key_buffer = reused.gather_buffers.take("key", (1,), cache.key).data_ptr()
-    reused.forward(query, new_kv, new_kv, cache, batch.metadata, params)
+    reused.forward(query, new_kv, new_kv, cache, metadata, params)
     assert reused.gather_buffers.take("key", (1,), cache.key).data_ptr() == first_key_buffer

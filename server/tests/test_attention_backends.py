@@ -11,6 +11,7 @@ import pytest
 import torch
 from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
 from tandem_server.layers.attention import AttentionParams, SdpaAttentionBackend
+from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
 
 PARAMS = {
     "causal": AttentionParams(scale=HEAD_DIM**-0.5),
@@ -39,7 +40,7 @@ def test_sdpa_backend_matches_torch_backend(step: str, params: str) -> None:
     expected, expected_cache = reference_output(case, PARAMS[params])
     cache = case.fresh_cache()
     output = SdpaAttentionBackend().forward(
-        case.query, case.key, case.value, cache, case.batch(slot_lists=False).metadata, PARAMS[params]
+        case.query, case.key, case.value, cache, case.batch().metadata, PARAMS[params]
     )
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache.key, expected_cache.key)
@@ -49,19 +50,28 @@ def test_sdpa_backend_refuses_softcap_instead_of_ignoring_it() -> None:
     case = paged_case(DECODE_STEP)
     with pytest.raises(ValueError, match="softcap"):
         SdpaAttentionBackend().forward(
-            case.query, case.key, case.value, case.fresh_cache(), case.batch(False).metadata, PARAMS["softcap"]
+            case.query, case.key, case.value, case.fresh_cache(), case.batch().metadata, PARAMS["softcap"]
         )
 
 
-def test_paged_only_batch_matches_full_batch_tensors() -> None:
+def test_common_metadata_holds_every_token_and_the_torch_backend_adds_only_its_slot_lists() -> None:
     case = paged_case(MIXED_STEP)
-    full, paged_only = case.batch(slot_lists=True), case.batch(slot_lists=False)
-    assert paged_only.input_ids.tolist() == full.input_ids.tolist()
-    assert paged_only.positions.tolist() == full.positions.tolist()
-    assert paged_only.last_rows == full.last_rows
-    assert paged_only.metadata.slot_mapping.tolist() == full.metadata.slot_mapping.tolist()
-    assert paged_only.metadata.prefills == () and paged_only.metadata.decode is None
-    layout = full.metadata.paged
+    batch, prepared = case.batch(), case.torch_metadata()
+    positions = [p for span in case.spans for p in range(span.start_position, span.context_len)]
+    slots = [
+        span.block_table[p // case.block_size] * case.block_size + p % case.block_size
+        for span in case.spans
+        for p in range(span.start_position, span.context_len)
+    ]
+    assert batch.positions.tolist() == positions
+    assert batch.metadata.slot_mapping.tolist() == slots
+    assert batch.last_rows == (6, 10, 11, 12, 13, 15, 20)
+    assert not hasattr(batch.metadata, "prefills") and not hasattr(batch.metadata, "decode")
+    assert isinstance(prepared, TorchAttentionMetadata)
+    assert prepared.slot_mapping.tolist() == slots
+    assert len(prepared.prefills) == 4 and prepared.decode is not None
+    assert prepared.decode.query_rows.tolist() == [11, 12, 13]
+    layout = batch.metadata.paged
     assert layout.query_start_loc.tolist() == [0, 7, 11, 12, 13, 14, 16, 21]
     assert layout.seq_lens.tolist() == [7, 9, 14, 1, 10, 5, 21]
     assert (layout.max_query_len, layout.max_seq_len, layout.num_keys) == (7, 21, 67)

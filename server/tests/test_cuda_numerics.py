@@ -41,7 +41,7 @@ def test_bf16_mixed_steps_match_float32_reference(tmp_path: Path, variant: str, 
 def cuda_runner(checkpoint: Path, backend: str, graph_sizes: tuple[int, ...], memory_fraction: float) -> ModelRunner:
     attention = create_backend(backend)
     model = load_tiny_model(checkpoint, CUDA, torch.bfloat16, attention)
-    options = ExecutionOptions(attention.uses_slot_lists, memory_fraction, graph_sizes)
+    options = ExecutionOptions(cuda_memory_fraction=memory_fraction, cuda_graph_sizes=graph_sizes)
     return ModelRunner(model, (), torch.bfloat16, CUDA, kv_cache_memory=1, options=options)
 
 

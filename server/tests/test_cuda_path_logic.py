@@ -49,8 +49,8 @@ def test_a_decode_batch_pads_to_the_next_captured_size(requests: int, expected: 
 
 def test_padded_decode_rows_attend_only_to_the_reserved_block_and_real_rows_are_unchanged() -> None:
     case = paged_case(DECODE_STEP, seed=5)
-    batch = case.batch(slot_lists=False)
-    assert is_decode_only(batch) and not is_decode_only(paged_case(((0, 3), (2, 1))).batch(False))
+    batch = case.batch()
+    assert is_decode_only(batch) and not is_decode_only(paged_case(((0, 3), (2, 1))).batch())
     geometry = CacheGeometry(1, BLOCK_SIZE, KV_HEADS, HEAD_DIM, torch.float32)
     # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
     reserved = KVCache(geometry, NUM_BLOCKS, torch.device("cpu"))
@@ -69,7 +69,7 @@ def test_padded_decode_rows_attend_only_to_the_reserved_block_and_real_rows_are_
     expected_cache = LayerCache(cache.key.clone(), cache.value.clone())
     params = AttentionParams(scale=HEAD_DIM**-0.5)
     expected = TorchAttentionBackend().forward(
-        case.query, case.key, case.value, expected_cache, case.batch(True).metadata, params
+        case.query, case.key, case.value, expected_cache, case.torch_metadata(), params
     )
     padded = (torch.cat([t, torch.zeros(8 - count, *t.shape[1:])]) for t in (case.query, case.key, case.value))
     output = SdpaAttentionBackend().forward(*padded, cache, buffers.metadata(8), params)
@@ -82,8 +82,8 @@ def test_padded_decode_rows_attend_only_to_the_reserved_block_and_real_rows_are_
 def test_refilling_with_a_smaller_batch_turns_old_rows_into_padding() -> None:
     cache = KVCache(CacheGeometry(1, BLOCK_SIZE, KV_HEADS, HEAD_DIM, torch.float32), 8, torch.device("cpu"))
     buffers = DecodeBuffers.allocate(4, 32, cache, torch.device("cpu"))
-    buffers.fill(paged_case(DECODE_STEP).batch(False), 4)
-    buffers.fill(paged_case(DECODE_STEP[:1]).batch(False), 2)
+    buffers.fill(paged_case(DECODE_STEP).batch(), 4)
+    buffers.fill(paged_case(DECODE_STEP[:1]).batch(), 2)
     assert buffers.seq_lens[:2].tolist() == [5, 1]
     assert buffers.metadata(2).paged.block_tables.shape == (2, 8)
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 from shard_testing import make_runner, new_request, staggered_decodes, warmed, write_tiny_llama
 from tandem_server.cli import config_from_args
-from tandem_server.engine.decode_mirror import COLUMN_QUANTUM, DecodeMirror, MirrorSlot
-from tandem_server.engine.kv_cache import CacheGeometry
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import ConfigError
+from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.attention.torch_decode_mirror import COLUMN_QUANTUM, DecodeMirror, MirrorGeometry, MirrorSlot
 from tandem_server.sampling import SamplingParams
 
-GEOMETRY = CacheGeometry(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+GEOMETRY = MirrorGeometry(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float32)
 # Keys and values of one position in both layers: 2 * 2 layers * 2 heads * 8 dims * 4 bytes.
 POSITION_BYTES = 256
 
@@ -88,6 +88,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def mirror_of(runner: ModelRunner) -> DecodeMirror | None:
+    """The decode mirror of the runner's torch attention backend."""
+    backend = runner.model.backend
+    assert isinstance(backend, TorchAttentionBackend)
+    return backend.mirror
+
+
 def staggered_run(runner: ModelRunner) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
     return staggered_decodes(runner, SamplingParams(temperature=0.8, seed=3))
 
@@ -97,8 +104,9 @@ def test_decodes_through_the_mirror_equal_decodes_through_gathered_blocks(checkp
     gathered = warmed(make_runner(checkpoint, kv_cache_memory=1 << 20, decode_mirror_memory=0))
     mirrored_tokens, mirrored_logits = staggered_run(mirrored)
     gathered_tokens, gathered_logits = staggered_run(gathered)
-    assert gathered.mirror is None
-    assert mirrored.mirror is not None and mirrored.mirror.nbytes > 0
+    assert mirror_of(gathered) is None
+    mirror = mirror_of(mirrored)
+    assert mirror is not None and mirror.nbytes > 0
     assert mirrored_tokens == gathered_tokens
     assert len(mirrored_logits) == len(gathered_logits)
     for got, want in zip(mirrored_logits, gathered_logits, strict=True):
@@ -107,15 +115,16 @@ def test_decodes_through_the_mirror_equal_decodes_through_gathered_blocks(checkp
 
 def record_placements(runner: ModelRunner) -> list[dict[int, MirrorSlot] | None]:
     """Every placement the runner's mirror makes from now on, None for a step that gathered instead."""
-    assert runner.mirror is not None
+    mirror = mirror_of(runner)
+    assert mirror is not None
     placements: list[dict[int, MirrorSlot] | None] = []
-    place = runner.mirror.place
+    place = mirror.place
 
     def recording(decodes: list[tuple[int, int]]) -> dict[int, MirrorSlot] | None:
         placements.append(place(decodes))
         return placements[-1]
 
-    runner.mirror.place = recording  # type: ignore[method-assign]
+    mirror.place = recording  # type: ignore[method-assign]
     return placements
 
 

@@ -69,7 +69,8 @@ def test_windowed_and_capped_attention_matches_naive_reference(params: Attention
     step_keys = torch.cat([k[s:] for k, (s, _) in zip(full_keys, REQUESTS, strict=True)])
     step_values = torch.cat([v[s:] for v, (s, _) in zip(full_values, REQUESTS, strict=True)])
     backend = TorchAttentionBackend()
-    output = backend.forward(torch.cat(queries), step_keys, step_values, cache, batch.metadata, params)
+    metadata = backend.prepare(batch.metadata, [cache]).metadata
+    output = backend.forward(torch.cat(queries), step_keys, step_values, cache, metadata, params)
 
     row = 0
     for (start, count), query, keys, values in zip(REQUESTS, queries, full_keys, full_values, strict=True):
@@ -83,5 +84,7 @@ def test_window_of_one_attends_only_to_the_token_itself() -> None:
     batch = build_step_batch([ScheduledSpan([0] * 6, 0, [3, 1])], BLOCK_SIZE, torch.device("cpu"))
     values = torch.arange(12, dtype=torch.float32).view(6, 1, 2)
     query, keys = torch.randn(6, 1, 2), torch.randn(6, 1, 2)
-    output = TorchAttentionBackend().forward(query, keys, values, cache, batch.metadata, AttentionParams(1.0, 1))
+    backend = TorchAttentionBackend()
+    metadata = backend.prepare(batch.metadata, [cache]).metadata
+    output = backend.forward(query, keys, values, cache, metadata, AttentionParams(1.0, 1))
     torch.testing.assert_close(output, values)

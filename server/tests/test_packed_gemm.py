@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.cli import config_from_args
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
 from tandem_server.layers.gemm import (
@@ -114,7 +115,7 @@ def _decode_logits(model: CausalLM, dtype: torch.dtype) -> Callable[[], torch.Te
 
     def logits() -> torch.Tensor:
         with torch.inference_mode():
-            return model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+            return model.compute_logits(forward_step(model, batch, cache.layers))
 
     return logits
 

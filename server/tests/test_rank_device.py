@@ -45,7 +45,7 @@ def test_rank_one_runs_warmup_and_steps_on_device_one_from_its_model_thread(
     write_tiny_llama(tmp_path)
     # The model's weights live on the CPU (the fake places every CUDA tensor there); the runner believes cuda:1.
     model = load_tiny_model(tmp_path, backend=SdpaAttentionBackend())
-    options = ExecutionOptions(slot_lists=False, cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2))
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2))
     fake = FakeCuda(free_bytes=2 * 1024 * 1024)
     fake.graph_pool_bytes = 256 * 1024
     fake.install(monkeypatch)

@@ -10,6 +10,7 @@ from shard_testing import StepDriver, make_runner, new_request
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # float32 on CPU over 30 layers: differences come only from summation order.
@@ -51,7 +52,7 @@ def test_full_prompt_logits_match_transformers(checkpoint: Path, reference, prom
         blocks = list(range(-(-len(prompt) // 16)))
         batch = build_step_batch([ScheduledSpan(prompt, 0, blocks)], 16, torch.device("cpu"))
         with torch.inference_mode():
-            logits = model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+            logits = model.compute_logits(forward_step(model, batch, cache.layers))
         torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=0)
 
 

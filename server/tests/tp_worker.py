@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from tandem_server.distributed import ParallelContext, init_distributed, shutdown_distributed
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
@@ -32,7 +33,7 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
     )
     cache = KVCache(geometry, num_blocks=4, device=torch.device("cpu"))
     batch = build_step_batch([ScheduledSpan(PROMPT, 0, [2, 0, 3])], BLOCK_SIZE, torch.device("cpu"))
-    return model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata))
+    return model.compute_logits(forward_step(model, batch, cache.layers))
 
 
 def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[int]]:

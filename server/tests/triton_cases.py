@@ -69,7 +69,7 @@ def assert_matches_torch_backend(case: PagedCase, params: AttentionParams) -> No
 
     expected, expected_cache = reference_output(case, params)
     cache = LayerCache(case.cache.key.to(DEVICE), case.cache.value.to(DEVICE))
-    metadata = case.batch(slot_lists=False, device=DEVICE).metadata
+    metadata = case.batch(device=DEVICE).metadata
     query, key, value = (tensor.to(DEVICE) for tensor in (case.query, case.key, case.value))
     output = TritonAttentionBackend().forward(query, key, value, cache, metadata, params)
     torch.testing.assert_close(output.float().cpu(), expected.float(), **TOLERANCE)

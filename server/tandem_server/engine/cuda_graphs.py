@@ -109,7 +109,7 @@ class DecodeBuffers:
             num_keys=size * self.max_positions,
             query_lens=(1,) * size,
         )
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:size], prefills=(), decode=None, paged=paged)
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:size], paged=paged)
 
 
 class DecodeGraphs:
@@ -165,5 +165,7 @@ class DecodeGraphs:
         current.wait_stream(self._stream)
 
     def _forward(self, size: int, metadata: AttentionMetadata) -> torch.Tensor:
+        # Whatever the backend prepares is captured with the graph and replayed with it.
         buffers = self._buffers
-        return self._model(buffers.input_ids[:size], buffers.positions[:size], self._cache.layers, metadata)
+        prepared = self._model.backend.prepare(metadata, self._cache.layers)
+        return self._model(buffers.input_ids[:size], buffers.positions[:size], prepared.layers, prepared.metadata)

@@ -9,7 +9,7 @@ import torch
 
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
-from tandem_server.engine.decode_mirror import DecodeMirror, MirrorSlot
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
@@ -33,16 +33,12 @@ from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
 @dataclass(frozen=True)
 class ExecutionOptions:
-    """How steps run on the device: the attention backend's tensor layout and the CUDA-only features."""
+    """How steps run on the device: the CUDA-only features and the KV cache's dtype."""
 
-    # False when the attention backend reads only the paged layout (flash, triton, sdpa).
-    slot_lists: bool = True
     # CUDA: the KV cache takes this share of the memory left free after a profiled full-budget step.
     cuda_memory_fraction: float = 0.9
     # CUDA: decode-only batch sizes captured as graphs at Warmup; empty runs every step eagerly.
     cuda_graph_sizes: tuple[int, ...] = ()
-    # Slot-list backends: bytes the decode mirror may take (contiguous copies of decoding requests' K/V); 0 is off.
-    decode_mirror_memory: int = 0
     # The KV cache's dtype, in which attention computes; None: the model's dtype.
     kv_cache_dtype: torch.dtype | None = None
 
@@ -100,7 +96,6 @@ class ModelRunner:
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None
-        self.mirror: DecodeMirror | None = None
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -112,16 +107,11 @@ class ModelRunner:
         geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
         options = self.options
         limits = WarmupLimits(
-            max_batch_tokens,
-            max_batch_requests,
-            options.slot_lists,
-            options.cuda_memory_fraction,
-            options.cuda_graph_sizes,
+            max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, options.cuda_graph_sizes
         )
         self.requests.clear()
         self.cache = None
         self.graphs = None
-        self.mirror = None
         if self.device.type == "cuda":
             budget = profile_cuda_budget(self.model, geometry, limits)
             num_blocks = blocks_for_budget(geometry, budget, "--cuda-memory-fraction")
@@ -133,21 +123,19 @@ class ModelRunner:
             graphs = DecodeGraphs(self.model, cache, self.options.cuda_graph_sizes, self.device)
             graphs.capture()
             self.graphs = graphs
-        if self.options.slot_lists and self.options.decode_mirror_memory > 0:
-            self.mirror = DecodeMirror(geometry, self.options.decode_mirror_memory, self.device)
+        self.model.backend.bind_cache(cache.layers)
         self.cache = cache
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes)
 
     @torch.inference_mode()
     def health_check(self) -> None:
         """A one-token forward into the reserved block: proves the model and the cache still work."""
-        run_reserved_forward(self.model, self._require_cache(), WarmupLimits(1, 1, self.options.slot_lists))
+        run_reserved_forward(self.model, self._require_cache(), WarmupLimits(1, 1))
 
     def reset(self) -> None:
         """Forgets every request; the cache's contents become garbage the router no longer references."""
         self.requests.clear()
-        if self.mirror is not None:
-            self.mirror.clear()
+        self.model.backend.clear()
 
     @torch.inference_mode()
     def step(self, step: StepInput) -> StepOutput:
@@ -162,25 +150,21 @@ class ModelRunner:
         limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size)
         applied = self.requests.apply(step, limits)
         plan = applied.plan
-        if self.mirror is not None:
-            self.mirror.forget([*step.finished, *(request.id for request in step.new_requests)])
+        self.model.backend.forget([*step.finished, *(request.id for request in step.new_requests)])
         if not plan:
             timer.mark()
             prepare_ms = timer.phases_ms()[0]
             return StepOutput((), forward_ms=0.0, sampling_ms=0.0, prepare_ms=prepare_ms, failures=(*applied.failures,))
-        mirror_slots = self._place_decodes(plan)
         spans = [
             ScheduledSpan(
                 state.token_ids[state.num_computed : state.num_computed + num_tokens],
                 state.num_computed,
                 state.block_table,
-                mirror_slots.get(state.id) if num_tokens == 1 else None,
+                state.id,
             )
             for state, num_tokens in plan
         ]
-        mirror_capacity = self.mirror.capacity if self.mirror is not None else 0
-        batch = build_step_batch(spans, cache.block_size, self.device, self.options.slot_lists, mirror_capacity)
-        layers = self.mirror.attach(cache.layers) if self.mirror is not None and mirror_slots else cache.layers
+        batch = build_step_batch(spans, cache.block_size, self.device)
         # Every host-to-device copy happens here, before the forward pass: afterwards the step's one host sync is
         # the sampler's single transfer of its results (prompt logprobs, when asked for, add their own).
         finishing = [
@@ -194,7 +178,7 @@ class ModelRunner:
         timer.mark()
         hidden = self.graphs.run(batch) if self.graphs is not None else None
         if hidden is None:
-            hidden = self._forward(batch, layers)
+            hidden = self._forward(batch, cache.layers)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens
@@ -214,20 +198,12 @@ class ModelRunner:
             failures=(*applied.failures, *(sampled.failures if sampled else ())),
         )
 
-    def _place_decodes(self, plan: list[tuple[RequestState, int]]) -> dict[int, MirrorSlot]:
-        # Mirror rows for this step's single-token spans; empty when there is no mirror or it is over budget.
-        if self.mirror is None:
-            return {}
-        decodes = [(state.id, state.num_computed + 1) for state, num_tokens in plan if num_tokens == 1]
-        return self.mirror.place(decodes) or {}
-
     def _forward(self, batch: StepBatch, layers: list[LayerCache]) -> torch.Tensor:
         try:
-            return self.model(batch.input_ids, batch.positions, layers, batch.metadata)
+            return forward_step(self.model, batch, layers)
         except BaseException:
-            # A layer may have stopped between filling the mirror and finishing: no row is known to be whole.
-            if self.mirror is not None:
-                self.mirror.clear()
+            # A layer may have stopped halfway through what the backend keeps between steps: nothing kept is whole.
+            self.model.backend.clear()
             raise
 
     def _prompt_logprobs(

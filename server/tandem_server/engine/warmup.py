@@ -8,6 +8,7 @@ import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
 from tandem_server.models.registry import CausalLM
@@ -31,12 +32,10 @@ _WARMUP_SAMPLING = SamplingParams(
 
 @dataclass(frozen=True)
 class WarmupLimits:
-    """The largest step the router will schedule, and how the step's tensors are laid out."""
+    """The largest step the router will schedule, and what Warmup sets aside beside it on CUDA."""
 
     max_batch_tokens: int
     max_batch_requests: int
-    # False when the attention backend reads only the paged layout (see build_step_batch).
-    slot_lists: bool = True
     cuda_memory_fraction: float = 0.9
     # Decode batch sizes captured as CUDA graphs; their memory pool is set aside before the KV cache is sized.
     cuda_graph_sizes: tuple[int, ...] = ()
@@ -115,8 +114,8 @@ def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) 
     # Every position wraps into the reserved block, so real blocks are never touched.
     span = ScheduledSpan([0] * num_tokens, 0, [cache.reserved_block] * num_blocks)
     device = cache.layers[0].key.device
-    batch = build_step_batch([span], cache.block_size, device, limits.slot_lists)
-    hidden = model(batch.input_ids, batch.positions, cache.layers, batch.metadata)
+    batch = build_step_batch([span], cache.block_size, device)
+    hidden = forward_step(model, batch, cache.layers)
     rows = torch.arange(num_tokens - min(num_samples, num_tokens), num_tokens, device=device)
     logits = model.compute_logits(hidden[rows])
     vocab_size = logits.shape[-1]

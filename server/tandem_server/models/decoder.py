@@ -193,7 +193,7 @@ LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext, RotaryEmbeddin
 
 
 class DecoderModel(nn.Module):
-    """Embedding, decoder stack and final norm; parameter names mirror the checkpoint's `model.*`."""
+    """Embedding, decoder stack and final norm; parameter names follow the checkpoint's `model.*`."""
 
     def __init__(
         self, args: DecoderArgs, parallel: ParallelContext, backend: AttentionBackend, layer_factory: LayerFactory
@@ -239,6 +239,7 @@ class DecoderForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.args = args
+        self.backend = backend
         self.model = DecoderModel(args, parallel, backend, layer_factory)
         tied = self.model.embed_tokens if args.tie_word_embeddings else None
         self.lm_head = LMHead(args.vocab_size, args.hidden_size, tied, parallel)

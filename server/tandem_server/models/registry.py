@@ -23,6 +23,8 @@ class CausalLM(Protocol):
     """What the engine needs from a model family."""
 
     spec: ModelSpec
+    # The attention backend every layer attends through; it prepares each step's metadata for them.
+    backend: AttentionBackend
 
     def __call__(
         self,

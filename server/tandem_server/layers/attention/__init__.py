@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache
-from tandem_server.layers.attention.metadata import (
-    AttentionMetadata,
-    DecodeGroup,
-    MirrorFill,
-    PagedLayout,
-    PrefillSpan,
-)
+from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache, PreparedStep
+from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
-def create_backend(name: str) -> AttentionBackend:
-    """A new instance of the backend `name`; flash and triton import their optional packages here."""
+def create_backend(name: str, decode_mirror_memory: int = 0) -> AttentionBackend:
+    """A new instance of the backend `name`; flash and triton import their optional packages here.
+
+    `decode_mirror_memory` is the `torch` backend's budget for its decode mirror; the other backends need none.
+    """
     if name == "torch":
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(decode_mirror_memory)
     if name == "sdpa":
         return SdpaAttentionBackend()
     if name == "triton":
@@ -39,11 +36,10 @@ __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
     "AttentionParams",
-    "DecodeGroup",
+    "HostLayout",
     "LayerCache",
-    "MirrorFill",
     "PagedLayout",
-    "PrefillSpan",
+    "PreparedStep",
     "SdpaAttentionBackend",
     "TorchAttentionBackend",
     "create_backend",

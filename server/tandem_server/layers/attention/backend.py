@@ -1,7 +1,8 @@
-"""The attention backend interface: write the step's K/V into the paged cache, attend through it."""
+"""The attention backend interface: build the step's own metadata once, write K/V into the paged cache, attend."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,20 +28,42 @@ class LayerCache:
 
     key: torch.Tensor
     value: torch.Tensor
-    # The decode mirror (`torch` backend): decoding requests' keys and values, one row per request,
-    # `[rows, capacity, kv_heads, head_dim]`; None when the step gathers from the blocks instead.
-    mirror_key: torch.Tensor | None = None
-    mirror_value: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """What every layer of one step reads: the backend's metadata and the per-layer caches it attends through."""
+
+    metadata: AttentionMetadata
+    layers: Sequence[LayerCache]
 
 
 class AttentionBackend(Protocol):
-    """Computes attention for a mixed step of prompt chunks and decode tokens."""
+    """Computes attention for a mixed step of prompt chunks and decode tokens.
+
+    A backend builds whatever it reads beyond the common metadata in `prepare`, once per step, and owns any state it
+    keeps between steps; the engine only tells it when requests end and when the cache is replaced.
+    """
 
     name: str
-    # True when the backend reads AttentionMetadata.prefills/decode rather than only the paged layout.
-    uses_slot_lists: bool
     # True when a decode-only step runs with fixed shapes and no host sync, so it can be captured in a CUDA graph.
     supports_cuda_graphs: bool
+
+    def bind_cache(self, layers: Sequence[LayerCache]) -> None:
+        """Called once the KV cache is allocated, before any step runs on it."""
+        ...
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """This backend's metadata and layer caches for one step, built from the common metadata."""
+        ...
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Drops what is kept for requests that finished, were preempted, or arrive anew under a known id."""
+        ...
+
+    def clear(self) -> None:
+        """Drops everything kept for any request (after a reset or a failed step)."""
+        ...
 
     def forward(
         self,
@@ -53,6 +76,23 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:
         """`query` [tokens, heads, dim], `key`/`value` [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
         ...
+
+
+class CommonMetadataOnly:
+    """The lifecycle of a backend that reads only the common metadata and keeps nothing per request."""
+
+    def bind_cache(self, layers: Sequence[LayerCache]) -> None:
+        """Nothing to size: the backend keeps no per-layer state."""
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """The common metadata and the paged layers as they are."""
+        return PreparedStep(metadata, layers)
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Nothing is kept per request."""
+
+    def clear(self) -> None:
+        """Nothing is kept per request."""
 
 
 def write_step_kv(cache: LayerCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -12,16 +12,15 @@ from typing import Any
 import torch
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
+from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
 
 
-class FlashAttentionBackend:
+class FlashAttentionBackend(CommonMetadataOnly):
     """Mixed prefill/decode steps in one paged varlen call; causal masks align to each sequence's end."""
 
     name = "flash"
-    uses_slot_lists = False
     # Every call reads only device tensors plus host bounds that are fixed for a captured batch size.
     supports_cuda_graphs = True
 

@@ -1,4 +1,4 @@
-"""Per-step attention metadata, built once per step and passed explicitly to every layer."""
+"""Per-step attention metadata every backend reads, built once per step and passed explicitly to every layer."""
 
 from __future__ import annotations
 
@@ -8,42 +8,8 @@ import torch
 
 
 @dataclass(frozen=True)
-class PrefillSpan:
-    """One request contributing several query tokens (a prompt or a chunk of one)."""
-
-    query_start: int
-    query_len: int
-    # Flat cache slots of positions [0, context_len), where context_len = num_computed + query_len.
-    key_slots: torch.Tensor
-    # [query_len, context_len], True where a query may attend; None means plainly causal from position 0.
-    mask: torch.Tensor | None
-
-
-@dataclass(frozen=True)
-class MirrorFill:
-    """The cache positions a step copies into the decode mirror: `sources[i]` (a flat cache slot) goes to
-    `targets[i]` (row * capacity + position in the mirror's flat view)."""
-
-    sources: torch.Tensor
-    targets: torch.Tensor
-
-
-@dataclass(frozen=True)
-class DecodeGroup:
-    """Requests contributing exactly one query token each, attended in one padded call."""
-
-    query_rows: torch.Tensor
-    # [requests, max_context] flat cache slots, padded with slot 0 where `key_mask` is False.
-    key_slots: torch.Tensor
-    # [requests, 1, 1, max_context]: True for the request's positions [0, context_len).
-    key_mask: torch.Tensor
-    # Set when request i holds mirror row i: attention reads the mirror after this fill instead of the blocks.
-    mirror: MirrorFill | None = None
-
-
-@dataclass(frozen=True)
 class PagedLayout:
-    """The step in the block-table form that paged kernels (flash-attn, Triton, batched SDPA) read."""
+    """The step in block-table form: one sequence per scheduled request, in batch order."""
 
     # [sequences + 1] int32: sequence i's query rows are query_start_loc[i]:query_start_loc[i + 1].
     query_start_loc: torch.Tensor
@@ -66,12 +32,23 @@ class PagedLayout:
 
 
 @dataclass(frozen=True)
+class HostLayout:
+    """The step's sequences on the host, for backends that build their own metadata on the CPU."""
+
+    # Each sequence's seq_len.
+    seq_lens: tuple[int, ...]
+    # [sequences, max_blocks] int32: the same rows as PagedLayout.block_tables.
+    block_tables: torch.Tensor
+    # The request each sequence belongs to; empty for steps of no request (warm-up, health checks).
+    request_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Where this step's keys/values go in the cache and what each query token may see."""
 
     # Flat cache slot (block_id * block_size + offset) of every token in the step, in batch order.
     slot_mapping: torch.Tensor
-    # Per-request slot lists for the `torch` backend; empty/None when the backend reads only `paged`.
-    prefills: tuple[PrefillSpan, ...]
-    decode: DecodeGroup | None
     paged: PagedLayout
+    # None where only device tensors exist (a captured graph's inputs).
+    host: HostLayout | None = None

@@ -5,15 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
+from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
 
 
-class SdpaAttentionBackend:
+class SdpaAttentionBackend(CommonMetadataOnly):
     """The last CUDA fallback: every sequence padded to the step's longest query and context, one kernel call."""
 
     name = "sdpa"
-    uses_slot_lists = False
     supports_cuda_graphs = False
 
     def forward(

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from tandem_server.layers.attention.backend import AttentionParams, LayerCache
-from tandem_server.layers.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSpan
+from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep
+from tandem_server.layers.attention.metadata import AttentionMetadata
+from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
+from tandem_server.layers.attention.torch_metadata import (
+    DecodeGroup,
+    MirrorPlacement,
+    PrefillSpan,
+    TorchAttentionMetadata,
+    build_torch_metadata,
+)
 
 
 class GatherBuffers:
@@ -47,14 +56,61 @@ class GatherBuffers:
 
 
 class TorchAttentionBackend:
-    """Portable backend for CPU and as a CUDA fallback."""
+    """Portable backend for CPU and as a CUDA fallback.
+
+    With a decode mirror budget, decoding requests attend through the mirror's contiguous rows instead of gathering
+    their blocks in every layer; the mirror is sized once the cache exists and placed once per step.
+    """
 
     name = "torch"
-    uses_slot_lists = True
     supports_cuda_graphs = False
 
-    def __init__(self) -> None:
+    def __init__(self, decode_mirror_memory: int = 0) -> None:
         self.gather_buffers = GatherBuffers()
+        self.decode_mirror_memory = decode_mirror_memory
+        self.mirror: DecodeMirror | None = None
+
+    def bind_cache(self, layers: Sequence[LayerCache]) -> None:
+        """A fresh mirror for the new cache's layers when the budget allows one."""
+        self.mirror = None
+        if self.decode_mirror_memory > 0 and layers:
+            device = layers[0].key.device
+            self.mirror = DecodeMirror(MirrorGeometry.of(layers), self.decode_mirror_memory, device)
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """Slot lists for the step and, for a step of requests, mirror rows for its decodes."""
+        block_size = layers[0].key.shape[1]
+        placement = self._place_decodes(metadata)
+        prepared = build_torch_metadata(metadata, block_size, placement)
+        if self.mirror is None or placement is None or not placement.slots:
+            return PreparedStep(prepared, layers)
+        return PreparedStep(prepared, self.mirror.attach(layers))
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Frees the mirror rows of these requests."""
+        if self.mirror is not None:
+            self.mirror.forget(request_ids)
+
+    def clear(self) -> None:
+        """No mirror row is assumed to hold anything any more."""
+        if self.mirror is not None:
+            self.mirror.clear()
+
+    def _place_decodes(self, metadata: AttentionMetadata) -> MirrorPlacement | None:
+        # Mirror rows for this step's single-token sequences; None when there is no mirror, the step belongs to no
+        # request (warm-up, health checks), or the rows would exceed the budget.
+        host = metadata.host
+        if self.mirror is None or host is None or not host.request_ids:
+            return None
+        decodes = [
+            (request_id, seq_len)
+            for request_id, seq_len, query_len in zip(
+                host.request_ids, host.seq_lens, metadata.paged.query_lens, strict=True
+            )
+            if query_len == 1
+        ]
+        slots = self.mirror.place(decodes)
+        return None if slots is None else MirrorPlacement(slots, self.mirror.capacity)
 
     def forward(
         self,
@@ -70,6 +126,8 @@ class TorchAttentionBackend:
         Attention computes in the cache's dtype (`--kv-cache-dtype`), so the cache is read as stored, never
         converted; the output returns in the query's dtype.
         """
+        if not isinstance(metadata, TorchAttentionMetadata):
+            raise TypeError("invariant: the torch backend attends with the metadata its `prepare` built")
         num_kv_heads, head_dim = cache.key.shape[-2:]
         key_slots = cache.key.view(-1, num_kv_heads, head_dim)
         value_slots = cache.value.view(-1, num_kv_heads, head_dim)
@@ -97,7 +155,7 @@ class TorchAttentionBackend:
         # Keys and values [requests, kv_heads, max_context, head_dim], as views of the mirror or of gather buffers.
         requests, max_context = decode.key_slots.shape
         if decode.mirror is not None:
-            if cache.mirror_key is None or cache.mirror_value is None:
+            if not isinstance(cache, MirroredLayerCache):
                 raise RuntimeError("invariant: a step with a mirror fill runs on layer caches with mirror tensors")
             # The step's own keys are in the paged cache by now, so its positions are copied from there too.
             for paged, mirror in ((cache.key, cache.mirror_key), (cache.value, cache.mirror_value)):

@@ -14,14 +14,37 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.engine.kv_cache import CacheGeometry
-from tandem_server.layers.attention import LayerCache
+from tandem_server.layers.attention.backend import LayerCache
 
 logger = logging.getLogger(__name__)
 
 # Allocations are whole multiples of these, so reallocation (which recopies every row) stays rare.
 ROW_QUANTUM = 8
 COLUMN_QUANTUM = 256
+
+
+@dataclass(frozen=True)
+class MirrorGeometry:
+    """The shape of one position's keys and values across the layers."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, layers: Sequence[LayerCache]) -> MirrorGeometry:
+        """The geometry of a paged cache's layers."""
+        num_kv_heads, head_dim = layers[0].key.shape[-2:]
+        return cls(len(layers), num_kv_heads, head_dim, layers[0].key.dtype)
+
+
+@dataclass(frozen=True)
+class MirroredLayerCache(LayerCache):
+    """A paged layer cache with the mirror's tensors for that layer beside it, `[rows, capacity, kv_heads, dim]`."""
+
+    mirror_key: torch.Tensor
+    mirror_value: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -39,14 +62,14 @@ class _Resident:
 
 
 class DecodeMirror:
-    """Owns the mirror's tensors and which request holds which row; the `torch` backend reads and fills them.
+    """Owns the mirror's tensors and which request holds which row; the `torch` backend places, reads and fills them.
 
     Invariant: after `place`, this step's decoding requests hold exactly rows 0..B-1, so the backend attends over
     the view `[:B, :max_context]` without copying. A row's leading `copied` positions equal the request's cached
     keys and values, because a running request's cache positions are written once and never change.
     """
 
-    def __init__(self, geometry: CacheGeometry, budget_bytes: int, device: torch.device) -> None:
+    def __init__(self, geometry: MirrorGeometry, budget_bytes: int, device: torch.device) -> None:
         self._geometry = geometry
         self._budget_bytes = budget_bytes
         self._device = device
@@ -58,7 +81,9 @@ class DecodeMirror:
     @property
     def bytes_per_position(self) -> int:
         """Keys and values of one token in every layer."""
-        return self._geometry.bytes_per_block // self._geometry.block_size
+        geometry = self._geometry
+        element_size = torch.empty((), dtype=geometry.dtype).element_size()
+        return 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * element_size
 
     @property
     def nbytes(self) -> int:
@@ -110,7 +135,7 @@ class DecodeMirror:
     def attach(self, layers: Sequence[LayerCache]) -> list[LayerCache]:
         """The paged layer caches with this mirror's tensors beside them."""
         return [
-            LayerCache(cache.key, cache.value, mirror_key, mirror_value)
+            MirroredLayerCache(cache.key, cache.value, mirror_key, mirror_value)
             for cache, (mirror_key, mirror_value) in zip(layers, self._layers, strict=True)
         ]
 

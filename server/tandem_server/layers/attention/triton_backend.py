@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tandem_server.layers.attention.backend import AttentionParams, LayerCache, write_step_kv
+from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
 
 if TYPE_CHECKING:
@@ -33,11 +33,10 @@ def query_tiles(query_lens: tuple[int, ...], tile_tokens: int) -> list[tuple[int
     return [(seq, tile) for seq, length in enumerate(query_lens) for tile in range(-(-length // tile_tokens))]
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(CommonMetadataOnly):
     """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap; split-KV decoding."""
 
     name = "triton"
-    uses_slot_lists = False
     supports_cuda_graphs = True
 
     def __init__(self) -> None:
