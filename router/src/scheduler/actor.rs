@@ -1,12 +1,18 @@
-//! The step loop: owns `SchedulerState`, drives the shards one Step at a time, and rides
-//! through shard restarts (see `recovery`).
+//! The step loop: owns `SchedulerState`, drives the shards with up to
+//! `steps_in_flight` Steps sent at once, and rides through shard restarts (see `recovery`).
+//!
+//! With two Steps in flight the router plans and sends step N+1 while the shards run step N
+//! (a request's next token is scheduled before it is known; the shards fill it in), so the
+//! router's work and the transport overlap the forward pass.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::handle::Command;
+use super::in_flight::InFlightStep;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::state::SchedulerState;
 use super::{LoadSnapshot, SchedulerError};
@@ -21,36 +27,119 @@ pub(crate) struct Actor {
     pub load: watch::Sender<LoadSnapshot>,
     pub phase: watch::Sender<EnginePhase>,
     pub recovery: RecoveryConfig,
+    /// At least 1; 2 overlaps planning the next step with the current one.
+    pub steps_in_flight: usize,
+    /// Sent, not yet answered, oldest first.
+    pub in_flight: VecDeque<InFlightStep>,
+    /// Deep probes waiting for the steps in flight to answer (every rank then sees the
+    /// probe at the same point between two steps).
+    pub probes: Vec<oneshot::Sender<Result<(), SchedulerError>>>,
+    /// Whether the loop has had work since the last step was sent (its forward gap is then
+    /// the serving path's, not idle time).
+    pub busy: bool,
+    /// The shards answered a step since their Warmup: they know which step id comes next,
+    /// so a second one may be sent before the first answers.
+    pub shards_in_step: bool,
 }
 
 impl Actor {
     /// Runs until every handle is gone and no request is left.
     pub async fn run(mut self) {
         loop {
-            if self.state.is_idle() && !self.wait_for_work().await {
-                return;
+            if self.in_flight.is_empty() && self.state.is_idle() && self.probes.is_empty() {
+                self.busy = false;
+                if !self.wait_for_work().await {
+                    return;
+                }
             }
             while let Ok(command) = self.submissions.try_recv() {
-                self.accept(command).await;
+                self.accept(command);
             }
             self.expire_unstarted();
-            let scheduling = Instant::now();
-            match self.state.schedule() {
+            if self.in_flight.is_empty() && !self.probes.is_empty() {
+                self.probe_deeply().await;
+                continue;
+            }
+            let depth = if self.shards_in_step {
+                self.steps_in_flight
+            } else {
+                1
+            };
+            if self.probes.is_empty() && self.in_flight.len() < depth {
+                let scheduling = Instant::now();
+                if let Some(step) = self.state.schedule() {
+                    self.send(step, scheduling.elapsed());
+                    self.publish_load();
+                    continue;
+                }
+            }
+            match self.in_flight.pop_front() {
                 Some(step) => {
-                    if !self.run_step(step, scheduling.elapsed()).await {
+                    if !self.finish(step).await {
+                        self.abandon_in_flight().await;
                         self.recover().await;
                     }
                 }
                 // Not idle yet nothing schedulable: wait for news instead of spinning.
-                None => match self.submissions.recv().await {
-                    Some(command) => self.accept(command).await,
-                    None => {
-                        self.state.fail_all(&SchedulerError::ShuttingDown);
-                        return;
+                None => {
+                    self.busy = false;
+                    match self.submissions.recv().await {
+                        Some(command) => self.accept(command),
+                        None => {
+                            self.state.fail_all(&SchedulerError::ShuttingDown);
+                            return;
+                        }
                     }
-                },
+                }
             }
             self.publish_load();
+        }
+    }
+
+    /// Sends `step`, planned in `scheduling`, to every rank without waiting for its answer.
+    fn send(&mut self, step: pb::StepRequest, scheduling: Duration) {
+        let shards = Arc::clone(&self.shards);
+        let step = InFlightStep::send(
+            shards,
+            step,
+            self.recovery.step_timeout,
+            scheduling,
+            self.busy,
+        );
+        self.busy = true;
+        self.in_flight.push_back(step);
+    }
+
+    /// Waits for `step`'s answer and applies it; `false` when it failed (every running
+    /// request has then failed too).
+    async fn finish(&mut self, step: InFlightStep) -> bool {
+        match step.answer().await {
+            Ok((response, timings)) => {
+                let applying = Instant::now();
+                super::metrics::record_step_done(timings.round_trip, &response);
+                if timings.back_to_back {
+                    super::metrics::record_forward_gap(response.forward_gap_ms);
+                }
+                self.state.apply(response);
+                super::metrics::record_step_scheduling(timings.planning + applying.elapsed());
+                self.shards_in_step = true;
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, "step failed; failing its requests");
+                self.state.fail_running(&SchedulerError::ShardFailed(error));
+                false
+            }
+        }
+    }
+
+    /// After a failed step: the later steps' answers are waited for (each within the step
+    /// timeout) and dropped, so no Step is still on its way when the shards are reset.
+    async fn abandon_in_flight(&mut self) {
+        while let Some(step) = self.in_flight.pop_front() {
+            if let Err(error) = step.answer().await {
+                tracing::debug!(%error, "a step sent after the failed one failed too");
+            }
         }
     }
 
@@ -63,8 +152,8 @@ impl Actor {
                     let Some(command) = received else {
                         return false;
                     };
-                    self.accept(command).await;
-                    if !self.state.is_idle() {
+                    self.accept(command);
+                    if !self.state.is_idle() || !self.probes.is_empty() {
                         return true;
                     }
                 }
@@ -81,33 +170,42 @@ impl Actor {
         }
     }
 
-    /// Takes one command: a submission joins the queue, a deep probe runs now, between
-    /// two steps, so its forward never races a Step on any rank.
-    async fn accept(&mut self, command: Command) {
+    /// Takes one command: a submission joins the queue, a deep probe waits until no step is
+    /// in flight, so its forward never races a Step on any rank.
+    fn accept(&mut self, command: Command) {
         match command {
             Command::Submit(sequence) => self.state.enqueue(*sequence),
-            Command::DeepHealth(reply) => self.probe_deeply(reply).await,
+            Command::DeepHealth(reply) => self.probes.push(reply),
         }
     }
 
-    /// A one-token forward on every rank within the step timeout; cancelled as soon as the
-    /// asker stops waiting.
-    async fn probe_deeply(&self, mut reply: oneshot::Sender<Result<(), SchedulerError>>) {
-        if reply.is_closed() {
+    /// A one-token forward on every rank within the step timeout for the waiting probes;
+    /// abandoned as soon as every asker stopped waiting.
+    async fn probe_deeply(&mut self) {
+        let mut replies = std::mem::take(&mut self.probes);
+        replies.retain(|reply| !reply.is_closed());
+        if replies.is_empty() {
             return;
         }
         let timeout = self.recovery.step_timeout;
-        let probe = tokio::time::timeout(timeout, self.shards.health(true));
-        tokio::select! {
-            outcome = probe => {
-                let answer = match outcome {
+        let answer = {
+            let probe = tokio::time::timeout(timeout, self.shards.health(true));
+            let abandoned =
+                futures::future::join_all(replies.iter_mut().map(oneshot::Sender::closed));
+            tokio::select! {
+                outcome = probe => match outcome {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(error)) => Err(SchedulerError::ShardFailed(error.to_string())),
                     Err(_) => Err(SchedulerError::HealthTimeout(timeout.as_secs())),
-                };
-                let _ = reply.send(answer);
+                },
+                _ = abandoned => {
+                    tracing::debug!("deep health probe abandoned by its callers");
+                    return;
+                }
             }
-            () = reply.closed() => tracing::debug!("deep health probe abandoned by its caller"),
+        };
+        for reply in replies {
+            let _ = reply.send(answer.clone());
         }
     }
 
@@ -130,39 +228,16 @@ impl Actor {
         }
     }
 
-    /// Runs one step that took `scheduling` to plan; `false` when it failed (its requests
-    /// have then failed too).
-    async fn run_step(&mut self, step: pb::StepRequest, scheduling: Duration) -> bool {
-        let batch_tokens: u32 = step
-            .scheduled
-            .iter()
-            .map(|scheduled| scheduled.num_tokens)
-            .sum();
-        super::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
-        let started = Instant::now();
-        let timeout = self.recovery.step_timeout;
-        match recovery::within(timeout, "Step", self.shards.step(step)).await {
-            Ok(response) => {
-                super::metrics::record_step_done(started.elapsed(), &response);
-                let applying = Instant::now();
-                self.state.apply(response);
-                super::metrics::record_step_scheduling(scheduling + applying.elapsed());
-                true
-            }
-            Err(error) => {
-                tracing::error!(%error, "step failed; failing its requests");
-                self.state.fail_running(&SchedulerError::ShardFailed(error));
-                false
-            }
-        }
-    }
-
     /// Waits until every rank answers, warms the shards up again and resumes. Meanwhile
     /// new requests are refused and queued ones fail once they waited `max_queue_time`.
     async fn recover(&mut self) {
         let started = Instant::now();
+        self.shards_in_step = false;
         self.phase.send_replace(EnginePhase::Recovering);
         metrics::counter!("tandem_shard_recoveries_total").increment(1);
+        for reply in self.probes.drain(..) {
+            let _ = reply.send(Err(SchedulerError::Recovering));
+        }
         tracing::warn!("recovering: waiting for the model shards to answer again");
         loop {
             while let Ok(command) = self.submissions.try_recv() {

@@ -2,7 +2,7 @@
 //! from what it reads back through the block table, so a block handed to two live
 //! requests, or a wrong `num_computed_tokens`, changes the output or panics.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::pb;
 
@@ -26,6 +26,16 @@ pub(super) struct FakeShard {
     pub step_tokens: Vec<u32>,
     /// Request id -> generated-token count at which the shard fails that request alone.
     pub fail_after: HashMap<u64, u32>,
+    /// Requests the fake ended itself in this step and in the step before (the contract:
+    /// a request ended in the step before may be scheduled again, and is skipped).
+    ended_now: HashSet<u64>,
+    ended_before: HashSet<u64>,
+    /// Spans skipped because their request had ended in the step before.
+    pub skipped: usize,
+    /// Request id -> generated-token count at which the fake ends it with EOS (a stop the
+    /// router cannot foresee, unlike the length).
+    pub stop_at: HashMap<u64, u32>,
+    last_step_id: Option<u64>,
 }
 
 impl FakeShard {
@@ -69,6 +79,11 @@ impl FakeShard {
     }
 
     pub fn step(&mut self, step: pb::StepRequest) -> pb::StepResponse {
+        if let Some(last) = self.last_step_id {
+            assert_eq!(step.step_id, last + 1, "steps must run in id order");
+        }
+        self.last_step_id = Some(step.step_id);
+        self.ended_before = std::mem::take(&mut self.ended_now);
         for id in &step.finished {
             self.requests.remove(id);
             self.forgotten.push(*id);
@@ -105,10 +120,14 @@ impl FakeShard {
         &mut self,
         scheduled: &pb::ScheduledRequest,
     ) -> Option<Result<pb::Generation, pb::RequestFailure>> {
-        let mut request = self
-            .requests
-            .remove(&scheduled.id)
-            .expect("scheduled an unknown request");
+        let Some(mut request) = self.requests.remove(&scheduled.id) else {
+            assert!(
+                self.ended_before.contains(&scheduled.id),
+                "scheduled an unknown request"
+            );
+            self.skipped += 1;
+            return None;
+        };
         request.blocks.extend(&scheduled.new_block_ids);
         if std::mem::take(&mut request.fresh) {
             // A prefix-cache hit: those tokens must already sit in the given blocks, which the
@@ -133,6 +152,7 @@ impl FakeShard {
         }
         if self.fail_after.get(&scheduled.id) == Some(&request.generated) {
             // The shard forgets a request it failed, as it does one it finished.
+            self.ended_now.insert(scheduled.id);
             return Some(Err(pb::RequestFailure {
                 id: scheduled.id,
                 kind: pb::FailureKind::NoValidToken as i32,
@@ -142,19 +162,24 @@ impl FakeShard {
         let token = self.next_token(&request);
         request.tokens.push(token);
         request.generated += 1;
-        let finished = request.generated >= request.max_new_tokens;
-        if !finished {
+        let stopped = self.stop_at.get(&scheduled.id) == Some(&request.generated);
+        let finish_reason = if stopped {
+            pb::FinishReason::Eos
+        } else if request.generated >= request.max_new_tokens {
+            pb::FinishReason::Length
+        } else {
+            pb::FinishReason::Unspecified
+        };
+        if finish_reason == pb::FinishReason::Unspecified {
             self.requests.insert(scheduled.id, request);
+        } else {
+            self.ended_now.insert(scheduled.id);
         }
         Some(Ok(pb::Generation {
             id: scheduled.id,
             token_id: token,
             logprob: 0.0,
-            finish_reason: if finished {
-                pb::FinishReason::Length as i32
-            } else {
-                0
-            },
+            finish_reason: finish_reason as i32,
             ..pb::Generation::default()
         }))
     }

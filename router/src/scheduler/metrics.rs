@@ -55,6 +55,13 @@ pub(super) fn record_step_done(elapsed: Duration, response: &pb::StepResponse) {
     }
 }
 
+/// Records how long rank 0's model sat idle before a step that was sent while the loop had work.
+pub(super) fn record_forward_gap(millis: f32) {
+    if millis > 0.0 {
+        histogram!("tandem_step_forward_gap_seconds").record(f64::from(millis) / 1000.0);
+    }
+}
+
 /// Records the router's own work for one step: planning it and applying its results.
 pub(super) fn record_step_scheduling(elapsed: Duration) {
     histogram!("tandem_step_scheduling_duration_seconds").record(elapsed);
@@ -138,6 +145,11 @@ fn describe_step_parts() {
         (
             "tandem_step_sampling_duration_seconds",
             "Sampling time of one step as rank 0 reports it",
+        ),
+        (
+            "tandem_step_forward_gap_seconds",
+            "Rank 0's model idle between two forward passes while requests run: the previous \
+             step's sampling and everything before the next forward starts",
         ),
     ];
     for (name, help) in seconds {

@@ -9,8 +9,11 @@ mod actor_tests;
 #[cfg(test)]
 mod fake_shard;
 mod handle;
+mod in_flight;
 mod metrics;
 mod outputs;
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod proptests;
 mod recovery;
@@ -113,6 +116,9 @@ pub struct SchedulerConfig {
     pub max_batch_requests: usize,
     /// Whether full KV blocks are shared between requests with the same token prefix.
     pub prefix_caching: bool,
+    /// Steps sent before the oldest has answered: 1 plans each step after the previous one
+    /// answered; 2 plans and sends the next while the shards run the current one.
+    pub steps_in_flight: usize,
 }
 
 /// Starts the step loop on the current tokio runtime and returns its handle.
@@ -143,6 +149,11 @@ pub fn spawn(
         load: load_sender,
         phase: phase_sender,
         recovery,
+        steps_in_flight: config.steps_in_flight.max(1),
+        in_flight: std::collections::VecDeque::new(),
+        probes: Vec::new(),
+        busy: false,
+        shards_in_step: false,
     };
     tokio::spawn(actor.run());
     Arc::new(handle)

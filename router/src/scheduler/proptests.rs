@@ -1,9 +1,12 @@
 //! Random workloads against the fake shard: arrivals, prompt and output lengths,
-//! cancellations, KV budgets and step budgets.
+//! cancellations, end-of-sequence stops, KV budgets, step budgets, and one or two steps in
+//! flight (the next step planned before the current one answered).
 //!
 //! Admission policy under test: the queue head is admitted first in any step that admits
 //! anything (unless that step preempted, which puts the preempted request at the head),
 //! so the head never starves; requests behind it may go in order of cached prefix.
+
+use std::collections::VecDeque;
 
 use proptest::prelude::*;
 use tokio::sync::mpsc;
@@ -23,6 +26,9 @@ struct Arrival {
     max_new_tokens: u32,
     /// Drop the stream after this many tokens (a disconnect or a stop string).
     cancel_after: Option<usize>,
+    /// The shard ends the request with EOS at this many tokens (a stop the router cannot
+    /// foresee, unlike the length).
+    eos_after: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -38,14 +44,18 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         prop::collection::vec(0u32..50, 1..20),
         1u32..20,
         prop::option::weighted(0.25, 0usize..10),
+        prop::option::weighted(0.25, 1u32..10),
     )
         .prop_map(
-            |(at_step, shared_prefix_len, prompt, max_new_tokens, cancel_after)| Arrival {
-                at_step,
-                shared_prefix_len,
-                prompt,
-                max_new_tokens,
-                cancel_after,
+            |(at_step, shared_prefix_len, prompt, max_new_tokens, cancel_after, eos_after)| {
+                Arrival {
+                    at_step,
+                    shared_prefix_len,
+                    prompt,
+                    max_new_tokens,
+                    cancel_after,
+                    eos_after,
+                }
             },
         )
 }
@@ -57,9 +67,17 @@ fn workload() -> impl Strategy<Value = Workload> {
         0usize..40,
         1usize..64,
         1usize..8,
+        1usize..=2,
     )
         .prop_map(
-            |(mut arrivals, block_size, spare_blocks, max_batch_tokens, max_batch_requests)| {
+            |(
+                mut arrivals,
+                block_size,
+                spare_blocks,
+                max_batch_tokens,
+                max_batch_requests,
+                steps_in_flight,
+            )| {
                 arrivals.sort_by_key(|arrival| arrival.at_step);
                 let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
                 for arrival in &mut arrivals {
@@ -80,6 +98,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_batch_tokens,
                         max_batch_requests,
                         prefix_caching: true,
+                        steps_in_flight,
                     },
                     arrivals,
                 }
@@ -137,30 +156,9 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
     let mut state = SchedulerState::new(config);
     let mut shard = FakeShard::new(config.block_size);
     let mut clients: Vec<Client> = Vec::new();
+    let mut in_flight = VecDeque::new();
     for step_index in 0..100_000usize {
-        while let Some(arrival) = workload
-            .arrivals
-            .get(clients.len())
-            .filter(|a| a.at_step <= step_index)
-        {
-            let (sender, events) = mpsc::unbounded_channel();
-            let request = GenerationRequest {
-                input_ids: arrival.prompt.clone(),
-                sampling: SamplingParams::default(),
-                stopping: StoppingParams {
-                    max_new_tokens: arrival.max_new_tokens,
-                    ..StoppingParams::default()
-                },
-                ..GenerationRequest::default()
-            };
-            let id = clients.len() as u64;
-            state.enqueue(Sequence::new(id, request, state.pool().new_table(), sender));
-            clients.push(Client {
-                events: Some(events),
-                tokens: Vec::new(),
-                finished: false,
-            });
-        }
+        arrive(workload, step_index, &mut state, &mut shard, &mut clients);
         for (client, arrival) in clients.iter_mut().zip(&workload.arrivals) {
             client.drain();
             if arrival
@@ -171,24 +169,29 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
                 client.events = None;
             }
         }
-        let all_arrived = clients.len() == workload.arrivals.len();
-        let head = state.waiting_head();
-        let preemptions_before = state.preemptions();
-        let Some(step) = state.schedule() else {
-            if all_arrived {
+        if in_flight.len() < config.steps_in_flight {
+            let head = state.waiting_head();
+            let preemptions_before = state.preemptions();
+            if let Some(step) = state.schedule() {
+                check_step_limits(&config, &step)?;
+                if let (Some(head), false) = (head, step.new_requests.is_empty()) {
+                    let preempted = state.preemptions() > preemptions_before;
+                    prop_assert!(
+                        preempted || step.new_requests.iter().any(|new| new.id == head),
+                        "the queue head {} was passed over",
+                        head
+                    );
+                }
+                in_flight.push_back(step);
+                continue;
+            }
+        }
+        let Some(step) = in_flight.pop_front() else {
+            if clients.len() == workload.arrivals.len() {
                 return check_outcome(workload, &state, &shard, &mut clients);
             }
             continue;
         };
-        check_step_limits(&config, &step)?;
-        if let (Some(head), false) = (head, step.new_requests.is_empty()) {
-            let preempted = state.preemptions() > preemptions_before;
-            prop_assert!(
-                preempted || step.new_requests.iter().any(|new| new.id == head),
-                "the queue head {} was passed over",
-                head
-            );
-        }
         let response = shard.step(step);
         shard.assert_shared_blocks_agree();
         state.apply(response);
@@ -196,6 +199,42 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
     Err(TestCaseError::fail(
         "the scheduler never finished the workload",
     ))
+}
+
+/// Enqueues the requests that arrive by `step_index`.
+fn arrive(
+    workload: &Workload,
+    step_index: usize,
+    state: &mut SchedulerState,
+    shard: &mut FakeShard,
+    clients: &mut Vec<Client>,
+) {
+    while let Some(arrival) = workload
+        .arrivals
+        .get(clients.len())
+        .filter(|a| a.at_step <= step_index)
+    {
+        let (sender, events) = mpsc::unbounded_channel();
+        let request = GenerationRequest {
+            input_ids: arrival.prompt.clone(),
+            sampling: SamplingParams::default(),
+            stopping: StoppingParams {
+                max_new_tokens: arrival.max_new_tokens,
+                ..StoppingParams::default()
+            },
+            ..GenerationRequest::default()
+        };
+        let id = clients.len() as u64;
+        if let Some(eos_after) = arrival.eos_after {
+            shard.stop_at.insert(id, eos_after);
+        }
+        state.enqueue(Sequence::new(id, request, state.pool().new_table(), sender));
+        clients.push(Client {
+            events: Some(events),
+            tokens: Vec::new(),
+            finished: false,
+        });
+    }
 }
 
 fn check_outcome(
@@ -209,7 +248,10 @@ fn check_outcome(
     prop_assert!(shard.requests.is_empty(), "the shard still holds requests");
     for (id, (client, arrival)) in clients.iter_mut().zip(&workload.arrivals).enumerate() {
         client.drain();
-        let expected = expected_output(&arrival.prompt, arrival.max_new_tokens);
+        let length = arrival.eos_after.map_or(arrival.max_new_tokens, |eos| {
+            eos.min(arrival.max_new_tokens)
+        });
+        let expected = expected_output(&arrival.prompt, length);
         if client.events.is_some() {
             prop_assert!(
                 client.finished,

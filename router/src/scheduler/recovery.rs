@@ -108,6 +108,7 @@ mod tests {
             max_batch_tokens: 64,
             max_batch_requests: 8,
             prefix_caching: true,
+            steps_in_flight: 1,
         })
     }
 

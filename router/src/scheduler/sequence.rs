@@ -1,5 +1,6 @@
 //! One request as the scheduler tracks it: its tokens, its progress and its KV blocks.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -10,17 +11,31 @@ use super::request::{
 use crate::kv::BlockTable;
 use crate::pb;
 
+/// Tokens sent to the shards in a step that has not answered yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendingSpan {
+    pub step_id: u64,
+    /// `num_computed` before this span: what the shards hold once the steps before it ran.
+    pub computed_before: usize,
+    /// The span reaches the end of the sequence, so its step answers with the next token.
+    pub samples: bool,
+}
+
 /// A request between admission and its last token.
 ///
-/// Invariants: `num_computed <= tokens.len()`; `blocks` covers at least `num_computed`
-/// tokens; `known_to_shards` is true exactly while the shards hold state for `id`.
+/// Invariants: `num_computed <= tokens.len() + ` the sampling spans in `pending` (a step
+/// may be planned before the one that samples its input has answered); `blocks` covers at
+/// least `num_computed` tokens; `pending` is in step order; `known_to_shards` is true
+/// exactly while the shards hold state for `id`.
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub id: u64,
     pub prompt_len: usize,
     /// The prompt followed by every token generated so far.
     pub tokens: Vec<u32>,
+    /// Tokens scheduled so far: computed once every step in `pending` has run.
     pub num_computed: usize,
+    pub pending: VecDeque<PendingSpan>,
     pub blocks: BlockTable,
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
@@ -48,6 +63,7 @@ impl Sequence {
             prompt_len: request.input_ids.len(),
             tokens: request.input_ids,
             num_computed: 0,
+            pending: VecDeque::new(),
             blocks,
             sampling: request.sampling,
             stopping: request.stopping,
@@ -62,9 +78,65 @@ impl Sequence {
         }
     }
 
-    /// Tokens not yet in the KV cache: a prompt's rest, or the one token sampled last step.
+    /// Tokens still to schedule: a prompt's rest, or the one token sampled last step, or
+    /// the one a step in flight will sample (none when that token is the last one allowed).
     pub fn remaining(&self) -> usize {
-        self.tokens.len() - self.num_computed
+        let expected = self.pending_samples();
+        let generated = self.tokens.len() - self.prompt_len;
+        if expected > 0 && generated + expected >= self.stopping.max_new_tokens as usize {
+            return 0;
+        }
+        self.tokens.len() + expected - self.num_computed
+    }
+
+    fn pending_samples(&self) -> usize {
+        self.pending.iter().filter(|span| span.samples).count()
+    }
+
+    /// Tokens whose K/V the shards hold once every step answered so far has run.
+    pub fn computed_on_shards(&self) -> usize {
+        self.pending
+            .front()
+            .map_or(self.num_computed, |span| span.computed_before)
+    }
+
+    /// Sends the next `num_tokens` tokens in step `step_id`, with the blocks added for them.
+    pub fn schedule(
+        &mut self,
+        step_id: u64,
+        num_tokens: usize,
+        new_block_ids: Vec<u32>,
+    ) -> pb::ScheduledRequest {
+        let end = self.num_computed + num_tokens;
+        let samples = end == self.tokens.len() + self.pending_samples();
+        let scheduled = pb::ScheduledRequest {
+            id: self.id,
+            num_tokens: u32::try_from(num_tokens).unwrap_or(u32::MAX),
+            new_block_ids,
+            num_computed_tokens: u32::try_from(self.num_computed).unwrap_or(u32::MAX),
+        };
+        self.pending.push_back(PendingSpan {
+            step_id,
+            computed_before: self.num_computed,
+            samples,
+        });
+        self.num_computed = end;
+        scheduled
+    }
+
+    /// The span step `step_id` answers for, if this request had one in it.
+    pub fn take_answered(&mut self, step_id: u64) -> Option<PendingSpan> {
+        if self.pending.front()?.step_id != step_id {
+            return None;
+        }
+        self.pending.pop_front()
+    }
+
+    /// Whether step `step_id` holds this request's oldest span still unanswered.
+    pub fn awaits(&self, step_id: u64) -> bool {
+        self.pending
+            .front()
+            .is_some_and(|span| span.step_id == step_id)
     }
 
     /// Blocks to add so the table covers `num_tokens` tokens.
@@ -83,6 +155,8 @@ impl Sequence {
     pub fn reset_for_recompute(&mut self) {
         self.blocks.clear();
         self.num_computed = 0;
+        // Answers still on their way belong to the old run; they are ignored.
+        self.pending.clear();
         self.known_to_shards = false;
         self.prompt_published = false;
     }

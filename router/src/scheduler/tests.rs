@@ -12,6 +12,7 @@ use super::{RequestFailureKind, SchedulerConfig, SchedulerError};
 fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
         prefix_caching: true,
+        steps_in_flight: 1,
         block_size: 4,
         num_blocks,
         max_batch_tokens,

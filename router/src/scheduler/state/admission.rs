@@ -1,6 +1,6 @@
 //! Admission: which waiting requests join the next step, and where each one starts.
 
-use super::{to_u32, Budget, SchedulerState};
+use super::{Budget, SchedulerState};
 use crate::pb;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
@@ -84,14 +84,10 @@ impl SchedulerState {
             .increment(sequence.tokens.len() as u64);
         metrics::counter!("tandem_prefix_cache_hits_tokens_total").increment(cached as u64);
         step.new_requests.push(sequence.new_request());
-        step.scheduled.push(pb::ScheduledRequest {
-            id: sequence.id,
-            num_tokens: to_u32(num_tokens),
-            new_block_ids: sequence.blocks.blocks().to_vec(),
-            num_computed_tokens: to_u32(cached),
-        });
+        let blocks = sequence.blocks.blocks().to_vec();
+        step.scheduled
+            .push(sequence.schedule(step.step_id, num_tokens, blocks));
         sequence.known_to_shards = true;
-        sequence.num_computed = cached + num_tokens;
         if !sequence.started {
             sequence.started = true;
             metrics::histogram!("tandem_request_queue_duration_seconds")

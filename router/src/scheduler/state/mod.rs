@@ -1,7 +1,7 @@
 //! The scheduler's bookkeeping: which requests run, how many tokens each gets, which
 //! blocks they use. Pure state, no I/O: `schedule` plans a step, `apply` takes its result.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 mod admission;
@@ -29,12 +29,10 @@ pub(crate) struct SchedulerState {
     running: Vec<Sequence>,
     /// Requests the shards still hold but must drop at the next step.
     forget: Vec<u64>,
+    /// Steps sent and not yet answered, oldest first; answers arrive in this order.
+    in_flight: VecDeque<u64>,
     next_step_id: u64,
     preemptions: u64,
-}
-
-fn to_u32(value: usize) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
 }
 
 impl SchedulerState {
@@ -48,6 +46,7 @@ impl SchedulerState {
             waiting: VecDeque::new(),
             running: Vec::new(),
             forget: Vec::new(),
+            in_flight: VecDeque::new(),
             next_step_id: 0,
             preemptions: 0,
         }
@@ -113,12 +112,18 @@ impl SchedulerState {
             return None;
         }
         self.next_step_id += 1;
+        self.in_flight.push_back(step.step_id);
         Some(step)
     }
 
     fn schedule_running(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
         let mut index = 0;
         while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
+            if self.running[index].remaining() == 0 {
+                // Its next token depends on a step in flight that may also end it.
+                index += 1;
+                continue;
+            }
             let decodes_behind = self.running[index + 1..]
                 .iter()
                 .filter(|sequence| sequence.remaining() == 1)
@@ -135,14 +140,8 @@ impl SchedulerState {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;
             };
-            let sequence = &mut self.running[index];
-            step.scheduled.push(pb::ScheduledRequest {
-                id: sequence.id,
-                num_tokens: to_u32(num_tokens),
-                new_block_ids: new_blocks,
-                num_computed_tokens: to_u32(sequence.num_computed),
-            });
-            sequence.num_computed += num_tokens;
+            let scheduled = self.running[index].schedule(step.step_id, num_tokens, new_blocks);
+            step.scheduled.push(scheduled);
             budget.tokens -= num_tokens;
             budget.requests -= 1;
             index += 1;
@@ -202,57 +201,63 @@ impl SchedulerState {
         });
     }
 
-    /// Delivers a step's tokens. Requests the shard finished are dropped (freeing their
-    /// blocks); the shard has already forgotten them.
+    /// Delivers the answer of the oldest step in flight. Requests the shard finished are
+    /// dropped (freeing their blocks); the shard has already forgotten them. Answers for a
+    /// request that was cancelled or preempted after the step was sent are ignored.
     pub fn apply(&mut self, response: pb::StepResponse) {
+        let Some(step_id) = self.in_flight.pop_front() else {
+            tracing::error!("a step answer arrived with no step in flight");
+            return;
+        };
         // Before publishing: a failed request's blocks (non-finite logits may mean non-finite keys and values)
         // never enter the prefix cache.
-        self.fail_requests(response.failures);
-        // Every scheduled token is in the KV cache now: full blocks become shareable.
-        for sequence in &mut self.running {
-            sequence
-                .blocks
-                .publish(&sequence.tokens, sequence.num_computed);
-            sequence.prompt_published = sequence.num_computed >= sequence.prompt_len;
-        }
+        self.fail_requests(step_id, response.failures);
         for chunk in response.prompt_logprobs {
-            if let Some(sequence) = self.running.iter().find(|s| s.id == chunk.id) {
+            if let Some(sequence) = self
+                .running
+                .iter()
+                .find(|s| s.id == chunk.id && s.awaits(step_id))
+            {
                 sequence.notify(GenerationEvent::PromptLogprobs(prompt_logprobs(chunk)));
             }
         }
-        for generation in response.generations {
-            let Some(index) = self
-                .running
-                .iter()
-                .position(|sequence| sequence.id == generation.id)
-            else {
-                tracing::warn!(
-                    id = generation.id,
-                    "token for a request that is not running"
-                );
+        let mut generations: HashMap<u64, pb::Generation> = response
+            .generations
+            .into_iter()
+            .map(|generation| (generation.id, generation))
+            .collect();
+        let mut ended = Vec::new();
+        for (index, sequence) in self.running.iter_mut().enumerate() {
+            let Some(span) = sequence.take_answered(step_id) else {
                 continue;
             };
-            let finish = finish_reason(generation.finish_reason);
-            let sequence = &mut self.running[index];
-            sequence.tokens.push(generation.token_id);
-            sequence.notify(GenerationEvent::Token(GeneratedToken {
-                id: generation.token_id,
-                logprob: generation.logprob,
-                top_logprobs: token_logprobs(generation.top_logprobs),
-                finish,
-            }));
-            if finish.is_some() {
-                self.running.remove(index);
+            // Every token of the span is in the KV cache now: full blocks become shareable.
+            let computed = sequence.computed_on_shards();
+            sequence.blocks.publish(&sequence.tokens, computed);
+            sequence.prompt_published = computed >= sequence.prompt_len;
+            if span.samples
+                && !deliver(sequence, generations.remove(&sequence.id), &mut self.forget)
+            {
+                ended.push(index);
             }
         }
-        self.fail_starved();
+        for index in ended.into_iter().rev() {
+            self.running.remove(index);
+        }
+        for id in generations.into_keys() {
+            tracing::debug!(id, "token for a request that no longer runs");
+        }
     }
 
     /// Ends the requests the shards failed on their own (the shards have already forgotten them).
-    fn fail_requests(&mut self, failures: Vec<pb::RequestFailure>) {
+    fn fail_requests(&mut self, step_id: u64, failures: Vec<pb::RequestFailure>) {
         for failure in failures {
-            let Some(index) = self.running.iter().position(|s| s.id == failure.id) else {
-                tracing::warn!(id = failure.id, "failure for a request that is not running");
+            let Some(index) = self
+                .running
+                .iter()
+                .position(|s| s.id == failure.id && s.awaits(step_id))
+            else {
+                tracing::debug!(id = failure.id, "failure for a request that no longer runs");
                 continue;
             };
             let sequence = self.running.remove(index);
@@ -270,30 +275,15 @@ impl SchedulerState {
         }
     }
 
-    /// A request whose tokens were all computed must have received its next token.
-    fn fail_starved(&mut self) {
-        let forget = &mut self.forget;
-        self.running.retain(|sequence| {
-            if sequence.remaining() > 0 {
-                return true;
-            }
-            let error = SchedulerError::ShardFailed(format!(
-                "no token returned for request {}",
-                sequence.id
-            ));
-            sequence.notify(GenerationEvent::Error(error));
-            forget.push(sequence.id);
-            false
-        });
-    }
-
     /// After a failed step, every running request fails; waiting requests stay queued.
     pub fn fail_running(&mut self, error: &SchedulerError) {
         for sequence in self.running.drain(..) {
             sequence.notify(GenerationEvent::Error(error.clone()));
         }
-        // The shards are reset after a failure, so they hold nothing to forget.
+        // The shards are reset after a failure, so they hold nothing to forget, and the
+        // answers of the other steps in flight are dropped.
         self.forget.clear();
+        self.in_flight.clear();
     }
 
     /// Fails everything (the scheduler is going away).
@@ -336,4 +326,29 @@ impl SchedulerState {
         self.config.num_blocks = num_blocks;
         true
     }
+}
+
+/// Hands a sampling span's answer to its request; `false` when the request has ended (its
+/// last token, or no token at all, which fails it and asks the shards to forget it).
+fn deliver(
+    sequence: &mut Sequence,
+    generation: Option<pb::Generation>,
+    forget: &mut Vec<u64>,
+) -> bool {
+    let Some(generation) = generation else {
+        let error =
+            SchedulerError::ShardFailed(format!("no token returned for request {}", sequence.id));
+        sequence.notify(GenerationEvent::Error(error));
+        forget.push(sequence.id);
+        return false;
+    };
+    let finish = finish_reason(generation.finish_reason);
+    sequence.tokens.push(generation.token_id);
+    sequence.notify(GenerationEvent::Token(GeneratedToken {
+        id: generation.token_id,
+        logprob: generation.logprob,
+        top_logprobs: token_logprobs(generation.top_logprobs),
+        finish,
+    }));
+    finish.is_none()
 }

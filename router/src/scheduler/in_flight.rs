@@ -1,0 +1,68 @@
+//! A Step sent to the shards whose answer the step loop has not taken yet.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use super::recovery;
+use crate::pb;
+use crate::shard::ShardGroup;
+
+/// Timings of one step as the step loop measures them.
+pub(crate) struct StepTimings {
+    /// Planning the step (applying its answer is added by the loop).
+    pub planning: Duration,
+    /// From sending the step to its answer, including time queued behind earlier steps.
+    pub round_trip: Duration,
+    /// Sent while the loop had work, so the shards' gap before its forward pass is the
+    /// serving path's rather than idle time.
+    pub back_to_back: bool,
+}
+
+pub(crate) struct InFlightStep {
+    call: JoinHandle<Result<pb::StepResponse, String>>,
+    sent: Instant,
+    planning: Duration,
+    back_to_back: bool,
+}
+
+impl InFlightStep {
+    /// Starts the Step on every rank now; its answer is taken with `answer`.
+    pub fn send(
+        shards: Arc<dyn ShardGroup>,
+        step: pb::StepRequest,
+        timeout: Duration,
+        planning: Duration,
+        back_to_back: bool,
+    ) -> Self {
+        let batch_tokens: u32 = step
+            .scheduled
+            .iter()
+            .map(|scheduled| scheduled.num_tokens)
+            .sum();
+        super::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
+        let call =
+            tokio::spawn(async move { recovery::within(timeout, "Step", shards.step(step)).await });
+        Self {
+            call,
+            sent: Instant::now(),
+            planning,
+            back_to_back,
+        }
+    }
+
+    /// The shards' answer, or why there is none (an error, the step timeout, a lost task).
+    pub async fn answer(self) -> Result<(pb::StepResponse, StepTimings), String> {
+        let response = match self.call.await {
+            Ok(answer) => answer?,
+            Err(error) => return Err(format!("the Step call ended abnormally: {error}")),
+        };
+        let timings = StepTimings {
+            planning: self.planning,
+            round_trip: self.sent.elapsed(),
+            back_to_back: self.back_to_back,
+        };
+        Ok((response, timings))
+    }
+}
