@@ -57,6 +57,10 @@ class StateMismatchError(ShardError):
     """A Step disagrees with the shard's request state; the router should Reset."""
 
 
+class StepRefusedError(ShardError):
+    """A Step planned against state that is gone: an earlier Step failed, or the shard was reset since."""
+
+
 class NotWarmedUpError(ShardError):
     """An RPC that needs the KV cache arrived before Warmup."""
 

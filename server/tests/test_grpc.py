@@ -58,6 +58,7 @@ async def exercise(stub: shard_pb2_grpc.ShardServiceStub) -> None:
     assert second.generations[0].finish_reason == shard_pb2.FINISH_REASON_LENGTH
 
     duplicate = shard_pb2.StepRequest(
+        step_id=3,
         new_requests=[new_request(5), new_request(5)],
         scheduled=[shard_pb2.ScheduledRequest(id=5, num_tokens=len(PROMPT), new_block_ids=[2, 0])],
     )
@@ -65,13 +66,42 @@ async def exercise(stub: shard_pb2_grpc.ShardServiceStub) -> None:
         await stub.Step(duplicate)
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "already registered" in (invalid.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as after_failure:
+        await stub.Step(shard_pb2.StepRequest(step_id=4, new_requests=[new_request(6)]))
+    assert after_failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "Reset first" in (after_failure.value.details() or "")
 
-    await stub.Step(shard_pb2.StepRequest(new_requests=[new_request(7)]))
+    await stub.Reset(shard_pb2.ResetRequest())
+    await stub.Step(shard_pb2.StepRequest(step_id=0, new_requests=[new_request(7)]))
     await stub.Reset(shard_pb2.ResetRequest())
     stale = shard_pb2.StepRequest(scheduled=[shard_pb2.ScheduledRequest(id=7, num_tokens=7, new_block_ids=[2, 0])])
     with pytest.raises(grpc.aio.AioRpcError) as unknown:
         await stub.Step(stale)
     assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await stub.Reset(shard_pb2.ResetRequest())
+    await steps_sent_out_of_order_run_in_id_order(stub)
+
+
+async def steps_sent_out_of_order_run_in_id_order(stub: shard_pb2_grpc.ShardServiceStub) -> None:
+    # The decode runs the token the prefill samples: run first, it would name a request the shard does not know.
+    prefill = shard_pb2.StepRequest(
+        step_id=10,
+        new_requests=[new_request(9)],
+        scheduled=[shard_pb2.ScheduledRequest(id=9, num_tokens=len(PROMPT), new_block_ids=[2, 0])],
+    )
+    decode = shard_pb2.StepRequest(
+        step_id=11, scheduled=[shard_pb2.ScheduledRequest(id=9, num_tokens=1, new_block_ids=[1], num_computed_tokens=7)]
+    )
+    # The first Step after a Reset may carry any id; the router sends it alone.
+    await stub.Step(shard_pb2.StepRequest(step_id=9))
+    decode_call = asyncio.ensure_future(stub.Step(decode))
+    await asyncio.sleep(0.2)
+    assert not decode_call.done(), "the decode waits for the step before it"
+    first = await stub.Step(prefill)
+    second = await decode_call
+    assert [g.id for g in first.generations] == [9] and [g.id for g in second.generations] == [9]
+    assert second.generations[0].finish_reason == shard_pb2.FINISH_REASON_LENGTH
+    assert second.forward_gap_ms > 0.0
 
 
 def test_grpc_round_trip_over_unix_socket(tmp_path: Path) -> None:

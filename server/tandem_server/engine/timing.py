@@ -25,6 +25,15 @@ class StepTimer:
         else:
             self._marks.append(time.perf_counter())
 
+    def ms_since(self, earlier: StepTimer, earlier_mark: int, mark: int) -> float:
+        """Milliseconds from `earlier`'s mark `earlier_mark` to this timer's mark `mark` (both already taken)."""
+        start, end = earlier._marks[earlier_mark], self._marks[mark]
+        if isinstance(start, float) and isinstance(end, float):
+            return (end - start) * 1000.0
+        assert isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event)
+        end.synchronize()
+        return start.elapsed_time(end)
+
     def phases_ms(self) -> list[float]:
         """Milliseconds between consecutive marks; waits for the last CUDA event, which the step's result
         transfer has normally completed already."""

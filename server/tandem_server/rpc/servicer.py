@@ -6,19 +6,21 @@ import asyncio
 import logging
 import os
 import time
+from typing import Protocol
 
 import grpc
+import torch
 
 from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import StepInput, StepOutput
-from tandem_server.faults import FaultKind, FaultPlan, InjectedFaultError, StepFaults
+from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.status import status_code_for, translate_errors
+from tandem_server.rpc.step_order import StepOrder
 
 logger = logging.getLogger(__name__)
 
@@ -27,26 +29,38 @@ EXIT_GROUP_OUT_OF_STEP = 3
 _ANSWER_BEFORE_EXIT_S = 0.5
 
 
+class ShardRunner(Protocol):
+    """What the servicer drives: the ModelRunner, or a wrapper around it."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult: ...
+
+    def health_check(self) -> None: ...
+
+    def step(self, step: StepInput) -> StepOutput: ...
+
+    def reset(self) -> None: ...
+
+
 class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     """Translates RPCs into ModelRunner calls; the lock serialises everything that touches tensors."""
 
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: ShardRunner,
         info: shard_pb2.InfoResponse,
         metrics: ShardMetrics | None = None,
-        faults: FaultPlan | None = None,
         step_timeout_s: float | None = None,
     ) -> None:
         self._runner = runner
         self._info = info
         self._metrics = metrics
-        self._faults = StepFaults(faults or FaultPlan(), info.rank)
-        if self._faults.armed:
-            logger.warning("fault injection armed (tests only): %s", faults)
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
         self._model = ModelThread(step_timeout_s, runner.device)
+        self._order = StepOrder()
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
@@ -70,19 +84,25 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             result = await self._model.run(
                 lambda: self._runner.warmup(request.block_size, request.max_batch_tokens, request.max_batch_requests)
             )
+            await self._order.restart()
         if self._metrics is not None:
             self._metrics.kv_cache_allocated(result.kv_cache_bytes)
         return convert.warmup_result_to_pb(result)
 
     @translate_errors
     async def Step(self, request: shard_pb2.StepRequest, context: grpc.aio.ServicerContext) -> shard_pb2.StepResponse:
-        start = time.perf_counter()
+        decoding = time.perf_counter()
         step = convert.step_input_from_pb(request)
+        decode_s = time.perf_counter() - decoding
+        generation = await self._order.wait_for_turn(request.step_id)
         async with self._lock:
-            fault = self._faults.on_step(len(step.scheduled))
+            # Time queued behind earlier Steps is not this Step's handling.
+            start = time.perf_counter() - decode_s
+            self._order.check_current(request.step_id, generation)
             try:
-                output = await self._model.run(lambda: self._run_step(step, fault))
+                output = await self._model.run(lambda: self._runner.step(step))
             except Exception as error:
+                await self._order.failed(request.step_id)
                 self._leave_group_if_out_of_step(error)
                 raise
         if self._metrics is not None:
@@ -99,25 +119,17 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             logger.critical("rank %d failed mid-step; exiting so the shard group restarts", self._info.rank)
             asyncio.get_running_loop().call_later(_ANSWER_BEFORE_EXIT_S, os._exit, EXIT_GROUP_OUT_OF_STEP)
 
-    def _run_step(self, step: StepInput, fault: FaultKind | None) -> StepOutput:
-        if fault is FaultKind.HANG:
-            logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
-            self._model.wait_for_shutdown()
-            raise InjectedFaultError("injected hang released at shutdown (--fault-inject-step-hang)")
-        if fault is FaultKind.ERROR:
-            self._faults.raise_error()
-        return self._runner.step(step)
-
     @translate_errors
     async def Reset(
         self, request: shard_pb2.ResetRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.ResetResponse:
         async with self._lock:
             await self._model.run(self._runner.reset)
+            await self._order.restart()
         return shard_pb2.ResetResponse()
 
     def shut_down(self) -> None:
-        """Releases a job blocked by an injected hang, so the process can exit."""
+        """Stops the model thread taking jobs; a job still running is left to finish on its own."""
         self._model.shut_down()
 
 

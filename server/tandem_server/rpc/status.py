@@ -16,6 +16,7 @@ from tandem_server.errors import (
     ModelThreadStalledError,
     NotWarmedUpError,
     StateMismatchError,
+    StepRefusedError,
 )
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidStepError, grpc.StatusCode.INVALID_ARGUMENT),
     (StateMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotWarmedUpError, grpc.StatusCode.FAILED_PRECONDITION),
+    (StepRefusedError, grpc.StatusCode.FAILED_PRECONDITION),
     (CacheBudgetError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ModelThreadStalledError, grpc.StatusCode.UNAVAILABLE),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
