@@ -12,6 +12,7 @@ SHARD = "tandem_step_shard_duration_seconds"
 PREPARE = "tandem_step_prepare_duration_seconds"
 FORWARD = "tandem_step_forward_duration_seconds"
 SAMPLING = "tandem_step_sampling_duration_seconds"
+FORWARD_GAP = "tandem_step_forward_gap_seconds"
 BATCH_SIZE = "tandem_batch_size"
 BATCH_TOKENS = "tandem_batch_tokens"
 
@@ -30,6 +31,10 @@ class StepBreakdown:
     prepare_ms: float
     forward_ms: float
     sampling_ms: float
+    # Wall-clock window over steps: what one step costs the decode, whatever overlaps inside it.
+    wall_step_ms: float = 0.0
+    # The model's idle time between two forward passes (the previous sampling included).
+    forward_gap_ms: float = 0.0
 
     @property
     def transport_ms(self) -> float:
@@ -43,8 +48,9 @@ class StepBreakdown:
 
     @property
     def step_ms(self) -> float:
-        """One step as the serving loop pays for it: the router's scheduling plus the round trip."""
-        return self.scheduling_ms + self.round_trip_ms
+        """One step as the decode pays for it: the window's wall clock over its steps (with steps overlapping,
+        the router's scheduling plus the round trip would count the overlap twice)."""
+        return self.wall_step_ms
 
     @property
     def overhead_ms(self) -> float:
@@ -83,13 +89,15 @@ def step_breakdown(
         prepare_ms=mean_ms(PREPARE),
         forward_ms=mean_ms(FORWARD),
         sampling_ms=mean_ms(SAMPLING),
+        wall_step_ms=window_s * 1000.0 / round_trip.count,
+        forward_gap_ms=mean_ms(FORWARD_GAP) if histogram_delta(before, after, FORWARD_GAP).count > 0 else 0.0,
     )
 
 
 TABLE_HEADER = (
     "| batch | steady batch | steps | step ms | router scheduling | gRPC + transport | shard prepare | forward "
-    "| sampling | shard other | overhead ms | overhead % | decode tok/s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| sampling | shard other | forward gap | overhead ms | overhead % | decode tok/s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -109,6 +117,7 @@ def format_row(row: StepBreakdown) -> str:
                 row.forward_ms,
                 row.sampling_ms,
                 row.shard_rest_ms,
+                row.forward_gap_ms,
                 row.overhead_ms,
             )
         ),

@@ -127,19 +127,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-memory", default="2GiB", help="passed to the launcher")
     parser.add_argument("--output", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--log-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench")
+    parser.add_argument(
+        "--scheduling",
+        choices=("both", "async", "sync"),
+        default="both",
+        help="start Tandem with --async-scheduling true, false, or one after the other and compare (default)",
+    )
     return parser
 
 
-def _run(args: argparse.Namespace) -> list[StepBreakdown]:
+def _run(args: argparse.Namespace) -> dict[str, list[StepBreakdown]]:
+    """Rows per scheduling mode ("given" for a server started elsewhere)."""
+
     def go(base_url: str) -> list[StepBreakdown]:
         return asyncio.run(measure(base_url, args.batch_sizes, args.input_len, args.output_len))
 
     if args.base_url:
-        return go(args.base_url)
-    launcher_args = ["--max-batch-size", str(max(args.batch_sizes)), "--kv-cache-memory", args.kv_cache_memory]
-    with LaunchedTandem(args.log_dir / "overhead-launcher.log", launcher_args) as tandem:
-        print(f"Tandem is up at {tandem.base_url}", flush=True)
-        return go(tandem.base_url)
+        return {"given": go(args.base_url)}
+    modes = ("sync", "async") if args.scheduling == "both" else (args.scheduling,)
+    results = {}
+    for mode in modes:
+        launcher_args = [
+            *("--max-batch-size", str(max(args.batch_sizes)), "--kv-cache-memory", args.kv_cache_memory),
+            *("--async-scheduling", "true" if mode == "async" else "false"),
+        ]
+        with LaunchedTandem(args.log_dir / f"overhead-{mode}-launcher.log", launcher_args) as tandem:
+            print(f"Tandem ({mode} scheduling) is up at {tandem.base_url}", flush=True)
+            results[mode] = go(tandem.base_url)
+    return results
+
+
+def format_comparison(sync_rows: list[StepBreakdown], async_rows: list[StepBreakdown]) -> str:
+    """Per batch size: the forward gap and the decode throughput with asynchronous scheduling against without."""
+    lines = [
+        "| batch | forward gap sync ms | forward gap async ms | gap ratio | tok/s sync | tok/s async | tok/s ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for sync, overlapped in zip(sync_rows, async_rows, strict=True):
+        gap_ratio = overlapped.forward_gap_ms / sync.forward_gap_ms if sync.forward_gap_ms else 0.0
+        rate_ratio = overlapped.tokens_per_s / sync.tokens_per_s if sync.tokens_per_s else 0.0
+        lines.append(
+            f"| {sync.requested_batch} | {sync.forward_gap_ms:.2f} | {overlapped.forward_gap_ms:.2f} | "
+            f"{gap_ratio:.2f}x | {sync.tokens_per_s:.0f} | {overlapped.tokens_per_s:.0f} | {rate_ratio:.2f}x |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -148,7 +179,7 @@ def main(argv: list[str]) -> int:
     when = datetime.now(timezone.utc)
     load_before = _load_average()
     try:
-        rows = _run(args)
+        results = _run(args)
     except (RuntimeError, ValueError, aiohttp.ClientError, asyncio.TimeoutError) as error:
         print(f"{COMMAND}: {error}", file=sys.stderr)
         return 2
@@ -157,8 +188,12 @@ def main(argv: list[str]) -> int:
         f"cores (load average {load_before} before, {_load_average()} after; the machine may be shared). "
         "Per-step means in ms over decode steps only.\n"
     )
-    print(format_table(rows))
+    for mode, rows in results.items():
+        print(f"{mode} scheduling:\n\n{format_table(rows)}\n")
+    if "sync" in results and "async" in results:
+        print(format_comparison(results["sync"], results["async"]))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps([row.to_dict() for row in rows], indent=2) + "\n", encoding="utf-8")
+        document = {mode: [row.to_dict() for row in rows] for mode, rows in results.items()}
+        args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from tandem_bench.overhead import format_table, step_breakdown
+from tandem_bench.overhead_run import format_comparison
 from tandem_bench.prometheus import histogram_delta, parse_samples
 
 
@@ -16,6 +17,7 @@ def _scrape(steps: int, scale: float) -> str:
         "tandem_step_prepare_duration_seconds": 0.002,
         "tandem_step_forward_duration_seconds": 0.012,
         "tandem_step_sampling_duration_seconds": 0.003,
+        "tandem_step_forward_gap_seconds": 0.006,
     }
     lines = ["# TYPE tandem_step_duration_seconds histogram"]
     for name, seconds in parts.items():
@@ -44,7 +46,7 @@ def test_breakdown_counts_only_steps_between_scrapes() -> None:
     before = parse_samples(_scrape(10, scale=2.0))
     after_text = _scrape(40, scale=1.0)
     after = {key: value + before[key] for key, value in parse_samples(after_text).items()}
-    row = step_breakdown(before, after, window_s=0.5, requested_batch=8)
+    row = step_breakdown(before, after, window_s=0.84, requested_batch=8)
     assert row.steps == 40
     assert row.mean_batch == pytest.approx(8.0)
     assert row.round_trip_ms == pytest.approx(20.0)
@@ -53,13 +55,29 @@ def test_breakdown_counts_only_steps_between_scrapes() -> None:
     assert row.step_ms == pytest.approx(21.0)
     assert row.overhead_ms == pytest.approx(9.0)
     assert row.overhead_pct == pytest.approx(100.0 * 9.0 / 21.0)
-    assert row.tokens_per_s == pytest.approx(320 / 0.5)
-    assert "| 8 | 8.0 | 40 | 21.00 | 1.00 | 2.00 | 2.00 | 12.00 | 3.00 | 1.00 | 9.00 | 42.9% | 640 |" in format_table(
-        [row]
-    )
+    assert row.forward_gap_ms == pytest.approx(6.0)
+    assert row.tokens_per_s == pytest.approx(320 / 0.84)
+    table = format_table([row])
+    assert "| 8 | 8.0 | 40 | 21.00 | 1.00 | 2.00 | 2.00 | 12.00 | 3.00 | 1.00 | 6.00 | 9.00 | 42.9% | 381 |" in table
+
+
+def test_the_step_is_the_wall_clock_per_step_when_steps_overlap() -> None:
+    # Two steps in flight: each round trip spans two forward passes, yet 40 steps took 40 x 13 ms.
+    before = parse_samples(_scrape(0, scale=1.0))
+    after = parse_samples(_scrape(40, scale=1.0))
+    row = step_breakdown(before, after, window_s=0.52, requested_batch=8)
+    assert row.step_ms == pytest.approx(13.0)
+    assert row.overhead_ms == pytest.approx(1.0)
 
 
 def test_breakdown_without_steps_is_an_error() -> None:
     samples = parse_samples(_scrape(5, scale=1.0))
     with pytest.raises(ValueError, match="no step ran"):
         step_breakdown(samples, samples, window_s=1.0, requested_batch=1)
+
+
+def test_the_comparison_gives_ratios_of_gap_and_throughput_per_batch() -> None:
+    before = parse_samples(_scrape(0, scale=1.0))
+    sync = step_breakdown(before, parse_samples(_scrape(40, scale=1.0)), window_s=0.84, requested_batch=1)
+    overlapped = step_breakdown(before, parse_samples(_scrape(40, scale=0.5)), window_s=0.42, requested_batch=1)
+    assert "| 1 | 6.00 | 3.00 | 0.50x | 381 | 762 | 2.00x |" in format_comparison([sync], [overlapped])

@@ -174,6 +174,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--block-size", int, None, "tokens per KV-cache block; unset: 256 with --attention-backend flash, else 16"
     )
     add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
+    add.value(
+        "--async-scheduling", _bool_value, True, "plan and send the next step while the shards run the current one"
+    )
     _add_execution_flags(add)
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")

@@ -71,6 +71,8 @@ class LauncherConfig:
     # Why the KV blocks have `block_size` tokens, for the start-up log.
     block_size_reason: str = "--block-size"
     prefix_caching: bool = True
+    # The router sends step N+1 before step N has answered.
+    async_scheduling: bool = True
     kv_cache_memory: str = "1GiB"
     # The KV cache's dtype, in which attention computes; "auto": the model's dtype.
     kv_cache_dtype: str = "auto"

@@ -85,3 +85,10 @@ def test_router_argv_says_whether_prefix_caching_is_on(enabled: bool, word: str)
     config = LauncherConfig(prefix_caching=enabled, commands=COMMANDS)
     argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
     assert flag_values(argv)["--prefix-caching"] == [word]
+
+
+@pytest.mark.parametrize(("enabled", "word"), [(True, "true"), (False, "false")])
+def test_router_argv_says_whether_scheduling_is_asynchronous(enabled: bool, word: str) -> None:
+    config = LauncherConfig(async_scheduling=enabled, commands=COMMANDS)
+    argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
+    assert flag_values(argv)["--async-scheduling"] == [word]
