@@ -27,7 +27,7 @@ from tandem_server.config import (
 )
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
-from tandem_server.faults import FaultPlan, FaultTarget
+from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc.server import serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
@@ -170,8 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.metrics_port:
             metrics = ShardMetrics(config.rank, shard.runner.device)
             metrics.serve(config.metrics_port, config.metrics_hostname)
-        servicer = ShardServicer(shard.runner, shard.info, metrics, config.faults, config.step_timeout_s)
-        asyncio.run(serve_until_signalled(servicer, config.uds_path))
+        faulty = inject_faults(shard.runner, config.faults, config.rank)
+        servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, config.step_timeout_s)
+        try:
+            asyncio.run(serve_until_signalled(servicer, config.uds_path))
+        finally:
+            if faulty is not None:
+                faulty.release()
     except ConfigError as error:
         logger.error("cannot start: %s", error)
         return 2

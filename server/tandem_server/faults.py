@@ -1,17 +1,29 @@
 """Test-only fault injection: one rank fails or hangs in a chosen Step, to exercise the router's recovery.
 
-A planned fault names `RANK:STEP`. STEP counts, from 1, the Step RPCs this shard process received since it
-started that schedule at least one request (forward passes); Warmup, Health and Steps that only register or
-forget requests do not count, and Reset does not restart the count. Only the shard whose rank is RANK acts.
+A planned fault names `RANK:STEP`. STEP counts, from 1, the Steps this shard process ran since it started that
+schedule at least one request (forward passes); Warmup, Health and Steps that only register or forget requests do
+not count, and Reset does not restart the count. Only the shard whose rank is RANK acts. The faults live in a wrapper
+around the runner, installed only when a fault flag names this rank.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from tandem_server.errors import ConfigError, ShardError
+
+if TYPE_CHECKING:
+    import torch
+
+    from tandem_server.engine.model_runner import ModelRunner
+    from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
+
+logger = logging.getLogger(__name__)
 
 _TARGET = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -82,3 +94,51 @@ class StepFaults:
             f"injected fault: rank {self._rank} fails its forward pass in step {self._steps} "
             "(--fault-inject-step-error)"
         )
+
+
+class FaultInjectingRunner:
+    """The runner's interface to the servicer, with this rank's planned fault in its forward-pass Steps."""
+
+    def __init__(self, runner: ModelRunner, faults: StepFaults) -> None:
+        self._runner = runner
+        self._faults = faults
+        # Set by `release`: lets an injected hang end so the process can exit.
+        self._released = threading.Event()
+
+    @property
+    def device(self) -> torch.device:
+        return self._runner.device
+
+    def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
+        return self._runner.warmup(block_size, max_batch_tokens, max_batch_requests)
+
+    def health_check(self) -> None:
+        self._runner.health_check()
+
+    def reset(self) -> None:
+        self._runner.reset()
+
+    def step(self, step: StepInput) -> StepOutput:
+        """The runner's step, unless this is the Step planned to fail or hang."""
+        fault = self._faults.on_step(len(step.scheduled))
+        if fault is FaultKind.HANG:
+            logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
+            self._released.wait()
+            raise InjectedFaultError("injected hang released at shutdown (--fault-inject-step-hang)")
+        if fault is FaultKind.ERROR:
+            self._faults.raise_error()
+        return self._runner.step(step)
+
+    def release(self) -> None:
+        """Ends an injected hang (at shutdown)."""
+        self._released.set()
+
+
+def inject_faults(runner: ModelRunner, plan: FaultPlan, rank: int) -> FaultInjectingRunner | None:
+    """A fault-injecting wrapper around `runner` when `plan` names this rank; None (serve the runner as it is)
+    otherwise."""
+    faults = StepFaults(plan, rank)
+    if not faults.armed:
+        return None
+    logger.warning("fault injection armed (tests only): %s", plan)
+    return FaultInjectingRunner(runner, faults)

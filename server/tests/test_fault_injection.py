@@ -13,7 +13,7 @@ from shard_testing import make_runner, write_tiny_llama
 from tandem_server.cli import config_from_args, main
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
-from tandem_server.faults import FaultKind, FaultPlan, FaultTarget, StepFaults
+from tandem_server.faults import FaultKind, FaultPlan, FaultTarget, StepFaults, inject_faults
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.server import start_server
 from tandem_server.rpc.servicer import EXIT_GROUP_OUT_OF_STEP, ShardServicer, build_info
@@ -99,7 +99,8 @@ def serve(
     socket_path = tmp_path / "shard.sock"
 
     async def run() -> None:
-        servicer = ShardServicer(runner, info, faults=plan, step_timeout_s=step_timeout_s)
+        faulty = inject_faults(runner, plan, info.rank)
+        servicer = ShardServicer(faulty or runner, info, step_timeout_s=step_timeout_s)
         server = await start_server(servicer, socket_path)
         try:
             async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
@@ -108,6 +109,8 @@ def serve(
                 await scenario(stub)
         finally:
             servicer.shut_down()
+            if faulty is not None:
+                faulty.release()
             await server.stop(0)
 
     asyncio.run(run())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +35,6 @@ class ModelThread:
         )
         # Set by the event loop right before a job is handed over, cleared by the worker when the job ends.
         self._job_started: float | None = None
-        # Set at shutdown: releases a job that blocks on `wait_for_shutdown` (the injected hang).
-        self._shutdown = threading.Event()
 
     async def run(self, job: Callable[[], Result]) -> Result:
         """`job()` on the worker thread; refused while an abandoned job still occupies the model."""
@@ -67,12 +64,7 @@ class ModelThread:
                 f"one model job has run for {busy_s:.0f}s, longer than --step-timeout {self._stall_after_s:g}s"
             )
 
-    def wait_for_shutdown(self) -> None:
-        """Blocks the worker until `shut_down` (how an injected hang looks like a wedged device)."""
-        self._shutdown.wait()
-
     def shut_down(self) -> None:
-        self._shutdown.set()
         self._executor.shutdown(wait=False)
 
 
