@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tandem_launcher.config import (
     ATTENTION_BACKENDS,
@@ -22,23 +21,8 @@ from tandem_launcher.config import (
     choose_block_size,
     is_memory_size,
 )
+from tandem_launcher.flags import FlagAdder, bool_value, key_list
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-# Flags whose variable is not the flag's name in upper case: shells and Kubernetes set `HOSTNAME`
-# to the machine or pod name, which must never become the bind address.
-_ENV_OVERRIDES = {"--hostname": "TANDEM_HOSTNAME"}
-
-
-def _env_name(flag: str) -> str:
-    return _ENV_OVERRIDES.get(flag, flag.lstrip("-").replace("-", "_").upper())
-
-
-def _key_list(text: str) -> list[str]:
-    return [key.strip() for key in text.split(",") if key.strip()]
 
 
 def _memory_size(text: str) -> str:
@@ -47,39 +31,7 @@ def _memory_size(text: str) -> str:
     return text.strip()
 
 
-def _env_bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise SystemExit(f"error: environment variable {name}={value!r} is not a boolean (use true/false)")
-
-
-def _bool_value(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean (use true/false): {text!r}")
-
-
-class _AppendOverEnv(argparse.Action):
-    """Collects every use of a repeatable flag; the first use replaces the env var's list."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        current = getattr(namespace, self.dest)
-        setattr(namespace, self.dest, [*([] if current is self.default else current), values])
-
-
-def _add_bound_flags(add: _FlagAdder) -> None:
+def _add_bound_flags(add: FlagAdder) -> None:
     """The router's per-request and per-connection bounds (docs/security.md)."""
     add.value("--max-stop-sequence-length", int, 512, "longest stop string, in bytes of UTF-8")
     add.value("--max-stop-token-ids", int, 64, "most stop_token_ids one request may list")
@@ -96,36 +48,6 @@ def _add_bound_flags(add: _FlagAdder) -> None:
     )
 
 
-class _FlagAdder:
-    """Adds flags whose default comes from the matching env var, and says so in `--help`."""
-
-    def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-        self.parser = parser
-        self.environ = environ
-
-    def value(self, flag: str, kind: Callable[[str], Any], default: Any, help_text: str, **extra: Any) -> None:
-        env = _env_name(flag)
-        # argparse converts string defaults with `kind`, so env values are validated like flags.
-        chosen = self.environ.get(env, default)
-        shown = "none" if default is None else default
-        self.parser.add_argument(
-            flag, type=kind, default=chosen, help=f"{help_text} (default: {shown}; env: {env})", **extra
-        )
-
-    def repeated(self, flag: str, kind: Callable[[str], Any], help_text: str) -> None:
-        """A flag that may be given several times; its env var holds a comma-separated list."""
-        env = _env_name(flag)
-        default = [kind(item) for item in _key_list(self.environ.get(env, ""))]
-        self.parser.add_argument(
-            flag, type=kind, action=_AppendOverEnv, default=default, help=f"{help_text} (env: {env}, comma-separated)"
-        )
-
-    def switch(self, flag: str, help_text: str) -> None:
-        env = _env_name(flag)
-        default = _env_bool(env, self.environ[env]) if env in self.environ else False
-        self.parser.add_argument(flag, action="store_true", default=default, help=f"{help_text} (env: {env})")
-
-
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The argument parser; defaults come from `environ`, then from the built-in values."""
     parser = argparse.ArgumentParser(
@@ -133,7 +55,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Resolve a model, start its shards and the router, and supervise them until stopped. "
         "`tandem-launcher download MODEL_ID` only fetches a model into the cache (see its --help).",
     )
-    add = _FlagAdder(parser, environ)
+    add = FlagAdder(parser, environ)
     add.value(
         "--model-id",
         str,
@@ -173,9 +95,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--block-size", int, None, "tokens per KV-cache block; unset: 256 with --attention-backend flash, else 16"
     )
-    add.value("--prefix-caching", _bool_value, True, "share the KV blocks of common prompt prefixes between requests")
+    add.value("--prefix-caching", bool_value, True, "share the KV blocks of common prompt prefixes between requests")
     add.value(
-        "--async-scheduling", _bool_value, True, "plan and send the next step while the shards run the current one"
+        "--async-scheduling", bool_value, True, "plan and send the next step while the shards run the current one"
     )
     _add_execution_flags(add)
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
@@ -236,7 +158,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_execution_flags(add: _FlagAdder) -> None:
+def _add_execution_flags(add: FlagAdder) -> None:
     """How the shards hold the KV cache and run their steps on the device."""
     add.value("--kv-cache-memory", _memory_size, "1GiB", "CPU: memory each shard's KV cache takes, e.g. 1GiB")
     add.value(
@@ -295,7 +217,7 @@ def parse_config(
         values["hf_token_file"] = Path(values["hf_token_file"]).expanduser()
     if values["chat_template"] is not None:
         values["chat_template"] = Path(values["chat_template"]).expanduser()
-    values["api_key"] = tuple(key for given in values["api_key"] for key in _key_list(given))
+    values["api_key"] = tuple(key for given in values["api_key"] for key in key_list(given))
     values["api_key_file"] = tuple(Path(path).expanduser() for path in values["api_key_file"])
     gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
     values["device"] = resolve_device(values["device"], gpus)

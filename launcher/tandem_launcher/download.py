@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from tandem_launcher.cli import _FlagAdder
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID, LOG_LEVELS
+from tandem_launcher.flags import FlagAdder
 from tandem_launcher.logs import LOGGER, configure_logging, phase
 from tandem_launcher.model_resolution import ModelResolutionError, ModelSource, prepare_model
 
@@ -36,7 +36,7 @@ def build_download_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser
         help="a Hugging Face repo id (org/name); a local .gguf file or the embedded default is converted "
         f"(default: env MODEL_ID, else {EMBEDDED_MODEL_ID}, the embedded model)",
     )
-    add = _FlagAdder(parser, environ)
+    add = FlagAdder(parser, environ)
     add.value("--revision", str, None, "branch, tag or commit of the repo; none: its main branch")
     add.value("--gguf-file", str, None, "fetch only this .gguf file of the repo and convert it")
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
