@@ -8,8 +8,8 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.linear import rank_run, sliced_parameter
-from tandem_server.weights.slicing import CheckpointSlice
+from tandem_server.layers.linear import rank_run
+from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 _SINGLE_RANK = ParallelContext()
 

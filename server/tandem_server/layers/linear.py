@@ -11,23 +11,7 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.weights.slicing import CheckpointSlice
-
-
-def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    """Copies a tensor (or a rank's slice of one) that must match the parameter's shape exactly."""
-    if param.shape != loaded.shape:
-        raise ValueError(f"expected shape {tuple(param.shape)}, checkpoint has {tuple(loaded.shape)}")
-    param.data.copy_(loaded)
-
-
-def sliced_parameter(shape: tuple[int, ...], part: CheckpointSlice | None) -> nn.Parameter:
-    """An uninitialised parameter that loads `part` of its checkpoint tensor (all of it when None)."""
-    param = nn.Parameter(torch.empty(shape), requires_grad=False)
-    param.weight_loader = load_full
-    if part is not None:
-        param.checkpoint_slice = part
-    return param
+from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 
 def rank_run(run: range | None, total: int, parallel: ParallelContext, what: str) -> range:
@@ -39,18 +23,6 @@ def rank_run(run: range | None, total: int, parallel: ParallelContext, what: str
             f"each rank needs a non-empty contiguous part (use fewer shards)"
         )
     return run
-
-
-class ReplicatedLinear(nn.Module):
-    """A linear layer held whole by every rank."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = sliced_parameter((out_features, in_features), None)
-        self.bias = sliced_parameter((out_features,), None) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):

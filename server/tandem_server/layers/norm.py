@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tandem_server.layers.linear import load_full
+from tandem_server.weights.slicing import load_full
 
 
 class RMSNorm(nn.Module):

@@ -9,11 +9,10 @@ import torch
 from torch import nn
 
 from tandem_server.errors import WeightsError
-from tandem_server.layers.linear import load_full
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
 from tandem_server.weights.safetensors import iterate_tensors
-from tandem_server.weights.slicing import CheckpointTensor
+from tandem_server.weights.slicing import CheckpointTensor, load_full
 
 
 @torch.inference_mode()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import nn
 
 
 class LazyTensor(Protocol):
@@ -58,3 +59,19 @@ class CheckpointTensor:
         if ndim:
             bounds[0] = (bounds[0][0] + self._row_offset, bounds[0][1] + self._row_offset)
         return self._source[tuple(slice(start, stop) for start, stop in bounds)]
+
+
+def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Copies a tensor (or a rank's slice of one) that must match the parameter's shape exactly."""
+    if param.shape != loaded.shape:
+        raise ValueError(f"expected shape {tuple(param.shape)}, checkpoint has {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+def sliced_parameter(shape: tuple[int, ...], part: CheckpointSlice | None) -> nn.Parameter:
+    """An uninitialised parameter that loads `part` of its checkpoint tensor (all of it when None)."""
+    param = nn.Parameter(torch.empty(shape), requires_grad=False)
+    param.weight_loader = load_full
+    if part is not None:
+        param.checkpoint_slice = part
+    return param
