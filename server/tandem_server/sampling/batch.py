@@ -45,7 +45,3 @@ class SamplingBatch:
     @property
     def all_greedy(self) -> bool:
         return not self.sampled_rows
-
-    @property
-    def max_top_logprobs(self) -> int:
-        return max((row.top_logprobs for row in self.rows), default=0)
