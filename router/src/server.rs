@@ -104,7 +104,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         "shards connected"
     );
     check_model_fits(&config, &model)?;
-    let validator = bound_to_model_vocab(validator, vocab, &model);
+    let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
@@ -163,13 +163,20 @@ fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(
     Ok(())
 }
 
-/// Token ids must exist in the model's embedding as well as in the tokenizer (a model
-/// vocabulary of 0 means the shard did not say).
-fn bound_to_model_vocab(
+/// Requests end on the model's EOS ids and grammars allow them: read once, from the shards'
+/// `Info` (the shard reads them from `config.json` and `generation_config.json`). Token ids
+/// must exist in the model's embedding as well as in the tokenizer (a model vocabulary of 0
+/// means the shard did not say).
+fn bound_to_model(
     validator: Validator,
     tokenizer_vocab: usize,
     model: &pb::InfoResponse,
+    config: &RouterConfig,
 ) -> Validator {
+    let mut validator = validator.with_eos_token_ids(model.eos_token_ids.clone());
+    if let Some(grammars) = grammar_compiler(config, &model.eos_token_ids) {
+        validator = validator.with_grammars(Arc::new(grammars));
+    }
     let model_vocab = usize::try_from(model.vocab_size).unwrap_or(usize::MAX);
     if tokenizer_vocab > model_vocab {
         warn!(
@@ -308,18 +315,9 @@ fn tokenization(
         max_total_tokens: config.limits.max_total_tokens,
         max_stop_sequences: config.api.max_stop_sequences,
     };
-    let grammars = grammar_compiler(config, &files.eos_token_ids);
-    let mut validator = Validator::new(
-        Arc::clone(&tokenizer),
-        chat_template,
-        limits,
-        files.eos_token_ids,
-    )
-    .with_request_limits(config.request_limits)
-    .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
-    if let Some(grammars) = grammars {
-        validator = validator.with_grammars(Arc::new(grammars));
-    }
+    let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
+        .with_request_limits(config.request_limits)
+        .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
     Ok((validator, TokenDecoding::new(tokenizer)))
 }
 

@@ -110,13 +110,14 @@ def new_request(
     max_new_tokens: int = 8,
     sampling: SamplingParams | None = None,
     num_output_tokens: int = 0,
+    stop_token_ids: tuple[int, ...] = (),
 ) -> NewRequest:
     return NewRequest(
         id=request_id,
         token_ids=tuple(token_ids),
         num_output_tokens=num_output_tokens,
         sampling=sampling or SamplingParams(),
-        stopping=StoppingCriteria(max_new_tokens=max_new_tokens),
+        stopping=StoppingCriteria(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids),
     )
 
 

@@ -112,10 +112,11 @@ def test_greedy_tokens_equal_transformers_generate(reference, tokenizer, runner)
     prompt_ids = [tokenizer(prompt)["input_ids"] for prompt in PROMPTS]
     max_new_tokens = 8
     driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=6, seed=5)
-    ours = driver.run([new_request(i, ids, max_new_tokens) for i, ids in enumerate(prompt_ids)])
+    eos = runner.eos_token_ids
+    ours = driver.run([new_request(i, ids, max_new_tokens, stop_token_ids=eos) for i, ids in enumerate(prompt_ids)])
     for i, prompt in enumerate(prompt_ids):
         with torch.no_grad():
             output = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
         expected = output[0, len(prompt) :].tolist()
         assert ours[i] == expected[: len(ours[i])], PROMPTS[i]
-        assert len(ours[i]) == max_new_tokens or ours[i][-1] in runner.eos_token_ids
+        assert len(ours[i]) == max_new_tokens or ours[i][-1] in eos

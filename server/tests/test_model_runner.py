@@ -86,17 +86,17 @@ def first_greedy_token(runner: ModelRunner) -> int:
     return output.generations[0].token_id
 
 
-def test_stop_token_eos_and_ignore_eos(runner: ModelRunner) -> None:
+def test_a_request_ends_on_its_stop_tokens_and_never_on_the_models_own_eos(runner: ModelRunner) -> None:
     token = first_greedy_token(runner)
     stop = NewRequest(1, tuple(PROMPT), 0, SamplingParams(), StoppingCriteria(8, stop_token_ids=(token,)))
     assert runner.step(prefill(stop)).generations[0].finish_reason is FinishReason.STOP_TOKEN
 
+    # The router lists the model's EOS among the stop tokens unless the client ignores EOS.
     runner.eos_token_ids = (token,)
-    eos = new_request(2, PROMPT)
-    assert runner.step(prefill(eos, (4, 5))).generations[0].finish_reason is FinishReason.EOS
-    ignored = NewRequest(3, tuple(PROMPT), 0, SamplingParams(), StoppingCriteria(8, ignore_eos=True))
-    assert runner.step(prefill(ignored, (6, 7))).generations[0].finish_reason is None
-    assert 3 in runner.requests and 2 not in runner.requests
+    ignoring_eos = new_request(2, PROMPT)
+    generation = runner.step(prefill(ignoring_eos, (4, 5))).generations[0]
+    assert generation.token_id == token and generation.finish_reason is None
+    assert 2 in runner.requests and 1 not in runner.requests
 
 
 def test_max_new_tokens_counts_tokens_generated_before_preemption(runner: ModelRunner) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import Generation, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.sampling import SamplingParams
 from transformers import LlamaForCausalLM
 
@@ -76,16 +76,21 @@ def test_prompt_logprobs_match_transformers_across_chunked_prefill(
         assert [t for t, _ in tops[position]] == reference[position - 1].topk(3).indices.tolist()
 
 
-def test_eos_and_stop_tokens_are_masked_until_min_new_tokens(runner: ModelRunner) -> None:
-    first = runner.step(
-        StepInput(new_requests=(new_request(9, PROMPT),), scheduled=(ScheduledRequest(9, len(PROMPT), (0, 1, 2), 0),))
-    ).generations[0]
+def _prefill_one(runner: ModelRunner, request: NewRequest) -> Generation:
+    step = StepInput(new_requests=(request,), scheduled=(ScheduledRequest(request.id, len(PROMPT), (0, 1, 2), 0),))
+    return runner.step(step).generations[0]
+
+
+def test_min_new_tokens_masks_exactly_the_requests_stop_tokens(runner: ModelRunner) -> None:
+    first = _prefill_one(runner, new_request(9, PROMPT))
     runner.reset()
     runner.eos_token_ids = (first.token_id,)
-    masked = replace(new_request(1, PROMPT), stopping=StoppingCriteria(8, min_new_tokens=1))
-    generation = runner.step(
-        StepInput(new_requests=(masked,), scheduled=(ScheduledRequest(1, len(PROMPT), (0, 1, 2), 0),))
-    ).generations[0]
+    stopping = StoppingCriteria(8, stop_token_ids=(first.token_id,), min_new_tokens=1)
+    generation = _prefill_one(runner, replace(new_request(1, PROMPT), stopping=stopping))
     assert generation.token_id != first.token_id
     assert generation.finish_reason is None
     assert generation.logprob <= first.logprob
+    runner.reset()
+    # The model's EOS is no stop token of this request (its client ignores EOS): nothing masks it.
+    unmasked = _prefill_one(runner, replace(new_request(2, PROMPT), stopping=StoppingCriteria(8, min_new_tokens=1)))
+    assert unmasked.token_id == first.token_id

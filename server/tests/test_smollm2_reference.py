@@ -61,10 +61,11 @@ def test_greedy_tokens_equal_transformers_generate(checkpoint: Path, reference, 
     runner.warmup(block_size=16, max_batch_tokens=64, max_batch_requests=8)
     max_new_tokens = 16
     driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=64, seed=5)
-    ours = driver.run([new_request(i, ids, max_new_tokens) for i, ids in enumerate(prompt_ids)])
+    eos = runner.eos_token_ids
+    ours = driver.run([new_request(i, ids, max_new_tokens, stop_token_ids=eos) for i, ids in enumerate(prompt_ids)])
     for i, prompt in enumerate(prompt_ids):
         with torch.no_grad():
             output = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
         expected = output[0, len(prompt) :].tolist()
         assert ours[i] == expected[: len(ours[i])], PROMPTS[i]
-        assert len(ours[i]) == max_new_tokens or ours[i][-1] in runner.eos_token_ids
+        assert len(ours[i]) == max_new_tokens or ours[i][-1] in eos

@@ -42,7 +42,7 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
     runner.warmup(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
     requests = {
-        rid: NewRequest(rid, tuple(PROMPT), 0, sampling, StoppingCriteria(NEW_TOKENS, ignore_eos=True))
+        rid: NewRequest(rid, tuple(PROMPT), 0, sampling, StoppingCriteria(NEW_TOKENS))
         for rid, sampling in ((1, GREEDY), (2, SEEDED))
     }
     tables = {rid: tuple(range((rid - 1) * blocks_per_request, rid * blocks_per_request)) for rid in requests}

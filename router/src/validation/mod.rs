@@ -175,6 +175,7 @@ pub struct Validator {
     request_limits: RequestLimits,
     /// Token ids below this exist in both the tokenizer and the model.
     vocab_size: usize,
+    /// The model's end-of-sequence ids, as the shard's `Info` reports them.
     eos_token_ids: Vec<u32>,
     /// `None`: this model serves no grammars (requests asking for one are rejected).
     grammars: Option<Arc<GrammarCompiler>>,
@@ -183,12 +184,11 @@ pub struct Validator {
 }
 
 impl Validator {
-    /// `eos_token_ids` end every request in addition to the model's own EOS.
+    /// A validator for a model without end-of-sequence ids until `with_eos_token_ids`.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
         chat_template: Option<ChatTemplate>,
         limits: Limits,
-        eos_token_ids: Vec<u32>,
     ) -> Self {
         Self {
             vocab_size: tokenizer.get_vocab_size(true),
@@ -196,7 +196,7 @@ impl Validator {
             chat_template: chat_template.map(Arc::new),
             limits,
             request_limits: RequestLimits::default(),
-            eos_token_ids,
+            eos_token_ids: Vec::new(),
             grammars: None,
             tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
         }
@@ -220,6 +220,15 @@ impl Validator {
     #[must_use]
     pub fn with_model_vocab_size(mut self, model_vocab_size: usize) -> Self {
         self.vocab_size = self.vocab_size.min(model_vocab_size);
+        self
+    }
+
+    /// Every request stops on `eos_token_ids` unless it sets `ignore_eos`: the router is the
+    /// only one that decides where a sequence ends, and the shard stops only on the stop token
+    /// ids each request carries.
+    #[must_use]
+    pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<u32>) -> Self {
+        self.eos_token_ids = eos_token_ids;
         self
     }
 
@@ -296,7 +305,7 @@ impl Validator {
         })
     }
 
-    /// Token ids in `stop_token_ids` and `logit_bias` must exist in the vocabulary.
+    /// A grammar must compile, and only a model with a grammar engine accepts one.
     async fn check_grammar(&self, requested: &RequestedGrammar) -> Result<(), ValidationError> {
         match &self.grammars {
             Some(grammars) => grammars.check(requested).await,
@@ -307,6 +316,7 @@ impl Validator {
         }
     }
 
+    /// Token ids in `stop_token_ids` and `logit_bias` must exist in the vocabulary.
     fn check_token_ids(
         &self,
         stop_token_ids: &[u32],

@@ -34,8 +34,6 @@ pub struct ModelFiles {
     pub chat_template: Option<String>,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
-    /// `eos_token_id` from `generation_config.json`: extra ids that end generation.
-    pub eos_token_ids: Vec<u32>,
     /// The sampling values `generation_config.json` recommends.
     pub sampling_defaults: SamplingDefaults,
 }
@@ -76,11 +74,6 @@ impl ModelFiles {
             chat_template,
             bos_token: config.bos_token.as_ref().and_then(token_content),
             eos_token: config.eos_token.as_ref().and_then(token_content),
-            eos_token_ids: generation
-                .get("eos_token_id")
-                .cloned()
-                .map(token_ids)
-                .unwrap_or_default(),
             sampling_defaults: SamplingDefaults::from_generation_config(&generation),
         })
     }
@@ -143,14 +136,6 @@ fn token_content(value: &Value) -> Option<String> {
     }
 }
 
-fn token_ids(value: Value) -> Vec<u32> {
-    let as_id = |v: &Value| v.as_u64().and_then(|id| u32::try_from(id).ok());
-    match value {
-        Value::Array(items) => items.iter().filter_map(as_id).collect(),
-        single => as_id(&single).into_iter().collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,7 +157,6 @@ mod tests {
         assert_eq!(files.bos_token.as_deref(), Some("<s>"));
         assert_eq!(files.eos_token.as_deref(), Some("</s>"));
         assert_eq!(files.chat_template.as_deref(), Some("T"));
-        assert_eq!(files.eos_token_ids, vec![257, 3]);
         assert_eq!(files.sampling_defaults.temperature, Some(0.6));
     }
 
@@ -181,7 +165,7 @@ mod tests {
         let dir = write_model_dir(&json!({"chat_template": "from config"}), Some("from file"));
         let files = ModelFiles::load(dir.path()).unwrap();
         assert_eq!(files.chat_template.as_deref(), Some("from file"));
-        assert!(files.eos_token_ids.is_empty() && files.sampling_defaults.is_empty());
+        assert!(files.sampling_defaults.is_empty());
     }
 
     #[test]

@@ -14,8 +14,8 @@ fn validator(with_template: bool) -> Validator {
             max_total_tokens: 40,
             max_stop_sequences: 4,
         },
-        vec![7],
     )
+    .with_eos_token_ids(vec![7])
 }
 
 fn params() -> GenerationParams {
@@ -254,4 +254,25 @@ fn a_token_prompt_over_the_input_limit_is_refused_before_tokenizing() {
             max_input_tokens: 30
         }
     );
+}
+
+#[tokio::test]
+async fn the_models_eos_joins_the_stop_tokens_unless_the_request_ignores_it() {
+    let params = GenerationParams {
+        stop_token_ids: vec![5],
+        ..params()
+    };
+    let prompt = || Prompt::Text("hello".into());
+    let valid = validator(false).validate(prompt(), &params).await.unwrap();
+    assert_eq!(valid.request.stopping.stop_token_ids, vec![5, 7]);
+    let ignoring = GenerationParams {
+        ignore_eos: true,
+        ..params
+    };
+    let valid = validator(false)
+        .validate(prompt(), &ignoring)
+        .await
+        .unwrap();
+    assert_eq!(valid.request.stopping.stop_token_ids, vec![5]);
+    assert!(valid.request.stopping.ignore_eos);
 }

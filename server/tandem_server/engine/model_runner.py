@@ -225,7 +225,7 @@ class ModelRunner:
                 params=s.sampling,
                 position=len(s.token_ids),
                 statistics=self._statistics(s),
-                banned_ids=s.banned_token_ids(self.eos_token_ids),
+                banned_ids=s.banned_token_ids(),
                 top_logprobs=s.top_logprobs,
             )
             for s in states
@@ -252,7 +252,7 @@ class ModelRunner:
         ):
             try:
                 _raise_row_failure(row, sampling.grammar_failures, sampled.failures)
-                reason = state.append_generated(token_id, self.eos_token_ids)
+                reason = state.append_generated(token_id)
             except RequestFailedError as error:
                 self.requests.forget([state.id])
                 failures.append(RequestFailure(state.id, error.kind, str(error)))

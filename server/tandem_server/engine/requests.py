@@ -57,19 +57,19 @@ class RequestState:
         """Tokens that were prompted rather than generated (constant across appends)."""
         return len(self.token_ids) - self.num_output_tokens
 
-    def banned_token_ids(self, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
-        """Tokens that may not be sampled yet: EOS (unless ignored) and stop tokens before min_new_tokens."""
+    def banned_token_ids(self) -> tuple[int, ...]:
+        """Tokens that may not be sampled yet: the request's stop tokens, before min_new_tokens."""
         if self.num_output_tokens >= self.stopping.min_new_tokens:
             return ()
-        eos = () if self.stopping.ignore_eos else tuple(eos_token_ids)
-        return tuple(dict.fromkeys((*self.stopping.stop_token_ids, *eos)))
+        return self.stopping.stop_token_ids
 
     def samples_after(self, num_tokens: int) -> bool:
         """True when running `num_tokens` more brings every token, prompt and generated, through the model."""
         return self.num_computed + num_tokens == len(self.token_ids)
 
-    def append_generated(self, token_id: int, eos_token_ids: Sequence[int]) -> FinishReason | None:
-        """Records a sampled token and says whether it ends the request."""
+    def append_generated(self, token_id: int) -> FinishReason | None:
+        """Records a sampled token and says whether it ends the request: the router decides which tokens end a
+        sequence (the model's EOS among them) and lists them all in `stop_token_ids`."""
         self.token_ids.append(token_id)
         self.num_output_tokens += 1
         if self.statistics is not None:
@@ -80,8 +80,6 @@ class RequestState:
                 return FinishReason.EOS
         if token_id in self.stopping.stop_token_ids:
             return FinishReason.STOP_TOKEN
-        if not self.stopping.ignore_eos and token_id in eos_token_ids:
-            return FinishReason.EOS
         if self.num_output_tokens >= self.stopping.max_new_tokens:
             return FinishReason.LENGTH
         return None

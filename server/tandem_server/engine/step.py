@@ -33,9 +33,9 @@ class StoppingCriteria:
     """Token-level stop conditions; `max_new_tokens` counts tokens generated before a preemption too."""
 
     max_new_tokens: int
-    ignore_eos: bool = False
+    # Every token that ends the request, the model's EOS ids included unless the client ignores them.
     stop_token_ids: tuple[int, ...] = ()
-    # EOS (unless ignored) and stop tokens are masked until this many tokens were generated.
+    # Stop tokens are masked until this many tokens were generated.
     min_new_tokens: int = 0
 
 

@@ -80,7 +80,6 @@ def _new_request_from_pb(request: shard_pb2.NewRequest) -> NewRequest:
         sampling=_sampling_from_pb(request.sampling),
         stopping=StoppingCriteria(
             max_new_tokens=request.stopping.max_new_tokens,
-            ignore_eos=request.stopping.ignore_eos,
             stop_token_ids=tuple(request.stopping.stop_token_ids),
             min_new_tokens=request.stopping.min_new_tokens,
         ),

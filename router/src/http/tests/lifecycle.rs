@@ -43,7 +43,7 @@ fn state_over(inner: Arc<FakeBackend>, phase: EnginePhase) -> AppState {
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), None, limits, vec![]);
+    let validator = Validator::new(Arc::clone(&tokenizer), None, limits);
     let backend = Arc::new(PhasedBackend {
         inner,
         phase: Mutex::new(phase),

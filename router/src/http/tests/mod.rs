@@ -253,7 +253,7 @@ pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_stop_sequences: 4,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits, vec![])
+    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits)
         .with_request_limits(info.request_limits);
     AppState::new(
         backend,
