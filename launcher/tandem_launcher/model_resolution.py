@@ -77,23 +77,8 @@ class ModelSource:
 Downloader = Callable[[ModelSource], None]
 
 
-def resolve_model(
-    model_id: str,
-    revision: str | None,
-    cache_dir: Path,
-    allow_pickle_weights: bool = False,
-    *,
-    gguf_file: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    download: Downloader | None = None,
-) -> ResolvedModel:
-    """The model to serve; a repo id missing from the HF cache is downloaded first (unless HF_HUB_OFFLINE is set)."""
-    source = ModelSource(model_id, revision, cache_dir, allow_pickle_weights, gguf_file)
-    return resolve_source(source, environ, download)
-
-
 def resolve_configured_model(config: LauncherConfig) -> ResolvedModel:
-    """`resolve_model` with the launcher's flags; a download logs like the launcher itself."""
+    """The model the launcher's flags name (see `resolve_source`); a download logs like the launcher itself."""
     source = ModelSource(
         config.model_id,
         config.revision,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from resolution_testing import resolve_model
 from tandem_launcher import embedded
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.embedded import (
@@ -14,7 +15,6 @@ from tandem_launcher.embedded import (
     converted_model_dir,
     embedded_gguf,
 )
-from tandem_launcher.model_resolution import resolve_model
 
 SMOLLM2_EOS_ID = 2
 

@@ -6,10 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from resolution_testing import resolve_model
 from tandem_launcher.cli import parse_config
 from tandem_launcher.commands import shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
-from tandem_launcher.model_resolution import ModelResolutionError, ResolvedModel, resolve_model
+from tandem_launcher.model_resolution import ModelResolutionError, ResolvedModel
 
 MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
-from tandem_launcher.model_resolution import ModelResolutionError, resolve_model
+from resolution_testing import resolve_model
+from tandem_launcher.model_resolution import ModelResolutionError
 
 
 def test_a_complete_local_directory_is_served_as_is(model_dir: Path, tmp_path: Path) -> None:
