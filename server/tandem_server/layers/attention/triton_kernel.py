@@ -107,6 +107,31 @@ def _attend_rows(  # noqa: PLR0913, PLR0917  (device helper: arguments are regis
     return acc, running_max, running_sum
 
 
+@triton.jit
+def _key_range(  # noqa: PLR0913, PLR0917  (inlined into the kernel: its values, not a call contract)
+    first_query_position,
+    tile,
+    seq_len,
+    window,
+    split,
+    num_splits,
+    TILE_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    # Keys [key_lo, key_hi) can be visible to some row of this tile; a split takes its own share of them.
+    key_hi = tl.minimum(first_query_position + (tile + 1) * TILE_TOKENS, seq_len)
+    key_lo = 0
+    if USE_WINDOW:
+        key_lo = tl.maximum(first_query_position + tile * TILE_TOKENS - window + 1, 0)
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(key_hi - key_lo, num_splits), BLOCK_N) * BLOCK_N
+        key_lo = key_lo + split * chunk
+        key_hi = tl.minimum(key_lo + chunk, key_hi)
+    return key_lo, key_hi
+
+
 @triton.jit(do_not_specialize=["stride_table", "num_splits"])
 def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its launch contract)
     out_ptr,
@@ -166,15 +191,9 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
     q_offsets = (query_start + token)[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=io_mask, other=0.0)
 
-    # Keys [key_lo, key_hi) can be visible to some row of this tile.
-    key_hi = tl.minimum(first_query_position + (tile + 1) * TILE_TOKENS, seq_len)
-    key_lo = 0
-    if USE_WINDOW:
-        key_lo = tl.maximum(first_query_position + tile * TILE_TOKENS - window + 1, 0)
-    if SPLIT:
-        chunk = tl.cdiv(tl.cdiv(key_hi - key_lo, num_splits), BLOCK_N) * BLOCK_N
-        key_lo = key_lo + split * chunk
-        key_hi = tl.minimum(key_lo + chunk, key_hi)
+    key_lo, key_hi = _key_range(
+        first_query_position, tile, seq_len, window, split, num_splits, TILE_TOKENS, BLOCK_N, USE_WINDOW, SPLIT
+    )
     acc, running_max, running_sum = _attend_rows(
         q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_table, kv_head, query_position, key_lo,
         key_hi, scale, softcap, window, stride_cache_block, stride_cache_slot, stride_cache_head,
