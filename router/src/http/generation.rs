@@ -1,11 +1,10 @@
-//! One generation as every route runs it: admit, validate, submit, then read text deltas.
+//! One generation as every route runs it: validate, admit, submit, then read text deltas.
 
 use std::sync::Arc;
 
 use futures::Stream;
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::admission::TokenReservation;
+use super::load_shedding::AdmissionTicket;
 use super::AppState;
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
@@ -13,18 +12,17 @@ use crate::scheduler::PromptLogprobs;
 use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenText};
 use crate::validation::{GenerationParams, Prompt};
 
-/// A request admitted and queued in the scheduler. Dropping it cancels the request,
-/// releases its admission permit and records it as cancelled.
+/// A request validated, admitted and queued in the scheduler; reading it yields its text.
+/// Dropping it cancels the request, releases what its admission holds and records it as
+/// cancelled.
 #[derive(Debug)]
-pub struct Generation {
+pub struct AdmittedRequest {
     text: TextStream,
     metrics: RequestMetrics,
     pub input_tokens: usize,
     pub seed: u64,
     pub input_ids: Vec<u32>,
-    _permit: OwnedSemaphorePermit,
-    /// Held until the first token arrives (see `admission`).
-    queued: Option<TokenReservation>,
+    ticket: AdmissionTicket,
 }
 
 /// A generation read to its end.
@@ -57,22 +55,22 @@ pub struct SiblingDelta {
 }
 
 /// Reads every sibling to its end; the first error cancels the others.
-pub async fn collect_siblings(generations: Vec<Generation>) -> Result<Vec<Completed>, AppError> {
-    futures::future::try_join_all(generations.into_iter().map(Generation::collect)).await
+pub async fn collect_siblings(
+    generations: Vec<AdmittedRequest>,
+) -> Result<Vec<Completed>, AppError> {
+    futures::future::try_join_all(generations.into_iter().map(AdmittedRequest::collect)).await
 }
 
-/// What a successful submission hands back: one text stream, permit and token reservation
-/// per sibling.
+/// What a successful submission hands back: one text stream and admission ticket per sibling.
 struct Submitted {
     texts: Vec<TextStream>,
     input_ids: Vec<u32>,
     seed: u64,
-    permits: Vec<OwnedSemaphorePermit>,
-    reservations: Vec<TokenReservation>,
+    tickets: Vec<AdmissionTicket>,
 }
 
-impl Generation {
-    /// Admits the request (429 when the server is full), validates it and submits it.
+impl AdmittedRequest {
+    /// Validates the request, admits it (429 when the server is full) and submits it.
     pub async fn start(
         state: &AppState,
         route: &'static str,
@@ -103,14 +101,14 @@ impl Generation {
                     texts,
                     input_ids,
                     seed,
-                    permits,
-                    reservations,
+                    tickets,
                 } = submitted;
-                let siblings = texts.into_iter().zip(permits).zip(reservations);
-                Ok(siblings
+                Ok(texts
+                    .into_iter()
+                    .zip(tickets)
                     .zip(metrics)
                     .zip(0u64..)
-                    .map(|((((text, permit), queued), metrics), index)| {
+                    .map(|(((text, ticket), metrics), index)| {
                         metrics.input_tokens(input_ids.len());
                         Self {
                             text,
@@ -118,8 +116,7 @@ impl Generation {
                             input_tokens: input_ids.len(),
                             seed: seed.wrapping_add(index),
                             input_ids: input_ids.clone(),
-                            _permit: permit,
-                            queued: Some(queued),
+                            ticket,
                         }
                     })
                     .collect())
@@ -139,11 +136,10 @@ impl Generation {
         params: &GenerationParams,
         count: usize,
     ) -> Result<Submitted, AppError> {
-        let permits = state.admission.admit_requests(count)?;
         let valid = state.validator.validate(prompt, params).await?;
         let queued_tokens =
             valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
-        let reservations = state.admission.reserve_tokens(queued_tokens, count)?;
+        let tickets = state.load_shedder.admit(count, queued_tokens)?;
         let input_ids = valid.request.input_ids.clone();
         let seed = valid.request.sampling.seed;
         let requests = (0u64..)
@@ -171,8 +167,7 @@ impl Generation {
             texts,
             input_ids,
             seed,
-            permits,
-            reservations,
+            tickets,
         })
     }
 
@@ -180,7 +175,7 @@ impl Generation {
     pub async fn next(&mut self) -> Option<Result<TextDelta, AppError>> {
         let delta = self.text.next().await?;
         // A token or an error: either way the request no longer waits in the queue.
-        self.queued = None;
+        self.ticket.leave_queue();
         if let Ok(delta) = &delta {
             self.metrics.token(self.text.admitted_at(), delta.finish);
         }

@@ -1,6 +1,5 @@
 //! The axum application: routes, request ids, body limit (the shared state is `state`).
 
-mod admission;
 mod auth;
 mod connections;
 mod deep_health;
@@ -9,6 +8,7 @@ mod info;
 mod json;
 mod launch_identity;
 mod lifecycle;
+mod load_shedding;
 mod native;
 mod openai;
 mod openapi;
@@ -27,7 +27,6 @@ use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use admission::Admission;
 pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use super::admission::Admission;
 use super::auth::ApiKeys;
 use super::deep_health::DeepProbe;
 use super::info::ServerInfo;
 use super::lifecycle::Draining;
+use super::load_shedding::LoadShedder;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
 use crate::validation::Validator;
@@ -28,7 +28,7 @@ pub struct AppState {
     /// Whether request and response bodies are logged (`--log-requests`).
     pub(super) log_requests: bool,
     /// Requests and queued tokens in flight; beyond the limits a request gets 429.
-    pub(super) admission: Admission,
+    pub(super) load_shedder: LoadShedder,
     /// Keys the protected routes require; `None`: no authentication.
     pub(super) api_keys: Option<ApiKeys>,
     /// The deep health probe every `/health?deep=true` shares.
@@ -47,7 +47,7 @@ impl AppState {
         info: ServerInfo,
         metrics: PrometheusHandle,
     ) -> Self {
-        let admission = Admission::new(info.max_concurrent_requests, info.max_queued_tokens);
+        let load_shedder = LoadShedder::new(info.max_concurrent_requests, info.max_queued_tokens);
         Self {
             backend,
             validator,
@@ -56,7 +56,7 @@ impl AppState {
             metrics,
             draining: Draining::default(),
             log_requests: false,
-            admission,
+            load_shedder,
             api_keys: None,
             deep_probe: Arc::default(),
             launch_id: None,
@@ -87,6 +87,6 @@ impl AppState {
 
     /// Requests admitted and not yet finished (streams included).
     pub fn in_flight(&self) -> usize {
-        self.admission.requests_in_flight()
+        self.load_shedder.requests_in_flight()
     }
 }

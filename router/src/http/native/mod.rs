@@ -11,7 +11,7 @@ use axum::Json;
 use request::GenerateRequest;
 use response::{BestOfSequence, GenerateResponse, StreamDetails, StreamResponse};
 
-use super::generation::{collect_siblings, Generation};
+use super::generation::{collect_siblings, AdmittedRequest};
 use super::json::ApiJson;
 use super::sse::{json_event, sse_response};
 use super::AppState;
@@ -64,7 +64,8 @@ async fn generate_whole(
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.info)?;
     let generations =
-        Generation::start_siblings(&state, "generate", prompt, &params, options.best_of).await?;
+        AdmittedRequest::start_siblings(&state, "generate", prompt, &params, options.best_of)
+            .await?;
     let mut candidates = collect_siblings(generations).await?;
     let best = candidates
         .iter()
@@ -117,7 +118,7 @@ async fn stream_tokens(
         }
         .into());
     }
-    let mut generation = Generation::start(&state, "generate_stream", prompt, &params).await?;
+    let mut generation = AdmittedRequest::start(&state, "generate_stream", prompt, &params).await?;
     let events = async_stream::stream! {
         let mut text = options.full_text_prefix.unwrap_or_default();
         loop {

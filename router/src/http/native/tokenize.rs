@@ -48,7 +48,7 @@ pub async fn tokenize(
     ApiJson(request, _): ApiJson<TokenizeRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
     reject_unsupported(&request.extra, &[])?;
-    let _permit = state.admission.admit_requests(1)?;
+    let _permit = state.load_shedder.admit_requests(1)?;
     let (text, tokens) = state
         .validator
         .tokenize_with_offsets(request.inputs)

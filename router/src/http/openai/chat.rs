@@ -19,7 +19,7 @@ use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
-use crate::http::generation::{collect_siblings, Generation};
+use crate::http::generation::{collect_siblings, AdmittedRequest};
 use crate::http::info::ServerInfo;
 use crate::http::json::ApiJson;
 use crate::http::state::AppState;
@@ -409,7 +409,7 @@ pub async fn completions(
     let with_logprobs = request.logprobs == Some(true);
     let (prompt, params, n, tool_plan) = request.into_parts(&state.info)?;
     let generations =
-        Generation::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
+        AdmittedRequest::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
     let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {

@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::generation::Generation;
+use super::generation::AdmittedRequest;
 use super::sse::{done_event, json_event, sse_response};
 use crate::error::{error_event, Api};
 use crate::scheduler::LogprobOptions;
@@ -212,7 +212,7 @@ pub trait ChunkBuilder: Send + 'static {
 /// `[DONE]` and cancels the other choices. `usage_prompt_tokens`: send a usage chunk last,
 /// counting that many prompt tokens.
 pub fn stream_chunks(
-    generations: Vec<Generation>,
+    generations: Vec<AdmittedRequest>,
     mut chunks: impl ChunkBuilder,
     usage_prompt_tokens: Option<usize>,
 ) -> Response {

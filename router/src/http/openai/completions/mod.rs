@@ -17,7 +17,7 @@ use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
 use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
-use crate::http::generation::{collect_siblings, Completed, Generation};
+use crate::http::generation::{collect_siblings, AdmittedRequest, Completed};
 use crate::http::json::ApiJson;
 use crate::http::state::AppState;
 use crate::stream::{TokenDecoding, TokenText};
@@ -142,7 +142,7 @@ pub async fn completions(
     let mut per_prompt = Vec::with_capacity(plan.prompts.len());
     for prompt in plan.prompts {
         let generations =
-            Generation::start_siblings(&state, "completions", prompt, &plan.params, best_of)
+            AdmittedRequest::start_siblings(&state, "completions", prompt, &plan.params, best_of)
                 .await?;
         per_prompt.push(generations);
     }
@@ -153,7 +153,7 @@ pub async fn completions(
     let meta = ResponseMeta::new("cmpl", &state.info.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
-        let generations: Vec<Generation> = per_prompt.into_iter().flatten().collect();
+        let generations: Vec<AdmittedRequest> = per_prompt.into_iter().flatten().collect();
         let chunks = CompletionChunks {
             meta,
             logprobs: decoding.map(|decoding| {
