@@ -129,7 +129,8 @@ impl BlockManager {
         self.cache_block_size
     }
 
-    /// Forgets every cached prefix (the shards lost their cache contents).
+    /// Forgets every cached prefix.
+    #[cfg(test)]
     pub fn clear_cache(&mut self) {
         for block in self.cache.clear() {
             if self.ref_counts[block as usize] == 0 {

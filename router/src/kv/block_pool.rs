@@ -61,7 +61,8 @@ impl BlockPool {
         self.lock().reset(total)
     }
 
-    /// Forgets every cached prefix: the shards' cache contents are gone (after a restart).
+    /// Forgets every cached prefix.
+    #[cfg(test)]
     pub fn clear_prefix_cache(&self) {
         self.lock().clear_cache();
     }

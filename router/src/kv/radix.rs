@@ -196,7 +196,8 @@ impl RadixCache {
         Some(node.block)
     }
 
-    /// Forgets every cached prefix (the shards' cache contents are gone); returns the blocks.
+    /// Forgets every cached prefix; returns the blocks.
+    #[cfg(test)]
     pub fn clear(&mut self) -> Vec<u32> {
         let blocks = self.node_of_block.keys().copied().collect();
         *self = Self::new();

@@ -55,6 +55,7 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
 }
 
 /// A handle to a recorder that is not installed: renders nothing, for tests.
+#[cfg(test)]
 pub fn detached_handle() -> PrometheusHandle {
     PrometheusBuilder::new().build_recorder().handle()
 }
