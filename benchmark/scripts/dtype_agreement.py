@@ -20,6 +20,7 @@ from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
@@ -37,9 +38,9 @@ def score(model: CausalLM, dtype: torch.dtype, ids: list[int]) -> torch.Tensor:
     geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, dtype)
     blocks = -(-len(ids) // BLOCK_SIZE)
     cache = KVCache(geometry, num_blocks=blocks + 1, device=CPU)
-    batch = build_step_batch([ScheduledSpan(ids, 0, list(range(1, blocks + 1)))], BLOCK_SIZE, CPU, True)
+    batch = build_step_batch([ScheduledSpan(ids, 0, list(range(1, blocks + 1)))], BLOCK_SIZE, CPU)
     with torch.inference_mode():
-        return model.compute_logits(model(batch.input_ids, batch.positions, cache.layers, batch.metadata)).float()
+        return model.compute_logits(forward_step(model, batch, cache.layers)).float()
 
 
 def greedy(model: CausalLM, dtype: torch.dtype, prompt: list[int], new_tokens: int) -> list[int]:
