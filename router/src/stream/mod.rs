@@ -56,6 +56,8 @@ pub struct TokenText {
 pub struct TextDelta {
     pub token: TokenText,
     pub finish: Option<Finish>,
+    /// With `Finish::StopSequence`: the stop string that matched.
+    pub stop_sequence: Option<String>,
 }
 
 /// A generation that ended without its last token.
@@ -214,7 +216,12 @@ impl TextStream {
             text,
             top_logprobs,
         };
-        Ok(TextDelta { token, finish })
+        let stop_sequence = self.stops.matched().map(str::to_owned);
+        Ok(TextDelta {
+            token,
+            finish,
+            stop_sequence,
+        })
     }
 }
 

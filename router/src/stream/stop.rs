@@ -68,6 +68,8 @@ impl StopString {
 pub struct StopMatcher {
     stops: Vec<StopString>,
     pending: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -76,6 +78,7 @@ impl StopMatcher {
         Self {
             stops: stops.iter().map(|stop| StopString::new(stop)).collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
@@ -87,18 +90,22 @@ impl StopMatcher {
         }
         let offset = self.pending.len();
         self.pending.push_str(text);
-        let mut earliest_match: Option<usize> = None;
+        let mut earliest_match: Option<(usize, usize)> = None;
         for (index, &byte) in text.as_bytes().iter().enumerate() {
-            for stop in &mut self.stops {
+            for (stop_index, stop) in self.stops.iter_mut().enumerate() {
                 if stop.advance(byte) {
                     let start = offset + index + 1 - stop.bytes.len();
-                    earliest_match = Some(earliest_match.map_or(start, |e| e.min(start)));
+                    if earliest_match.map_or(true, |(earliest, _)| start < earliest) {
+                        earliest_match = Some((start, stop_index));
+                    }
                 }
             }
         }
-        if let Some(start) = earliest_match {
+        if let Some((start, stop_index)) = earliest_match {
             let before = self.pending[..start].to_owned();
             self.pending.clear();
+            let stop = &self.stops[stop_index].bytes;
+            self.matched = Some(String::from_utf8_lossy(stop).into_owned());
             return StopOutcome::Stopped(before);
         }
         let held = self
@@ -110,6 +117,11 @@ impl StopMatcher {
         let released = self.pending[..self.pending.len() - held].to_owned();
         self.pending.drain(..self.pending.len() - held);
         StopOutcome::Continue(released)
+    }
+
+    /// The stop string that ended the text, once `push` returned `Stopped`.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Releases held-back text once generation ended for another reason.
@@ -163,12 +175,14 @@ mod tests {
     }
 
     #[test]
-    fn earliest_of_several_stop_strings_wins() {
+    fn earliest_of_several_stop_strings_wins_and_is_reported() {
         let mut m = matcher(&["world", "o w"]);
+        assert_eq!(m.matched(), None);
         assert_eq!(
             m.push("hello world"),
             StopOutcome::Stopped("hell".to_owned())
         );
+        assert_eq!(m.matched(), Some("o w"));
     }
 
     #[test]
@@ -183,6 +197,7 @@ mod tests {
         let mut m = matcher(&["abcd", "bc"]);
         assert_eq!(m.push("xa"), cont("x"));
         assert_eq!(m.push("bcd"), StopOutcome::Stopped(String::new()));
+        assert_eq!(m.matched(), Some("abcd"));
     }
 
     #[test]
