@@ -7,10 +7,12 @@ mod grammar;
 mod model_files;
 mod params;
 mod processors;
+pub mod response_format;
 mod sampling_defaults;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod tools;
 
 use std::sync::Arc;
 

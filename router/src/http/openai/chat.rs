@@ -12,9 +12,7 @@ use std::sync::Arc;
 
 use super::chunks::{chat_chunk, ChatChunk, ChatChunkChoice, ChatDelta};
 use super::logprobs::chat_logprobs;
-use super::response_format;
 use super::tool_calls::{self, ChoiceOutput, DeltaBody, ToolCall};
-use super::tools::{self, ToolChoice, ToolPlan};
 use super::{
     finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StopSpec, StreamOptions, Usage,
 };
@@ -25,6 +23,8 @@ use crate::http::json::ApiJson;
 use crate::http::state::AppState;
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
+use crate::validation::response_format;
+use crate::validation::tools::{self, ToolChoice, ToolPlan};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
     Prompt, ValidationError,

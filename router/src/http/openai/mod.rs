@@ -34,9 +34,7 @@ pub mod chat;
 mod chunks;
 pub mod completions;
 mod logprobs;
-mod response_format;
 mod tool_calls;
-mod tools;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -193,7 +193,7 @@ impl CompletionRequest {
             .sampling_fields()
             .or_defaults(&limits.default_sampling)
             .into_params((self.max_tokens, "max_tokens"), logprobs);
-        params.grammar = super::super::response_format::grammar(response_format)?;
+        params.grammar = crate::validation::response_format::grammar(response_format)?;
         Ok(CompletionPlan {
             prompts,
             params,

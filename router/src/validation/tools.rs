@@ -9,8 +9,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::{with_json_layout, ChatMessage, RequestedGrammar, ValidationError};
 use crate::scheduler::Grammar;
-use crate::validation::{with_json_layout, ChatMessage, RequestedGrammar, ValidationError};
 
 /// One `{"type": "function", "function": {...}}` entry of `tools`.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::validation::{RequestedGrammar, TgiGrammarSite, ValidationError};
+use super::{RequestedGrammar, TgiGrammarSite, ValidationError};
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
