@@ -66,7 +66,7 @@ def test_hang_wins_when_both_faults_name_the_same_step() -> None:
     assert faults.on_step(2) is FaultKind.HANG
 
 
-def step(request_id: int, *, new: bool) -> shard_pb2.StepRequest:
+def step(request_id: int, *, new: bool, step_id: int = 0) -> shard_pb2.StepRequest:
     """A one-request Step: the prompt's prefill when `new`, else one decode token."""
     if new:
         request = shard_pb2.NewRequest(
@@ -76,9 +76,9 @@ def step(request_id: int, *, new: bool) -> shard_pb2.StepRequest:
             stopping=shard_pb2.StoppingCriteria(max_new_tokens=4, ignore_eos=True),
         )
         scheduled = shard_pb2.ScheduledRequest(id=request_id, num_tokens=len(PROMPT), new_block_ids=[1])
-        return shard_pb2.StepRequest(new_requests=[request], scheduled=[scheduled])
+        return shard_pb2.StepRequest(step_id=step_id, new_requests=[request], scheduled=[scheduled])
     scheduled = shard_pb2.ScheduledRequest(id=request_id, num_tokens=1, new_block_ids=[2], num_computed_tokens=4)
-    return shard_pb2.StepRequest(scheduled=[scheduled])
+    return shard_pb2.StepRequest(step_id=step_id, scheduled=[scheduled])
 
 
 # How long one model job may run before Health reports the shard stalled, in the hang test.
@@ -121,7 +121,7 @@ def test_injected_step_error_fails_that_step_with_internal_then_the_shard_serves
         first = await stub.Step(step(1, new=True))
         assert [generation.id for generation in first.generations] == [1]
         with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await stub.Step(step(1, new=False))
+            await stub.Step(step(1, new=False, step_id=1))
         assert failed.value.code() == grpc.StatusCode.INTERNAL
         assert failed.value.details() == (
             "injected fault: rank 0 fails its forward pass in step 2 (--fault-inject-step-error)"
@@ -140,7 +140,7 @@ def test_an_injected_hang_holds_the_model_until_health_reports_the_shard_stalled
             await stub.Step(step(1, new=True), timeout=0.5)
         assert hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await stub.Health(shard_pb2.HealthRequest(deep=False), timeout=5.0)
-        for later in (stub.Step(step(2, new=True), timeout=5.0), stub.Reset(shard_pb2.ResetRequest(), timeout=5.0)):
+        for later in (stub.Step(step(2, new=True, step_id=1), timeout=5.0), stub.Reset(shard_pb2.ResetRequest(), timeout=5.0)):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await later
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
