@@ -140,7 +140,8 @@ def test_an_injected_hang_holds_the_model_until_health_reports_the_shard_stalled
             await stub.Step(step(1, new=True), timeout=0.5)
         assert hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await stub.Health(shard_pb2.HealthRequest(deep=False), timeout=5.0)
-        for later in (stub.Step(step(2, new=True, step_id=1), timeout=5.0), stub.Reset(shard_pb2.ResetRequest(), timeout=5.0)):
+        next_step = stub.Step(step(2, new=True, step_id=1), timeout=5.0)
+        for later in (next_step, stub.Reset(shard_pb2.ResetRequest(), timeout=5.0)):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await later
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

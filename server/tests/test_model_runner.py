@@ -121,3 +121,34 @@ def test_preempted_request_resumes_with_same_tokens(runner: ModelRunner) -> None
     recompute = new_request(3, PROMPT + generated, max_new_tokens=8, sampling=sampling, num_output_tokens=3)
     resumed = StepDriver(runner, runner.cache.num_blocks, chunk_size=16, seed=2).run([recompute])[3]
     assert generated + resumed == uninterrupted
+
+
+def test_a_request_the_shard_ended_is_skipped_in_the_next_step_only(runner: ModelRunner) -> None:
+    # A router that plans step N+1 before step N answers schedules a request the shard ends in step N.
+    both = StepInput(
+        new_requests=(new_request(1, PROMPT, max_new_tokens=1), new_request(2, PROMPT)),
+        scheduled=(ScheduledRequest(1, len(PROMPT), (3, 1), 0), ScheduledRequest(2, len(PROMPT), (5, 6), 0)),
+    )
+    runner.step(both)
+    planned_early = StepInput(scheduled=(ScheduledRequest(1, 1, (), len(PROMPT)), ScheduledRequest(2, 1, (), 6)))
+    output = runner.step(planned_early)
+    assert [generation.id for generation in output.generations] == [2]
+    with pytest.raises(StateMismatchError, match="unknown"):
+        runner.step(StepInput(scheduled=(ScheduledRequest(1, 1, (), len(PROMPT)),)))
+
+
+def test_a_request_that_failed_on_arrival_is_skipped_in_the_next_step(runner: ModelRunner) -> None:
+    out_of_vocabulary = new_request(1, [*PROMPT[:-1], 10_000])
+    first_chunk = StepInput(new_requests=(out_of_vocabulary,), scheduled=(ScheduledRequest(1, 3, (3,), 0),))
+    assert [failure.id for failure in runner.step(first_chunk).failures] == [1]
+    second_chunk = StepInput(scheduled=(ScheduledRequest(1, 3, (1,), 3),))
+    assert runner.step(second_chunk).generations == ()
+
+
+def test_forward_gap_is_the_time_between_two_forward_passes(runner: ModelRunner) -> None:
+    first = runner.step(prefill(new_request(1, PROMPT)))
+    assert first.forward_gap_ms == 0.0
+    second = runner.step(StepInput(scheduled=(ScheduledRequest(1, 1, (), len(PROMPT)),)))
+    assert 0.0 < second.forward_gap_ms
+    runner.reset()
+    assert runner.step(prefill(new_request(2, PROMPT))).forward_gap_ms == 0.0

@@ -57,6 +57,9 @@ class SampledStep:
     failures: tuple[RequestFailure, ...]
 
 
+# A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
+_FORWARD_START_MARK = 1
+_FORWARD_END_MARK = 2
 _NO_VALID_TOKEN = "the request's constraints (grammar, banned tokens, logit bias) leave no token it may sample"
 _NON_FINITE_LOGITS = "the model produced non-finite logits for this request"
 
@@ -97,6 +100,8 @@ class ModelRunner:
         self.cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler()
+        # The timer of the latest step that ran a forward pass, until Warmup or Reset.
+        self._last_forward: StepTimer | None = None
 
     @torch.inference_mode()
     def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
@@ -110,6 +115,7 @@ class ModelRunner:
             max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, options.cuda_graph_sizes
         )
         self.requests.clear()
+        self._last_forward = None
         self.cache = None
         self.graphs = None
         if self.device.type == "cuda":
@@ -135,6 +141,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forgets every request; the cache's contents become garbage the router no longer references."""
         self.requests.clear()
+        self._last_forward = None
         self.model.backend.clear()
 
     @torch.inference_mode()
@@ -189,7 +196,10 @@ class ModelRunner:
             sampled = self._sample(sampling_states, logits, sampling)
         timer.mark()
         prepare_ms, forward_ms, sampling_ms = timer.phases_ms()
+        previous, self._last_forward = self._last_forward, timer
+        gap_ms = timer.ms_since(previous, _FORWARD_END_MARK, _FORWARD_START_MARK) if previous is not None else 0.0
         return StepOutput(
+            forward_gap_ms=gap_ms,
             generations=sampled.generations if sampled else (),
             forward_ms=forward_ms,
             sampling_ms=sampling_ms,
@@ -254,11 +264,11 @@ class ModelRunner:
                 _raise_row_failure(row, sampling.grammar_failures, sampled.failures)
                 reason = state.append_generated(token_id)
             except RequestFailedError as error:
-                self.requests.forget([state.id])
+                self.requests.end([state.id])
                 failures.append(RequestFailure(state.id, error.kind, str(error)))
                 continue
             if reason is not None:
-                self.requests.forget([state.id])
+                self.requests.end([state.id])
             generations.append(Generation(state.id, token_id, logprob, reason, top))
         return SampledStep(tuple(generations), tuple(failures))
 

@@ -110,6 +110,10 @@ class RequestTable:
     def __init__(self, grammar_compiler: GrammarCompiler | None = None) -> None:
         self._states: dict[int, RequestState] = {}
         self._grammar_compiler = grammar_compiler
+        # Ids the shard ended itself during the current step, and during the one before: the router may have
+        # scheduled those again before it learned of their end, and such a span is skipped, never an error.
+        self._ended_now: set[int] = set()
+        self._ended_before: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -122,29 +126,43 @@ class RequestTable:
         for request_id in request_ids:
             self._states.pop(request_id, None)
 
+    def end(self, request_ids: Iterable[int]) -> None:
+        """Drops requests the shard ended itself (a finish reason or a failure)."""
+        for request_id in request_ids:
+            self._states.pop(request_id, None)
+            self._ended_now.add(request_id)
+
     def clear(self) -> None:
         self._states.clear()
+        self._ended_now.clear()
+        self._ended_before.clear()
 
     def apply(self, step: StepInput, limits: StepLimits) -> AppliedStep:
-        """Registers new requests and appends blocks; a new request that cannot run fails alone and is skipped."""
+        """Registers new requests and appends blocks; a new request that cannot run fails alone and is skipped,
+        and so is a request the shard ended in the previous step."""
+        self._ended_before, self._ended_now = self._ended_now, set()
         self.forget(step.finished)
         incoming, failures = self._check_new(step.new_requests, limits.vocab_size)
-        failed = {failure.id for failure in failures}
+        self._ended_now.update(failure.id for failure in failures)
+        skipped = {failure.id for failure in failures}
         scheduled_ids: set[int] = set()
         for scheduled in step.scheduled:
             if scheduled.id in scheduled_ids:
                 raise InvalidStepError(f"request {scheduled.id} is scheduled twice")
             scheduled_ids.add(scheduled.id)
-            if scheduled.id in failed:
+            if scheduled.id in skipped:
                 continue
             state = incoming.get(scheduled.id) or self._states.get(scheduled.id)
+            if state is None and scheduled.id in self._ended_before:
+                skipped.add(scheduled.id)
+                continue
             if state is None:
                 raise StateMismatchError(f"request {scheduled.id} is scheduled but unknown to the shard")
             _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
         self._states.update(incoming)
         plan = []
         for scheduled in step.scheduled:
-            if scheduled.id in failed:
+            if scheduled.id in skipped:
                 continue
             state = self._states[scheduled.id]
             state.block_table.extend(scheduled.new_block_ids)

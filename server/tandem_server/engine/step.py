@@ -108,6 +108,8 @@ class StepOutput:
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
     # Requests that failed on their own; none of them is in `generations`.
     failures: tuple[RequestFailure, ...] = ()
+    # The model's idle time from the previous step's forward end to this one's start; 0 when none ran before.
+    forward_gap_ms: float = 0.0
 
 
 @dataclass(frozen=True)

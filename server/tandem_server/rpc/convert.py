@@ -129,6 +129,7 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
         prepare_ms=output.prepare_ms,
         prompt_logprobs=[_prompt_logprobs_to_pb(chunk) for chunk in output.prompt_logprobs],
         failures=[_failure_to_pb(failure) for failure in output.failures],
+        forward_gap_ms=output.forward_gap_ms,
     )
 
 

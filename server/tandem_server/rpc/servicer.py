@@ -20,6 +20,7 @@ from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.status import status_code_for, translate_errors
+from tandem_server.rpc.step_order import StepOrder
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
         self._model = ModelThread(step_timeout_s, runner.device)
+        self._order = StepOrder()
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
@@ -82,18 +84,25 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             result = await self._model.run(
                 lambda: self._runner.warmup(request.block_size, request.max_batch_tokens, request.max_batch_requests)
             )
+            await self._order.restart()
         if self._metrics is not None:
             self._metrics.kv_cache_allocated(result.kv_cache_bytes)
         return convert.warmup_result_to_pb(result)
 
     @translate_errors
     async def Step(self, request: shard_pb2.StepRequest, context: grpc.aio.ServicerContext) -> shard_pb2.StepResponse:
-        start = time.perf_counter()
+        decoding = time.perf_counter()
         step = convert.step_input_from_pb(request)
+        decode_s = time.perf_counter() - decoding
+        generation = await self._order.wait_for_turn(request.step_id)
         async with self._lock:
+            # Time queued behind earlier Steps is not this Step's handling.
+            start = time.perf_counter() - decode_s
+            self._order.check_current(request.step_id, generation)
             try:
                 output = await self._model.run(lambda: self._runner.step(step))
             except Exception as error:
+                await self._order.failed(request.step_id)
                 self._leave_group_if_out_of_step(error)
                 raise
         if self._metrics is not None:
@@ -116,6 +125,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     ) -> shard_pb2.ResetResponse:
         async with self._lock:
             await self._model.run(self._runner.reset)
+            await self._order.restart()
         return shard_pb2.ResetResponse()
 
     def shut_down(self) -> None:
