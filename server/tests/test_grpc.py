@@ -102,6 +102,22 @@ async def steps_sent_out_of_order_run_in_id_order(stub: shard_pb2_grpc.ShardServ
     assert [g.id for g in first.generations] == [9] and [g.id for g in second.generations] == [9]
     assert second.generations[0].finish_reason == shard_pb2.FINISH_REASON_LENGTH
     assert second.forward_gap_ms > 0.0
+    await a_step_queued_behind_a_failing_step_is_refused(stub)
+
+
+async def a_step_queued_behind_a_failing_step_is_refused(stub: shard_pb2_grpc.ShardServiceStub) -> None:
+    unknown = shard_pb2.StepRequest(
+        step_id=12, scheduled=[shard_pb2.ScheduledRequest(id=404, num_tokens=1, num_computed_tokens=7)]
+    )
+    valid_on_its_own = shard_pb2.StepRequest(
+        step_id=13,
+        new_requests=[new_request(20)],
+        scheduled=[shard_pb2.ScheduledRequest(id=20, num_tokens=len(PROMPT), new_block_ids=[2, 0])],
+    )
+    failing, queued = await asyncio.gather(stub.Step(unknown), stub.Step(valid_on_its_own), return_exceptions=True)
+    assert isinstance(failing, grpc.aio.AioRpcError) and "unknown to the shard" in (failing.details() or "")
+    assert isinstance(queued, grpc.aio.AioRpcError) and queued.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "follows step 12" in (queued.details() or "")
 
 
 def test_grpc_round_trip_over_unix_socket(tmp_path: Path) -> None:

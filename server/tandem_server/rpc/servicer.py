@@ -95,21 +95,35 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         step = convert.step_input_from_pb(request)
         decode_s = time.perf_counter() - decoding
         generation = await self._order.wait_for_turn(request.step_id)
+        # Submitted in turn, so the model thread runs it right after the Step before it, with no hop through the
+        # event loop in between; the lock keeps Warmup, Reset and deep probes in that same order.
         async with self._lock:
-            # Time queued behind earlier Steps is not this Step's handling.
-            start = time.perf_counter() - decode_s
             self._order.check_current(request.step_id, generation)
-            try:
-                output = await self._model.run(lambda: self._runner.step(step))
-            except Exception as error:
-                await self._order.failed(request.step_id)
-                self._leave_group_if_out_of_step(error)
-                raise
+            submitted = self._model.submit(lambda: self._run_step(request.step_id, step))
+        try:
+            output, job_s = await self._model.result(submitted)
+        except Exception as error:
+            await self._order.failed(request.step_id)
+            self._leave_group_if_out_of_step(error)
+            raise
         if self._metrics is not None:
             self._metrics.step_done(step, output.forward_ms, output.sampling_ms)
+        encoding = time.perf_counter()
         response = convert.step_output_to_pb(output)
-        response.shard_total_ms = (time.perf_counter() - start) * 1000.0
+        # Time queued behind earlier Steps is not this Step's handling.
+        response.shard_total_ms = (decode_s + job_s + time.perf_counter() - encoding) * 1000.0
         return response
+
+    def _run_step(self, step_id: int, step: StepInput) -> tuple[StepOutput, float]:
+        """On the model thread: the Step, unless one before it failed since it was submitted; and its duration."""
+        started = time.perf_counter()
+        self._order.check_not_failed(step_id)
+        try:
+            output = self._runner.step(step)
+        except Exception:
+            self._order.mark_failed(step_id)
+            raise
+        return output, time.perf_counter() - started
 
     def _leave_group_if_out_of_step(self, error: Exception) -> None:
         """A rank whose step failed unexpectedly has left its tensor-parallel peers inside a collective, so the

@@ -37,14 +37,23 @@ class StepOrder:
         """Refuses a Step whose turn came before a restart, or after a failed Step."""
         if generation != self._generation:
             raise StepRefusedError(f"step {step_id} was sent before the shard was reset")
+        self.check_not_failed(step_id)
+
+    def check_not_failed(self, step_id: int) -> None:
+        """Refuses a Step queued behind a Step that failed."""
         if self._failed_id is not None:
             raise StepRefusedError(f"step {step_id} follows step {self._failed_id}, which failed; Reset first")
 
+    def mark_failed(self, step_id: int) -> None:
+        """Step `step_id` failed (callable from the model thread, so a Step queued behind it is refused at once)."""
+        if self._failed_id is None:
+            self._failed_id = step_id
+
     async def failed(self, step_id: int) -> None:
-        """Step `step_id` failed: the request state is no longer what later Steps were planned against."""
+        """Step `step_id` failed: the request state is no longer what later Steps were planned against; Steps
+        waiting for their turn are woken to be refused."""
         async with self._changed:
-            if self._failed_id is None:
-                self._failed_id = step_id
+            self.mark_failed(step_id)
             self._changed.notify_all()
 
     async def restart(self) -> None:
