@@ -46,6 +46,27 @@ def test_sdpa_backend_matches_torch_backend(step: str, params: str) -> None:
     torch.testing.assert_close(cache.key, expected_cache.key)
 
 
+def test_sdpa_backend_never_pads_a_decode_to_a_prompt_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = paged_case(MIXED_STEP, seed=5)
+    expected, _ = reference_output(case, PARAMS["causal"])
+    query_shapes: list[tuple[int, ...]] = []
+    attend = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        query_shapes.append(tuple(query.shape))
+        return attend(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    output = SdpaAttentionBackend().forward(
+        case.query, case.key, case.value, case.fresh_cache(), case.batch().metadata, PARAMS["causal"]
+    )
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    # [sequences, heads, padded query, dim]: the three decodes share one call with a query of 1; chunks go alone.
+    decodes = sum(1 for _, query_len in MIXED_STEP if query_len == 1)
+    chunks = [query_len for _, query_len in MIXED_STEP if query_len > 1]
+    assert sorted((shape[0], shape[2]) for shape in query_shapes) == sorted([(decodes, 1), *((1, q) for q in chunks)])
+
+
 def test_sdpa_backend_refuses_softcap_instead_of_ignoring_it() -> None:
     case = paged_case(DECODE_STEP)
     with pytest.raises(ValueError, match="softcap"):

@@ -10,7 +10,8 @@ from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayo
 
 
 class SdpaAttentionBackend(CommonMetadataOnly):
-    """The last CUDA fallback: every sequence padded to the step's longest query and context, one kernel call."""
+    """The last CUDA fallback: one kernel call for the step's decodes, padded only to their longest context, and
+    one per prompt chunk, unpadded; a mixed step never pads a decode to a prompt chunk's query length."""
 
     name = "sdpa"
     supports_cuda_graphs = False
@@ -24,27 +25,73 @@ class SdpaAttentionBackend(CommonMetadataOnly):
         metadata: AttentionMetadata,
         params: AttentionParams,
     ) -> torch.Tensor:
-        """Writes the step's K/V, gathers each sequence's context from its blocks and attends in one call."""
+        """Writes the step's K/V, gathers each sequence's context from its blocks and attends group by group."""
         if params.logit_softcap is not None:
             raise ValueError("the sdpa attention backend cannot apply a logit softcap")
         write_step_kv(cache, key, value, metadata.slot_mapping)
         paged = metadata.paged
-        block_size = cache.key.shape[1]
-        rows, columns = padded_query_index(paged, query.shape[0], query.device)
-        padded_query = query.new_zeros(paged.num_seqs, paged.max_query_len, *query.shape[1:])
-        padded_query[rows, columns] = query
-        keys = _gather_context(cache.key, paged, block_size)
-        values = _gather_context(cache.value, paged, block_size)
-        groups = query.shape[1] // keys.shape[2]
-        mask = visibility_mask(paged, params.sliding_window, query.device)
-        attended = F.scaled_dot_product_attention(
-            padded_query.transpose(1, 2),
-            keys.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
-            values.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
-            attn_mask=mask.unsqueeze(1),
-            scale=params.scale,
-        )
-        return attended.transpose(1, 2)[rows, columns]
+        groups = _query_groups(paged.query_lens)
+        if metadata.host is None or len(groups) <= 1:
+            return _attend_padded(query, cache, paged, params)
+        output = torch.empty_like(query)
+        for group in groups:
+            rows, layout = _group_layout(paged, metadata.host.seq_lens, group, query.device)
+            output[rows] = _attend_padded(query[rows], cache, layout, params)
+        return output
+
+
+def _query_groups(query_lens: tuple[int, ...]) -> list[list[int]]:
+    """Sequence indices attended together: every single-token query in one group, each longer query alone."""
+    decodes = [index for index, length in enumerate(query_lens) if length == 1]
+    chunks = [[index] for index, length in enumerate(query_lens) if length > 1]
+    return ([decodes] if decodes else []) + chunks
+
+
+def _group_layout(
+    paged: PagedLayout, seq_lens: tuple[int, ...], group: list[int], device: torch.device
+) -> tuple[torch.Tensor, PagedLayout]:
+    """The query rows of the sequences in `group`, and the layout of those sequences alone (built on the host)."""
+    starts = [0]
+    for length in paged.query_lens:
+        starts.append(starts[-1] + length)
+    query_lens = [paged.query_lens[index] for index in group]
+    group_seq_lens = [seq_lens[index] for index in group]
+    rows = torch.tensor([row for index in group for row in range(starts[index], starts[index + 1])]).to(device)
+    layout = PagedLayout(
+        query_start_loc=_offsets(query_lens).to(device),
+        seq_start_loc=_offsets(group_seq_lens).to(device),
+        seq_lens=torch.tensor(group_seq_lens, dtype=torch.int32).to(device),
+        block_tables=paged.block_tables[torch.tensor(group).to(device)],
+        max_query_len=max(query_lens),
+        max_seq_len=max(group_seq_lens),
+        num_keys=sum(group_seq_lens),
+        query_lens=tuple(query_lens),
+    )
+    return rows, layout
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def _attend_padded(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
+    """One SDPA call over `paged`'s sequences, each padded to its longest query and context."""
+    block_size = cache.key.shape[1]
+    rows, columns = padded_query_index(paged, query.shape[0], query.device)
+    padded_query = query.new_zeros(paged.num_seqs, paged.max_query_len, *query.shape[1:])
+    padded_query[rows, columns] = query
+    keys = _gather_context(cache.key, paged, block_size)
+    values = _gather_context(cache.value, paged, block_size)
+    groups = query.shape[1] // keys.shape[2]
+    mask = visibility_mask(paged, params.sliding_window, query.device)
+    attended = F.scaled_dot_product_attention(
+        padded_query.transpose(1, 2),
+        keys.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
+        values.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
+        attn_mask=mask.unsqueeze(1),
+        scale=params.scale,
+    )
+    return attended.transpose(1, 2)[rows, columns]
 
 
 def padded_query_index(paged: PagedLayout, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
