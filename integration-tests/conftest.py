@@ -10,7 +10,7 @@ from metrics_scrape import MetricsTandem
 from reference import Reference
 from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
 from tandem_launcher.config import EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
+from tandem_launcher.model_resolution import ModelSource, resolve_source
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Iterator[TandemServer]:
@@ -57,5 +57,5 @@ def metrics_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metrics
 @pytest.fixture(scope="session")
 def reference(tandem: TandemServer) -> Reference:
     """transformers on the very directory the launcher converted (so it exists once `tandem` is up)."""
-    model_dir: Path = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    model_dir: Path = resolve_source(ModelSource(EMBEDDED_MODEL_ID, None, model_cache_dir())).path
     return Reference(model_dir)
