@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -100,17 +101,26 @@ async def measure_batch(session: aiohttp.ClientSession, workload: Workload, batc
     return step_breakdown(before, after, window_s, batch)
 
 
-async def measure(base_url: str, batch_sizes: list[int], input_len: int, output_len: int) -> list[StepBreakdown]:
-    """One warm-up request, then one window per batch size, in order; each batch uses fresh prompts."""
+async def measure(
+    base_urls: dict[str, str], batch_sizes: list[int], input_len: int, output_len: int, rounds: int
+) -> dict[str, list[StepBreakdown]]:
+    """One warm-up request per server, then per batch size `rounds` windows on each server, the servers taking
+    turns (and the first one alternating) so load that drifts during the run weighs on every server alike."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        model = await discover_model(session, base_url)
-        workload = Workload(base_url, model, input_len, output_len)
-        await _stream(session, Workload(base_url, model, input_len, 8), _prompt(0, input_len), lambda: None)
-        rows = []
+        workloads = {}
+        for mode, base_url in base_urls.items():
+            model = await discover_model(session, base_url)
+            workloads[mode] = Workload(base_url, model, input_len, output_len)
+            await _stream(session, Workload(base_url, model, input_len, 8), _prompt(0, input_len), lambda: None)
+        rows: dict[str, list[StepBreakdown]] = {mode: [] for mode in base_urls}
         for index, batch in enumerate(batch_sizes):
-            rows.append(await measure_batch(session, workload, batch, seed=1000 * (index + 1)))
-            print(f"batch {batch}: {rows[-1].steps} decode steps measured", flush=True)
+            for round_index in range(rounds):
+                order = list(base_urls) if round_index % 2 == 0 else list(reversed(base_urls))
+                for mode in order:
+                    seed = 1000 * (index + 1) + 100 * round_index
+                    rows[mode].append(await measure_batch(session, workloads[mode], batch, seed=seed))
+                    print(f"{mode}, batch {batch}: {rows[mode][-1].steps} decode steps measured", flush=True)
         return rows
 
 
@@ -127,11 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-memory", default="2GiB", help="passed to the launcher")
     parser.add_argument("--output", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--log-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench")
+    parser.add_argument("--rounds", type=int, default=2, help="windows per batch size and server")
     parser.add_argument(
         "--scheduling",
         choices=("both", "async", "sync"),
         default="both",
-        help="start Tandem with --async-scheduling true, false, or one after the other and compare (default)",
+        help="start Tandem with --async-scheduling true, false, or both side by side and compare (default)",
     )
     return parser
 
@@ -139,38 +150,55 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> dict[str, list[StepBreakdown]]:
     """Rows per scheduling mode ("given" for a server started elsewhere)."""
 
-    def go(base_url: str) -> list[StepBreakdown]:
-        return asyncio.run(measure(base_url, args.batch_sizes, args.input_len, args.output_len))
+    def go(base_urls: dict[str, str]) -> dict[str, list[StepBreakdown]]:
+        return asyncio.run(measure(base_urls, args.batch_sizes, args.input_len, args.output_len, args.rounds))
 
     if args.base_url:
-        return {"given": go(args.base_url)}
+        return go({"given": args.base_url})
     modes = ("sync", "async") if args.scheduling == "both" else (args.scheduling,)
-    results = {}
-    for mode in modes:
-        launcher_args = [
-            *("--max-batch-size", str(max(args.batch_sizes)), "--kv-cache-memory", args.kv_cache_memory),
-            *("--async-scheduling", "true" if mode == "async" else "false"),
-        ]
-        with LaunchedTandem(args.log_dir / f"overhead-{mode}-launcher.log", launcher_args) as tandem:
+    with contextlib.ExitStack() as servers:
+        base_urls = {}
+        for mode in modes:
+            launcher_args = [
+                *("--max-batch-size", str(max(args.batch_sizes)), "--kv-cache-memory", args.kv_cache_memory),
+                *("--async-scheduling", "true" if mode == "async" else "false"),
+            ]
+            log = args.log_dir / f"overhead-{mode}-launcher.log"
+            tandem = servers.enter_context(LaunchedTandem(log, launcher_args))
             print(f"Tandem ({mode} scheduling) is up at {tandem.base_url}", flush=True)
-            results[mode] = go(tandem.base_url)
-    return results
+            base_urls[mode] = tandem.base_url
+        return go(base_urls)
 
 
 def format_comparison(sync_rows: list[StepBreakdown], async_rows: list[StepBreakdown]) -> str:
-    """Per batch size: the forward gap and the decode throughput with asynchronous scheduling against without."""
+    """Per batch size, means over its windows: the forward gap, the gap beyond the previous step's sampling (what
+    scheduling can hide) and the decode rate, with asynchronous scheduling against without."""
     lines = [
-        "| batch | forward gap sync ms | forward gap async ms | gap ratio | tok/s sync | tok/s async | tok/s ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| batch | gap sync ms | gap async ms | gap ratio | gap beyond sampling ratio | tok/s sync | tok/s async "
+        "| tok/s ratio |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for sync, overlapped in zip(sync_rows, async_rows, strict=True):
-        gap_ratio = overlapped.forward_gap_ms / sync.forward_gap_ms if sync.forward_gap_ms else 0.0
-        rate_ratio = overlapped.tokens_per_s / sync.tokens_per_s if sync.tokens_per_s else 0.0
+    for batch in dict.fromkeys(row.requested_batch for row in sync_rows):
+        sync = _means([row for row in sync_rows if row.requested_batch == batch])
+        overlapped = _means([row for row in async_rows if row.requested_batch == batch])
         lines.append(
-            f"| {sync.requested_batch} | {sync.forward_gap_ms:.2f} | {overlapped.forward_gap_ms:.2f} | "
-            f"{gap_ratio:.2f}x | {sync.tokens_per_s:.0f} | {overlapped.tokens_per_s:.0f} | {rate_ratio:.2f}x |"
+            f"| {batch} | {sync[0]:.2f} | {overlapped[0]:.2f} | {_ratio(overlapped[0], sync[0])} | "
+            f"{_ratio(overlapped[1], sync[1])} | {sync[2]:.1f} | {overlapped[2]:.1f} | "
+            f"{_ratio(overlapped[2], sync[2])} |"
         )
     return "\n".join(lines)
+
+
+def _means(rows: list[StepBreakdown]) -> tuple[float, float, float]:
+    """Mean forward gap, gap beyond sampling, and decode tok/s."""
+    count = len(rows)
+    gap = sum(row.forward_gap_ms for row in rows) / count
+    beyond = sum(row.forward_gap_ms - row.sampling_ms for row in rows) / count
+    return gap, beyond, sum(row.tokens_per_s for row in rows) / count
+
+
+def _ratio(value: float, baseline: float) -> str:
+    return f"{value / baseline:.2f}x" if baseline else "n/a"
 
 
 def main(argv: list[str]) -> int:

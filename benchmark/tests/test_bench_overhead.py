@@ -80,4 +80,5 @@ def test_the_comparison_gives_ratios_of_gap_and_throughput_per_batch() -> None:
     before = parse_samples(_scrape(0, scale=1.0))
     sync = step_breakdown(before, parse_samples(_scrape(40, scale=1.0)), window_s=0.84, requested_batch=1)
     overlapped = step_breakdown(before, parse_samples(_scrape(40, scale=0.5)), window_s=0.42, requested_batch=1)
-    assert "| 1 | 6.00 | 3.00 | 0.50x | 381 | 762 | 2.00x |" in format_comparison([sync], [overlapped])
+    # Gap 6 ms with 3 of sampling, against 3 ms with 1.5 of sampling.
+    assert "| 1 | 6.00 | 3.00 | 0.50x | 0.50x | 381.0 | 761.9 | 2.00x |" in format_comparison([sync], [overlapped])
