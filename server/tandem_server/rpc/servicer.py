@@ -97,10 +97,10 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         generation = await self._order.wait_for_turn(request.step_id)
         # Submitted in turn, so the model thread runs it right after the Step before it, with no hop through the
         # event loop in between; the lock keeps Warmup, Reset and deep probes in that same order.
-        async with self._lock:
-            self._order.check_current(request.step_id, generation)
-            submitted = self._model.submit(lambda: self._run_step(request.step_id, step))
         try:
+            async with self._lock:
+                self._order.check_current(request.step_id, generation)
+                submitted = self._model.submit(lambda: self._run_step(request.step_id, step))
             output, job_s = await self._model.result(submitted)
         except Exception as error:
             await self._order.failed(request.step_id)
