@@ -95,6 +95,6 @@ def test_common_metadata_holds_every_token_and_the_torch_backend_adds_only_its_s
     layout = batch.metadata.paged
     assert layout.query_start_loc.tolist() == [0, 7, 11, 12, 13, 14, 16, 21]
     assert layout.seq_lens.tolist() == [7, 9, 14, 1, 10, 5, 21]
-    assert (layout.max_query_len, layout.max_seq_len, layout.num_keys) == (7, 21, 67)
+    assert (layout.max_query_len, layout.max_seq_len) == (7, 21)
     for row, span in enumerate(case.spans):
         assert layout.block_tables[row, : len(span.block_table)].tolist() == list(span.block_table)

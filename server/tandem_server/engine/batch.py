@@ -59,7 +59,6 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         block_tables=block_tables.to(device),
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        num_keys=sum(seq_lens),
         query_lens=tuple(query_lens),
     )
     host = HostLayout(

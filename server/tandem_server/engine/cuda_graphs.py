@@ -106,7 +106,6 @@ class DecodeBuffers:
             max_query_len=1,
             # Upper bounds: the real values change every step but a graph's host arguments cannot.
             max_seq_len=self.max_positions,
-            num_keys=size * self.max_positions,
             query_lens=(1,) * size,
         )
         return AttentionMetadata(slot_mapping=self.slot_mapping[:size], paged=paged)

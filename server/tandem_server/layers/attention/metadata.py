@@ -21,8 +21,6 @@ class PagedLayout:
     block_tables: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    # Sum of seq_lens, known on the host so gathers need no device round trip.
-    num_keys: int
     # Each sequence's query length on the host (the differences of query_start_loc), for launch grids.
     query_lens: tuple[int, ...] = ()
 

@@ -64,7 +64,6 @@ def _group_layout(
         block_tables=paged.block_tables[torch.tensor(group).to(device)],
         max_query_len=max(query_lens),
         max_seq_len=max(group_seq_lens),
-        num_keys=sum(group_seq_lens),
         query_lens=tuple(query_lens),
     )
     return rows, layout
