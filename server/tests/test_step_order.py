@@ -51,10 +51,10 @@ def test_a_step_that_already_had_its_turn_is_rejected() -> None:
 def test_after_a_failed_step_every_later_step_is_refused_until_a_restart() -> None:
     async def scenario() -> None:
         order = StepOrder()
-        await order.wait_for_turn(1)
+        generation = await order.wait_for_turn(1)
         waiting = asyncio.create_task(order.wait_for_turn(3))
         await asyncio.sleep(0)
-        await order.failed(1)
+        await order.failed(1, generation)
         with pytest.raises(StepRefusedError, match="follows step 1"):
             await waiting
         with pytest.raises(StepRefusedError):
@@ -65,7 +65,7 @@ def test_after_a_failed_step_every_later_step_is_refused_until_a_restart() -> No
     asyncio.run(scenario())
 
 
-def test_a_step_whose_turn_came_before_a_restart_is_refused() -> None:
+def test_a_step_whose_turn_came_before_a_restart_is_refused_and_its_failure_changes_nothing() -> None:
     async def scenario() -> None:
         order = StepOrder()
         generation = await order.wait_for_turn(5)
@@ -76,5 +76,7 @@ def test_a_step_whose_turn_came_before_a_restart_is_refused() -> None:
             order.check_current(5, generation)
         with pytest.raises(StepRefusedError, match="reset"):
             await missing_predecessor
+        await order.failed(5, generation)
+        await order.wait_for_turn(0)
 
     asyncio.run(scenario())

@@ -103,7 +103,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
                 submitted = self._model.submit(lambda: self._run_step(request.step_id, step))
             output, job_s = await self._model.result(submitted)
         except Exception as error:
-            await self._order.failed(request.step_id)
+            await self._order.failed(request.step_id, generation)
             self._leave_group_if_out_of_step(error)
             raise
         if self._metrics is not None:

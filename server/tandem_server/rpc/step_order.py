@@ -49,11 +49,12 @@ class StepOrder:
         if self._failed_id is None:
             self._failed_id = step_id
 
-    async def failed(self, step_id: int) -> None:
+    async def failed(self, step_id: int, generation: int) -> None:
         """Step `step_id` failed: the request state is no longer what later Steps were planned against; Steps
-        waiting for their turn are woken to be refused."""
+        waiting for their turn are woken to be refused. A Step from before a restart changes nothing."""
         async with self._changed:
-            self.mark_failed(step_id)
+            if generation == self._generation:
+                self.mark_failed(step_id)
             self._changed.notify_all()
 
     async def restart(self) -> None:
