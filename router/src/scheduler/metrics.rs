@@ -119,7 +119,8 @@ fn describe_steps() {
     describe_histogram!(
         "tandem_step_duration_seconds",
         Unit::Seconds,
-        "Duration of one step across all shards, as the router sees it"
+        "From sending one step to every shard to its answer; with two steps in flight this \
+         includes the time it waits behind the step before it"
     );
 }
 
