@@ -2,23 +2,21 @@
 
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::BuildError;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::RouterConfig;
-use crate::http::{
-    self, ApiKeyError, ApiKeys, AppState, LaunchIdError, ServerInfo, VALIDATION_WORKERS,
-};
+use crate::config::{RouterConfig, ServedModel};
+use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::pb;
-use crate::scheduler::{self, RecoveryConfig, SchedulerConfig};
+use crate::scheduler::{self, RecoveryConfig};
 use crate::shard::{ShardError, ShardFleet};
 use crate::stream::TokenDecoding;
 use crate::validation::{
-    self, chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
+    chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
     SamplingDefaults, TemplateSourceError, Validator,
 };
 
@@ -114,22 +112,23 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         config.lifecycle.step_timeout,
     );
     let backend = scheduler::spawn(
-        scheduler_config(&config, num_blocks),
+        config.scheduler_config(num_blocks),
         recovery,
         Arc::new(fleet.clone()),
     );
-    let info = server_info(
-        &config,
-        &model,
-        num_blocks,
-        fleet.num_shards(),
-        sampling_defaults,
-    );
+    let served = ServedModel {
+        architecture: model.architecture.clone(),
+        dtype: model.dtype.clone(),
+        device: model.device.clone(),
+        num_shards: fleet.num_shards(),
+    };
+    let info = config.server_info(served, num_blocks, sampling_defaults);
     info.record_metric();
     let state = AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(decoding),
+        config.handler_config(sampling_defaults),
         info,
         metrics,
     )
@@ -231,57 +230,6 @@ async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, Star
     Ok(num_blocks)
 }
 
-fn scheduler_config(config: &RouterConfig, num_blocks: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        block_size: config.limits.block_size,
-        num_blocks,
-        max_batch_tokens: config.limits.max_batch_prefill_tokens,
-        max_batch_requests: config.limits.max_batch_size,
-        prefix_caching: config.limits.prefix_caching,
-    }
-}
-
-fn server_info(
-    config: &RouterConfig,
-    model: &pb::InfoResponse,
-    num_blocks: usize,
-    num_shard: usize,
-    default_sampling: SamplingDefaults,
-) -> ServerInfo {
-    let limits = &config.limits;
-    ServerInfo {
-        model_id: config.model_id.clone(),
-        model_dtype: model.dtype.clone(),
-        model_device_type: model.device.clone(),
-        model_architecture: model.architecture.clone(),
-        num_shard,
-        max_concurrent_requests: limits.max_concurrent_requests,
-        max_queued_tokens: limits.max_queued_tokens,
-        max_input_tokens: limits.max_input_tokens,
-        max_total_tokens: limits.max_total_tokens,
-        max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
-        max_batch_size: limits.max_batch_size,
-        max_stop_sequences: config.api.max_stop_sequences,
-        max_top_n_tokens: config.api.max_top_n_tokens,
-        max_best_of: config.api.max_best_of,
-        max_client_batch_size: config.api.max_client_batch_size,
-        payload_limit: config.api.payload_limit,
-        always_include_usage: config.api.always_include_usage,
-        request_limits: config.request_limits,
-        connections: config.connections,
-        default_sampling,
-        validation_workers: VALIDATION_WORKERS,
-        block_size: limits.block_size,
-        kv_cache_blocks: num_blocks,
-        kv_cache_tokens: num_blocks * limits.block_size,
-        router: "tandem-router",
-        version: env!("CARGO_PKG_VERSION"),
-        started_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs()),
-    }
-}
-
 /// The sampling values OpenAI requests default to: generation_config.json's, unless
 /// `--generation-config none`.
 fn model_sampling_defaults(files: &ModelFiles, config: &RouterConfig) -> SamplingDefaults {
@@ -310,11 +258,7 @@ fn tokenization(
     .map(|source| ChatTemplate::new(source, files.bos_token, files.eos_token))
     .transpose()?;
     let tokenizer = Arc::new(files.tokenizer);
-    let limits = validation::Limits {
-        max_input_tokens: config.limits.max_input_tokens,
-        max_total_tokens: config.limits.max_total_tokens,
-        max_stop_sequences: config.api.max_stop_sequences,
-    };
+    let limits = config.validation_limits();
     let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
         .with_request_limits(config.request_limits)
         .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);

@@ -59,6 +59,10 @@ pub struct RouterArgs {
     /// Share the KV blocks of a common token prefix between requests (`--prefix-caching false` turns it off).
     #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_caching: bool,
+    /// Plan and send the next step while the shards run the current one (`--async-scheduling
+    /// false` waits for each step's answer first).
+    #[arg(long, env = "ASYNC_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub async_scheduling: bool,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

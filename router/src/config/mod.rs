@@ -2,6 +2,7 @@
 //! (`args`).
 
 mod args;
+mod derived;
 #[cfg(test)]
 mod tests;
 
@@ -9,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use args::{ApiArgs, ApiKey, GenerationConfigUse, RouterArgs};
+pub use derived::ServedModel;
 
 use crate::limits::{ConnectionLimits, RequestLimits};
 
@@ -42,6 +44,7 @@ pub struct Limits {
     pub max_batch_size: usize,
     pub block_size: usize,
     pub prefix_caching: bool,
+    pub async_scheduling: bool,
 }
 
 /// The checked configuration.
@@ -164,6 +167,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 max_batch_size: args.max_batch_size,
                 block_size: args.block_size,
                 prefix_caching: args.prefix_caching,
+                async_scheduling: args.async_scheduling,
             },
             json_output: args.json_output,
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),

@@ -44,6 +44,13 @@ fn defaults_and_repeated_shard_paths_in_rank_order() {
 }
 
 #[test]
+fn async_scheduling_is_on_unless_turned_off() {
+    assert!(parse(&[]).unwrap().limits.async_scheduling);
+    let off = parse(&["--async-scheduling", "false"]).unwrap();
+    assert!(!off.limits.async_scheduling);
+}
+
+#[test]
 fn prefix_caching_is_on_unless_turned_off() {
     assert!(parse(&[]).unwrap().limits.prefix_caching);
     let off = parse(&["--prefix-caching", "false"]).unwrap();

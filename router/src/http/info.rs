@@ -54,10 +54,6 @@ pub struct ServerInfo {
     pub kv_cache_tokens: usize,
     pub router: &'static str,
     pub version: &'static str,
-    /// Seconds since the Unix epoch when the router started; `created` of `/v1/models`.
-    #[serde(skip)]
-    #[schema(ignore)]
-    pub started_at: u64,
 }
 
 impl ServerInfo {
@@ -141,9 +137,9 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
         data: vec![Model {
-            id: state.info.model_id.clone(),
+            id: state.config.model_id.clone(),
             object: "model",
-            created: state.info.started_at,
+            created: state.config.started_at,
             owned_by: "tandem",
         }],
     })

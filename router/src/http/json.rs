@@ -34,7 +34,7 @@ where
             .await
             .map_err(|rejection| {
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    AppError::PayloadTooLarge(state.info.payload_limit)
+                    AppError::PayloadTooLarge(state.config.payload_limit)
                 } else {
                     AppError::InvalidBody {
                         message: rejection.body_text(),

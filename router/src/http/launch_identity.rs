@@ -67,7 +67,7 @@ mod tests {
 
     use super::*;
     use crate::http::app;
-    use crate::http::tests::{ok_backend, server_info, test_state};
+    use crate::http::tests::{handler_config, ok_backend, test_state};
 
     fn file_with(contents: &str) -> tempfile::NamedTempFile {
         let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -103,7 +103,7 @@ mod tests {
 
     #[tokio::test]
     async fn health_answers_carry_the_launch_id_and_no_other_route_does() {
-        let state = test_state(ok_backend(), server_info(4));
+        let state = test_state(ok_backend(), handler_config(4));
         let with_id = app(state
             .clone()
             .with_launch_id(Some(HeaderValue::from_static("3f9a0c"))));

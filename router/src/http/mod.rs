@@ -32,7 +32,7 @@ pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use launch_identity::{read_launch_id, LaunchIdError};
 pub use lifecycle::Draining;
-pub use state::AppState;
+pub use state::{AppState, HandlerConfig};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -80,7 +80,7 @@ pub fn app(state: AppState) -> Router {
         .split_for_parts();
     routes
         .merge(openapi::docs(&spec))
-        .layer(DefaultBodyLimit::max(state.info.payload_limit))
+        .layer(DefaultBodyLimit::max(state.config.payload_limit))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
 }

@@ -14,7 +14,7 @@ use crate::error::{error_response, Api, AppError};
 /// A body over the payload limit is answered 413 here, as the handler would.
 pub async fn log_bodies(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
-    let limit = state.info.payload_limit;
+    let limit = state.config.payload_limit;
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
         let api = if parts.uri.path().starts_with("/v1/") {
             Api::OpenAi

@@ -11,9 +11,38 @@ use super::deep_health::DeepProbe;
 use super::info::ServerInfo;
 use super::lifecycle::Draining;
 use super::load_shedding::LoadShedder;
+use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
-use crate::validation::Validator;
+use crate::validation::{SamplingDefaults, Validator};
+
+/// What the handlers enforce and apply. `/info` reports the same values in its own body
+/// (`ServerInfo`); both are derived from the router's configuration in `config::derived`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerConfig {
+    /// The served model's name, as responses and `/v1/models` carry it.
+    pub model_id: String,
+    /// Requests admitted at once (each choice counts); more get 429.
+    pub max_concurrent_requests: usize,
+    /// Tokens admitted requests may hold before their first token; `None`: no limit
+    /// beyond `max_concurrent_requests`.
+    pub max_queued_tokens: Option<usize>,
+    /// Most alternatives per token `top_n_tokens` may ask for.
+    pub max_top_n_tokens: u32,
+    /// Most candidates `best_of` may ask for.
+    pub max_best_of: usize,
+    /// Most prompts one `/v1/completions` request may list.
+    pub max_client_batch_size: usize,
+    /// Largest accepted request body in bytes.
+    pub payload_limit: usize,
+    /// Whether every OpenAI stream ends with a usage chunk.
+    pub always_include_usage: bool,
+    pub request_limits: RequestLimits,
+    /// What OpenAI requests that leave these fields unset sample with.
+    pub default_sampling: SamplingDefaults,
+    /// Seconds since the Unix epoch when the router started; `created` of `/v1/models`.
+    pub started_at: u64,
+}
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -21,6 +50,8 @@ pub struct AppState {
     pub backend: Arc<dyn Backend>,
     pub validator: Arc<Validator>,
     pub decoding: Arc<TokenDecoding>,
+    pub config: Arc<HandlerConfig>,
+    /// `/info`'s body (its KV size is refreshed per request).
     pub info: Arc<ServerInfo>,
     pub metrics: PrometheusHandle,
     /// Set on SIGTERM: new requests get 503 while in-flight ones finish.
@@ -38,20 +69,23 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State whose admission allows `info.max_concurrent_requests` requests and
-    /// `info.max_queued_tokens` queued tokens at once.
+    /// State whose admission allows `config.max_concurrent_requests` requests and
+    /// `config.max_queued_tokens` queued tokens at once.
     pub fn new(
         backend: Arc<dyn Backend>,
         validator: Arc<Validator>,
         decoding: Arc<TokenDecoding>,
+        config: HandlerConfig,
         info: ServerInfo,
         metrics: PrometheusHandle,
     ) -> Self {
-        let load_shedder = LoadShedder::new(info.max_concurrent_requests, info.max_queued_tokens);
+        let load_shedder =
+            LoadShedder::new(config.max_concurrent_requests, config.max_queued_tokens);
         Self {
             backend,
             validator,
             decoding,
+            config: Arc::new(config),
             info: Arc::new(info),
             metrics,
             draining: Draining::default(),

@@ -62,7 +62,7 @@ async fn generate_whole(
     state: AppState,
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
-    let (prompt, params, options) = request.into_parts(&state.info)?;
+    let (prompt, params, options) = request.into_parts(&state.config)?;
     let generations =
         AdmittedRequest::start_siblings(&state, "generate", prompt, &params, options.best_of)
             .await?;
@@ -110,7 +110,7 @@ async fn stream_tokens(
     state: AppState,
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
-    let (prompt, params, options) = request.into_parts(&state.info)?;
+    let (prompt, params, options) = request.into_parts(&state.config)?;
     if options.best_of > 1 {
         return Err(ValidationError::Unsupported {
             param: "best_of".to_owned(),

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::ServerInfo;
+use crate::http::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
@@ -116,7 +116,7 @@ impl GenerateRequest {
 
     pub fn into_parts(
         self,
-        limits: &ServerInfo,
+        limits: &HandlerConfig,
     ) -> Result<(Prompt, GenerationParams, ResponseOptions), ValidationError> {
         reject_unsupported(&self.extra, &[])?;
         let mut p = self.parameters.unwrap_or_default();

@@ -18,9 +18,8 @@ use super::{
 };
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, AdmittedRequest};
-use crate::http::info::ServerInfo;
 use crate::http::json::ApiJson;
-use crate::http::state::AppState;
+use crate::http::state::{AppState, HandlerConfig};
 use crate::scheduler::LogprobOptions;
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::response_format;
@@ -209,11 +208,11 @@ impl ChatRequest {
     /// The prompt, the parameters and the number of choices.
     fn into_parts(
         mut self,
-        info: &ServerInfo,
+        config: &HandlerConfig,
     ) -> Result<(Prompt, GenerationParams, usize, Option<ToolPlan>), ValidationError> {
         let response_format = self.extra.remove("response_format");
         let tools = self.extra.remove("tools");
-        let max_tools = info.request_limits.max_tools;
+        let max_tools = config.request_limits.max_tools;
         if let Some(Value::Array(entries)) = &tools {
             if entries.len() > max_tools {
                 return Err(ValidationError::TooMany {
@@ -229,7 +228,7 @@ impl ChatRequest {
             self.extra.remove("parallel_tool_calls"),
         )?;
         reject_unsupported(&self.extra, &[])?;
-        let n = check_choices("n", self.n, info.request_limits.max_choices)?;
+        let n = check_choices("n", self.n, config.request_limits.max_choices)?;
         let mut messages = self
             .messages
             .take()
@@ -257,7 +256,7 @@ impl ChatRequest {
         };
         let mut params = self
             .sampling_fields()
-            .or_defaults(&info.default_sampling)
+            .or_defaults(&config.default_sampling)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
@@ -405,12 +404,12 @@ pub async fn completions(
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
     let include_usage =
-        StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
+        StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
-    let (prompt, params, n, tool_plan) = request.into_parts(&state.info)?;
+    let (prompt, params, n, tool_plan) = request.into_parts(&state.config)?;
     let generations =
         AdmittedRequest::start_siblings(&state, "chat_completions", prompt, &params, n).await?;
-    let meta = ResponseMeta::new("chatcmpl", &state.info.model_id);
+    let meta = ResponseMeta::new("chatcmpl", &state.config.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
         let tool_outputs = tool_plan

@@ -23,11 +23,11 @@ fn limited(
     max_concurrent: usize,
     max_queued_tokens: Option<usize>,
 ) -> (axum::Router, AppState) {
-    let info = ServerInfo {
+    let config = HandlerConfig {
         max_queued_tokens,
-        ..server_info(max_concurrent)
+        ..handler_config(max_concurrent)
     };
-    let state = test_state(FakeBackend::new(script), info);
+    let state = test_state(FakeBackend::new(script), config);
     (app(state.clone()), state)
 }
 
@@ -153,7 +153,7 @@ async fn n_choices_count_as_n_against_the_queued_tokens() {
 #[tokio::test]
 async fn health_probes_take_no_admission_slot() {
     let backend = FakeBackend::new(Script::Hold(vec![]));
-    let state = test_state(backend.clone(), server_info(1));
+    let state = test_state(backend.clone(), handler_config(1));
     let app = app(state.clone());
     let held = app
         .clone()

@@ -48,11 +48,11 @@ async fn truncate_keeps_the_last_prompt_tokens() {
 
 #[tokio::test]
 async fn always_include_usage_ends_every_stream_with_usage() {
-    let info = ServerInfo {
+    let config = HandlerConfig {
         always_include_usage: true,
-        ..server_info(4)
+        ..handler_config(4)
     };
-    let app = test_app_with(ok_backend(), info);
+    let app = test_app_with(ok_backend(), config);
     let chat = r#"{"messages": [{"role": "user", "content": "a"}], "stream": true}"#;
     let completion = r#"{"prompt": "a", "stream": true}"#;
     for (path, body) in [
@@ -134,7 +134,7 @@ async fn info_reports_tgi_limits() {
 #[tokio::test]
 async fn model_sampling_defaults_fill_only_what_openai_requests_leave_unset() {
     let backend = ok_backend();
-    let info = ServerInfo {
+    let config = HandlerConfig {
         default_sampling: SamplingDefaults {
             temperature: Some(0.6),
             top_p: Some(0.9),
@@ -142,9 +142,9 @@ async fn model_sampling_defaults_fill_only_what_openai_requests_leave_unset() {
             min_p: None,
             repetition_penalty: Some(1.25),
         },
-        ..server_info(4)
+        ..handler_config(4)
     };
-    let app = test_app_with(backend.clone(), info);
+    let app = test_app_with(backend.clone(), config);
     let chat = r#"{"messages": [{"role": "user", "content": "a"}]}"#;
     let completion = r#"{"prompt": "a", "temperature": 0, "top_k": 0}"#;
     for (path, body) in [

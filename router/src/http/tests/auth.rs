@@ -28,7 +28,7 @@ const PROTECTED: [(&str, &str, &str); 8] = [
 
 fn keyed_app(keys: Option<ApiKeys>) -> (axum::Router, Arc<FakeBackend>) {
     let backend = FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length));
-    let state = test_state(backend.clone(), server_info(8)).with_api_keys(keys);
+    let state = test_state(backend.clone(), handler_config(8)).with_api_keys(keys);
     (app(state), backend)
 }
 

@@ -10,7 +10,7 @@ use crate::limits::RequestLimits;
 
 fn bounded(script: Script, max_concurrent: usize) -> (axum::Router, AppState, Arc<FakeBackend>) {
     let backend = FakeBackend::new(script);
-    let info = ServerInfo {
+    let config = HandlerConfig {
         request_limits: RequestLimits {
             max_stop_sequence_length: 4,
             max_stop_token_ids: 2,
@@ -19,9 +19,9 @@ fn bounded(script: Script, max_concurrent: usize) -> (axum::Router, AppState, Ar
             max_choices: 4,
             ..RequestLimits::default()
         },
-        ..server_info(max_concurrent)
+        ..handler_config(max_concurrent)
     };
-    let state = test_state(Arc::clone(&backend) as Arc<dyn Backend>, info);
+    let state = test_state(Arc::clone(&backend) as Arc<dyn Backend>, config);
     (app(state.clone()), state, backend)
 }
 

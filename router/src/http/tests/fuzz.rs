@@ -146,7 +146,7 @@ fn no_generated_body_panics_or_gets_a_5xx() {
         .build()
         .unwrap();
     let backend = FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length));
-    let state = test_state(backend, server_info(64));
+    let state = test_state(backend, handler_config(64));
     let app = app(state.clone());
     let config = Config {
         cases: CASES * 4,

@@ -9,11 +9,11 @@ const COMPLETIONS: &str = "/v1/completions";
 fn app_ok() -> (axum::Router, AppState) {
     let backend = FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length));
     // Room for the 100k-message body, so it is refused for its tokens rather than its size.
-    let info = ServerInfo {
+    let config = HandlerConfig {
         payload_limit: 8 << 20,
-        ..server_info(4)
+        ..handler_config(4)
     };
-    let state = test_state(backend, info);
+    let state = test_state(backend, config);
     (app(state.clone()), state)
 }
 
@@ -201,7 +201,7 @@ async fn requests_beyond_the_limits_are_refused_with_the_limit() {
 async fn a_hundred_thousand_messages_are_refused_and_the_server_keeps_serving() {
     let (app, state) = app_ok();
     let body = many_messages(100_000);
-    assert!(body.len() < state.info.payload_limit);
+    assert!(body.len() < state.config.payload_limit);
     assert_refused(&app, CHAT, body.into_bytes(), "tokens").await;
     assert_eq!(
         state.in_flight(),

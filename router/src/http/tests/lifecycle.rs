@@ -52,7 +52,8 @@ fn state_over(inner: Arc<FakeBackend>, phase: EnginePhase) -> AppState {
         backend,
         Arc::new(validator),
         Arc::new(TokenDecoding::new(tokenizer)),
-        server_info(4),
+        handler_config(4),
+        server_info_for(&handler_config(4)),
         crate::metrics::detached_handle(),
     )
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-use super::{app, AppState, ServerInfo};
+use super::{app, AppState, HandlerConfig, ServerInfo};
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::scheduler::{
     Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
@@ -187,58 +187,75 @@ impl Backend for FakeBackend {
     }
 }
 
-pub fn server_info(max_concurrent_requests: usize) -> ServerInfo {
-    ServerInfo {
+/// The test server's handler configuration, admitting `max_concurrent_requests` at once.
+pub fn handler_config(max_concurrent_requests: usize) -> HandlerConfig {
+    HandlerConfig {
         model_id: MODEL_ID.to_owned(),
-        model_dtype: "float32".to_owned(),
-        model_device_type: "cpu".to_owned(),
-        model_architecture: "LlamaForCausalLM".to_owned(),
-        num_shard: 1,
         max_concurrent_requests,
         max_queued_tokens: None,
-        max_input_tokens: MAX_INPUT_TOKENS,
-        max_total_tokens: MAX_TOTAL_TOKENS,
-        max_batch_prefill_tokens: 256,
-        max_batch_size: 8,
-        max_stop_sequences: 4,
         max_top_n_tokens: 5,
         max_best_of: 4,
         max_client_batch_size: 3,
         payload_limit: PAYLOAD_LIMIT,
         always_include_usage: false,
         request_limits: RequestLimits::default(),
+        default_sampling: SamplingDefaults::default(),
+        started_at: 1,
+    }
+}
+
+/// `/info`'s body for a test server whose handlers run with `config`.
+pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
+    ServerInfo {
+        model_id: config.model_id.clone(),
+        model_dtype: "float32".to_owned(),
+        model_device_type: "cpu".to_owned(),
+        model_architecture: "LlamaForCausalLM".to_owned(),
+        num_shard: 1,
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_queued_tokens: config.max_queued_tokens,
+        max_input_tokens: MAX_INPUT_TOKENS,
+        max_total_tokens: MAX_TOTAL_TOKENS,
+        max_batch_prefill_tokens: 256,
+        max_batch_size: 8,
+        max_stop_sequences: 4,
+        max_top_n_tokens: config.max_top_n_tokens,
+        max_best_of: config.max_best_of,
+        max_client_batch_size: config.max_client_batch_size,
+        payload_limit: config.payload_limit,
+        always_include_usage: config.always_include_usage,
+        request_limits: config.request_limits,
         connections: ConnectionLimits {
             max_connections: 1024,
             header_read_timeout: 10,
         },
-        default_sampling: SamplingDefaults::default(),
+        default_sampling: config.default_sampling,
         validation_workers: 512,
         block_size: 16,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
         router: "tandem-router",
         version: "0.0.0",
-        started_at: 1,
     }
 }
 
 /// The app over `backend`, with the test model directory and `max_concurrent` permits.
 pub fn test_app(backend: Arc<FakeBackend>, max_concurrent: usize) -> axum::Router {
-    test_app_with(backend, server_info(max_concurrent))
+    test_app_with(backend, handler_config(max_concurrent))
 }
 
-/// The app over `backend` with the limits in `info`.
+/// The app over `backend` with the handlers' configuration `config`.
 /// A backend that answers every request with the tokens of "ok", stopped by length.
 pub fn ok_backend() -> Arc<FakeBackend> {
     FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length))
 }
 
-pub fn test_app_with(backend: Arc<FakeBackend>, info: ServerInfo) -> axum::Router {
-    app(test_state(backend, info))
+pub fn test_app_with(backend: Arc<FakeBackend>, config: HandlerConfig) -> axum::Router {
+    app(test_state(backend, config))
 }
 
-/// The state over `backend` and the test model directory, limited as `info` says.
-pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
+/// The state over `backend` and the test model directory, limited as `config` says.
+pub fn test_state(backend: Arc<dyn Backend>, config: HandlerConfig) -> AppState {
     let dir = testing::chat_model_dir();
     let files = ModelFiles::load(dir.path()).unwrap();
     let template = ChatTemplate::new(
@@ -254,11 +271,13 @@ pub fn test_state(backend: Arc<dyn Backend>, info: ServerInfo) -> AppState {
         max_stop_sequences: 4,
     };
     let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits)
-        .with_request_limits(info.request_limits);
+        .with_request_limits(config.request_limits);
+    let info = server_info_for(&config);
     AppState::new(
         backend,
         Arc::new(validator),
         Arc::new(TokenDecoding::new(tokenizer)),
+        config,
         info,
         crate::metrics::detached_handle(),
     )

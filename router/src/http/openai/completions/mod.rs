@@ -126,9 +126,9 @@ pub async fn completions(
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
     let include_usage =
-        StreamOptions::usage_wanted(request.stream_options, state.info.always_include_usage);
+        StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
     let with_logprobs = request.logprobs.is_some();
-    let plan = request.into_plan(&state.info)?;
+    let plan = request.into_plan(&state.config)?;
     for prompt in &plan.prompts {
         state.validator.check_prompt(prompt)?;
     }
@@ -150,7 +150,7 @@ pub async fn completions(
         .iter()
         .map(|siblings| siblings.first().map_or(0, |g| g.input_tokens))
         .sum();
-    let meta = ResponseMeta::new("cmpl", &state.info.model_id);
+    let meta = ResponseMeta::new("cmpl", &state.config.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
         let generations: Vec<AdmittedRequest> = per_prompt.into_iter().flatten().collect();

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::http::openai::{StopSpec, StreamOptions};
-use crate::http::ServerInfo;
+use crate::http::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, GenerationParams, Prompt, ValidationError,
@@ -113,7 +113,7 @@ super::super::impl_sampling_fields!(CompletionRequest);
 impl CompletionRequest {
     /// `best_of` defaults to `n` and must be at least `n`; streaming returns every
     /// candidate as it is generated, so it needs `best_of == n`.
-    fn choices(&self, limits: &ServerInfo) -> Result<Choices, ValidationError> {
+    fn choices(&self, limits: &HandlerConfig) -> Result<Choices, ValidationError> {
         let n = check_choices("n", self.n, limits.request_limits.max_choices)?;
         let best_of = match self.best_of {
             None => n,
@@ -157,7 +157,7 @@ impl CompletionRequest {
         Ok(echo)
     }
 
-    pub fn into_plan(mut self, limits: &ServerInfo) -> Result<CompletionPlan, ValidationError> {
+    pub fn into_plan(mut self, limits: &HandlerConfig) -> Result<CompletionPlan, ValidationError> {
         let response_format = self.extra.remove("response_format");
         reject_unsupported(&self.extra, &[])?;
         let choices = self.choices(limits)?;

@@ -1,0 +1,100 @@
+//! Every component's configuration, derived here and only here from the one checked
+//! `RouterConfig`: the validator's limits, the scheduler's budget, the handlers'
+//! configuration and `/info`'s body.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::RouterConfig;
+use crate::http::{HandlerConfig, ServerInfo, VALIDATION_WORKERS};
+use crate::scheduler::SchedulerConfig;
+use crate::validation::{self, SamplingDefaults};
+
+/// The served model as the shards describe it, for `/info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    pub architecture: String,
+    pub dtype: String,
+    pub device: String,
+    pub num_shards: usize,
+}
+
+impl RouterConfig {
+    /// The token bounds every request must respect.
+    pub fn validation_limits(&self) -> validation::Limits {
+        validation::Limits {
+            max_input_tokens: self.limits.max_input_tokens,
+            max_total_tokens: self.limits.max_total_tokens,
+            max_stop_sequences: self.api.max_stop_sequences,
+        }
+    }
+
+    /// The scheduler's budget over a KV cache of `num_blocks` blocks.
+    pub fn scheduler_config(&self, num_blocks: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            block_size: self.limits.block_size,
+            num_blocks,
+            max_batch_tokens: self.limits.max_batch_prefill_tokens,
+            max_batch_requests: self.limits.max_batch_size,
+            prefix_caching: self.limits.prefix_caching,
+            steps_in_flight: if self.limits.async_scheduling { 2 } else { 1 },
+        }
+    }
+
+    /// What the handlers enforce and apply; OpenAI requests sample with `default_sampling`
+    /// where they set nothing.
+    pub fn handler_config(&self, default_sampling: SamplingDefaults) -> HandlerConfig {
+        HandlerConfig {
+            model_id: self.model_id.clone(),
+            max_concurrent_requests: self.limits.max_concurrent_requests,
+            max_queued_tokens: self.limits.max_queued_tokens,
+            max_top_n_tokens: self.api.max_top_n_tokens,
+            max_best_of: self.api.max_best_of,
+            max_client_batch_size: self.api.max_client_batch_size,
+            payload_limit: self.api.payload_limit,
+            always_include_usage: self.api.always_include_usage,
+            request_limits: self.request_limits,
+            default_sampling,
+            started_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs()),
+        }
+    }
+
+    /// `/info`'s body: `model` served with a KV cache of `num_blocks` blocks, and the limits.
+    pub fn server_info(
+        &self,
+        model: ServedModel,
+        num_blocks: usize,
+        default_sampling: SamplingDefaults,
+    ) -> ServerInfo {
+        let limits = &self.limits;
+        ServerInfo {
+            model_id: self.model_id.clone(),
+            model_dtype: model.dtype,
+            model_device_type: model.device,
+            model_architecture: model.architecture,
+            num_shard: model.num_shards,
+            max_concurrent_requests: limits.max_concurrent_requests,
+            max_queued_tokens: limits.max_queued_tokens,
+            max_input_tokens: limits.max_input_tokens,
+            max_total_tokens: limits.max_total_tokens,
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
+            max_batch_size: limits.max_batch_size,
+            max_stop_sequences: self.api.max_stop_sequences,
+            max_top_n_tokens: self.api.max_top_n_tokens,
+            max_best_of: self.api.max_best_of,
+            max_client_batch_size: self.api.max_client_batch_size,
+            payload_limit: self.api.payload_limit,
+            always_include_usage: self.api.always_include_usage,
+            request_limits: self.request_limits,
+            connections: self.connections,
+            default_sampling,
+            validation_workers: VALIDATION_WORKERS,
+            block_size: limits.block_size,
+            kv_cache_blocks: num_blocks,
+            kv_cache_tokens: num_blocks * limits.block_size,
+            router: "tandem-router",
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
