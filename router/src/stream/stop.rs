@@ -95,7 +95,7 @@ impl StopMatcher {
             for (stop_index, stop) in self.stops.iter_mut().enumerate() {
                 if stop.advance(byte) {
                     let start = offset + index + 1 - stop.bytes.len();
-                    if earliest_match.map_or(true, |(earliest, _)| start < earliest) {
+                    if earliest_match.is_none_or(|(earliest, _)| start < earliest) {
                         earliest_match = Some((start, stop_index));
                     }
                 }
