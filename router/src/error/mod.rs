@@ -1,7 +1,8 @@
 //! The router's one HTTP error type and the one place it is rendered.
 //!
-//! OpenAI routes (`/v1/*`) answer `{"error": {"message", "type", "param", "code"}}`; native
-//! routes answer TGI's `{"error", "error_type"}`. Both render from the same `AppError`.
+//! OpenAI routes (`/v1/*`) answer `{"error": {"message", "type", "param", "code"}}`; the
+//! Anthropic routes (`/v1/messages*`) answer `{"type": "error", "error": {"type", "message"}}`;
+//! native routes answer TGI's `{"error", "error_type"}`. All render from the same `AppError`.
 
 use std::marker::PhantomData;
 
@@ -64,7 +65,7 @@ enum Kind {
 /// Why a request carried no valid API key. The messages never echo what was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    #[error("missing API key: send `Authorization: Bearer <key>`")]
+    #[error("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")]
     Missing,
     #[error("invalid API key")]
     Invalid,
@@ -145,7 +146,24 @@ impl AppError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     OpenAi,
+    Anthropic,
     Native,
+}
+
+/// Where the Anthropic Messages routes live.
+pub const ANTHROPIC_PATH_PREFIX: &str = "/v1/messages";
+
+impl Api {
+    /// The family a request path belongs to, for answers given before a handler runs.
+    pub fn for_path(path: &str) -> Self {
+        if path.starts_with(ANTHROPIC_PATH_PREFIX) {
+            Self::Anthropic
+        } else if path.starts_with("/v1/") {
+            Self::OpenAi
+        } else {
+            Self::Native
+        }
+    }
 }
 
 /// Marks a handler's API family at the type level, so `?` renders errors correctly.
@@ -158,6 +176,13 @@ pub trait Flavor: Send + Sync + 'static {
 pub struct OpenAi;
 impl Flavor for OpenAi {
     const API: Api = Api::OpenAi;
+}
+
+/// The Anthropic Messages routes.
+#[derive(Debug)]
+pub struct Anthropic;
+impl Flavor for Anthropic {
+    const API: Api = Api::Anthropic;
 }
 
 /// The TGI-compatible routes.
@@ -179,13 +204,13 @@ fn native_type(kind: Kind) -> &'static str {
 
 fn status(api: Api, kind: Kind) -> StatusCode {
     match (kind, api) {
-        (Kind::Validation, Api::OpenAi) => StatusCode::BAD_REQUEST,
+        (Kind::Validation, Api::OpenAi | Api::Anthropic) => StatusCode::BAD_REQUEST,
         (Kind::Validation, Api::Native) => StatusCode::UNPROCESSABLE_ENTITY,
         (Kind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
         (Kind::NotJson, _) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
         (Kind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
-        (Kind::Generation, Api::OpenAi) => StatusCode::INTERNAL_SERVER_ERROR,
+        (Kind::Generation, Api::OpenAi | Api::Anthropic) => StatusCode::INTERNAL_SERVER_ERROR,
         (Kind::Generation, Api::Native) => StatusCode::FAILED_DEPENDENCY,
         (Kind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
     }
@@ -252,6 +277,37 @@ pub struct OpenAiError {
     pub code: Option<&'static str>,
 }
 
+/// The error body of the Anthropic routes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicErrorBody {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub error: AnthropicError,
+}
+
+/// Anthropic's `error` object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicError {
+    /// `invalid_request_error`, `authentication_error`, `request_too_large`,
+    /// `rate_limit_error`, `api_error` or `overloaded_error`.
+    #[serde(rename = "type")]
+    pub error_type: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+fn anthropic_type(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Validation | Kind::NotJson => "invalid_request_error",
+        Kind::TooLarge => "request_too_large",
+        Kind::Unauthorized => "authentication_error",
+        Kind::Overloaded => "rate_limit_error",
+        Kind::Generation => "api_error",
+        Kind::Unavailable => "overloaded_error",
+    }
+}
+
 /// The JSON body for `error` in `api`'s shape.
 pub fn error_body(api: Api, error: &AppError) -> Value {
     let kind = error.kind();
@@ -259,6 +315,13 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
         Api::Native => serde_json::to_value(NativeErrorBody {
             error: error.to_string(),
             error_type: native_type(kind),
+        }),
+        Api::Anthropic => serde_json::to_value(AnthropicErrorBody {
+            kind: "error",
+            error: AnthropicError {
+                error_type: anthropic_type(kind),
+                message: error.to_string(),
+            },
         }),
         Api::OpenAi => {
             let error_type = match kind {
@@ -313,9 +376,14 @@ pub fn error_response(api: Api, error: &AppError) -> Response {
     response
 }
 
-/// The SSE event that reports `error` in the middle of a stream.
+/// The SSE event that reports `error` in the middle of a stream (named `error` on the
+/// Anthropic routes, whose clients dispatch on event names).
 pub fn error_event(api: Api, error: &AppError) -> Event {
-    Event::default().data(error_body(api, error).to_string())
+    let event = Event::default().data(error_body(api, error).to_string());
+    match api {
+        Api::Anthropic => event.event("error"),
+        Api::OpenAi | Api::Native => event,
+    }
 }
 
 /// An `AppError` on its way out of a handler of flavor `F`.

@@ -1,5 +1,5 @@
 //! API keys: every inference, tokenize and admin route requires `Authorization: Bearer <key>`
-//! when keys are configured; `/health`, `/ready` and `/metrics` stay open for probes and
+//! (or `x-api-key: <key>`) when keys are configured; `/health`, `/ready` and `/metrics` stay open for probes and
 //! scrapers. Keys are compared in constant time, case-sensitively, and never logged.
 
 use std::path::{Path, PathBuf};
@@ -13,6 +13,9 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use crate::error::{error_response, Api, AppError, AuthError};
+
+/// The header Anthropic clients send their key in.
+const X_API_KEY: &str = "x-api-key";
 
 /// Why the configured keys cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -117,18 +120,25 @@ impl ApiKeys {
         matched.into()
     }
 
-    /// Checks a request's `Authorization` header.
+    /// Checks a request's `Authorization` header, or else its `x-api-key` header (the
+    /// Anthropic clients' way of sending a key).
     fn check(&self, request: &Request) -> Result<(), AuthError> {
-        let value = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .ok_or(AuthError::Missing)?
-            .as_bytes();
-        // The scheme is case-insensitive (RFC 9110); the key is not.
-        let (scheme, key) = value.split_at_checked(7).ok_or(AuthError::Invalid)?;
-        if !scheme.eq_ignore_ascii_case(b"bearer ") {
-            return Err(AuthError::Invalid);
-        }
+        let headers = request.headers();
+        let key = match (headers.get(header::AUTHORIZATION), headers.get(X_API_KEY)) {
+            (Some(value), _) => {
+                // The scheme is case-insensitive (RFC 9110); the key is not.
+                let (scheme, key) = value
+                    .as_bytes()
+                    .split_at_checked(7)
+                    .ok_or(AuthError::Invalid)?;
+                if !scheme.eq_ignore_ascii_case(b"bearer ") {
+                    return Err(AuthError::Invalid);
+                }
+                key
+            }
+            (None, Some(value)) => value.as_bytes(),
+            (None, None) => return Err(AuthError::Missing),
+        };
         if self.accepts(key) {
             Ok(())
         } else {
@@ -193,14 +203,10 @@ pub async fn require_api_key(
     };
     match keys.check(&request) {
         Ok(()) => next.run(request).await,
-        Err(error) => {
-            let api = if request.uri().path().starts_with("/v1/") {
-                Api::OpenAi
-            } else {
-                Api::Native
-            };
-            error_response(api, &AppError::Unauthorized(error))
-        }
+        Err(error) => error_response(
+            Api::for_path(request.uri().path()),
+            &AppError::Unauthorized(error),
+        ),
     }
 }
 

@@ -51,14 +51,10 @@ pub async fn admit_when_serving(
 ) -> Response {
     match refusal(&state) {
         None => next.run(request).await,
-        Some(error) => {
-            let api = if request.uri().path().starts_with("/v1/") {
-                Api::OpenAi
-            } else {
-                Api::Native
-            };
-            error_response(api, &AppError::Scheduler(error))
-        }
+        Some(error) => error_response(
+            Api::for_path(request.uri().path()),
+            &AppError::Scheduler(error),
+        ),
     }
 }
 

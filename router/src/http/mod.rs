@@ -1,5 +1,6 @@
 //! The axum application: routes, request ids, body limit (the shared state is `state`).
 
+mod anthropic;
 mod auth;
 mod connections;
 mod deep_health;
@@ -47,6 +48,8 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(native::generate_stream))
         .routes(routes!(openai::chat::completions))
         .routes(routes!(openai::completions::completions))
+        .routes(routes!(anthropic::messages))
+        .routes(routes!(anthropic::count_tokens))
         .routes(routes!(native::tokenize::tokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

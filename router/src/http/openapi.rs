@@ -9,6 +9,7 @@ use utoipa::openapi::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::AppState;
+use crate::error::Api;
 
 /// Where the document is served.
 pub const SPEC_PATH: &str = "/openapi.json";
@@ -25,12 +26,13 @@ pub fn base() -> OpenApi {
     #[openapi(
         info(
             title = "Tandem",
-            description = "OpenAI-compatible (`/v1/*`) and TGI-compatible (`/generate`, `/generate_stream`, \
+            description = "OpenAI-compatible (`/v1/*`), Anthropic-compatible (`/v1/messages`) and TGI-compatible (`/generate`, `/generate_stream`, \
                 `/tokenize`, `/info`) routes of the Tandem LLM server.",
             license(name = "Apache-2.0")
         ),
         tags(
             (name = "OpenAI", description = "OpenAI-compatible routes"),
+            (name = "Anthropic", description = "Anthropic Messages-compatible routes"),
             (name = "TGI", description = "Text-generation-inference-compatible routes"),
             (name = "Operations", description = "Health, readiness and metrics")
         ),
@@ -44,14 +46,14 @@ pub fn base() -> OpenApi {
 
 /// The document as served: each `text/event-stream` body, declared with its event's schema,
 /// becomes the schema of one server-sent event whose `data` is that JSON (or, on `/v1/*`
-/// routes, the final `[DONE]`), as OpenAPI 3.1 describes streams.
+/// routes but the Anthropic ones, the final `[DONE]`), as OpenAPI 3.1 describes streams.
 pub fn served_document(spec: &OpenApi) -> Value {
     let mut document = serde_json::to_value(spec).expect("invariant: the document is plain JSON");
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return document;
     };
     for (path, item) in paths.iter_mut() {
-        let terminator = path.starts_with("/v1/").then_some(OPENAI_STREAM_END);
+        let terminator = (Api::for_path(path) == Api::OpenAi).then_some(OPENAI_STREAM_END);
         let operations = item
             .as_object_mut()
             .into_iter()

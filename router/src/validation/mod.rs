@@ -429,6 +429,12 @@ impl Validator {
             .map_err(|e| ValidationError::Tokenizer(e.to_string()))?
     }
 
+    /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
+    pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
+        self.check_prompt(&prompt)?;
+        Ok(self.tokenize(prompt).await?.len())
+    }
+
     /// Renders and tokenizes on the blocking pool: both can take milliseconds on long prompts.
     async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);

@@ -34,7 +34,7 @@ pub mod chat;
 mod chunks;
 pub mod completions;
 mod logprobs;
-mod tool_calls;
+pub(super) mod tool_calls;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -94,7 +94,7 @@ async fn a_missing_key_is_refused_on_every_protected_route() {
     let replies = every_route(&app, None).await;
     assert_refused(
         &replies,
-        "missing API key: send `Authorization: Bearer <key>`",
+        "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
     );
     assert!(backend.requests.lock().unwrap().is_empty());
 }

@@ -12,10 +12,12 @@ fn app() -> axum::Router {
 }
 
 /// Every route the router serves besides the document and its page.
-const ROUTES: [(&str, &str); 11] = [
+const ROUTES: [(&str, &str); 13] = [
     ("post", "/"),
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
+    ("post", "/v1/messages"),
+    ("post", "/v1/messages/count_tokens"),
     ("get", "/v1/models"),
     ("post", "/generate"),
     ("post", "/generate_stream"),

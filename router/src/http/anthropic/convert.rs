@@ -1,0 +1,310 @@
+//! A messages request turned into what every route generates from: the conversation as chat
+//! messages (tool calls and results written as the chat route writes them), the sampling
+//! parameters, and the tool plan of the shared grammar-constrained tool path.
+
+use serde_json::{json, Map, Value};
+
+use super::request::{
+    ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, SystemPrompt, ToolChoiceSpec,
+    ToolDefinition, ToolResultContent, TypedTextBlock,
+};
+use crate::http::openai::{SamplingFields, StopSpec};
+use crate::http::state::HandlerConfig;
+use crate::scheduler::LogprobOptions;
+use crate::validation::tools::{self, ToolPlan};
+use crate::validation::{
+    reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, ValidationError,
+};
+
+/// The conversation part shared by both routes' bodies.
+#[derive(Debug)]
+pub struct Conversation {
+    pub messages: Option<Vec<InputMessage>>,
+    pub system: Option<SystemPrompt>,
+    pub tools: Option<Vec<ToolDefinition>>,
+    pub tool_choice: Option<ToolChoiceSpec>,
+}
+
+/// What a messages request generates from.
+#[derive(Debug)]
+pub struct Generation {
+    pub prompt: Prompt,
+    pub params: GenerationParams,
+    /// Present when the model may call tools.
+    pub tools: Option<ToolPlan>,
+    pub stream: bool,
+}
+
+/// Validates a `/v1/messages` body into a generation.
+pub fn generation(
+    mut request: MessagesRequest,
+    config: &HandlerConfig,
+) -> Result<Generation, ValidationError> {
+    reject_unsupported(&request.extra, &[])?;
+    let max_tokens = request
+        .max_tokens
+        .ok_or(ValidationError::Missing("max_tokens"))?;
+    let conversation = Conversation {
+        messages: request.messages.take(),
+        system: request.system.take(),
+        tools: request.tools.take(),
+        tool_choice: request.tool_choice.take(),
+    };
+    let (prompt, plan) = prompt(conversation, config.request_limits.max_tools)?;
+    let sampling = SamplingFields {
+        temperature: request.temperature,
+        top_p: request.top_p,
+        top_k: request.top_k,
+        stop: request.stop_sequences.take().map(StopSpec::Many),
+        ..SamplingFields::default()
+    };
+    let no_logprobs = LogprobOptions {
+        top_logprobs: 0,
+        prompt_logprobs: false,
+    };
+    let mut params = sampling
+        .or_defaults(&config.default_sampling)
+        .into_params((Some(max_tokens), "max_tokens"), no_logprobs);
+    let plan = plan.filter(ToolPlan::may_call);
+    params.grammar = plan.as_ref().and_then(ToolPlan::grammar);
+    Ok(Generation {
+        prompt,
+        params,
+        tools: plan,
+        stream: request.stream == Some(true),
+    })
+}
+
+/// Validates a `/v1/messages/count_tokens` body into the prompt a generation would see.
+pub fn counted_prompt(
+    request: CountTokensRequest,
+    config: &HandlerConfig,
+) -> Result<Prompt, ValidationError> {
+    reject_unsupported(&request.extra, &[])?;
+    let conversation = Conversation {
+        messages: request.messages,
+        system: request.system,
+        tools: request.tools,
+        tool_choice: request.tool_choice,
+    };
+    Ok(prompt(conversation, config.request_limits.max_tools)?.0)
+}
+
+/// The chat prompt (the tool preamble joined to the system prompt) and the tool plan. A
+/// conversation ending with an assistant turn is continued (a prefilled answer).
+pub fn prompt(
+    conversation: Conversation,
+    max_tools: usize,
+) -> Result<(Prompt, Option<ToolPlan>), ValidationError> {
+    let plan = tool_plan(conversation.tools, conversation.tool_choice, max_tools)?;
+    let turns = conversation
+        .messages
+        .ok_or(ValidationError::Missing("messages"))?;
+    let mut messages = Vec::with_capacity(turns.len() + 1);
+    let system = match conversation.system {
+        None => None,
+        Some(SystemPrompt::Text(text)) => Some(text),
+        Some(SystemPrompt::Blocks(blocks)) => Some(join_texts(blocks)),
+    };
+    let preamble = plan.as_ref().and_then(ToolPlan::preamble);
+    match (system, preamble) {
+        (Some(system), Some(preamble)) => messages.push(ChatMessage::new(
+            "system",
+            format!("{system}\n\n{}", preamble.content),
+        )),
+        (Some(system), None) => messages.push(ChatMessage::new("system", system)),
+        (None, Some(preamble)) => messages.push(preamble),
+        (None, None) => {}
+    }
+    for (index, turn) in turns.into_iter().enumerate() {
+        turn_messages(turn, index, &mut messages)?;
+    }
+    let ending = match messages.last() {
+        Some(last) if last.role == "assistant" => ChatEnding::ContinueFinal,
+        _ => ChatEnding::GenerationPrompt,
+    };
+    Ok((Prompt::Chat(messages, ending), plan))
+}
+
+fn join_texts(blocks: Vec<TypedTextBlock>) -> String {
+    let texts: Vec<String> = blocks.into_iter().map(TypedTextBlock::text).collect();
+    texts.join("\n")
+}
+
+/// Appends one turn: a user turn's tool results become `tool` messages, in order; an
+/// assistant turn's tool calls are written in the call format the model is shown.
+fn turn_messages(
+    turn: InputMessage,
+    index: usize,
+    messages: &mut Vec<ChatMessage>,
+) -> Result<(), ValidationError> {
+    let role = turn.role.as_str();
+    if role != "user" && role != "assistant" {
+        return Err(ValidationError::OutOfRange {
+            param: format!("messages[{index}].role"),
+            expected: "\"user\" or \"assistant\"",
+            value: format!("{role:?}"),
+        });
+    }
+    let blocks = match turn.content {
+        Value::String(text) => {
+            messages.push(ChatMessage::new(role, text));
+            return Ok(());
+        }
+        Value::Array(blocks) => blocks,
+        other => {
+            return Err(ValidationError::OutOfRange {
+                param: format!("messages[{index}].content"),
+                expected: "a string or an array of content blocks",
+                value: other.to_string(),
+            })
+        }
+    };
+    let first = messages.len();
+    let mut texts = Vec::new();
+    let mut calls = Vec::new();
+    for (position, block) in blocks.into_iter().enumerate() {
+        let param = || format!("messages[{index}].content[{position}]");
+        let block: ContentBlock =
+            serde_json::from_value(block).map_err(|error| ValidationError::OutOfRange {
+                param: param(),
+                expected: "a `text`, `tool_use` or `tool_result` block",
+                value: error.to_string(),
+            })?;
+        match (block, role) {
+            (ContentBlock::Text(block), _) => texts.push(block.text),
+            (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.input.to_string()},
+            })),
+            (ContentBlock::ToolResult(result), "user") => {
+                if !texts.is_empty() {
+                    messages.push(ChatMessage::new(role, texts.join("\n")));
+                    texts.clear();
+                }
+                messages.push(tool_message(
+                    result.tool_use_id,
+                    result.content,
+                    result.is_error,
+                ));
+            }
+            (ContentBlock::ToolUse(_), _) | (ContentBlock::ToolResult(_), _) => {
+                return Err(ValidationError::OutOfRange {
+                    param: param(),
+                    expected:
+                        "`tool_use` only in assistant turns and `tool_result` only in user turns",
+                    value: format!("a block in a {role} turn"),
+                })
+            }
+        }
+    }
+    if !calls.is_empty() {
+        let param = format!("messages[{index}].content");
+        texts.push(tools::history_calls(Value::Array(calls), &param)?);
+    }
+    if !texts.is_empty() || messages.len() == first {
+        messages.push(ChatMessage::new(role, texts.join("\n")));
+    }
+    Ok(())
+}
+
+fn tool_message(
+    tool_use_id: String,
+    content: Option<ToolResultContent>,
+    is_error: Option<bool>,
+) -> ChatMessage {
+    let text = match content {
+        None => String::new(),
+        Some(ToolResultContent::Text(text)) => text,
+        Some(ToolResultContent::Blocks(blocks)) => join_texts(blocks),
+    };
+    let text = if is_error == Some(true) {
+        format!("Error: {text}")
+    } else {
+        text
+    };
+    ChatMessage {
+        tool_call_id: Some(tool_use_id),
+        ..ChatMessage::new("tool", text)
+    }
+}
+
+/// Anthropic's tools and tool choice through the chat route's validation and grammar.
+fn tool_plan(
+    definitions: Option<Vec<ToolDefinition>>,
+    choice: Option<ToolChoiceSpec>,
+    max_tools: usize,
+) -> Result<Option<ToolPlan>, ValidationError> {
+    let definitions = definitions.unwrap_or_default();
+    if definitions.len() > max_tools {
+        return Err(ValidationError::TooMany {
+            param: "tools",
+            max: max_tools,
+            got: definitions.len(),
+        });
+    }
+    let mut functions = Vec::with_capacity(definitions.len());
+    for (index, tool) in definitions.into_iter().enumerate() {
+        if tool.kind.as_deref().is_some_and(|kind| kind != "custom") {
+            return Err(ValidationError::Unsupported {
+                param: format!("tools[{index}].type"),
+                detail: format!(": server tools such as `{}`", tool.kind.unwrap_or_default()),
+            });
+        }
+        let mut function = Map::new();
+        function.insert("name".into(), json!(tool.name));
+        if let Some(description) = tool.description {
+            function.insert("description".into(), json!(description));
+        }
+        function.insert("parameters".into(), tool.input_schema);
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    let (choice, parallel) = match choice {
+        None => (None, None),
+        Some(ToolChoiceSpec::None) => (Some(json!("none")), None),
+        Some(ToolChoiceSpec::Auto {
+            disable_parallel_tool_use,
+        }) => (Some(json!("auto")), disable_parallel_tool_use),
+        Some(ToolChoiceSpec::Any {
+            disable_parallel_tool_use,
+        }) => (Some(json!("required")), disable_parallel_tool_use),
+        Some(ToolChoiceSpec::Tool {
+            name,
+            disable_parallel_tool_use,
+        }) => (
+            Some(json!({"type": "function", "function": {"name": name}})),
+            disable_parallel_tool_use,
+        ),
+    };
+    let parallel = parallel.map(|disabled| Value::Bool(!disabled));
+    tools::plan(Some(Value::Array(functions)), choice, parallel).map_err(anthropic_names)
+}
+
+/// Names a tool error's parameter as the Anthropic body spells it.
+fn anthropic_names(error: ValidationError) -> ValidationError {
+    let rename = |param: String| {
+        param
+            .replace(".function.parameters", ".input_schema")
+            .replace(".function.name", ".name")
+            .replace(
+                "parallel_tool_calls",
+                "tool_choice.disable_parallel_tool_use",
+            )
+    };
+    match error {
+        ValidationError::OutOfRange {
+            param,
+            expected,
+            value,
+        } => ValidationError::OutOfRange {
+            param: rename(param),
+            expected,
+            value,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

@@ -1,0 +1,133 @@
+//! Anthropic's stream events for one message: `message_start`, then each content block as
+//! `content_block_start`, `content_block_delta`s (`text_delta` or `input_json_delta`) and
+//! `content_block_stop`, then `message_delta` (stop reason and usage) and `message_stop`.
+//! Text is routed through the chat route's tool call scanner when tools may be called.
+
+use serde_json::{json, Value};
+
+use super::response::{stop_reason, tool_use_id};
+use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
+use crate::stream::Finish;
+
+/// The block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenBlock {
+    Text,
+    ToolUse,
+}
+
+/// Renders one message's events; every method returns the events to send, in order.
+#[derive(Debug)]
+pub struct MessageEvents {
+    /// Present when tools may be called: decides between text and calls.
+    tool_output: Option<ChoiceOutput>,
+    open: Option<OpenBlock>,
+    /// Index of the open block, or of the next one when none is open.
+    index: usize,
+    called_tools: bool,
+}
+
+impl MessageEvents {
+    /// `call_required`: the output is a calls document from its first character.
+    pub fn new(tools_callable: bool, call_required: bool) -> Self {
+        Self {
+            tool_output: tools_callable.then(|| ChoiceOutput::new(call_required)),
+            open: None,
+            index: 0,
+            called_tools: false,
+        }
+    }
+
+    /// `message_start`, carrying the message with no content yet.
+    pub fn start(id: &str, model: &str, input_tokens: usize) -> Value {
+        json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }})
+    }
+
+    /// The events one piece of generated text releases.
+    pub fn text(&mut self, text: String) -> Vec<Value> {
+        let mut events = Vec::new();
+        let body = match self.tool_output.as_mut() {
+            Some(output) => output.push(text),
+            None if text.is_empty() => DeltaBody::Nothing,
+            None => DeltaBody::Content(text),
+        };
+        match body {
+            DeltaBody::Nothing => {}
+            DeltaBody::Content(text) => {
+                if self.open != Some(OpenBlock::Text) {
+                    self.close(&mut events);
+                    self.open(
+                        OpenBlock::Text,
+                        json!({"type": "text", "text": ""}),
+                        &mut events,
+                    );
+                }
+                events.push(self.delta(json!({"type": "text_delta", "text": text})));
+            }
+            DeltaBody::ToolCalls(calls) => {
+                for call in calls {
+                    self.call_delta(&call, &mut events);
+                }
+            }
+        }
+        events
+    }
+
+    /// One entry of the scanner's OpenAI-shaped `tool_calls` deltas: an entry with an `id`
+    /// opens a call, the others carry argument fragments.
+    fn call_delta(&mut self, call: &Value, events: &mut Vec<Value>) {
+        if call.get("id").is_some() {
+            self.close(events);
+            let name = call.pointer("/function/name").cloned().unwrap_or_default();
+            let block = json!({"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}});
+            self.open(OpenBlock::ToolUse, block, events);
+            self.called_tools = true;
+        } else if let Some(fragment) = call.pointer("/function/arguments") {
+            let delta = json!({"type": "input_json_delta", "partial_json": fragment});
+            events.push(self.delta(delta));
+        }
+    }
+
+    /// Closes the open block and ends the message.
+    pub fn finish(
+        &mut self,
+        finish: Finish,
+        stop_sequence: Option<String>,
+        output_tokens: usize,
+    ) -> Vec<Value> {
+        let mut events = Vec::new();
+        self.close(&mut events);
+        let stop_sequence = stop_sequence.filter(|_| finish == Finish::StopSequence);
+        events.push(json!({"type": "message_delta",
+            "delta": {"stop_reason": stop_reason(finish, self.called_tools), "stop_sequence": stop_sequence},
+            "usage": {"output_tokens": output_tokens}}));
+        events.push(json!({"type": "message_stop"}));
+        events
+    }
+
+    fn open(&mut self, kind: OpenBlock, block: Value, events: &mut Vec<Value>) {
+        events.push(
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        );
+        self.open = Some(kind);
+    }
+
+    fn delta(&self, delta: Value) -> Value {
+        json!({"type": "content_block_delta", "index": self.index, "delta": delta})
+    }
+
+    fn close(&mut self, events: &mut Vec<Value>) {
+        if self.open.take().is_some() {
+            events.push(json!({"type": "content_block_stop", "index": self.index}));
+            self.index += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -1,0 +1,165 @@
+//! The Anthropic Messages API: `POST /v1/messages` (plain or streamed) and
+//! `POST /v1/messages/count_tokens`, on the chat route's template, sampling and tool paths.
+
+mod convert;
+mod events;
+mod request;
+mod response;
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde_json::Value;
+
+use self::events::MessageEvents;
+use self::request::{CountTokensRequest, MessagesRequest};
+use self::response::{message_id, output_blocks, stop_reason, Message, MessageUsage, TokenCount};
+use super::generation::AdmittedRequest;
+use super::json::ApiJson;
+use super::sse::sse_response;
+use super::state::AppState;
+use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
+use crate::stream::StreamError;
+use crate::validation::tools::ToolChoice;
+
+/// The error answers of the Anthropic routes.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only documents responses; the answers are built by `ApiError`
+pub enum AnthropicErrorResponses {
+    #[response(status = 400, description = "Invalid request")]
+    Invalid(AnthropicErrorBody),
+    #[response(status = 401, description = "Missing or invalid API key")]
+    Unauthorized(AnthropicErrorBody),
+    #[response(status = 413, description = "Body over the payload limit")]
+    TooLarge(AnthropicErrorBody),
+    #[response(status = 415, description = "Body not sent as JSON")]
+    NotJson(AnthropicErrorBody),
+    #[response(status = 429, description = "Too many requests in flight")]
+    Overloaded(AnthropicErrorBody),
+    #[response(status = 500, description = "Generation failed")]
+    Generation(AnthropicErrorBody),
+    #[response(status = 503, description = "Draining or recovering")]
+    Unavailable(AnthropicErrorBody),
+}
+
+/// `POST /v1/messages`.
+#[utoipa::path(post, path = "/v1/messages", tag = "Anthropic", request_body = MessagesRequest, responses(
+    (status = 200, description = "The message, or with `stream: true` server-sent events named \
+        by their `type`: `message_start`, content blocks, `message_delta`, `message_stop`",
+        content(
+            (Message = "application/json"),
+            (Object = "text/event-stream"))),
+    AnthropicErrorResponses))]
+pub async fn messages(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<MessagesRequest, Anthropic>,
+) -> Result<Response, ApiError<Anthropic>> {
+    let generation = convert::generation(request, &state.config)?;
+    let tools_callable = generation.tools.is_some();
+    let call_required = generation
+        .tools
+        .as_ref()
+        .is_some_and(|plan| plan.choice != ToolChoice::Auto);
+    let admitted =
+        AdmittedRequest::start(&state, "messages", generation.prompt, &generation.params).await?;
+    let id = message_id();
+    let model = state.config.model_id.clone();
+    let renderer = MessageEvents::new(tools_callable, call_required);
+    if generation.stream {
+        return Ok(stream_message(admitted, renderer, id, model));
+    }
+    let input_tokens = admitted.input_tokens;
+    let mut deltas = Box::pin(admitted.into_deltas(0));
+    let mut text = String::new();
+    while let Some(sibling) = deltas.next().await {
+        let delta = sibling.delta?;
+        text.push_str(&delta.token.text);
+        if let Some(finish) = delta.finish {
+            let content = output_blocks(text, tools_callable);
+            let called_tools = content
+                .iter()
+                .any(|block| matches!(block, response::OutputBlock::ToolUse { .. }));
+            let body = Message {
+                id,
+                kind: "message",
+                role: "assistant",
+                model,
+                content,
+                stop_reason: stop_reason(finish, called_tools),
+                stop_sequence: delta.stop_sequence,
+                usage: MessageUsage {
+                    input_tokens,
+                    output_tokens: sibling.generated_tokens,
+                },
+            };
+            return Ok(Json(body).into_response());
+        }
+    }
+    Err(AppError::Stream(StreamError::Incomplete).into())
+}
+
+/// An event named by its payload's `type`, as Anthropic clients dispatch on the name.
+fn named_event(payload: &Value) -> Event {
+    let name = payload
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message_delta");
+    Event::default().event(name).data(payload.to_string())
+}
+
+/// Streams the message's events as tokens arrive; an error ends the stream with an `error`
+/// event.
+fn stream_message(
+    admitted: AdmittedRequest,
+    mut renderer: MessageEvents,
+    id: String,
+    model: String,
+) -> Response {
+    let start = MessageEvents::start(&id, &model, admitted.input_tokens);
+    let mut deltas = Box::pin(admitted.into_deltas(0));
+    let events = async_stream::stream! {
+        yield named_event(&start);
+        while let Some(sibling) = deltas.next().await {
+            match sibling.delta {
+                Ok(delta) => {
+                    for payload in renderer.text(delta.token.text) {
+                        yield named_event(&payload);
+                    }
+                    if let Some(finish) = delta.finish {
+                        let closing = renderer.finish(finish, delta.stop_sequence, sibling.generated_tokens);
+                        for payload in closing {
+                            yield named_event(&payload);
+                        }
+                        return;
+                    }
+                }
+                Err(error) => {
+                    yield error_event(Api::Anthropic, &error);
+                    return;
+                }
+            }
+        }
+    };
+    sse_response(events)
+}
+
+/// `POST /v1/messages/count_tokens`: the tokens the conversation (system prompt and tool
+/// descriptions included) takes once rendered by the chat template.
+#[utoipa::path(post, path = "/v1/messages/count_tokens", tag = "Anthropic",
+    request_body = CountTokensRequest, responses(
+    (status = 200, description = "The count", body = TokenCount),
+    AnthropicErrorResponses))]
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<CountTokensRequest, Anthropic>,
+) -> Result<Json<TokenCount>, ApiError<Anthropic>> {
+    let prompt = convert::counted_prompt(request, &state.config)?;
+    let _permit = state.load_shedder.admit_requests(1)?;
+    let input_tokens = state.validator.count_tokens(prompt).await?;
+    Ok(Json(TokenCount { input_tokens }))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+//! The `message` object `/v1/messages` answers with, and how a finished output becomes one.
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::stream::Finish;
+
+/// A generated message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Message {
+    pub id: String,
+    /// Always `message`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Always `assistant`.
+    pub role: &'static str,
+    pub model: String,
+    pub content: Vec<OutputBlock>,
+    /// `end_turn`, `max_tokens`, `stop_sequence` or `tool_use`.
+    pub stop_reason: &'static str,
+    /// The stop sequence that ended the message, with `stop_reason: "stop_sequence"`.
+    pub stop_sequence: Option<String>,
+    pub usage: MessageUsage,
+}
+
+/// A content block of the answer.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputBlock {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[schema(value_type = Object)]
+        input: Value,
+    },
+}
+
+/// Token accounting of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct MessageUsage {
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+}
+
+/// `POST /v1/messages/count_tokens` answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenCount {
+    /// Tokens of the rendered conversation, tool descriptions included.
+    pub input_tokens: usize,
+}
+
+/// A fresh message id in Anthropic's `msg_...` form.
+pub fn message_id() -> String {
+    format!("msg_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A fresh tool call id in Anthropic's `toolu_...` form.
+pub fn tool_use_id() -> String {
+    format!("toolu_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Why a message ended, as Anthropic names it: a stop of the model's own after tool calls is
+/// `tool_use`.
+pub fn stop_reason(finish: Finish, called_tools: bool) -> &'static str {
+    match finish {
+        Finish::Length => "max_tokens",
+        Finish::StopSequence => "stop_sequence",
+        Finish::EosToken if called_tools => "tool_use",
+        Finish::EosToken => "end_turn",
+    }
+}
+
+/// The blocks of a finished output: tool calls when tools may be called and the output is
+/// a calls document, else its text (none when empty).
+pub fn output_blocks(text: String, tools_callable: bool) -> Vec<OutputBlock> {
+    if tools_callable {
+        if let Some(calls) = parse_calls(&text) {
+            return calls;
+        }
+    }
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![OutputBlock::Text { text }]
+    }
+}
+
+/// The `tool_use` blocks of a calls document (`{"tool_calls": [{"name", "arguments"}]}`).
+fn parse_calls(text: &str) -> Option<Vec<OutputBlock>> {
+    let document: Value = serde_json::from_str(text).ok()?;
+    let calls = document.get("tool_calls")?.as_array()?;
+    let blocks: Option<Vec<OutputBlock>> = calls
+        .iter()
+        .map(|call| {
+            Some(OutputBlock::ToolUse {
+                id: tool_use_id(),
+                name: call.get("name")?.as_str()?.to_owned(),
+                input: call.get("arguments")?.clone(),
+            })
+        })
+        .collect();
+    blocks.filter(|blocks| !blocks.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_calls_document_becomes_tool_use_blocks_only_when_tools_are_callable() {
+        let document =
+            r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#;
+        let blocks = output_blocks(document.to_owned(), true);
+        match blocks.as_slice() {
+            [OutputBlock::ToolUse { id, name, input }] => {
+                assert!(id.starts_with("toolu_"));
+                assert_eq!(name, "get_weather");
+                assert_eq!(input, &json!({"city": "Paris"}));
+            }
+            other => panic!("expected one tool_use block, got {other:?}"),
+        }
+        assert_eq!(
+            output_blocks(document.to_owned(), false),
+            vec![OutputBlock::Text {
+                text: document.to_owned()
+            }]
+        );
+        assert!(output_blocks(String::new(), true).is_empty());
+        assert_eq!(
+            output_blocks("Sunny.".into(), true),
+            vec![OutputBlock::Text {
+                text: "Sunny.".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn stop_reasons_follow_anthropic_names() {
+        assert_eq!(stop_reason(Finish::Length, true), "max_tokens");
+        assert_eq!(stop_reason(Finish::StopSequence, false), "stop_sequence");
+        assert_eq!(stop_reason(Finish::EosToken, true), "tool_use");
+        assert_eq!(stop_reason(Finish::EosToken, false), "end_turn");
+    }
+}
