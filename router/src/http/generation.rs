@@ -52,6 +52,9 @@ pub struct SiblingDelta {
     pub delta: Result<TextDelta, AppError>,
     /// Tokens this sibling generated so far.
     pub generated_tokens: usize,
+    /// On the sibling's first delta only: its prompt logprobs, all of them (the prompt's
+    /// forward pass precedes the first token), empty unless asked for.
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Reads every sibling to its end; the first error cancels the others.
@@ -187,6 +190,11 @@ impl AdmittedRequest {
         self.text.prompt_logprobs()
     }
 
+    /// The prompt logprobs received, on the first call only (`first` tracks it).
+    fn prompt_logprobs_once(&self, first: &mut bool) -> Option<PromptLogprobs> {
+        std::mem::take(first).then(|| self.prompt_logprobs().clone())
+    }
+
     /// Tokens generated so far.
     pub fn generated_tokens(&self) -> usize {
         self.metrics.generated_tokens()
@@ -206,22 +214,25 @@ impl AdmittedRequest {
     /// (a generation that ends early yields an incomplete-stream error).
     pub fn into_deltas(mut self, index: usize) -> impl Stream<Item = SiblingDelta> + Send {
         async_stream::stream! {
+            let mut first = true;
             let delta = loop {
                 match self.next().await {
                     Some(Ok(delta)) if delta.finish.is_none() => {
                         let generated_tokens = self.generated_tokens();
-                        yield SiblingDelta { index, delta: Ok(delta), generated_tokens };
+                        let prompt_logprobs = self.prompt_logprobs_once(&mut first);
+                        yield SiblingDelta { index, delta: Ok(delta), generated_tokens, prompt_logprobs };
                     }
                     Some(delta) => break delta,
                     None => break Err(AppError::Stream(StreamError::Incomplete)),
                 }
             };
             let generated_tokens = self.generated_tokens();
+            let prompt_logprobs = self.prompt_logprobs_once(&mut first);
             match &delta {
                 Ok(_) => self.succeed(),
                 Err(error) => self.fail(error),
             }
-            yield SiblingDelta { index, delta, generated_tokens };
+            yield SiblingDelta { index, delta, generated_tokens, prompt_logprobs };
         }
     }
 

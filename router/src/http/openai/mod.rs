@@ -47,7 +47,7 @@ use utoipa::ToSchema;
 use super::generation::AdmittedRequest;
 use super::sse::{done_event, json_event, sse_response};
 use crate::error::{error_event, Api};
-use crate::scheduler::LogprobOptions;
+use crate::scheduler::{LogprobOptions, PromptLogprobs};
 use crate::stream::{Finish, TokenText};
 use crate::validation::{GenerationParams, ProcessorParams, SamplingDefaults};
 
@@ -203,6 +203,11 @@ pub trait ChunkBuilder: Send + 'static {
     ) -> Option<Value>;
     /// The trailing `choices: []` chunk carrying usage.
     fn usage(&self, usage: Usage) -> Value;
+    /// The chunk sent for choice `index` once its prompt logprobs are known, just before its
+    /// first token, if the route has one.
+    fn prompt(&mut self, _index: usize, _logprobs: &PromptLogprobs) -> Option<Value> {
+        None
+    }
 }
 
 /// Streams the choices' `generations` as OpenAI chunks, interleaved as tokens arrive and
@@ -229,6 +234,11 @@ pub fn stream_chunks(
         }
         let mut completion_tokens = 0;
         while let Some(sibling) = choices.next().await {
+            if let Some(prompt) = sibling.prompt_logprobs.as_ref() {
+                if let Some(chunk) = chunks.prompt(sibling.index, prompt) {
+                    yield json_event(&chunk);
+                }
+            }
             match sibling.delta {
                 Ok(delta) => {
                     let finish = delta.finish.map(finish_reason);

@@ -126,11 +126,6 @@ async fn unimplemented_parameters_are_rejected_by_name() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "a", "echo": true, "logprobs": 1}"#,
-            "echo",
-        ),
-        (
-            "/v1/completions",
             r#"{"prompt": "a", "suffix": "b"}"#,
             "suffix",
         ),

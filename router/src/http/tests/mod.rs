@@ -6,6 +6,7 @@ mod auth;
 mod bounds;
 mod chat_endings;
 mod connections;
+mod echo_logprobs;
 mod errors;
 mod fuzz;
 mod hostile;

@@ -12,6 +12,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use request::CompletionRequest;
+use request::{Choices, Echo};
 
 use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
@@ -20,7 +21,8 @@ use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::http::generation::{collect_siblings, AdmittedRequest, Completed};
 use crate::http::json::ApiJson;
 use crate::http::state::AppState;
-use crate::stream::{TokenDecoding, TokenText};
+use crate::scheduler::PromptLogprobs;
+use crate::stream::{Finish, TokenDecoding, TokenText};
 use crate::validation::{Prompt, ValidationError};
 
 /// A text completion.
@@ -53,22 +55,45 @@ struct CompletionChunks {
     meta: ResponseMeta,
     /// The token decoding and one logprobs builder per choice.
     logprobs: Option<(Arc<TokenDecoding>, Vec<CompletionLogprobs>)>,
-    /// With `echo`: each prompt's text, sent first in each of its choices.
-    echoes: Option<Vec<String>>,
+    /// With `echo`: each prompt's text and token ids, sent first in each of its choices.
+    echoes: Option<Vec<(String, Vec<u32>)>>,
+    echo: Echo,
     /// Choices per prompt.
     n: usize,
 }
 
-impl ChunkBuilder for CompletionChunks {
-    fn opening(&self, index: usize) -> Option<Value> {
-        let echo = self.echoes.as_ref()?.get(index / self.n)?;
+impl CompletionChunks {
+    fn echo_chunk(&self, index: usize, logprobs: Option<Value>) -> Option<Value> {
+        let (text, _) = self.echoes.as_ref()?.get(index / self.n)?;
         let choice = CompletionChunkChoice {
             index,
-            text: echo.clone(),
-            logprobs: None,
+            text: text.clone(),
+            logprobs,
             finish_reason: None,
         };
         Some(completion_chunk(&self.meta, vec![choice], None))
+    }
+}
+
+impl ChunkBuilder for CompletionChunks {
+    /// The echo, unless it waits for the prompt logprobs.
+    fn opening(&self, index: usize) -> Option<Value> {
+        if self.echo.prompt_logprobs {
+            return None;
+        }
+        self.echo_chunk(index, None)
+    }
+
+    fn prompt(&mut self, index: usize, prompt: &PromptLogprobs) -> Option<Value> {
+        if !self.echo.prompt_logprobs {
+            return None;
+        }
+        let (_, input_ids) = self.echoes.as_ref()?.get(index / self.n)?;
+        let (decoding, per_choice) = self.logprobs.as_mut()?;
+        let logprobs = per_choice.get_mut(index)?;
+        logprobs.push_prompt(input_ids, prompt, decoding);
+        let logprobs = Some(logprobs.take());
+        self.echo_chunk(index, logprobs)
     }
 
     fn token(
@@ -77,6 +102,19 @@ impl ChunkBuilder for CompletionChunks {
         token: TokenText,
         finish: Option<&'static str>,
     ) -> Option<Value> {
+        if self.echo.prompt_only {
+            let logprobs = self
+                .logprobs
+                .as_mut()
+                .map(|(_, per_choice)| per_choice.get_mut(index).map(CompletionLogprobs::take));
+            let choice = CompletionChunkChoice {
+                index,
+                text: String::new(),
+                logprobs: logprobs.flatten(),
+                finish_reason: finish.map(|_| "length"),
+            };
+            return finish.map(|_| completion_chunk(&self.meta, vec![choice], None));
+        }
         let logprobs = match &mut self.logprobs {
             Some((decoding, per_choice)) => {
                 let logprobs = per_choice.get_mut(index)?;
@@ -95,7 +133,14 @@ impl ChunkBuilder for CompletionChunks {
         Some(completion_chunk(&self.meta, vec![choice], None))
     }
 
+    /// A prompt-only request generated nothing it returns.
     fn usage(&self, usage: Usage) -> Value {
+        let completion_tokens = if self.echo.prompt_only {
+            0
+        } else {
+            usage.completion_tokens
+        };
+        let usage = Usage::new(usage.prompt_tokens, completion_tokens);
         completion_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }
@@ -132,7 +177,7 @@ pub async fn completions(
     for prompt in &plan.prompts {
         state.validator.check_prompt(prompt)?;
     }
-    let echoes = if plan.echo {
+    let echo_texts = if plan.echo.prompt_text {
         let texts = plan.prompts.iter().map(|p| echo_text(p, &state.decoding));
         Some(texts.collect::<Result<Vec<_>, _>>()?)
     } else {
@@ -153,6 +198,15 @@ pub async fn completions(
     let meta = ResponseMeta::new("cmpl", &state.config.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
+        let echoes = echo_texts.map(|texts| {
+            let ids = per_prompt.iter().map(|siblings| {
+                siblings
+                    .first()
+                    .map(|g| g.input_ids.clone())
+                    .unwrap_or_default()
+            });
+            texts.into_iter().zip(ids).collect()
+        });
         let generations: Vec<AdmittedRequest> = per_prompt.into_iter().flatten().collect();
         let chunks = CompletionChunks {
             meta,
@@ -161,6 +215,7 @@ pub async fn completions(
                 (decoding, per_choice.collect())
             }),
             echoes,
+            echo: plan.echo,
             n,
         };
         let usage = include_usage.then_some(prompt_tokens);
@@ -168,20 +223,12 @@ pub async fn completions(
     }
     let collected =
         futures::future::try_join_all(per_prompt.into_iter().map(collect_siblings)).await?;
-    let mut choices = Vec::new();
-    let mut completion_tokens = 0;
-    for (prompt_index, mut completed) in collected.into_iter().enumerate() {
-        completion_tokens += completed.iter().map(|c| c.tokens.len()).sum::<usize>();
-        if best_of > n {
-            completed.sort_by(|a, b| b.cumulative_logprob().total_cmp(&a.cumulative_logprob()));
-            completed.truncate(n);
-        }
-        let echo = echoes.as_ref().and_then(|texts| texts.get(prompt_index));
-        for (choice_index, choice) in completed.into_iter().enumerate() {
-            let index = prompt_index * n + choice_index;
-            choices.push(completion_choice(index, choice, decoding.as_deref(), echo));
-        }
-    }
+    let echoed = EchoedPrompts {
+        texts: echo_texts.as_deref(),
+        echo: plan.echo,
+    };
+    let (choices, completion_tokens) =
+        ranked_choices(collected, plan.choices, &echoed, decoding.as_deref());
     let body = Completion {
         id: meta.id,
         object: "text_completion",
@@ -193,23 +240,72 @@ pub async fn completions(
     Ok(Json(body).into_response())
 }
 
+/// What the choices of each prompt start with.
+struct EchoedPrompts<'a> {
+    texts: Option<&'a [String]>,
+    echo: Echo,
+}
+
+/// Each prompt's `n` most likely candidates as numbered choices, and the tokens all candidates generated.
+fn ranked_choices(
+    collected: Vec<Vec<Completed>>,
+    choices: Choices,
+    echoed: &EchoedPrompts<'_>,
+    decoding: Option<&TokenDecoding>,
+) -> (Vec<CompletionChoice>, usize) {
+    let Choices { n, best_of } = choices;
+    let mut ranked = Vec::new();
+    let mut completion_tokens = 0;
+    for (prompt_index, mut completed) in collected.into_iter().enumerate() {
+        // Every candidate counts, returned or not; a prompt-only choice generated nothing it returns.
+        if !echoed.echo.prompt_only {
+            completion_tokens += completed.iter().map(|c| c.tokens.len()).sum::<usize>();
+        }
+        if best_of > n {
+            completed.sort_by(|a, b| b.cumulative_logprob().total_cmp(&a.cumulative_logprob()));
+            completed.truncate(n);
+        }
+        let echo_text = echoed.texts.and_then(|texts| texts.get(prompt_index));
+        for (choice_index, mut choice) in completed.into_iter().enumerate() {
+            if echoed.echo.prompt_only {
+                choice.tokens.clear();
+                choice.text.clear();
+                choice.finish = Finish::Length;
+            }
+            let index = prompt_index * n + choice_index;
+            ranked.push(completion_choice(
+                index,
+                choice,
+                decoding,
+                echoed.echo,
+                echo_text,
+            ));
+        }
+    }
+    (ranked, completion_tokens)
+}
+
 fn completion_choice(
     index: usize,
     completed: Completed,
     decoding: Option<&TokenDecoding>,
-    echo: Option<&String>,
+    echo: Echo,
+    echo_text: Option<&String>,
 ) -> CompletionChoice {
     CompletionChoice {
         index,
         logprobs: decoding.map(|decoding| {
             let mut logprobs = CompletionLogprobs::default();
+            if echo.prompt_logprobs {
+                logprobs.push_prompt(&completed.input_ids, &completed.prompt_logprobs, decoding);
+            }
             for token in &completed.tokens {
                 logprobs.push(token, decoding);
             }
             logprobs.take()
         }),
         finish_reason: finish_reason(completed.finish),
-        text: match echo {
+        text: match echo_text {
             Some(prompt) => format!("{prompt}{}", completed.text),
             None => completed.text,
         },

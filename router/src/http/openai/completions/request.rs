@@ -28,7 +28,8 @@ pub struct CompletionRequest {
     /// Accepted and ignored: an opaque end-user id.
     #[allow(dead_code)]
     user: Option<String>,
-    #[schema(minimum = 1)]
+    /// 0 only with `echo`: the prompt alone is scored and echoed.
+    #[schema(minimum = 0)]
     max_tokens: Option<i64>,
     pub(super) stream: Option<bool>,
     pub(super) stream_options: Option<StreamOptions>,
@@ -40,7 +41,8 @@ pub struct CompletionRequest {
     /// The chosen token's logprob plus this many alternatives (0 to 5).
     #[schema(minimum = 0, maximum = 5)]
     pub(super) logprobs: Option<i64>,
-    /// Prepend the prompt to each choice's text (not with `logprobs`).
+    /// Prepend the prompt to each choice's text; with `logprobs`, the prompt's tokens and
+    /// logprobs come first too (the first token's logprob is `null`).
     echo: Option<bool>,
     /// Only empty: the served model has no fill-in-the-middle mode.
     suffix: Option<String>,
@@ -105,7 +107,19 @@ pub struct CompletionPlan {
     pub prompts: Vec<Prompt>,
     pub params: GenerationParams,
     pub choices: Choices,
-    pub echo: bool,
+    pub echo: Echo,
+}
+
+/// What `echo` and `max_tokens: 0` ask to be returned besides the generated text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Echo {
+    /// Prepend the prompt's text.
+    pub prompt_text: bool,
+    /// Prepend the prompt's tokens and their logprobs to the choice's logprobs.
+    pub prompt_logprobs: bool,
+    /// `max_tokens: 0`: one token is sampled (the prompt's forward pass yields it anyway)
+    /// and dropped, so a choice holds the prompt alone.
+    pub prompt_only: bool,
 }
 
 super::super::impl_sampling_fields!(CompletionRequest);
@@ -135,8 +149,9 @@ impl CompletionRequest {
         Ok(Choices { n, best_of })
     }
 
-    /// `suffix` and `echo` with `logprobs` are refused; `echo` alone is kept.
-    fn echo(&self) -> Result<bool, ValidationError> {
+    /// `suffix` is refused; `max_tokens: 0` needs `echo`, no `min_tokens` and no `best_of`
+    /// beyond `n` (a prompt alone has nothing to rank).
+    fn echo(&self, choices: Choices) -> Result<Echo, ValidationError> {
         if self
             .suffix
             .as_deref()
@@ -147,21 +162,46 @@ impl CompletionRequest {
                 detail: ": the served model has no fill-in-the-middle mode".to_owned(),
             });
         }
-        let echo = self.echo == Some(true);
-        if echo && self.logprobs.is_some() {
-            return Err(ValidationError::Unsupported {
-                param: "echo".to_owned(),
-                detail: " together with `logprobs`".to_owned(),
-            });
+        let prompt_text = self.echo == Some(true);
+        let prompt_only = self.max_tokens == Some(0);
+        if prompt_only {
+            let refusal = if !prompt_text {
+                Some(("max_tokens", "at least 1 without `echo`", "0".to_owned()))
+            } else if let Some(min) = self.min_tokens.filter(|&min| min > 0) {
+                Some(("min_tokens", "0 when `max_tokens` is 0", min.to_string()))
+            } else if choices.best_of > choices.n {
+                let value = format!("{} (n = {})", choices.best_of, choices.n);
+                Some((
+                    "best_of",
+                    "`n` when `max_tokens` is 0 (there is no completion to rank)",
+                    value,
+                ))
+            } else {
+                None
+            };
+            if let Some((param, expected, value)) = refusal {
+                return Err(ValidationError::OutOfRange {
+                    param: param.to_owned(),
+                    expected,
+                    value,
+                });
+            }
         }
-        Ok(echo)
+        Ok(Echo {
+            prompt_text,
+            prompt_logprobs: prompt_text && self.logprobs.is_some(),
+            prompt_only,
+        })
     }
 
     pub fn into_plan(mut self, limits: &HandlerConfig) -> Result<CompletionPlan, ValidationError> {
         let response_format = self.extra.remove("response_format");
         reject_unsupported(&self.extra, &[])?;
         let choices = self.choices(limits)?;
-        let echo = self.echo()?;
+        let echo = self.echo(choices)?;
+        if echo.prompt_only {
+            self.max_tokens = Some(1);
+        }
         let prompts = self
             .prompt
             .take()
@@ -187,7 +227,7 @@ impl CompletionRequest {
         }
         let logprobs = LogprobOptions {
             top_logprobs: check_count("logprobs", self.logprobs, MAX_LOGPROBS)?,
-            prompt_logprobs: false,
+            prompt_logprobs: echo.prompt_logprobs,
         };
         let mut params = self
             .sampling_fields()
