@@ -73,7 +73,7 @@ def step(request_id: int, *, new: bool, step_id: int = 0) -> shard_pb2.StepReque
             id=request_id,
             token_ids=PROMPT,
             sampling=shard_pb2.SamplingParameters(temperature=0.0),
-            stopping=shard_pb2.StoppingCriteria(max_new_tokens=4, ignore_eos=True),
+            stopping=shard_pb2.StoppingCriteria(max_new_tokens=4),
         )
         scheduled = shard_pb2.ScheduledRequest(id=request_id, num_tokens=len(PROMPT), new_block_ids=[1])
         return shard_pb2.StepRequest(step_id=step_id, new_requests=[request], scheduled=[scheduled])

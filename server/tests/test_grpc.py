@@ -21,7 +21,7 @@ def new_request(request_id: int) -> shard_pb2.NewRequest:
         id=request_id,
         token_ids=PROMPT,
         sampling=shard_pb2.SamplingParameters(temperature=0.0),
-        stopping=shard_pb2.StoppingCriteria(max_new_tokens=2, ignore_eos=True),
+        stopping=shard_pb2.StoppingCriteria(max_new_tokens=2),
     )
 
 

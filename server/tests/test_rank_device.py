@@ -33,7 +33,7 @@ def _prefill_step() -> shard_pb2.StepRequest:
         id=1,
         token_ids=PROMPT,
         sampling=shard_pb2.SamplingParameters(temperature=0.7, seed=3),
-        stopping=shard_pb2.StoppingCriteria(max_new_tokens=4, ignore_eos=True),
+        stopping=shard_pb2.StoppingCriteria(max_new_tokens=4),
     )
     scheduled = shard_pb2.ScheduledRequest(id=1, num_tokens=len(PROMPT), new_block_ids=[2, 0])
     return shard_pb2.StepRequest(step_id=1, new_requests=[request], scheduled=[scheduled])

@@ -48,9 +48,10 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoppingParams {
     pub max_new_tokens: u32,
-    /// EOS and stop tokens are masked until this many tokens were generated.
+    /// Stop tokens are masked until this many tokens were generated.
     pub min_new_tokens: u32,
-    pub ignore_eos: bool,
+    /// Every token that ends the request: the client's, plus the model's EOS ids unless it
+    /// asked to ignore them (validation decides).
     pub stop_token_ids: Vec<u32>,
 }
 

@@ -178,7 +178,6 @@ impl Sequence {
             stopping: Some(pb::StoppingCriteria {
                 max_new_tokens: self.stopping.max_new_tokens,
                 min_new_tokens: self.stopping.min_new_tokens,
-                ignore_eos: self.stopping.ignore_eos,
                 stop_token_ids: self.stopping.stop_token_ids.clone(),
             }),
             top_logprobs: self.logprobs.top_logprobs,

@@ -292,7 +292,6 @@ impl Validator {
         let stopping = StoppingParams {
             max_new_tokens,
             min_new_tokens: checked.min_new_tokens,
-            ignore_eos: params.ignore_eos,
             stop_token_ids,
         };
         Ok(ValidRequest {

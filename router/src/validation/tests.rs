@@ -274,5 +274,4 @@ async fn the_models_eos_joins_the_stop_tokens_unless_the_request_ignores_it() {
         .await
         .unwrap();
     assert_eq!(valid.request.stopping.stop_token_ids, vec![5]);
-    assert!(valid.request.stopping.ignore_eos);
 }

@@ -121,6 +121,5 @@ async fn accepted_processor_parameters_reach_the_backend() {
     assert_eq!(request.sampling.repetition_penalty, 1.2);
     assert_eq!(request.sampling.logit_bias, vec![(3, -100.0)]);
     assert_eq!(request.stopping.min_new_tokens, 1);
-    assert!(request.stopping.ignore_eos);
     assert_eq!(request.stopping.stop_token_ids, vec![4]);
 }
