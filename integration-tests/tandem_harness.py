@@ -15,7 +15,8 @@ from typing import Any
 
 import psutil
 import requests
-from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
+from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID
+from tandem_launcher.model_resolution import ModelSource, resolve_source
 
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
 FIRST_START_TIMEOUT_S = 600.0
@@ -123,6 +124,11 @@ class TandemServer:
 def model_cache_dir() -> Path:
     """The launcher's model cache: its default unless MODEL_CACHE_DIR says otherwise."""
     return Path(os.environ.get("MODEL_CACHE_DIR", DEFAULT_MODEL_CACHE_DIR)).expanduser()
+
+
+def embedded_model_dir() -> Path:
+    """The embedded model as the launcher serves it (converted once into the model cache)."""
+    return resolve_source(ModelSource(EMBEDDED_MODEL_ID, None, model_cache_dir())).path
 
 
 def all_gone(processes: list[psutil.Process]) -> bool:

@@ -11,9 +11,7 @@ from pathlib import Path
 import conformance
 import pytest
 import requests
-from tandem_harness import LAUNCHER, TandemServer, free_port, model_cache_dir
-from tandem_launcher.config import EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
+from tandem_harness import LAUNCHER, TandemServer, embedded_model_dir, free_port, model_cache_dir
 
 # Renders only the last message's text, so the prompt is exactly that text.
 ECHO_TEMPLATE = "{{ messages[-1]['content'] }}"
@@ -63,7 +61,7 @@ def test_every_stream_ends_with_usage_and_limits_apply(flagged: TandemServer) ->
 
 
 def _model_without_template(directory: Path) -> Path:
-    source = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    source = embedded_model_dir()
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
         (directory / name).symlink_to(source / name)
     config = json.loads((source / "tokenizer_config.json").read_text())

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 import requests
-from tandem_harness import TandemServer, model_cache_dir
-from tandem_launcher.config import EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
+from tandem_harness import TandemServer, embedded_model_dir
 
 # top_k 1 leaves only the most likely token, so a request sampled with these defaults decodes greedily whatever its
 # seed, where the OpenAI default (temperature 1, no top_k) would sample.
@@ -25,7 +23,7 @@ EXTRA_EOS_TEXT = "."
 @pytest.fixture(scope="module")
 def recommending_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     workdir = tmp_path_factory.mktemp("generation-config")
-    embedded = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    embedded = embedded_model_dir()
     model_dir = workdir / "model"
     model_dir.mkdir()
     for file in embedded.iterdir():

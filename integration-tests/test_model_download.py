@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from tandem_harness import TandemServer, model_cache_dir
-from tandem_launcher.config import EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
+from tandem_harness import TandemServer, embedded_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launcher" / "tests"))
 
@@ -35,7 +33,7 @@ _HUB_VARIABLES = ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandin]:
     """A tiny random-weight Llama with the embedded SmolLM2's tokenizer and chat template."""
-    tokenizer_dir = resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path
+    tokenizer_dir = embedded_model_dir()
     repo_dir = write_tiny_llama_repo(tmp_path_factory.mktemp("repo"), tokenizer_dir)
     hub = HubStandin()
     hub.add(StandinRepo.from_directory(REPO_ID, repo_dir))

@@ -14,9 +14,7 @@ import psutil
 import pytest
 import requests
 from reference import Reference
-from tandem_harness import TandemServer, model_cache_dir
-from tandem_launcher.config import EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
+from tandem_harness import TandemServer, embedded_model_dir, model_cache_dir
 
 LIMIT = 4
 BURST = 10 * LIMIT
@@ -110,7 +108,7 @@ def test_a_burst_of_ten_times_the_limit_is_shed_at_once_and_the_admitted_streams
     overload_tandem: TandemServer,
 ) -> None:
     server = overload_tandem
-    reference = Reference(resolve_model(EMBEDDED_MODEL_ID, None, model_cache_dir()).path)
+    reference = Reference(embedded_model_dir())
     alone = {prompt: server.generate_ids(prompt, MAX_NEW_TOKENS) for prompt in PROMPTS}
     burst(server, LIMIT)  # warm-up at the limit: allocators reach their working size
     assert server.wait_for_metric("tandem_kv_blocks_used", 0, timeout=30) == 0
