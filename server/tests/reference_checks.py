@@ -105,7 +105,9 @@ def assert_greedy_matches_generate(checkpoint: Path, reference: Any, label: str,
     max_new_tokens = 10
 
     driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
-    ours = driver.run([new_request(i, p, max_new_tokens) for i, p in enumerate(prompts)])
+    # The router sends the model's EOS ids as stop tokens, as `generate` stops on them.
+    eos = tuple(runner.eos_token_ids)
+    ours = driver.run([new_request(i, p, max_new_tokens, stop_token_ids=eos) for i, p in enumerate(prompts)])
 
     for i, prompt in enumerate(prompts):
         with torch.no_grad():

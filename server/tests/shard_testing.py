@@ -195,6 +195,10 @@ def staggered_decodes(
 
     runner.model.compute_logits = recording  # type: ignore[method-assign]
     prompts = [[5 + i, *range(20, 20 + 3 * i + 2)] for i in range(6)]
-    requests = [new_request(i, prompt, max_new_tokens=6 + 3 * i, sampling=sampling) for i, prompt in enumerate(prompts)]
+    eos = tuple(runner.eos_token_ids)
+    requests = [
+        new_request(i, prompt, max_new_tokens=6 + 3 * i, sampling=sampling, stop_token_ids=eos)
+        for i, prompt in enumerate(prompts)
+    ]
     done = StepDriver(runner, runner.cache.num_blocks, chunk_size=5).run(requests)
     return done, logits
