@@ -153,10 +153,9 @@ async fn streamed_max_tokens_zero_sends_the_prompt_then_an_empty_finish() {
         .json_events();
     assert_eq!(chunks.len(), 3, "{chunks:?}");
     assert_eq!(chunks[0]["choices"][0]["text"], "ab");
-    assert_eq!(
-        chunks[0]["choices"][0]["logprobs"]["tokens"],
-        json!(["<s>", "a", "b"])
-    );
+    let prompt = &chunks[0]["choices"][0]["logprobs"];
+    assert_eq!(prompt["tokens"], json!(["<s>", "a", "b"]));
+    assert_eq!(prompt["token_logprobs"], json!([null, -0.25, -0.5]));
     let finish = &chunks[1]["choices"][0];
     assert_eq!(finish["text"], "");
     assert_eq!(finish["finish_reason"], "length");
