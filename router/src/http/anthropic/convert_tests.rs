@@ -84,8 +84,8 @@ fn tool_turns_render_as_calls_and_tool_messages_and_tools_get_the_grammar() {
     "tool_choice": {"type": "any"},
     "messages": [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
-            {"type": "tool_use", "id": "toolu_1", "name": WEATHER, "input": {"city": "Paris"}}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking.", "citations": null},
+            {"type": "tool_use", "id": "toolu_1", "name": WEATHER, "input": {"city": "Paris"}, "caller": null}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "Sunny"}]},
             {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": true},

@@ -86,6 +86,10 @@ pub enum ContentBlock {
 #[serde(deny_unknown_fields)]
 pub struct TextBlock {
     pub text: String,
+    /// Accepted and ignored: answers carry no citations, but clients send them back as `null`.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<Object>)]
+    pub citations: Option<Value>,
     /// Accepted and ignored: the prefix cache needs no hints.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
@@ -101,6 +105,10 @@ pub struct ToolUseBlock {
     pub name: String,
     #[schema(value_type = Object)]
     pub input: Value,
+    /// Accepted and ignored: the SDKs send a returned block's `caller` back with it.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<Object>)]
+    pub caller: Option<Value>,
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Value>,
