@@ -11,6 +11,7 @@ MAX_NEW_TOKENS = 4
 MAX_SEQUENCES = 2
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions")
 NATIVE_ROUTES = ("/", "/generate", "/generate_stream")
+ANTHROPIC_MESSAGES = "/v1/messages"
 
 
 def _is_count(value: Any) -> bool:
@@ -38,6 +39,8 @@ def map_body(context: schemathesis.HookContext, body: Any) -> Any:
     if path in OPENAI_ROUTES:
         _bound_new_tokens(body, ("max_tokens", "max_completion_tokens"))
         _bound(body, ("n", "best_of"), MAX_SEQUENCES)
+    elif path == ANTHROPIC_MESSAGES:
+        _bound_new_tokens(body, ("max_tokens",))
     elif path in NATIVE_ROUTES:
         parameters = body.setdefault("parameters", {})
         if isinstance(parameters, dict):

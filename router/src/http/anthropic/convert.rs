@@ -175,7 +175,7 @@ fn turn_messages(
             (ContentBlock::Text(block), _) => texts.push(block.text),
             (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({
                 "type": "function",
-                "function": {"name": call.name, "arguments": call.input.to_string()},
+                "function": {"name": call.name, "arguments": Value::Object(call.input).to_string()},
             })),
             (ContentBlock::ToolResult(result), "user") => {
                 if !texts.is_empty() {
@@ -256,7 +256,7 @@ fn tool_plan(
         if let Some(description) = tool.description {
             function.insert("description".into(), json!(description));
         }
-        function.insert("parameters".into(), tool.input_schema);
+        function.insert("parameters".into(), Value::Object(tool.input_schema));
         functions.push(json!({"type": "function", "function": function}));
     }
     let (choice, parallel) = match choice {

@@ -29,7 +29,7 @@ pub struct MessagesRequest {
     /// Accepted and ignored (`user_id`).
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Value>,
+    pub metadata: Option<Map<String, Value>>,
     pub tools: Option<Vec<ToolDefinition>>,
     pub tool_choice: Option<ToolChoiceSpec>,
     #[serde(flatten)]
@@ -88,12 +88,12 @@ pub struct TextBlock {
     pub text: String,
     /// Accepted and ignored: answers carry no citations, but clients send them back as `null`.
     #[allow(dead_code)]
-    #[schema(value_type = Option<Object>)]
-    pub citations: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub citations: Option<Vec<Value>>,
     /// Accepted and ignored: the prefix cache needs no hints.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<Value>,
+    pub cache_control: Option<Map<String, Value>>,
 }
 
 /// An assistant's earlier call of a tool.
@@ -104,14 +104,14 @@ pub struct ToolUseBlock {
     pub id: String,
     pub name: String,
     #[schema(value_type = Object)]
-    pub input: Value,
+    pub input: Map<String, Value>,
     /// Accepted and ignored: the SDKs send a returned block's `caller` back with it.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub caller: Option<Value>,
+    pub caller: Option<Map<String, Value>>,
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<Value>,
+    pub cache_control: Option<Map<String, Value>>,
 }
 
 /// The user's answer to a tool call.
@@ -124,7 +124,7 @@ pub struct ToolResultBlock {
     pub is_error: Option<bool>,
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<Value>,
+    pub cache_control: Option<Map<String, Value>>,
 }
 
 /// A tool result's text, or its text blocks.
@@ -168,10 +168,10 @@ pub struct ToolDefinition {
     pub name: String,
     pub description: Option<String>,
     #[schema(value_type = Object)]
-    pub input_schema: Value,
+    pub input_schema: Map<String, Value>,
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<Value>,
+    pub cache_control: Option<Map<String, Value>>,
 }
 
 /// What the model may or must do with the tools.

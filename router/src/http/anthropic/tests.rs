@@ -146,6 +146,14 @@ async fn invalid_requests_get_anthropic_errors_and_reach_no_backend() {
             "tools",
         ),
         (r#"{"max_tokens": 5, "messages": "Hi"}"#, "messages"),
+        (
+            r#"{"max_tokens": 5, "metadata": "u1", "messages": [{"role": "user", "content": "Hi"}]}"#,
+            "metadata",
+        ),
+        (
+            r#"{"max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]}"#,
+            "messages[0].content[0]",
+        ),
         ("{not json", ""),
     ];
     for (body, param) in cases {
