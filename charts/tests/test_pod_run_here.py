@@ -37,8 +37,8 @@ from helm import objects_of_kind, render
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launcher" / "tests"))
 
 from hub_standin import HubStandin, StandinRepo, write_tiny_llama_repo
+from resolution_testing import resolve_model
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID
-from tandem_launcher.model_resolution import resolve_model
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
 BIN = Path(sys.executable).parent
