@@ -75,7 +75,8 @@ def test_errors_validate_and_name_their_parameter(tandem: TandemServer) -> None:
         ({"prompt": [[1], [999_999_999]], "max_tokens": 2}, "prompt"),
         ({"prompt": ["a"] * 5, "max_tokens": 2}, "prompt"),
         ({"prompt": "a", "suffix": "b"}, "suffix"),
-        ({"prompt": "a", "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "a", "echo": True, "max_tokens": 0, "min_tokens": 1}, "min_tokens"),
         ({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, "stop"),
     ]
     for body, param in cases:
