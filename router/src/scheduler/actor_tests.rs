@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::fake_shard::{expected_output, FakeShard};
-use super::request::{GenerationEvent, GenerationRequest, StoppingParams};
+use super::fake_shard::{expected_output, request, FakeShard};
+use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, EnginePhase, RecoveryConfig, SchedulerConfig, SchedulerError};
@@ -127,17 +127,6 @@ fn backend(shards: &Arc<HangingShards>) -> Arc<dyn Backend> {
         recovery,
         Arc::clone(shards) as Arc<dyn ShardGroup>,
     )
-}
-
-fn request(max_new_tokens: u32) -> GenerationRequest {
-    GenerationRequest {
-        input_ids: vec![3, 1, 4, 1, 5, 9],
-        stopping: StoppingParams {
-            max_new_tokens,
-            ..StoppingParams::default()
-        },
-        ..GenerationRequest::default()
-    }
 }
 
 /// The tokens of one request, or the error that ended it.

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::request::{GenerationRequest, StoppingParams};
 use crate::pb;
 
 pub(super) struct FakeRequest {
@@ -201,4 +202,16 @@ pub(super) fn expected_output(prompt: &[u32], max_new_tokens: u32) -> Vec<u32> {
         tokens.push(model(&tokens));
     }
     tokens.split_off(prompt.len())
+}
+
+/// A six-token prompt that generates `max_new_tokens` tokens.
+pub(super) fn request(max_new_tokens: u32) -> GenerationRequest {
+    GenerationRequest {
+        input_ids: vec![3, 1, 4, 1, 5, 9],
+        stopping: StoppingParams {
+            max_new_tokens,
+            ..StoppingParams::default()
+        },
+        ..GenerationRequest::default()
+    }
 }

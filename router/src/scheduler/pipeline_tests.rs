@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::fake_shard::{expected_output, FakeShard};
-use super::request::{GenerationEvent, GenerationRequest, StoppingParams};
+use super::fake_shard::{expected_output, request, FakeShard};
+use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, RecoveryConfig, SchedulerConfig};
@@ -26,17 +26,6 @@ fn config() -> SchedulerConfig {
         max_batch_requests: 8,
         prefix_caching: true,
         steps_in_flight: 2,
-    }
-}
-
-fn request(max_new_tokens: u32) -> GenerationRequest {
-    GenerationRequest {
-        input_ids: vec![3, 1, 4, 1, 5, 9],
-        stopping: StoppingParams {
-            max_new_tokens,
-            ..StoppingParams::default()
-        },
-        ..GenerationRequest::default()
     }
 }
 
