@@ -80,25 +80,27 @@ class TandemServer:
     def info(self) -> dict[str, Any]:
         return requests.get(f"{self.base_url}/info", timeout=10).json()
 
-    def metric(self, name: str) -> float:
-        """Sum over every series of the Prometheus metric `name` (0 when absent)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum over every series of the Prometheus metric `name` that carries `labels` (0 when absent)."""
         text = requests.get(f"{self.base_url}/metrics", timeout=10).text
+        wanted = {f'{label}="{value}"' for label, value in labels.items()}
         total = 0.0
         for line in text.splitlines():
             if line.startswith("#"):
                 continue
             series, _, value = line.rpartition(" ")
-            if series.split("{", 1)[0] == name:
+            metric_name, _, series_labels = series.partition("{")
+            if metric_name == name and wanted <= set(series_labels.removesuffix("}").split(",")):
                 total += float(value)
         return total
 
-    def wait_for_metric(self, name: str, expected: float, timeout: float) -> float:
-        """Polls until `name` equals `expected`; the last value seen."""
+    def wait_for_metric(self, name: str, expected: float, timeout: float, **labels: str) -> float:
+        """Polls until `name` (its series carrying `labels`) equals `expected`; the last value seen."""
         deadline = time.monotonic() + timeout
-        value = self.metric(name)
+        value = self.metric(name, **labels)
         while value != expected and time.monotonic() < deadline:
             time.sleep(0.05)
-            value = self.metric(name)
+            value = self.metric(name, **labels)
         return value
 
     def generate_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
