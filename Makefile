@@ -22,7 +22,7 @@ test-rust:
 	cargo test --workspace
 
 test-python: install
-	$(UV) run --no-sync pytest server/tests launcher/tests benchmark/tests scripts/tests integration-tests charts/tests
+	$(UV) run --no-sync pytest --durations=30 server/tests launcher/tests benchmark/tests scripts/tests integration-tests charts/tests
 
 test: lint test-rust test-python
 
