@@ -56,6 +56,20 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "`tandem-launcher download MODEL_ID` only fetches a model into the cache (see its --help).",
     )
     add = FlagAdder(parser, environ)
+    _add_model_flags(add)
+    _add_device_flags(add)
+    _add_server_flags(add)
+    _add_scheduling_flags(add)
+    _add_execution_flags(add)
+    _add_supervision_flags(add)
+    _add_request_limit_flags(add)
+    _add_api_flags(add)
+    _add_observability_flags(add)
+    return parser
+
+
+def _add_model_flags(add: FlagAdder) -> None:
+    """Which model to serve, where it comes from and where converted copies are kept."""
     add.value(
         "--model-id",
         str,
@@ -69,13 +83,32 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--hf-token-file", Path, None, "a file holding the Hugging Face token for gated or private repos; else HF_TOKEN"
     )
+    add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
+    add.switch(
+        "--allow-pickle-weights",
+        "load *.bin/*.pt pickle weights when the model has no safetensors; unpickling untrusted files is unsafe",
+    )
+
+
+def _add_device_flags(add: FlagAdder) -> None:
+    """How many shards run, on which device, in which dtype."""
     add.value("--num-shard", int, None, "tensor-parallel shards; derived: visible GPUs on CUDA, else 1")
     add.value("--device", str, "auto", "device the shards run on; auto: cuda when a GPU is visible", choices=DEVICES)
     add.value(
         "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
     )
+
+
+def _add_server_flags(add: FlagAdder) -> None:
+    """Where the HTTP server listens and which API keys it accepts."""
     add.value("--hostname", str, "127.0.0.1", "address the HTTP server binds (0.0.0.0 to listen on every interface)")
     add.value("--port", int, 3000, "port the HTTP server binds")
+    add.repeated("--api-key", str, "an API key for every route but probes, /metrics and /openapi.json; repeatable")
+    add.repeated("--api-key-file", Path, "a file of API keys, one per line; SIGHUP to the launcher reloads it")
+
+
+def _add_scheduling_flags(add: FlagAdder) -> None:
+    """The router's admission and batching limits and how it plans steps."""
     add.value(
         "--max-concurrent-requests",
         int,
@@ -99,8 +132,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--async-scheduling", bool_value, True, "plan and send the next step while the shards run the current one"
     )
-    _add_execution_flags(add)
-    add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
+
+
+def _add_supervision_flags(add: FlagAdder) -> None:
+    """Timeouts and restart budget of the supervised children, and the test-only fault injection."""
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
     add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
     add.value(
@@ -116,13 +151,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add.value(
         "--step-timeout", float, 120.0, "seconds the shards may take for one forward step before they count as dead"
     )
-    add.repeated("--api-key", str, "an API key for every route but probes, /metrics and /openapi.json; repeatable")
-    add.repeated("--api-key-file", Path, "a file of API keys, one per line; SIGHUP to the launcher reloads it")
-    add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
-    add.switch(
-        "--allow-pickle-weights",
-        "load *.bin/*.pt pickle weights when the model has no safetensors; unpickling untrusted files is unsafe",
-    )
     add.value(
         "--fault-inject-step-error",
         str,
@@ -135,13 +163,20 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         None,
         "TESTS ONLY: shard rank RANK never returns from its STEP-th forward-pass step (RANK:STEP; first group only)",
     )
-    add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
+
+
+def _add_request_limit_flags(add: FlagAdder) -> None:
+    """What one request may ask for; the byte and connection bounds follow."""
     add.value("--max-stop-sequences", int, 4, "most stop strings one request may carry")
     add.value("--max-top-n-tokens", int, 5, "most alternatives per token `top_n_tokens` may ask for")
     add.value("--max-best-of", int, 2, "most candidates `best_of` may ask for")
     add.value("--max-client-batch-size", int, 4, "most prompts one /v1/completions request may list")
     add.value("--payload-limit", int, 2_000_000, "largest request body in bytes; larger ones get 413")
     _add_bound_flags(add)
+
+
+def _add_api_flags(add: FlagAdder) -> None:
+    """Which OpenAI behaviours are on: usage chunks, chat templates, generation defaults."""
     add.switch("--always-include-usage", "end every OpenAI stream with a usage chunk")
     add.value("--chat-template", Path, None, "a Jinja chat template file used instead of the model's own")
     add.switch("--disable-chat-completions", "serve no /v1/chat/completions (lets a model without a template start)")
@@ -153,9 +188,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the model's generation_config.json recommends (with do_sample: true); none: the OpenAI defaults",
         choices=GENERATION_CONFIG_USES,
     )
+
+
+def _add_observability_flags(add: FlagAdder) -> None:
+    """What is logged and where shards serve their metrics."""
+    add.switch("--log-requests", "log prompts and outputs (never logged otherwise)")
+    add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
-    return parser
 
 
 def _add_execution_flags(add: FlagAdder) -> None:
