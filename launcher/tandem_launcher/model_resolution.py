@@ -21,17 +21,10 @@ from pathlib import Path
 
 from tandem_launcher.config import EMBEDDED_MODEL_ID, LauncherConfig
 from tandem_launcher.embedded import GgufConversionError, converted_model_dir, embedded_gguf, user_gguf
-from tandem_launcher.hub import (
-    HubError,
-    HubRequest,
-    cache_state,
-    cached_file,
-    fetch_file,
-    fetch_snapshot,
-    hub_cache_dir,
-    hub_offline,
-    read_token_file,
-)
+from tandem_launcher.hub import fetch_file, fetch_snapshot, read_token_file
+from tandem_launcher.hub_cache import cache_state, cached_file
+from tandem_launcher.hub_errors import HubError
+from tandem_launcher.hub_request import HubRequest, hub_cache_dir, hub_offline
 from tandem_launcher.pickle_weights import PickleConversionError, converted_pickle_dir, has_only_pickle_weights
 from tandem_launcher.progress import DownloadProgress
 

@@ -9,7 +9,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from tandem_launcher.conversion_cache import converted_once
-from tandem_launcher.hub import PICKLE_WEIGHTS, SERVING_FILES
+from tandem_launcher.hub_files import PICKLE_WEIGHTS, SERVING_FILES
 
 
 class PickleConversionError(Exception):

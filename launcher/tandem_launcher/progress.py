@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from tandem_launcher.hub import format_bytes
+from tandem_launcher.hub_cache import format_bytes
 from tandem_launcher.logs import LOGGER
 
 LOG_INTERVAL_S = 10.0

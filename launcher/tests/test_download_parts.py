@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 from tandem_launcher.cli import parse_config
 from tandem_launcher.download import build_download_parser
-from tandem_launcher.hub import (
-    STALE_PARTIAL_S,
-    HubError,
-    RepoFile,
-    check_free_space,
-    format_bytes,
-    hub_offline,
-    read_token_file,
-    remove_stale_partials,
-    select_serving_files,
-)
+from tandem_launcher.hub import read_token_file
+from tandem_launcher.hub_cache import STALE_PARTIAL_S, check_free_space, format_bytes, remove_stale_partials
+from tandem_launcher.hub_errors import HubError
+from tandem_launcher.hub_files import RepoFile, select_serving_files
+from tandem_launcher.hub_request import hub_offline
 from tandem_launcher.progress import DownloadProgress
 
 

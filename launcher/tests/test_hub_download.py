@@ -437,7 +437,9 @@ def test_a_full_disk_is_named_wherever_it_happens(standin: HubStandin, tmp_path:
     import errno  # noqa: PLC0415
 
     from huggingface_hub import file_download  # noqa: PLC0415
-    from tandem_launcher.hub import HubError, HubRequest, fetch_snapshot  # noqa: PLC0415
+    from tandem_launcher.hub import fetch_snapshot  # noqa: PLC0415
+    from tandem_launcher.hub_errors import HubError  # noqa: PLC0415
+    from tandem_launcher.hub_request import HubRequest  # noqa: PLC0415
     from tandem_launcher.progress import DownloadProgress  # noqa: PLC0415
 
     def full(url: str, temp_file, **kwargs) -> None:
