@@ -13,7 +13,8 @@ from tandem_harness import TandemServer, embedded_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launcher" / "tests"))
 
-from hub_standin import HubStandin, StandinRepo, write_tiny_llama_repo
+from hub_standin import HubStandin
+from hub_standin_repos import StandinRepo, write_tiny_llama_repo
 
 REPO_ID = "tandem-tests/tiny-llama-chat"
 SERVED = [

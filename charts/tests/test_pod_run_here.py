@@ -36,7 +36,8 @@ from helm import objects_of_kind, render
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launcher" / "tests"))
 
-from hub_standin import HubStandin, StandinRepo, write_tiny_llama_repo
+from hub_standin import HubStandin
+from hub_standin_repos import StandinRepo, write_tiny_llama_repo
 from resolution_testing import resolve_model
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID
 

@@ -18,20 +18,10 @@ SERVING_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
-
-
 REQUIRED_FILES = ("config.json", "tokenizer.json")
-
-
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-
 PICKLE_INDEX = "pytorch_model.bin.index.json"
-
-
 PICKLE_WEIGHTS = "pytorch_model*.bin"
-
-
 # Mistral-style repos ship one `consolidated.safetensors` beside the sharded files: the same weights twice.
 _DUPLICATE_PREFIXES = ("consolidated",)
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +16,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hub_standin import HubStandin, StandinRepo, synthetic_repo
+from hub_download_testing import (
+    HUB_VARIABLES,
+    SERVED,
+    child_env,
+    last_line,
+    run_download,
+    snapshot_of,
+    standin_with_repos,
+)
+from hub_standin import HubStandin
+from hub_standin_repos import StandinRepo, synthetic_repo
 
-GOOD_TOKEN = "hf_good_token"
-NO_ACCESS_TOKEN = "hf_token_without_access"
-SERVED = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-# Variables of the machine running the tests that would change what the child does.
-_HUB_VARIABLES = ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN_PATH", "MODEL_ID")
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[HubStandin]:
+    with standin_with_repos() as hub:
+        yield hub
 
 
 def _pickled_repo(repo_id: str) -> StandinRepo:
@@ -43,59 +51,6 @@ def _pickled_repo(repo_id: str) -> StandinRepo:
         "pytorch_model.bin": buffer.getvalue(),
     }
     return StandinRepo(repo_id, files)
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[HubStandin]:
-    hub = HubStandin(tokens={GOOD_TOKEN, NO_ACCESS_TOKEN})
-    hub.add(synthetic_repo("acme/tiny"))
-    hub.add(synthetic_repo("acme/gated", gated=True, allowed_tokens={GOOD_TOKEN}))
-    hub.add(synthetic_repo("acme/private", private=True, allowed_tokens={GOOD_TOKEN}))
-    hub.add(synthetic_repo("acme/huge", weights_size=1024, listed_sizes={"model.safetensors": 2**50}))
-    hub.add(synthetic_repo("acme/slow", weights_size=2 * 1024 * 1024))
-    hub.add(
-        StandinRepo("acme/tiny-gguf", {"README.md": b"#", "tiny.Q4_0.gguf": b"not a GGUF file", "x.Q8_0.gguf": b"G"})
-    )
-    with hub:
-        yield hub
-
-
-def run_download(
-    hf_home: Path,
-    endpoint: str,
-    *args: str,
-    env: dict[str, str] | None = None,
-    timeout: float = 120,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tandem_launcher", "download", *args],
-        env=child_env(hf_home, endpoint, env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def child_env(hf_home: Path, endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    environ = {name: value for name, value in os.environ.items() if name not in _HUB_VARIABLES}
-    return {**environ, "HF_HOME": str(hf_home), "HF_ENDPOINT": endpoint, **(extra or {})}
-
-
-def snapshot_of(hf_home: Path, repo_id: str) -> Path:
-    storage = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
-    commit = (storage / "refs" / "main").read_text().strip()
-    return storage / "snapshots" / commit
-
-
-def closed_port_url() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
-
-
-def last_line(result: subprocess.CompletedProcess[str]) -> str:
-    return result.stderr.strip().splitlines()[-1]
 
 
 def test_download_fetches_only_what_serving_needs_and_a_second_run_fetches_nothing(
@@ -124,89 +79,6 @@ def test_download_fetches_only_what_serving_needs_and_a_second_run_fetches_nothi
     )
     asked = [entry.path for entry in standin.logged()[requests_before:] if "acme/tiny" in entry.path]
     assert asked == ["/api/models/acme/tiny"]  # one API call, no file request
-
-
-def test_a_gated_repo_names_the_token_and_the_licence(standin: HubStandin, tmp_path: Path) -> None:
-    anonymous = run_download(tmp_path, standin.url, "acme/gated")
-    assert anonymous.returncode == 1
-    assert last_line(anonymous).endswith(
-        f"acme/gated is a gated model and no token was sent (401 Unauthorized): accept its licence on "
-        f"{standin.url}/acme/gated, then set HF_TOKEN (or --hf-token-file) to a token of an account that has access"
-    )
-    no_access = run_download(tmp_path, standin.url, "acme/gated", env={"HF_TOKEN": NO_ACCESS_TOKEN})
-    assert no_access.returncode == 1
-    assert last_line(no_access).endswith(
-        "acme/gated is a gated model and the token's account has no access to it yet (403 Forbidden): accept its "
-        f"licence on {standin.url}/acme/gated with that account, or use the token of an account that has"
-    )
-    assert not (tmp_path / "hub" / "models--acme--gated" / "snapshots").exists() or not any(
-        path.name == "model.safetensors" for path in (tmp_path / "hub").rglob("*")
-    )
-
-    granted = run_download(tmp_path, standin.url, "acme/gated", env={"HF_TOKEN": GOOD_TOKEN})
-    assert granted.returncode == 0, granted.stderr
-    weights = standin.downloads(standin.repos["acme/gated"].sha256("model.safetensors"))
-    assert [(entry.server, entry.authorized) for entry in weights] == [("cdn", False)]
-
-
-def test_a_token_file_authenticates_and_an_invalid_token_is_named(standin: HubStandin, tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text(f"{GOOD_TOKEN}\n")
-    result = run_download(tmp_path / "home", standin.url, "acme/private", "--hf-token-file", str(token_file))
-    assert result.returncode == 0, result.stderr
-    token_file.write_text("hf_unknown\n")
-    refused = run_download(tmp_path / "other", standin.url, "acme/private", "--hf-token-file", str(token_file))
-    assert refused.returncode == 1
-    assert last_line(refused).endswith(
-        f"{standin.url} refused the Hugging Face token (401 Unauthorized: invalid credentials): check HF_TOKEN or "
-        "--hf-token-file"
-    )
-
-
-def test_a_missing_repo_or_revision_says_what_to_check(standin: HubStandin, tmp_path: Path) -> None:
-    missing = run_download(tmp_path, standin.url, "acme/absent")
-    assert missing.returncode == 1
-    assert last_line(missing).endswith(
-        f"acme/absent was not found on {standin.url} (401): check the model id (org/name) and --revision; if it is "
-        "a private repo, set HF_TOKEN (or --hf-token-file) to a token of an account that has access"
-    )
-    with_token = run_download(tmp_path, standin.url, "acme/absent", env={"HF_TOKEN": GOOD_TOKEN})
-    assert f"acme/absent was not found on {standin.url} (404)" in last_line(with_token)
-    revision = run_download(tmp_path, standin.url, "acme/tiny", "--revision", "v9")
-    assert revision.returncode == 1
-    assert last_line(revision).endswith(
-        f"acme/tiny has no revision 'v9' on {standin.url} (404): check --revision (a branch, a tag or a commit hash)"
-    )
-
-
-def test_an_unreachable_endpoint_says_what_to_do_and_a_complete_cache_still_serves(
-    standin: HubStandin, tmp_path: Path
-) -> None:
-    nowhere = closed_port_url()
-    started = time.monotonic()
-    refused = run_download(tmp_path, nowhere, "acme/tiny")
-    assert time.monotonic() - started < 60
-    assert refused.returncode == 1
-    message = last_line(refused)
-    assert f"cannot reach the Hugging Face Hub at {nowhere} (ConnectError" in message
-    assert message.endswith(
-        "and acme/tiny is not complete in the local cache: check the network or proxy, point HF_ENDPOINT at a "
-        "reachable mirror, or fetch the model where the Hub is reachable (`tandem-launcher download acme/tiny`) and "
-        "copy the cache (HF_HOME) here"
-    )
-    assert run_download(tmp_path, standin.url, "acme/tiny").returncode == 0
-    cached = run_download(tmp_path, nowhere, "acme/tiny")
-    assert cached.returncode == 0, cached.stderr
-    assert "using the complete copy of acme/tiny in the local cache" in cached.stderr
-
-
-def test_too_little_disk_space_is_refused_before_any_byte_is_fetched(standin: HubStandin, tmp_path: Path) -> None:
-    result = run_download(tmp_path, standin.url, "acme/huge")
-    assert result.returncode == 1
-    message = last_line(result)
-    assert "not enough disk space: acme/huge needs 1024.0 TiB for 5 file(s), but the volume of " in message
-    assert f"{tmp_path / 'hub'} has only " in message and "modelCache.size" in message
-    assert not [entry for entry in standin.logged() if "/resolve/" in entry.path and "acme/huge" in entry.path]
 
 
 def test_a_download_cut_half_way_resumes_with_a_range_request(standin: HubStandin, tmp_path: Path) -> None:
@@ -369,7 +241,7 @@ def test_a_gguf_repo_fetches_only_the_named_file_and_hands_it_to_the_converter(
 def test_the_launcher_downloads_a_missing_repo_then_starts(
     standin: HubStandin, tmp_path: Path, launch_fakes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in _HUB_VARIABLES:
+    for name in HUB_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", standin.url)
@@ -379,77 +251,3 @@ def test_the_launcher_downloads_a_missing_repo_then_starts(
     assert f"model directory: {snapshot_of(tmp_path / 'hf', 'acme/tiny')}" in launch.output
     launch.process.send_signal(signal.SIGTERM)
     assert launch.finish() == 0
-
-
-def test_the_launcher_ends_with_the_download_error_as_its_last_line(
-    standin: HubStandin, tmp_path: Path, launch_fakes, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in _HUB_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", standin.url)
-    launch = launch_fakes(model_id="acme/gated", model_cache_dir=str(tmp_path / "models"))
-    assert launch.finish() == 1
-    assert launch.lines[-1].endswith(
-        "acme/gated is a gated model and no token was sent (401 Unauthorized): accept "
-        f"its licence on {standin.url}/acme/gated, then set HF_TOKEN (or --hf-token-file) to a token of an account "
-        "that has access"
-    )
-    assert launch.output.count("is a gated model") == 1
-    assert not launch.events()  # no shard or router ever started
-
-
-@pytest.fixture
-def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 3 MiB tmpfs (needs the right to mount: root, as in the CI container); skipped elsewhere."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
-    argv = ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)]
-    mounted = subprocess.run(argv, capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-
-
-def test_a_disk_that_fills_up_during_the_download_is_named(standin: HubStandin, small_filesystem: Path) -> None:
-    """The listing understates the weights (4 MiB listed as 1 MiB), so the space check passes and the disk of a
-    3 MiB filesystem fills up while they arrive, as when something else fills the volume meanwhile."""
-    standin.add(synthetic_repo("acme/understated", listed_sizes={"model.safetensors": 1024 * 1024}))
-    result = run_download(small_filesystem, standin.url, "acme/understated")
-    assert result.returncode == 1
-    assert last_line(result).endswith(
-        f"the disk filled up while downloading acme/understated into {small_filesystem / 'hub'} (no space left on "
-        "device): free some space or give the cache a larger volume (HF_HOME or HF_HUB_CACHE; in the Helm chart, "
-        "modelCache.size); the files already complete are kept"
-    )
-    snapshot = snapshot_of(small_filesystem, "acme/understated")
-    assert "config.json" in os.listdir(snapshot) and "model.safetensors" not in os.listdir(snapshot)
-    assert not list((snapshot.parents[1] / "blobs").glob("*.incomplete"))
-
-
-def test_a_full_disk_is_named_wherever_it_happens(standin: HubStandin, tmp_path: Path, monkeypatch) -> None:
-    """The same message without a small filesystem: the write of the weights fails with ENOSPC."""
-    import errno  # noqa: PLC0415
-
-    from huggingface_hub import file_download  # noqa: PLC0415
-    from tandem_launcher.hub import fetch_snapshot  # noqa: PLC0415
-    from tandem_launcher.hub_errors import HubError  # noqa: PLC0415
-    from tandem_launcher.hub_request import HubRequest  # noqa: PLC0415
-    from tandem_launcher.progress import DownloadProgress  # noqa: PLC0415
-
-    def full(url: str, temp_file, **kwargs) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(file_download, "http_get", full)
-    # In this process HF_ENDPOINT is not the stand-in: keep huggingface_hub's agent-registry fetch off the network.
-    monkeypatch.setattr("huggingface_hub.utils._detect_agent._fetch_registry", lambda: None)
-    request = HubRequest("acme/tiny", endpoint=standin.url)
-    with pytest.raises(
-        HubError, match=r"^the disk filled up while downloading acme/tiny into .*/cache \(no space left"
-    ):
-        fetch_snapshot(request, tmp_path / "cache", DownloadProgress)
