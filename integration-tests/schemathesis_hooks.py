@@ -12,6 +12,7 @@ MAX_SEQUENCES = 2
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions")
 NATIVE_ROUTES = ("/", "/generate", "/generate_stream")
 ANTHROPIC_MESSAGES = "/v1/messages"
+OPENAI_RESPONSES = "/v1/responses"
 
 
 def _is_count(value: Any) -> bool:
@@ -41,6 +42,8 @@ def map_body(context: schemathesis.HookContext, body: Any) -> Any:
         _bound(body, ("n", "best_of"), MAX_SEQUENCES)
     elif path == ANTHROPIC_MESSAGES:
         _bound_new_tokens(body, ("max_tokens",))
+    elif path == OPENAI_RESPONSES:
+        _bound_new_tokens(body, ("max_output_tokens",))
     elif path in NATIVE_ROUTES:
         parameters = body.setdefault("parameters", {})
         if isinstance(parameters, dict):

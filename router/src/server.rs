@@ -134,7 +134,8 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     )
     .with_request_logging(config.lifecycle.log_requests)
     .with_api_keys(api_keys.clone())
-    .with_launch_id(launch_id);
+    .with_launch_id(launch_id)
+    .with_responses_store(config.api.responses_store);
     match api_keys {
         Some(keys) => {
             info!(

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::http::ResponseStoreLimits;
 use crate::limits::{ConnectionLimits, RequestLimits};
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
@@ -134,6 +135,8 @@ pub struct ApiArgs {
     /// (when it sets `do_sample: true`); `none`: they get the OpenAI defaults.
     #[arg(long, env = "GENERATION_CONFIG", value_enum, default_value_t = GenerationConfigUse::Auto)]
     pub generation_config: GenerationConfigUse,
+    #[command(flatten)]
+    pub responses_store: ResponseStoreLimits,
 }
 
 /// Whether the model's recommended sampling values are OpenAI requests' defaults.

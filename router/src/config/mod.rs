@@ -12,6 +12,7 @@ use std::time::Duration;
 pub use args::{ApiArgs, ApiKey, GenerationConfigUse, RouterArgs};
 pub use derived::ServedModel;
 
+use crate::http::ResponseStoreLimits;
 use crate::limits::{ConnectionLimits, RequestLimits};
 
 /// Flags that cannot work together.
@@ -80,6 +81,8 @@ pub struct ApiConfig {
     pub chat_completions: bool,
     /// Whether `generation_config.json`'s sampling values are OpenAI requests' defaults.
     pub model_sampling_defaults: bool,
+    /// What `/v1/responses` may keep for `previous_response_id`.
+    pub responses_store: ResponseStoreLimits,
 }
 
 /// How the router rides through shard restarts and shuts down.
@@ -189,6 +192,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 chat_template: args.api.chat_template,
                 chat_completions: !args.api.disable_chat_completions,
                 model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
+                responses_store: args.api.responses_store,
             },
             request_limits: args.request_limits,
             connections: args.connections,

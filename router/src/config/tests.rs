@@ -218,3 +218,19 @@ fn shard_socket_is_required() {
     let argv = ["tandem-router", "--tokenizer-path", "/m", "--model-id", "m"];
     assert!(RouterArgs::try_parse_from(argv).is_err());
 }
+
+#[test]
+fn the_responses_store_is_bounded_by_entries_and_bytes() {
+    let defaults = parse(&[]).unwrap().api.responses_store;
+    assert_eq!((defaults.max_entries, defaults.max_bytes), (1024, 64 << 20));
+    let tiny = parse(&[
+        "--responses-store-max-entries",
+        "2",
+        "--responses-store-max-bytes",
+        "4096",
+    ])
+    .unwrap()
+    .api
+    .responses_store;
+    assert_eq!((tiny.max_entries, tiny.max_bytes), (2, 4096));
+}

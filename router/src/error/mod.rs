@@ -48,6 +48,12 @@ pub enum AppError {
     Stream(#[from] StreamError),
     #[error("the model is not healthy: {0}")]
     Unhealthy(SchedulerError),
+    #[error("{what} with id '{id}' not found")]
+    NotFound {
+        what: &'static str,
+        id: String,
+        param: Option<&'static str>,
+    },
 }
 
 /// What kind of failure an `AppError` is; decides status codes and type strings.
@@ -58,6 +64,7 @@ enum Kind {
     NotJson,
     Overloaded,
     Unauthorized,
+    NotFound,
     Generation,
     Unavailable,
 }
@@ -90,6 +97,7 @@ impl AppError {
             Self::NotJson => Kind::NotJson,
             Self::Overloaded(_) | Self::QueueFull { .. } => Kind::Overloaded,
             Self::Unauthorized(_) => Kind::Unauthorized,
+            Self::NotFound { .. } => Kind::NotFound,
             Self::Scheduler(
                 SchedulerError::ShuttingDown
                 | SchedulerError::Recovering
@@ -115,7 +123,7 @@ impl AppError {
         match (self.kind(), scheduler) {
             (_, Some(SchedulerError::QueueTimeout(_))) => "timeout",
             (_, Some(SchedulerError::ShardFailed(_))) => "shard_error",
-            (Kind::Validation | Kind::TooLarge | Kind::NotJson, _) => "validation",
+            (Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::NotFound, _) => "validation",
             (Kind::Overloaded, _) => "overloaded",
             (Kind::Unauthorized, _) => "unauthorized",
             (Kind::Unavailable, _) => "unavailable",
@@ -127,6 +135,7 @@ impl AppError {
         match self {
             Self::Validation(error) => error.param(),
             Self::InvalidBody { param, .. } => param.as_deref(),
+            Self::NotFound { param, .. } => *param,
             _ => None,
         }
     }
@@ -197,6 +206,7 @@ fn native_type(kind: Kind) -> &'static str {
         Kind::Validation | Kind::TooLarge | Kind::NotJson => "validation",
         Kind::Overloaded => "overloaded",
         Kind::Unauthorized => "unauthorized",
+        Kind::NotFound => "not_found",
         Kind::Generation => "generation",
         Kind::Unavailable => "unhealthy",
     }
@@ -210,6 +220,7 @@ fn status(api: Api, kind: Kind) -> StatusCode {
         (Kind::NotJson, _) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
         (Kind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
+        (Kind::NotFound, _) => StatusCode::NOT_FOUND,
         (Kind::Generation, Api::OpenAi | Api::Anthropic) => StatusCode::INTERNAL_SERVER_ERROR,
         (Kind::Generation, Api::Native) => StatusCode::FAILED_DEPENDENCY,
         (Kind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
@@ -302,6 +313,7 @@ fn anthropic_type(kind: Kind) -> &'static str {
         Kind::Validation | Kind::NotJson => "invalid_request_error",
         Kind::TooLarge => "request_too_large",
         Kind::Unauthorized => "authentication_error",
+        Kind::NotFound => "not_found_error",
         Kind::Overloaded => "rate_limit_error",
         Kind::Generation => "api_error",
         Kind::Unavailable => "overloaded_error",
@@ -325,9 +337,11 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
         }),
         Api::OpenAi => {
             let error_type = match kind {
-                Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::Unauthorized => {
-                    "invalid_request_error"
-                }
+                Kind::Validation
+                | Kind::TooLarge
+                | Kind::NotJson
+                | Kind::Unauthorized
+                | Kind::NotFound => "invalid_request_error",
                 Kind::Overloaded => "overloaded",
                 Kind::Generation => "server_error",
                 Kind::Unavailable => "service_unavailable",
@@ -371,7 +385,7 @@ pub fn error_response(api: Api, error: &AppError) -> Response {
         Kind::Unauthorized => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::Generation => {}
+        Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::NotFound | Kind::Generation => {}
     }
     response
 }

@@ -93,3 +93,22 @@ fn shutdown_is_503_and_overload_is_429() {
         "overloaded"
     );
 }
+
+#[test]
+fn an_unknown_stored_id_is_404_naming_its_parameter() {
+    let error = AppError::NotFound {
+        what: "Previous response",
+        id: "resp_x".into(),
+        param: Some("previous_response_id"),
+    };
+    let response = error_response(Api::OpenAi, &error);
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let body = error_body(Api::OpenAi, &error);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["param"], "previous_response_id");
+    assert_eq!(
+        body["error"]["message"],
+        "Previous response with id 'resp_x' not found"
+    );
+    assert_eq!(error.metric_reason(), "validation");
+}

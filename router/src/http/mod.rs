@@ -33,6 +33,7 @@ pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use launch_identity::{read_launch_id, LaunchIdError};
 pub use lifecycle::Draining;
+pub use openai::responses::ResponseStoreLimits;
 pub use state::{AppState, HandlerConfig};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -50,6 +51,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(openai::completions::completions))
         .routes(routes!(anthropic::messages))
         .routes(routes!(anthropic::count_tokens))
+        .routes(routes!(openai::responses::create))
         .routes(routes!(native::tokenize::tokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -63,6 +65,10 @@ pub fn app(state: AppState) -> Router {
     }
     let protected = OpenApiRouter::new()
         .merge(inference)
+        .routes(routes!(
+            openai::responses::retrieve,
+            openai::responses::delete
+        ))
         .routes(routes!(info::models))
         .routes(routes!(info::info))
         .route_layer(middleware::from_fn_with_state(

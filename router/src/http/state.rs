@@ -11,6 +11,7 @@ use super::deep_health::DeepProbe;
 use super::info::ServerInfo;
 use super::lifecycle::Draining;
 use super::load_shedding::LoadShedder;
+use super::openai::responses::{ResponseStore, ResponseStoreLimits};
 use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
@@ -66,6 +67,8 @@ pub struct AppState {
     pub(super) deep_probe: Arc<DeepProbe>,
     /// Sent with every `/health` answer (`--launch-id-file`); `None`: not sent.
     pub(super) launch_id: Option<HeaderValue>,
+    /// Responses kept for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`.
+    pub(super) responses: Arc<ResponseStore>,
 }
 
 impl AppState {
@@ -94,7 +97,15 @@ impl AppState {
             api_keys: None,
             deep_probe: Arc::default(),
             launch_id: None,
+            responses: Arc::new(ResponseStore::new(ResponseStoreLimits::default())),
         }
+    }
+
+    /// Keeps at most what `limits` allow of the responses `/v1/responses` stores.
+    #[must_use]
+    pub fn with_responses_store(mut self, limits: ResponseStoreLimits) -> Self {
+        self.responses = Arc::new(ResponseStore::new(limits));
+        self
     }
 
     /// Requires one of `keys` on every route but `/health`, `/ready` and `/metrics`.

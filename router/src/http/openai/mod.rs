@@ -34,6 +34,7 @@ pub mod chat;
 mod chunks;
 pub mod completions;
 mod logprobs;
+pub mod responses;
 pub(super) mod tool_calls;
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,0 +1,254 @@
+//! The Responses API's stream events for one response, each with its `type` and
+//! `sequence_number`: `response.created` and `response.in_progress`, then per output item
+//! `response.output_item.added`, its content (`response.content_part.added`,
+//! `response.output_text.delta`s, `response.output_text.done`, `response.content_part.done`
+//! for a message; `response.function_call_arguments.delta`s and `.done` for a call) and
+//! `response.output_item.done`, then `response.completed` (or `response.incomplete`).
+//! Text is routed through the chat route's tool call scanner when tools may be called.
+
+use serde_json::{json, Value};
+
+use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
+use crate::error::{error_body, Api, AppError};
+use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
+use crate::stream::Finish;
+
+/// Renders one response's events; every method returns the events to send, in order.
+#[derive(Debug)]
+pub struct ResponseEvents {
+    sequence: u64,
+    /// Present when tools may be called: decides between text and calls.
+    tool_output: Option<ChoiceOutput>,
+    items: Vec<OutputItem>,
+    /// Whether the last item is still being written.
+    open: bool,
+}
+
+impl ResponseEvents {
+    /// `call_required`: the output is a calls document from its first character.
+    pub fn new(tools_callable: bool, call_required: bool) -> Self {
+        Self {
+            sequence: 0,
+            tool_output: tools_callable.then(|| ChoiceOutput::new(call_required)),
+            items: Vec::new(),
+            open: false,
+        }
+    }
+
+    /// `payload` numbered as the next event.
+    fn event(&mut self, mut payload: Value) -> Value {
+        payload["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        payload
+    }
+
+    /// `response.created` and `response.in_progress`, carrying the response with no output.
+    pub fn start(&mut self, response: &ResponseObject) -> Vec<Value> {
+        ["response.created", "response.in_progress"]
+            .into_iter()
+            .map(|kind| self.event(json!({"type": kind, "response": response})))
+            .collect()
+    }
+
+    /// The events one piece of generated text releases.
+    pub fn text(&mut self, text: String) -> Vec<Value> {
+        let mut events = Vec::new();
+        let body = match self.tool_output.as_mut() {
+            Some(output) => output.push(text),
+            None if text.is_empty() => DeltaBody::Nothing,
+            None => DeltaBody::Content(text),
+        };
+        match body {
+            DeltaBody::Nothing => {}
+            DeltaBody::Content(text) => {
+                if !matches!(self.open_item(), Some(OutputItem::Message { .. })) {
+                    self.close("completed", &mut events);
+                    self.open_message(&mut events);
+                }
+                let (item_id, output_index) = self.push_text(&text);
+                events.push(self.event(json!({"type": "response.output_text.delta",
+                    "item_id": item_id, "output_index": output_index, "content_index": 0,
+                    "delta": text, "logprobs": []})));
+            }
+            DeltaBody::ToolCalls(calls) => {
+                for call in calls {
+                    self.call_delta(&call, &mut events);
+                }
+            }
+        }
+        events
+    }
+
+    fn open_item(&mut self) -> Option<&mut OutputItem> {
+        if self.open {
+            self.items.last_mut()
+        } else {
+            None
+        }
+    }
+
+    fn open_message(&mut self, events: &mut Vec<Value>) {
+        let id = message_id();
+        let item = OutputItem::Message {
+            id: id.clone(),
+            role: "assistant",
+            status: "in_progress",
+            content: Vec::new(),
+        };
+        self.added(item, events);
+        let part = OutputText::new(String::new());
+        let output_index = self.items.len() - 1;
+        events.push(
+            self.event(json!({"type": "response.content_part.added", "item_id": id,
+            "output_index": output_index, "content_index": 0, "part": part})),
+        );
+        if let Some(OutputItem::Message { content, .. }) = self.items.last_mut() {
+            content.push(part);
+        }
+    }
+
+    fn added(&mut self, item: OutputItem, events: &mut Vec<Value>) {
+        let output_index = self.items.len();
+        events.push(self.event(json!({"type": "response.output_item.added",
+            "output_index": output_index, "item": item})));
+        self.items.push(item);
+        self.open = true;
+    }
+
+    /// Appends to the open message's text; its id and output index.
+    fn push_text(&mut self, text: &str) -> (String, usize) {
+        let output_index = self.items.len() - 1;
+        match self.items.last_mut() {
+            Some(OutputItem::Message { id, content, .. }) => {
+                if let Some(part) = content.last_mut() {
+                    part.text.push_str(text);
+                }
+                (id.clone(), output_index)
+            }
+            _ => unreachable!("invariant: text is pushed into an open message"),
+        }
+    }
+
+    /// One entry of the scanner's chat-shaped `tool_calls` deltas: an entry with an `id`
+    /// opens a call, the others carry argument fragments.
+    fn call_delta(&mut self, call: &Value, events: &mut Vec<Value>) {
+        if let Some(call_id) = call.get("id").and_then(Value::as_str) {
+            self.close("completed", events);
+            let name = call.pointer("/function/name").and_then(Value::as_str);
+            let item = OutputItem::FunctionCall {
+                id: function_call_id(),
+                call_id: call_id.to_owned(),
+                name: name.unwrap_or_default().to_owned(),
+                arguments: String::new(),
+                status: "in_progress",
+            };
+            self.added(item, events);
+            return;
+        }
+        let fragment = call.pointer("/function/arguments").and_then(Value::as_str);
+        let output_index = self.items.len().saturating_sub(1);
+        if let (Some(fragment), Some(OutputItem::FunctionCall { id, arguments, .. })) =
+            (fragment, self.open_item())
+        {
+            arguments.push_str(fragment);
+            let id = id.clone();
+            events.push(
+                self.event(json!({"type": "response.function_call_arguments.delta",
+                "item_id": id, "output_index": output_index, "delta": fragment})),
+            );
+        }
+    }
+
+    /// Closes the open item with `status`.
+    fn close(&mut self, status: &'static str, events: &mut Vec<Value>) {
+        if !std::mem::take(&mut self.open) {
+            return;
+        }
+        let output_index = self.items.len() - 1;
+        let Some(item) = self.items.last_mut() else {
+            return;
+        };
+        let closing = match item {
+            OutputItem::Message {
+                id,
+                content,
+                status: item_status,
+                ..
+            } => {
+                *item_status = status;
+                let part = content
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| OutputText::new(String::new()));
+                vec![
+                    json!({"type": "response.output_text.done", "item_id": id, "output_index": output_index,
+                        "content_index": 0, "text": part.text, "logprobs": []}),
+                    json!({"type": "response.content_part.done", "item_id": id, "output_index": output_index,
+                        "content_index": 0, "part": part}),
+                ]
+            }
+            OutputItem::FunctionCall {
+                id,
+                name,
+                arguments,
+                status: item_status,
+                ..
+            } => {
+                *item_status = status;
+                vec![
+                    json!({"type": "response.function_call_arguments.done", "item_id": id,
+                    "output_index": output_index, "name": name, "arguments": arguments}),
+                ]
+            }
+        };
+        let done = json!({"type": "response.output_item.done", "output_index": output_index,
+            "item": item});
+        for payload in closing.into_iter().chain([done]) {
+            events.push(self.event(payload));
+        }
+    }
+
+    /// Closes the open item (an empty message when nothing was written) and hands back the
+    /// output; items are `incomplete` when the length limit ended the response.
+    pub fn finish(&mut self, finish: Finish) -> (Vec<Value>, Vec<OutputItem>) {
+        let mut events = Vec::new();
+        if self.items.is_empty() {
+            self.open_message(&mut events);
+        }
+        let status = if finish == Finish::Length {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        self.close(status, &mut events);
+        (events, self.items.clone())
+    }
+
+    /// `response.completed`, or `response.incomplete`, carrying the finished response.
+    pub fn end(&mut self, response: &ResponseObject) -> Value {
+        let kind = if response.status == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.event(json!({"type": kind, "response": response}))
+    }
+
+    /// The `error` event that ends a failed stream.
+    pub fn error(&mut self, error: &AppError) -> Value {
+        let body = error_body(Api::OpenAi, error);
+        let inner = &body["error"];
+        let code = match &inner["code"] {
+            Value::Null => inner["type"].clone(),
+            code => code.clone(),
+        };
+        self.event(
+            json!({"type": "error", "code": code, "message": inner["message"],
+            "param": inner["param"]}),
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -1,0 +1,224 @@
+//! OpenAI's Responses API: `POST /v1/responses` (plain or streamed) on the chat route's
+//! template, sampling, grammar and tool paths, and the stored responses behind
+//! `previous_response_id`, `GET` and `DELETE /v1/responses/{response_id}`.
+
+mod convert;
+mod events;
+mod input;
+mod output;
+mod request;
+mod store;
+
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde_json::Value;
+
+pub use self::store::{ResponseStore, ResponseStoreLimits};
+
+use self::events::ResponseEvents;
+use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};
+use self::request::ResponsesRequest;
+use crate::error::{ApiError, AppError, OpenAi, OpenAiErrorBody};
+use crate::http::generation::AdmittedRequest;
+use crate::http::json::ApiJson;
+use crate::http::sse::sse_response;
+use crate::http::state::AppState;
+use crate::validation::tools::ToolChoice;
+use crate::validation::ValidationError;
+
+/// The error answers of `POST /v1/responses`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only documents responses; the answers are built by `ApiError`
+pub enum CreateErrorResponses {
+    #[response(status = 400, description = "Invalid request")]
+    Invalid(OpenAiErrorBody),
+    #[response(
+        status = 404,
+        description = "`previous_response_id` names no stored response"
+    )]
+    NotFound(OpenAiErrorBody),
+    #[response(status = 413, description = "Body over the payload limit")]
+    TooLarge(OpenAiErrorBody),
+    #[response(status = 415, description = "Body not sent as JSON")]
+    NotJson(OpenAiErrorBody),
+    #[response(status = 429, description = "Too many requests in flight")]
+    Overloaded(OpenAiErrorBody),
+    #[response(status = 500, description = "Generation failed")]
+    Generation(OpenAiErrorBody),
+    #[response(status = 503, description = "Draining or recovering")]
+    Unavailable(OpenAiErrorBody),
+}
+
+/// The error answers of the stored-response routes.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only documents responses; the answers are built by `ApiError`
+pub enum StoredErrorResponses {
+    #[response(status = 400, description = "A query parameter that is not served")]
+    Invalid(OpenAiErrorBody),
+    #[response(status = 404, description = "No stored response has this id")]
+    NotFound(OpenAiErrorBody),
+}
+
+/// `POST /v1/responses`.
+#[utoipa::path(post, path = "/v1/responses", tag = "OpenAI", request_body = ResponsesRequest, responses(
+    (status = 200, description = "The response, or with `stream: true` server-sent events named \
+        by their `type`: `response.created`, `response.in_progress`, the output items' events, \
+        then `response.completed` or `response.incomplete`",
+        content(
+            (ResponseObject = "application/json"),
+            (Object = "text/event-stream"))),
+    CreateErrorResponses))]
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<ResponsesRequest, OpenAi>,
+) -> Result<Response, ApiError<OpenAi>> {
+    let generation = convert::generation(request, &state.config, &state.responses)?;
+    let call_required = generation
+        .tools
+        .as_ref()
+        .is_some_and(|plan| plan.choice != ToolChoice::Auto);
+    let renderer = ResponseEvents::new(generation.tools.is_some(), call_required);
+    let draft = Draft::new(
+        state.config.model_id.clone(),
+        generation.echo,
+        generation.conversation,
+    );
+    let admitted =
+        AdmittedRequest::start(&state, "responses", generation.prompt, &generation.params).await?;
+    let store = Arc::clone(&state.responses);
+    if generation.stream {
+        return Ok(stream_response(admitted, renderer, draft, store));
+    }
+    let completed = admitted.collect().await?;
+    let mut renderer = renderer;
+    renderer.text(completed.text.clone());
+    let (_, output) = renderer.finish(completed.finish);
+    let usage = ResponseUsage::new(completed.input_tokens, completed.tokens.len());
+    let body = draft.finish(output, completed.finish, usage, completed.text, &store);
+    Ok(Json(body).into_response())
+}
+
+/// An event named by its payload's `type`, as the Responses API sends it.
+fn named_event(payload: &Value) -> Event {
+    let name = payload
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("error");
+    Event::default().event(name).data(payload.to_string())
+}
+
+/// Streams the response's events as tokens arrive; an error ends the stream with an `error`
+/// event. The response is stored once it finishes.
+fn stream_response(
+    admitted: AdmittedRequest,
+    mut renderer: ResponseEvents,
+    draft: Draft,
+    store: Arc<ResponseStore>,
+) -> Response {
+    let input_tokens = admitted.input_tokens;
+    let mut deltas = Box::pin(admitted.into_deltas(0));
+    let opening = renderer.start(&draft.in_progress());
+    let events = async_stream::stream! {
+        for payload in opening {
+            yield named_event(&payload);
+        }
+        let mut text = String::new();
+        while let Some(sibling) = deltas.next().await {
+            match sibling.delta {
+                Ok(delta) => {
+                    text.push_str(&delta.token.text);
+                    for payload in renderer.text(delta.token.text) {
+                        yield named_event(&payload);
+                    }
+                    if let Some(finish) = delta.finish {
+                        let (closing, output) = renderer.finish(finish);
+                        for payload in closing {
+                            yield named_event(&payload);
+                        }
+                        let usage = ResponseUsage::new(input_tokens, sibling.generated_tokens);
+                        let body = draft.finish(output, finish, usage, text, &store);
+                        yield named_event(&renderer.end(&body));
+                        return;
+                    }
+                }
+                Err(error) => {
+                    yield named_event(&renderer.error(&error));
+                    return;
+                }
+            }
+        }
+    };
+    sse_response(events)
+}
+
+/// Query parameters of `GET /v1/responses/{response_id}` are not served (no `stream`,
+/// `include` or `starting_after`); `include_obfuscation` only shapes streams and is ignored.
+fn refuse_query(query: Option<&str>) -> Result<(), ValidationError> {
+    let served = |name: &str| name.is_empty() || name == "include_obfuscation";
+    match query
+        .unwrap_or_default()
+        .split('&')
+        .map(|pair| pair.split('=').next().unwrap_or_default())
+        .find(|name| !served(name))
+    {
+        Some(name) => Err(ValidationError::Unsupported {
+            param: name.to_owned(),
+            detail: " on GET /v1/responses/{response_id}".to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn not_found(id: String) -> AppError {
+    AppError::NotFound {
+        what: "Response",
+        id,
+        param: None,
+    }
+}
+
+/// `GET /v1/responses/{response_id}`: a stored response, as it was answered.
+#[utoipa::path(get, path = "/v1/responses/{response_id}", tag = "OpenAI",
+    params(("response_id" = String, Path, description = "The response's `id`")),
+    responses(
+        (status = 200, description = "The stored response", body = ResponseObject),
+        StoredErrorResponses))]
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError<OpenAi>> {
+    refuse_query(query.as_deref())?;
+    match state.responses.get(&id) {
+        Some(stored) => Ok(Json(stored.body.clone())),
+        None => Err(not_found(id).into()),
+    }
+}
+
+/// `DELETE /v1/responses/{response_id}`: forgets a stored response.
+#[utoipa::path(delete, path = "/v1/responses/{response_id}", tag = "OpenAI",
+    params(("response_id" = String, Path, description = "The response's `id`")),
+    responses(
+        (status = 200, description = "The deletion", body = DeletedResponse),
+        StoredErrorResponses))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<DeletedResponse>, ApiError<OpenAi>> {
+    if !state.responses.remove(&id) {
+        return Err(not_found(id).into());
+    }
+    Ok(Json(DeletedResponse {
+        id,
+        object: "response",
+        deleted: true,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

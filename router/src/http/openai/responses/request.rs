@@ -1,0 +1,201 @@
+//! The request body of `POST /v1/responses`, as OpenAI's Responses API defines it. Fields
+//! outside what Tandem serves land in `extra` and are refused by name; input items and their
+//! content parts are parsed one by one, so a refused one is named by its position.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// `POST /v1/responses` body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ResponsesRequest {
+    /// Accepted and ignored: the served model answers.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    /// Text (one user message) or a list of input items; required.
+    #[schema(value_type = Option<ResponseInput>)]
+    pub input: Option<Value>,
+    /// A system message put first; not carried over to responses that continue this one.
+    pub instructions: Option<String>,
+    #[schema(minimum = 1)]
+    pub max_output_tokens: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
+    pub temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f64>,
+    /// Tandem's extension, as on the chat route.
+    #[schema(minimum = 0)]
+    pub top_k: Option<i64>,
+    /// Tandem's extension, as on the chat route: the same seed samples the same output.
+    pub seed: Option<u64>,
+    pub stream: Option<bool>,
+    /// Keep the response for `previous_response_id`, `GET` and `DELETE` (default `true`).
+    pub store: Option<bool>,
+    /// Continue the conversation a stored response ends.
+    pub previous_response_id: Option<String>,
+    pub text: Option<TextConfig>,
+    /// Function tools; built-in tools are refused.
+    #[schema(value_type = Option<Vec<FunctionToolSpec>>)]
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "name": ...}`.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Echoed in the response.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+    /// Accepted and ignored: an opaque end-user id.
+    pub user: Option<String>,
+    /// Only `disabled`: a prompt over the limits is refused, never cut.
+    pub truncation: Option<String>,
+    /// Accepted and ignored (`include_obfuscation`: events carry no padding).
+    #[allow(dead_code)]
+    #[schema(value_type = Option<Object>)]
+    pub stream_options: Option<Map<String, Value>>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub extra: Map<String, Value>,
+}
+
+/// `input`: text, or a list of items.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // documents `ResponsesRequest::input`, which is parsed item by item
+pub enum ResponseInput {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+/// One input item; a message's `type` may be left out.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputItem {
+    Message(MessageItem),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+}
+
+/// A message of the conversation.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageItem {
+    /// `user`, `assistant`, `system` or `developer` (a system message).
+    pub role: String,
+    /// Text, or `input_text` / `output_text` parts; parsed part by part.
+    #[schema(value_type = MessageContent)]
+    pub content: Value,
+    /// Accepted and ignored: sent back with output messages.
+    #[allow(dead_code)]
+    pub id: Option<String>,
+    #[allow(dead_code)]
+    pub status: Option<String>,
+    #[allow(dead_code)]
+    pub phase: Option<String>,
+}
+
+/// A message's text, or its parts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // documents `MessageItem::content`, which is parsed part by part
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// A text part of a message; images, files and audio are not served.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ContentPart {
+    InputText {
+        text: String,
+    },
+    OutputText {
+        text: String,
+        /// Accepted and ignored: sent back with output messages.
+        #[allow(dead_code)]
+        #[schema(value_type = Option<Vec<Object>>)]
+        annotations: Option<Vec<Value>>,
+        #[allow(dead_code)]
+        #[schema(value_type = Option<Vec<Object>>)]
+        logprobs: Option<Vec<Value>>,
+    },
+}
+
+impl ContentPart {
+    pub fn text(self) -> String {
+        match self {
+            Self::InputText { text } | Self::OutputText { text, .. } => text,
+        }
+    }
+}
+
+/// An earlier call of a function by the model.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCallItem {
+    pub call_id: String,
+    pub name: String,
+    /// The arguments object as JSON text.
+    pub arguments: String,
+    #[allow(dead_code)]
+    pub id: Option<String>,
+    #[allow(dead_code)]
+    pub status: Option<String>,
+}
+
+/// The result of a function call, answering the call with the same `call_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCallOutputItem {
+    pub call_id: String,
+    /// Text, or `input_text` parts.
+    #[schema(value_type = MessageContent)]
+    pub output: Value,
+    #[allow(dead_code)]
+    pub id: Option<String>,
+    #[allow(dead_code)]
+    pub status: Option<String>,
+}
+
+/// `text`: the output's format.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextConfig {
+    pub format: Option<TextFormat>,
+    /// Only `medium` or absent: the output's length follows the model.
+    pub verbosity: Option<String>,
+}
+
+/// Plain text, any JSON object, or JSON following a schema (grammar-constrained).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TextFormat {
+    Text,
+    JsonObject,
+    JsonSchema {
+        name: String,
+        #[schema(value_type = Object)]
+        schema: Value,
+        description: Option<String>,
+        /// Output always follows the schema, so `strict` changes nothing.
+        strict: Option<bool>,
+    },
+}
+
+/// A function the model may call.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionToolSpec {
+    /// `function`; built-in tools (`web_search`, `file_search`, ...) are refused before
+    /// the tool is parsed.
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON Schema for the arguments object.
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+    /// Calls always follow the schema, so `strict` changes nothing.
+    pub strict: Option<bool>,
+}
