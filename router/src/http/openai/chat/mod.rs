@@ -1,0 +1,66 @@
+//! `POST /v1/chat/completions`: the request body (`request.rs`), the whole completion
+//! (`response.rs`) and the streamed chunks (`streaming.rs`), joined by the handler here.
+
+mod request;
+mod response;
+mod streaming;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+pub use request::ChatRequest;
+pub use response::ChatCompletion;
+pub use streaming::ChatChunks;
+
+use super::chunks::ChatChunk;
+use super::{stream_chunks, ResponseMeta, StreamOptions};
+use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
+use crate::http::generation::{collect_siblings, AdmittedRequest};
+use crate::http::json::ApiJson;
+use crate::http::state::AppState;
+use crate::validation::tools::ToolPlan;
+
+/// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest, responses(
+    (status = 200, description = "The completion, or with `stream: true` server-sent events of \
+        `chat.completion.chunk` objects ending with `data: [DONE]`",
+        content(
+            (ChatCompletion = "application/json"),
+            (ChatChunk = "text/event-stream"))),
+    OpenAiErrorResponses))]
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(request, _): ApiJson<ChatRequest, OpenAi>,
+) -> Result<Response, ApiError<OpenAi>> {
+    let stream = request.stream == Some(true);
+    let include_usage =
+        StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
+    let with_logprobs = request.logprobs == Some(true);
+    let plan = request.into_plan(&state.config)?;
+    let generations = AdmittedRequest::start_siblings(
+        &state,
+        "chat_completions",
+        plan.prompt,
+        &plan.params,
+        plan.n,
+    )
+    .await?;
+    let meta = ResponseMeta::new("chatcmpl", &state.config.model_id);
+    let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
+    if stream {
+        let chunks = ChatChunks::new(meta, decoding, plan.tool_plan.as_ref(), plan.n);
+        let prompt_tokens = generations.first().map_or(0, |g| g.input_tokens);
+        return Ok(stream_chunks(
+            generations,
+            chunks,
+            include_usage.then_some(prompt_tokens),
+        ));
+    }
+    let completed = collect_siblings(generations).await?;
+    let may_call_tools = plan.tool_plan.as_ref().is_some_and(ToolPlan::may_call);
+    let body = ChatCompletion::new(meta, completed, decoding.as_deref(), may_call_tools);
+    Ok(Json(body).into_response())
+}

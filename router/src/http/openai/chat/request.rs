@@ -1,0 +1,295 @@
+//! The `/v1/chat/completions` request body and its translation into a prompt and parameters.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::http::openai::{StopSpec, StreamOptions};
+use crate::http::HandlerConfig;
+use crate::scheduler::LogprobOptions;
+use crate::validation::response_format;
+use crate::validation::tools::{self, ToolPlan};
+use crate::validation::{
+    check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
+    Prompt, ValidationError,
+};
+
+/// Most alternatives per token OpenAI's chat route returns.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// The request body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ChatRequest {
+    /// The conversation; required and non-empty.
+    messages: Option<Vec<RequestMessage>>,
+    /// Accepted and ignored: the served model answers.
+    #[allow(dead_code)]
+    model: Option<String>,
+    /// Accepted and ignored: an opaque end-user id.
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[schema(minimum = 1)]
+    max_tokens: Option<i64>,
+    /// Takes precedence over `max_tokens`.
+    #[schema(minimum = 1)]
+    max_completion_tokens: Option<i64>,
+    pub(super) stream: Option<bool>,
+    pub(super) stream_options: Option<StreamOptions>,
+    #[schema(minimum = 1, maximum = 16)]
+    n: Option<i64>,
+    pub(super) logprobs: Option<bool>,
+    #[schema(minimum = 0, maximum = 20)]
+    top_logprobs: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
+    temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    #[schema(minimum = 0)]
+    top_k: Option<i64>,
+    seed: Option<u64>,
+    stop: Option<StopSpec>,
+    #[schema(minimum = 0)]
+    min_tokens: Option<i64>,
+    ignore_eos: Option<bool>,
+    stop_token_ids: Option<Vec<u32>>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    min_p: Option<f64>,
+    #[schema(exclusive_minimum = 0.0)]
+    repetition_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    frequency_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    presence_penalty: Option<f64>,
+    /// Token id (decimal string) → bias in -100..100.
+    logit_bias: Option<BTreeMap<String, f64>>,
+    /// Follow the conversation with the assistant's generation prompt (default `true`).
+    add_generation_prompt: Option<bool>,
+    /// Continue the last message, an assistant's, instead of starting a new one.
+    continue_final_message: Option<bool>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    extra: Map<String, Value>,
+}
+
+/// One chat message.
+#[derive(Debug, Deserialize, ToSchema)]
+struct RequestMessage {
+    #[schema(value_type = ChatRole)]
+    role: String,
+    content: Option<MessageContent>,
+    name: Option<String>,
+    tool_call_id: Option<String>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    extra: Map<String, Value>,
+}
+
+/// The roles a chat message may have.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum ChatRole {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// A message's text, or a list of text parts joined by newlines.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// A content part; only `text` parts are supported.
+#[derive(Debug, Deserialize, ToSchema)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// What a chat request asks the generation for.
+pub struct ChatPlan {
+    pub prompt: Prompt,
+    pub params: GenerationParams,
+    /// Choices to generate.
+    pub n: usize,
+    pub tool_plan: Option<ToolPlan>,
+}
+
+impl RequestMessage {
+    /// Flattens text parts (joined by newlines); other part types are not supported yet.
+    fn into_chat_message(mut self, index: usize) -> Result<ChatMessage, ValidationError> {
+        let calls = self
+            .extra
+            .remove("tool_calls")
+            .filter(|calls| !calls.is_null());
+        reject_unsupported(&self.extra, &[]).map_err(|error| match error {
+            ValidationError::Unsupported { param, detail } => ValidationError::Unsupported {
+                param: format!("messages[{index}].{param}"),
+                detail,
+            },
+            other => other,
+        })?;
+        let content = match self.content {
+            None => String::new(),
+            Some(MessageContent::Text(text)) => text,
+            Some(MessageContent::Parts(parts)) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for (part_index, part) in parts.into_iter().enumerate() {
+                    match (part.kind.as_str(), part.text) {
+                        ("text", Some(text)) => texts.push(text),
+                        _ => {
+                            return Err(ValidationError::Unsupported {
+                                param: format!("messages[{index}].content[{part_index}]"),
+                                detail: format!(": content of type `{}`", part.kind),
+                            })
+                        }
+                    }
+                }
+                texts.join("\n")
+            }
+        };
+        // Assistant calls are shown to the model in the format it is asked to call in.
+        let content = match calls {
+            Some(calls) if content.is_empty() => {
+                tools::history_calls(calls, &format!("messages[{index}].tool_calls"))?
+            }
+            _ => content,
+        };
+        Ok(ChatMessage {
+            role: self.role,
+            content,
+            name: self.name,
+            tool_call_id: self.tool_call_id,
+        })
+    }
+}
+
+crate::http::openai::impl_sampling_fields!(ChatRequest);
+
+impl ChatRequest {
+    /// How the rendered conversation ends: `continue_final_message` needs a last assistant
+    /// message and excludes an explicit `add_generation_prompt: true`.
+    fn ending(&self, messages: &[ChatMessage]) -> Result<ChatEnding, ValidationError> {
+        if self.continue_final_message != Some(true) {
+            return Ok(match self.add_generation_prompt {
+                Some(false) => ChatEnding::Closed,
+                _ => ChatEnding::GenerationPrompt,
+            });
+        }
+        if self.add_generation_prompt == Some(true) {
+            return Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "false when `add_generation_prompt` is true",
+                value: "true".to_owned(),
+            });
+        }
+        match messages.last() {
+            Some(last) if last.role == "assistant" => Ok(ChatEnding::ContinueFinal),
+            _ => Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "true only when the last message is the assistant's",
+                value: "true".to_owned(),
+            }),
+        }
+    }
+
+    /// The tool plan from `tools`, `tool_choice` and `parallel_tool_calls`, within `max_tools`.
+    fn tool_plan(&mut self, max_tools: usize) -> Result<Option<ToolPlan>, ValidationError> {
+        let tools = self.extra.remove("tools");
+        if let Some(Value::Array(entries)) = &tools {
+            if entries.len() > max_tools {
+                return Err(ValidationError::TooMany {
+                    param: "tools",
+                    max: max_tools,
+                    got: entries.len(),
+                });
+            }
+        }
+        tools::plan(
+            tools,
+            self.extra.remove("tool_choice"),
+            self.extra.remove("parallel_tool_calls"),
+        )
+    }
+
+    /// The conversation as chat messages; `messages` is required.
+    fn chat_messages(&mut self) -> Result<Vec<ChatMessage>, ValidationError> {
+        self.messages
+            .take()
+            .ok_or(ValidationError::Missing("messages"))?
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| message.into_chat_message(index))
+            .collect()
+    }
+
+    /// The prompt, the parameters, the number of choices and the tool plan.
+    pub fn into_plan(mut self, config: &HandlerConfig) -> Result<ChatPlan, ValidationError> {
+        let response_format = self.extra.remove("response_format");
+        let tool_plan = self.tool_plan(config.request_limits.max_tools)?;
+        reject_unsupported(&self.extra, &[])?;
+        let n = check_choices("n", self.n, config.request_limits.max_choices)?;
+        let mut messages = self.chat_messages()?;
+        let ending = self.ending(&messages)?;
+        let (max_new_tokens, max_new_tokens_param) = match self.max_completion_tokens {
+            Some(n) => (Some(n), "max_completion_tokens"),
+            None => (self.max_tokens, "max_tokens"),
+        };
+        let top_logprobs = check_count("top_logprobs", self.top_logprobs, MAX_TOP_LOGPROBS)?;
+        if top_logprobs > 0 && self.logprobs != Some(true) {
+            return Err(ValidationError::OutOfRange {
+                param: "logprobs".to_owned(),
+                expected: "true when `top_logprobs` is set",
+                value: format!("{:?}", self.logprobs),
+            });
+        }
+        let logprobs = LogprobOptions {
+            top_logprobs,
+            prompt_logprobs: false,
+        };
+        let mut params = self
+            .sampling_fields()
+            .or_defaults(&config.default_sampling)
+            .into_params((max_new_tokens, max_new_tokens_param), logprobs);
+        params.grammar = response_format::grammar(response_format)?;
+        if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
+            apply_tool_plan(plan, &mut params, &mut messages)?;
+        }
+        Ok(ChatPlan {
+            prompt: Prompt::Chat(messages, ending),
+            params,
+            n,
+            tool_plan,
+        })
+    }
+}
+
+/// Constrains the generation to the plan's calls and describes the tools in the system message.
+fn apply_tool_plan(
+    plan: &ToolPlan,
+    params: &mut GenerationParams,
+    messages: &mut Vec<ChatMessage>,
+) -> Result<(), ValidationError> {
+    if params.grammar.is_some() {
+        return Err(ValidationError::Unsupported {
+            param: "response_format".to_owned(),
+            detail: " together with `tools` the model may call".to_owned(),
+        });
+    }
+    params.grammar = plan.grammar();
+    if let Some(preamble) = plan.preamble() {
+        match messages.first_mut().filter(|first| first.role == "system") {
+            Some(system) => system.content = format!("{}\n\n{}", system.content, preamble.content),
+            None => messages.insert(0, preamble),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The non-streamed `/v1/chat/completions` response: the whole completion as one JSON body.
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::http::generation::Completed;
+use crate::http::openai::logprobs::chat_logprobs;
+use crate::http::openai::tool_calls::{self, ToolCall};
+use crate::http::openai::{finish_reason, ResponseMeta, Usage};
+use crate::stream::TokenDecoding;
+
+/// A chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChoice>,
+    usage: Usage,
+}
+
+/// One choice of a chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+struct ChatChoice {
+    index: usize,
+    message: AssistantMessage,
+    /// With `logprobs: true`: `{content: [{token, logprob, bytes, top_logprobs}], refusal: null}`.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<Value>,
+    /// `stop` or `length`.
+    finish_reason: &'static str,
+}
+
+/// The generated message.
+#[derive(Debug, Serialize, ToSchema)]
+struct AssistantMessage {
+    role: &'static str,
+    /// `null` when the model called tools.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCall>>,
+    /// Always `null`: the model never refuses through a separate channel.
+    refusal: Option<String>,
+}
+
+impl ChatCompletion {
+    /// The completion of every choice; with `may_call_tools`, a choice's calls document
+    /// becomes its `tool_calls`.
+    pub fn new(
+        meta: ResponseMeta,
+        completed: Vec<Completed>,
+        decoding: Option<&TokenDecoding>,
+        may_call_tools: bool,
+    ) -> Self {
+        let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
+        let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
+        let choices = completed
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| ChatChoice {
+                index,
+                logprobs: decoding.map(|decoding| chat_logprobs(&choice.tokens, decoding)),
+                finish_reason: finish_reason(choice.finish),
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: Some(choice.text),
+                    tool_calls: None,
+                    refusal: None,
+                },
+            });
+        let choices = match may_call_tools {
+            true => choices.map(with_tool_calls).collect(),
+            false => choices.collect(),
+        };
+        ChatCompletion {
+            id: meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model,
+            choices,
+            usage: Usage::new(prompt_tokens, completion_tokens),
+        }
+    }
+}
+
+/// Moves a calls document out of `content` into `tool_calls` (finish reason `tool_calls`).
+fn with_tool_calls(mut choice: ChatChoice) -> ChatChoice {
+    let parsed = choice
+        .message
+        .content
+        .as_deref()
+        .and_then(tool_calls::parse);
+    if let Some(calls) = parsed.filter(|calls| !calls.is_empty()) {
+        if choice.finish_reason == "stop" {
+            choice.finish_reason = "tool_calls";
+        }
+        choice.message.content = None;
+        choice.message.tool_calls = Some(calls);
+    }
+    choice
+}

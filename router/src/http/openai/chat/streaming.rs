@@ -1,0 +1,107 @@
+//! The streamed `/v1/chat/completions` response: one `chat.completion.chunk` per text delta.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::http::openai::chunks::{chat_chunk, ChatChunkChoice, ChatDelta};
+use crate::http::openai::logprobs::chat_logprobs;
+use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
+use crate::http::openai::{ChunkBuilder, ResponseMeta, Usage};
+use crate::stream::{TokenDecoding, TokenText};
+use crate::validation::tools::{ToolChoice, ToolPlan};
+
+/// Chunks of `object: "chat.completion.chunk"`; the first one announces the role.
+/// With `logprobs`, every token gets a chunk, even one that releases no text.
+pub struct ChatChunks {
+    meta: ResponseMeta,
+    logprobs: Option<Arc<TokenDecoding>>,
+    /// Per choice, when the model may call tools.
+    tool_outputs: Option<Vec<ChoiceOutput>>,
+}
+
+impl ChatChunks {
+    /// Chunks for `n` choices; a plan the model may call turns calls documents into tool-call deltas.
+    pub fn new(
+        meta: ResponseMeta,
+        logprobs: Option<Arc<TokenDecoding>>,
+        tool_plan: Option<&ToolPlan>,
+        n: usize,
+    ) -> Self {
+        let tool_outputs = tool_plan.filter(|plan| plan.may_call()).map(|plan| {
+            let required = plan.choice != ToolChoice::Auto;
+            (0..n).map(|_| ChoiceOutput::new(required)).collect()
+        });
+        ChatChunks {
+            meta,
+            logprobs,
+            tool_outputs,
+        }
+    }
+}
+
+impl ChunkBuilder for ChatChunks {
+    fn opening(&self, index: usize) -> Option<Value> {
+        let delta = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            tool_calls: None,
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+        };
+        Some(chat_chunk(&self.meta, vec![choice], None))
+    }
+
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value> {
+        let (body, finish) = match self
+            .tool_outputs
+            .as_mut()
+            .and_then(|outputs| outputs.get_mut(index))
+        {
+            Some(output) => {
+                let body = output.push(token.text.clone());
+                (body, finish.map(|finish| output.finish_reason(finish)))
+            }
+            None if token.text.is_empty() => (DeltaBody::Nothing, finish),
+            None => (DeltaBody::Content(token.text.clone()), finish),
+        };
+        if body == DeltaBody::Nothing && finish.is_none() && self.logprobs.is_none() {
+            return None;
+        }
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .map(|decoding| chat_logprobs(std::slice::from_ref(&token), decoding));
+        let delta = match body {
+            DeltaBody::Nothing => ChatDelta::default(),
+            DeltaBody::Content(text) => ChatDelta {
+                content: Some(text),
+                ..ChatDelta::default()
+            },
+            DeltaBody::ToolCalls(calls) => ChatDelta {
+                tool_calls: Some(calls),
+                ..ChatDelta::default()
+            },
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        };
+        Some(chat_chunk(&self.meta, vec![choice], None))
+    }
+
+    fn usage(&self, usage: Usage) -> Value {
+        chat_chunk(&self.meta, Vec::new(), Some(usage))
+    }
+}
