@@ -188,6 +188,18 @@ def _add_api_flags(add: FlagAdder) -> None:
         "the model's generation_config.json recommends (with do_sample: true); none: the OpenAI defaults",
         choices=GENERATION_CONFIG_USES,
     )
+    add.value(
+        "--responses-store-max-entries",
+        int,
+        1024,
+        "most responses /v1/responses keeps for previous_response_id; past it the oldest is evicted (0: none)",
+    )
+    add.value(
+        "--responses-store-max-bytes",
+        int,
+        64 << 20,
+        "most bytes the kept responses may take; past it the oldest are evicted",
+    )
 
 
 def _add_observability_flags(add: FlagAdder) -> None:

@@ -131,6 +131,8 @@ def api_argv(config: LauncherConfig) -> list[str]:
         "--max-client-batch-size", str(config.max_client_batch_size),
         "--payload-limit", str(config.payload_limit),
         "--generation-config", config.generation_config,
+        "--responses-store-max-entries", str(config.responses_store_max_entries),
+        "--responses-store-max-bytes", str(config.responses_store_max_bytes),
     ]  # fmt: skip
     for flag, value in {**bound_flags(config, positive=True), **bound_flags(config, positive=False)}.items():
         argv += [flag, str(value)]

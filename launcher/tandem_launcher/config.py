@@ -126,6 +126,9 @@ class LauncherConfig:
     chat_template: Path | None = None
     disable_chat_completions: bool = False
     generation_config: str = "auto"
+    # What /v1/responses keeps for previous_response_id, passed to the router as flags of the same names.
+    responses_store_max_entries: int = 1024
+    responses_store_max_bytes: int = 64 << 20
     commands: ChildCommands = field(default_factory=ChildCommands)
 
     def __post_init__(self) -> None:
@@ -228,6 +231,8 @@ def _problems(config: LauncherConfig) -> list[str]:
     api_counts = {
         "--max-stop-sequences": config.max_stop_sequences,
         "--max-top-n-tokens": config.max_top_n_tokens,
+        "--responses-store-max-entries": config.responses_store_max_entries,
+        "--responses-store-max-bytes": config.responses_store_max_bytes,
         **bound_flags(config, positive=False),
     }
     problems += [f"{flag} must not be negative, got {value}" for flag, value in api_counts.items() if value < 0]

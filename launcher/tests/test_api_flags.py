@@ -115,3 +115,19 @@ def test_counted_bounds_refuse_negatives(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         parse_config(["--max-logit-bias", "-1"], {})
     assert "--max-logit-bias must not be negative" in capsys.readouterr().err
+
+
+def test_the_responses_store_bounds_reach_the_router_from_flags_or_env_vars() -> None:
+    defaults = _router_argv(LauncherConfig(commands=COMMANDS))
+    assert _value(defaults, "--responses-store-max-entries") == "1024"
+    assert _value(defaults, "--responses-store-max-bytes") == str(64 << 20)
+    config = parse_config(["--responses-store-max-entries", "2"], {"RESPONSES_STORE_MAX_BYTES": "4096"})
+    router = _router_argv(LauncherConfig(**{**vars(config), "commands": COMMANDS}))
+    assert _value(router, "--responses-store-max-entries") == "2"
+    assert _value(router, "--responses-store-max-bytes") == "4096"
+
+
+def test_a_negative_responses_store_bound_exits_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--responses-store-max-bytes", "-1"], {})
+    assert "--responses-store-max-bytes must not be negative" in capsys.readouterr().err

@@ -58,7 +58,8 @@ def main() -> int:
         "--max-queue-time", "--graceful-termination-timeout", "--step-timeout", "--max-stop-sequences",
         "--max-top-n-tokens", "--max-best-of", "--max-client-batch-size", "--payload-limit",
         "--max-stop-sequence-length", "--max-stop-token-ids", "--max-logit-bias", "--max-tools", "--max-grammar-bytes",
-        "--max-choices", "--max-connections", "--header-read-timeout",
+        "--max-choices", "--max-connections", "--header-read-timeout", "--responses-store-max-entries",
+        "--responses-store-max-bytes",
     ):  # fmt: skip
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--prefix-caching", choices=("true", "false"), required=True)
