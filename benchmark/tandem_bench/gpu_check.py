@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GRAPH_SIZES = "1,2,4,8,16,32,64,128,256"
 PREFILL_BURST = 64
 FORWARD_METRIC = "tandem_shard_forward_duration_seconds"
+# The model's idle time between two forward passes, recorded for steps sent while the router had work.
+GAP_METRIC = "tandem_step_forward_gap_seconds"
 
 
 @dataclass
@@ -169,8 +171,12 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
         dataset = DatasetConfig(
             kind="random", num_prompts=max(4, 2 * concurrency), input_len=words, output_len=args.output_len
         )
+        before = scrape(metrics_url)
         record = run_point(endpoint, concurrency, dataset)
-        rows.append(sweep_row(concurrency, record.summary, shape, args.output_len, peak))
+        after = scrape(metrics_url)
+        forward, gap = histogram_delta(before, after, FORWARD_METRIC), histogram_delta(before, after, GAP_METRIC)
+        row = sweep_row(concurrency, record.summary, shape, args.output_len, peak)
+        rows.append(replace(row, forward_ms=forward.mean * 1000.0, forward_gap_ms=gap.mean * 1000.0))
         print(format_sweep(rows[-1:]), flush=True)
     print(f"{device_name}, bf16 peak {peak / 1e12:.0f} TFLOP/s, prefill MFU {prefill:.1%}\n{format_sweep(rows)}")
     ok = bool(rows) and all(row.failed == 0 for row in rows) and not skipped

@@ -28,6 +28,9 @@ class SweepRow:
     # Steady decode: `concurrency` requests each advance one token per median time per output token (TPOT; the
     # inter-token gaps are not used because a stream may deliver several tokens in one chunk).
     decode_mfu: float
+    # Mean forward pass per step, and mean idle time of the model between two forward passes (shard-timed).
+    forward_ms: float = 0.0
+    forward_gap_ms: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +68,7 @@ def format_sweep(rows: list[SweepRow]) -> str:
     """A fixed-width table, one line per batch size."""
     header = (
         f"{'batch':>5} {'done':>5} {'prompt':>6} {'out tok/s':>10} {'TTFT p50/p90/p99 ms':>22} "
-        f"{'ITL p50/p90/p99 ms':>20} {'TPOT ms':>8} {'decode MFU':>10}"
+        f"{'ITL p50/p90/p99 ms':>20} {'TPOT ms':>8} {'decode MFU':>10} {'fwd ms':>7} {'gap ms':>7}"
     )
     lines = [header]
     for row in rows:
@@ -73,6 +76,7 @@ def format_sweep(rows: list[SweepRow]) -> str:
         itl = f"{row.itl_p50_ms:.1f}/{row.itl_p90_ms:.1f}/{row.itl_p99_ms:.1f}"
         lines.append(
             f"{row.concurrency:>5} {row.completed:>5} {row.mean_prompt_tokens:>6.0f} {row.output_throughput:>10.1f} "
-            f"{ttft:>22} {itl:>20} {row.tpot_p50_ms:>8.1f} {row.decode_mfu:>10.1%}"
+            f"{ttft:>22} {itl:>20} {row.tpot_p50_ms:>8.1f} {row.decode_mfu:>10.1%} "
+            f"{row.forward_ms:>7.2f} {row.forward_gap_ms:>7.2f}"
         )
     return "\n".join(lines)

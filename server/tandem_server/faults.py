@@ -20,6 +20,7 @@ from tandem_server.errors import ConfigError, ShardError
 if TYPE_CHECKING:
     import torch
 
+    from tandem_server.engine.launched import LaunchedStep
     from tandem_server.engine.model_runner import ModelRunner
     from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
 
@@ -118,8 +119,8 @@ class FaultInjectingRunner:
     def reset(self) -> None:
         self._runner.reset()
 
-    def step(self, step: StepInput) -> StepOutput:
-        """The runner's step, unless this is the Step planned to fail or hang."""
+    def launch(self, step: StepInput) -> LaunchedStep:
+        """The runner's launch, unless this is the Step planned to fail or hang."""
         fault = self._faults.on_step(len(step.scheduled))
         if fault is FaultKind.HANG:
             logger.warning("injected fault: this step never returns (--fault-inject-step-hang)")
@@ -127,7 +128,10 @@ class FaultInjectingRunner:
             raise InjectedFaultError("injected hang released at shutdown (--fault-inject-step-hang)")
         if fault is FaultKind.ERROR:
             self._faults.raise_error()
-        return self._runner.step(step)
+        return self._runner.launch(step)
+
+    def complete(self, launched: LaunchedStep) -> StepOutput:
+        return self._runner.complete(launched)
 
     def release(self) -> None:
         """Ends an injected hang (at shutdown)."""

@@ -186,9 +186,31 @@ class _CudaTensorsOnCpu(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         if func is torch.device:
             return func(*args, **(kwargs or {}))
+        if func is torch.Tensor.pin_memory:
+            # Every tensor already lives on the CPU: pinning only marks it, as the host copy below reads.
+            args[0].fake_pinned = True
+            return args[0]
+        if func is torch.Tensor.to:
+            self._note_host_copy(args, kwargs or {})
         kwargs = {key: self._place(value) for key, value in (kwargs or {}).items()}
         kwargs.pop("pin_memory", None)
         return func(*(self._place(arg) for arg in args), **kwargs)
+
+    def _note_host_copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A `.to(cuda)` of a host tensor: asynchronous only from pinned memory with `non_blocking=True`; any
+        other copy waits for every kernel queued before it, as the CUDA runtime does."""
+        targets = [*args[1:], kwargs.get("device")]
+        target = next((value for value in targets if self._is_cuda(value)), None)
+        if target is None:
+            return
+        asynchronous = kwargs.get("non_blocking", False) and getattr(args[0], "fake_pinned", False)
+        self._fake.record("async host copy" if asynchronous else "blocking host copy", target)
+
+    @staticmethod
+    def _is_cuda(value: Any) -> bool:
+        return (isinstance(value, str) and value.startswith("cuda")) or (
+            isinstance(value, torch.device) and value.type == "cuda"
+        )
 
     def _place(self, value: Any) -> Any:
         if (isinstance(value, str) and value.startswith("cuda")) or (

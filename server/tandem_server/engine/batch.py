@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.layers.attention import AttentionMetadata, HostLayout, PagedLayout
 
 
@@ -53,10 +54,10 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
     slots = block_tables[sequence, positions // block_size].long() * block_size + positions % block_size
     known_ids = tuple(span.request_id for span in spans if span.request_id is not None)
     paged = PagedLayout(
-        query_start_loc=query_offsets.to(device),
-        seq_start_loc=_offsets(seq_lens).to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-        block_tables=block_tables.to(device),
+        query_start_loc=to_device(query_offsets, device),
+        seq_start_loc=to_device(_offsets(seq_lens), device),
+        seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
+        block_tables=to_device(block_tables, device),
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
         query_lens=tuple(query_lens),
@@ -67,9 +68,11 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         request_ids=known_ids if len(known_ids) == len(spans) else (),
     )
     return StepBatch(
-        input_ids=torch.tensor([token for span in spans for token in span.token_ids], dtype=torch.long).to(device),
-        positions=positions.to(device),
-        metadata=AttentionMetadata(slot_mapping=slots.to(device), paged=paged, host=host),
+        input_ids=to_device(
+            torch.tensor([token for span in spans for token in span.token_ids], dtype=torch.long), device
+        ),
+        positions=to_device(positions, device),
+        metadata=AttentionMetadata(slot_mapping=to_device(slots, device), paged=paged, host=host),
         last_rows=tuple(int(end) - 1 for end in query_offsets[1:]),
     )
 

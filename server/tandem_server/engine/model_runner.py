@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.engine.launched import LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
 from tandem_server.engine.step import (
@@ -26,7 +28,7 @@ from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile
 from tandem_server.errors import FailureKind, InvalidStepError, NotWarmedUpError, RequestFailedError
 from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
-from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
+from tandem_server.sampling import SampledTokens, Sampler, SamplingBatch, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
@@ -41,14 +43,9 @@ class ExecutionOptions:
     cuda_graph_sizes: tuple[int, ...] = ()
     # The KV cache's dtype, in which attention computes; None: the model's dtype.
     kv_cache_dtype: torch.dtype | None = None
-
-
-@dataclass(frozen=True)
-class StepSampling:
-    """The sampling inputs of one step, and the grammar rows that already failed building their masks."""
-
-    batch: SamplingBatch
-    grammar_failures: dict[int, RequestFailedError]
+    # Launch a step while the one before it is still open (its draws unread), so the host prepares step N+1 while
+    # the device runs step N. Pays on an asynchronous device; on the CPU it only delays step N's answer.
+    launch_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +99,8 @@ class ModelRunner:
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
+        # The latest launched step while its draws are unread; at most one step is open.
+        self._open: LaunchedStep | None = None
 
     @torch.inference_mode()
     def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
@@ -116,6 +115,8 @@ class ModelRunner:
         )
         self.requests.clear()
         self._last_forward = None
+        # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
+        self._open = None
         self.cache = None
         self.graphs = None
         if self.device.type == "cuda":
@@ -142,16 +143,26 @@ class ModelRunner:
         """Forgets every request; the cache's contents become garbage the router no longer references."""
         self.requests.clear()
         self._last_forward = None
+        # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
+        self._open = None
         self.model.backend.clear()
 
-    @torch.inference_mode()
     def step(self, step: StepInput) -> StepOutput:
-        """Runs the scheduled tokens; returns a Generation for each request that reached its end.
+        """Runs one Step to completion: `launch` then `complete`."""
+        return self.complete(self.launch(step))
 
-        A request that fails on its own (its token ids, parameters, grammar or logits) ends with a RequestFailure
-        while every other row runs and samples as it would have without it.
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> LaunchedStep:
+        """Applies the Step and queues its forward pass and sampling on the device without reading the results.
+
+        With `launch_ahead`, the step before it may still be open: a request it sampled runs here on its reserved
+        token, whose id is copied on the device. A request whose sampling inputs need that token on the host
+        (grammar, penalties, bias) completes the open step first, and so does every step without `launch_ahead`.
         """
         cache = self._require_cache()
+        open_step = self._open
+        if open_step is not None and (not self.options.launch_ahead or self._reads_pending_tokens(step)):
+            self.complete(open_step)
         timer = StepTimer(self.device)
         spec = self.model.spec
         limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size)
@@ -160,8 +171,7 @@ class ModelRunner:
         self.model.backend.forget([*step.finished, *(request.id for request in step.new_requests)])
         if not plan:
             timer.mark()
-            prepare_ms = timer.phases_ms()[0]
-            return StepOutput((), forward_ms=0.0, sampling_ms=0.0, prepare_ms=prepare_ms, failures=(*applied.failures,))
+            return LaunchedStep(timer, None, (*applied.failures,), ())
         spans = [
             ScheduledSpan(
                 state.token_ids[state.num_computed : state.num_computed + num_tokens],
@@ -172,16 +182,17 @@ class ModelRunner:
             for state, num_tokens in plan
         ]
         batch = build_step_batch(spans, cache.block_size, self.device)
-        # Every host-to-device copy happens here, before the forward pass: afterwards the step's one host sync is
-        # the sampler's single transfer of its results (prompt logprobs, when asked for, add their own).
-        finishing = [
-            (state, row)
+        self._copy_pending_tokens(plan, batch, open_step)
+        # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
+        # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).
+        sampling_states = [state for (state, num_tokens) in plan if state.samples_after(num_tokens)]
+        sampling = self._sampling_batch(sampling_states) if sampling_states else None
+        finishing_rows = [
+            row
             for (state, num_tokens), row in zip(plan, batch.last_rows, strict=True)
             if state.samples_after(num_tokens)
         ]
-        sampling_states = [state for state, _ in finishing]
-        sampling = self._sampling_batch(sampling_states) if finishing else None
-        sample_rows = torch.tensor([row for _, row in finishing], dtype=torch.long).to(self.device)
+        sample_rows = to_device(torch.tensor(finishing_rows, dtype=torch.long), self.device)
         timer.mark()
         hidden = self.graphs.run(batch) if self.graphs is not None else None
         if hidden is None:
@@ -191,12 +202,38 @@ class ModelRunner:
             state.num_computed += num_tokens
         logits = self.model.compute_logits(hidden[sample_rows]) if sampling is not None else None
         timer.mark()
-        sampled = None
-        if logits is not None and sampling is not None:
-            sampled = self._sample(sampling_states, logits, sampling)
+        sampled = self.sampler.sample(logits, sampling.batch) if logits is not None and sampling is not None else None
+        rows = tuple(PendingRow(state, state.reserve_token()) for state in sampling_states)
         timer.mark()
-        prepare_ms, forward_ms, sampling_ms = timer.phases_ms()
         previous, self._last_forward = self._last_forward, timer
+        launched = LaunchedStep(timer, previous, (*applied.failures,), prompt_logprobs, rows, sampling, sampled)
+        self._open = launched
+        return launched
+
+    @torch.inference_mode()
+    def complete(self, launched: LaunchedStep) -> StepOutput:
+        """Reads a launched step's draws and applies them; repeated calls return (or raise) the same outcome."""
+        if launched.outcome is None:
+            try:
+                launched.outcome = self._read_results(launched)
+            except BaseException as error:
+                launched.outcome = error
+            finally:
+                if self._open is launched:
+                    self._open = None
+        if isinstance(launched.outcome, BaseException):
+            raise launched.outcome
+        return launched.outcome
+
+    def _read_results(self, launched: LaunchedStep) -> StepOutput:
+        sampled = None
+        if launched.sampled is not None and launched.sampling is not None:
+            sampled = self._apply_draws(launched.rows, launched.sampled.to_host(), launched.sampling)
+        timer, previous = launched.timer, launched.previous
+        phases = timer.phases_ms()
+        if len(phases) == 1:
+            return StepOutput((), forward_ms=0.0, sampling_ms=0.0, prepare_ms=phases[0], failures=launched.failures)
+        prepare_ms, forward_ms, sampling_ms = phases
         gap_ms = timer.ms_since(previous, _FORWARD_END_MARK, _FORWARD_START_MARK) if previous is not None else 0.0
         return StepOutput(
             forward_gap_ms=gap_ms,
@@ -204,9 +241,36 @@ class ModelRunner:
             forward_ms=forward_ms,
             sampling_ms=sampling_ms,
             prepare_ms=prepare_ms,
-            prompt_logprobs=prompt_logprobs,
-            failures=(*applied.failures, *(sampled.failures if sampled else ())),
+            prompt_logprobs=launched.prompt_logprobs,
+            failures=(*launched.failures, *(sampled.failures if sampled else ())),
         )
+
+    def _reads_pending_tokens(self, step: StepInput) -> bool:
+        """True when a request the step schedules has a pending token its sampling inputs read on the host."""
+        scheduled = {request.id for request in step.scheduled}
+        open_step = self._open
+        return open_step is not None and any(
+            row.state.id in scheduled and row.state.needs_host_tokens() for row in open_step.rows
+        )
+
+    def _copy_pending_tokens(
+        self, plan: list[tuple[RequestState, int]], batch: StepBatch, open_step: LaunchedStep | None
+    ) -> None:
+        """Fills the input ids of reserved tokens from the open step's draws, on the device."""
+        targets, sources = [], []
+        for (state, num_tokens), last_row in zip(plan, batch.last_rows, strict=True):
+            if not (state.samples_after(num_tokens) and state.has_pending_token):
+                continue
+            source = open_step.sampled_row(state) if open_step is not None else None
+            if source is None:
+                raise InvalidStepError(f"request {state.id} runs a token that was never sampled")
+            targets.append(last_row)
+            sources.append(source)
+        if targets and open_step is not None:
+            index = to_device(torch.tensor(sources, dtype=torch.long), self.device)
+            batch.input_ids[to_device(torch.tensor(targets, dtype=torch.long), self.device)] = open_step.sampled_ids()[
+                index
+            ]
 
     def _forward(self, batch: StepBatch, layers: list[LayerCache]) -> torch.Tensor:
         try:
@@ -253,16 +317,20 @@ class ModelRunner:
             )
         return state.statistics
 
-    def _sample(self, states: list[RequestState], logits: torch.Tensor, sampling: StepSampling) -> SampledStep:
-        sampled = self.sampler(logits, sampling.batch)
+    def _apply_draws(self, rows: tuple[PendingRow, ...], sampled: SampledTokens, sampling: StepSampling) -> SampledStep:
         generations: list[Generation] = []
         failures: list[RequestFailure] = []
-        for row, (state, token_id, logprob, top) in enumerate(
-            zip(states, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True)
+        for row, (pending, token_id, logprob, top) in enumerate(
+            zip(rows, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True)
         ):
+            state = pending.state
+            if not self.requests.holds(state):
+                # Ended by the step before this one, or forgotten or replaced by the router since: nobody waits
+                # for this token.
+                continue
             try:
                 _raise_row_failure(row, sampling.grammar_failures, sampled.failures)
-                reason = state.append_generated(token_id)
+                reason = state.resolve_token(pending.token_index, token_id)
             except RequestFailedError as error:
                 self.requests.end([state.id])
                 failures.append(RequestFailure(state.id, error.kind, str(error)))

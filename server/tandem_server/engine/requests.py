@@ -19,6 +19,9 @@ from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, GrammarMatcher
 
+# Stands for a sampled token the host has not read yet; never a valid token id.
+PENDING_TOKEN = -1
+
 
 @dataclass
 class RequestState:
@@ -68,10 +71,24 @@ class RequestState:
         return self.num_computed + num_tokens == len(self.token_ids)
 
     def append_generated(self, token_id: int) -> FinishReason | None:
-        """Records a sampled token and says whether it ends the request: the router decides which tokens end a
-        sequence (the model's EOS among them) and lists them all in `stop_token_ids`."""
-        self.token_ids.append(token_id)
+        """Records a sampled token and says whether it ends the request."""
+        return self.resolve_token(self.reserve_token(), token_id)
+
+    def reserve_token(self) -> int:
+        """Holds the place of a token sampled on the device but not yet read by the host: a later step may run
+        it (its input id is copied on the device) before `resolve_token` fills it in. Returns its index."""
+        self.token_ids.append(PENDING_TOKEN)
         self.num_output_tokens += 1
+        return len(self.token_ids) - 1
+
+    @property
+    def has_pending_token(self) -> bool:
+        return self.token_ids[-1] == PENDING_TOKEN
+
+    def resolve_token(self, index: int, token_id: int) -> FinishReason | None:
+        """Fills in the token reserved at `index` and says whether it ends the request: the router decides which
+        tokens end a sequence (the model's EOS among them) and lists them all in `stop_token_ids`."""
+        self.token_ids[index] = token_id
         if self.statistics is not None:
             self.statistics.record(token_id)
         if self.grammar is not None:
@@ -80,9 +97,15 @@ class RequestState:
                 return FinishReason.EOS
         if token_id in self.stopping.stop_token_ids:
             return FinishReason.STOP_TOKEN
-        if self.num_output_tokens >= self.stopping.max_new_tokens:
+        # Tokens reserved after this one are not counted: it is output token number index - prompt_len + 1.
+        if index - self.prompt_len + 1 >= self.stopping.max_new_tokens:
             return FinishReason.LENGTH
         return None
+
+    def needs_host_tokens(self) -> bool:
+        """True when preparing this request's next sampling reads its generated tokens on the host (grammar
+        masks, penalty and bias vectors built or updated from them)."""
+        return self.grammar is not None or TokenStatistics.needed(self.sampling)
 
 
 @dataclass(frozen=True)
@@ -120,6 +143,10 @@ class RequestTable:
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._states
+
+    def holds(self, state: RequestState) -> bool:
+        """True while `state` is the registered state of its id (not ended, forgotten or replaced)."""
+        return self._states.get(state.id) is state
 
     def forget(self, request_ids: Iterable[int]) -> None:
         """Drops the given ids; unknown ids are ignored (the shard may have stopped them itself)."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -16,14 +19,26 @@ Result = TypeVar("Result")
 _CPU = torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class _Job:
+    run: Callable[[], Any]
+    future: Future[Any]
+    # A staged job's `run` launches work and returns the callable that completes it.
+    staged: bool
+
+
 class ModelThread:
     """Runs model jobs one at a time, in the order they were submitted, and remembers when the running job started.
 
     A job may be submitted while another runs: it starts the moment the worker is free, without a hop through the
-    event loop. A job outlives the RPC that asked for it when that RPC is cancelled (a thread cannot be
-    interrupted), so the start time is set and cleared by the worker itself: while it is set, the model is busy
-    whatever the RPCs say. A job busy for longer than `stall_after_s` means a wedged device; Health then fails, so
-    the launcher restarts the shard group instead of the router waiting on it forever.
+    event loop. A staged job runs in two phases, launch and completion; when the next job is already queued, the
+    worker launches that job before it completes the one before, so the host prepares step N+1 while the device
+    still runs step N. A plain job (Warmup, Reset, health probes) runs only after every staged job completed.
+
+    A job outlives the RPC that asked for it when that RPC is cancelled (a thread cannot be interrupted), so the
+    start time is set and cleared by the worker itself: while it is set, the model is busy whatever the RPCs say.
+    A job busy for longer than `stall_after_s` means a wedged device; Health then fails, so the launcher restarts
+    the shard group instead of the router waiting on it forever.
 
     The CUDA current device is per thread, so the one worker is bound to the rank's device when it starts: every
     kernel launch, stream, event and memory probe a job makes without naming a device lands on the rank's GPU.
@@ -31,28 +46,37 @@ class ModelThread:
 
     def __init__(self, stall_after_s: float | None, device: torch.device = _CPU) -> None:
         self._stall_after_s = stall_after_s
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="model", initializer=bind_thread_to_device, initargs=(device,)
-        )
-        # Set and cleared by the worker around each job.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Set and cleared by the worker around each phase of a job.
         self._job_started: float | None = None
         # The start of a running job whose caller gave up on it; cleared by the worker when that job ends.
         self._abandoned_since: float | None = None
+        self._worker = threading.Thread(target=self._work, args=(device,), name="model", daemon=True)
+        self._worker.start()
 
     def submit(self, job: Callable[[], Result]) -> asyncio.Future[Result]:
         """Queues `job()` behind the jobs already submitted; refused while an abandoned job occupies the model."""
+        return self._queue(job, staged=False)
+
+    def submit_staged(self, launch: Callable[[], Callable[[], Result]]) -> asyncio.Future[Result]:
+        """Queues a two-phase job: `launch()` returns the callable whose result the future carries."""
+        return self._queue(launch, staged=True)
+
+    def _queue(self, run: Callable[[], Any], staged: bool) -> asyncio.Future[Any]:
         abandoned = self._abandoned_since
         if abandoned is not None:
             raise ModelThreadStalledError(
                 f"the model is still busy with a job started {time.monotonic() - abandoned:.1f}s ago "
                 "whose caller gave up on it"
             )
-        return asyncio.get_running_loop().run_in_executor(self._executor, self._run_job, job)
+        future: Future[Any] = Future()
+        self._jobs.put(_Job(run, future, staged))
+        return asyncio.wrap_future(future)
 
     async def result(self, submitted: asyncio.Future[Result]) -> Result:
         """Waits for a submitted job; a caller that gives up while a job runs leaves the model marked busy."""
         try:
-            return await submitted
+            return await asyncio.shield(submitted)
         except asyncio.CancelledError:
             if self._job_started is not None:
                 self._abandoned_since = self._job_started
@@ -62,10 +86,39 @@ class ModelThread:
         """`job()` on the worker thread, after every job submitted before it."""
         return await self.result(self.submit(job))
 
-    def _run_job(self, job: Callable[[], Result]) -> Result:
+    def _work(self, device: torch.device) -> None:
+        bind_thread_to_device(device)
+        # A launched staged job whose completion waits for the next job's launch.
+        open_job: tuple[Callable[[], Any], Future[Any]] | None = None
+        while True:
+            if open_job is not None and self._jobs.empty():
+                self._execute(*open_job)
+                open_job = None
+            job = self._jobs.get()
+            if job is None or not job.staged:
+                if open_job is not None:
+                    self._execute(*open_job)
+                    open_job = None
+                if job is None:
+                    return
+                self._execute(job.run, job.future)
+                continue
+            launched: Future[Callable[[], Any]] = Future()
+            self._execute(job.run, launched)
+            if open_job is not None:
+                self._execute(*open_job)
+            open_job = None
+            if launched.exception() is not None:
+                job.future.set_exception(launched.exception())
+            else:
+                open_job = (launched.result(), job.future)
+
+    def _execute(self, run: Callable[[], Any], future: Future[Any]) -> None:
         self._job_started = time.monotonic()
         try:
-            return job()
+            future.set_result(run())
+        except BaseException as error:
+            future.set_exception(error)
         finally:
             self._job_started = None
             self._abandoned_since = None
@@ -82,7 +135,8 @@ class ModelThread:
             )
 
     def shut_down(self) -> None:
-        self._executor.shutdown(wait=False)
+        """Takes no more jobs; the worker ends after the jobs already queued."""
+        self._jobs.put(None)
 
 
 def bind_thread_to_device(device: torch.device) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -13,6 +14,7 @@ import torch
 
 from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
+from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
 from tandem_server.metrics import ShardMetrics
@@ -39,7 +41,9 @@ class ShardRunner(Protocol):
 
     def health_check(self) -> None: ...
 
-    def step(self, step: StepInput) -> StepOutput: ...
+    def launch(self, step: StepInput) -> LaunchedStep: ...
+
+    def complete(self, launched: LaunchedStep) -> StepOutput: ...
 
     def reset(self) -> None: ...
 
@@ -100,7 +104,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         try:
             async with self._lock:
                 self._order.check_current(request.step_id, generation)
-                submitted = self._model.submit(lambda: self._run_step(request.step_id, step))
+                submitted = self._model.submit_staged(lambda: self._launch_step(request.step_id, step))
             output, job_s = await self._model.result(submitted)
         except Exception as error:
             await self._order.failed(request.step_id, generation)
@@ -114,16 +118,28 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         response.shard_total_ms = (decode_s + job_s + time.perf_counter() - encoding) * 1000.0
         return response
 
-    def _run_step(self, step_id: int, step: StepInput) -> tuple[StepOutput, float]:
-        """On the model thread: the Step, unless one before it failed since it was submitted; and its duration."""
+    def _launch_step(self, step_id: int, step: StepInput) -> Callable[[], tuple[StepOutput, float]]:
+        """On the model thread: launches the Step, unless one before it failed since it was submitted; returns
+        what completes it with its output and the model thread's time on it."""
         started = time.perf_counter()
         self._order.check_not_failed(step_id)
         try:
-            output = self._runner.step(step)
+            launched = self._runner.launch(step)
         except Exception:
             self._order.mark_failed(step_id)
             raise
-        return output, time.perf_counter() - started
+        launch_s = time.perf_counter() - started
+
+        def complete() -> tuple[StepOutput, float]:
+            completing = time.perf_counter()
+            try:
+                output = self._runner.complete(launched)
+            except Exception:
+                self._order.mark_failed(step_id)
+                raise
+            return output, launch_s + time.perf_counter() - completing
+
+        return complete
 
     def _leave_group_if_out_of_step(self, error: Exception) -> None:
         """A rank whose step failed unexpectedly has left its tensor-parallel peers inside a collective, so the

@@ -2,6 +2,6 @@
 
 from tandem_server.sampling.batch import SamplingBatch
 from tandem_server.sampling.params import SamplingParams, SamplingRow
-from tandem_server.sampling.sampler import SampledTokens, Sampler
+from tandem_server.sampling.sampler import DeviceSample, SampledTokens, Sampler
 
-__all__ = ["SampledTokens", "Sampler", "SamplingBatch", "SamplingParams", "SamplingRow"]
+__all__ = ["DeviceSample", "SampledTokens", "Sampler", "SamplingBatch", "SamplingParams", "SamplingRow"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.sampling.params import SamplingRow
 from tandem_server.sampling.penalties import PROCESSORS
 from tandem_server.sampling.warpers import WARPERS
@@ -39,7 +40,7 @@ class SamplingBatch:
         sampled_rows = tuple(i for i, row in enumerate(rows) if not row.params.greedy)
         sampled_params = [rows[i].params for i in sampled_rows]
         warpers = tuple(kind(sampled_params, device) for kind in WARPERS if kind.needed(sampled_params))
-        sampled_index = torch.tensor(sampled_rows, dtype=torch.long).to(device)
+        sampled_index = to_device(torch.tensor(sampled_rows, dtype=torch.long), device)
         return cls(tuple(rows), processors, sampled_rows, warpers, sampled_index, token_mask)
 
     @property

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.sampling.params import SamplingParams, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
 
@@ -24,7 +25,7 @@ class _RowsUsing:
 
     def __init__(self, rows: Sequence[SamplingRow], uses: Callable[[SamplingParams], bool], device: torch.device):
         indices = [r for r, row in enumerate(rows) if uses(row.params)]
-        self.index = torch.tensor(indices, dtype=torch.long).to(device)
+        self.index = to_device(torch.tensor(indices, dtype=torch.long), device)
         self.rows = [rows[r] for r in indices]
 
     def stacked(self, vector: Callable[[TokenStatistics], torch.Tensor | None]) -> torch.Tensor:
@@ -34,7 +35,8 @@ class _RowsUsing:
         return torch.stack(vectors)  # type: ignore[arg-type]
 
     def column(self, value: Callable[[SamplingParams], float], device: torch.device) -> torch.Tensor:
-        return torch.tensor([value(row.params) for row in self.rows], dtype=torch.float32).to(device).unsqueeze(1)
+        values = torch.tensor([value(row.params) for row in self.rows], dtype=torch.float32)
+        return to_device(values, device).unsqueeze(1)
 
 
 class LogitBias:

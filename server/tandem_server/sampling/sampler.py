@@ -27,10 +27,29 @@ class SampledTokens:
 _ROW_FAILURES = {1.0: FailureKind.NON_FINITE_LOGITS, 2.0: FailureKind.NO_VALID_TOKEN}
 
 
+@dataclass(frozen=True)
+class DeviceSample:
+    """A step's draws still on the device: the chosen ids, and everything the host reads packed in one tensor."""
+
+    token_ids: torch.Tensor
+    # Row layout: [status, token id, logprob, top_k alternative ids, top_k alternative logprobs], float64.
+    packed: torch.Tensor
+    counts: list[int]
+    top_k: int
+
+    def to_host(self) -> SampledTokens:
+        """The draws on the host: the step's single transfer (and its host sync)."""
+        return _unpack(self.packed.cpu().tolist(), self.counts, self.top_k)
+
+
 class Sampler:
     """Stateless; every random draw comes from the row's (seed, position) generator."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampledTokens:
+        return self.sample(logits, batch).to_host()
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
+        """Queues the draws on the device without waiting for them."""
         logits = logits.float()
         finite = torch.isfinite(logits).all(dim=-1)
         # Reported logprobs come from the model alone: no penalty, bias or warper distorts them.
@@ -54,11 +73,11 @@ class Sampler:
         counts = [row.top_logprobs for row in batch.rows]
         top_k = min(max(counts, default=0), raw_logprobs.shape[-1])
         top_values, top_indices = raw_logprobs.topk(top_k, dim=-1)
-        # Everything the host needs leaves the device in one transfer (the step's single host sync); float64
-        # holds token ids and float32 logprobs exactly.
+        # Everything the host needs leaves the device in one transfer; float64 holds token ids and float32
+        # logprobs exactly.
         columns = (status.unsqueeze(1), chosen.unsqueeze(1), logprobs, top_indices, top_values)
-        host = torch.cat([column.to(torch.float64) for column in columns], dim=1).cpu().tolist()
-        return _unpack(host, counts, top_k)
+        packed = torch.cat([column.to(torch.float64) for column in columns], dim=1)
+        return DeviceSample(token_ids=chosen, packed=packed, counts=counts, top_k=top_k)
 
 
 def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTokens:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tandem_server.device_copy import to_device
 from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
 
@@ -56,12 +57,13 @@ def _group_layout(
         starts.append(starts[-1] + length)
     query_lens = [paged.query_lens[index] for index in group]
     group_seq_lens = [seq_lens[index] for index in group]
-    rows = torch.tensor([row for index in group for row in range(starts[index], starts[index + 1])]).to(device)
+    rows = torch.tensor([row for index in group for row in range(starts[index], starts[index + 1])])
+    rows = to_device(rows, device)
     layout = PagedLayout(
-        query_start_loc=_offsets(query_lens).to(device),
-        seq_start_loc=_offsets(group_seq_lens).to(device),
-        seq_lens=torch.tensor(group_seq_lens, dtype=torch.int32).to(device),
-        block_tables=paged.block_tables[torch.tensor(group).to(device)],
+        query_start_loc=to_device(_offsets(query_lens), device),
+        seq_start_loc=to_device(_offsets(group_seq_lens), device),
+        seq_lens=to_device(torch.tensor(group_seq_lens, dtype=torch.int32), device),
+        block_tables=paged.block_tables[to_device(torch.tensor(group), device)],
         max_query_len=max(query_lens),
         max_seq_len=max(group_seq_lens),
         query_lens=tuple(query_lens),

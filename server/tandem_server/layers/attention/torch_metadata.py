@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout
 from tandem_server.layers.attention.torch_decode_mirror import MirrorSlot
 
@@ -86,7 +87,12 @@ def build_torch_metadata(
         context_slots = _context_slots(host.block_tables[seq], context_len, block_size)
         mask = _chunk_mask(context_len - query_len, context_len)
         prefills.append(
-            PrefillSpan(query_start, query_len, context_slots.to(device), None if mask is None else mask.to(device))
+            PrefillSpan(
+                query_start,
+                query_len,
+                to_device(context_slots, device),
+                None if mask is None else to_device(mask, device),
+            )
         )
         query_start += query_len
     decode = _decode_group(common, host, decodes, block_size, mirror) if decodes else None
@@ -139,11 +145,11 @@ def _decode_group(
         copied = torch.tensor([slot.copied for slot in slots], dtype=torch.long)
         missing = in_context & (columns.unsqueeze(0) >= copied.unsqueeze(1))
         targets = torch.arange(len(seqs), dtype=torch.long).unsqueeze(1) * mirror.capacity + columns
-        fill = MirrorFill(key_slots[missing].to(device), targets[missing].to(device))
+        fill = MirrorFill(to_device(key_slots[missing], device), to_device(targets[missing], device))
     return DecodeGroup(
         query_rows=torch.tensor([row for _, row in decodes], dtype=torch.long, device=device),
-        key_slots=key_slots.to(device),
-        key_mask=in_context.view(len(seqs), 1, 1, max_context).to(device),
+        key_slots=to_device(key_slots, device),
+        key_mask=to_device(in_context.view(len(seqs), 1, 1, max_context), device),
         mirror=fill,
     )
 

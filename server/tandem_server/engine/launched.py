@@ -1,0 +1,58 @@
+"""A step whose forward pass and sampling are queued on the device and whose results the host has not read yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.engine.requests import RequestState
+from tandem_server.engine.step import PromptLogprobs, RequestFailure, StepOutput
+from tandem_server.engine.timing import StepTimer
+from tandem_server.errors import RequestFailedError
+from tandem_server.sampling import DeviceSample, SamplingBatch
+
+
+@dataclass(frozen=True)
+class StepSampling:
+    """The sampling inputs of one step, and the grammar rows that already failed building their masks."""
+
+    batch: SamplingBatch
+    grammar_failures: dict[int, RequestFailedError]
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A request that samples in a launched step: its sampler row and the index of its reserved token."""
+
+    state: RequestState
+    token_index: int
+
+
+@dataclass
+class LaunchedStep:
+    """What completing a launched step needs; `outcome` memoises the completion (its output or its error).
+
+    Invariant: every row's state holds a reserved token at `token_index` until the step completes.
+    """
+
+    timer: StepTimer
+    # The timer of the forward pass before this one, if any ran since Warmup or Reset.
+    previous: StepTimer | None
+    failures: tuple[RequestFailure, ...]
+    prompt_logprobs: tuple[PromptLogprobs, ...]
+    rows: tuple[PendingRow, ...] = ()
+    sampling: StepSampling | None = None
+    sampled: DeviceSample | None = None
+    outcome: StepOutput | BaseException | None = None
+
+    def sampled_row(self, state: RequestState) -> int | None:
+        """The sampler row of `state`'s token pending in this step, if it has one."""
+        if self.outcome is not None:
+            return None
+        return next((row for row, sampling in enumerate(self.rows) if sampling.state is state), None)
+
+    def sampled_ids(self) -> torch.Tensor:
+        """The sampled token ids on the device, one per row (meaningless for rows that failed)."""
+        assert self.sampled is not None
+        return self.sampled.token_ids
