@@ -180,7 +180,8 @@ impl AdmittedRequest {
         // A token or an error: either way the request no longer waits in the queue.
         self.ticket.leave_queue();
         if let Ok(delta) = &delta {
-            self.metrics.token(self.text.admitted_at(), delta.finish);
+            let finish = delta.finish.map(Finish::label);
+            self.metrics.token(self.text.admitted_at(), finish);
         }
         Some(delta.map_err(AppError::from))
     }

@@ -5,7 +5,6 @@ use std::time::Instant;
 use metrics::{counter, histogram};
 
 use super::as_f64;
-use crate::stream::Finish;
 
 /// Records one generation request's lifecycle; a request dropped before an outcome
 /// (client gone) counts as a failure with reason `cancelled`.
@@ -16,7 +15,8 @@ pub struct RequestMetrics {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
-    finish: Option<Finish>,
+    /// The `finish_reason` label of the last token, once it came.
+    finish: Option<&'static str>,
     generated_tokens: usize,
     finished: bool,
 }
@@ -44,8 +44,8 @@ impl RequestMetrics {
     }
 
     /// Records one delivered token; `admitted` is when the scheduler first admitted the
-    /// request, `finish` is set on the last token.
-    pub fn token(&mut self, admitted: Option<Instant>, finish: Option<Finish>) {
+    /// request, `finish` (the `finish_reason` label) is set on the last token.
+    pub fn token(&mut self, admitted: Option<Instant>, finish: Option<&'static str>) {
         let now = Instant::now();
         match self.last_token {
             None => {
@@ -73,7 +73,7 @@ impl RequestMetrics {
     /// Records a completed request.
     pub fn succeed(mut self) {
         self.finished = true;
-        let finish = self.finish.map_or("unknown", finish_label);
+        let finish = self.finish.unwrap_or("unknown");
         counter!("tandem_request_success_total", "route" => self.route, "finish_reason" => finish)
             .increment(1);
         histogram!("tandem_request_duration_seconds", "route" => self.route)
@@ -121,15 +121,6 @@ impl Drop for RequestMetrics {
     }
 }
 
-/// The `finish_reason` label: the native API's names.
-fn finish_label(finish: Finish) -> &'static str {
-    match finish {
-        Finish::Length => "length",
-        Finish::EosToken => "eos_token",
-        Finish::StopSequence => "stop_sequence",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,7 +142,7 @@ mod tests {
             let admitted = Some(Instant::now());
             ok.token(admitted, None);
             ok.token(admitted, None);
-            ok.token(admitted, Some(Finish::Length));
+            ok.token(admitted, Some("length"));
             ok.succeed();
             drop(RequestMetrics::start("generate"));
         });
@@ -176,7 +167,7 @@ mod tests {
     fn a_single_token_request_has_no_time_per_output_token() {
         let text = render(|| {
             let mut one = RequestMetrics::start("completions");
-            one.token(None, Some(Finish::EosToken));
+            one.token(None, Some("eos_token"));
             one.succeed();
         });
         assert!(text.contains(r#"finish_reason="eos_token"} 1"#), "{text}");

@@ -31,6 +31,17 @@ pub enum Finish {
     StopSequence,
 }
 
+impl Finish {
+    /// The `finish_reason` metrics label: the native API's names.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Length => "length",
+            Self::EosToken => "eos_token",
+            Self::StopSequence => "stop_sequence",
+        }
+    }
+}
+
 impl From<FinishReason> for Finish {
     fn from(reason: FinishReason) -> Self {
         match reason {

@@ -101,3 +101,9 @@ async fn scheduler_errors_and_lost_channels_end_the_stream_with_an_error() {
         Some(Err(StreamError::Incomplete))
     ));
 }
+
+#[test]
+fn finish_labels_are_the_native_api_names() {
+    let labels = [Finish::Length, Finish::EosToken, Finish::StopSequence].map(Finish::label);
+    assert_eq!(labels, ["length", "eos_token", "stop_sequence"]);
+}
