@@ -42,6 +42,38 @@ pub enum ChatEnding {
     ContinueFinal,
 }
 
+impl ChatEnding {
+    /// How the conversation ends: `continue_final_message` needs a last assistant message and
+    /// excludes an explicit `add_generation_prompt: true`.
+    pub fn from_flags(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<bool>,
+        messages: &[ChatMessage],
+    ) -> Result<Self, ValidationError> {
+        if continue_final_message != Some(true) {
+            return Ok(match add_generation_prompt {
+                Some(false) => Self::Closed,
+                _ => Self::GenerationPrompt,
+            });
+        }
+        if add_generation_prompt == Some(true) {
+            return Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "false when `add_generation_prompt` is true",
+                value: "true".to_owned(),
+            });
+        }
+        match messages.last() {
+            Some(last) if last.role == "assistant" => Ok(Self::ContinueFinal),
+            _ => Err(ValidationError::OutOfRange {
+                param: "continue_final_message".to_owned(),
+                expected: "true only when the last message is the assistant's",
+                value: "true".to_owned(),
+            }),
+        }
+    }
+}
+
 /// A compiled chat template plus the special-token strings it may reference.
 #[derive(Debug)]
 pub struct ChatTemplate {

@@ -7,6 +7,7 @@ mod grammar;
 mod model_files;
 mod params;
 mod processors;
+pub mod request_rules;
 pub mod response_format;
 mod sampling_defaults;
 mod template_source;

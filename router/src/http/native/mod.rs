@@ -18,7 +18,7 @@ use super::AppState;
 use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };
-use crate::validation::ValidationError;
+use crate::validation::request_rules;
 use response::{answer, top_tokens};
 
 /// `POST /generate`: the whole generation as one JSON object.
@@ -29,13 +29,8 @@ pub async fn generate(
     State(state): State<AppState>,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
-    if request.wants_stream() {
-        return Err(ValidationError::Unsupported {
-            param: "stream".to_owned(),
-            detail: " on /generate: use /generate_stream".to_owned(),
-        }
-        .into());
-    }
+    let use_generate_stream = " on /generate: use /generate_stream";
+    request_rules::refuse_feature(request.wants_stream(), "stream", use_generate_stream)?;
     generate_whole(state, request).await
 }
 
@@ -111,13 +106,8 @@ async fn stream_tokens(
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.config)?;
-    if options.best_of > 1 {
-        return Err(ValidationError::Unsupported {
-            param: "best_of".to_owned(),
-            detail: " on /generate_stream: use /generate".to_owned(),
-        }
-        .into());
-    }
+    let use_generate = " on /generate_stream: use /generate";
+    request_rules::refuse_feature(options.best_of > 1, "best_of", use_generate)?;
     let mut generation = AdmittedRequest::start(&state, "generate_stream", prompt, &params).await?;
     let events = async_stream::stream! {
         let mut text = options.full_text_prefix.unwrap_or_default();

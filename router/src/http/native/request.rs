@@ -7,8 +7,8 @@ use utoipa::ToSchema;
 use crate::http::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, GenerationParams, ProcessorParams, Prompt,
-    RequestedGrammar, ValidationError,
+    check_choices, check_count, reject_unsupported, request_rules, GenerationParams,
+    ProcessorParams, Prompt, RequestedGrammar, ValidationError,
 };
 
 /// `POST /generate` and `/generate_stream` body.
@@ -84,19 +84,11 @@ pub struct ResponseOptions {
 impl GenerateParameters {
     /// `watermark` and `adapter_id` are accepted only with values that change nothing.
     fn reject_unimplemented(&self) -> Result<(), ValidationError> {
-        if self.watermark == Some(true) {
-            return Err(ValidationError::Unsupported {
-                param: "watermark".to_owned(),
-                detail: ": the Kirchenbauer watermark is not implemented".to_owned(),
-            });
-        }
-        if self.adapter_id.as_deref().is_some_and(|id| !id.is_empty()) {
-            return Err(ValidationError::Unsupported {
-                param: "adapter_id".to_owned(),
-                detail: ": no LoRA adapters are loaded".to_owned(),
-            });
-        }
-        Ok(())
+        let watermark = self.watermark == Some(true);
+        let no_watermark = ": the Kirchenbauer watermark is not implemented";
+        request_rules::refuse_feature(watermark, "watermark", no_watermark)?;
+        let adapter = self.adapter_id.as_deref().is_some_and(|id| !id.is_empty());
+        request_rules::refuse_feature(adapter, "adapter_id", ": no LoRA adapters are loaded")
     }
 
     fn sampling_requested(&self) -> bool {
@@ -125,14 +117,7 @@ impl GenerateRequest {
         p.reject_unimplemented()?;
         let best_of = check_choices("best_of", p.best_of, limits.max_best_of)?;
         let sampling_requested = p.sampling_requested();
-        // Greedy candidates would all be the same sequence.
-        if best_of > 1 && !sampling_requested {
-            return Err(ValidationError::OutOfRange {
-                param: "best_of".to_owned(),
-                expected: "1 unless sampling (`do_sample` or a sampling parameter)",
-                value: best_of.to_string(),
-            });
-        }
+        request_rules::check_best_of_samples(best_of, sampling_requested)?;
         let params = GenerationParams {
             temperature: if sampling_requested {
                 p.temperature

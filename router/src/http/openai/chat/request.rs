@@ -9,12 +9,12 @@ use utoipa::ToSchema;
 use crate::http::openai::{StopSpec, StreamOptions};
 use crate::http::HandlerConfig;
 use crate::scheduler::LogprobOptions;
-use crate::validation::response_format;
 use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
     Prompt, ValidationError,
 };
+use crate::validation::{request_rules, response_format};
 
 /// Most alternatives per token OpenAI's chat route returns.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -130,31 +130,15 @@ impl RequestMessage {
             .extra
             .remove("tool_calls")
             .filter(|calls| !calls.is_null());
-        reject_unsupported(&self.extra, &[]).map_err(|error| match error {
-            ValidationError::Unsupported { param, detail } => ValidationError::Unsupported {
-                param: format!("messages[{index}].{param}"),
-                detail,
-            },
-            other => other,
-        })?;
+        reject_unsupported(&self.extra, &[])
+            .map_err(|error| request_rules::in_message(index, error))?;
         let content = match self.content {
             None => String::new(),
             Some(MessageContent::Text(text)) => text,
-            Some(MessageContent::Parts(parts)) => {
-                let mut texts = Vec::with_capacity(parts.len());
-                for (part_index, part) in parts.into_iter().enumerate() {
-                    match (part.kind.as_str(), part.text) {
-                        ("text", Some(text)) => texts.push(text),
-                        _ => {
-                            return Err(ValidationError::Unsupported {
-                                param: format!("messages[{index}].content[{part_index}]"),
-                                detail: format!(": content of type `{}`", part.kind),
-                            })
-                        }
-                    }
-                }
-                texts.join("\n")
-            }
+            Some(MessageContent::Parts(parts)) => request_rules::join_text_parts(
+                index,
+                parts.into_iter().map(|part| (part.kind, part.text)),
+            )?,
         };
         // Assistant calls are shown to the model in the format it is asked to call in.
         let content = match calls {
@@ -175,43 +159,11 @@ impl RequestMessage {
 crate::http::openai::impl_sampling_fields!(ChatRequest);
 
 impl ChatRequest {
-    /// How the rendered conversation ends: `continue_final_message` needs a last assistant
-    /// message and excludes an explicit `add_generation_prompt: true`.
-    fn ending(&self, messages: &[ChatMessage]) -> Result<ChatEnding, ValidationError> {
-        if self.continue_final_message != Some(true) {
-            return Ok(match self.add_generation_prompt {
-                Some(false) => ChatEnding::Closed,
-                _ => ChatEnding::GenerationPrompt,
-            });
-        }
-        if self.add_generation_prompt == Some(true) {
-            return Err(ValidationError::OutOfRange {
-                param: "continue_final_message".to_owned(),
-                expected: "false when `add_generation_prompt` is true",
-                value: "true".to_owned(),
-            });
-        }
-        match messages.last() {
-            Some(last) if last.role == "assistant" => Ok(ChatEnding::ContinueFinal),
-            _ => Err(ValidationError::OutOfRange {
-                param: "continue_final_message".to_owned(),
-                expected: "true only when the last message is the assistant's",
-                value: "true".to_owned(),
-            }),
-        }
-    }
-
     /// The tool plan from `tools`, `tool_choice` and `parallel_tool_calls`, within `max_tools`.
     fn tool_plan(&mut self, max_tools: usize) -> Result<Option<ToolPlan>, ValidationError> {
         let tools = self.extra.remove("tools");
         if let Some(Value::Array(entries)) = &tools {
-            if entries.len() > max_tools {
-                return Err(ValidationError::TooMany {
-                    param: "tools",
-                    max: max_tools,
-                    got: entries.len(),
-                });
-            }
+            request_rules::check_list_len("tools", entries.len(), max_tools)?;
         }
         tools::plan(
             tools,
@@ -222,9 +174,7 @@ impl ChatRequest {
 
     /// The conversation as chat messages; `messages` is required.
     fn chat_messages(&mut self) -> Result<Vec<ChatMessage>, ValidationError> {
-        self.messages
-            .take()
-            .ok_or(ValidationError::Missing("messages"))?
+        request_rules::required("messages", self.messages.take())?
             .into_iter()
             .enumerate()
             .map(|(index, message)| message.into_chat_message(index))
@@ -238,19 +188,17 @@ impl ChatRequest {
         reject_unsupported(&self.extra, &[])?;
         let n = check_choices("n", self.n, config.request_limits.max_choices)?;
         let mut messages = self.chat_messages()?;
-        let ending = self.ending(&messages)?;
+        let ending = ChatEnding::from_flags(
+            self.add_generation_prompt,
+            self.continue_final_message,
+            &messages,
+        )?;
         let (max_new_tokens, max_new_tokens_param) = match self.max_completion_tokens {
             Some(n) => (Some(n), "max_completion_tokens"),
             None => (self.max_tokens, "max_tokens"),
         };
         let top_logprobs = check_count("top_logprobs", self.top_logprobs, MAX_TOP_LOGPROBS)?;
-        if top_logprobs > 0 && self.logprobs != Some(true) {
-            return Err(ValidationError::OutOfRange {
-                param: "logprobs".to_owned(),
-                expected: "true when `top_logprobs` is set",
-                value: format!("{:?}", self.logprobs),
-            });
-        }
+        request_rules::check_logprobs_flag(top_logprobs, self.logprobs)?;
         let logprobs = LogprobOptions {
             top_logprobs,
             prompt_logprobs: false,
@@ -278,12 +226,7 @@ fn apply_tool_plan(
     params: &mut GenerationParams,
     messages: &mut Vec<ChatMessage>,
 ) -> Result<(), ValidationError> {
-    if params.grammar.is_some() {
-        return Err(ValidationError::Unsupported {
-            param: "response_format".to_owned(),
-            detail: " together with `tools` the model may call".to_owned(),
-        });
-    }
+    request_rules::check_grammar_free_for_tools(params)?;
     params.grammar = plan.grammar();
     if let Some(preamble) = plan.preamble() {
         match messages.first_mut().filter(|first| first.role == "system") {

@@ -23,7 +23,7 @@ use crate::http::json::ApiJson;
 use crate::http::state::AppState;
 use crate::scheduler::PromptLogprobs;
 use crate::stream::{Finish, TokenDecoding, TokenText};
-use crate::validation::{Prompt, ValidationError};
+use crate::validation::request_rules;
 
 /// A text completion.
 #[derive(Debug, Serialize, ToSchema)]
@@ -145,18 +145,6 @@ impl ChunkBuilder for CompletionChunks {
     }
 }
 
-/// The text `echo` prepends: the prompt as sent, or its token ids decoded.
-fn echo_text(prompt: &Prompt, decoding: &TokenDecoding) -> Result<String, ValidationError> {
-    match prompt {
-        Prompt::Text(text) => Ok(text.clone()),
-        Prompt::Tokens(ids) => decoding
-            .tokenizer
-            .decode(ids, false)
-            .map_err(|e| ValidationError::Tokenizer(e.to_string())),
-        Prompt::Chat(..) => Ok(String::new()),
-    }
-}
-
 /// `POST /v1/completions`.
 #[utoipa::path(post, path = "/v1/completions", tag = "OpenAI", request_body = CompletionRequest, responses(
     (status = 200, description = "The completion, or with `stream: true` server-sent events of \
@@ -178,7 +166,8 @@ pub async fn completions(
         state.validator.check_prompt(prompt)?;
     }
     let echo_texts = if plan.echo.prompt_text {
-        let texts = plan.prompts.iter().map(|p| echo_text(p, &state.decoding));
+        let tokenizer = &state.decoding.tokenizer;
+        let texts = (plan.prompts.iter()).map(|p| request_rules::prompt_text(p, tokenizer));
         Some(texts.collect::<Result<Vec<_>, _>>()?)
     } else {
         None

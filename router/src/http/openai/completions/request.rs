@@ -10,7 +10,8 @@ use crate::http::openai::{StopSpec, StreamOptions};
 use crate::http::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, GenerationParams, Prompt, ValidationError,
+    check_choices, check_count, reject_unsupported, request_rules, GenerationParams, Prompt,
+    ValidationError,
 };
 
 /// Most alternatives per token OpenAI's completions route returns.
@@ -133,59 +134,24 @@ impl CompletionRequest {
             None => n,
             Some(_) => check_choices("best_of", self.best_of, limits.max_best_of)?,
         };
-        if best_of < n {
-            return Err(ValidationError::OutOfRange {
-                param: "best_of".to_owned(),
-                expected: "at least `n`",
-                value: format!("{best_of} (n = {n})"),
-            });
-        }
-        if best_of > n && self.stream == Some(true) {
-            return Err(ValidationError::Unsupported {
-                param: "best_of".to_owned(),
-                detail: " greater than `n` when streaming".to_owned(),
-            });
-        }
+        request_rules::check_best_of(n, best_of, self.stream == Some(true))?;
         Ok(Choices { n, best_of })
     }
 
     /// `suffix` is refused; `max_tokens: 0` needs `echo`, no `min_tokens` and no `best_of`
     /// beyond `n` (a prompt alone has nothing to rank).
     fn echo(&self, choices: Choices) -> Result<Echo, ValidationError> {
-        if self
+        let suffix = self
             .suffix
             .as_deref()
-            .is_some_and(|suffix| !suffix.is_empty())
-        {
-            return Err(ValidationError::Unsupported {
-                param: "suffix".to_owned(),
-                detail: ": the served model has no fill-in-the-middle mode".to_owned(),
-            });
-        }
+            .is_some_and(|suffix| !suffix.is_empty());
+        let no_fill_in_the_middle = ": the served model has no fill-in-the-middle mode";
+        request_rules::refuse_feature(suffix, "suffix", no_fill_in_the_middle)?;
         let prompt_text = self.echo == Some(true);
         let prompt_only = self.max_tokens == Some(0);
         if prompt_only {
-            let refusal = if !prompt_text {
-                Some(("max_tokens", "at least 1 without `echo`", "0".to_owned()))
-            } else if let Some(min) = self.min_tokens.filter(|&min| min > 0) {
-                Some(("min_tokens", "0 when `max_tokens` is 0", min.to_string()))
-            } else if choices.best_of > choices.n {
-                let value = format!("{} (n = {})", choices.best_of, choices.n);
-                Some((
-                    "best_of",
-                    "`n` when `max_tokens` is 0 (there is no completion to rank)",
-                    value,
-                ))
-            } else {
-                None
-            };
-            if let Some((param, expected, value)) = refusal {
-                return Err(ValidationError::OutOfRange {
-                    param: param.to_owned(),
-                    expected,
-                    value,
-                });
-            }
+            let Choices { n, best_of } = choices;
+            request_rules::check_prompt_only(prompt_text, self.min_tokens, n, best_of)?;
         }
         Ok(Echo {
             prompt_text,
@@ -202,29 +168,14 @@ impl CompletionRequest {
         if echo.prompt_only {
             self.max_tokens = Some(1);
         }
-        let prompts = self
-            .prompt
-            .take()
-            .ok_or(ValidationError::Missing("prompt"))?
-            .into_prompts();
-        if prompts.is_empty() {
-            return Err(ValidationError::Empty("prompt"));
-        }
-        if prompts.len() > limits.max_client_batch_size {
-            return Err(ValidationError::TooManyPrompts {
-                max: limits.max_client_batch_size,
-                got: prompts.len(),
-            });
-        }
-        let generations = prompts.len() * choices.best_of;
-        let max_choices = limits.request_limits.max_choices;
-        if generations > max_choices {
-            return Err(ValidationError::OutOfRange {
-                param: if choices.best_of > choices.n { "best_of" } else { "n" }.to_owned(),
-                expected: "at most the server's maximum of generations per request when multiplied by the number of prompts",
-                value: format!("{} × {} prompts = {generations} (maximum {max_choices})", choices.best_of, prompts.len()),
-            });
-        }
+        let prompts = request_rules::required("prompt", self.prompt.take())?.into_prompts();
+        request_rules::check_prompt_count(prompts.len(), limits.max_client_batch_size)?;
+        request_rules::check_generations(
+            prompts.len(),
+            choices.n,
+            choices.best_of,
+            limits.request_limits.max_choices,
+        )?;
         let logprobs = LogprobOptions {
             top_logprobs: check_count("logprobs", self.logprobs, MAX_LOGPROBS)?,
             prompt_logprobs: echo.prompt_logprobs,
