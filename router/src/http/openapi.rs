@@ -16,8 +16,10 @@ pub const SPEC_PATH: &str = "/openapi.json";
 /// Where Swagger UI, bundled in the binary, shows it.
 pub const DOCS_PATH: &str = "/docs";
 const SSE_MEDIA_TYPE: &str = "text/event-stream";
-/// The last event of every OpenAI stream.
+/// The last event of every OpenAI stream but the Responses API's.
 const OPENAI_STREAM_END: &str = "[DONE]";
+/// The Responses API, whose streams end with `response.completed` and no `[DONE]`.
+const RESPONSES_PATH: &str = "/v1/responses";
 
 /// The document's title, version and tags; the routes add their operations and schemas, except
 /// those only shared response sets (`IntoResponses`) name, which are listed here.
@@ -46,14 +48,16 @@ pub fn base() -> OpenApi {
 
 /// The document as served: each `text/event-stream` body, declared with its event's schema,
 /// becomes the schema of one server-sent event whose `data` is that JSON (or, on `/v1/*`
-/// routes but the Anthropic ones, the final `[DONE]`), as OpenAPI 3.1 describes streams.
+/// routes but the Anthropic and Responses ones, the final `[DONE]`), as OpenAPI 3.1 describes
+/// streams.
 pub fn served_document(spec: &OpenApi) -> Value {
     let mut document = serde_json::to_value(spec).expect("invariant: the document is plain JSON");
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return document;
     };
     for (path, item) in paths.iter_mut() {
-        let terminator = (Api::for_path(path) == Api::OpenAi).then_some(OPENAI_STREAM_END);
+        let ends_with_done = Api::for_path(path) == Api::OpenAi && path != RESPONSES_PATH;
+        let terminator = ends_with_done.then_some(OPENAI_STREAM_END);
         let operations = item
             .as_object_mut()
             .into_iter()

@@ -124,6 +124,9 @@ async fn streams_are_documented_as_events_carrying_json_chunks() {
         native["contentSchema"]["$ref"],
         "#/components/schemas/StreamResponse"
     );
+    let responses = event("/v1/responses");
+    assert_eq!(responses["contentMediaType"], "application/json");
+    assert!(responses.get("if").is_none(), "{responses}");
     let chat = event("/v1/chat/completions");
     assert_eq!(chat["if"]["const"], "[DONE]");
     assert_eq!(

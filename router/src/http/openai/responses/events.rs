@@ -65,10 +65,11 @@ impl ResponseEvents {
                     self.close("completed", &mut events);
                     self.open_message(&mut events);
                 }
-                let (item_id, output_index) = self.push_text(&text);
-                events.push(self.event(json!({"type": "response.output_text.delta",
-                    "item_id": item_id, "output_index": output_index, "content_index": 0,
-                    "delta": text, "logprobs": []})));
+                if let Some((item_id, output_index)) = self.push_text(&text) {
+                    events.push(self.event(json!({"type": "response.output_text.delta",
+                        "item_id": item_id, "output_index": output_index, "content_index": 0,
+                        "delta": text, "logprobs": []})));
+                }
             }
             DeltaBody::ToolCalls(calls) => {
                 for call in calls {
@@ -115,17 +116,16 @@ impl ResponseEvents {
         self.open = true;
     }
 
-    /// Appends to the open message's text; its id and output index.
-    fn push_text(&mut self, text: &str) -> (String, usize) {
-        let output_index = self.items.len() - 1;
-        match self.items.last_mut() {
-            Some(OutputItem::Message { id, content, .. }) => {
-                if let Some(part) = content.last_mut() {
-                    part.text.push_str(text);
-                }
-                (id.clone(), output_index)
+    /// Appends to the open message's text; its id and output index (`None` when no message
+    /// is open, which `text` rules out).
+    fn push_text(&mut self, text: &str) -> Option<(String, usize)> {
+        let output_index = self.items.len().checked_sub(1)?;
+        match self.open_item()? {
+            OutputItem::Message { id, content, .. } => {
+                content.last_mut()?.text.push_str(text);
+                Some((id.clone(), output_index))
             }
-            _ => unreachable!("invariant: text is pushed into an open message"),
+            OutputItem::FunctionCall { .. } => None,
         }
     }
 
