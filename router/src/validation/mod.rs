@@ -3,11 +3,13 @@
 mod bounds;
 mod budget;
 mod chat_template;
+mod error;
 mod grammar;
 mod model_files;
 mod params;
 mod processors;
 pub mod request_rules;
+mod requested_grammar;
 pub mod response_format;
 mod sampling_defaults;
 mod template_source;
@@ -20,12 +22,12 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
-pub use grammar::{
-    with_json_layout, GrammarCompiler, GrammarSetupError, RequestedGrammar, TgiGrammarSite,
-};
+pub use error::ValidationError;
+pub use grammar::{GrammarCompiler, GrammarSetupError};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
+pub use requested_grammar::{with_json_layout, RequestedGrammar, TgiGrammarSite};
 pub use sampling_defaults::SamplingDefaults;
 pub use template_source::{chat_template_source, TemplateSourceError};
 
@@ -38,109 +40,6 @@ pub const DEFAULT_TOKENIZATION_BUDGET: usize = 4_000_000;
 
 /// Roles a chat message may have.
 pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
-
-/// A request the router refuses, with a message naming the offending parameter.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ValidationError {
-    #[error("`{param}` must be {expected}, got {value}")]
-    OutOfRange {
-        param: String,
-        expected: &'static str,
-        value: String,
-    },
-    #[error("`{param}` must be an integer from 0 to {max}, got {value}")]
-    CountOutOfRange {
-        param: &'static str,
-        max: u32,
-        value: i64,
-    },
-    #[error("`{param}` holds token id {id}, but the vocabulary has {vocab_size} tokens")]
-    UnknownToken {
-        param: &'static str,
-        id: u32,
-        vocab_size: usize,
-    },
-    #[error("`{0}` is required")]
-    Missing(&'static str),
-    #[error("`{0}` must not be empty")]
-    Empty(&'static str),
-    #[error("`{param}` is not supported yet{detail}")]
-    Unsupported { param: String, detail: String },
-    #[error("`messages[{index}].role` must be one of system, user, assistant, tool; got `{role}`")]
-    InvalidRole { index: usize, role: String },
-    #[error("`stop` accepts at most {max} strings, got {got}")]
-    TooManyStops { max: usize, got: usize },
-    #[error("`{param}` accepts at most {max} entries, got {got}")]
-    TooMany {
-        param: &'static str,
-        max: usize,
-        got: usize,
-    },
-    #[error("`{param}` holds a string of {got} bytes, at most {max} are allowed")]
-    TooLong {
-        param: &'static str,
-        max: usize,
-        got: usize,
-    },
-    #[error("the prompt has {input_tokens} tokens but at most {max_input_tokens} are allowed (`max_input_tokens`)")]
-    InputTooLong {
-        input_tokens: usize,
-        max_input_tokens: usize,
-    },
-    #[error("the prompt has {input_tokens} tokens and `{param}` is {max_new_tokens}: together they must be at most {max_total_tokens} (`max_total_tokens`)")]
-    TotalTooLong {
-        param: &'static str,
-        input_tokens: usize,
-        max_new_tokens: u32,
-        max_total_tokens: usize,
-    },
-    #[error("this server serves no chat completions (it runs without a chat template); use /v1/completions or /generate")]
-    NoChatTemplate,
-    #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
-    TooManyPrompts { max: usize, got: usize },
-    #[error("chat template error: {0}")]
-    Template(String),
-    #[error("tokenizer error: {0}")]
-    Tokenizer(String),
-    #[error("`{param}` is not a valid grammar: {message}")]
-    InvalidGrammar {
-        param: &'static str,
-        message: String,
-    },
-}
-
-impl ValidationError {
-    /// `param`'s value is not what it must be.
-    pub(crate) fn out_of_range(
-        param: &'static str,
-        expected: &'static str,
-        value: impl ToString,
-    ) -> Self {
-        Self::OutOfRange {
-            param: param.to_owned(),
-            expected,
-            value: value.to_string(),
-        }
-    }
-
-    /// The request parameter at fault, when there is one.
-    pub fn param(&self) -> Option<&str> {
-        match self {
-            Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
-            Self::Missing(param) | Self::Empty(param) => Some(param),
-            Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
-            Self::TooManyStops { .. } => Some("stop"),
-            Self::TooManyPrompts { .. } => Some("prompt"),
-            Self::TotalTooLong { param, .. }
-            | Self::CountOutOfRange { param, .. }
-            | Self::UnknownToken { param, .. }
-            | Self::TooMany { param, .. }
-            | Self::TooLong { param, .. }
-            | Self::InvalidGrammar { param, .. } => Some(param),
-            Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
-        }
-    }
-}
 
 /// What to generate from.
 #[derive(Debug, Clone, PartialEq, Eq)]

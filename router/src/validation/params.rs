@@ -2,8 +2,8 @@
 
 use serde_json::{Map, Value};
 
-use super::grammar::RequestedGrammar;
 use super::processors::{self, ProcessorParams};
+use super::requested_grammar::RequestedGrammar;
 use super::ValidationError;
 use crate::scheduler::{LogprobOptions, SamplingParams};
 

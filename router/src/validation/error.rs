@@ -1,0 +1,104 @@
+//! Why a request is refused, naming the offending parameter.
+
+/// A request the router refuses, with a message naming the offending parameter.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("`{param}` must be {expected}, got {value}")]
+    OutOfRange {
+        param: String,
+        expected: &'static str,
+        value: String,
+    },
+    #[error("`{param}` must be an integer from 0 to {max}, got {value}")]
+    CountOutOfRange {
+        param: &'static str,
+        max: u32,
+        value: i64,
+    },
+    #[error("`{param}` holds token id {id}, but the vocabulary has {vocab_size} tokens")]
+    UnknownToken {
+        param: &'static str,
+        id: u32,
+        vocab_size: usize,
+    },
+    #[error("`{0}` is required")]
+    Missing(&'static str),
+    #[error("`{0}` must not be empty")]
+    Empty(&'static str),
+    #[error("`{param}` is not supported yet{detail}")]
+    Unsupported { param: String, detail: String },
+    #[error("`messages[{index}].role` must be one of system, user, assistant, tool; got `{role}`")]
+    InvalidRole { index: usize, role: String },
+    #[error("`stop` accepts at most {max} strings, got {got}")]
+    TooManyStops { max: usize, got: usize },
+    #[error("`{param}` accepts at most {max} entries, got {got}")]
+    TooMany {
+        param: &'static str,
+        max: usize,
+        got: usize,
+    },
+    #[error("`{param}` holds a string of {got} bytes, at most {max} are allowed")]
+    TooLong {
+        param: &'static str,
+        max: usize,
+        got: usize,
+    },
+    #[error("the prompt has {input_tokens} tokens but at most {max_input_tokens} are allowed (`max_input_tokens`)")]
+    InputTooLong {
+        input_tokens: usize,
+        max_input_tokens: usize,
+    },
+    #[error("the prompt has {input_tokens} tokens and `{param}` is {max_new_tokens}: together they must be at most {max_total_tokens} (`max_total_tokens`)")]
+    TotalTooLong {
+        param: &'static str,
+        input_tokens: usize,
+        max_new_tokens: u32,
+        max_total_tokens: usize,
+    },
+    #[error("this server serves no chat completions (it runs without a chat template); use /v1/completions or /generate")]
+    NoChatTemplate,
+    #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
+    TooManyPrompts { max: usize, got: usize },
+    #[error("chat template error: {0}")]
+    Template(String),
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("`{param}` is not a valid grammar: {message}")]
+    InvalidGrammar {
+        param: &'static str,
+        message: String,
+    },
+}
+
+impl ValidationError {
+    /// `param`'s value is not what it must be.
+    pub(crate) fn out_of_range(
+        param: &'static str,
+        expected: &'static str,
+        value: impl ToString,
+    ) -> Self {
+        Self::OutOfRange {
+            param: param.to_owned(),
+            expected,
+            value: value.to_string(),
+        }
+    }
+
+    /// The request parameter at fault, when there is one.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
+            Self::Missing(param) | Self::Empty(param) => Some(param),
+            Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
+            Self::TooManyStops { .. } => Some("stop"),
+            Self::TooManyPrompts { .. } => Some("prompt"),
+            Self::TotalTooLong { param, .. }
+            | Self::CountOutOfRange { param, .. }
+            | Self::UnknownToken { param, .. }
+            | Self::TooMany { param, .. }
+            | Self::TooLong { param, .. }
+            | Self::InvalidGrammar { param, .. } => Some(param),
+            Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
+        }
+    }
+}
