@@ -201,3 +201,6 @@ def test_a_full_store_evicts_its_oldest_response(tiny_store_tandem: TandemServer
         client.responses.create(model="tandem", input="Hi", previous_response_id=created[0].id)
     for kept in created[1:]:
         assert client.responses.retrieve(kept.id).id == kept.id
+    assert tiny_store_tandem.metric("tandem_responses_stored") == 2
+    assert tiny_store_tandem.metric("tandem_responses_evicted_total") >= 1
+    assert tiny_store_tandem.metric("tandem_responses_stored_bytes") > 0

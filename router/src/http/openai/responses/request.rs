@@ -13,7 +13,7 @@ pub struct ResponsesRequest {
     #[allow(dead_code)]
     pub model: Option<String>,
     /// Text (one user message) or a list of input items; required.
-    #[schema(value_type = Option<ResponseInput>)]
+    #[schema(value_type = ResponseInput, required = true)]
     pub input: Option<Value>,
     /// A system message put first; not carried over to responses that continue this one.
     pub instructions: Option<String>,
@@ -47,6 +47,7 @@ pub struct ResponsesRequest {
     /// Accepted and ignored: an opaque end-user id.
     pub user: Option<String>,
     /// Only `disabled`: a prompt over the limits is refused, never cut.
+    #[schema(pattern = "^disabled$")]
     pub truncation: Option<String>,
     /// Accepted and ignored (`include_obfuscation`: events carry no padding).
     #[allow(dead_code)]
@@ -80,6 +81,7 @@ pub enum InputItem {
 #[serde(deny_unknown_fields)]
 pub struct MessageItem {
     /// `user`, `assistant`, `system` or `developer` (a system message).
+    #[schema(pattern = "^(user|assistant|system|developer)$")]
     pub role: String,
     /// Text, or `input_text` / `output_text` parts; parsed part by part.
     #[schema(value_type = MessageContent)]
@@ -163,6 +165,7 @@ pub struct FunctionCallOutputItem {
 pub struct TextConfig {
     pub format: Option<TextFormat>,
     /// Only `medium` or absent: the output's length follows the model.
+    #[schema(pattern = "^medium$")]
     pub verbosity: Option<String>,
 }
 
@@ -190,6 +193,7 @@ pub struct FunctionToolSpec {
     /// the tool is parsed.
     #[allow(dead_code)]
     #[serde(rename = "type")]
+    #[schema(pattern = "^function$")]
     pub kind: String,
     pub name: String,
     pub description: Option<String>,

@@ -1,9 +1,12 @@
 //! The responses `/v1/responses` keeps for `previous_response_id`, `GET` and `DELETE`: in the
-//! router's memory, bounded by entries and by bytes, the oldest evicted first.
+//! router's memory, bounded by entries and by bytes, the oldest evicted first. It records its
+//! own series (`tandem_responses_stored`, `tandem_responses_stored_bytes`,
+//! `tandem_responses_evicted_total`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use metrics::{counter, describe_counter, describe_gauge, gauge};
 use serde_json::Value;
 
 use crate::validation::ChatMessage;
@@ -105,11 +108,29 @@ pub struct ResponseStore {
 }
 
 impl ResponseStore {
+    /// An empty store; its series start at 0.
     pub fn new(limits: ResponseStoreLimits) -> Self {
+        describe_gauge!("tandem_responses_stored", "Responses kept by /v1/responses");
+        describe_gauge!(
+            "tandem_responses_stored_bytes",
+            "Bytes the kept responses count against --responses-store-max-bytes"
+        );
+        describe_counter!(
+            "tandem_responses_evicted_total",
+            "Kept responses evicted, oldest first, to make room for newer ones"
+        );
+        counter!("tandem_responses_evicted_total").absolute(0);
+        Self::record(&Entries::default());
         Self {
             limits,
             entries: Mutex::default(),
         }
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn record(entries: &Entries) {
+        gauge!("tandem_responses_stored").set(entries.by_id.len() as f64);
+        gauge!("tandem_responses_stored_bytes").set(entries.bytes as f64);
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -139,6 +160,8 @@ impl ResponseStore {
         entries.bytes += bytes;
         entries.order.push_back(id.clone());
         entries.by_id.insert(id, (Arc::new(stored), bytes));
+        Self::record(&entries);
+        counter!("tandem_responses_evicted_total").increment(evicted.len() as u64);
         Ok(evicted)
     }
 
@@ -152,7 +175,10 @@ impl ResponseStore {
 
     /// Forgets the response kept under `id`; whether there was one.
     pub fn remove(&self, id: &str) -> bool {
-        self.entries().remove(id).is_some()
+        let mut entries = self.entries();
+        let removed = entries.remove(id).is_some();
+        Self::record(&entries);
+        removed
     }
 
     /// Responses kept and the bytes they count.
