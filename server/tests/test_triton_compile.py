@@ -3,15 +3,19 @@ launch plan leaves no program empty, splits long decodes and never specialises o
 
 Compiling needs no GPU: Triton ships its compiler and ptxas. Each configuration takes seconds, so the matrix covers
 every head size x step kind per architecture in full and cycles page sizes and head groups through it (each value
-appears on each architecture), compiling two at a time; Triton's cache makes reruns instant.
+appears on each architecture), compiling two at a time. A cold compile of the matrix takes minutes on two cores, a
+warm one seconds: the compiled kernels are kept under $HOME/.cache/tandem/triton (unless TRITON_CACHE_DIR says
+otherwise), beside the project's other build caches, so whatever keeps those keeps them too.
 """
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +35,8 @@ _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FLOAT_ARGS = ("scale", "softcap")
 _FLOAT32_POINTERS = ("partial_ptr", "lse_ptr")
 _INDEX_POINTERS = ("block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr", "work_ptr")
+# Only saves time: a missing or emptied cache means compiling again, never a different result.
+KERNEL_CACHE = Path.home() / ".cache" / "tandem" / "triton"
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,11 @@ def compile_case(case: CompileCase) -> list[int]:
 @pytest.fixture(scope="module")
 def compiled() -> dict[CompileCase, list[int]]:
     cases = compile_matrix()
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
-        return dict(zip(cases, pool.map(compile_case, cases), strict=True))
+    with pytest.MonkeyPatch.context() as environment:
+        if "TRITON_CACHE_DIR" not in os.environ:
+            environment.setenv("TRITON_CACHE_DIR", str(KERNEL_CACHE))
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+            return dict(zip(cases, pool.map(compile_case, cases), strict=True))
 
 
 @pytest.mark.parametrize("case", compile_matrix(), ids=lambda case: case.name)
