@@ -108,7 +108,6 @@ def test_a_burst_of_ten_times_the_limit_is_shed_at_once_and_the_admitted_streams
     overload_tandem: TandemServer,
 ) -> None:
     server = overload_tandem
-    reference = Reference(embedded_model_dir())
     alone = {prompt: server.generate_ids(prompt, MAX_NEW_TOKENS) for prompt in PROMPTS}
     burst(server, LIMIT)  # warm-up at the limit: allocators reach their working size
     assert server.wait_for_metric("tandem_kv_blocks_used", 0, timeout=30) == 0
@@ -128,8 +127,11 @@ def test_a_burst_of_ten_times_the_limit_is_shed_at_once_and_the_admitted_streams
     assert all(outcome.retry_after == "1" for outcome in refused)
     assert slowest_refusal < REFUSAL_DEADLINE_S
     assert len(completed) == len(admitted), [outcome.error for outcome in admitted]
-    for outcome in completed:
-        reference.assert_same_greedy(outcome.prompt, alone[outcome.prompt], outcome.ids)
+    departed = [outcome for outcome in completed if outcome.ids != alone[outcome.prompt]]
+    if departed:  # transformers is loaded (seconds) only to judge a departure: a near-tie, or a wrong token
+        reference = Reference(embedded_model_dir())
+        for outcome in departed:
+            reference.assert_same_greedy(outcome.prompt, alone[outcome.prompt], outcome.ids)
 
     assert server.wait_for_metric("tandem_kv_blocks_used", 0, timeout=30) == 0
     time.sleep(1.0)
