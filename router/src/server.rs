@@ -11,9 +11,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
-use crate::pb;
 use crate::scheduler::{self, RecoveryConfig};
-use crate::shard::{ShardError, ShardFleet};
+use crate::shard::{ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
     chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
@@ -107,7 +106,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
     let recovery = RecoveryConfig::new(
-        warmup_request(&config),
+        warmup_plan(&config),
         config.lifecycle.max_queue_time,
         config.lifecycle.step_timeout,
     );
@@ -150,9 +149,8 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
 }
 
 /// The model must hold `max_total_tokens` positions (0 means the shard did not say).
-fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(), StartupError> {
-    let max_position_embeddings =
-        usize::try_from(model.max_position_embeddings).unwrap_or(usize::MAX);
+fn check_model_fits(config: &RouterConfig, model: &ModelInfo) -> Result<(), StartupError> {
+    let max_position_embeddings = model.max_position_embeddings;
     let max_total_tokens = config.limits.max_total_tokens;
     if max_position_embeddings > 0 && max_total_tokens > max_position_embeddings {
         return Err(StartupError::ExceedsModelContext {
@@ -170,14 +168,14 @@ fn check_model_fits(config: &RouterConfig, model: &pb::InfoResponse) -> Result<(
 fn bound_to_model(
     validator: Validator,
     tokenizer_vocab: usize,
-    model: &pb::InfoResponse,
+    model: &ModelInfo,
     config: &RouterConfig,
 ) -> Validator {
     let mut validator = validator.with_eos_token_ids(model.eos_token_ids.clone());
     if let Some(grammars) = grammar_compiler(config, &model.eos_token_ids) {
         validator = validator.with_grammars(Arc::new(grammars));
     }
-    let model_vocab = usize::try_from(model.vocab_size).unwrap_or(usize::MAX);
+    let model_vocab = model.vocab_size;
     if tokenizer_vocab > model_vocab {
         warn!(
             tokenizer_vocab,
@@ -192,20 +190,19 @@ fn bound_to_model(
 }
 
 /// The Warmup sent at start-up and again after every shard restart.
-fn warmup_request(config: &RouterConfig) -> pb::WarmupRequest {
+fn warmup_plan(config: &RouterConfig) -> WarmupPlan {
     let limits = &config.limits;
-    let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-    pb::WarmupRequest {
-        block_size: to_u32(limits.block_size),
-        max_batch_tokens: to_u32(limits.max_batch_prefill_tokens),
-        max_batch_requests: to_u32(limits.max_batch_size),
+    WarmupPlan {
+        block_size: limits.block_size,
+        max_batch_tokens: limits.max_batch_prefill_tokens,
+        max_batch_requests: limits.max_batch_size,
     }
 }
 
 async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, StartupError> {
     let limits = &config.limits;
-    let answer = fleet.warmup(warmup_request(config)).await?;
-    let num_blocks = usize::try_from(answer.num_blocks).unwrap_or(usize::MAX);
+    let answer = fleet.warmup(warmup_plan(config)).await?;
+    let num_blocks = answer.num_blocks;
     if num_blocks == 0 {
         return Err(StartupError::NoKvBlocks);
     }
@@ -215,7 +212,7 @@ async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, Star
     info!(
         blocks = num_blocks,
         tokens,
-        bytes = answer.kv_cache_bytes,
+        bytes = answer.bytes,
         requests_at_max_total_tokens = full_requests,
         "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens, room for {full_requests} requests of {} tokens",
         limits.block_size,

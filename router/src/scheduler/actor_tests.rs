@@ -13,7 +13,7 @@ use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, EnginePhase, RecoveryConfig, SchedulerConfig, SchedulerError};
 use crate::pb;
-use crate::shard::{ShardError, ShardGroup};
+use crate::shard::{KvCacheSize, ShardError, ShardGroup, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;
 const NUM_BLOCKS: usize = 32;
@@ -88,10 +88,10 @@ impl ShardGroup for HangingShards {
         Ok(())
     }
 
-    async fn warmup(&self, _request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError> {
-        Ok(pb::WarmupResponse {
-            num_blocks: u32::try_from(NUM_BLOCKS).unwrap(),
-            kv_cache_bytes: 0,
+    async fn warmup(&self, _plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
+        Ok(KvCacheSize {
+            num_blocks: NUM_BLOCKS,
+            bytes: 0,
         })
     }
 }
@@ -117,11 +117,8 @@ fn config() -> SchedulerConfig {
 }
 
 fn backend(shards: &Arc<HangingShards>) -> Arc<dyn Backend> {
-    let recovery = RecoveryConfig::new(
-        pb::WarmupRequest::default(),
-        Duration::from_secs(60),
-        STEP_TIMEOUT,
-    );
+    let recovery =
+        RecoveryConfig::new(WarmupPlan::default(), Duration::from_secs(60), STEP_TIMEOUT);
     spawn(
         config(),
         recovery,

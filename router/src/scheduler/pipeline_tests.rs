@@ -14,7 +14,7 @@ use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, RecoveryConfig, SchedulerConfig};
 use crate::pb;
-use crate::shard::{ShardError, ShardGroup};
+use crate::shard::{KvCacheSize, ShardError, ShardGroup, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;
 
@@ -162,8 +162,8 @@ impl ShardGroup for SlowShards {
         Ok(())
     }
 
-    async fn warmup(&self, _request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError> {
-        Ok(pb::WarmupResponse::default())
+    async fn warmup(&self, _plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
+        Ok(KvCacheSize::default())
     }
 }
 
@@ -175,7 +175,7 @@ async fn the_step_loop_keeps_two_steps_in_flight_and_outputs_are_unchanged() {
         most_at_once: AtomicUsize::new(0),
     });
     let recovery = RecoveryConfig::new(
-        pb::WarmupRequest::default(),
+        WarmupPlan::default(),
         Duration::from_secs(60),
         Duration::from_secs(5),
     );

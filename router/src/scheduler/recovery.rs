@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use crate::pb;
-use crate::shard::{ShardError, ShardGroup};
+use crate::shard::{ShardError, ShardGroup, WarmupPlan};
 
 /// A shard that does not answer `Health` within this counts as down.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -22,7 +21,7 @@ pub enum EnginePhase {
 #[derive(Debug, Clone)]
 pub struct RecoveryConfig {
     /// Sent again to the restarted shards; the same parameters as at start-up.
-    pub warmup: pb::WarmupRequest,
+    pub warmup: WarmupPlan,
     /// How long a request waits in the queue (also for the shards) before it fails.
     pub max_queue_time: Duration,
     /// How long one Step, deep health probe, Reset or Warmup may take before the shard
@@ -36,11 +35,7 @@ pub struct RecoveryConfig {
 
 impl RecoveryConfig {
     /// Polls every 500 ms while recovering and every 2 s while idle.
-    pub fn new(
-        warmup: pb::WarmupRequest,
-        max_queue_time: Duration,
-        step_timeout: Duration,
-    ) -> Self {
+    pub fn new(warmup: WarmupPlan, max_queue_time: Duration, step_timeout: Duration) -> Self {
         Self {
             warmup,
             max_queue_time,
@@ -84,9 +79,9 @@ pub(crate) async fn restore(
     shards_answer(shards).await?;
     within(config.step_timeout, "Reset", shards.reset()).await?;
     let answer = within(config.step_timeout, "Warmup", shards.warmup(config.warmup)).await?;
-    match usize::try_from(answer.num_blocks) {
-        Ok(0) | Err(_) => Err("the restarted shards allocated no KV cache blocks".to_owned()),
-        Ok(num_blocks) => Ok(num_blocks),
+    match answer.num_blocks {
+        0 => Err("the restarted shards allocated no KV cache blocks".to_owned()),
+        num_blocks => Ok(num_blocks),
     }
 }
 

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use tonic::transport::Channel;
 
 use super::connect::connect_unix;
-use super::ShardError;
+use super::{KvCacheSize, ModelInfo, ShardError, WarmupPlan};
 use crate::pb;
 use crate::pb::shard_service_client::ShardServiceClient;
 
@@ -46,7 +46,7 @@ impl ShardFleet {
     }
 
     /// Rank 0's model facts, after checking that every rank serves the same model.
-    pub async fn info(&self) -> Result<pb::InfoResponse, ShardError> {
+    pub async fn info(&self) -> Result<ModelInfo, ShardError> {
         let mut answers = self
             .fan_out(|mut client| async move { client.info(pb::InfoRequest {}).await })
             .await?;
@@ -63,7 +63,7 @@ impl ShardFleet {
                 )));
             }
         }
-        Ok(first)
+        Ok(ModelInfo::from(first))
     }
 
     pub async fn health(&self, deep: bool) -> Result<(), ShardError> {
@@ -73,16 +73,15 @@ impl ShardFleet {
     }
 
     /// Allocates the KV cache on every rank; the usable size is the smallest rank's.
-    pub async fn warmup(
-        &self,
-        request: pb::WarmupRequest,
-    ) -> Result<pb::WarmupResponse, ShardError> {
+    pub async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
+        let request = pb::WarmupRequest::from(plan);
         let answers = self
             .fan_out(|mut client| async move { client.warmup(request).await })
             .await?;
         answers
             .into_iter()
             .min_by_key(|answer| answer.num_blocks)
+            .map(KvCacheSize::from)
             .ok_or(ShardError::NoShards)
     }
 

@@ -1,8 +1,10 @@
 //! The router's view of the model shards: one gRPC client per rank over its Unix socket.
 
 mod connect;
+mod convert;
 mod fleet;
 
+pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
 pub use fleet::ShardFleet;
 
 use crate::pb;
@@ -18,7 +20,7 @@ pub trait ShardGroup: Send + Sync + 'static {
     /// Every rank drops all request state.
     async fn reset(&self) -> Result<(), ShardError>;
     /// Every rank (re)allocates its KV cache; the smallest rank's answer.
-    async fn warmup(&self, request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError>;
+    async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError>;
 }
 
 #[async_trait::async_trait]
@@ -35,8 +37,8 @@ impl ShardGroup for ShardFleet {
         ShardFleet::reset(self).await
     }
 
-    async fn warmup(&self, request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ShardError> {
-        ShardFleet::warmup(self, request).await
+    async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
+        ShardFleet::warmup(self, plan).await
     }
 }
 
