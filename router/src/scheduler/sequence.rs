@@ -114,6 +114,7 @@ impl Sequence {
             num_tokens: u32::try_from(num_tokens).unwrap_or(u32::MAX),
             new_block_ids,
             num_computed_tokens: u32::try_from(self.num_computed).unwrap_or(u32::MAX),
+            draft_token_ids: Vec::new(),
         };
         self.pending.push_back(PendingSpan {
             step_id,

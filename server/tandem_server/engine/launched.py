@@ -23,17 +23,28 @@ class StepSampling:
 
 @dataclass(frozen=True)
 class PendingRow:
-    """A request that samples in a launched step: its sampler row and the index of its reserved token."""
+    """A request that samples one token in a launched step: its sampler row and the index of its reserved token."""
 
     state: RequestState
     token_index: int
+    sampler_row: int
+
+
+@dataclass(frozen=True)
+class DraftedRow:
+    """A request that ran `drafts` after its last token: sampler rows `sampler_row` .. `sampler_row + len(drafts)`
+    draw the tokens at its next 1 + len(drafts) positions."""
+
+    state: RequestState
+    drafts: tuple[int, ...]
+    sampler_row: int
 
 
 @dataclass
 class LaunchedStep:
     """What completing a launched step needs; `outcome` memoises the completion (its output or its error).
 
-    Invariant: every row's state holds a reserved token at `token_index` until the step completes.
+    Invariant: the state of every PendingRow holds a reserved token at `token_index` until the step completes.
     """
 
     timer: StepTimer
@@ -41,7 +52,7 @@ class LaunchedStep:
     previous: StepTimer | None
     failures: tuple[RequestFailure, ...]
     prompt_logprobs: tuple[PromptLogprobs, ...]
-    rows: tuple[PendingRow, ...] = ()
+    rows: tuple[PendingRow | DraftedRow, ...] = ()
     sampling: StepSampling | None = None
     sampled: DeviceSample | None = None
     outcome: StepOutput | BaseException | None = None
@@ -50,7 +61,7 @@ class LaunchedStep:
         """The sampler row of `state`'s token pending in this step, if it has one."""
         if self.outcome is not None:
             return None
-        return next((row for row, sampling in enumerate(self.rows) if sampling.state is state), None)
+        return next((row.sampler_row for row in self.rows if isinstance(row, PendingRow) and row.state is state), None)
 
     def sampled_ids(self) -> torch.Tensor:
         """The sampled token ids on the device, one per row (meaningless for rows that failed)."""

@@ -10,25 +10,24 @@ import torch
 from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.draws import apply_draws
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
-from tandem_server.engine.launched import LaunchedStep, PendingRow, StepSampling
+from tandem_server.engine.launched import DraftedRow, LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
 from tandem_server.engine.step import (
-    Generation,
     PromptLogprobs,
-    RequestFailure,
     StepInput,
     StepOutput,
     WarmupResult,
 )
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile_cuda_budget, run_reserved_forward
-from tandem_server.errors import FailureKind, InvalidStepError, NotWarmedUpError, RequestFailedError
+from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
-from tandem_server.sampling import SampledTokens, Sampler, SamplingBatch, SamplingRow
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
@@ -48,29 +47,36 @@ class ExecutionOptions:
     launch_ahead: bool = False
 
 
-@dataclass(frozen=True)
-class SampledStep:
-    generations: tuple[Generation, ...]
-    failures: tuple[RequestFailure, ...]
-
-
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
 _FORWARD_START_MARK = 1
 _FORWARD_END_MARK = 2
-_NO_VALID_TOKEN = "the request's constraints (grammar, banned tokens, logit bias) leave no token it may sample"
-_NON_FINITE_LOGITS = "the model produced non-finite logits for this request"
 
 
-def _raise_row_failure(
-    row: int, grammar_failures: dict[int, RequestFailedError], sampler_failures: dict[int, FailureKind]
-) -> None:
-    # A grammar that failed allows nothing, so the sampler also flags its row: the grammar's reason wins.
-    if row in grammar_failures:
-        raise grammar_failures[row]
-    kind = sampler_failures.get(row)
-    if kind is not None:
-        message = _NON_FINITE_LOGITS if kind is FailureKind.NON_FINITE_LOGITS else _NO_VALID_TOKEN
-        raise RequestFailedError(kind, message)
+@dataclass(frozen=True)
+class DrawPositions:
+    """Where a step draws: (request, drafts ahead of the draw) per sampler row, the hidden row each reads, and each
+    sampling request's first sampler row."""
+
+    rows: list[tuple[RequestState, int]]
+    hidden_rows: list[int]
+    first_rows: list[tuple[RequestState, int]]
+
+
+def _draw_positions(
+    plan: list[tuple[RequestState, int]], last_rows: Sequence[int], drafts: dict[int, tuple[int, ...]]
+) -> DrawPositions:
+    """A request whose span reaches its end draws once, and once more per draft it ran (the draft's hidden row
+    predicts the token after it)."""
+    positions = DrawPositions([], [], [])
+    for (state, num_tokens), last_row in zip(plan, last_rows, strict=True):
+        if not state.samples_after(num_tokens):
+            continue
+        num_drafts = len(drafts.get(state.id, ()))
+        positions.first_rows.append((state, len(positions.rows)))
+        for ahead in range(num_drafts + 1):
+            positions.rows.append((state, ahead))
+            positions.hidden_rows.append(last_row - num_drafts + ahead)
+    return positions
 
 
 class ModelRunner:
@@ -172,9 +178,10 @@ class ModelRunner:
         if not plan:
             timer.mark()
             return LaunchedStep(timer, None, (*applied.failures,), ())
+        drafts = applied.drafts
         spans = [
             ScheduledSpan(
-                state.token_ids[state.num_computed : state.num_computed + num_tokens],
+                [*state.token_ids[state.num_computed : state.num_computed + num_tokens], *drafts.get(state.id, ())],
                 state.num_computed,
                 state.block_table,
                 state.id,
@@ -185,14 +192,9 @@ class ModelRunner:
         self._copy_pending_tokens(plan, batch, open_step)
         # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
         # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).
-        sampling_states = [state for (state, num_tokens) in plan if state.samples_after(num_tokens)]
-        sampling = self._sampling_batch(sampling_states) if sampling_states else None
-        finishing_rows = [
-            row
-            for (state, num_tokens), row in zip(plan, batch.last_rows, strict=True)
-            if state.samples_after(num_tokens)
-        ]
-        sample_rows = to_device(torch.tensor(finishing_rows, dtype=torch.long), self.device)
+        draws = _draw_positions(plan, batch.last_rows, drafts)
+        sampling = self._sampling_batch(draws.rows) if draws.rows else None
+        sample_rows = to_device(torch.tensor(draws.hidden_rows, dtype=torch.long), self.device)
         timer.mark()
         hidden = self.graphs.run(batch) if self.graphs is not None else None
         if hidden is None:
@@ -203,7 +205,12 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[sample_rows]) if sampling is not None else None
         timer.mark()
         sampled = self.sampler.sample(logits, sampling.batch) if logits is not None and sampling is not None else None
-        rows = tuple(PendingRow(state, state.reserve_token()) for state in sampling_states)
+        rows = tuple(
+            DraftedRow(state, drafts[state.id], first)
+            if state.id in drafts
+            else PendingRow(state, state.reserve_token(), first)
+            for state, first in draws.first_rows
+        )
         timer.mark()
         previous, self._last_forward = self._last_forward, timer
         launched = LaunchedStep(timer, previous, (*applied.failures,), prompt_logprobs, rows, sampling, sampled)
@@ -228,7 +235,8 @@ class ModelRunner:
     def _read_results(self, launched: LaunchedStep) -> StepOutput:
         sampled = None
         if launched.sampled is not None and launched.sampling is not None:
-            sampled = self._apply_draws(launched.rows, launched.sampled.to_host(), launched.sampling)
+            sampling = launched.sampling
+            sampled = apply_draws(self.requests, launched.rows, launched.sampled.to_host(), sampling.grammar_failures)
         timer, previous = launched.timer, launched.previous
         phases = timer.phases_ms()
         if len(phases) == 1:
@@ -292,21 +300,22 @@ class ModelRunner:
         scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
         return tuple(result for result in scored if result is not None)
 
-    def _sampling_batch(self, states: list[RequestState]) -> StepSampling:
-        # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it.
-        rows = [
+    def _sampling_batch(self, rows: list[tuple[RequestState, int]]) -> StepSampling:
+        # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it, and a
+        # draw behind `ahead` drafts is the one the request makes once they are its tokens.
+        sampling_rows = [
             SamplingRow(
                 params=s.sampling,
-                position=len(s.token_ids),
+                position=len(s.token_ids) + ahead,
                 statistics=self._statistics(s),
-                banned_ids=s.banned_token_ids(),
+                banned_ids=s.banned_token_ids(ahead),
                 top_logprobs=s.top_logprobs,
             )
-            for s in states
+            for s, ahead in rows
         ]
         # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
-        mask = grammar_token_mask([s.grammar for s in states], self.model.spec.vocab_size, self.device)
-        return StepSampling(SamplingBatch.build(rows, self.device, mask.allowed), mask.failures)
+        mask = grammar_token_mask([s.grammar for s, _ in rows], self.model.spec.vocab_size, self.device)
+        return StepSampling(SamplingBatch.build(sampling_rows, self.device, mask.allowed), mask.failures)
 
     def _statistics(self, state: RequestState) -> TokenStatistics | None:
         # Built once, from everything the request holds when it first samples; `append_generated` keeps it current.
@@ -316,29 +325,6 @@ class ModelRunner:
                 state.sampling, state.token_ids, state.prompt_len, vocab_size, self.device
             )
         return state.statistics
-
-    def _apply_draws(self, rows: tuple[PendingRow, ...], sampled: SampledTokens, sampling: StepSampling) -> SampledStep:
-        generations: list[Generation] = []
-        failures: list[RequestFailure] = []
-        for row, (pending, token_id, logprob, top) in enumerate(
-            zip(rows, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True)
-        ):
-            state = pending.state
-            if not self.requests.holds(state):
-                # Ended by the step before this one, or forgotten or replaced by the router since: nobody waits
-                # for this token.
-                continue
-            try:
-                _raise_row_failure(row, sampling.grammar_failures, sampled.failures)
-                reason = state.resolve_token(pending.token_index, token_id)
-            except RequestFailedError as error:
-                self.requests.end([state.id])
-                failures.append(RequestFailure(state.id, error.kind, str(error)))
-                continue
-            if reason is not None:
-                self.requests.end([state.id])
-            generations.append(Generation(state.id, token_id, logprob, reason, top))
-        return SampledStep(tuple(generations), tuple(failures))
 
     def _require_cache(self) -> KVCache:
         if self.cache is None:

@@ -60,9 +60,10 @@ class RequestState:
         """Tokens that were prompted rather than generated (constant across appends)."""
         return len(self.token_ids) - self.num_output_tokens
 
-    def banned_token_ids(self) -> tuple[int, ...]:
-        """Tokens that may not be sampled yet: the request's stop tokens, before min_new_tokens."""
-        if self.num_output_tokens >= self.stopping.min_new_tokens:
+    def banned_token_ids(self, ahead: int = 0) -> tuple[int, ...]:
+        """Tokens that may not be sampled yet: the request's stop tokens, before min_new_tokens. `ahead` counts the
+        tokens drawn before this one in the same step (drafts kept)."""
+        if self.num_output_tokens + ahead >= self.stopping.min_new_tokens:
             return ()
         return self.stopping.stop_token_ids
 
@@ -125,6 +126,8 @@ class AppliedStep:
 
     plan: list[tuple[RequestState, int]]
     failures: list[RequestFailure]
+    # Draft tokens by request id, for the planned requests that carry some.
+    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class RequestTable:
@@ -188,6 +191,7 @@ class RequestTable:
             _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
         self._states.update(incoming)
         plan = []
+        drafts = {}
         for scheduled in step.scheduled:
             if scheduled.id in skipped:
                 continue
@@ -195,7 +199,9 @@ class RequestTable:
             state.block_table.extend(scheduled.new_block_ids)
             state.num_computed = scheduled.num_computed_tokens
             plan.append((state, scheduled.num_tokens))
-        return AppliedStep(plan, failures)
+            if scheduled.draft_token_ids:
+                drafts[scheduled.id] = scheduled.draft_token_ids
+        return AppliedStep(plan, failures, drafts)
 
     def _check_new(
         self, requests: Sequence[NewRequest], vocab_size: int
@@ -274,6 +280,8 @@ def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: b
     end = scheduled.num_computed_tokens + scheduled.num_tokens
     if end > len(state.token_ids):
         raise InvalidStepError(f"request {rid}: tokens up to {end} scheduled, it has {len(state.token_ids)}")
+    _check_drafts(state, scheduled, end, limits.vocab_size)
+    end += len(scheduled.draft_token_ids)
     if end > limits.max_positions:
         raise InvalidStepError(f"request {rid}: position {end - 1} exceeds the model's {limits.max_positions}")
     bad_blocks = [b for b in scheduled.new_block_ids if b >= limits.num_blocks]
@@ -282,3 +290,19 @@ def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: b
     num_blocks = len(state.block_table) + len(scheduled.new_block_ids)
     if num_blocks * limits.block_size < end:
         raise InvalidStepError(f"request {rid}: {num_blocks} blocks of {limits.block_size} cannot hold {end} tokens")
+
+
+def _check_drafts(state: RequestState, scheduled: ScheduledRequest, end: int, vocab_size: int) -> None:
+    drafts = scheduled.draft_token_ids
+    if not drafts:
+        return
+    rid = scheduled.id
+    if end != len(state.token_ids) or state.has_pending_token:
+        raise InvalidStepError(f"request {rid}: drafts must follow its last token, and that token must be known")
+    if state.needs_host_tokens() or state.prompt_logprobs:
+        raise InvalidStepError(
+            f"request {rid}: drafts for a request with a grammar, penalties, a logit bias or prompt logprobs"
+        )
+    bad = next((token for token in drafts if not 0 <= token < vocab_size), None)
+    if bad is not None:
+        raise InvalidStepError(f"request {rid}: draft token id {bad} is outside the vocabulary of {vocab_size}")

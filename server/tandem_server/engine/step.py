@@ -56,12 +56,17 @@ class NewRequest:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """`num_tokens` to run now, starting at `num_computed_tokens`, after appending `new_block_ids`."""
+    """`num_tokens` to run now, starting at `num_computed_tokens`, after appending `new_block_ids`.
+
+    `draft_token_ids` are proposed continuations run after the request's last token in the same forward pass: the
+    shard keeps each draft the request would have sampled itself and returns the accepted ones and one more token.
+    """
 
     id: int
     num_tokens: int
     new_block_ids: tuple[int, ...]
     num_computed_tokens: int
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

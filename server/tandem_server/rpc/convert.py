@@ -45,6 +45,7 @@ def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
                 num_tokens=s.num_tokens,
                 new_block_ids=tuple(s.new_block_ids),
                 num_computed_tokens=s.num_computed_tokens,
+                draft_token_ids=tuple(s.draft_token_ids),
             )
             for s in request.scheduled
         ),

@@ -1,0 +1,193 @@
+"""Speculative decoding on the shard: drafts run in one forward pass with the request's last token, each kept while
+it equals the draw the request makes at its position, so outputs (greedy and seeded) never change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+from shard_testing import make_runner, new_request, warmed, write_tiny_llama
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.errors import InvalidStepError
+from tandem_server.sampling import SamplingParams
+
+BLOCK_SIZE = 4
+# The tiny checkpoint's vocabulary.
+VOCAB_SIZE = 96
+BLOCKS_PER_REQUEST = 16
+# (request, its tokens so far) -> the drafts to propose after them.
+Drafter = Callable[[int, list[int]], list[int]]
+
+
+@dataclass
+class _Request:
+    request: NewRequest
+    first_block: int
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    blocks_held: int = 0
+    done: bool = False
+
+
+@dataclass
+class Outcome:
+    tokens: dict[int, list[int]]
+    logprobs: dict[int, list[float]]
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
+def run(runner: ModelRunner, requests: list[NewRequest], drafter: Drafter | None, max_drafts: int = 4) -> Outcome:
+    """Steps every request to its end, one step at a time, proposing drafts for each decode when `drafter` is set."""
+    tracked = {r.id: _Request(r, index * BLOCKS_PER_REQUEST, list(r.token_ids)) for index, r in enumerate(requests)}
+    outcome = Outcome({r.id: [] for r in requests}, {r.id: [] for r in requests})
+    first = True
+    while any(not t.done for t in tracked.values()):
+        scheduled = []
+        for rid, t in tracked.items():
+            if t.done:
+                continue
+            num_tokens = len(t.tokens) - t.num_computed
+            generated = len(outcome.tokens[rid])
+            allowed = t.request.stopping.max_new_tokens - generated - 1
+            drafts = drafter(rid, t.tokens)[: min(max_drafts, allowed)] if drafter and generated else []
+            needed = -(-(t.num_computed + num_tokens + len(drafts)) // BLOCK_SIZE) - t.blocks_held
+            blocks = tuple(range(t.first_block + t.blocks_held, t.first_block + t.blocks_held + needed))
+            t.blocks_held += needed
+            scheduled.append(ScheduledRequest(rid, num_tokens, blocks, t.num_computed, tuple(drafts)))
+            outcome.drafted += len(drafts)
+        new = tuple(t.request for t in tracked.values()) if first else ()
+        first = False
+        output = runner.step(StepInput(new_requests=new, scheduled=tuple(scheduled)))
+        outcome.steps += 1
+        assert output.failures == ()
+        counts: dict[int, int] = {}
+        for generation in output.generations:
+            t = tracked[generation.id]
+            t.tokens.append(generation.token_id)
+            outcome.tokens[generation.id].append(generation.token_id)
+            outcome.logprobs[generation.id].append(generation.logprob)
+            counts[generation.id] = counts.get(generation.id, 0) + 1
+            t.done = t.done or generation.finish_reason is not None
+        for s in scheduled:
+            t = tracked[s.id]
+            kept = counts.get(s.id, 1) - 1
+            outcome.accepted += kept
+            t.num_computed = s.num_computed_tokens + s.num_tokens + kept
+    return outcome
+
+
+def oracle(reference: dict[int, list[int]], prompts: dict[int, int], wrong_every: int = 0) -> Drafter:
+    """Drafts the reference continuation; with `wrong_every`, every such draft position is off by one token."""
+
+    def propose(rid: int, tokens: list[int]) -> list[int]:
+        generated = len(tokens) - prompts[rid]
+        upcoming = reference[rid][generated : generated + 4]
+        if wrong_every:
+            upcoming = [
+                (t + 1) % VOCAB_SIZE if (generated + i) % wrong_every == 1 else t for i, t in enumerate(upcoming)
+            ]
+        return upcoming
+
+    return propose
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("drafts")
+    write_tiny_llama(path)
+    return path
+
+
+def _requests() -> list[NewRequest]:
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=21)
+    return [
+        new_request(1, [5, 20, 21, 22], max_new_tokens=14),
+        new_request(2, [7, *range(30, 39)], max_new_tokens=11, sampling=seeded),
+        new_request(3, [9, 50, 51], max_new_tokens=9, sampling=replace(seeded, seed=5, top_p=1.0)),
+    ]
+
+
+def _prompts(requests: list[NewRequest]) -> dict[int, int]:
+    return {r.id: len(r.token_ids) for r in requests}
+
+
+def test_right_drafts_are_all_kept_and_change_nothing(checkpoint: Path) -> None:
+    requests = _requests()
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
+    drafted = run(warmed(make_runner(checkpoint)), requests, drafter=oracle(reference.tokens, _prompts(requests)))
+    assert drafted.tokens == reference.tokens
+    assert drafted.accepted == drafted.drafted > 0
+    assert drafted.steps < reference.steps / 2, (drafted.steps, reference.steps)
+    for rid, logprobs in reference.logprobs.items():
+        assert drafted.logprobs[rid] == pytest.approx(logprobs, abs=1e-4)
+
+
+def test_wrong_drafts_are_refused_at_the_first_difference_and_change_nothing(checkpoint: Path) -> None:
+    requests = _requests()
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
+    prompts = _prompts(requests)
+    wrong = run(warmed(make_runner(checkpoint)), requests, drafter=oracle(reference.tokens, prompts, wrong_every=2))
+    assert wrong.tokens == reference.tokens
+    assert 0 < wrong.accepted < wrong.drafted
+
+
+def test_seeded_draws_are_the_same_with_drafts_for_every_seed(checkpoint: Path) -> None:
+    # Each draw is a function of (seed, position) and the logits, so the output distribution is the target's.
+    requests = [
+        new_request(seed, [5 + seed % 7, 20, 21], max_new_tokens=8, sampling=SamplingParams(temperature=1.0, seed=seed))
+        for seed in range(1, 13)
+    ]
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
+    half_right = oracle(reference.tokens, _prompts(requests), wrong_every=3)
+    drafted = run(warmed(make_runner(checkpoint)), requests, drafter=half_right)
+    assert drafted.tokens == reference.tokens
+    assert drafted.accepted > 0
+
+
+def test_a_kept_draft_that_is_a_stop_token_ends_the_request_there(checkpoint: Path) -> None:
+    requests = [new_request(1, [5, 20, 21, 22], max_new_tokens=12)]
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
+    stop = reference.tokens[1][3]
+    stopping = StoppingCriteria(max_new_tokens=12, stop_token_ids=(stop,))
+    stopped = [replace(requests[0], stopping=stopping)]
+    expected = run(warmed(make_runner(checkpoint)), stopped, drafter=None)
+    drafted = run(warmed(make_runner(checkpoint)), stopped, drafter=oracle(reference.tokens, _prompts(stopped)))
+    assert drafted.tokens == expected.tokens
+    assert drafted.tokens[1][-1] == stop
+
+
+def test_min_tokens_counts_the_drafts_kept_before_each_position(checkpoint: Path) -> None:
+    requests = [new_request(1, [5, 20, 21, 22], max_new_tokens=10)]
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None).tokens[1]
+    # The first token not seen before it becomes the stop token, allowed from exactly its own position on.
+    position = next(i for i in range(2, len(reference)) if reference[i] not in reference[:i])
+    assert position <= 4, "the first decode's drafts reach it"
+    stopping = StoppingCriteria(max_new_tokens=10, stop_token_ids=(reference[position],), min_new_tokens=position)
+    constrained = [replace(requests[0], stopping=stopping)]
+    expected = run(warmed(make_runner(checkpoint)), constrained, drafter=None)
+    assert expected.tokens[1] == reference[: position + 1]
+    # The first decode drafts the stop token behind drafts it keeps: only those make it allowed.
+    drafted = run(warmed(make_runner(checkpoint)), constrained, drafter=oracle({1: reference}, _prompts(requests)))
+    assert drafted.tokens == expected.tokens
+    assert drafted.steps == 2
+
+
+@pytest.mark.parametrize(
+    ("sampling", "drafts"),
+    [
+        (SamplingParams(repetition_penalty=1.2), (3,)),
+        (SamplingParams(), (VOCAB_SIZE + 5,)),
+    ],
+    ids=["penalised request", "draft outside the vocabulary"],
+)
+def test_drafts_the_shard_cannot_verify_are_refused(checkpoint: Path, sampling: SamplingParams, drafts: tuple) -> None:
+    runner = warmed(make_runner(checkpoint))
+    request = new_request(1, [5, 20, 21], sampling=sampling)
+    runner.step(StepInput(new_requests=(request,), scheduled=(ScheduledRequest(1, 3, (0, 1), 0),)))
+    with pytest.raises(InvalidStepError, match="draft"):
+        runner.step(StepInput(scheduled=(ScheduledRequest(1, 1, (), 3, drafts),)))
