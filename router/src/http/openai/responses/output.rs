@@ -21,7 +21,7 @@ pub struct Echo {
     /// The function tools, as `{"type": "function", "name", "description", "parameters", "strict"}`.
     #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub tool_choice: Value,
     pub parallel_tool_calls: bool,
     /// `{"format": ...}`.

@@ -38,7 +38,7 @@ pub struct ResponsesRequest {
     #[schema(value_type = Option<Vec<FunctionToolSpec>>)]
     pub tools: Option<Vec<Value>>,
     /// `none`, `auto`, `required` or `{"type": "function", "name": ...}`.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     /// Echoed in the response.
