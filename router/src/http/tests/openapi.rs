@@ -125,7 +125,10 @@ async fn streams_are_documented_as_events_carrying_json_chunks() {
         "#/components/schemas/StreamResponse"
     );
     let echo = &spec["components"]["schemas"]["Echo"]["properties"];
-    assert!(echo["tool_choice"].get("type").is_none(), "a string or an object: {echo}");
+    assert!(
+        echo["tool_choice"].get("type").is_none(),
+        "a string or an object: {echo}"
+    );
     let responses = event("/v1/responses");
     assert_eq!(responses["contentMediaType"], "application/json");
     assert!(responses.get("if").is_none(), "{responses}");
