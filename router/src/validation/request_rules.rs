@@ -35,16 +35,41 @@ pub fn refuse_feature(uses: bool, param: &str, detail: &str) -> Result<(), Valid
 }
 
 /// `param` must be `expected`, the request sent `value`.
-pub fn refuse_value(
+pub fn refuse_value<T>(
     param: &str,
     expected: &'static str,
     value: String,
-) -> Result<(), ValidationError> {
-    Err(ValidationError::OutOfRange {
+) -> Result<T, ValidationError> {
+    Err(out_of_range(param, expected, value))
+}
+
+/// The refusal of `value` for `param`, which must be `expected`.
+pub fn out_of_range(param: &str, expected: &'static str, value: String) -> ValidationError {
+    ValidationError::OutOfRange {
         param: param.to_owned(),
         expected,
         value,
-    })
+    }
+}
+
+/// `error` with its out-of-range parameter named as `rename` spells it (a route whose body
+/// names a field differently from the checks it shares).
+pub fn rename_out_of_range(
+    error: ValidationError,
+    rename: impl Fn(String) -> String,
+) -> ValidationError {
+    match error {
+        ValidationError::OutOfRange {
+            param,
+            expected,
+            value,
+        } => ValidationError::OutOfRange {
+            param: rename(param),
+            expected,
+            value,
+        },
+        other => other,
+    }
 }
 
 /// `top_logprobs` asks for alternatives of the logprobs that `logprobs: true` turns on.
@@ -231,6 +256,15 @@ mod tests {
             error.to_string(),
             "`messages[1].content[0]` is not supported yet: content of type `image_url`"
         );
+    }
+
+    #[test]
+    fn only_out_of_range_parameters_are_renamed() {
+        let upper = |param: String| param.to_uppercase();
+        let renamed = rename_out_of_range(out_of_range("tools", "a list", "1".to_owned()), upper);
+        assert_eq!(renamed.param(), Some("TOOLS"));
+        let missing = rename_out_of_range(ValidationError::Missing("tools"), upper);
+        assert_eq!(missing, ValidationError::Missing("tools"));
     }
 
     #[test]

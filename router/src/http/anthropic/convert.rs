@@ -11,6 +11,7 @@ use super::request::{
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
+use crate::validation::request_rules;
 use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, ValidationError,
@@ -41,9 +42,7 @@ pub fn generation(
     config: &HandlerConfig,
 ) -> Result<Generation, ValidationError> {
     reject_unsupported(&request.extra, &[])?;
-    let max_tokens = request
-        .max_tokens
-        .ok_or(ValidationError::Missing("max_tokens"))?;
+    let max_tokens = request_rules::required("max_tokens", request.max_tokens)?;
     let conversation = Conversation {
         messages: request.messages.take(),
         system: request.system.take(),
@@ -97,9 +96,7 @@ pub fn prompt(
     max_tools: usize,
 ) -> Result<(Prompt, Option<ToolPlan>), ValidationError> {
     let plan = tool_plan(conversation.tools, conversation.tool_choice, max_tools)?;
-    let turns = conversation
-        .messages
-        .ok_or(ValidationError::Missing("messages"))?;
+    let turns = request_rules::required("messages", conversation.messages)?;
     let mut messages = Vec::with_capacity(turns.len() + 1);
     let system = match conversation.system {
         None => None,
@@ -140,11 +137,12 @@ fn turn_messages(
 ) -> Result<(), ValidationError> {
     let role = turn.role.as_str();
     if role != "user" && role != "assistant" {
-        return Err(ValidationError::OutOfRange {
-            param: format!("messages[{index}].role"),
-            expected: "\"user\" or \"assistant\"",
-            value: format!("{role:?}"),
-        });
+        let param = format!("messages[{index}].role");
+        return request_rules::refuse_value(
+            &param,
+            "\"user\" or \"assistant\"",
+            format!("{role:?}"),
+        );
     }
     let blocks = match turn.content {
         Value::String(text) => {
@@ -153,11 +151,9 @@ fn turn_messages(
         }
         Value::Array(blocks) => blocks,
         other => {
-            return Err(ValidationError::OutOfRange {
-                param: format!("messages[{index}].content"),
-                expected: "a string or an array of content blocks",
-                value: other.to_string(),
-            })
+            let param = format!("messages[{index}].content");
+            let expected = "a string or an array of content blocks";
+            return request_rules::refuse_value(&param, expected, other.to_string());
         }
     };
     let first = messages.len();
@@ -165,12 +161,9 @@ fn turn_messages(
     let mut calls = Vec::new();
     for (position, block) in blocks.into_iter().enumerate() {
         let param = || format!("messages[{index}].content[{position}]");
-        let block: ContentBlock =
-            serde_json::from_value(block).map_err(|error| ValidationError::OutOfRange {
-                param: param(),
-                expected: "a `text`, `tool_use` or `tool_result` block",
-                value: error.to_string(),
-            })?;
+        let expected = "a `text`, `tool_use` or `tool_result` block";
+        let block: ContentBlock = serde_json::from_value(block)
+            .map_err(|error| request_rules::out_of_range(&param(), expected, error.to_string()))?;
         match (block, role) {
             (ContentBlock::Text(block), _) => texts.push(block.text),
             (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({
@@ -189,12 +182,13 @@ fn turn_messages(
                 ));
             }
             (ContentBlock::ToolUse(_), _) | (ContentBlock::ToolResult(_), _) => {
-                return Err(ValidationError::OutOfRange {
-                    param: param(),
-                    expected:
-                        "`tool_use` only in assistant turns and `tool_result` only in user turns",
-                    value: format!("a block in a {role} turn"),
-                })
+                let expected =
+                    "`tool_use` only in assistant turns and `tool_result` only in user turns";
+                return request_rules::refuse_value(
+                    &param(),
+                    expected,
+                    format!("a block in a {role} turn"),
+                );
             }
         }
     }
@@ -236,20 +230,12 @@ fn tool_plan(
     max_tools: usize,
 ) -> Result<Option<ToolPlan>, ValidationError> {
     let definitions = definitions.unwrap_or_default();
-    if definitions.len() > max_tools {
-        return Err(ValidationError::TooMany {
-            param: "tools",
-            max: max_tools,
-            got: definitions.len(),
-        });
-    }
+    request_rules::check_list_len("tools", definitions.len(), max_tools)?;
     let mut functions = Vec::with_capacity(definitions.len());
     for (index, tool) in definitions.into_iter().enumerate() {
-        if tool.kind.as_deref().is_some_and(|kind| kind != "custom") {
-            return Err(ValidationError::Unsupported {
-                param: format!("tools[{index}].type"),
-                detail: format!(": server tools such as `{}`", tool.kind.unwrap_or_default()),
-            });
+        if let Some(kind) = tool.kind.as_deref().filter(|&kind| kind != "custom") {
+            let detail = format!(": server tools such as `{kind}`");
+            request_rules::refuse_feature(true, &format!("tools[{index}].type"), &detail)?;
         }
         let mut function = Map::new();
         function.insert("name".into(), json!(tool.name));
@@ -282,7 +268,7 @@ fn tool_plan(
 
 /// Names a tool error's parameter as the Anthropic body spells it.
 fn anthropic_names(error: ValidationError) -> ValidationError {
-    let rename = |param: String| {
+    request_rules::rename_out_of_range(error, |param| {
         param
             .replace(".function.parameters", ".input_schema")
             .replace(".function.name", ".name")
@@ -290,19 +276,7 @@ fn anthropic_names(error: ValidationError) -> ValidationError {
                 "parallel_tool_calls",
                 "tool_choice.disable_parallel_tool_use",
             )
-    };
-    match error {
-        ValidationError::OutOfRange {
-            param,
-            expected,
-            value,
-        } => ValidationError::OutOfRange {
-            param: rename(param),
-            expected,
-            value,
-        },
-        other => other,
-    }
+    })
 }
 
 #[cfg(test)]
