@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::{ResponseMeta, Usage};
+use super::envelope::{ResponseMeta, Usage};
 
 /// One `chat.completion.chunk` (a `data:` event; the stream ends with `data: [DONE]`).
 #[derive(Debug, Serialize, ToSchema)]

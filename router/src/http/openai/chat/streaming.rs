@@ -5,9 +5,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::http::openai::chunks::{chat_chunk, ChatChunkChoice, ChatDelta};
+use crate::http::openai::envelope::{ChunkBuilder, ResponseMeta, Usage};
 use crate::http::openai::logprobs::chat_logprobs;
 use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
-use crate::http::openai::{ChunkBuilder, ResponseMeta, Usage};
 use crate::stream::{TokenDecoding, TokenText};
 use crate::validation::tools::{ToolChoice, ToolPlan};
 

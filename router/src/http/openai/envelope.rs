@@ -1,0 +1,82 @@
+//! What every OpenAI response shares: its identity (id, creation time, model), its token
+//! usage and finish reason, and the chunk builder each route's stream implements.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::scheduler::PromptLogprobs;
+use crate::stream::{Finish, TokenText};
+
+/// Token accounting of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// Usage of one prompt whose choices generated `completion_tokens` in all (the prompt
+    /// is counted once, however many choices share it).
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// OpenAI's two finish reasons: the model or a stop string ended it, or the length limit.
+pub fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Length => "length",
+        Finish::EosToken | Finish::StopSequence => "stop",
+    }
+}
+
+/// Identity shared by every chunk of one response.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// A fresh id with `prefix` (`chatcmpl`, `cmpl`), stamped now.
+    pub fn new(prefix: &str, model: &str) -> Self {
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        Self {
+            id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+            created,
+            model: model.to_owned(),
+        }
+    }
+}
+
+/// Builds one route's stream chunks; `index` is the choice a chunk belongs to.
+pub trait ChunkBuilder: Send + 'static {
+    /// The chunk sent for choice `index` before any token, if the route has one.
+    fn opening(&self, index: usize) -> Option<Value>;
+    /// The chunk for one token of choice `index` (its text may be empty) and the finish
+    /// reason on the last one; `None` when there is nothing to send.
+    fn token(
+        &mut self,
+        index: usize,
+        token: TokenText,
+        finish: Option<&'static str>,
+    ) -> Option<Value>;
+    /// The trailing `choices: []` chunk carrying usage.
+    fn usage(&self, usage: Usage) -> Value;
+    /// The chunk sent for choice `index` once its prompt logprobs are known, just before its
+    /// first token, if the route has one.
+    fn prompt(&mut self, _index: usize, _logprobs: &PromptLogprobs) -> Option<Value> {
+        None
+    }
+}
