@@ -39,7 +39,8 @@ pub async fn completions(
     let include_usage =
         StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
-    let plan = request.into_plan(&state.config)?;
+    let config = &state.config;
+    let plan = request.into_plan(&config.request_limits, &config.default_sampling)?;
     let generations = AdmittedRequest::start_siblings(
         &state,
         "chat_completions",

@@ -6,13 +6,13 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::openai::{StopSpec, StreamOptions};
-use crate::http::HandlerConfig;
+use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
+use crate::limits::RequestLimits;
 use crate::scheduler::LogprobOptions;
 use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
-    Prompt, ValidationError,
+    Prompt, SamplingDefaults, ValidationError,
 };
 use crate::validation::{request_rules, response_format};
 
@@ -156,7 +156,7 @@ impl RequestMessage {
     }
 }
 
-crate::http::openai::impl_sampling_fields!(ChatRequest);
+impl_sampling_fields!(ChatRequest);
 
 impl ChatRequest {
     /// The tool plan from `tools`, `tool_choice` and `parallel_tool_calls`, within `max_tools`.
@@ -182,11 +182,15 @@ impl ChatRequest {
     }
 
     /// The prompt, the parameters, the number of choices and the tool plan.
-    pub fn into_plan(mut self, config: &HandlerConfig) -> Result<ChatPlan, ValidationError> {
+    pub fn into_plan(
+        mut self,
+        limits: &RequestLimits,
+        defaults: &SamplingDefaults,
+    ) -> Result<ChatPlan, ValidationError> {
         let response_format = self.extra.remove("response_format");
-        let tool_plan = self.tool_plan(config.request_limits.max_tools)?;
+        let tool_plan = self.tool_plan(limits.max_tools)?;
         reject_unsupported(&self.extra, &[])?;
-        let n = check_choices("n", self.n, config.request_limits.max_choices)?;
+        let n = check_choices("n", self.n, limits.max_choices)?;
         let mut messages = self.chat_messages()?;
         let ending = ChatEnding::from_flags(
             self.add_generation_prompt,
@@ -205,7 +209,7 @@ impl ChatRequest {
         };
         let mut params = self
             .sampling_fields()
-            .or_defaults(&config.default_sampling)
+            .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {

@@ -1,0 +1,126 @@
+//! The request fields both OpenAI generation routes declare alike: sampling and stopping
+//! parameters, `stop` and `stream_options`.
+
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::scheduler::LogprobOptions;
+use crate::validation::{GenerationParams, ProcessorParams, SamplingDefaults};
+
+/// Both OpenAI request bodies carry the sampling fields under the same names; this moves
+/// them into one `SamplingFields`.
+macro_rules! impl_sampling_fields {
+    ($request:ty) => {
+        impl $request {
+            fn sampling_fields(&mut self) -> $crate::http::openai::fields::SamplingFields {
+                $crate::http::openai::fields::SamplingFields {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    seed: self.seed,
+                    stop: self.stop.take(),
+                    min_tokens: self.min_tokens,
+                    ignore_eos: self.ignore_eos,
+                    stop_token_ids: self.stop_token_ids.take(),
+                    processors: $crate::validation::ProcessorParams {
+                        min_p: self.min_p,
+                        typical_p: None,
+                        repetition_penalty: self.repetition_penalty,
+                        frequency_penalty: self.frequency_penalty,
+                        presence_penalty: self.presence_penalty,
+                        logit_bias: self.logit_bias.take(),
+                    },
+                }
+            }
+        }
+    };
+}
+pub(crate) use impl_sampling_fields;
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    /// The stop strings as a list.
+    pub fn into_vec(spec: Option<Self>) -> Vec<String> {
+        match spec {
+            None => Vec::new(),
+            Some(Self::One(stop)) => vec![stop],
+            Some(Self::Many(stops)) => stops,
+        }
+    }
+}
+
+/// Sampling and stopping parameters both OpenAI routes accept, OpenAI's and vLLM's extras.
+/// Declared field by field in each route body (no `flatten`) so type errors name the field.
+#[derive(Debug, Default)]
+pub struct SamplingFields {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopSpec>,
+    pub min_tokens: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub processors: ProcessorParams,
+}
+
+impl SamplingFields {
+    /// Fills the fields the client left unset with the model's recommended values.
+    pub fn or_defaults(mut self, defaults: &SamplingDefaults) -> Self {
+        self.temperature = self.temperature.or(defaults.temperature);
+        self.top_p = self.top_p.or(defaults.top_p);
+        self.top_k = self.top_k.or(defaults.top_k);
+        let processors = &mut self.processors;
+        processors.min_p = processors.min_p.or(defaults.min_p);
+        processors.repetition_penalty = processors
+            .repetition_penalty
+            .or(defaults.repetition_penalty);
+        self
+    }
+
+    /// The route-independent parameters; `max_new_tokens` is named by the route.
+    pub fn into_params(
+        self,
+        max_new_tokens: (Option<i64>, &'static str),
+        logprobs: LogprobOptions,
+    ) -> GenerationParams {
+        GenerationParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_new_tokens: max_new_tokens.0,
+            max_new_tokens_param: max_new_tokens.1,
+            seed: self.seed,
+            stop: StopSpec::into_vec(self.stop),
+            processors: self.processors,
+            min_new_tokens: self.min_tokens,
+            ignore_eos: self.ignore_eos == Some(true),
+            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+            logprobs,
+            truncate: None,
+            grammar: None,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    /// End the stream with a chunk carrying `usage` and no choices.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+impl StreamOptions {
+    /// Whether a stream ends with a usage chunk: asked for, or the server always sends it.
+    pub fn usage_wanted(options: Option<Self>, always: bool) -> bool {
+        always || options.is_some_and(|options| options.include_usage)
+    }
+}
