@@ -64,6 +64,11 @@ pub struct RouterArgs {
     /// false` waits for each step's answer first).
     #[arg(long, env = "ASYNC_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]
     pub async_scheduling: bool,
+    /// Speculative decoding: up to this many draft tokens per decode step, proposed from the
+    /// request's own tokens (prompt lookup) and kept by the shards only where they equal the
+    /// request's own draws, so outputs never change. 0 turns it off.
+    #[arg(long, env = "SPECULATE", default_value_t = 0)]
+    pub speculate: usize,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

@@ -37,6 +37,7 @@ impl RouterConfig {
             max_batch_requests: self.limits.max_batch_size,
             prefix_caching: self.limits.prefix_caching,
             steps_in_flight: if self.limits.async_scheduling { 2 } else { 1 },
+            max_drafts: self.limits.speculate,
         }
     }
 

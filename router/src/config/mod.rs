@@ -46,6 +46,7 @@ pub struct Limits {
     pub block_size: usize,
     pub prefix_caching: bool,
     pub async_scheduling: bool,
+    pub speculate: usize,
 }
 
 /// The checked configuration.
@@ -171,6 +172,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 block_size: args.block_size,
                 prefix_caching: args.prefix_caching,
                 async_scheduling: args.async_scheduling,
+                speculate: args.speculate,
             },
             json_output: args.json_output,
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),

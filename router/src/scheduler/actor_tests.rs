@@ -113,6 +113,7 @@ fn config() -> SchedulerConfig {
         max_batch_requests: 8,
         prefix_caching: true,
         steps_in_flight: 1,
+        max_drafts: 0,
     }
 }
 

@@ -37,6 +37,8 @@ pub(super) struct FakeShard {
     /// router cannot foresee, unlike the length).
     pub stop_at: HashMap<u64, u32>,
     last_step_id: Option<u64>,
+    /// The model every token comes from (`model` unless a test needs predictable text).
+    pub model: Option<fn(&[u32]) -> u32>,
 }
 
 impl FakeShard {
@@ -57,7 +59,7 @@ impl FakeShard {
         let cached: Vec<u32> = (0..request.tokens.len())
             .map(|position| self.slots[&self.slot(request, position)])
             .collect();
-        model(&cached)
+        self.model.unwrap_or(model)(&cached)
     }
 
     /// Panics if two live requests share a block unless it is a full block both computed
@@ -109,7 +111,7 @@ impl FakeShard {
         let mut response = pb::StepResponse::default();
         for scheduled in step.scheduled {
             match self.run(&scheduled) {
-                Some(Ok(generation)) => response.generations.push(generation),
+                Some(Ok(generations)) => response.generations.extend(generations),
                 Some(Err(failure)) => response.failures.push(failure),
                 None => {}
             }
@@ -120,7 +122,7 @@ impl FakeShard {
     fn run(
         &mut self,
         scheduled: &pb::ScheduledRequest,
-    ) -> Option<Result<pb::Generation, pb::RequestFailure>> {
+    ) -> Option<Result<Vec<pb::Generation>, pb::RequestFailure>> {
         let Some(mut request) = self.requests.remove(&scheduled.id) else {
             assert!(
                 self.ended_before.contains(&scheduled.id),
@@ -138,9 +140,14 @@ impl FakeShard {
         assert_eq!(request.num_computed, scheduled.num_computed_tokens as usize);
         let end = request.num_computed + scheduled.num_tokens as usize;
         assert!(end <= request.tokens.len(), "scheduled past the end");
+        let drafts = &scheduled.draft_token_ids;
         assert!(
-            request.blocks.len() * self.block_size >= end,
+            request.blocks.len() * self.block_size >= end + drafts.len(),
             "blocks do not cover the step"
+        );
+        assert!(
+            drafts.is_empty() || end == request.tokens.len(),
+            "drafts must follow the request's last token"
         );
         for position in request.num_computed..end {
             let slot = self.slot(&request, position);
@@ -160,10 +167,34 @@ impl FakeShard {
                 message: "no token left".into(),
             }));
         }
-        let token = self.next_token(&request);
+        let mut generations = Vec::new();
+        for offset in 0..=drafts.len() {
+            let token = self.next_token(&request);
+            // A draft runs at its position: its slot holds it whether or not it is kept.
+            if let Some(&draft) = drafts.get(offset) {
+                let slot = self.slot(&request, request.tokens.len());
+                self.slots.insert(slot, draft);
+            }
+            let (generation, alive) = self.generate(scheduled.id, &mut request, token);
+            generations.push(generation);
+            if !alive {
+                self.ended_now.insert(scheduled.id);
+                return Some(Ok(generations));
+            }
+            if drafts.get(offset) != Some(&token) {
+                break;
+            }
+            request.num_computed += 1;
+        }
+        self.requests.insert(scheduled.id, request);
+        Some(Ok(generations))
+    }
+
+    /// Appends `token`; false when it ends the request.
+    fn generate(&self, id: u64, request: &mut FakeRequest, token: u32) -> (pb::Generation, bool) {
         request.tokens.push(token);
         request.generated += 1;
-        let stopped = self.stop_at.get(&scheduled.id) == Some(&request.generated);
+        let stopped = self.stop_at.get(&id) == Some(&request.generated);
         let finish_reason = if stopped {
             pb::FinishReason::Eos
         } else if request.generated >= request.max_new_tokens {
@@ -171,18 +202,14 @@ impl FakeShard {
         } else {
             pb::FinishReason::Unspecified
         };
-        if finish_reason == pb::FinishReason::Unspecified {
-            self.requests.insert(scheduled.id, request);
-        } else {
-            self.ended_now.insert(scheduled.id);
-        }
-        Some(Ok(pb::Generation {
-            id: scheduled.id,
+        let generation = pb::Generation {
+            id,
             token_id: token,
             logprob: 0.0,
             finish_reason: finish_reason as i32,
             ..pb::Generation::default()
-        }))
+        };
+        (generation, finish_reason == pb::FinishReason::Unspecified)
     }
 }
 

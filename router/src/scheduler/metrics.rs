@@ -28,6 +28,37 @@ pub(super) fn describe() {
     ] {
         counter!(name).absolute(0);
     }
+    describe_speculation();
+}
+
+/// Records one drafted span's answer: `proposed` drafts, `kept` of them kept by the shards.
+pub(super) fn record_drafts(proposed: usize, kept: usize) {
+    counter!("tandem_speculative_draft_tokens_total", "method" => "ngram")
+        .increment(proposed as u64);
+    counter!("tandem_speculative_accepted_tokens_total", "method" => "ngram")
+        .increment(kept as u64);
+    histogram!("tandem_speculative_accepted_length").record(as_f64(kept));
+}
+
+fn describe_speculation() {
+    for name in [
+        "tandem_speculative_draft_tokens_total",
+        "tandem_speculative_accepted_tokens_total",
+    ] {
+        counter!(name, "method" => "ngram").absolute(0);
+    }
+    describe_counter!(
+        "tandem_speculative_draft_tokens_total",
+        "Draft tokens proposed for speculative decoding, by method"
+    );
+    describe_counter!(
+        "tandem_speculative_accepted_tokens_total",
+        "Draft tokens the shards kept (each one a token generated without a step of its own), by method"
+    );
+    describe_histogram!(
+        "tandem_speculative_accepted_length",
+        "Drafts kept per drafted decode step"
+    );
 }
 
 /// Records the size of a step about to run.

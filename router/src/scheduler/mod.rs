@@ -6,6 +6,7 @@
 mod actor;
 #[cfg(test)]
 mod actor_tests;
+mod drafting;
 #[cfg(test)]
 mod fake_shard;
 mod handle;
@@ -19,6 +20,8 @@ mod proptests;
 mod recovery;
 mod request;
 mod sequence;
+#[cfg(test)]
+mod speculation_tests;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -119,6 +122,8 @@ pub struct SchedulerConfig {
     /// Steps sent before the oldest has answered: 1 plans each step after the previous one
     /// answered; 2 plans and sends the next while the shards run the current one.
     pub steps_in_flight: usize,
+    /// Speculative decoding: draft tokens proposed per decode step at most (0: off).
+    pub max_drafts: usize,
 }
 
 /// Starts the step loop on the current tokio runtime and returns its handle.

@@ -26,6 +26,7 @@ fn config() -> SchedulerConfig {
         max_batch_requests: 8,
         prefix_caching: true,
         steps_in_flight: 2,
+        max_drafts: 0,
     }
 }
 

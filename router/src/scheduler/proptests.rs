@@ -99,6 +99,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_batch_requests,
                         prefix_caching: true,
                         steps_in_flight,
+                        max_drafts: 0,
                     },
                     arrivals,
                 }

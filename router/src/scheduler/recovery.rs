@@ -104,6 +104,7 @@ mod tests {
             max_batch_requests: 8,
             prefix_caching: true,
             steps_in_flight: 1,
+            max_drafts: 0,
         })
     }
 

@@ -19,6 +19,9 @@ pub(crate) struct PendingSpan {
     pub computed_before: usize,
     /// The span reaches the end of the sequence, so its step answers with the next token.
     pub samples: bool,
+    /// Draft tokens run after the span; its step answers with the drafts the shards kept and
+    /// one token more.
+    pub drafts: usize,
 }
 
 /// A request between admission and its last token.
@@ -81,6 +84,10 @@ impl Sequence {
     /// Tokens still to schedule: a prompt's rest, or the one token sampled last step, or
     /// the one a step in flight will sample (none when that token is the last one allowed).
     pub fn remaining(&self) -> usize {
+        if self.pending.iter().any(|span| span.drafts > 0) {
+            // How many tokens its step returns is known only from its answer.
+            return 0;
+        }
         let expected = self.pending_samples();
         let generated = self.tokens.len() - self.prompt_len;
         if expected > 0 && generated + expected >= self.stopping.max_new_tokens as usize {
@@ -100,26 +107,57 @@ impl Sequence {
             .map_or(self.num_computed, |span| span.computed_before)
     }
 
-    /// Sends the next `num_tokens` tokens in step `step_id`, with the blocks added for them.
+    /// Whether its next step may carry drafts: a decode whose last token is known, with no
+    /// sampling input the shards build from its tokens (grammar, penalties, bias) and no prompt
+    /// logprobs. Returns how many more tokens it may generate after the next one.
+    pub fn draft_room(&self) -> usize {
+        let sampling = &self.sampling;
+        let reads_tokens = self.grammar.is_some()
+            || sampling.repetition_penalty != 1.0
+            || sampling.frequency_penalty != 0.0
+            || sampling.presence_penalty != 0.0
+            || !sampling.logit_bias.is_empty();
+        let generated = self.tokens.len() - self.prompt_len;
+        if reads_tokens
+            || self.logprobs.prompt_logprobs
+            || !self.pending.is_empty()
+            || generated == 0
+            || self.remaining() != 1
+        {
+            return 0;
+        }
+        (self.stopping.max_new_tokens as usize).saturating_sub(generated + 1)
+    }
+
+    /// Counts drafts the shards kept: their keys and values are the request's own now.
+    pub fn keep_drafts(&mut self, kept: usize) {
+        self.num_computed += kept;
+    }
+
+    /// Sends the next `num_tokens` tokens in step `step_id`, followed by `drafts`, with the
+    /// blocks added for them.
     pub fn schedule(
         &mut self,
         step_id: u64,
         num_tokens: usize,
         new_block_ids: Vec<u32>,
+        drafts: Vec<u32>,
     ) -> pb::ScheduledRequest {
         let end = self.num_computed + num_tokens;
         let samples = end == self.tokens.len() + self.pending_samples();
+        let num_drafts = drafts.len();
         let scheduled = pb::ScheduledRequest {
             id: self.id,
             num_tokens: u32::try_from(num_tokens).unwrap_or(u32::MAX),
             new_block_ids,
             num_computed_tokens: u32::try_from(self.num_computed).unwrap_or(u32::MAX),
-            draft_token_ids: Vec::new(),
+            draft_token_ids: drafts,
         };
         self.pending.push_back(PendingSpan {
             step_id,
             computed_before: self.num_computed,
             samples,
+            drafts: num_drafts,
         });
         self.num_computed = end;
         scheduled

@@ -9,10 +9,11 @@ use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{RequestFailureKind, SchedulerConfig, SchedulerError};
 
-fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
+pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
         prefix_caching: true,
         steps_in_flight: 1,
+        max_drafts: 0,
         block_size: 4,
         num_blocks,
         max_batch_tokens,
@@ -32,7 +33,7 @@ fn request(prompt_len: u32, max_new_tokens: u32) -> GenerationRequest {
     }
 }
 
-fn submit(
+pub(super) fn submit(
     state: &mut SchedulerState,
     id: u64,
     request: GenerationRequest,
@@ -42,7 +43,7 @@ fn submit(
     receiver
 }
 
-fn run_until_idle(state: &mut SchedulerState, shard: &mut FakeShard) {
+pub(super) fn run_until_idle(state: &mut SchedulerState, shard: &mut FakeShard) {
     for _ in 0..10_000 {
         let Some(step) = state.schedule() else {
             return;
@@ -53,7 +54,7 @@ fn run_until_idle(state: &mut SchedulerState, shard: &mut FakeShard) {
     panic!("the scheduler never went idle");
 }
 
-fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<u32> {
+pub(super) fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<u32> {
     let mut tokens = Vec::new();
     while let Ok(event) = receiver.try_recv() {
         match event {

@@ -6,9 +6,11 @@ use std::time::Instant;
 
 mod admission;
 
+use super::drafting::propose_from_context;
+use super::metrics::record_drafts;
 use super::outputs::{finish_reason, prompt_logprobs, request_failure, token_logprobs};
 use super::request::{GeneratedToken, GenerationEvent};
-use super::sequence::Sequence;
+use super::sequence::{PendingSpan, Sequence};
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::pb;
@@ -136,16 +138,29 @@ impl SchedulerState {
                 budget.tokens
             };
             let num_tokens = remaining.min(share);
-            let Some(new_blocks) = self.reserve_blocks(index, num_tokens) else {
+            let drafts = self.drafts_for(index, budget.tokens - num_tokens);
+            let Some(new_blocks) = self.reserve_blocks(index, num_tokens + drafts.len()) else {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;
             };
-            let scheduled = self.running[index].schedule(step.step_id, num_tokens, new_blocks);
+            let num_drafts = drafts.len();
+            let scheduled =
+                self.running[index].schedule(step.step_id, num_tokens, new_blocks, drafts);
             step.scheduled.push(scheduled);
-            budget.tokens -= num_tokens;
+            budget.tokens -= num_tokens + num_drafts;
             budget.requests -= 1;
             index += 1;
         }
+    }
+
+    /// Drafts for `running[index]`'s next step, within `spare_tokens` of the step's budget.
+    fn drafts_for(&self, index: usize, spare_tokens: usize) -> Vec<u32> {
+        let sequence = &self.running[index];
+        let room = sequence
+            .draft_room()
+            .min(self.config.max_drafts)
+            .min(spare_tokens);
+        propose_from_context(&sequence.tokens, room)
     }
 
     /// Grows `running[index]`'s table to cover `num_tokens` more tokens, preempting the
@@ -221,23 +236,31 @@ impl SchedulerState {
                 sequence.notify(GenerationEvent::PromptLogprobs(prompt_logprobs(chunk)));
             }
         }
-        let mut generations: HashMap<u64, pb::Generation> = response
-            .generations
-            .into_iter()
-            .map(|generation| (generation.id, generation))
-            .collect();
+        // A drafted request answers with several generations, in order.
+        let mut generations: HashMap<u64, Vec<pb::Generation>> = HashMap::new();
+        for generation in response.generations {
+            generations
+                .entry(generation.id)
+                .or_default()
+                .push(generation);
+        }
         let mut ended = Vec::new();
         for (index, sequence) in self.running.iter_mut().enumerate() {
             let Some(span) = sequence.take_answered(step_id) else {
                 continue;
             };
+            let alive = !span.samples
+                || deliver_span(
+                    sequence,
+                    &span,
+                    generations.remove(&sequence.id),
+                    &mut self.forget,
+                );
             // Every token of the span is in the KV cache now: full blocks become shareable.
             let computed = sequence.computed_on_shards();
             sequence.blocks.publish(&sequence.tokens, computed);
             sequence.prompt_published = computed >= sequence.prompt_len;
-            if span.samples
-                && !deliver(sequence, generations.remove(&sequence.id), &mut self.forget)
-            {
+            if !alive {
                 ended.push(index);
             }
         }
@@ -330,6 +353,31 @@ impl SchedulerState {
 
 /// Hands a sampling span's answer to its request; `false` when the request has ended (its
 /// last token, or no token at all, which fails it and asks the shards to forget it).
+/// Delivers a sampling span's generations: one, or for a drafted span the drafts the shards kept
+/// and one more. False when the request ended.
+fn deliver_span(
+    sequence: &mut Sequence,
+    span: &PendingSpan,
+    answers: Option<Vec<pb::Generation>>,
+    forget: &mut Vec<u64>,
+) -> bool {
+    let Some(answers) = answers.filter(|answers| !answers.is_empty()) else {
+        return deliver(sequence, None, forget);
+    };
+    // Beyond its drafts and one more token the shards cannot have drawn: ignore the excess.
+    let kept = (answers.len() - 1).min(span.drafts);
+    if span.drafts > 0 {
+        record_drafts(span.drafts, kept);
+    }
+    for generation in answers.into_iter().take(kept + 1) {
+        if !deliver(sequence, Some(generation), forget) {
+            return false;
+        }
+    }
+    sequence.keep_drafts(kept);
+    true
+}
+
 fn deliver(
     sequence: &mut Sequence,
     generation: Option<pb::Generation>,
