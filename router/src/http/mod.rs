@@ -33,7 +33,7 @@ pub use connections::serve as serve_connections;
 pub use info::{ServerInfo, VALIDATION_WORKERS};
 pub use launch_identity::{read_launch_id, LaunchIdError};
 pub use lifecycle::Draining;
-pub use openai::responses::ResponseStoreLimits;
+pub use openai::responses::store::ResponseStoreLimits;
 pub use state::{AppState, HandlerConfig};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";

@@ -11,7 +11,7 @@ use super::deep_health::DeepProbe;
 use super::info::ServerInfo;
 use super::lifecycle::Draining;
 use super::load_shedding::LoadShedder;
-use super::openai::responses::{ResponseStore, ResponseStoreLimits};
+use super::openai::responses::store::{ResponseStore, ResponseStoreLimits};
 use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;

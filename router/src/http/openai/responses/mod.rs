@@ -7,7 +7,7 @@ mod events;
 mod input;
 mod output;
 mod request;
-mod store;
+pub(crate) mod store;
 
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::Value;
 
-pub use self::store::{ResponseStore, ResponseStoreLimits};
+use self::store::ResponseStore;
 
 use self::events::ResponseEvents;
 use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};

@@ -4,7 +4,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::{json, Value};
 
-use super::ResponseStoreLimits;
+use super::store::ResponseStoreLimits;
 use crate::http::app;
 use crate::http::tests::{
     get, handler_config, ids, last_prompt, ok_backend, post, send, test_app, test_state,
