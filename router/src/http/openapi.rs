@@ -38,7 +38,12 @@ pub fn base() -> OpenApi {
             (name = "TGI", description = "Text-generation-inference-compatible routes"),
             (name = "Operations", description = "Health, readiness and metrics")
         ),
-        components(schemas(crate::error::OpenAiErrorBody, crate::error::OpenAiError))
+        components(schemas(
+            crate::error::OpenAiErrorBody,
+            crate::error::OpenAiError,
+            crate::error::AnthropicErrorBody,
+            crate::error::AnthropicError
+        ))
     )]
     struct Document;
     let mut document = <Document as utoipa::OpenApi>::openapi();

@@ -139,3 +139,35 @@ async fn streams_are_documented_as_events_carrying_json_chunks() {
         "#/components/schemas/ChatChunk"
     );
 }
+
+/// Every `$ref` below `value`, in document order.
+fn references(value: &serde_json::Value, found: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, child) in map {
+                match (key.as_str(), child.as_str()) {
+                    ("$ref", Some(target)) => found.push(target.to_owned()),
+                    _ => references(child, found),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|item| references(item, found)),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn every_schema_the_spec_refers_to_is_defined_in_it() {
+    let spec = get(&app(), "/openapi.json").await.json();
+    let mut found = Vec::new();
+    references(&spec, &mut found);
+    assert!(!found.is_empty());
+    let undefined: BTreeSet<&String> = found
+        .iter()
+        .filter(|target| {
+            let pointer = target.trim_start_matches('#');
+            spec.pointer(pointer).is_none()
+        })
+        .collect();
+    assert!(undefined.is_empty(), "undefined references: {undefined:?}");
+}
