@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tandem_bench import hostile_run, overhead_run, soak_run
+from tandem_bench import hostile_run, overhead_run, soak_run, speculative_run
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass; "
         "`tandem-bench soak --help`: a long run at half capacity with cancellations, watching memory and KV usage; "
         "`tandem-bench hostile --help`: what floods of hostile requests cost a concurrent stream and the router's "
-        "memory.",
+        "memory; `tandem-bench speculative --help`: single-stream speed with and without speculative decoding.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return soak_run.main(arguments[1:])
     if arguments[:1] == ["hostile"]:
         return hostile_run.main(arguments[1:])
+    if arguments[:1] == ["speculative"]:
+        return speculative_run.main(arguments[1:])
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
     try:

@@ -132,6 +132,12 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add.value(
         "--async-scheduling", bool_value, True, "plan and send the next step while the shards run the current one"
     )
+    add.value(
+        "--speculate",
+        int,
+        0,
+        "speculative decoding: draft tokens per decode step, proposed from the request's own text; 0: off",
+    )
 
 
 def _add_supervision_flags(add: FlagAdder) -> None:

@@ -73,6 +73,8 @@ class LauncherConfig:
     prefix_caching: bool = True
     # The router sends step N+1 before step N has answered.
     async_scheduling: bool = True
+    # Draft tokens per decode step (speculative decoding); 0: off.
+    speculate: int = 0
     kv_cache_memory: str = "1GiB"
     # The KV cache's dtype, in which attention computes; "auto": the model's dtype.
     kv_cache_dtype: str = "auto"
@@ -233,6 +235,7 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--max-top-n-tokens": config.max_top_n_tokens,
         "--responses-store-max-entries": config.responses_store_max_entries,
         "--responses-store-max-bytes": config.responses_store_max_bytes,
+        "--speculate": config.speculate,
         **bound_flags(config, positive=False),
     }
     problems += [f"{flag} must not be negative, got {value}" for flag, value in api_counts.items() if value < 0]

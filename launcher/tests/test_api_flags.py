@@ -66,6 +66,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         (["--payload-limit", "0"], "--payload-limit must be positive"),
         (["--max-client-batch-size", "-1"], "--max-client-batch-size must be positive"),
         (["--max-stop-sequences", "-1"], "--max-stop-sequences must not be negative"),
+        (["--speculate", "-1"], "--speculate must not be negative"),
         (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
         (["--generation-config", "vllm"], "--generation-config"),
     ],

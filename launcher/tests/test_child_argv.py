@@ -92,3 +92,9 @@ def test_router_argv_says_whether_scheduling_is_asynchronous(enabled: bool, word
     config = LauncherConfig(async_scheduling=enabled, commands=COMMANDS)
     argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
     assert flag_values(argv)["--async-scheduling"] == [word]
+
+
+def test_router_argv_carries_the_speculative_draft_count() -> None:
+    config = LauncherConfig(speculate=4, commands=COMMANDS)
+    argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
+    assert flag_values(argv)["--speculate"] == ["4"]

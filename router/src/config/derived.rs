@@ -92,6 +92,7 @@ impl RouterConfig {
             default_sampling,
             validation_workers: VALIDATION_WORKERS,
             block_size: limits.block_size,
+            speculate: limits.speculate,
             kv_cache_blocks: num_blocks,
             kv_cache_tokens: num_blocks * limits.block_size,
             router: "tandem-router",

@@ -52,6 +52,9 @@ pub(crate) struct Sequence {
     /// Whether the whole prompt is computed and its full blocks are in the prefix cache.
     pub prompt_published: bool,
     pub arrived_at: Instant,
+    /// Tokens to generate without drafts before drafting is tried again (after drafts that were
+    /// all refused, or when its text offered none).
+    pub draft_pause: usize,
 }
 
 impl Sequence {
@@ -78,6 +81,7 @@ impl Sequence {
             leader: None,
             prompt_published: false,
             arrived_at: Instant::now(),
+            draft_pause: 0,
         }
     }
 
@@ -107,10 +111,10 @@ impl Sequence {
             .map_or(self.num_computed, |span| span.computed_before)
     }
 
-    /// Whether its next step may carry drafts: a decode whose last token is known, with no
-    /// sampling input the shards build from its tokens (grammar, penalties, bias) and no prompt
-    /// logprobs. Returns how many more tokens it may generate after the next one.
-    pub fn draft_room(&self) -> usize {
+    /// Whether it decodes with drafts now: it has no sampling input the shards build from its
+    /// tokens (grammar, penalties, bias), no prompt logprobs, and no pause. Such a request waits
+    /// for its token in flight instead of being scheduled behind it, so its next step can draft.
+    pub fn drafts_now(&self) -> bool {
         let sampling = &self.sampling;
         let reads_tokens = self.grammar.is_some()
             || sampling.repetition_penalty != 1.0
@@ -118,14 +122,16 @@ impl Sequence {
             || sampling.presence_penalty != 0.0
             || !sampling.logit_bias.is_empty();
         let generated = self.tokens.len() - self.prompt_len;
-        if reads_tokens
-            || self.logprobs.prompt_logprobs
-            || !self.pending.is_empty()
-            || generated == 0
-            || self.remaining() != 1
-        {
+        !reads_tokens && !self.logprobs.prompt_logprobs && generated > 0 && self.draft_pause == 0
+    }
+
+    /// How many drafts its next step may carry: none unless it drafts now and its last token is
+    /// known; never past its last allowed token.
+    pub fn draft_room(&self) -> usize {
+        if !self.drafts_now() || !self.pending.is_empty() || self.remaining() != 1 {
             return 0;
         }
+        let generated = self.tokens.len() - self.prompt_len;
         (self.stopping.max_new_tokens as usize).saturating_sub(generated + 1)
     }
 

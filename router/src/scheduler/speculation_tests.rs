@@ -1,6 +1,8 @@
 //! Speculative decoding in the scheduler: drafts from the request's own tokens, kept by the
 //! fake shard where they equal its model's tokens, change no output and leak no block.
 
+use std::collections::VecDeque;
+
 use super::fake_shard::FakeShard;
 use super::request::{GenerationRequest, StoppingParams};
 use super::state::SchedulerState;
@@ -31,10 +33,37 @@ fn expected(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> Ve
     tokens.split_off(prompt.len())
 }
 
+/// Plans up to two steps ahead of the answers, as the step loop does with async scheduling.
+fn run_pipelined(state: &mut SchedulerState, shard: &mut FakeShard) {
+    let mut answers = VecDeque::new();
+    for _ in 0..10_000 {
+        while answers.len() < 2 {
+            let Some(step) = state.schedule() else {
+                break;
+            };
+            answers.push_back(shard.step(step));
+        }
+        let Some(answer) = answers.pop_front() else {
+            return;
+        };
+        state.apply(answer);
+    }
+    panic!("the scheduler never went idle");
+}
+
 /// Outputs of three requests run together, and the steps they took.
 fn run(model: fn(&[u32]) -> u32, max_drafts: usize) -> (Vec<Vec<u32>>, usize, SchedulerState) {
+    run_with(model, max_drafts, 1)
+}
+
+fn run_with(
+    model: fn(&[u32]) -> u32,
+    max_drafts: usize,
+    steps_in_flight: usize,
+) -> (Vec<Vec<u32>>, usize, SchedulerState) {
     let mut state = SchedulerState::new(SchedulerConfig {
         max_drafts,
+        steps_in_flight,
         ..config(64, 16)
     });
     let mut shard = FakeShard::new(4);
@@ -45,7 +74,11 @@ fn run(model: fn(&[u32]) -> u32, max_drafts: usize) -> (Vec<Vec<u32>>, usize, Sc
         .zip(0..)
         .map(|(prompt, id)| submit(&mut state, id, request(prompt, 13)))
         .collect();
-    run_until_idle(&mut state, &mut shard);
+    if steps_in_flight == 1 {
+        run_until_idle(&mut state, &mut shard);
+    } else {
+        run_pipelined(&mut state, &mut shard);
+    }
     shard.assert_shared_blocks_agree();
     let outputs = receivers.iter_mut().map(tokens_of).collect();
     for (prompt, output) in prompts.iter().zip(&outputs) {
@@ -80,4 +113,29 @@ fn drafts_never_reach_past_the_last_allowed_token() {
     // 13 new tokens: a decode with 2 left may carry 1 draft, the last token none.
     let (outputs, _, _) = run(periodic, 8);
     assert!(outputs.iter().all(|output| output.len() == 13));
+}
+
+#[test]
+fn with_two_steps_in_flight_a_drafting_request_waits_for_its_token_and_still_gains() {
+    let (plain, plain_steps, _) = run_with(periodic, 0, 2);
+    let (drafted, drafted_steps, state) = run_with(periodic, 4, 2);
+    assert_eq!(drafted, plain);
+    assert!(
+        drafted_steps * 2 < plain_steps,
+        "{drafted_steps} steps with drafts, {plain_steps} without"
+    );
+    assert_eq!(state.pool().used(), 0);
+}
+
+#[test]
+fn refused_drafts_pause_drafting_and_two_steps_stay_in_flight() {
+    let (plain, plain_steps, _) = run_with(super::fake_shard::model, 0, 2);
+    let (drafted, drafted_steps, state) = run_with(super::fake_shard::model, 4, 2);
+    assert_eq!(drafted, plain);
+    // Each refusal or empty proposal costs at most a step before a pause of several tokens.
+    assert!(
+        drafted_steps <= plain_steps + plain_steps / 2,
+        "{drafted_steps} steps with drafts, {plain_steps} without"
+    );
+    assert_eq!(state.pool().used(), 0);
 }

@@ -233,6 +233,7 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         default_sampling: config.default_sampling,
         validation_workers: 512,
         block_size: 16,
+        speculate: 0,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
         router: "tandem-router",

@@ -15,6 +15,12 @@ use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::pb;
 
+/// Tokens a request generates without drafts (two steps in flight) after drafts that were all
+/// refused, and after its text offered none: drafting costs it every other step, which pays
+/// only while drafts are kept.
+const PAUSE_AFTER_REFUSAL: usize = 8;
+const PAUSE_WITHOUT_PROPOSAL: usize = 4;
+
 /// What one step may still take.
 struct Budget {
     tokens: usize,
@@ -121,8 +127,12 @@ impl SchedulerState {
     fn schedule_running(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
         let mut index = 0;
         while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
-            if self.running[index].remaining() == 0 {
-                // Its next token depends on a step in flight that may also end it.
+            let sequence = &self.running[index];
+            let awaits_drafting =
+                self.config.max_drafts > 0 && sequence.drafts_now() && !sequence.pending.is_empty();
+            if sequence.remaining() == 0 || awaits_drafting {
+                // Its next token depends on a step in flight that may also end it, or the
+                // step after that one drafts from it.
                 index += 1;
                 continue;
             }
@@ -153,14 +163,19 @@ impl SchedulerState {
         }
     }
 
-    /// Drafts for `running[index]`'s next step, within `spare_tokens` of the step's budget.
-    fn drafts_for(&self, index: usize, spare_tokens: usize) -> Vec<u32> {
-        let sequence = &self.running[index];
+    /// Drafts for `running[index]`'s next step, within `spare_tokens` of the step's budget. A
+    /// request whose text offers none pauses drafting for a few tokens.
+    fn drafts_for(&mut self, index: usize, spare_tokens: usize) -> Vec<u32> {
+        let sequence = &mut self.running[index];
         let room = sequence
             .draft_room()
             .min(self.config.max_drafts)
             .min(spare_tokens);
-        propose_from_context(&sequence.tokens, room)
+        let drafts = propose_from_context(&sequence.tokens, room);
+        if room > 0 && drafts.is_empty() {
+            sequence.draft_pause = PAUSE_WITHOUT_PROPOSAL;
+        }
+        drafts
     }
 
     /// Grows `running[index]`'s table to cover `num_tokens` more tokens, preempting the
@@ -368,6 +383,9 @@ fn deliver_span(
     let kept = (answers.len() - 1).min(span.drafts);
     if span.drafts > 0 {
         record_drafts(span.drafts, kept);
+        sequence.draft_pause = if kept == 0 { PAUSE_AFTER_REFUSAL } else { 0 };
+    } else {
+        sequence.draft_pause = sequence.draft_pause.saturating_sub(1);
     }
     for generation in answers.into_iter().take(kept + 1) {
         if !deliver(sequence, Some(generation), forget) {
