@@ -43,6 +43,14 @@ pub fn generation(
 ) -> Result<Generation, ValidationError> {
     reject_unsupported(&request.extra, &[])?;
     let max_tokens = request_rules::required("max_tokens", request.max_tokens)?;
+    // Anthropic's range, narrower than the sampler's.
+    if let Some(temperature) = request.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return request_rules::refuse_value(
+            "temperature",
+            "between 0 and 1",
+            temperature.to_string(),
+        );
+    }
     let conversation = Conversation {
         messages: request.messages.take(),
         system: request.system.take(),

@@ -18,7 +18,7 @@ pub struct MessagesRequest {
     /// Required, as in Anthropic's API.
     #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
-    #[schema(minimum = 0.0, maximum = 100.0)]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub temperature: Option<f64>,
     #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,

@@ -142,6 +142,10 @@ async fn invalid_requests_get_anthropic_errors_and_reach_no_backend() {
             "temperature",
         ),
         (
+            r#"{"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "Hi"}]}"#,
+            "temperature",
+        ),
+        (
             r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "tools": [{"name": "f", "input_schema": {"type": "object"}}]}"#,
             "tools",
         ),
