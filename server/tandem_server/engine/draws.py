@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tandem_server.engine.launched import DraftedRow, PendingRow
-from tandem_server.engine.requests import RequestState, RequestTable
+from tandem_server.engine.requests import RequestTable
 from tandem_server.engine.step import Generation, RequestFailure
 from tandem_server.errors import FailureKind, RequestFailedError
 from tandem_server.sampling import SampledTokens
@@ -18,9 +18,6 @@ _NON_FINITE_LOGITS = "the model produced non-finite logits for this request"
 class AppliedDraws:
     generations: list[Generation]
     failures: list[RequestFailure]
-    # Drafts proposed and drafts kept, over the step's drafted rows.
-    drafted: int = 0
-    accepted: int = 0
 
 
 def apply_draws(
@@ -37,7 +34,6 @@ def apply_draws(
             # Ended by the step before this one, or forgotten or replaced by the router since: nobody waits for it.
             continue
         drafts = row.drafts if isinstance(row, DraftedRow) else ()
-        applied.drafted += len(drafts)
         for offset in range(len(drafts) + 1):
             sampler_row = row.sampler_row + offset
             token_id = sampled.token_ids[sampler_row]
@@ -58,14 +54,9 @@ def apply_draws(
                 break
             if offset == len(drafts) or token_id != drafts[offset]:
                 break
-            _keep_draft(state, applied)
+            # The draft ran at the position its equal draw now holds: its keys and values are the request's own.
+            state.num_computed += 1
     return applied
-
-
-def _keep_draft(state: RequestState, applied: AppliedDraws) -> None:
-    # The draft ran at the position its equal draw now holds: its keys and values are the request's own.
-    state.num_computed += 1
-    applied.accepted += 1
 
 
 def _raise_row_failure(
