@@ -108,17 +108,24 @@ class ModelThread:
             if open_job is not None:
                 self._execute(*open_job)
             open_job = None
-            if launched.exception() is not None:
-                job.future.set_exception(launched.exception())
+            failure = launched.exception()
+            if failure is not None:
+                if not job.future.cancelled():
+                    job.future.set_exception(failure)
             else:
                 open_job = (launched.result(), job.future)
 
     def _execute(self, run: Callable[[], Any], future: Future[Any]) -> None:
+        # Every job runs, even one whose future was cancelled: a launched step must still complete.
         self._job_started = time.monotonic()
         try:
-            future.set_result(run())
+            result = run()
         except BaseException as error:
-            future.set_exception(error)
+            if not future.cancelled():
+                future.set_exception(error)
+        else:
+            if not future.cancelled():
+                future.set_result(result)
         finally:
             self._job_started = None
             self._abandoned_since = None
