@@ -5,21 +5,17 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 mod admission;
+mod delivery;
+
+use delivery::{deliver_span, PAUSE_WITHOUT_PROPOSAL};
 
 use super::drafting::propose_from_context;
-use super::metrics::record_drafts;
-use super::outputs::{finish_reason, prompt_logprobs, request_failure, token_logprobs};
-use super::request::{GeneratedToken, GenerationEvent};
-use super::sequence::{PendingSpan, Sequence};
+use super::outputs::{prompt_logprobs, request_failure};
+use super::request::GenerationEvent;
+use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::pb;
-
-/// Tokens a request generates without drafts (two steps in flight) after drafts that were all
-/// refused, and after its text offered none: drafting costs it every other step, which pays
-/// only while drafts are kept.
-const PAUSE_AFTER_REFUSAL: usize = 8;
-const PAUSE_WITHOUT_PROPOSAL: usize = 4;
 
 /// What one step may still take.
 struct Budget {
@@ -364,57 +360,4 @@ impl SchedulerState {
         self.config.num_blocks = num_blocks;
         true
     }
-}
-
-/// Hands a sampling span's answer to its request; `false` when the request has ended (its
-/// last token, or no token at all, which fails it and asks the shards to forget it).
-/// Delivers a sampling span's generations: one, or for a drafted span the drafts the shards kept
-/// and one more. False when the request ended.
-fn deliver_span(
-    sequence: &mut Sequence,
-    span: &PendingSpan,
-    answers: Option<Vec<pb::Generation>>,
-    forget: &mut Vec<u64>,
-) -> bool {
-    let Some(answers) = answers.filter(|answers| !answers.is_empty()) else {
-        return deliver(sequence, None, forget);
-    };
-    // Beyond its drafts and one more token the shards cannot have drawn: ignore the excess.
-    let kept = (answers.len() - 1).min(span.drafts);
-    if span.drafts > 0 {
-        record_drafts(span.drafts, kept);
-        sequence.draft_pause = if kept == 0 { PAUSE_AFTER_REFUSAL } else { 0 };
-    } else {
-        sequence.draft_pause = sequence.draft_pause.saturating_sub(1);
-    }
-    for generation in answers.into_iter().take(kept + 1) {
-        if !deliver(sequence, Some(generation), forget) {
-            return false;
-        }
-    }
-    sequence.keep_drafts(kept);
-    true
-}
-
-fn deliver(
-    sequence: &mut Sequence,
-    generation: Option<pb::Generation>,
-    forget: &mut Vec<u64>,
-) -> bool {
-    let Some(generation) = generation else {
-        let error =
-            SchedulerError::ShardFailed(format!("no token returned for request {}", sequence.id));
-        sequence.notify(GenerationEvent::Error(error));
-        forget.push(sequence.id);
-        return false;
-    };
-    let finish = finish_reason(generation.finish_reason);
-    sequence.tokens.push(generation.token_id);
-    sequence.notify(GenerationEvent::Token(GeneratedToken {
-        id: generation.token_id,
-        logprob: generation.logprob,
-        top_logprobs: token_logprobs(generation.top_logprobs),
-        finish,
-    }));
-    finish.is_none()
 }

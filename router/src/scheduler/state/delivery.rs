@@ -1,0 +1,67 @@
+//! Handing a step's answers to the requests that await them, and the drafting pause they set.
+
+use crate::pb;
+use crate::scheduler::metrics::record_drafts;
+use crate::scheduler::outputs::{finish_reason, token_logprobs};
+use crate::scheduler::request::{GeneratedToken, GenerationEvent};
+use crate::scheduler::sequence::{PendingSpan, Sequence};
+use crate::scheduler::SchedulerError;
+
+/// Tokens a request generates without drafts (two steps in flight) after drafts that were all
+/// refused, and after its text offered none: drafting costs it every other step, which pays
+/// only while drafts are kept.
+const PAUSE_AFTER_REFUSAL: usize = 8;
+pub(super) const PAUSE_WITHOUT_PROPOSAL: usize = 4;
+
+/// Delivers a sampling span's generations: one, or for a drafted span the drafts the shards kept
+/// and one more. False when the request ended.
+pub(super) fn deliver_span(
+    sequence: &mut Sequence,
+    span: &PendingSpan,
+    answers: Option<Vec<pb::Generation>>,
+    forget: &mut Vec<u64>,
+) -> bool {
+    let Some(answers) = answers.filter(|answers| !answers.is_empty()) else {
+        return deliver(sequence, None, forget);
+    };
+    // Beyond its drafts and one more token the shards cannot have drawn: ignore the excess.
+    let kept = (answers.len() - 1).min(span.drafts);
+    if span.drafts > 0 {
+        record_drafts(span.drafts, kept);
+        sequence.draft_pause = if kept == 0 { PAUSE_AFTER_REFUSAL } else { 0 };
+    } else {
+        sequence.draft_pause = sequence.draft_pause.saturating_sub(1);
+    }
+    for generation in answers.into_iter().take(kept + 1) {
+        if !deliver(sequence, Some(generation), forget) {
+            return false;
+        }
+    }
+    sequence.keep_drafts(kept);
+    true
+}
+
+/// Hands a sampling span's answer to its request; `false` when the request has ended (its
+/// last token, or no token at all, which fails it and asks the shards to forget it).
+fn deliver(
+    sequence: &mut Sequence,
+    generation: Option<pb::Generation>,
+    forget: &mut Vec<u64>,
+) -> bool {
+    let Some(generation) = generation else {
+        let error =
+            SchedulerError::ShardFailed(format!("no token returned for request {}", sequence.id));
+        sequence.notify(GenerationEvent::Error(error));
+        forget.push(sequence.id);
+        return false;
+    };
+    let finish = finish_reason(generation.finish_reason);
+    sequence.tokens.push(generation.token_id);
+    sequence.notify(GenerationEvent::Token(GeneratedToken {
+        id: generation.token_id,
+        logprob: generation.logprob,
+        top_logprobs: token_logprobs(generation.top_logprobs),
+        finish,
+    }));
+    finish.is_none()
+}
