@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::response::{stop_reason, tool_use_id};
-use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
+use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
 
 /// The block being streamed.
@@ -50,11 +50,7 @@ impl MessageEvents {
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
-        let body = match self.tool_output.as_mut() {
-            Some(output) => output.push(text),
-            None if text.is_empty() => DeltaBody::Nothing,
-            None => DeltaBody::Content(text),
-        };
+        let body = route_text(self.tool_output.as_mut(), text);
         match body {
             DeltaBody::Nothing => {}
             DeltaBody::Content(text) => {

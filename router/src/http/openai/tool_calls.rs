@@ -193,6 +193,15 @@ pub enum DeltaBody {
     ToolCalls(Vec<Value>),
 }
 
+/// Routes `text` through `output` when the request may call tools, else to plain content.
+pub fn route_text(output: Option<&mut ChoiceOutput>, text: String) -> DeltaBody {
+    match output {
+        Some(output) => output.push(text),
+        None if text.is_empty() => DeltaBody::Nothing,
+        None => DeltaBody::Content(text),
+    }
+}
+
 impl ChoiceOutput {
     /// `Calls` from the start when a call is required, else undecided.
     pub fn new(call_required: bool) -> Self {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
 use crate::error::{error_body, Api, AppError};
-use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
+use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
 
 /// Renders one response's events; every method returns the events to send, in order.
@@ -53,11 +53,7 @@ impl ResponseEvents {
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
-        let body = match self.tool_output.as_mut() {
-            Some(output) => output.push(text),
-            None if text.is_empty() => DeltaBody::Nothing,
-            None => DeltaBody::Content(text),
-        };
+        let body = route_text(self.tool_output.as_mut(), text);
         match body {
             DeltaBody::Nothing => {}
             DeltaBody::Content(text) => {
