@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from hub_standin import HubStandin
 from hub_standin_repos import StandinRepo, synthetic_repo
 
@@ -57,6 +58,15 @@ def run_download(
 def child_env(hf_home: Path, endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     environ = {name: value for name, value in os.environ.items() if name not in HUB_VARIABLES}
     return {**environ, "HF_HOME": str(hf_home), "HF_ENDPOINT": endpoint, **(extra or {})}
+
+
+def point_launcher_at(monkeypatch: pytest.MonkeyPatch, hf_home: Path, endpoint: str) -> None:
+    """The launcher started in-process reads the Hub at `endpoint` with `hf_home` as its cache, and no other
+    Hub variable of this environment."""
+    for name in HUB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
 
 
 def snapshot_of(hf_home: Path, repo_id: str) -> Path:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from hub_download_testing import (
-    HUB_VARIABLES,
     SERVED,
     child_env,
     last_line,
+    point_launcher_at,
     run_download,
     snapshot_of,
     standin_with_repos,
@@ -241,10 +241,7 @@ def test_a_gguf_repo_fetches_only_the_named_file_and_hands_it_to_the_converter(
 def test_the_launcher_downloads_a_missing_repo_then_starts(
     standin: HubStandin, tmp_path: Path, launch_fakes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in HUB_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", standin.url)
+    point_launcher_at(monkeypatch, tmp_path / "hf", standin.url)
     launch = launch_fakes(model_id="acme/tiny", model_cache_dir=str(tmp_path / "models"))
     launch.wait_for_output("Tandem is ready")
     assert "fetching 5 of 5 files (4.0 MiB) of acme/tiny" in launch.output

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hub_download_testing import (
     GOOD_TOKEN,
-    HUB_VARIABLES,
     NO_ACCESS_TOKEN,
     closed_port_url,
     last_line,
+    point_launcher_at,
     run_download,
     snapshot_of,
     standin_with_repos,
@@ -117,10 +117,7 @@ def test_too_little_disk_space_is_refused_before_any_byte_is_fetched(standin: Hu
 def test_the_launcher_ends_with_the_download_error_as_its_last_line(
     standin: HubStandin, tmp_path: Path, launch_fakes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in HUB_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", standin.url)
+    point_launcher_at(monkeypatch, tmp_path / "hf", standin.url)
     launch = launch_fakes(model_id="acme/gated", model_cache_dir=str(tmp_path / "models"))
     assert launch.finish() == 1
     assert launch.lines[-1].endswith(
