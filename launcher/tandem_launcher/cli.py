@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tandem_launcher.cluster import add_cluster_flags
 from tandem_launcher.config import (
     ATTENTION_BACKENDS,
     DEFAULT_MODEL_CACHE_DIR,
@@ -58,6 +59,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add = FlagAdder(parser, environ)
     _add_model_flags(add)
     _add_device_flags(add)
+    add_cluster_flags(add, environ)
     _add_server_flags(add)
     _add_scheduling_flags(add)
     _add_execution_flags(add)
@@ -92,7 +94,12 @@ def _add_model_flags(add: FlagAdder) -> None:
 
 def _add_device_flags(add: FlagAdder) -> None:
     """How many shards run, on which device, in which dtype."""
-    add.value("--num-shard", int, None, "tensor-parallel shards; derived: visible GPUs on CUDA, else 1")
+    add.value(
+        "--num-shard",
+        int,
+        None,
+        "tensor-parallel shards across all nodes; derived: visible GPUs (times --nnodes) on CUDA, else --nnodes",
+    )
     add.value("--device", str, "auto", "device the shards run on; auto: cuda when a GPU is visible", choices=DEVICES)
     add.value(
         "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
@@ -279,7 +286,10 @@ def parse_config(
     values["api_key_file"] = tuple(Path(path).expanduser() for path in values["api_key_file"])
     gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
     values["device"] = resolve_device(values["device"], gpus)
-    values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus)
+    values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus, values["nnodes"])
+    if values["cluster_secret_file"] is not None:
+        values["cluster_secret_file"] = Path(values["cluster_secret_file"]).expanduser()
+    values["worker_addr"] = tuple(address for given in values["worker_addr"] for address in key_list(given))
     values["block_size"], values["block_size_reason"] = choose_block_size(
         values["block_size"], values["attention_backend"]
     )

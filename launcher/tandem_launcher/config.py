@@ -8,6 +8,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem_launcher.cluster import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RENDEZVOUS_TIMEOUT_S,
+    DEFAULT_SHARD_GRPC_PORT,
+    NodeLayout,
+    cluster_problems,
+)
+
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,7 +66,17 @@ class LauncherConfig:
     gguf_file: str | None = None
     # The Hugging Face token for the launcher's own download (never passed to a child); None: HF_TOKEN.
     hf_token_file: Path | None = None
+    # Tensor-parallel ranks across every node; each of the `nnodes` nodes runs num_shard / nnodes of them.
     num_shard: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int = DEFAULT_MASTER_PORT
+    shard_grpc_port: int = DEFAULT_SHARD_GRPC_PORT
+    cluster_secret_file: Path | None = None
+    # Worker node addresses in node order (node 1 first); empty: derived from master_addr (LeaderWorkerSet names).
+    worker_addr: tuple[str, ...] = ()
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
     device: str = "cpu"
     dtype: str = "auto"
     hostname: str = "127.0.0.1"
@@ -138,6 +157,16 @@ class LauncherConfig:
         if problems:
             raise ValueError("; ".join(problems))
 
+    @property
+    def layout(self) -> NodeLayout:
+        """The global ranks this node runs."""
+        return NodeLayout(self.node_rank, self.num_shard // self.nnodes)
+
+    @property
+    def is_leader(self) -> bool:
+        """Node 0 runs the router; the others run only their ranks."""
+        return self.node_rank == 0
+
 
 def choose_block_size(block_size: int | None, attention_backend: str) -> tuple[int, str]:
     """Tokens per KV block and why: the user's --block-size, else what the attention backend can page."""
@@ -211,6 +240,7 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--shard-health-timeout": config.shard_health_timeout,
         "--max-queue-time": config.max_queue_time,
         "--step-timeout": config.step_timeout,
+        "--rendezvous-timeout": config.rendezvous_timeout,
     }
     problems += [f"{flag} must be positive, got {value}" for flag, value in positive.items() if value <= 0]
     optional_positive = {
@@ -243,6 +273,7 @@ def _problems(config: LauncherConfig) -> list[str]:
         problems.append(f"--chat-template must be a readable file, got {str(config.chat_template)!r}")
     problems += _api_key_problems(config)
     problems += _model_source_problems(config)
+    problems += _cluster_problems(config)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:
@@ -268,6 +299,27 @@ def _problems(config: LauncherConfig) -> list[str]:
     if not is_memory_size(config.kv_cache_memory):
         problems.append(f"--kv-cache-memory must be a size such as 1GiB or 512MB, got {config.kv_cache_memory!r}")
     return problems
+
+
+def _cluster_problems(config: LauncherConfig) -> list[str]:
+    local = config.num_shard // max(1, config.nnodes)
+    problems = []
+    if config.worker_addr and len(config.worker_addr) != config.nnodes - 1:
+        problems.append(
+            f"--worker-addr is given {len(config.worker_addr)} time(s); --nnodes {config.nnodes} needs one per worker "
+            f"node ({config.nnodes - 1})"
+        )
+    return problems + cluster_problems(
+        num_shard=config.num_shard,
+        nnodes=config.nnodes,
+        node_rank=config.node_rank,
+        ports={
+            "--master-port": config.master_port,
+            "--shard-grpc-port": config.shard_grpc_port,
+            "--shard-grpc-port + local ranks - 1": config.shard_grpc_port + max(local, 1) - 1,
+        },
+        secret_file=config.cluster_secret_file,
+    )
 
 
 def _cuda_problems(config: LauncherConfig) -> list[str]:

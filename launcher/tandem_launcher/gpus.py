@@ -25,8 +25,8 @@ def resolve_device(requested: str, count_gpus: Callable[[], int]) -> str:
     return "cuda" if count_gpus() > 0 else "cpu"
 
 
-def resolve_num_shard(requested: int | None, device: str, count_gpus: Callable[[], int]) -> int:
-    """An unset `--num-shard` is one shard per visible GPU on CUDA and one shard on CPU."""
+def resolve_num_shard(requested: int | None, device: str, count_gpus: Callable[[], int], nnodes: int = 1) -> int:
+    """An unset `--num-shard` is one shard per visible GPU on CUDA and one shard on CPU, on each of `nnodes` nodes."""
     if requested is not None:
         return requested
-    return max(1, count_gpus()) if device == "cuda" else 1
+    return (max(1, count_gpus()) if device == "cuda" else 1) * max(1, nnodes)
