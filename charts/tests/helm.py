@@ -45,6 +45,29 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("autoscaling.enabled=true", "modelCache.existingClaim=shared-models", "extraArgs={--log-requests}"),
     ),
+    # Two pods of 4 GPUs per group (TP = 8) as a LeaderWorkerSet, behind an InferencePool and its endpoint picker.
+    "multi-node": (
+        (),
+        (
+            "multiNode.size=2",
+            "numShard=4",
+            "replicaCount=2",
+            "secrets.apiKey.existingSecret=tandem-api-key",
+            "metrics.serviceMonitor.enabled=true",
+            "inferencePool.enabled=true",
+        ),
+    ),
+    # Replicas of one pod each behind an InferencePool whose endpoint picker runs two replicas (leader election).
+    "inference-pool": (
+        (),
+        (
+            "replicaCount=3",
+            "inferencePool.enabled=true",
+            "inferencePool.failureMode=FailClose",
+            "inferencePool.endpointPicker.replicas=2",
+            "autoscaling.enabled=true",
+        ),
+    ),
 }
 
 
@@ -64,6 +87,20 @@ def render(helm: str, value_set: str) -> list[dict[str, Any]]:
         argv += ["--set", override]
     rendered = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return [document for document in yaml.safe_load_all(rendered) if document]
+
+
+def serving_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod template where the router runs: the Deployment's, or the LeaderWorkerSet's leader template."""
+    groups = objects_of_kind(objects, "LeaderWorkerSet")
+    if groups:
+        (group,) = groups
+        return group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    (deployment,) = [
+        candidate
+        for candidate in objects_of_kind(objects, "Deployment")
+        if candidate["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "tandem"
+    ]
+    return deployment["spec"]["template"]
 
 
 def objects_of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -11,18 +11,18 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helm import CHART, VALUE_SETS, objects_of_kind
-from tandem_launcher.cli import parse_config
+from helm import CHART, VALUE_SETS, objects_of_kind, serving_pod
+from launcher_args import launcher_config
 from tandem_launcher.download import build_download_parser
 
 KUBERNETES_VERSION = "1.36.0"
-# Prometheus-operator kinds: no Kubernetes schema; their PromQL is checked with promtool instead.
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# Custom resources: no Kubernetes schema. The prometheus-operator's PromQL is checked with promtool; the
+# LeaderWorkerSet and the InferencePool against their CRDs in test_custom_resources.py.
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "LeaderWorkerSet", "InferencePool"}
 
 
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (deployment,) = objects_of_kind(objects, "Deployment")
-    (tandem,) = deployment["spec"]["template"]["spec"]["containers"]
+    (tandem,) = serving_pod(objects)["spec"]["containers"]
     return tandem
 
 
@@ -53,16 +53,16 @@ def test_rendered_args_are_accepted_by_the_launcher_parser(
 ) -> None:
     tandem = container(rendered[value_set])
     assert tandem["command"] == ["tandem-launcher"]
-    config = parse_config(tandem["args"], {})
+    config = launcher_config(tandem["args"])
     assert config.hostname == "0.0.0.0"
     assert config.port == tandem["ports"][0]["containerPort"]
-    shard_ports = [port["containerPort"] for port in tandem["ports"][1:]]
-    assert shard_ports == [config.shard_metrics_port + rank for rank in range(config.num_shard)]
+    shard_ports = [port["containerPort"] for port in tandem["ports"] if port["name"].startswith("shard-")]
+    local_ranks = config.num_shard // config.nnodes
+    assert shard_ports == [config.shard_metrics_port + rank for rank in range(local_ranks)]
 
 
 def init_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    (deployment,) = objects_of_kind(objects, "Deployment")
-    return deployment["spec"]["template"]["spec"].get("initContainers", [])
+    return serving_pod(objects)["spec"].get("initContainers", [])
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -70,7 +70,7 @@ def test_a_repo_id_is_downloaded_by_an_init_container_with_the_launchers_model_f
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
     tandem = container(rendered[value_set])
-    served = parse_config(tandem["args"], {})
+    served = launcher_config(tandem["args"])
     downloads = init_containers(rendered[value_set])
     if value_set in ("cpu", "air-gapped"):  # the embedded model, or a model already in the PVC
         assert downloads == []
@@ -89,7 +89,7 @@ def test_air_gapped_values_serve_from_the_existing_claim_without_the_hub(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     tandem = container(rendered["air-gapped"])
-    config = parse_config(tandem["args"], {})
+    config = launcher_config(tandem["args"])
     assert (config.model_id, config.revision) == (
         "HuggingFaceTB/SmolLM2-1.7B-Instruct",
         "0123456789abcdef0123456789abcdef01234567",
@@ -103,7 +103,7 @@ def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: di
     objects = rendered["gpu-4-shard"]
     tandem = container(objects)
     assert tandem["resources"]["limits"]["nvidia.com/gpu"] == 4
-    config = parse_config(tandem["args"], {})
+    config = launcher_config(tandem["args"])
     assert (config.num_shard, config.model_id, config.revision, config.max_total_tokens) == (
         4,
         "meta-llama/Llama-3.1-70B-Instruct",
@@ -133,7 +133,7 @@ def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: di
 def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, list[dict[str, Any]]]) -> None:
     tandem = container(rendered["cpu"])
     assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
-    config = parse_config(tandem["args"], {})
+    config = launcher_config(tandem["args"])
     assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "float32", "512MiB")
     assert config.kv_cache_dtype == "auto"
     assert "--model-id" not in tandem["args"]
@@ -143,15 +143,14 @@ def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, 
 def test_pod_is_hardened_and_drains_before_it_is_killed(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
-    (deployment,) = objects_of_kind(rendered[value_set], "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+    pod = serving_pod(rendered[value_set])["spec"]
     tandem = container(rendered[value_set])
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert tandem["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert tandem["securityContext"]["readOnlyRootFilesystem"] is True
     pre_stop = int(tandem["lifecycle"]["preStop"]["exec"]["command"][1])
-    drain = parse_config(tandem["args"], {}).graceful_termination_timeout
+    drain = launcher_config(tandem["args"]).graceful_termination_timeout
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain
     shm = next(volume for volume in pod["volumes"] if volume["name"] == "shm")
     assert shm["emptyDir"]["medium"] == "Memory"

@@ -63,8 +63,39 @@ true
 {{- include "tandem.modelArgs" . }}
 {{- end -}}
 
-{{/* tandem-launcher's argv, one flag per line; charts/tests checks it against the launcher's own parser. */}}
+{{/* "true" when the chart renders a LeaderWorkerSet of multiNode.size pods per group instead of the Deployment. */}}
+{{- define "tandem.multiNode" -}}
+{{- if gt (int .Values.multiNode.size) 1 -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Ranks of the whole tensor-parallel group: numShard per pod times the pods of a group. */}}
+{{- define "tandem.totalShards" -}}
+{{- mul (int .Values.numShard) (max 1 (int .Values.multiNode.size)) -}}
+{{- end -}}
+
+{{/* Labels that select only the pods where the router runs: all pods, or the leader of each LeaderWorkerSet group. */}}
+{{- define "tandem.servingSelectorLabels" -}}
+{{ include "tandem.selectorLabels" . }}
+{{- if include "tandem.multiNode" . }}
+leaderworkerset.sigs.k8s.io/worker-index: "0"
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.clusterSecretName" -}}
+{{- .Values.multiNode.clusterSecret.existingSecret | default (printf "%s-cluster" (include "tandem.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tandem.clusterSecretPath" -}}
+/etc/tandem/cluster/{{ .Values.multiNode.clusterSecret.key }}
+{{- end -}}
+
+{{/* tandem-launcher's argv, one flag per line; charts/tests checks it against the launcher's own parser.
+     Called with (dict "root" $ "role" "single"|"leader"|"worker"). */}}
 {{- define "tandem.launcherArgs" -}}
+{{- $role := .role -}}
+{{- with .root -}}
 {{- $limits := .Values.limits -}}
 {{- if .Values.model.id }}
 - --model-id
@@ -72,7 +103,7 @@ true
 {{- end }}
 {{- include "tandem.modelArgs" . }}
 - --num-shard
-- {{ .Values.numShard | quote }}
+- {{ include "tandem.totalShards" . | quote }}
 - --device
 - {{ .Values.device | quote }}
 - --dtype
@@ -107,7 +138,67 @@ true
 - --kv-cache-memory
 - {{ $limits.kvCacheMemory | quote }}
 {{- end }}
+{{- if include "tandem.multiNode" . }}
+{{- include "tandem.multiNodeArgs" (dict "root" . "role" $role) }}
+{{- end }}
+{{- if and .Values.kvEvents.enabled (ne $role "worker") }}
+{{- include "tandem.kvEventsArgs" . }}
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The group's shape; the master address and a worker's rank come from LWS_LEADER_ADDRESS and LWS_WORKER_INDEX,
+     which LWS injects and the launcher reads when the flags are absent. The secret is a file, never on argv. */}}
+{{- define "tandem.multiNodeArgs" -}}
+{{- with .root }}
+- --nnodes
+- {{ .Values.multiNode.size | quote }}
+{{- end }}
+{{- if eq .role "leader" }}
+- --node-rank
+- "0"
+{{- end }}
+{{- with .root }}
+- --master-port
+- {{ .Values.multiNode.masterPort | quote }}
+- --shard-grpc-port
+- {{ .Values.multiNode.shardGrpcPort | quote }}
+- --cluster-secret-file
+- {{ include "tandem.clusterSecretPath" . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The router publishes KV-cache events on a ZMQ PUB socket (and answers replays) bound on every interface. */}}
+{{- define "tandem.kvEventsArgs" }}
+- --kv-events-endpoint
+- {{ printf "tcp://*:%d" (int .Values.kvEvents.port) | quote }}
+{{- if .Values.kvEvents.replayPort }}
+- --kv-events-replay-endpoint
+- {{ printf "tcp://*:%d" (int .Values.kvEvents.replayPort) | quote }}
+{{- end }}
+{{- if .Values.kvEvents.topic }}
+- --kv-events-topic
+- {{ .Values.kvEvents.topic | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.endpointPickerName" -}}
+{{- printf "%s-epp" (include "tandem.fullname" . | trunc 59 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* The endpoint picker's labels: distinct from Tandem's own, so no Tandem selector ever picks the picker's pod. */}}
+{{- define "tandem.endpointPickerSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-epp
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tandem.endpointPickerLabels" -}}
+{{ include "tandem.endpointPickerSelectorLabels" . }}
+app.kubernetes.io/component: endpoint-picker
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
