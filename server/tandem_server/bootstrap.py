@@ -9,17 +9,21 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.config import ShardConfig, dtype_name
-from tandem_server.distributed import init_distributed
+from tandem_server.distributed import GroupAddress, init_distributed
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
+from tandem_server.layers.quantized import kernels_unavailable_reason
+from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import model_factory
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
+from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +41,21 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     started = time.perf_counter()
     checkpoint = read_checkpoint_config(config.model_path)
     backend = choose_attention_backend(config, checkpoint)
-    parallel = init_distributed(config.rank, config.world_size, config.master_addr, config.master_port, config.device)
+    address = GroupAddress(config.master_addr, config.master_port, config.rendezvous_timeout_s)
+    parallel = init_distributed(config.rank, config.world_size, address, config.device, config.local_rank)
     device = (
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )
-    model = load_model(checkpoint, config.dtype, device, parallel, backend, config.allow_pickle_weights)
+    model = load_model(
+        checkpoint,
+        config.dtype,
+        device,
+        parallel,
+        backend,
+        config.allow_pickle_weights,
+        gguf_blocks=config.quantize is QuantizeMode.GGUF,
+    )
+    quantize_weights(model, config.quantize, device)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -61,6 +75,17 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel))
+
+
+def quantize_weights(model: torch.nn.Module, mode: QuantizeMode, device: torch.device) -> None:
+    """Turns the GEMM weights into int4/int8 as `mode` asks and logs each weight's format and the bytes they take."""
+    if mode is not QuantizeMode.NONE:
+        unavailable = kernels_unavailable_reason(device)
+        if unavailable is not None:
+            raise ConfigError(f"--quantize {mode.value}: {unavailable}")
+    started = time.perf_counter()
+    report = quantize_model(model, mode)
+    logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)
 
 
 def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:

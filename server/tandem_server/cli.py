@@ -29,8 +29,10 @@ from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
 from tandem_server.metrics import ShardMetrics
-from tandem_server.rpc.server import serve_until_signalled
+from tandem_server.rpc.cluster_auth import read_cluster_secret
+from tandem_server.rpc.server import TcpListener, serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
+from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger("tandem_server")
 
@@ -46,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--local-rank", type=int, default=None, help="rank on this node (its GPU); default: --rank")
+    parser.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=600.0,
+        help="seconds every rank may take to arrive before start-up fails naming the missing ranks",
+    )
+    parser.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC on this TCP port; 0: off")
+    parser.add_argument("--grpc-host", default="127.0.0.1", help="address the TCP gRPC port binds")
+    parser.add_argument(
+        "--cluster-secret-file", type=Path, default=None, help="file with the secret TCP callers must present"
+    )
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
     parser.add_argument(
@@ -76,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CPU: GEMM row counts (decode batch sizes) that get prepacked weights, e.g. 32 or 16,32 (float32: one "
         "MKL copy per count; bfloat16: one oneDNN copy for any batch up to 256 rows); 0 disables (default: 32 on CPU)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=[mode.value for mode in QuantizeMode],
+        default=QuantizeMode.NONE.value,
+        help="CPU: GEMM weights as int4/int8 with bfloat16 activations; gguf: the converted GGUF's Q4_0/Q4_1/Q8_0 "
+        "blocks; int8, int4: float weights quantized at load; none (default): float",
     )
     parser.add_argument(
         "--decode-mirror-memory",
@@ -133,6 +154,11 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         world_size=args.world_size,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        local_rank=args.local_rank,
+        rendezvous_timeout_s=args.rendezvous_timeout,
+        grpc_port=args.grpc_port,
+        grpc_host=args.grpc_host,
+        cluster_secret_file=args.cluster_secret_file,
         device=args.device,
         dtype=resolve_dtype(args.dtype, args.device),
         kv_cache_dtype=resolve_kv_cache_dtype(args.kv_cache_dtype),
@@ -142,6 +168,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         cuda_memory_fraction=args.cuda_memory_fraction,
         cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
         packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
+        quantize=QuantizeMode(args.quantize),
         decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
@@ -150,6 +177,13 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         step_timeout_s=args.step_timeout,
         faults=_fault_plan(args),
     )
+
+
+def tcp_listener(config: ShardConfig) -> TcpListener | None:
+    """The TCP port a router on another node calls, when --grpc-port is set."""
+    if not config.grpc_port or config.cluster_secret_file is None:
+        return None
+    return TcpListener(config.grpc_host, config.grpc_port, read_cluster_secret(config.cluster_secret_file))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     torch.set_num_threads(config.num_threads)
     try:
+        tcp = tcp_listener(config)  # an unreadable secret fails before any weight loads
         shard = load_shard(config)
         metrics = None
         if config.metrics_port:
@@ -173,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         faulty = inject_faults(shard.runner, config.faults, config.rank)
         servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, config.step_timeout_s)
         try:
-            asyncio.run(serve_until_signalled(servicer, config.uds_path))
+            asyncio.run(serve_until_signalled(servicer, config.uds_path, tcp))
         finally:
             if faulty is not None:
                 faulty.release()

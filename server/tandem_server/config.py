@@ -11,6 +11,7 @@ import torch
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan
 from tandem_server.layers.attention.selection import BACKEND_CHOICES
+from tandem_server.weights.quantization import QuantizeMode
 
 ATTENTION_BACKENDS = BACKEND_CHOICES
 # Decode batch sizes captured as CUDA graphs unless --cuda-graphs says otherwise (never on CPU).
@@ -45,6 +46,15 @@ class ShardConfig:
     world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # This rank's index on its own node (its GPU); None: `rank` (one node).
+    local_rank: int | None = None
+    # Seconds every rank may take to arrive at the rendezvous before start-up fails naming the missing ones.
+    rendezvous_timeout_s: float = 600.0
+    # A TCP port serving the same gRPC service for a router on another node (0: the Unix socket alone); calls on it
+    # must present the secret in `cluster_secret_file`.
+    grpc_port: int = 0
+    grpc_host: str = "127.0.0.1"
+    cluster_secret_file: Path | None = None
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     # The paged KV cache's (and decode mirror's) dtype; attention computes in it. None: the model's dtype.
@@ -59,6 +69,8 @@ class ShardConfig:
     # CPU only: GEMM row counts that get prepacked weights (float32: one MKL copy each; bfloat16: one oneDNN copy
     # packed for the largest); empty: dense only.
     packed_gemm_rows: tuple[int, ...] = ()
+    # CPU only: GEMM weights as int4/int8 (GGUF: the converted model's kept blocks; int8/int4: quantized at load).
+    quantize: QuantizeMode = QuantizeMode.NONE
     # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
     decode_mirror_memory: int = 0
     log_level: str = "info"
@@ -74,6 +86,8 @@ class ShardConfig:
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside world size {self.world_size}")
+        if self.grpc_port and self.cluster_secret_file is None:
+            raise ConfigError("--grpc-port needs --cluster-secret-file: TCP callers must authenticate")
         if self.device not in DEVICES:
             raise ConfigError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -106,6 +120,8 @@ class ShardConfig:
             raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
         if self.packed_gemm_rows and self.device != "cpu":
             raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
+        if self.quantize is not QuantizeMode.NONE and self.device != "cpu":
+            raise ConfigError("--quantize is a CPU option for now; use --quantize none on CUDA")
         if self.decode_mirror_memory and self.device != "cpu":
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
 

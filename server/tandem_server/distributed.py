@@ -10,10 +10,13 @@ import torch
 import torch.distributed as dist
 
 from tandem_server.errors import ConfigError
+from tandem_server.preflight import RendezvousError, await_every_rank, check_collective, where
 from tandem_server.rendezvous import bind_collectives_to_loopback, rendezvous_store
 
-# How long ranks wait for each other at the rendezvous and in a collective.
+# How long ranks wait for each other in a collective once the group has formed.
 _GROUP_TIMEOUT = timedelta(minutes=10)
+# How long ranks wait for each other to arrive, unless --rendezvous-timeout says otherwise.
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 
 
 def split_evenly(total: int, parts: int) -> list[range]:
@@ -72,26 +75,59 @@ def rank_device(rank: int, device: str, visible_cuda_devices: int) -> torch.devi
     return torch.device("cuda", rank)
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> ParallelContext:
-    """Takes this rank's device, then joins the group of `world_size` ranks at `master_addr:master_port`.
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where the ranks meet and how long they wait for each other there."""
+
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+
+
+def init_distributed(
+    rank: int,
+    world_size: int,
+    address: GroupAddress,
+    device: str,
+    local_rank: int | None = None,
+) -> ParallelContext:
+    """Takes this rank's device (by its rank on this node), joins the group of `world_size` ranks at `address`, and
+    checks that one all-reduce runs before anything else does.
 
     NCCL on CUDA (its intra-node transport needs a large /dev/shm), gloo on CPU.
     """
-    own_device = rank_device(rank, device, torch.cuda.device_count() if device == "cuda" else 0)
+    node_rank = rank if local_rank is None else local_rank
+    own_device = rank_device(node_rank, device, torch.cuda.device_count() if device == "cuda" else 0)
     if own_device.type == "cuda":
         torch.cuda.set_device(own_device)
     if world_size > 1:
-        bind_collectives_to_loopback(master_addr)
-        dist.init_process_group(
-            backend="nccl" if own_device.type == "cuda" else "gloo",
-            store=rendezvous_store(master_addr, master_port, rank, world_size, _GROUP_TIMEOUT),
-            rank=rank,
-            world_size=world_size,
-            timeout=_GROUP_TIMEOUT,
-            # Binding the group to the rank's GPU lets NCCL set up its communicator eagerly.
-            device_id=own_device if own_device.type == "cuda" else None,
-        )
+        _join_group(rank, world_size, address, own_device)
     return ParallelContext(rank=rank, world_size=world_size)
+
+
+def _join_group(rank: int, world_size: int, address: GroupAddress, own_device: torch.device) -> None:
+    backend = "nccl" if own_device.type == "cuda" else "gloo"
+    bind_collectives_to_loopback(address.master_addr)
+    place = where(address.master_addr, address.master_port, backend)
+    arrival = timedelta(seconds=address.timeout_s)
+    try:
+        store = rendezvous_store(address.master_addr, address.master_port, rank, world_size, arrival)
+    except (RuntimeError, OSError) as error:
+        raise RendezvousError(
+            f"rank {rank} could not reach {place} within {address.timeout_s:g}s (rank 0 serves it): {error}"
+        ) from error
+    await_every_rank(store, rank, world_size, address.timeout_s, place)
+    store.set_timeout(_GROUP_TIMEOUT)
+    dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=_GROUP_TIMEOUT,
+        # Binding the group to the rank's GPU lets NCCL set up its communicator eagerly.
+        device_id=own_device if own_device.type == "cuda" else None,
+    )
+    check_collective(world_size, own_device, address.timeout_s, place)
 
 
 def shutdown_distributed() -> None:

@@ -33,13 +33,23 @@ def loopback_interface() -> str:
 
 def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     """The store every rank meets at; rank 0 serves it, listening on `master_addr` alone when that is loopback."""
+    # Rank 0 does not wait for the others here: the pre-flight check waits, and names whoever is missing.
     if rank != 0 or not is_loopback(master_addr):
-        return dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout, use_libuv=False)
+        return dist.TCPStore(
+            master_addr, master_port, world_size, rank == 0, timeout, wait_for_workers=False, use_libuv=False
+        )
     family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
     listener = socket.create_server((master_addr, master_port), family=family, backlog=world_size * 4)
     # The store owns the listening socket from here on (detach hands over the descriptor).
     return dist.TCPStore(
-        master_addr, master_port, world_size, True, timeout, master_listen_fd=listener.detach(), use_libuv=False
+        master_addr,
+        master_port,
+        world_size,
+        True,
+        timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+        use_libuv=False,
     )
 
 

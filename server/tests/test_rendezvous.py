@@ -20,9 +20,9 @@ from tandem_server.rendezvous import (
 RANK_PROGRAM = """
 import json, sys
 import psutil, torch
-from tandem_server.distributed import init_distributed, shutdown_distributed
+from tandem_server.distributed import GroupAddress, init_distributed, shutdown_distributed
 rank, port = int(sys.argv[1]), int(sys.argv[2])
-context = init_distributed(rank, 2, "127.0.0.1", port, "cpu")
+context = init_distributed(rank, 2, GroupAddress("127.0.0.1", port), "cpu")
 total = context.all_reduce(torch.ones(1))
 listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == "LISTEN"})
 print(json.dumps({"sum": total.item(), "listening": listening}), flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tandem_server.distributed import ParallelContext, init_distributed, shutdown_distributed
+from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed, shutdown_distributed
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
@@ -75,7 +75,7 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
 def run_rank(rank: int, checkpoints: list[Path], port: int, out_dir: Path) -> None:
     """Runs every checkpoint on this rank and saves the results to `out_dir/rank{rank}.pt`."""
     torch.set_num_threads(1)
-    parallel = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, "cpu")
+    parallel = init_distributed(rank, WORLD_SIZE, GroupAddress("127.0.0.1", port), "cpu")
     try:
         results = {checkpoint.name: run_checkpoint(checkpoint, parallel) for checkpoint in checkpoints}
         torch.save(results, out_dir / f"rank{rank}.pt")
