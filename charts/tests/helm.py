@@ -77,16 +77,26 @@ def helm_binary() -> str:
     return built.stdout.strip()
 
 
-def render(helm: str, value_set: str) -> list[dict[str, Any]]:
-    """`helm template` of one value set, as parsed objects (empty documents dropped)."""
-    files, overrides = VALUE_SETS[value_set]
+def template(helm: str, files: tuple[str, ...], overrides: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart with values files of the chart and --set overrides, whatever its outcome."""
     argv = [helm, "template", "tandem", str(CHART), "--namespace", "serving"]
     for name in files:
         argv += ["-f", str(CHART / name)]
     for override in overrides:
         argv += ["--set", override]
-    rendered = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return [document for document in yaml.safe_load_all(rendered) if document]
+    return subprocess.run(argv, check=False, capture_output=True, text=True)
+
+
+def render_values(helm: str, files: tuple[str, ...], overrides: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rendered objects (empty documents dropped); a chart that refuses the values fails with helm's words."""
+    rendered = template(helm, files, overrides)
+    assert rendered.returncode == 0, rendered.stderr
+    return [document for document in yaml.safe_load_all(rendered.stdout) if document]
+
+
+def render(helm: str, value_set: str) -> list[dict[str, Any]]:
+    """`helm template` of one value set, as parsed objects."""
+    return render_values(helm, *VALUE_SETS[value_set])
 
 
 def serving_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
