@@ -183,6 +183,10 @@ leaderworkerset.sigs.k8s.io/worker-index: "0"
 - --kv-events-topic
 - {{ .Values.kvEvents.topic | quote }}
 {{- end }}
+{{- if .Values.kvEvents.hashSeed }}
+- --kv-events-hash-seed
+- {{ .Values.kvEvents.hashSeed | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "tandem.endpointPickerName" -}}

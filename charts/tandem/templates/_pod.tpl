@@ -39,6 +39,13 @@ containers:
             name: {{ .Values.secrets.apiKey.existingSecret }}
             key: {{ .Values.secrets.apiKey.key }}
       {{- end }}
+      {{- if and $routes .Values.kvEvents.enabled }}
+      # Lets kvEvents.topic name the pod, as llm-d's subscribers expect: "kv@$(POD_IP):<port>@<model>".
+      - name: POD_IP
+        valueFrom:
+          fieldRef:
+            fieldPath: status.podIP
+      {{- end }}
     ports:
       {{- include "tandem.containerPorts" (dict "root" . "role" $role) | nindent 6 }}
     {{- if $routes }}
