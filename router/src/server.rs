@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::scheduler::{self, RecoveryConfig};
-use crate::shard::{ModelInfo, ShardError, ShardFleet, WarmupPlan};
+use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
     chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
@@ -89,7 +89,9 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let sampling_defaults = model_sampling_defaults(&files, &config);
     let (validator, decoding) = tokenization(files, &config)?;
     let phase = Instant::now();
-    let fleet = ShardFleet::connect(&config.shard_uds_paths, config.shard_connect_timeout).await?;
+    let auth = ClusterAuth::from_file(config.cluster_secret_file.as_deref())?;
+    let fleet =
+        ShardFleet::connect(&config.shard_addresses, config.shard_connect_timeout, auth).await?;
     let model = fleet.info().await?;
     info!(
         shards = fleet.num_shards(),

@@ -6,6 +6,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::http::ResponseStoreLimits;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::shard::ShardAddress;
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
 #[derive(Debug, Clone, Parser)]
@@ -23,9 +24,18 @@ pub struct RouterArgs {
         long = "shard-uds-path",
         env = "SHARD_UDS_PATH",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "shard_uris",
+        conflicts_with = "shard_uris"
     )]
     pub shard_uds_paths: Vec<PathBuf>,
+    /// A shard's address, `unix:///path` or `http://host:port` (a rank on another node);
+    /// repeat once per rank, in rank order, instead of `--shard-uds-path`.
+    #[arg(long = "shard-uri", env = "SHARD_URI", value_delimiter = ',')]
+    pub shard_uris: Vec<ShardAddress>,
+    /// A file holding the cluster secret, sent to every shard as `authorization: Bearer
+    /// <secret>`; shards on other nodes refuse calls without it.
+    #[arg(long, env = "CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Model directory holding tokenizer.json, tokenizer_config.json and optionally
     /// chat_template.jinja and generation_config.json.
     #[arg(long, env = "TOKENIZER_PATH")]

@@ -14,6 +14,7 @@ pub use derived::ServedModel;
 
 use crate::http::ResponseStoreLimits;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::shard::ShardAddress;
 
 /// Flags that cannot work together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +55,9 @@ pub struct Limits {
 pub struct RouterConfig {
     pub hostname: String,
     pub port: u16,
-    pub shard_uds_paths: Vec<PathBuf>,
+    /// Every rank's address, in rank order.
+    pub shard_addresses: Vec<ShardAddress>,
+    pub cluster_secret_file: Option<PathBuf>,
     pub tokenizer_path: PathBuf,
     pub model_id: String,
     pub limits: Limits,
@@ -134,6 +137,15 @@ fn check_nonzero(args: &RouterArgs) -> Result<(), ConfigError> {
     }
 }
 
+/// The ranks' addresses: `--shard-uri`s, or `--shard-uds-path`s as Unix addresses (clap
+/// allows only one of the two).
+fn shard_addresses(uds_paths: Vec<PathBuf>, uris: Vec<ShardAddress>) -> Vec<ShardAddress> {
+    match uris.is_empty() {
+        true => uds_paths.into_iter().map(ShardAddress::Unix).collect(),
+        false => uris,
+    }
+}
+
 impl TryFrom<RouterArgs> for RouterConfig {
     type Error = ConfigError;
 
@@ -159,7 +171,8 @@ impl TryFrom<RouterArgs> for RouterConfig {
         Ok(Self {
             hostname: args.hostname,
             port: args.port,
-            shard_uds_paths: args.shard_uds_paths,
+            shard_addresses: shard_addresses(args.shard_uds_paths, args.shard_uris),
+            cluster_secret_file: args.cluster_secret_file,
             tokenizer_path: args.tokenizer_path,
             model_id: args.model_id,
             limits: Limits {

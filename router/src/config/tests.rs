@@ -29,9 +29,13 @@ fn defaults_and_repeated_shard_paths_in_rank_order() {
     assert_eq!(config.limits.max_queued_tokens, None);
     assert_eq!(config.port, 3000);
     assert_eq!(
-        config.shard_uds_paths,
-        [PathBuf::from("/run/s0.sock"), PathBuf::from("/run/s1.sock")]
+        config.shard_addresses,
+        [
+            ShardAddress::Unix(PathBuf::from("/run/s0.sock")),
+            ShardAddress::Unix(PathBuf::from("/run/s1.sock"))
+        ]
     );
+    assert_eq!(config.cluster_secret_file, None);
     assert_eq!(config.limits.max_total_tokens, 4096);
     assert_eq!(config.limits.block_size, 16);
     assert_eq!(config.shard_connect_timeout, Duration::from_secs(60));
@@ -233,4 +237,50 @@ fn the_responses_store_is_bounded_by_entries_and_bytes() {
     .api
     .responses_store;
     assert_eq!((tiny.max_entries, tiny.max_bytes), (2, 4096));
+}
+
+#[test]
+fn shard_uris_name_local_and_remote_ranks_in_rank_order() {
+    let argv = [
+        "tandem-router",
+        "--shard-uri",
+        "unix:///run/s0.sock",
+        "--shard-uri",
+        "http://10.0.0.8:50051",
+        "--cluster-secret-file",
+        "/run/secret",
+        "--tokenizer-path",
+        "/m",
+        "--model-id",
+        "m",
+    ];
+    let config = RouterConfig::try_from(RouterArgs::try_parse_from(argv).unwrap()).unwrap();
+    assert_eq!(
+        config.shard_addresses,
+        [
+            ShardAddress::Unix(PathBuf::from("/run/s0.sock")),
+            ShardAddress::Tcp("http://10.0.0.8:50051".to_owned())
+        ]
+    );
+    assert_eq!(
+        config.cluster_secret_file,
+        Some(PathBuf::from("/run/secret"))
+    );
+}
+
+#[test]
+fn shard_uris_and_socket_paths_are_exclusive_and_checked() {
+    let base = ["tandem-router", "--tokenizer-path", "/m", "--model-id", "m"];
+    let both = [
+        &base[..],
+        &["--shard-uds-path", "/s", "--shard-uri", "unix:///s"],
+    ]
+    .concat();
+    assert!(RouterArgs::try_parse_from(both).is_err());
+    let bad = [&base[..], &["--shard-uri", "https://host:1"]].concat();
+    let error = RouterArgs::try_parse_from(bad).unwrap_err().to_string();
+    assert!(
+        error.contains("unix:///absolute/path or http://host:port"),
+        "{error}"
+    );
 }

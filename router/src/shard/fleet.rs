@@ -1,18 +1,19 @@
 //! Fans every RPC out to all ranks at once and fails if any rank fails.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::future::join_all;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use super::connect::connect_unix;
-use super::{KvCacheSize, ModelInfo, ShardError, WarmupPlan};
+use super::cluster_secret::ClusterAuth;
+use super::connect::connect;
+use super::{KvCacheSize, ModelInfo, ShardAddress, ShardError, WarmupPlan};
 use crate::pb;
 use crate::pb::shard_service_client::ShardServiceClient;
 
-type Client = ShardServiceClient<Channel>;
+type Client = ShardServiceClient<InterceptedService<Channel, ClusterAuth>>;
 
 /// Clients for every rank, in rank order. Cloning is cheap (channels are shared).
 #[derive(Debug, Clone)]
@@ -21,22 +22,30 @@ pub struct ShardFleet {
 }
 
 impl ShardFleet {
-    /// Connects to every rank's socket (rank order), each retried until `timeout`.
-    pub async fn connect(uds_paths: &[PathBuf], timeout: Duration) -> Result<Self, ShardError> {
-        if uds_paths.is_empty() {
+    /// Connects to every rank (rank order), each retried until `timeout`; every call carries
+    /// `auth`'s cluster secret, if any.
+    pub async fn connect(
+        addresses: &[ShardAddress],
+        timeout: Duration,
+        auth: ClusterAuth,
+    ) -> Result<Self, ShardError> {
+        if addresses.is_empty() {
             return Err(ShardError::NoShards);
         }
-        let connections = uds_paths
+        let connections = addresses
             .iter()
             .enumerate()
-            .map(|(rank, path)| connect_unix(rank, path, timeout));
+            .map(|(rank, address)| connect(rank, address, timeout));
         let channels = join_all(connections)
             .await
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let clients = channels
             .into_iter()
-            .map(|channel| Client::new(channel).max_decoding_message_size(usize::MAX))
+            .map(|channel| {
+                ShardServiceClient::with_interceptor(channel, auth.clone())
+                    .max_decoding_message_size(usize::MAX)
+            })
             .collect();
         Ok(Self { clients })
     }

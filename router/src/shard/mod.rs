@@ -1,9 +1,14 @@
-//! The router's view of the model shards: one gRPC client per rank over its Unix socket.
+//! The router's view of the model shards: one gRPC client per rank, over its Unix socket or,
+//! for a rank on another node, over TCP with the cluster secret.
 
+mod address;
+mod cluster_secret;
 mod connect;
 mod convert;
 mod fleet;
 
+pub use address::{ShardAddress, ShardAddressError};
+pub use cluster_secret::ClusterAuth;
 pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
 pub use fleet::ShardFleet;
 
@@ -62,4 +67,6 @@ pub enum ShardError {
     Inconsistent(String),
     #[error("no shard socket was given")]
     NoShards,
+    #[error("cannot use the cluster secret file {path}: {message}")]
+    ClusterSecret { path: String, message: String },
 }
