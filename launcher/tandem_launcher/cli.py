@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
+
 from tandem_launcher.cluster import add_cluster_flags
 from tandem_launcher.config import (
     ATTENTION_BACKENDS,
@@ -249,6 +251,15 @@ def _add_execution_flags(add: FlagAdder) -> None:
         None,
         "CPU: decode batch sizes whose GEMMs use prepacked weights, e.g. 32 or 16,32 (float32: one MKL copy per "
         "size; bfloat16: one oneDNN copy for every batch up to 256 rows); 0 disables; derived: 32 on CPU",
+    )
+    add.value(
+        "--quantize",
+        str,
+        "none",
+        "CPU: GEMM weights as int4/int8 with bfloat16 activations (none, gguf, int8 or int4); gguf: a .gguf model's "
+        "Q4_0/Q4_1/Q8_0 tensors served as they are (the embedded model is one); int8, int4: float weights quantized "
+        "at load; none: float",
+        choices=QUANTIZE_CHOICES,
     )
     add.value(
         "--decode-mirror-memory",

@@ -63,6 +63,7 @@ def shard_argv(
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
         "--packed-gemm-rows", packed_gemm_rows(config),
+        "--quantize", config.quantize,
         "--decode-mirror-memory", decode_mirror_memory(config),
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,

@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
+
 from tandem_launcher.cluster import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
@@ -102,6 +104,8 @@ class LauncherConfig:
     cuda_graphs: str | None = None
     # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
     packed_gemm_rows: str | None = None
+    # GEMM weight format, one of QUANTIZE_CHOICES.
+    quantize: str = "none"
     # Memory for contiguous copies of decoding requests' K/V; None: the shard's default (half the KV cache's) on
     # CPU, 0 on CUDA.
     decode_mirror_memory: str | None = None
@@ -339,6 +343,10 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
         elif config.device != "cpu" and packed_gemm_rows(config) != "0":
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
+    if config.quantize not in QUANTIZE_CHOICES:
+        problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
+    elif config.device != "cpu" and config.quantize != "none":
+        problems.append("--quantize is a CPU option for now; use --quantize none on CUDA")
     if config.device != "cpu" and not _is_zero_size(decode_mirror_memory(config)):
         problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
     return problems

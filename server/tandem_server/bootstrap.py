@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,7 @@ from tandem_server.models.registry import model_factory
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
+from tandem_server.weights.gguf_format import has_gguf_blocks
 from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.allow_pickle_weights,
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
-    quantize_weights(model, config.quantize, device)
+    quantize_weights(model, config.quantize, device, config.model_path)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -77,12 +79,14 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel))
 
 
-def quantize_weights(model: torch.nn.Module, mode: QuantizeMode, device: torch.device) -> None:
+def quantize_weights(model: torch.nn.Module, mode: QuantizeMode, device: torch.device, model_path: Path) -> None:
     """Turns the GEMM weights into int4/int8 as `mode` asks and logs each weight's format and the bytes they take."""
     if mode is not QuantizeMode.NONE:
         unavailable = kernels_unavailable_reason(device)
         if unavailable is not None:
             raise ConfigError(f"--quantize {mode.value}: {unavailable}")
+    if mode is QuantizeMode.GGUF and not has_gguf_blocks(model_path):
+        raise ConfigError(f"--quantize gguf: {model_path} keeps no GGUF blocks (only a converted .gguf model does)")
     started = time.perf_counter()
     report = quantize_model(model, mode)
     logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)

@@ -9,6 +9,7 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.linear import rank_run
+from tandem_server.layers.quantized import Int8Weight
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 _SINGLE_RANK = ParallelContext()
@@ -25,15 +26,28 @@ class Embedding(nn.Module):
         part = CheckpointSlice.of(0, self.vocab_range) if parallel.world_size > 1 else None
         self.weight = sliced_parameter((len(self.vocab_range), hidden_size), part)
 
+    # Set when the rows are kept as int8 (the float weight is then released).
+    quantized: Int8Weight | None = None
+
+    def use_quantized(self, quantized: Int8Weight) -> None:
+        """Looks rows up in `quantized` from now on and releases the float weight's memory."""
+        self.quantized = quantized
+        self.weight.data = self.weight.data.new_empty(0)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._rows(input_ids)
         start, stop = self.vocab_range.start, self.vocab_range.stop
         # Exactly one rank owns each id and the others add zeros, so the sum equals the single-rank lookup bit for bit.
         owned = (input_ids >= start) & (input_ids < stop)
         local_ids = torch.where(owned, input_ids - start, torch.zeros_like(input_ids))
-        hidden = F.embedding(local_ids, self.weight).masked_fill_(~owned.unsqueeze(-1), 0.0)
+        hidden = self._rows(local_ids).masked_fill_(~owned.unsqueeze(-1), 0.0)
         return self.parallel.all_reduce(hidden)
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.rows(ids, self.weight.dtype)
+        return F.embedding(ids, self.weight)
 
 
 class LMHead(GemmModule):

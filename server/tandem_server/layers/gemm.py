@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem_server.layers.quantized import QuantizedWeight
+
 # A batch is padded to a packed row count only when at least this share of the rows is real: below it the padding
 # costs more than packing saves (measured: 20 of 32 rows runs no faster than dense).
 MIN_FILLED_SHARE = 0.75
@@ -116,19 +118,38 @@ def packing_summary(dtype: torch.dtype, row_counts: tuple[int, ...]) -> str:
 
 
 class GemmModule(nn.Module):
-    """A module whose forward multiplies by `self.weight`; `pack` gives it prepacked copies for some row counts."""
+    """A module whose forward multiplies by `self.weight`; `pack` gives it prepacked copies for some row counts.
+
+    A quantized module multiplies by `quantized` instead, and its float weight is released (emptied).
+    """
 
     weight: torch.Tensor
     packed: PackedGemm | None = None
+    quantized: QuantizedWeight | None = None
+
+    def weight_parts(self) -> list[torch.Tensor]:
+        """The parameters whose rows make up `weight`, in order (one, unless layers are stacked)."""
+        return [self.weight]
+
+    def use_quantized(self, quantized: QuantizedWeight) -> None:
+        """Multiplies by `quantized` from now on and releases the float weight's memory."""
+        self.quantized = quantized
+        self.packed = None
+        for tensor in [*self.weight_parts(), self.weight]:
+            tensor.data = tensor.data.new_empty(0)
 
     def pack(self, row_counts: tuple[int, ...]) -> int:
         """Packs the weight for `row_counts` in the way its dtype allows; returns the bytes the copies take."""
+        if self.quantized is not None:
+            return 0
         packed = PACKING_BY_DTYPE[self.weight.dtype](self.weight, row_counts)
         self.packed = packed
         return packed.nbytes
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """`x @ weight.T + bias` for 2-D `x`, through a packed copy when one fits the row count."""
+        """`x @ weight.T + bias` for 2-D `x`, through the quantized weight or a packed copy that fits the rows."""
+        if self.quantized is not None:
+            return self.quantized.linear(x, bias)
         if self.packed is not None:
             packed_rows = self.packed.fitting_rows(x.shape[0])
             if packed_rows is not None:

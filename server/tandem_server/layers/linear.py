@@ -79,15 +79,17 @@ class RowParallelLinear(GemmModule):
 class StackedColumns(GemmModule):
     """Column layers fused into one weight (and bias) holding their output rows in order: one GEMM computes all.
 
-    Each layer's parameters become views into the stack: loading a layer fills its rows, nothing is copied twice.
-    The stack's tensors are buffers outside the state dict, since the checkpoint names the layers, not the stack.
+    Built before the checkpoint loads: each layer's parameters become views into the uninitialised stack, so
+    loading a layer fills its rows, nothing is copied twice, and rows never loaded (a quantized layer's) take no
+    memory. The stack's tensors are buffers outside the state dict, since the checkpoint names the layers.
     """
 
     def __init__(self, linears: Sequence[ColumnParallelLinear]) -> None:
         super().__init__()
-        weight = torch.cat([linear.weight.data for linear in linears])
+        first = linears[0].weight
+        weight = first.new_empty((sum(linear.weight.shape[0] for linear in linears), first.shape[1]))
         has_bias = all(linear.bias is not None for linear in linears)
-        bias = torch.cat([linear.bias.data for linear in linears if linear.bias is not None]) if has_bias else None
+        bias = weight.new_empty(weight.shape[0]) if has_bias else None
         offset = 0
         for linear in linears:
             rows = slice(offset, offset + linear.weight.shape[0])
@@ -98,6 +100,11 @@ class StackedColumns(GemmModule):
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self.sizes = [linear.weight.shape[0] for linear in linears]
+        # A tuple, not a ModuleList: the layers stay registered where their checkpoint names say.
+        self.layers = tuple(linears)
+
+    def weight_parts(self) -> list[torch.Tensor]:
+        return [layer.weight for layer in self.layers]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each stacked layer's output, in stacking order."""

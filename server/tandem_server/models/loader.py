@@ -18,6 +18,7 @@ def load_model(
     parallel: ParallelContext,
     backend: AttentionBackend,
     allow_pickle_weights: bool = False,
+    gguf_blocks: bool = False,
 ) -> CausalLM:
     """The model of `checkpoint.architecture`, loaded for this rank and ready for inference."""
     factory = model_factory(checkpoint.architecture)
@@ -28,5 +29,5 @@ def load_model(
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
-    load_weights(model, checkpoint.path, model.checkpoint_layout(), allow_pickle_weights)
+    load_weights(model, checkpoint.path, model.checkpoint_layout(), allow_pickle_weights, gguf_blocks)
     return model.eval()

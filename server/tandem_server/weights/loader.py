@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from tandem_server.errors import WeightsError
+from tandem_server.weights.gguf_blocks import GgufBlocks, iterate_block_tensors, read_blocks
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
 from tandem_server.weights.safetensors import iterate_tensors
@@ -16,28 +18,71 @@ from tandem_server.weights.slicing import CheckpointTensor, load_full
 
 
 @torch.inference_mode()
-def load_weights(model: nn.Module, model_path: Path, layout: CheckpointLayout, allow_pickle: bool = False) -> None:
-    """Fills every parameter once, reading only its `checkpoint_slice` (default: all); mismatches are errors."""
+def load_weights(
+    model: nn.Module,
+    model_path: Path,
+    layout: CheckpointLayout,
+    allow_pickle: bool = False,
+    gguf_blocks: bool = False,
+) -> None:
+    """Fills every parameter once, reading only its `checkpoint_slice` (default: all); mismatches are errors.
+
+    With `gguf_blocks`, a parameter whose tensor the checkpoint also holds as GGUF blocks gets them as its
+    `gguf_blocks` attribute instead: its float tensor is never read, and quantization decides what it becomes.
+    """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    if gguf_blocks:
+        for checkpoint_name, gguf_type, blocks in iterate_block_tensors(model_path):
+            for name, tensor in _parameter_tensors(layout, checkpoint_name, blocks):
+                param = _parameter(params, checkpoint_name, name)
+                with _errors_named(name):
+                    param.gguf_blocks = _read_blocks(param, tensor, gguf_type)
+                loaded.add(name)
     for checkpoint_name, checkpoint_tensor in _checkpoint_tensors(model_path, allow_pickle):
-        try:
-            parts = list(layout.parameter_tensors(checkpoint_name, checkpoint_tensor))
-        except ValueError as error:
-            raise WeightsError(str(error)) from error
-        for name, tensor in parts:
-            param = params.get(name)
-            if param is None:
-                raise WeightsError(f"checkpoint tensor {checkpoint_name!r} has no matching model parameter {name!r}")
+        for name, tensor in _parameter_tensors(layout, checkpoint_name, checkpoint_tensor):
+            if name in loaded and hasattr(params.get(name), "gguf_blocks"):
+                continue
+            param = _parameter(params, checkpoint_name, name)
             loader = getattr(param, "weight_loader", load_full)
-            try:
+            with _errors_named(name):
                 loader(param, tensor.read(getattr(param, "checkpoint_slice", None)).to(param.dtype))
-            except ValueError as error:
-                raise WeightsError(f"{name}: {error}") from error
             loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")
+
+
+def _parameter_tensors(
+    layout: CheckpointLayout, checkpoint_name: str, tensor: CheckpointTensor
+) -> list[tuple[str, CheckpointTensor]]:
+    try:
+        return list(layout.parameter_tensors(checkpoint_name, tensor))
+    except ValueError as error:
+        raise WeightsError(str(error)) from error
+
+
+def _parameter(params: dict[str, nn.Parameter], checkpoint_name: str, name: str) -> nn.Parameter:
+    param = params.get(name)
+    if param is None:
+        raise WeightsError(f"checkpoint tensor {checkpoint_name!r} has no matching model parameter {name!r}")
+    return param
+
+
+def _read_blocks(param: nn.Parameter, tensor: CheckpointTensor, gguf_type: str) -> GgufBlocks:
+    blocks = read_blocks(tensor, gguf_type, getattr(param, "checkpoint_slice", None))
+    expected = tuple(param.shape)
+    if (blocks.raw.shape[0], blocks.in_features) != expected:
+        raise ValueError(f"expected shape {expected}, GGUF blocks hold {(blocks.raw.shape[0], blocks.in_features)}")
+    return blocks
+
+
+@contextmanager
+def _errors_named(name: str) -> Iterator[None]:
+    try:
+        yield
+    except ValueError as error:
+        raise WeightsError(f"{name}: {error}") from error
 
 
 def _checkpoint_tensors(model_path: Path, allow_pickle: bool) -> Iterator[tuple[str, CheckpointTensor]]:

@@ -1,0 +1,73 @@
+"""Weight-only quantized GEMMs on CPU: int4 groupwise and int8 per-channel weights, bfloat16 activations.
+
+torch's CPU weight-only kernels read 0.5 (int4) or 1 (int8) byte per weight instead of 4, which is what a decode step
+at small batches is bound by; they are fast only with bfloat16 activations, so each GEMM casts its input to bfloat16
+and its output back to the model's dtype.
+- int4: `w = (q - 8) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15, scale and zero in bfloat16.
+- int8: `w = q * scale` per output channel, q in -127..127, scale in bfloat16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tandem_server.weights.quantization import INT4_GROUP, Int4Groups, Int8Channels
+
+ACTIVATION_DTYPE = torch.bfloat16
+
+
+class Int4Weight:
+    """An int4 groupwise weight packed for `torch._weight_int4pack_mm_for_cpu`."""
+
+    def __init__(self, groups: Int4Groups) -> None:
+        self.out_features, self.in_features = groups.q.shape
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 1)
+        # The kernel reads [in / group, out, 2]: each group's scale and zero for every output feature.
+        self.scales_and_zeros = torch.stack([groups.scale.t(), groups.zero.t()], dim=-1).to(ACTIVATION_DTYPE)
+        self.nbytes = _nbytes(self.packed) + _nbytes(self.scales_and_zeros)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x.to(ACTIVATION_DTYPE), self.packed, INT4_GROUP, self.scales_and_zeros)
+        out = out.to(x.dtype)
+        return out if bias is None else out + bias
+
+
+class Int8Weight:
+    """An int8 per-channel weight for `torch._weight_int8pack_mm`; also serves embedding lookups of its rows."""
+
+    def __init__(self, channels: Int8Channels) -> None:
+        self.out_features, self.in_features = channels.q.shape
+        self.q = channels.q.contiguous()
+        self.scale = channels.scale.float()
+        self.kernel_scale = channels.scale.to(ACTIVATION_DTYPE)
+        self.nbytes = _nbytes(self.q) + _nbytes(self.scale) + _nbytes(self.kernel_scale)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch._weight_int8pack_mm(x.to(ACTIVATION_DTYPE), self.q, self.kernel_scale).to(x.dtype)
+        return out if bias is None else out + bias
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantized rows `ids` (an embedding lookup)."""
+        return (F.embedding(ids, self.q).float() * F.embedding(ids, self.scale.unsqueeze(-1))).to(dtype)
+
+
+QuantizedWeight = Int4Weight | Int8Weight
+
+
+def quantized_weight(source: Int4Groups | Int8Channels) -> QuantizedWeight:
+    """The kernel-ready form of unpacked quantized values."""
+    return Int4Weight(source) if isinstance(source, Int4Groups) else Int8Weight(source)
+
+
+def kernels_unavailable_reason(device: torch.device) -> str | None:
+    """None when this device and torch build have the weight-only kernels, else why not."""
+    if device.type != "cpu":
+        return "quantized GEMMs are a CPU path"
+    if not hasattr(torch, "_convert_weight_to_int4pack_for_cpu") or not hasattr(torch, "_weight_int8pack_mm"):
+        return "this torch build has no CPU weight-only int4/int8 kernels"
+    return None
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

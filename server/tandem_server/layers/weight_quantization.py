@@ -1,0 +1,122 @@
+"""Turns a loaded model's GEMM weights into quantized ones: kept GGUF blocks, or float weights quantized at load.
+
+Every GEMM of the decoder layers becomes int4 (GGUF Q4_0/Q4_1 exactly, other float weights groupwise) or int8 per
+channel; the LM head always becomes int8 per channel, so that a tied embedding can look its rows up in the same copy.
+A GGUF tensor no quantized kernel can take (a stack mixing block types, an untied Q4 embedding) is dequantized into
+its float parameter, exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from tandem_server.layers.embedding import Embedding, LMHead
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.layers.quantized import Int8Weight, QuantizedWeight, quantized_weight
+from tandem_server.weights.gguf_blocks import GgufBlocks
+from tandem_server.weights.quantization import Int4Groups, Int8Channels, QuantizeMode, quantize_int4, quantize_int8
+
+
+@dataclass
+class QuantizationReport:
+    """Each weight's stored format by role (`qkv_proj: Q4_1 as int4`) and the bytes all weights take."""
+
+    formats: Counter[str] = field(default_factory=Counter)
+    weight_bytes: int = 0
+
+    def describe(self) -> str:
+        formats = ", ".join(f"{count} {what}" for what, count in sorted(self.formats.items()))
+        return f"weights take {self.weight_bytes / 2**20:.1f} MiB: {formats}"
+
+
+@torch.inference_mode()
+def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
+    """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result."""
+    report = QuantizationReport()
+    for name, module in model.named_modules():
+        role = name.rsplit(".", 1)[-1]
+        if isinstance(module, GemmModule) and mode is not QuantizeMode.NONE:
+            report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+    for name, module in model.named_modules():
+        if isinstance(module, Embedding):
+            report.formats[f"{name.rsplit('.', 1)[-1]}: {_quantize_embedding(model, module)}"] += 1
+    for param in model.parameters():
+        blocks = getattr(param, "gguf_blocks", None)
+        if blocks is not None:
+            param.data.copy_(blocks.dequantize())
+            del param.gguf_blocks
+    report.weight_bytes = _weight_bytes(model)
+    _return_freed_memory()
+    return report
+
+
+def _return_freed_memory() -> None:
+    """Hands the released float weights' pages back to the system (glibc keeps freed heap memory otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator decides
+        pass
+
+
+def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
+    parts = module.weight_parts()
+    blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
+    if mode is QuantizeMode.GGUF:
+        if not all(blocks):
+            return str(module.weight.dtype).removeprefix("torch.")
+        source = [block.int8_channels() if isinstance(module, LMHead) else block.unpack() for block in blocks if block]
+        kinds = {type(values) for values in source}
+        if len(kinds) > 1:
+            return "mixed GGUF types, dequantized"
+        label = "/".join(sorted({block.gguf_type for block in blocks if block}))
+    else:
+        source = [module.weight]
+        label = "float"
+    quantized = _quantized(source, int8=isinstance(module, LMHead) or mode is QuantizeMode.INT8)
+    for part in parts:
+        if hasattr(part, "gguf_blocks"):
+            del part.gguf_blocks
+    module.use_quantized(quantized)
+    return f"{label} as {'int8' if isinstance(quantized, Int8Weight) else 'int4'}"
+
+
+def _quantized(source: list, int8: bool) -> QuantizedWeight:
+    """`source`'s unpacked or float weights (stacked by output rows) in the kernel's form."""
+    if int8 and not all(isinstance(values, Int8Channels) for values in source):
+        source = [quantize_int8(values.dequantize() if isinstance(values, Int4Groups) else values) for values in source]
+    elif not int8:
+        source = [quantize_int4(values) if isinstance(values, torch.Tensor) else values for values in source]
+    if len(source) == 1:
+        return quantized_weight(source[0])
+    return quantized_weight(type(source[0]).concat(source))
+
+
+def _quantize_embedding(model: nn.Module, embedding: Embedding) -> str:
+    """Shares a tied LM head's int8 copy, or keeps a GGUF Q8_0 embedding as int8; else it stays float."""
+    head = next((m for m in model.modules() if isinstance(m, LMHead) and m.weight is embedding.weight), None)
+    if head is not None and isinstance(head.quantized, Int8Weight):
+        embedding.use_quantized(head.quantized)
+        return "int8, shared with the tied LM head"
+    blocks: GgufBlocks | None = getattr(embedding.weight, "gguf_blocks", None)
+    if blocks is not None and blocks.gguf_type == "Q8_0":
+        embedding.use_quantized(Int8Weight(blocks.int8_channels()))
+        del embedding.weight.gguf_blocks
+        return "Q8_0 as int8"
+    return str(embedding.weight.dtype).removeprefix("torch.")
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    dense = sum(param.numel() * param.element_size() for param in model.parameters())
+    seen: set[int] = set()
+    quantized = 0
+    for module in model.modules():
+        weight = getattr(module, "quantized", None)
+        if weight is not None and id(weight) not in seen:
+            seen.add(id(weight))
+            quantized += weight.nbytes
+    return dense + quantized

@@ -1,0 +1,93 @@
+"""GGUF quantized tensors kept as their raw blocks (layout in `gguf_format`): decoding, exact dequantization,
+per-rank slicing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tandem_server.weights.gguf_format import BLOCK_BYTES, BLOCK_VALUES, GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
+from tandem_server.weights.quantization import INT4_MIDPOINT, Int4Groups, Int8Channels, quantize_int8
+from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
+
+# Rows re-quantized at once: bounds the float copy a large tensor (a vocabulary's embedding) needs on the way.
+_ROWS_PER_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class GgufBlocks:
+    """Rows of GGUF blocks of one type: `[out features, in features / BLOCK_VALUES * block bytes]` uint8."""
+
+    gguf_type: str
+    raw: torch.Tensor
+
+    @property
+    def in_features(self) -> int:
+        return self.raw.shape[1] // BLOCK_BYTES[self.gguf_type] * BLOCK_VALUES
+
+    def unpack(self) -> Int4Groups | Int8Channels:
+        """Q4_0/Q4_1 exactly as int4 groups; Q8_0 re-quantized per channel (GGUF's scales are per block)."""
+        if self.gguf_type == "Q8_0":
+            return self.int8_channels()
+        return _unpack_q4(self.raw, self.gguf_type)
+
+    def int8_channels(self) -> Int8Channels:
+        """Re-quantized per output channel, a few rows at a time so no full float copy is ever held."""
+        chunks = [
+            quantize_int8(GgufBlocks(self.gguf_type, self.raw[start : start + _ROWS_PER_CHUNK]).dequantize())
+            for start in range(0, self.raw.shape[0], _ROWS_PER_CHUNK)
+        ]
+        return Int8Channels.concat(chunks)
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact float32 values llama.cpp computes from these blocks."""
+        if self.gguf_type == "Q8_0":
+            blocks = self.raw.view(self.raw.shape[0], -1, BLOCK_BYTES["Q8_0"])
+            scale = blocks[..., :2].contiguous().view(torch.float16).float()
+            q = blocks[..., 2:].contiguous().view(torch.int8).float()
+            return (q * scale).view(self.raw.shape[0], -1)
+        return _unpack_q4(self.raw, self.gguf_type).dequantize()
+
+
+def _unpack_q4(raw: torch.Tensor, gguf_type: str) -> Int4Groups:
+    rows = raw.shape[0]
+    blocks = raw.view(rows, -1, BLOCK_BYTES[gguf_type])
+    scale = blocks[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+    packed = blocks[..., -16:]
+    # Byte j holds value j in its low nibble and value j + 16 in its high nibble.
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(rows, -1)
+    if gguf_type == "Q4_0":  # w = (q - 8) * d
+        zero = torch.zeros_like(scale)
+    else:  # Q4_1: w = q * d + m = (q - 8) * d + (m + 8 d)
+        minimum = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
+        zero = minimum + INT4_MIDPOINT * scale
+    return Int4Groups(q, scale, zero)
+
+
+def read_blocks(tensor: CheckpointTensor, gguf_type: str, part: CheckpointSlice | None) -> GgufBlocks:
+    """This rank's `part` of a blocks tensor; a split of the input features must fall on block boundaries."""
+    if part is not None and part.dim == 1:
+        block_bytes = BLOCK_BYTES[gguf_type]
+        if part.start % BLOCK_VALUES or part.stop % BLOCK_VALUES:
+            raise ValueError(
+                f"input features [{part.start}, {part.stop}) split a {gguf_type} block of {BLOCK_VALUES}; "
+                "serve this model unquantized (--quantize none) or on fewer shards"
+            )
+        part = CheckpointSlice(1, part.start // BLOCK_VALUES * block_bytes, part.stop // BLOCK_VALUES * block_bytes)
+    return GgufBlocks(gguf_type, tensor.read(part))
+
+
+def iterate_block_tensors(model_path: Path) -> Iterator[tuple[str, str, CheckpointTensor]]:
+    """`(checkpoint name, GGUF type, unread blocks)` for every tensor under `GGUF_BLOCKS_DIR`, if it exists."""
+    for file in sorted((model_path / GGUF_BLOCKS_DIR).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            types = json.loads((handle.metadata() or {}).get(GGUF_TYPES_KEY, "{}"))
+            for name in handle.keys():
+                gguf_type = types.get(name)
+                if gguf_type in BLOCK_BYTES:
+                    yield name, gguf_type, CheckpointTensor(handle.get_slice(name))

@@ -1,0 +1,83 @@
+"""Quantized weight values before any kernel layout: int4 groups and int8 channels, and quantizers for float weights.
+
+- int4: `w = (q - INT4_MIDPOINT) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15.
+- int8: `w = q * scale` per output channel, q in -127..127.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+INT4_GROUP = 32
+INT4_MIDPOINT = 8
+
+
+class QuantizeMode(enum.Enum):
+    """How the shard stores GEMM weights: float, the checkpoint's GGUF blocks, or quantized at load."""
+
+    NONE = "none"
+    GGUF = "gguf"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """Unpacked int4 weights `[out, in]` (values 0..15) with float32 `scale` and `zero` `[out, in / INT4_GROUP]`."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        out_features, in_features = self.q.shape
+        grouped = (self.q.view(out_features, -1, INT4_GROUP).float() - INT4_MIDPOINT) * self.scale.unsqueeze(-1)
+        return (grouped + self.zero.unsqueeze(-1)).view(out_features, in_features)
+
+    @staticmethod
+    def concat(parts: list[Int4Groups]) -> Int4Groups:
+        """Parts stacked along the output features (a fused projection)."""
+        return Int4Groups(
+            torch.cat([part.q for part in parts]),
+            torch.cat([part.scale for part in parts]),
+            torch.cat([part.zero for part in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class Int8Channels:
+    """int8 weights `[out, in]` with one float32 scale per output channel."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale.unsqueeze(-1)
+
+    @staticmethod
+    def concat(parts: list[Int8Channels]) -> Int8Channels:
+        return Int8Channels(torch.cat([part.q for part in parts]), torch.cat([part.scale for part in parts]))
+
+
+def quantize_int4(weight: torch.Tensor) -> Int4Groups:
+    """Asymmetric groupwise int4 (min to max of each group of `INT4_GROUP` input features on 16 levels)."""
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP:
+        raise ValueError(f"int4 needs input features in multiples of {INT4_GROUP}, this weight has {in_features}")
+    groups = weight.float().view(out_features, -1, INT4_GROUP)
+    low = groups.amin(-1)
+    high = groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    q = ((groups - low.unsqueeze(-1)) / scale.unsqueeze(-1)).round_().clamp_(0, 15).to(torch.uint8)
+    return Int4Groups(q.view(out_features, in_features), scale, low + INT4_MIDPOINT * scale)
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Channels:
+    """Symmetric per-output-channel int8 (each row's largest magnitude maps to 127)."""
+    rows = weight.float()
+    scale = (rows.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    q = (rows / scale.unsqueeze(-1)).round_().clamp_(-127, 127).to(torch.int8)
+    return Int8Channels(q, scale)
