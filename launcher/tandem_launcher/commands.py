@@ -7,6 +7,7 @@ import os
 import socket
 from pathlib import Path
 
+from tandem_launcher.cluster import worker_addresses
 from tandem_launcher.config import (
     LauncherConfig,
     bound_flags,
@@ -40,25 +41,29 @@ def threads_per_shard(num_shard: int) -> int:
 def shard_argv(
     config: LauncherConfig,
     model: ResolvedModel,
-    rank: int,
+    local_rank: int,
     uds_path: Path,
     master_port: int,
     inject_faults: bool = False,
 ) -> list[str]:
-    """argv of the shard of `rank`; the test-only fault flags only when `inject_faults`."""
+    """argv of this node's shard of `local_rank` (its global rank follows from the node's); the test-only fault
+    flags only when `inject_faults`."""
+    rank = config.layout.global_rank(local_rank)
     argv = [
         *config.commands.shard,
         "--model-path", str(model.path),
         "--uds-path", str(uds_path),
         "--rank", str(rank),
+        "--local-rank", str(local_rank),
         "--world-size", str(config.num_shard),
-        "--master-addr", MASTER_ADDR,
+        "--master-addr", MASTER_ADDR if config.nnodes == 1 else config.master_addr,
         "--master-port", str(master_port),
+        "--rendezvous-timeout", str(config.rendezvous_timeout),
         "--device", config.device,
         "--dtype", config.dtype,
         "--kv-cache-memory", config.kv_cache_memory,
         "--kv-cache-dtype", config.kv_cache_dtype,
-        "--num-threads", str(threads_per_shard(config.num_shard)),
+        "--num-threads", str(threads_per_shard(config.layout.local)),
         "--attention-backend", config.attention_backend,
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
@@ -67,9 +72,16 @@ def shard_argv(
         "--decode-mirror-memory", decode_mirror_memory(config),
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
-        "--metrics-port", str(config.shard_metrics_port + rank if config.shard_metrics_port else 0),
+        "--metrics-port", str(config.shard_metrics_port + local_rank if config.shard_metrics_port else 0),
         "--metrics-hostname", config.hostname,
     ]  # fmt: skip
+    if not config.is_leader and config.cluster_secret_file is not None:
+        # A worker node's ranks also serve the leader's router over TCP, to callers with the secret.
+        argv += [
+            "--grpc-port", str(config.shard_grpc_port + local_rank),
+            "--grpc-host", config.hostname,
+            "--cluster-secret-file", str(config.cluster_secret_file),
+        ]  # fmt: skip
     if config.allow_pickle_weights:
         argv.append("--allow-pickle-weights")
     if inject_faults and config.fault_inject_step_error is not None:
@@ -93,8 +105,7 @@ def router_argv(
     argv = [*config.commands.router, "--hostname", config.hostname, "--port", str(config.port)]
     if launch_id_file is not None:
         argv += ["--launch-id-file", str(launch_id_file)]
-    for uds_path in uds_paths:
-        argv += ["--shard-uds-path", str(uds_path)]
+    argv += shard_address_argv(config, uds_paths)
     argv += [
         "--tokenizer-path", str(model.path),
         "--model-id", model.served_name,
@@ -121,6 +132,21 @@ def router_argv(
         argv.append("--json-output")
     if config.log_requests:
         argv.append("--log-requests")
+    return argv
+
+
+def shard_address_argv(config: LauncherConfig, uds_paths: list[Path]) -> list[str]:
+    """Where the router reaches every rank, in rank order: the leader's own sockets, then each worker node's TCP
+    ports (with the cluster secret's file)."""
+    if config.nnodes == 1:
+        return [word for path in uds_paths for word in ("--shard-uds-path", str(path))]
+    uris = [f"unix://{path}" for path in uds_paths]
+    for host in worker_addresses(config.nnodes, config.worker_addr, config.master_addr):
+        shown = f"[{host}]" if ":" in host else host
+        uris += [f"http://{shown}:{config.shard_grpc_port + local}" for local in range(config.layout.local)]
+    argv = [word for uri in uris for word in ("--shard-uri", uri)]
+    if config.cluster_secret_file is not None:
+        argv += ["--cluster-secret-file", str(config.cluster_secret_file)]
     return argv
 
 

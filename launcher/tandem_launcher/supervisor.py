@@ -1,4 +1,8 @@
-"""Starts the shards then the router, restarts the shard group when it fails, and stops everything in order."""
+"""Starts the shards then the router, restarts the shard group when it fails, and stops everything in order.
+
+In a multi-node group the leader (node 0) runs the router and its local ranks, a worker node only its local ranks;
+a failure on any node ends that node's launch with status 1, so that the whole group restarts together.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from pathlib import Path
 
 from tandem_launcher.api_keys import first_key, write_key_file
 from tandem_launcher.child_environment import router_environment, shard_environment
+from tandem_launcher.cluster import worker_addresses
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.logs import LOGGER, forward_child_line, phase
 from tandem_launcher.model_resolution import ResolvedModel
+from tandem_launcher.peer_watch import Peer, PeerWatch, remote_shard_answers, tcp_port_accepts
 from tandem_launcher.processes import ChildProcess, ChildStartError, LineSink, stop_children
 from tandem_launcher.readiness import (
     POLL_INTERVAL_S,
@@ -38,6 +44,13 @@ FAILED_GROUP_STOP_TIMEOUT_S = 10.0
 ROUTER_EXIT_MARGIN_S = 10.0
 
 
+class GroupLostError(Exception):
+    """A multi-node group lost a rank or a node: it restarts only as a whole, so this node's launch ends."""
+
+    def __init__(self, failure: str) -> None:
+        super().__init__(f"{failure}\na multi-node group restarts only as a whole: stopping this node")
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """What to run: the configuration, the resolved model and the derived token limits."""
@@ -57,6 +70,7 @@ class Supervisor:
         self._shards: list[ChildProcess] = []
         self._router: ChildProcess | None = None
         self._watch: ShardHealthWatch | None = None
+        self._peers: PeerWatch | None = None
         self._budget = RestartBudget(plan.config.max_restarts, plan.config.restart_window)
         # A 0700 directory: sockets, the key file and the launch id are the launching user's alone.
         self._runtime = RuntimeDir()
@@ -80,15 +94,21 @@ class Supervisor:
 
     def _run_then_stop(self) -> int:
         try:
-            with phase(f"start {self._plan.config.num_shard} shard(s) on {self._plan.config.device}"):
+            config = self._plan.config
+            with phase(f"start {config.layout.local} shard(s) on {config.device}{_node_label(config)}"):
                 self._start_shards()
-            self._start_router()
+            if config.is_leader:
+                self._start_router()
+            else:
+                self._watch_peers(_leader_peer(config))
+                LOGGER.info("worker node %d: its ranks serve the leader's router over TCP", config.node_rank)
             return self._serve()
         except ShutdownRequested:
             LOGGER.info("shutdown requested during start-up or restart")
             return 0
         except (
-            ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError, RouterIdentityError
+            ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError, RouterIdentityError,
+            GroupLostError,
         ) as error:  # fmt: skip
             LOGGER.error("%s", error)
             return 1
@@ -105,20 +125,23 @@ class Supervisor:
         return [*self._shards, *([self._router] if self._router else [])]
 
     def _uds_paths(self) -> list[Path]:
-        return [self._runtime.path / f"shard-{rank}.sock" for rank in range(self._plan.config.num_shard)]
+        """This node's shard sockets, by local rank."""
+        return [self._runtime.path / f"shard-{local}.sock" for local in range(self._plan.config.layout.local)]
 
     def _start_shards(self) -> None:
         """Spawns every rank (same socket paths each time, a fresh rendezvous port) and waits until all answer.
 
         Only the first group gets the test-only fault flags, so the group restarted after a fault runs clean."""
         config = self._plan.config
-        master_port = free_tcp_port()
+        # One node picks a fresh port each time; the nodes of a group meet at the one they were all given.
+        master_port = free_tcp_port() if config.nnodes == 1 else config.master_port
         first_group = self._groups_started == 0
         self._groups_started += 1
-        for rank, uds_path in enumerate(self._uds_paths()):
+        for local, uds_path in enumerate(self._uds_paths()):
             uds_path.unlink(missing_ok=True)
-            argv = shard_argv(config, self._plan.model, rank, uds_path, master_port, inject_faults=first_group)
-            self._shards.append(ChildProcess.spawn(f"shard-{rank}", argv, self._sink, shard_environment(os.environ)))
+            argv = shard_argv(config, self._plan.model, local, uds_path, master_port, inject_faults=first_group)
+            name = f"shard-{config.layout.global_rank(local)}"
+            self._shards.append(ChildProcess.spawn(name, argv, self._sink, shard_environment(os.environ)))
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
@@ -140,6 +163,8 @@ class Supervisor:
                 self._children(),
                 self._shutdown,
             )
+        if config.nnodes > 1:
+            self._watch_peers(_worker_shard_peers(config))
         self._announce(base_url)
 
     def _announce(self, base_url: str) -> None:
@@ -167,6 +192,8 @@ class Supervisor:
             if failure is None:
                 LOGGER.info("shutdown requested: draining the router, then stopping the shards")
                 return 0
+            if self._plan.config.nnodes > 1:
+                raise GroupLostError(failure)
             self._restart_shards(failure)
 
     def _wait_for_failure(self) -> str | None:
@@ -179,7 +206,12 @@ class Supervisor:
                     return str(ChildExitedError(shard, status, "while serving"))
             if self._watch is not None and (problem := self._watch.problem()) is not None:
                 return problem
+            if self._peers is not None and (problem := self._peers.problem()) is not None:
+                return problem
         return None
+
+    def _watch_peers(self, peers: list[Peer]) -> None:
+        self._peers = PeerWatch(peers, self._plan.config.shard_health_timeout).start()
 
     def _restart_shards(self, failure: str) -> None:
         """Stops the whole group (a TP group cannot lose one rank) and respawns it after a backoff."""
@@ -215,6 +247,9 @@ class Supervisor:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
+        if self._peers is not None:
+            self._peers.stop()
+            self._peers = None
 
     def _stop_shards(self, timeout: float) -> None:
         self._stop_watch()
@@ -229,3 +264,30 @@ class Supervisor:
             for name, status in stop_children([self._router], timeout + ROUTER_EXIT_MARGIN_S).items():
                 LOGGER.info("%s exited with status %d", name, status)
         self._stop_shards(timeout)
+
+
+def _node_label(config: LauncherConfig) -> str:
+    if config.nnodes == 1:
+        return ""
+    ranks = f"{config.layout.first_rank}..{config.layout.global_rank(config.layout.local - 1)}"
+    return f" (node {config.node_rank} of {config.nnodes}, ranks {ranks} of {config.num_shard})"
+
+
+def _leader_peer(config: LauncherConfig) -> list[Peer]:
+    """A worker watches the leader's rendezvous port, which rank 0 serves for as long as it lives."""
+    host, port = config.master_addr, config.master_port
+    return [Peer(f"the leader's rendezvous at {host}:{port}", lambda timeout: tcp_port_accepts(host, port, timeout))]
+
+
+def _worker_shard_peers(config: LauncherConfig) -> list[Peer]:
+    """The leader watches every remote rank's TCP port with a shallow Health carrying the cluster secret."""
+    secret_file = config.cluster_secret_file
+    if secret_file is None:
+        return []
+    peers = []
+    for node, host in enumerate(worker_addresses(config.nnodes, config.worker_addr, config.master_addr), start=1):
+        for local in range(config.layout.local):
+            target = f"{host}:{config.shard_grpc_port + local}"
+            name = f"shard-{node * config.layout.local + local} on node {node} ({target})"
+            peers.append(Peer(name, lambda timeout, target=target: remote_shard_answers(target, secret_file, timeout)))
+    return peers

@@ -97,7 +97,10 @@ def main() -> int:
     for flag in ("--packed-gemm-rows", "--decode-mirror-memory", "--kv-cache-dtype"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--step-timeout", required=True)
-    for flag in ("--rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
+    parser.add_argument("--rendezvous-timeout", type=float, required=True)
+    for flag in ("--grpc-port", "--grpc-host", "--cluster-secret-file"):
+        parser.add_argument(flag)
+    for flag in ("--rank", "--local-rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--allow-pickle-weights", action="store_true")
     parser.add_argument("--fault-inject-step-error")

@@ -1,0 +1,91 @@
+"""Notices, from a background thread, that another node of a multi-node group is gone.
+
+The leader probes each worker node's shards (a shallow `Health` over TCP, with the cluster secret); a worker probes
+the leader's rendezvous port, which rank 0 serves for as long as it lives. A peer silent for the timeout ends the
+launch, so that the whole group restarts together (LeaderWorkerSet's `RecreateGroupOnPodRestart`).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem_launcher.readiness import PROBE_TIMEOUT_S
+
+# Answers whether the peer responded within the given seconds.
+Probe = Callable[[float], bool]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A named peer and how to ask whether it is alive."""
+
+    name: str
+    probe: Probe
+
+
+def tcp_port_accepts(host: str, port: int, timeout: float) -> bool:
+    """Whether `host:port` accepts a TCP connection within `timeout` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def remote_shard_answers(target: str, secret_file: Path, timeout: float) -> bool:
+    """Whether the shard at `target` (host:port) answers a shallow `Health` to a caller with the cluster secret."""
+    import grpc  # noqa: PLC0415  (grpc is only needed once shards run)
+    from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc  # noqa: PLC0415
+
+    try:
+        secret = secret_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return False
+    with grpc.insecure_channel(target) as channel:
+        try:
+            shard_pb2_grpc.ShardServiceStub(channel).Health(
+                shard_pb2.HealthRequest(deep=False), timeout=timeout, metadata=(("authorization", f"Bearer {secret}"),)
+            )
+        except grpc.RpcError:
+            return False
+    return True
+
+
+class PeerWatch:
+    """Probes every peer each interval; the first one silent for `timeout` seconds becomes the problem."""
+
+    def __init__(self, peers: Sequence[Peer], timeout: float) -> None:
+        self._peers = list(peers)
+        self._timeout = timeout
+        self._interval = max(0.2, timeout / 4)
+        self._stop = threading.Event()
+        self._problem: str | None = None
+        self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
+
+    def start(self) -> PeerWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._timeout + PROBE_TIMEOUT_S + 1.0)
+
+    def problem(self) -> str | None:
+        """Which peer went silent, and for how long; None while all answer."""
+        return self._problem
+
+    def _run(self) -> None:
+        last_answer = [time.monotonic()] * len(self._peers)
+        while not self._stop.wait(self._interval):
+            for index, peer in enumerate(self._peers):
+                now = time.monotonic()
+                if peer.probe(min(self._interval, PROBE_TIMEOUT_S)):
+                    last_answer[index] = now
+                elif now - last_answer[index] >= self._timeout and not self._stop.is_set():
+                    self._problem = f"{peer.name} has not answered for {self._timeout:g}s"
+                    return
