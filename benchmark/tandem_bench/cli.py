@@ -6,10 +6,11 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tandem_bench import hostile_run, overhead_run, soak_run, speculative_run
+from tandem_bench import hostile_run, overhead_run, quantized_run, soak_run, speculative_run
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass; "
         "`tandem-bench soak --help`: a long run at half capacity with cancellations, watching memory and KV usage; "
         "`tandem-bench hostile --help`: what floods of hostile requests cost a concurrent stream and the router's "
-        "memory; `tandem-bench speculative --help`: single-stream speed with and without speculative decoding.",
+        "memory; `tandem-bench speculative --help`: single-stream speed with and without speculative decoding; "
+        "`tandem-bench quantized --help`: the embedded GGUF served float32 and quantized, side by side.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -161,17 +163,21 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "overhead": overhead_run.main,
+    "soak": soak_run.main,
+    "hostile": hostile_run.main,
+    "speculative": speculative_run.main,
+    "quantized": quantized_run.main,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; exits 1 when any request failed, 2 on a bad invocation or unreachable server."""
     arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] == ["overhead"]:
-        return overhead_run.main(arguments[1:])
-    if arguments[:1] == ["soak"]:
-        return soak_run.main(arguments[1:])
-    if arguments[:1] == ["hostile"]:
-        return hostile_run.main(arguments[1:])
-    if arguments[:1] == ["speculative"]:
-        return speculative_run.main(arguments[1:])
+    subcommand = SUBCOMMANDS.get(arguments[0]) if arguments else None
+    if subcommand is not None:
+        return subcommand(arguments[1:])
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
     try:

@@ -4,16 +4,13 @@ on input-grounded and on free text, measured in turns on two servers started sid
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem_bench.prometheus import parse_samples
 from tandem_bench.server_process import LaunchedTandem
+from tandem_bench.side_by_side import Timing, metric_total, served_model, timed_completion
 from tandem_bench.words import WORDS
 
 COMMAND = "tandem-bench speculative"
@@ -36,55 +33,18 @@ def workloads(words: int) -> list[Workload]:
     ]
 
 
-def _post(base_url: str, body: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(
-        f"{base_url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())
-
-
-def _model(base_url: str) -> str:
-    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=30) as response:
-        return str(json.loads(response.read())["data"][0]["id"])
-
-
-def _metric(base_url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
-        samples = parse_samples(response.read().decode())
-    return sum(value for series, value in samples.items() if series.split("{", 1)[0] == name)
-
-
-@dataclass
-class Timing:
-    seconds: float = 0.0
-    tokens: int = 0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-
 def _generate(server: LaunchedTandem, model: str, workload: Workload, output_len: int, timing: Timing) -> str:
     body = {"model": model, "prompt": workload.prompt, "max_tokens": output_len, "temperature": 0.0}
-    started = time.perf_counter()
-    answer = _post(server.base_url, body)
-    timing.seconds += time.perf_counter() - started
-    usage = answer["usage"]
-    assert isinstance(usage, dict)
-    timing.tokens += int(usage["completion_tokens"])
-    choices = answer["choices"]
-    assert isinstance(choices, list)
-    return str(choices[0]["text"])
+    return timed_completion(server, body, timing)
 
 
 def measure(plain: LaunchedTandem, drafting: LaunchedTandem, args: argparse.Namespace) -> list[str]:
     """One table row per workload; the two servers take turns within each round."""
-    model = _model(plain.base_url)
+    model = served_model(plain.base_url)
     rows = []
     for workload in workloads(args.words):
         off, on = Timing(), Timing()
-        before = {name: _metric(drafting.base_url, name) for name in (ACCEPTED, DRAFTED)}
+        before = {name: metric_total(drafting.base_url, name) for name in (ACCEPTED, DRAFTED)}
         identical = True
         # One unmeasured request each warms the prefix cache and the allocator alike.
         for round_index in range(args.rounds + 1):
@@ -92,8 +52,8 @@ def measure(plain: LaunchedTandem, drafting: LaunchedTandem, args: argparse.Name
             text_off = _generate(plain, model, workload, args.output_len, off if round_index else scratch)
             text_on = _generate(drafting, model, workload, args.output_len, on if round_index else scratch)
             identical = identical and text_off == text_on
-        accepted = _metric(drafting.base_url, ACCEPTED) - before[ACCEPTED]
-        drafted = _metric(drafting.base_url, DRAFTED) - before[DRAFTED]
+        accepted = metric_total(drafting.base_url, ACCEPTED) - before[ACCEPTED]
+        drafted = metric_total(drafting.base_url, DRAFTED) - before[DRAFTED]
         rate = accepted / drafted if drafted else 0.0
         ratio = on.tokens_per_second / off.tokens_per_second if off.tokens_per_second else 0.0
         rows.append(

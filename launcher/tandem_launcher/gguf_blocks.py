@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tandem_server.weights.gguf_format import BLOCK_BYTES, GGUF_BLOCKS_DIR, GGUF
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
 logger = logging.getLogger(__name__)
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 
 
 def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
@@ -32,9 +34,12 @@ def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
     float_tensors = model.state_dict()
     kept: dict[str, torch.Tensor] = {}
     types: dict[str, str] = {}
+    unsupported: Counter[str] = Counter()
     for tensor in reader.tensors:
         gguf_type = tensor.tensor_type.name
         if gguf_type not in BLOCK_BYTES or len(tensor.data.shape) != 2:
+            if gguf_type not in FLOAT_TYPES:
+                unsupported[gguf_type] += 1
             continue
         processed = processor.process(weights=np.asarray(tensor.data), name=tensor.name)
         hf_name = hf_names.get(processed.name)
@@ -46,6 +51,12 @@ def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
             continue
         kept[hf_name] = torch.from_numpy(rows)
         types[hf_name] = gguf_type
+    if unsupported:
+        logger.warning(
+            "%s served dequantized to float32: --quantize gguf keeps only %s tensors quantized",
+            ", ".join(f"{count} {kind} tensors" for kind, count in sorted(unsupported.items())),
+            "/".join(BLOCK_BYTES),
+        )
     if kept:
         blocks_dir = output_dir / GGUF_BLOCKS_DIR
         blocks_dir.mkdir()
