@@ -78,10 +78,8 @@ class TwoNodes:
     start_seconds: float
 
 
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -> Iterator[TwoNodes]:
-    """The group, started after the session server converted the model; the last test here kills its worker."""
-    directory = tmp_path_factory.mktemp("two-nodes")
+def start_group(directory: Path) -> TwoNodes:
+    """Starts the worker's launcher, then the leader's, and waits until the leader's router is healthy."""
     ports = node_ports(directory)
     started = time.monotonic()
     worker = start_worker(ports, directory / "worker.log")
@@ -90,14 +88,40 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) ->
     except RuntimeError:
         worker.kill()
         raise
-    group = TwoNodes(leader, worker, directory / "worker.log", time.monotonic() - started)
-    print(f"two-node TP=2 group healthy {group.start_seconds:.1f}s after both launchers started")
-    yield group
-    for process in (leader.process, worker):
+    return TwoNodes(leader, worker, directory / "worker.log", time.monotonic() - started)
+
+
+def descendants_of(group: TwoNodes) -> list[psutil.Process]:
+    launchers = [psutil.Process(group.leader.process.pid), psutil.Process(group.worker.pid)]
+    return [child for launcher in launchers for child in launcher.children(recursive=True)]
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    deadline = time.monotonic() + 20
+    while not all_gone(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all_gone(processes), [process.pid for process in processes if process.is_running()]
+
+
+def stop_group(group: TwoNodes) -> None:
+    for process in (group.leader.process, group.worker):
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-    assert leader.process.wait(timeout=120) is not None
-    assert worker.wait(timeout=120) is not None
+    for process in (group.leader.process, group.worker):
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -> Iterator[TwoNodes]:
+    """The group, started after the session server converted the model; the last test using it kills its worker."""
+    group = start_group(tmp_path_factory.mktemp("two-nodes"))
+    print(f"two-node TP=2 group healthy {group.start_seconds:.1f}s after both launchers started")
+    yield group
+    stop_group(group)
 
 
 def test_two_nodes_serve_one_group_of_two_ranks(two_nodes: TwoNodes) -> None:
@@ -120,8 +144,7 @@ def test_two_nodes_give_the_greedy_tokens_of_one_shard(
 
 def test_killing_the_worker_launcher_ends_the_leader_with_no_process_left(two_nodes: TwoNodes) -> None:
     """Runs last: the leader notices the silent rank, stops its router and shard, and exits 1 for a group restart."""
-    launchers = [psutil.Process(two_nodes.leader.process.pid), psutil.Process(two_nodes.worker.pid)]
-    descendants = [child for launcher in launchers for child in launcher.children(recursive=True)]
+    descendants = descendants_of(two_nodes)
     assert len(descendants) >= 3  # the router, rank 0 and rank 1
     killed = time.monotonic()
     two_nodes.worker.send_signal(signal.SIGKILL)
@@ -130,10 +153,25 @@ def test_killing_the_worker_launcher_ends_the_leader_with_no_process_left(two_no
     assert status == 1, two_nodes.leader.log_tail()
     log = two_nodes.leader.log_path.read_text(errors="replace")
     assert "shard-1 on node 1" in log and "restarts only as a whole" in log
-    deadline = time.monotonic() + 20
-    while not all_gone(descendants) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all_gone(descendants), [process.pid for process in descendants if process.is_running()]
+    assert_all_gone(descendants)
+
+
+def test_killing_the_leader_launcher_ends_the_worker_with_no_process_left(tmp_path: Path, tandem: TandemServer) -> None:
+    """A group of its own (started once `tandem` converted the model): the worker notices that its leader's rendezvous
+    port closed, stops its rank, and exits 1 for a group restart."""
+    group = start_group(tmp_path)
+    try:
+        descendants = descendants_of(group)
+        killed = time.monotonic()
+        group.leader.process.send_signal(signal.SIGKILL)
+        status = group.worker.wait(timeout=PEER_TIMEOUT_S + 60)
+        print(f"worker exited {time.monotonic() - killed:.1f}s after the leader launcher was killed")
+        log = group.worker_log.read_text(errors="replace")
+        assert status == 1, log[-3000:]
+        assert "the leader's rendezvous at 127.0.0.1:" in log and "restarts only as a whole" in log
+        assert_all_gone(descendants)
+    finally:
+        stop_group(group)
 
 
 def test_a_leader_alone_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
