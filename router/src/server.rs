@@ -88,20 +88,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let vocab = files.tokenizer.get_vocab_size(true);
     let sampling_defaults = model_sampling_defaults(&files, &config);
     let (validator, decoding) = tokenization(files, &config)?;
-    let phase = Instant::now();
-    let auth = ClusterAuth::from_file(config.cluster_secret_file.as_deref())?;
-    let fleet =
-        ShardFleet::connect(&config.shard_addresses, config.shard_connect_timeout, auth).await?;
-    let model = fleet.info().await?;
-    info!(
-        shards = fleet.num_shards(),
-        architecture = %model.architecture,
-        dtype = %model.dtype,
-        device = %model.device,
-        attention = %model.attention_backend,
-        elapsed_ms = phase.elapsed().as_millis(),
-        "shards connected"
-    );
+    let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
@@ -148,6 +135,25 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         None => warn!("no API key configured: every route is open"),
     }
     serve(&config, state).await
+}
+
+/// Connects to every rank (with the cluster secret, if any) and reads the model's facts.
+async fn connect_shards(config: &RouterConfig) -> Result<(ShardFleet, ModelInfo), StartupError> {
+    let phase = Instant::now();
+    let auth = ClusterAuth::from_file(config.cluster_secret_file.as_deref())?;
+    let fleet =
+        ShardFleet::connect(&config.shard_addresses, config.shard_connect_timeout, auth).await?;
+    let model = fleet.info().await?;
+    info!(
+        shards = fleet.num_shards(),
+        architecture = %model.architecture,
+        dtype = %model.dtype,
+        device = %model.device,
+        attention = %model.attention_backend,
+        elapsed_ms = phase.elapsed().as_millis(),
+        "shards connected"
+    );
+    Ok((fleet, model))
 }
 
 /// The model must hold `max_total_tokens` positions (0 means the shard did not say).
