@@ -5,12 +5,15 @@ with the environment LeaderWorkerSet injects."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from helm import objects_of_kind, render_values, template
 from launcher_args import CLUSTER_SECRET_MOUNT, launcher_config
+from tandem_launcher.commands import shard_address_argv, shard_argv
+from tandem_launcher.model_resolution import ResolvedModel
 
 LEADER_ADDRESS = "tandem-0.tandem.serving"
 
@@ -64,6 +67,35 @@ def test_leader_and_worker_args_form_one_group_under_the_launchers_parser(
     assert "--node-rank" not in worker_args  # LWS_WORKER_INDEX says which worker
 
 
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == flag]
+
+
+def test_the_leaders_router_and_the_workers_shards_meet_on_the_declared_ports(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    templates = group_templates(rendered["multi-node"])
+    leader = launcher_config(tandem_container(templates["leaderTemplate"])["args"], lws_environment(0))
+    worker = launcher_config(tandem_container(templates["workerTemplate"])["args"], lws_environment(1))
+    worker_ports = {
+        port["name"]: port["containerPort"] for port in tandem_container(templates["workerTemplate"])["ports"]
+    }
+    # The leader's router dials each worker rank where LWS names the worker pod, on its declared gRPC port.
+    leader_sockets = [Path(f"/tmp/shard-{rank}.sock") for rank in range(leader.layout.local)]
+    remote = [
+        uri for uri in flag_values(shard_address_argv(leader, leader_sockets), "--shard-uri") if uri.startswith("http")
+    ]
+    assert remote == [f"http://tandem-0-1.tandem.serving:{worker_ports[f'grpc-{r}']}" for r in range(4)]
+    # Each worker rank listens on that port and serves metrics on the port the pod declares for it.
+    model = ResolvedModel(path=Path("/data/tandem/model"), served_name="model", max_position_embeddings=None)
+    for local in range(worker.layout.local):
+        argv = shard_argv(worker, model, local, Path(f"/tmp/shard-{local}.sock"), worker.master_port)
+        assert flag_values(argv, "--grpc-port") == [str(worker_ports[f"grpc-{local}"])]
+        assert flag_values(argv, "--metrics-port") == [str(worker_ports[f"shard-{local}"])]
+        assert flag_values(argv, "--rank") == [str(4 + local)]
+        assert flag_values(argv, "--master-addr") == [LEADER_ADDRESS]
+
+
 def test_each_pod_requests_its_own_gpus_and_only_the_leader_serves_http(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
@@ -73,7 +105,8 @@ def test_each_pod_requests_its_own_gpus_and_only_the_leader_serves_http(
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == 4
     leader_ports = {port["name"]: port["containerPort"] for port in leader["ports"]}
     worker_ports = {port["name"]: port["containerPort"] for port in worker["ports"]}
-    assert leader_ports == {"http": 3000, **{f"shard-{r}": 9100 + r for r in range(4)}, "rendezvous": 29500}
+    shard_ports = {f"shard-{r}": 9100 + r for r in range(4)}
+    assert leader_ports == {"http": 3000, **shard_ports, "rendezvous": 29500}
     assert worker_ports == {**{f"shard-{r}": 9100 + r for r in range(4)}, **{f"grpc-{r}": 50051 + r for r in range(4)}}
     assert {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} <= leader.keys()
     assert not {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} & worker.keys()
