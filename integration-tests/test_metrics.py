@@ -71,3 +71,30 @@ def test_shard_metrics_endpoint_reports_memory_kv_cache_and_forward_time(metrics
     assert total(shard, "tandem_shard_forward_duration_seconds_count", phase="prefill") > 0
     assert total(shard, "tandem_shard_forward_duration_seconds_count", phase="decode") > 0
     assert "tandem_shard_device_memory_allocated_bytes" not in shard
+
+
+# The Gateway API Inference Extension's endpoint picker scrapes these names by default (vLLM's).
+MODEL_SERVER_PROTOCOL = {
+    "vllm:num_requests_waiting": "tandem_queue_size",
+    "vllm:num_requests_running": "tandem_running_requests",
+    "vllm:kv_cache_usage_perc": "tandem_kv_cache_usage_ratio",
+    "vllm:gpu_cache_usage_perc": "tandem_kv_cache_usage_ratio",
+}
+
+
+def test_router_metrics_follow_the_inference_extension_model_server_protocol(metrics_tandem: MetricsTandem) -> None:
+    send_mixed_load(metrics_tandem.server.base_url)
+    samples, types = scrape(f"{metrics_tandem.server.base_url}/metrics")
+    for name, own_name in MODEL_SERVER_PROTOCOL.items():
+        assert types[name] == "gauge", name
+        ((labels, value),) = samples[name].items()
+        assert labels == frozenset()
+        assert value == total(samples, own_name), name
+    assert 0 <= total(samples, "vllm:kv_cache_usage_perc") <= 1
+    assert types["vllm:cache_config_info"] == "gauge"
+    current = [dict(labels) for labels, value in samples["vllm:cache_config_info"].items() if value == 1]
+    assert len(current) == 1
+    assert current[0]["block_size"] == dict(next(iter(samples["tandem_info"])))["block_size"]
+    assert int(current[0]["num_gpu_blocks"]) == total(samples, "tandem_kv_blocks_total") > 0
+    # No LoRA adapters: the LoRA affinity series is absent, as the protocol allows.
+    assert "vllm:lora_requests_info" not in types

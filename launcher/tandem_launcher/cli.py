@@ -64,6 +64,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add_cluster_flags(add, environ)
     _add_server_flags(add)
     _add_scheduling_flags(add)
+    _add_kv_events_flags(add)
     _add_execution_flags(add)
     _add_supervision_flags(add)
     _add_request_limit_flags(add)
@@ -146,6 +147,16 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
         int,
         0,
         "speculative decoding: draft tokens per decode step, proposed from the request's own text; 0: off",
+    )
+
+
+def _add_kv_events_flags(add: FlagAdder) -> None:
+    """KV-cache events in vLLM's format for prefix-aware routers (docs/scaling.md); off unless an endpoint is set."""
+    add.value("--kv-events-endpoint", str, None, "ZMQ endpoint the router's event PUB socket binds, e.g. tcp://*:5557")
+    add.value("--kv-events-replay-endpoint", str, None, "ZMQ endpoint of the replay ROUTER socket, e.g. tcp://*:5558")
+    add.value("--kv-events-topic", str, "kv-events", "topic (first frame) of every published event batch")
+    add.value(
+        "--kv-events-hash-seed", str, "0", "seed of the block-hash chain: the consumers' PYTHONHASHSEED or hashSeed"
     )
 
 

@@ -124,6 +124,7 @@ def router_argv(
         "--step-timeout", str(math.ceil(config.step_timeout)),
     ]  # fmt: skip
     argv += api_argv(config)
+    argv += kv_events_argv(config)
     if config.max_queued_tokens is not None:
         argv += ["--max-queued-tokens", str(config.max_queued_tokens)]
     for path in (*([key_file] if key_file else []), *config.api_key_file):
@@ -132,6 +133,20 @@ def router_argv(
         argv.append("--json-output")
     if config.log_requests:
         argv.append("--log-requests")
+    return argv
+
+
+def kv_events_argv(config: LauncherConfig) -> list[str]:
+    """The router's KV-cache event flags; none while events are off."""
+    if config.kv_events_endpoint is None:
+        return []
+    argv = [
+        "--kv-events-endpoint", config.kv_events_endpoint,
+        "--kv-events-topic", config.kv_events_topic,
+        "--kv-events-hash-seed", config.kv_events_hash_seed,
+    ]  # fmt: skip
+    if config.kv_events_replay_endpoint is not None:
+        argv += ["--kv-events-replay-endpoint", config.kv_events_replay_endpoint]
     return argv
 
 

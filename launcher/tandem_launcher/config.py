@@ -96,6 +96,11 @@ class LauncherConfig:
     async_scheduling: bool = True
     # Draft tokens per decode step (speculative decoding); 0: off.
     speculate: int = 0
+    # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = "kv-events"
+    kv_events_hash_seed: str = "0"
     kv_cache_memory: str = "1GiB"
     # The KV cache's dtype, in which attention computes; "auto": the model's dtype.
     kv_cache_dtype: str = "auto"

@@ -98,3 +98,19 @@ def test_router_argv_carries_the_speculative_draft_count() -> None:
     config = LauncherConfig(speculate=4, commands=COMMANDS)
     argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
     assert flag_values(argv)["--speculate"] == ["4"]
+
+
+def test_router_argv_passes_kv_events_flags_through_only_when_an_endpoint_is_set() -> None:
+    sockets = [Path("/run/t/shard-0.sock")]
+    off = router_argv(LauncherConfig(commands=COMMANDS), MODEL, TokenLimits(100, 200), sockets)
+    assert not [word for word in off if word.startswith("--kv-events")]
+    config = LauncherConfig(
+        kv_events_endpoint="tcp://*:5557",
+        kv_events_replay_endpoint="tcp://*:5558",
+        kv_events_hash_seed="42",
+        commands=COMMANDS,
+    )
+    values = flag_values(router_argv(config, MODEL, TokenLimits(100, 200), sockets))
+    assert values["--kv-events-endpoint"] == ["tcp://*:5557"]
+    assert values["--kv-events-replay-endpoint"] == ["tcp://*:5558"]
+    assert (values["--kv-events-topic"], values["--kv-events-hash-seed"]) == (["kv-events"], ["42"])

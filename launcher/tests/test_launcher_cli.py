@@ -83,3 +83,9 @@ def test_config_is_frozen() -> None:
     config = LauncherConfig()
     with pytest.raises(AttributeError):
         config.port = 1  # type: ignore[misc]
+
+
+def test_kv_events_flags_read_their_environment_variables() -> None:
+    config = parse_config([], {"KV_EVENTS_ENDPOINT": "tcp://*:5557", "KV_EVENTS_TOPIC": "kv@pod@model"})
+    assert (config.kv_events_endpoint, config.kv_events_topic) == ("tcp://*:5557", "kv@pod@model")
+    assert config.kv_events_replay_endpoint is None

@@ -11,7 +11,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
-use crate::scheduler::{self, RecoveryConfig};
+use crate::kv::{self, events::PublisherError};
+use crate::scheduler::{self, Backend, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
@@ -41,6 +42,8 @@ pub enum StartupError {
     ApiKeys(#[from] ApiKeyError),
     #[error(transparent)]
     LaunchId(#[from] LaunchIdError),
+    #[error(transparent)]
+    KvEvents(#[from] PublisherError),
     #[error("cannot set up metrics: {0}")]
     Metrics(#[from] BuildError),
     #[error("cannot listen on {address}: {source}")]
@@ -94,16 +97,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
-    let recovery = RecoveryConfig::new(
-        warmup_plan(&config),
-        config.lifecycle.max_queue_time,
-        config.lifecycle.step_timeout,
-    );
-    let backend = scheduler::spawn(
-        config.scheduler_config(num_blocks),
-        recovery,
-        Arc::new(fleet.clone()),
-    );
+    let backend = start_scheduler(&config, &fleet, num_blocks).await?;
     let served = ServedModel {
         architecture: model.architecture.clone(),
         dtype: model.dtype.clone(),
@@ -154,6 +148,27 @@ async fn connect_shards(config: &RouterConfig) -> Result<(ShardFleet, ModelInfo)
         "shards connected"
     );
     Ok((fleet, model))
+}
+
+/// The scheduler over `fleet`'s `num_blocks` KV blocks; its prefix cache publishes KV-cache
+/// events when `--kv-events-endpoint` is set.
+async fn start_scheduler(
+    config: &RouterConfig,
+    fleet: &ShardFleet,
+    num_blocks: usize,
+) -> Result<Arc<dyn Backend>, StartupError> {
+    let recovery = RecoveryConfig::new(
+        warmup_plan(config),
+        config.lifecycle.max_queue_time,
+        config.lifecycle.step_timeout,
+    );
+    let kv_events = kv::events::start(&config.kv_events).await?;
+    Ok(scheduler::spawn(
+        config.scheduler_config(num_blocks),
+        recovery,
+        Arc::new(fleet.clone()),
+        kv_events,
+    ))
 }
 
 /// The model must hold `max_total_tokens` positions (0 means the shard did not say).

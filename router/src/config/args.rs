@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 
 use crate::http::ResponseStoreLimits;
+use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::shard::ShardAddress;
 
@@ -116,6 +117,8 @@ pub struct RouterArgs {
     pub request_limits: RequestLimits,
     #[command(flatten)]
     pub connections: ConnectionLimits,
+    #[command(flatten)]
+    pub kv_events: KvEventsConfig,
 }
 
 /// Limits and behaviour of the client-facing API.

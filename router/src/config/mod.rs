@@ -13,6 +13,7 @@ pub use args::{ApiArgs, ApiKey, GenerationConfigUse, RouterArgs};
 pub use derived::ServedModel;
 
 use crate::http::ResponseStoreLimits;
+use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::shard::ShardAddress;
 
@@ -70,6 +71,7 @@ pub struct RouterConfig {
     pub api_keys: Vec<ApiKey>,
     pub api_key_files: Vec<PathBuf>,
     pub launch_id_file: Option<PathBuf>,
+    pub kv_events: KvEventsConfig,
 }
 
 /// The client-facing API's limits and options.
@@ -214,6 +216,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
             api_keys: args.api_keys,
             api_key_files: args.api_key_files,
             launch_id_file: args.launch_id_file,
+            kv_events: args.kv_events,
         })
     }
 }

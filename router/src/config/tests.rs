@@ -284,3 +284,35 @@ fn shard_uris_and_socket_paths_are_exclusive_and_checked() {
         "{error}"
     );
 }
+
+#[test]
+fn kv_events_are_off_by_default_and_replay_needs_an_event_endpoint() {
+    let defaults = parse(&[]).unwrap().kv_events;
+    assert_eq!(defaults.endpoint, None);
+    assert_eq!(
+        (defaults.topic.as_str(), defaults.hash_seed.as_str()),
+        ("kv-events", "0")
+    );
+    let on = parse(&[
+        "--kv-events-endpoint",
+        "tcp://*:5557",
+        "--kv-events-replay-endpoint",
+        "tcp://*:5558",
+    ])
+    .unwrap()
+    .kv_events;
+    assert_eq!(on.endpoint.as_deref(), Some("tcp://*:5557"));
+    assert_eq!(on.replay_endpoint.as_deref(), Some("tcp://*:5558"));
+    let argv = [
+        "tandem-router",
+        "--shard-uds-path",
+        "/run/s0.sock",
+        "--tokenizer-path",
+        "/m",
+        "--model-id",
+        "m",
+        "--kv-events-replay-endpoint",
+        "tcp://*:5558",
+    ];
+    assert!(RouterArgs::try_parse_from(argv).is_err());
+}

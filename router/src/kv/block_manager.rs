@@ -4,6 +4,7 @@
 //! above zero; it may also be cached), or idle-cached (count zero, cached, evictable).
 //! Allocation takes free blocks first, then evicts idle-cached ones, least recently used first.
 
+use super::events::KvEventLog;
 use super::radix::RadixCache;
 
 #[derive(Debug)]
@@ -125,6 +126,11 @@ impl BlockManager {
         self.cache_block_size.is_some() && self.cache.insert(parent, key, block)
     }
 
+    /// Records the prefix cache's stored, removed and cleared blocks into `log`.
+    pub fn record_events(&mut self, log: KvEventLog) {
+        self.cache.record_events(log);
+    }
+
     pub fn cache_block_size(&self) -> Option<usize> {
         self.cache_block_size
     }
@@ -145,7 +151,12 @@ impl BlockManager {
         if self.used() > 0 {
             return false;
         }
+        let events = self.cache.take_events();
         *self = Self::new(total, self.cache_block_size);
+        if let Some(log) = events {
+            log.cleared();
+            self.cache.record_events(log);
+        }
         true
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::block_manager::BlockManager;
+use super::events::KvEventLog;
 
 /// The KV blocks `0..total`. Cloning shares the same blocks.
 #[derive(Debug, Clone)]
@@ -59,6 +60,11 @@ impl BlockPool {
     /// re-allocated their cache). Refused (`false`) while any block is held.
     pub fn resize(&self, total: usize) -> bool {
         self.lock().reset(total)
+    }
+
+    /// Records every block the prefix cache stores or removes, and every reset, into `log`.
+    pub fn record_events(&self, log: KvEventLog) {
+        self.lock().record_events(log);
     }
 
     /// Forgets every cached prefix.

@@ -3,6 +3,7 @@
 
 mod block_manager;
 mod block_pool;
+pub mod events;
 mod radix;
 #[cfg(test)]
 mod tests;

@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::events::{BlockDigest, KvEventLog};
+
 type NodeId = usize;
 const ROOT: NodeId = 0;
 
@@ -20,6 +22,8 @@ struct Node {
     block: u32,
     children: HashMap<Vec<u32>, NodeId>,
     last_access: u64,
+    /// The block's hash in the published chain; zeros while events are off.
+    digest: BlockDigest,
 }
 
 #[derive(Debug)]
@@ -31,6 +35,8 @@ pub(crate) struct RadixCache {
     /// Unreferenced leaves by (last access, node): the LRU eviction order.
     evictable_leaves: BTreeSet<(u64, NodeId)>,
     clock: u64,
+    /// Records stored and removed blocks for the KV events publisher when set.
+    events: Option<KvEventLog>,
 }
 
 impl RadixCache {
@@ -41,6 +47,7 @@ impl RadixCache {
             block: u32::MAX,
             children: HashMap::new(),
             last_access: 0,
+            digest: [0; 32],
         };
         Self {
             nodes: vec![Some(root)],
@@ -48,7 +55,17 @@ impl RadixCache {
             node_of_block: HashMap::new(),
             evictable_leaves: BTreeSet::new(),
             clock: 0,
+            events: None,
         }
+    }
+
+    /// Records every block stored or removed from now on into `log`.
+    pub fn record_events(&mut self, log: KvEventLog) {
+        self.events = Some(log);
+    }
+
+    pub fn take_events(&mut self) -> Option<KvEventLog> {
+        self.events.take()
     }
 
     fn node(&self, id: NodeId) -> &Node {
@@ -135,12 +152,17 @@ impl RadixCache {
             return false;
         }
         self.clock += 1;
+        let digest = match &self.events {
+            Some(log) => log.stored((parent != ROOT).then(|| &self.node(parent).digest), key),
+            None => [0; 32],
+        };
         let node = Node {
             parent,
             key: key.to_vec(),
             block,
             children: HashMap::new(),
             last_access: self.clock,
+            digest,
         };
         let id = match self.vacant.pop() {
             Some(id) => {
@@ -186,6 +208,9 @@ impl RadixCache {
             .expect("invariant: evictable leaves are live nodes");
         self.vacant.push(id);
         self.node_of_block.remove(&node.block);
+        if let Some(log) = &self.events {
+            log.removed(&node.digest);
+        }
         let parent = self.node_mut(node.parent);
         parent.children.remove(&node.key);
         let parent_becomes_leaf = parent.children.is_empty();
@@ -200,7 +225,12 @@ impl RadixCache {
     #[cfg(test)]
     pub fn clear(&mut self) -> Vec<u32> {
         let blocks = self.node_of_block.keys().copied().collect();
+        let events = self.events.take();
         *self = Self::new();
+        if let Some(log) = events {
+            log.cleared();
+            self.events = Some(log);
+        }
         blocks
     }
 }

@@ -124,6 +124,7 @@ fn backend(shards: &Arc<HangingShards>) -> Arc<dyn Backend> {
         config(),
         recovery,
         Arc::clone(shards) as Arc<dyn ShardGroup>,
+        None,
     )
 }
 

@@ -8,7 +8,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
-use super::LoadSnapshot;
+use super::{LoadSnapshot, SchedulerConfig};
 use crate::pb;
 
 /// Describes every series the scheduler emits and registers its event counters at 0, so
@@ -112,6 +112,41 @@ pub(super) fn record_load(load: &LoadSnapshot) {
         as_f64(load.kv_blocks_used) / as_f64(load.kv_blocks_total)
     };
     gauge!("tandem_kv_cache_usage_ratio").set(usage);
+    record_model_server_load(load, usage);
+}
+
+/// The same load under the names the Gateway API Inference Extension's endpoint picker
+/// scrapes by default (vLLM's; see docs/metrics.md).
+fn record_model_server_load(load: &LoadSnapshot, usage: f64) {
+    gauge!("vllm:num_requests_waiting").set(as_f64(load.queued_requests));
+    gauge!("vllm:num_requests_running").set(as_f64(load.running_requests));
+    gauge!("vllm:kv_cache_usage_perc").set(usage);
+    gauge!("vllm:gpu_cache_usage_perc").set(usage);
+}
+
+/// Publishes the KV cache's shape as `vllm:cache_config_info` (always 1, facts in labels);
+/// a previous shape's series drops to 0 so exactly one series reads 1.
+pub(super) fn record_cache_config(config: &SchedulerConfig, previous_num_blocks: Option<usize>) {
+    if let Some(previous) = previous_num_blocks.filter(|&blocks| blocks != config.num_blocks) {
+        gauge!(
+            "vllm:cache_config_info",
+            &cache_config_labels(config, previous)
+        )
+        .set(0.0);
+    }
+    gauge!(
+        "vllm:cache_config_info",
+        &cache_config_labels(config, config.num_blocks)
+    )
+    .set(1.0);
+}
+
+fn cache_config_labels(config: &SchedulerConfig, num_blocks: usize) -> [(&'static str, String); 3] {
+    [
+        ("block_size", config.block_size.to_string()),
+        ("num_gpu_blocks", num_blocks.to_string()),
+        ("enable_prefix_caching", config.prefix_caching.to_string()),
+    ]
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -120,6 +155,7 @@ fn as_f64(count: usize) -> f64 {
 }
 
 fn describe_load() {
+    describe_model_server_protocol();
     describe_gauge!("tandem_queue_size", "Requests waiting to be scheduled");
     describe_gauge!(
         "tandem_queue_tokens",
@@ -142,6 +178,34 @@ fn describe_load() {
         "tandem_request_step_failures_total",
         "Requests the shards ended on their own while the rest of their step went on, by reason"
     );
+}
+
+/// The Inference Extension's model-server protocol, under vLLM's names.
+fn describe_model_server_protocol() {
+    for (name, help) in [
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting to be scheduled (same as tandem_queue_size)",
+        ),
+        (
+            "vllm:num_requests_running",
+            "Requests being generated (same as tandem_running_requests)",
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use, 0 to 1 (same as tandem_kv_cache_usage_ratio)",
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "Older name of vllm:kv_cache_usage_perc, still read by older endpoint pickers",
+        ),
+        (
+            "vllm:cache_config_info",
+            "Always 1; labels block_size and num_gpu_blocks describe the KV cache",
+        ),
+    ] {
+        describe_gauge!(name, help);
+    }
 }
 
 fn describe_steps() {
@@ -219,6 +283,49 @@ mod tests {
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     use super::*;
+
+    #[test]
+    fn model_server_protocol_gauges_use_the_endpoint_pickers_default_names() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let mut config = SchedulerConfig {
+            block_size: 16,
+            num_blocks: 100,
+            max_batch_tokens: 256,
+            max_batch_requests: 8,
+            prefix_caching: true,
+            steps_in_flight: 1,
+            max_drafts: 0,
+        };
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            record_cache_config(&config, None);
+            config.num_blocks = 80;
+            record_cache_config(&config, Some(100));
+            record_load(&LoadSnapshot {
+                queued_requests: 2,
+                queued_tokens: 40,
+                running_requests: 3,
+                kv_blocks_used: 20,
+                kv_blocks_total: 80,
+                kv_blocks_cached: 7,
+            });
+        });
+        let text = handle.render();
+        for expected in [
+            "# TYPE vllm:num_requests_waiting gauge",
+            "vllm:num_requests_waiting 2",
+            "vllm:num_requests_running 3",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            "vllm:kv_cache_usage_perc 0.25",
+            "vllm:gpu_cache_usage_perc 0.25",
+            "# TYPE vllm:cache_config_info gauge",
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"80\",enable_prefix_caching=\"true\"} 1",
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\",enable_prefix_caching=\"true\"} 0",
+        ] {
+            assert!(text.contains(expected), "missing {expected} in\n{text}");
+        }
+    }
 
     #[test]
     fn load_gauges_include_queue_tokens_and_kv_usage_ratio() {

@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::kv::events::KvEventLog;
 use crate::shard::ShardGroup;
 
 pub use request::{
@@ -131,9 +132,14 @@ pub fn spawn(
     config: SchedulerConfig,
     recovery: RecoveryConfig,
     shards: Arc<dyn ShardGroup>,
+    kv_events: Option<KvEventLog>,
 ) -> Arc<dyn Backend> {
     metrics::describe();
+    metrics::record_cache_config(&config, None);
     let state = state::SchedulerState::new(config);
+    if let Some(log) = kv_events {
+        state.pool().record_events(log);
+    }
     let (submissions, receiver) = mpsc::unbounded_channel();
     let (load_sender, load) = watch::channel(state.load());
     let (phase_sender, phase) = watch::channel(EnginePhase::Serving);

@@ -184,6 +184,7 @@ async fn the_step_loop_keeps_two_steps_in_flight_and_outputs_are_unchanged() {
         config(),
         recovery,
         Arc::clone(&shards) as Arc<dyn ShardGroup>,
+        None,
     );
     let mut streams: Vec<_> = [6, 9]
         .into_iter()

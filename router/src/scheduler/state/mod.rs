@@ -357,7 +357,8 @@ impl SchedulerState {
         if !self.running.is_empty() || !self.pool.resize(num_blocks) {
             return false;
         }
-        self.config.num_blocks = num_blocks;
+        let previous = std::mem::replace(&mut self.config.num_blocks, num_blocks);
+        super::metrics::record_cache_config(&self.config, Some(previous));
         true
     }
 }

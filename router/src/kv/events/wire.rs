@@ -1,0 +1,132 @@
+//! The msgpack payload of one published batch, byte for byte as vLLM's msgspec structs
+//! (`array_like=True`, `omit_defaults=True`, `tag=True`) encode a `KVEventBatch`:
+//!
+//! - batch: `[ts, [event...], data_parallel_rank]`
+//! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name]`
+//! - `["BlockRemoved", block_hashes, medium]`
+//! - `["AllBlocksCleared"]`
+//!
+//! Fields with a default that holds their value are omitted at the end, as msgspec does.
+
+use rmp::encode::{self, RmpWrite, ValueWriteError};
+
+use super::KvEvent;
+
+/// Where the blocks live, as vLLM names its device tier.
+const MEDIUM: &str = "GPU";
+/// Tandem runs one scheduler per replica: data-parallel rank 0.
+const DATA_PARALLEL_RANK: u64 = 0;
+
+type WriteError = ValueWriteError<<Vec<u8> as RmpWrite>::Error>;
+
+/// Encodes `events` as one batch stamped `ts` (seconds since the Unix epoch).
+pub(crate) fn encode_batch(ts: f64, events: &[KvEvent]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + events.len() * 32);
+    write_batch(&mut out, ts, events).expect("invariant: writing to a Vec cannot fail");
+    out
+}
+
+fn write_batch(out: &mut Vec<u8>, ts: f64, events: &[KvEvent]) -> Result<(), WriteError> {
+    encode::write_array_len(out, 3)?;
+    encode::write_f64(out, ts)?;
+    encode::write_array_len(out, len32(events.len()))?;
+    for event in events {
+        write_event(out, event)?;
+    }
+    encode::write_uint(out, DATA_PARALLEL_RANK)?;
+    Ok(())
+}
+
+fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
+    match event {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+        } => {
+            encode::write_array_len(out, 8)?;
+            encode::write_str(out, "BlockStored")?;
+            write_hashes(out, block_hashes)?;
+            match parent_block_hash {
+                Some(parent) => encode::write_uint(out, *parent).map(drop)?,
+                None => write_nil(out)?,
+            }
+            encode::write_array_len(out, len32(token_ids.len()))?;
+            for &token in token_ids {
+                encode::write_uint(out, u64::from(token))?;
+            }
+            encode::write_uint(out, *block_size as u64)?;
+            write_nil(out)?;
+            encode::write_str(out, MEDIUM)?;
+            write_nil(out)?;
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            encode::write_array_len(out, 3)?;
+            encode::write_str(out, "BlockRemoved")?;
+            write_hashes(out, block_hashes)?;
+            encode::write_str(out, MEDIUM)?;
+        }
+        KvEvent::AllBlocksCleared => {
+            encode::write_array_len(out, 1)?;
+            encode::write_str(out, "AllBlocksCleared")?;
+        }
+    }
+    Ok(())
+}
+
+fn write_hashes(out: &mut Vec<u8>, hashes: &[u64]) -> Result<(), WriteError> {
+    encode::write_array_len(out, len32(hashes.len()))?;
+    for &hash in hashes {
+        encode::write_uint(out, hash)?;
+    }
+    Ok(())
+}
+
+fn write_nil(out: &mut Vec<u8>) -> Result<(), WriteError> {
+    encode::write_nil(out).map_err(ValueWriteError::InvalidMarkerWrite)
+}
+
+fn len32(len: usize) -> u32 {
+    u32::try_from(len).expect("invariant: a batch holds fewer than 2^32 items")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_encodes_as_msgspec_array_like_tagged_structs() {
+        let events = [
+            KvEvent::BlockStored {
+                block_hashes: vec![1, 0xffff_ffff_ffff_ffff],
+                parent_block_hash: None,
+                token_ids: vec![7, 300],
+                block_size: 1,
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![2],
+            },
+            KvEvent::AllBlocksCleared,
+        ];
+        let encoded = encode_batch(1.5, &events);
+        let mut expected = vec![0x93, 0xcb];
+        expected.extend_from_slice(&1.5f64.to_be_bytes());
+        expected.push(0x93);
+        expected.extend_from_slice(&[0x98, 0xab]);
+        expected.extend_from_slice(b"BlockStored");
+        expected.extend_from_slice(&[0x92, 0x01, 0xcf]);
+        expected.extend_from_slice(&[0xff; 8]);
+        expected.extend_from_slice(&[0xc0, 0x92, 0x07, 0xcd, 0x01, 0x2c, 0x01, 0xc0, 0xa3]);
+        expected.extend_from_slice(b"GPU");
+        expected.push(0xc0);
+        expected.extend_from_slice(&[0x93, 0xac]);
+        expected.extend_from_slice(b"BlockRemoved");
+        expected.extend_from_slice(&[0x91, 0x02, 0xa3]);
+        expected.extend_from_slice(b"GPU");
+        expected.extend_from_slice(&[0x91, 0xb0]);
+        expected.extend_from_slice(b"AllBlocksCleared");
+        expected.push(0x00);
+        assert_eq!(encoded, expected);
+    }
+}
