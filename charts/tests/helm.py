@@ -55,9 +55,12 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "secrets.apiKey.existingSecret=tandem-api-key",
             "metrics.serviceMonitor.enabled=true",
             "inferencePool.enabled=true",
+            "kvEvents.enabled=true",
+            "kvEvents.replayPort=null",
         ),
     ),
-    # Replicas of one pod each behind an InferencePool whose endpoint picker runs two replicas (leader election).
+    # Replicas of one pod each behind an InferencePool whose endpoint picker runs two replicas (leader election), each
+    # publishing KV-cache events under a topic naming the pod.
     "inference-pool": (
         (),
         (
@@ -66,6 +69,9 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "inferencePool.failureMode=FailClose",
             "inferencePool.endpointPicker.replicas=2",
             "autoscaling.enabled=true",
+            "kvEvents.enabled=true",
+            "kvEvents.topic=kv@$(POD_IP):3000@smollm2",
+            "kvEvents.hashSeed=42",
         ),
     ),
 }

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helm import objects_of_kind, render_values, template
+from helm import objects_of_kind, render_values, serving_pod, template
 from launcher_args import CLUSTER_SECRET_MOUNT, launcher_config
 from tandem_launcher.commands import shard_address_argv, shard_argv
 from tandem_launcher.model_resolution import ResolvedModel
@@ -106,11 +106,11 @@ def test_each_pod_requests_its_own_gpus_and_only_the_leader_serves_http(
     leader_ports = {port["name"]: port["containerPort"] for port in leader["ports"]}
     worker_ports = {port["name"]: port["containerPort"] for port in worker["ports"]}
     shard_ports = {f"shard-{r}": 9100 + r for r in range(4)}
-    assert leader_ports == {"http": 3000, **shard_ports, "rendezvous": 29500}
+    assert leader_ports == {"http": 3000, **shard_ports, "kv-events": 5557, "rendezvous": 29500}
     assert worker_ports == {**{f"shard-{r}": 9100 + r for r in range(4)}, **{f"grpc-{r}": 50051 + r for r in range(4)}}
     assert {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} <= leader.keys()
     assert not {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} & worker.keys()
-    assert [env["name"] for env in leader["env"] if "valueFrom" in env] == ["API_KEY"]
+    assert [env["name"] for env in leader["env"] if "valueFrom" in env] == ["API_KEY", "POD_IP"]
     assert not [env for env in worker["env"] if "valueFrom" in env]
 
 
@@ -276,3 +276,25 @@ def test_values_schema_refuses_impossible_group_and_pool_values(helm: str, overr
     refused = template(helm, (), (override,))
     assert refused.returncode != 0
     assert refusal in refused.stderr
+
+
+def test_kv_events_are_router_flags_with_their_ports_where_the_router_runs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    tandem = tandem_container(serving_pod(rendered["inference-pool"]))
+    config = launcher_config(tandem["args"])
+    assert (config.kv_events_endpoint, config.kv_events_replay_endpoint) == ("tcp://*:5557", "tcp://*:5558")
+    assert (config.kv_events_topic, config.kv_events_hash_seed) == ("kv@$(POD_IP):3000@smollm2", "42")
+    ports = {port["name"]: port["containerPort"] for port in tandem["ports"]}
+    assert (ports["kv-events"], ports["kv-replay"]) == (5557, 5558)
+    # Kubernetes substitutes $(POD_IP) in args because the container defines it.
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in tandem["env"]
+    templates = group_templates(rendered["multi-node"])
+    leader = launcher_config(tandem_container(templates["leaderTemplate"])["args"], lws_environment(0))
+    worker = launcher_config(tandem_container(templates["workerTemplate"])["args"], lws_environment(1))
+    assert (leader.kv_events_endpoint, leader.kv_events_replay_endpoint) == ("tcp://*:5557", None)
+    assert worker.kv_events_endpoint is None  # a worker runs no router
+    default = tandem_container(serving_pod(rendered["default"]))
+    assert launcher_config(default["args"]).kv_events_endpoint is None
+    assert not [port for port in default["ports"] if port["name"].startswith("kv-")]
+    assert "POD_IP" not in [env["name"] for env in default["env"]]
