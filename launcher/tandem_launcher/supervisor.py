@@ -108,9 +108,13 @@ class Supervisor:
             return 0
         except (
             ChildExitedError, StartTimeoutError, ChildStartError, RestartBudgetSpentError, RouterIdentityError,
-            GroupLostError,
         ) as error:  # fmt: skip
             LOGGER.error("%s", error)
+            return 1
+        except GroupLostError as error:
+            LOGGER.error("%s", error)
+            # The surviving ranks may hang in a collective with the lost one: they get the short stop.
+            self._stop_shards(min(self._plan.config.graceful_termination_timeout, FAILED_GROUP_STOP_TIMEOUT_S))
             return 1
         finally:
             self._stop_all()

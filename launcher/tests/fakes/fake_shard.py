@@ -98,6 +98,7 @@ def main() -> int:
         parser.add_argument(flag, required=True)
     parser.add_argument("--step-timeout", required=True)
     parser.add_argument("--rendezvous-timeout", type=float, required=True)
+    parser.add_argument("--quantize", required=True)
     for flag in ("--grpc-port", "--grpc-host", "--cluster-secret-file"):
         parser.add_argument(flag)
     for flag in ("--rank", "--local-rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
