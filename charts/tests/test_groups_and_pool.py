@@ -298,3 +298,17 @@ def test_kv_events_are_router_flags_with_their_ports_where_the_router_runs(
     assert launcher_config(default["args"]).kv_events_endpoint is None
     assert not [port for port in default["ports"] if port["name"].startswith("kv-")]
     assert "POD_IP" not in [env["name"] for env in default["env"]]
+
+
+def test_a_plugins_configuration_of_ones_own_replaces_the_pickers_default(helm: str, tmp_path: Path) -> None:
+    own = yaml.safe_dump(
+        {
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+            "kind": "EndpointPickerConfig",
+            "plugins": [{"type": "queue-scorer"}],
+        }
+    )
+    values = tmp_path / "picker.yaml"
+    values.write_text(yaml.safe_dump({"inferencePool": {"enabled": True, "endpointPicker": {"pluginsConfig": own}}}))
+    objects = render_values(helm, (str(values),), ())
+    assert named(objects, "ConfigMap", "tandem-epp")["data"]["plugins.yaml"].strip() == own.strip()
