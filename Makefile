@@ -37,7 +37,8 @@ bench: install
 bench-overhead: install
 	$(UV) run --no-sync tandem-bench overhead $(ARGS)
 
-# Helm chart checks: lint, render four value sets, validate against Kubernetes schemas, parse the argv.
+# Helm chart checks: lint, render every value set, validate against Kubernetes schemas and the LeaderWorkerSet and
+# InferencePool CRDs (fetched once through the Go module proxy), parse the argv.
 # The first run builds helm from source into $(HOME)/.cache/tandem/helm (a few minutes); later runs reuse it.
 chart: install
 	$(UV) run --no-sync pytest charts/tests
