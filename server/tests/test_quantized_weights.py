@@ -26,14 +26,20 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.embedding import LMHead
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.quantized import Int4Weight, Int8Weight, kernels_unavailable_reason
+from tandem_server.layers.quantized import (
+    DENSE_MIN_ROWS,
+    Int4Weight,
+    Int8Weight,
+    kernels_unavailable_reason,
+    packed_layout_is_known,
+)
 from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
 from tandem_server.weights.gguf_blocks import GgufBlocks, read_blocks
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import QuantizeMode, quantize_int4, quantize_int8
+from tandem_server.weights.quantization import Int4Groups, QuantizeMode, quantize_int4, quantize_int8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 CPU = torch.device("cpu")
@@ -91,6 +97,27 @@ def test_int4_kernel_multiplies_by_the_blocks_values(kind: str) -> None:
     x = torch.randn(5, 128)
     kernel = Int4Weight(blocks.unpack())  # type: ignore[arg-type]
     _assert_bfloat16_close(kernel.linear(x, None), x, blocks.dequantize())
+
+
+def test_the_packed_int4_weight_unpacks_to_its_groups_values() -> None:
+    assert packed_layout_is_known()
+    groups = quantize_int4(torch.from_numpy(_random_weight(96, 64)))
+    kernel = Int4Weight(groups)
+    assert kernel.unpackable
+    # The kernel's scales and zeros are bfloat16; the unpacked weight uses exactly those.
+    rounded = Int4Groups(groups.q, groups.scale.bfloat16().float(), groups.zero.bfloat16().float())
+    torch.testing.assert_close(kernel.dequantize(), rounded.dequantize(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_prefill_sized_gemm_multiplies_densely_by_the_same_values() -> None:
+    groups = quantize_int4(torch.from_numpy(_random_weight(64, 96)))
+    kernel = Int4Weight(groups)
+    x = torch.randn(DENSE_MIN_ROWS, 96)
+    dense = kernel.linear(x, None)
+    torch.testing.assert_close(dense, F.linear(x, kernel.dequantize()))
+    _assert_bfloat16_close(dense, x, groups.dequantize())
+    through_kernel = torch.cat([kernel.linear(x[start : start + 64], None) for start in range(0, DENSE_MIN_ROWS, 64)])
+    _assert_bfloat16_close(through_kernel, x, kernel.dequantize())
 
 
 def test_int8_kernel_multiplies_by_its_values_and_looks_rows_up() -> None:
