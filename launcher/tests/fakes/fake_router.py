@@ -49,7 +49,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--behaviour", choices=BEHAVIOURS, default="serve")
     parser.add_argument("--events", type=Path)
-    parser.add_argument("--shard-uds-path", action="append", required=True)
+    shards = parser.add_mutually_exclusive_group(required=True)
+    shards.add_argument("--shard-uds-path", action="append")
+    shards.add_argument("--shard-uri", action="append")
+    parser.add_argument("--cluster-secret-file")
     for flag in ("--hostname", "--tokenizer-path", "--model-id"):
         parser.add_argument(flag, required=True)
     for flag in (

@@ -14,6 +14,9 @@ def main() -> int:
     values = json.loads(sys.argv[1])
     commands = values.pop("commands")
     model_cache_dir = Path(values.pop("model_cache_dir", "/nonexistent"))
+    if values.get("cluster_secret_file") is not None:
+        values["cluster_secret_file"] = Path(values["cluster_secret_file"])
+    values["worker_addr"] = tuple(values.get("worker_addr", ()))
     config = LauncherConfig(
         **values,
         model_cache_dir=model_cache_dir,
