@@ -43,6 +43,16 @@ def test_the_shard_serves_the_gguf_blocks_as_int4_and_int8(quantized: TandemServ
     assert "1 lm_head: Q8_0 as int8" in report.group(2)
 
 
+def test_info_reports_each_weights_format_and_their_bytes(tandem: TandemServer, quantized: TandemServer) -> None:
+    served = requests.get(f"{quantized.base_url}/info", timeout=10).json()
+    assert "qkv_proj: Q4_1 as int4" in served["model_weights_format"]
+    assert "lm_head: Q8_0 as int8" in served["model_weights_format"]
+    assert served["model_weight_bytes"] < 100 * 2**20
+    float32 = requests.get(f"{tandem.base_url}/info", timeout=10).json()
+    assert "qkv_proj: float32" in float32["model_weights_format"]
+    assert float32["model_weight_bytes"] > 5 * served["model_weight_bytes"]
+
+
 def greedy_tokens(server: TandemServer, prompt: str) -> list[dict[str, Any]]:
     """16 greedy tokens, each with its logprob and the two most likely tokens at its position."""
     parameters = {"max_new_tokens": 16, "details": True, "top_n_tokens": 2}
@@ -54,22 +64,30 @@ def greedy_tokens(server: TandemServer, prompt: str) -> list[dict[str, Any]]:
     return [{**token, "top": top} for token, top in zip(details["tokens"], details["top_tokens"], strict=True)]
 
 
+def assert_follows_up_to_near_ties(want: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> None:
+    """`got` has `want`'s tokens (logprobs close) until it departs where `want`'s runner-up was a near-tie."""
+    for expected, actual in zip(want, got, strict=True):
+        if expected["id"] != actual["id"]:
+            top = {token["id"]: token["logprob"] for token in expected["top"]}
+            assert actual["id"] in top, f"{what}: the departing token is not the runner-up"
+            assert expected["logprob"] - top[actual["id"]] < NEAR_TIE, f"{what}: parted at no near-tie"
+            return
+        assert abs(actual["logprob"] - expected["logprob"]) < LOGPROB_TOLERANCE, what
+
+
 def test_quantized_greedy_decoding_follows_float32_up_to_near_ties(
     tandem: TandemServer, quantized: TandemServer
 ) -> None:
     for prompt in PROMPTS:
-        want, got = greedy_tokens(tandem, prompt), greedy_tokens(quantized, prompt)
-        for expected, actual in zip(want, got, strict=True):
-            if expected["id"] != actual["id"]:
-                float_top = {token["id"]: token["logprob"] for token in expected["top"]}
-                assert actual["id"] in float_top, f"{prompt!r}: the quantized token is not float32's runner-up"
-                assert expected["logprob"] - float_top[actual["id"]] < NEAR_TIE, f"{prompt!r}: parted at no near-tie"
-                break
-            assert abs(actual["logprob"] - expected["logprob"]) < LOGPROB_TOLERANCE, prompt
+        assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(quantized, prompt), prompt)
 
 
-def test_quantized_output_is_the_same_alone_and_in_a_batch(quantized: TandemServer) -> None:
+def test_batched_quantized_decoding_follows_unbatched_up_to_near_ties(quantized: TandemServer) -> None:
+    # float32 rows differ by ~1e-5 between batch shapes (attention's summation order); the bfloat16 activations of
+    # the quantized GEMMs can round such a difference to one bfloat16 step (logits moved by up to 0.25, measured), so
+    # batching may flip a near-tie, never a clear choice.
     alone = [greedy_tokens(quantized, prompt) for prompt in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(greedy_tokens, [quantized] * len(PROMPTS), PROMPTS))
-    assert [[t["id"] for t in tokens] for tokens in together] == [[t["id"] for t in tokens] for tokens in alone]
+    for prompt, want, got in zip(PROMPTS, alone, together, strict=True):
+        assert_follows_up_to_near_ties(want, got, prompt)

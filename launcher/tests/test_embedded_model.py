@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 from resolution_testing import resolve_model
+from safetensors import safe_open
 from tandem_launcher import embedded
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.embedded import (
+    CONVERSION_LAYOUT,
     EMBEDDED_CACHE_PREFIX,
     GgufConversionError,
     converted_model_dir,
     embedded_gguf,
 )
+from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
 
 SMOLLM2_EOS_ID = 2
 
@@ -25,11 +28,11 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return resolve_model(EMBEDDED_MODEL_ID, None, cache).path
 
 
-def test_cache_name_carries_the_gguf_content_hash() -> None:
+def test_cache_name_carries_the_gguf_content_hash_and_the_conversion_layout() -> None:
     source = embedded_gguf()
     assert source.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and source.path.is_file()
-    prefix, digest = source.cache_name.rsplit("-", 1)
-    assert prefix == EMBEDDED_CACHE_PREFIX and len(digest) == 12
+    prefix, digest, layout = source.cache_name.rsplit("-", 2)
+    assert prefix == EMBEDDED_CACHE_PREFIX and len(digest) == 12 and layout == CONVERSION_LAYOUT
 
 
 @pytest.mark.timeout(180)
@@ -45,6 +48,14 @@ def test_conversion_writes_fp32_weights_tokenizer_chat_template_and_eos(converte
     assert "<|im_start|>assistant" in tokenizer_config["chat_template"]
     assert (converted / "chat_template.jinja").read_text() == tokenizer_config["chat_template"]
     assert (converted / "model.safetensors").stat().st_size > 500_000_000
+
+
+@pytest.mark.timeout(180)
+def test_conversion_keeps_every_q4_1_and_q8_0_tensor_as_its_blocks(converted: Path) -> None:
+    with safe_open(str(converted / GGUF_BLOCKS_DIR / "model.safetensors"), framework="pt") as handle:
+        types = json.loads(handle.metadata()[GGUF_TYPES_KEY])
+    assert sorted(types.values()).count("Q4_1") == 30 * 7
+    assert types["model.embed_tokens.weight"] == "Q8_0"
 
 
 @pytest.mark.timeout(180)

@@ -102,6 +102,8 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         architecture: model.architecture.clone(),
         dtype: model.dtype.clone(),
         device: model.device.clone(),
+        weights_format: model.weights_format.clone(),
+        weight_bytes: model.weight_bytes,
         num_shards: fleet.num_shards(),
     };
     let info = config.server_info(served, num_blocks, sampling_defaults);

@@ -17,7 +17,7 @@ from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
 from tandem_server.layers.quantized import kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import quantize_model
+from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import model_factory
@@ -57,7 +57,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.allow_pickle_weights,
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
-    quantize_weights(model, config.quantize, device, config.model_path)
+    weights = quantize_weights(model, config.quantize, device, config.model_path)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -76,10 +76,12 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         parallel.world_size,
         time.perf_counter() - started,
     )
-    return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel))
+    return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel, weights))
 
 
-def quantize_weights(model: torch.nn.Module, mode: QuantizeMode, device: torch.device, model_path: Path) -> None:
+def quantize_weights(
+    model: torch.nn.Module, mode: QuantizeMode, device: torch.device, model_path: Path
+) -> QuantizationReport:
     """Turns the GEMM weights into int4/int8 as `mode` asks and logs each weight's format and the bytes they take."""
     if mode is not QuantizeMode.NONE:
         unavailable = kernels_unavailable_reason(device)
@@ -90,6 +92,7 @@ def quantize_weights(model: torch.nn.Module, mode: QuantizeMode, device: torch.d
     started = time.perf_counter()
     report = quantize_model(model, mode)
     logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)
+    return report
 
 
 def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:

@@ -15,6 +15,8 @@ pub struct ServedModel {
     pub architecture: String,
     pub dtype: String,
     pub device: String,
+    pub weights_format: String,
+    pub weight_bytes: u64,
     pub num_shards: usize,
 }
 
@@ -74,6 +76,8 @@ impl RouterConfig {
             model_dtype: model.dtype,
             model_device_type: model.device,
             model_architecture: model.architecture,
+            model_weights_format: model.weights_format,
+            model_weight_bytes: model.weight_bytes,
             num_shard: model.num_shards,
             max_concurrent_requests: limits.max_concurrent_requests,
             max_queued_tokens: limits.max_queued_tokens,

@@ -19,6 +19,10 @@ pub struct ServerInfo {
     pub model_dtype: String,
     pub model_device_type: String,
     pub model_architecture: String,
+    /// How the GEMM weights are stored, by role (`--quantize`), e.g. `qkv_proj: Q4_1 as int4`.
+    pub model_weights_format: String,
+    /// Bytes one shard's weights take in memory.
+    pub model_weight_bytes: u64,
     pub num_shard: usize,
     pub max_concurrent_requests: usize,
     /// Tokens admitted requests may hold before their first token; `None`: no limit

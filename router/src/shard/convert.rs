@@ -10,6 +10,10 @@ pub struct ModelInfo {
     pub dtype: String,
     pub device: String,
     pub attention_backend: String,
+    /// How the GEMM weights are stored, by role; empty when the shard did not say.
+    pub weights_format: String,
+    /// Bytes one rank's weights take; 0 when the shard did not say.
+    pub weight_bytes: u64,
     /// Rows of the model's embedding; 0 when the shard did not say.
     pub vocab_size: usize,
     /// Positions the model holds; 0 when the shard did not say.
@@ -24,6 +28,8 @@ impl From<pb::InfoResponse> for ModelInfo {
             dtype: info.dtype,
             device: info.device,
             attention_backend: info.attention_backend,
+            weights_format: info.weights_format,
+            weight_bytes: info.weight_bytes,
             vocab_size: usize::try_from(info.vocab_size).unwrap_or(usize::MAX),
             max_position_embeddings: usize::try_from(info.max_position_embeddings)
                 .unwrap_or(usize::MAX),

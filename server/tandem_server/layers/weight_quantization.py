@@ -29,6 +29,10 @@ class QuantizationReport:
     formats: Counter[str] = field(default_factory=Counter)
     weight_bytes: int = 0
 
+    def format_by_role(self) -> str:
+        """`role: format` for every kind of weight, without counts (what Info reports)."""
+        return ", ".join(sorted(self.formats))
+
     def describe(self) -> str:
         formats = ", ".join(f"{count} {what}" for what, count in sorted(self.formats.items()))
         return f"weights take {self.weight_bytes / 2**20:.1f} MiB: {formats}"
@@ -40,7 +44,7 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
     report = QuantizationReport()
     for name, module in model.named_modules():
         role = name.rsplit(".", 1)[-1]
-        if isinstance(module, GemmModule) and mode is not QuantizeMode.NONE:
+        if isinstance(module, GemmModule):
             report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
     for name, module in model.named_modules():
         if isinstance(module, Embedding):
@@ -66,9 +70,9 @@ def _return_freed_memory() -> None:
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     parts = module.weight_parts()
     blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
+    if mode is QuantizeMode.NONE or (mode is QuantizeMode.GGUF and not all(blocks)):
+        return str(module.weight.dtype).removeprefix("torch.")
     if mode is QuantizeMode.GGUF:
-        if not all(blocks):
-            return str(module.weight.dtype).removeprefix("torch.")
         source = [block.int8_channels() if isinstance(module, LMHead) else block.unpack() for block in blocks if block]
         kinds = {type(values) for values in source}
         if len(kinds) > 1:

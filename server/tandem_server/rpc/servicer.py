@@ -17,6 +17,7 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
+from tandem_server.layers.weight_quantization import QuantizationReport
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
@@ -164,7 +165,11 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
 
 
 def build_info(
-    runner: ModelRunner, architecture: str, attention_backend: str, parallel: ParallelContext
+    runner: ModelRunner,
+    architecture: str,
+    attention_backend: str,
+    parallel: ParallelContext,
+    weights: QuantizationReport | None = None,
 ) -> shard_pb2.InfoResponse:
     """Model facts reported by Info, fixed for the life of the process."""
     spec = runner.model.spec
@@ -181,4 +186,6 @@ def build_info(
         rank=parallel.rank,
         world_size=parallel.world_size,
         attention_backend=attention_backend,
+        weights_format=weights.format_by_role() if weights is not None else "",
+        weight_bytes=weights.weight_bytes if weights is not None else 0,
     )

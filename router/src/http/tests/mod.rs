@@ -211,6 +211,8 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         model_id: config.model_id.clone(),
         model_dtype: "float32".to_owned(),
         model_device_type: "cpu".to_owned(),
+        model_weights_format: "qkv_proj: float32".to_owned(),
+        model_weight_bytes: 1 << 20,
         model_architecture: "LlamaForCausalLM".to_owned(),
         num_shard: 1,
         max_concurrent_requests: config.max_concurrent_requests,
