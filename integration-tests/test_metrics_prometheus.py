@@ -21,6 +21,9 @@ TARGETS_UP_TIMEOUT_S = 30.0
 LOAD_ROUNDS = 3
 # Grafana fills $__rate_interval in; a window over the whole short test stands in for it.
 RATE_INTERVAL = "2m"
+# A histogram has no series before its first observation, and this server runs without --speculate: the panels over
+# these answer (the query is valid) but hold no data. The chart tests check their names against docs/metrics.md.
+RECORDED_ONLY_WHILE_DRAFTING = ("tandem_speculative_accepted_length_",)
 
 
 def panel_queries() -> list[tuple[str, str]]:
@@ -90,7 +93,14 @@ def test_every_dashboard_panel_query_returns_data_under_load(metrics_tandem: Met
         send_mixed_load(metrics_tandem.server.base_url)
         time.sleep(SCRAPE_INTERVAL_S * 2)
     time.sleep(SCRAPE_INTERVAL_S * 2)
-    empty = [(title, promql) for title, promql in panel_queries() if not query(prometheus, promql)]
+    answers = [(title, promql, query(prometheus, promql)) for title, promql in panel_queries()]
+    empty = [
+        (title, promql)
+        for title, promql, result in answers
+        if not result and not any(series in promql for series in RECORDED_ONLY_WHILE_DRAFTING)
+    ]
     assert not empty, f"queries without data: {empty}"
+    drafting_only = [title for title, promql, _ in answers if any(s in promql for s in RECORDED_ONLY_WHILE_DRAFTING)]
+    assert drafting_only == ["Speculative mean accepted length"]
     (info,) = query(prometheus, "tandem_info")
     assert info["metric"]["device"] == "cpu"
