@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from gguf_testing import write_tiny_llama_gguf
 from safetensors import safe_open
 from safetensors.torch import save_file
 from shard_testing import write_tiny_llama
+from tandem_launcher.embedded import convert_gguf
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import TorchAttentionBackend
@@ -29,15 +31,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
     "replicated-kv": {"num_key_value_heads": 1, "vocab_size": 95, "tie_word_embeddings": True},
 }
-FAMILY_VARIANTS = ("qwen3", "phi3-fused")
+FAMILY_VARIANTS = ("qwen3", "phi3-fused", "gguf-q4_0")
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
+    "gguf-q4_0": (1, 1),
     "even-gqa-biased": (1, 1),
     "uneven-groups": (2, 1),
     "replicated-kv": (1, 1),
     "qwen3": (1, 1),
     "phi3-fused": (2, 1),
 }
+
+# Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
+# bfloat16 step.
+LOGITS_TOLERANCE = {"gguf-q4_0": {"rtol": 0.02, "atol": 0.05}}
 
 
 def free_port() -> int:
@@ -150,6 +157,9 @@ def _checkpoints(root: Path) -> list[Path]:
     # Phi-3 stores q/k/v and gate/up fused; each rank reads its rows of every part, with uneven head groups.
     phi3 = Phi3Config(**small, **UNEVEN, hidden_size=48, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     Phi3ForCausalLM(phi3).eval().save_pretrained(root / "phi3-fused")
+    # Served quantized: each rank slices the GGUF blocks (row-parallel layers along whole blocks of 32 inputs).
+    write_tiny_llama_gguf(root / "tiny.gguf", "Q4_0")
+    convert_gguf(root / "tiny.gguf", root / "gguf-q4_0")
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 
 
@@ -171,7 +181,7 @@ def test_two_gloo_ranks_match_single_process_logits_and_greedy_tokens(
     expected = single[variant]
     assert tuple(r[variant]["num_kv_heads"] for r in ranks) == EXPECTED_KV_HEADS[variant]
     for result in ranks:
-        torch.testing.assert_close(result[variant]["logits"], expected["logits"])
+        torch.testing.assert_close(result[variant]["logits"], expected["logits"], **LOGITS_TOLERANCE.get(variant, {}))
         assert result[variant]["tokens"][1] == expected["tokens"][1]
     # Every rank sees bit-identical logits, so even sampled tokens agree across ranks.
     assert torch.equal(ranks[0][variant]["logits"], ranks[1][variant]["logits"])

@@ -12,10 +12,13 @@ from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import SamplingParams
+from tandem_server.weights.gguf_format import has_gguf_blocks
+from tandem_server.weights.quantization import QuantizeMode
 
 WORLD_SIZE = 2
 BLOCK_SIZE = 4
@@ -64,7 +67,12 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[
 def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, object]:
     """Everything the tests compare across world sizes for one checkpoint."""
     config = read_checkpoint_config(checkpoint)
-    model = load_model(config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend())
+    # A converted GGUF checkpoint is served from its kept blocks, as `--quantize gguf` does.
+    quantized = has_gguf_blocks(checkpoint)
+    model = load_model(
+        config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend(), gguf_blocks=quantized
+    )
+    quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
     return {
         "num_kv_heads": model.spec.num_kv_heads,
         "logits": prompt_logits(model),
