@@ -4,6 +4,8 @@ weights they stand for, and tiny models converted from GGUF files served quantiz
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,8 @@ from gguf_testing import write_tiny_llama_gguf
 from reference_checks import BLOCK_SIZE, SCHEDULE, SEQUENCE_LENGTHS
 from safetensors import safe_open
 from shard_testing import load_tiny_model, write_tiny_llama
-from tandem_launcher.embedded import convert_gguf
+from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
+from tandem_launcher.embedded import convert_gguf, converted_model_dir, embedded_gguf
 from tandem_server.bootstrap import quantize_weights
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
@@ -260,3 +263,16 @@ def test_gguf_mode_needs_a_model_that_kept_blocks(tmp_path: Path) -> None:
 
 def test_quantizing_is_a_cpu_path() -> None:
     assert kernels_unavailable_reason(torch.device("cuda")) is not None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="resident memory is read from /proc")
+def test_the_embedded_gguf_served_quantized_takes_little_more_memory_than_its_tensors() -> None:
+    model = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
+    gguf_tensor_bytes = sum(path.stat().st_size for path in (model / GGUF_BLOCKS_DIR).glob("*.safetensors"))
+    script = Path(__file__).with_name("weights_rss.py")
+    measured = subprocess.run(
+        [sys.executable, str(script), str(model), "gguf"], capture_output=True, text=True, check=True, timeout=300
+    )
+    added = json.loads(measured.stdout.splitlines()[-1])["added"]
+    # Measured: 105.7 MiB for 92.0 MiB of GGUF tensors (float32 weights: 513 MiB).
+    assert added <= 1.3 * gguf_tensor_bytes, f"{added / 2**20:.1f} MiB for {gguf_tensor_bytes / 2**20:.1f} MiB"
