@@ -284,6 +284,7 @@ fn tokenization(
     let limits = config.validation_limits();
     let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
         .with_request_limits(config.request_limits)
+        .with_max_drafts(config.limits.speculate)
         .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
     Ok((validator, TokenDecoding::new(tokenizer)))
 }

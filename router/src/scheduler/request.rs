@@ -84,6 +84,9 @@ pub struct GenerationRequest {
     pub logprobs: LogprobOptions,
     /// `None` means unconstrained.
     pub grammar: Option<Grammar>,
+    /// Most draft tokens per step for this request (`speculate`); `None` leaves the server's
+    /// `--speculate`, which also bounds any value here.
+    pub max_drafts: Option<usize>,
 }
 
 /// A token with its log-probability under the raw model distribution.

@@ -55,6 +55,8 @@ pub(crate) struct Sequence {
     /// Tokens to generate without drafts before drafting is tried again (after drafts that were
     /// all refused, or when its text offered none).
     pub draft_pause: usize,
+    /// The request's own bound on drafts per step; `None` leaves the server's.
+    pub max_drafts: Option<usize>,
 }
 
 impl Sequence {
@@ -82,7 +84,14 @@ impl Sequence {
             prompt_published: false,
             arrived_at: Instant::now(),
             draft_pause: 0,
+            max_drafts: request.max_drafts,
         }
+    }
+
+    /// Most drafts per step for it under the server's bound `server_max_drafts`.
+    pub fn draft_limit(&self, server_max_drafts: usize) -> usize {
+        self.max_drafts
+            .map_or(server_max_drafts, |own| own.min(server_max_drafts))
     }
 
     /// Tokens still to schedule: a prompt's rest, or the one token sampled last step, or

@@ -1,7 +1,7 @@
 //! Speculative decoding in the scheduler: drafts from the request's own tokens, kept by the
 //! fake shard where they equal its model's tokens, change no output and leak no block.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::fake_shard::FakeShard;
 use super::request::{GenerationRequest, StoppingParams};
@@ -137,5 +137,42 @@ fn refused_drafts_pause_drafting_and_two_steps_stay_in_flight() {
         drafted_steps <= plain_steps + plain_steps / 2,
         "{drafted_steps} steps with drafts, {plain_steps} without"
     );
+    assert_eq!(state.pool().used(), 0);
+}
+
+#[test]
+fn a_request_drafts_at_most_its_own_speculate_and_none_with_zero() {
+    let mut state = SchedulerState::new(SchedulerConfig {
+        max_drafts: 4,
+        ..config(64, 16)
+    });
+    let mut shard = FakeShard::new(4);
+    shard.model = Some(periodic);
+    let prompt = [5, 6, 7, 5, 6];
+    let own_limits = [None, Some(0), Some(1)];
+    let mut receivers: Vec<_> = own_limits
+        .iter()
+        .zip(0..)
+        .map(|(&max_drafts, id)| {
+            let capped = GenerationRequest {
+                max_drafts,
+                ..request(&prompt, 13)
+            };
+            submit(&mut state, id, capped)
+        })
+        .collect();
+    let mut most_drafts = BTreeMap::new();
+    while let Some(step) = state.schedule() {
+        for scheduled in &step.scheduled {
+            let most = most_drafts.entry(scheduled.id).or_insert(0);
+            *most = scheduled.draft_token_ids.len().max(*most);
+        }
+        let answer = shard.step(step);
+        state.apply(answer);
+    }
+    assert_eq!(most_drafts, BTreeMap::from([(0, 4), (1, 0), (2, 1)]));
+    for receiver in &mut receivers {
+        assert_eq!(tokens_of(receiver), expected(periodic, &prompt, 13));
+    }
     assert_eq!(state.pool().used(), 0);
 }

@@ -83,6 +83,8 @@ pub struct Validator {
     grammars: Option<Arc<GrammarCompiler>>,
     /// Text rendered and tokenized at once (see `budget`).
     tokenizing: budget::TokenizationBudget,
+    /// The server's `--speculate`: the most drafts per step a request may ask for.
+    max_drafts: u32,
 }
 
 impl Validator {
@@ -101,7 +103,15 @@ impl Validator {
             eos_token_ids: Vec::new(),
             grammars: None,
             tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
+            max_drafts: 0,
         }
+    }
+
+    /// Lets a request ask for at most `max_drafts` drafts per step (`speculate`).
+    #[must_use]
+    pub fn with_max_drafts(mut self, max_drafts: usize) -> Self {
+        self.max_drafts = u32::try_from(max_drafts).unwrap_or(u32::MAX);
+        self
     }
 
     /// Tokenizes at most `bytes` of text at once; more waits (a larger input runs alone).
@@ -155,6 +165,10 @@ impl Validator {
             self.check_grammar(requested).await?;
         }
         let truncate = self.check_truncate(params.truncate)?;
+        let max_drafts = params
+            .speculate
+            .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
+            .transpose()?;
         let mut input_ids = self.tokenize(prompt).await?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
             input_ids.drain(..input_ids.len() - keep);
@@ -201,6 +215,7 @@ impl Validator {
                 stopping,
                 logprobs: params.logprobs,
                 grammar: params.grammar.as_ref().map(|g| g.grammar.clone()),
+                max_drafts: max_drafts.map(|drafts| drafts as usize),
             },
             stop: checked.stop,
         })

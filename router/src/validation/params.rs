@@ -37,6 +37,9 @@ pub struct GenerationParams {
     pub truncate: Option<i64>,
     /// Compiled by the validator before admission; `None` means unconstrained.
     pub grammar: Option<RequestedGrammar>,
+    /// Most draft tokens per step (`speculate`), 0 to the server's `--speculate`; `None` means
+    /// the server's.
+    pub speculate: Option<i64>,
 }
 
 /// Parameters that passed their range checks.

@@ -275,3 +275,35 @@ async fn the_models_eos_joins_the_stop_tokens_unless_the_request_ignores_it() {
         .unwrap();
     assert_eq!(valid.request.stopping.stop_token_ids, vec![5]);
 }
+
+#[tokio::test]
+async fn speculate_caps_drafts_up_to_the_servers_bound_and_names_it_beyond() {
+    let speculating = validator(false).with_max_drafts(4);
+    let asked = |speculate: Option<i64>| GenerationParams {
+        speculate,
+        ..params()
+    };
+    for (speculate, max_drafts) in [(None, None), (Some(0), Some(0)), (Some(4), Some(4))] {
+        let valid = speculating
+            .validate(Prompt::Text("hello".into()), &asked(speculate))
+            .await
+            .unwrap();
+        assert_eq!(valid.request.max_drafts, max_drafts, "{speculate:?}");
+    }
+    let not_speculating = validator(false);
+    for (checker, speculate, max) in [
+        (&speculating, 5, 4),
+        (&speculating, -1, 4),
+        (&not_speculating, 1, 0),
+    ] {
+        let error = checker
+            .validate(Prompt::Text("hello".into()), &asked(Some(speculate)))
+            .await
+            .unwrap_err();
+        assert_eq!(error.param(), Some("speculate"));
+        assert_eq!(
+            error.to_string(),
+            format!("`speculate` must be an integer from 0 to {max}, got {speculate}")
+        );
+    }
+}

@@ -67,6 +67,10 @@ struct GenerateParameters {
     watermark: Option<bool>,
     /// Only `null`: no LoRA adapters are loaded.
     adapter_id: Option<String>,
+    /// Tandem extension: at most this many draft tokens per decode step for this request, from 0
+    /// (no speculative decoding) to the server's `--speculate` (the default).
+    #[schema(minimum = 0)]
+    speculate: Option<i64>,
     #[serde(flatten)]
     #[schema(ignore)]
     extra: Map<String, Value>,
@@ -145,6 +149,7 @@ impl GenerateRequest {
             },
             truncate: p.truncate,
             grammar,
+            speculate: p.speculate,
         };
         let options = ResponseOptions {
             best_of,

@@ -22,6 +22,7 @@ macro_rules! impl_sampling_fields {
                     min_tokens: self.min_tokens,
                     ignore_eos: self.ignore_eos,
                     stop_token_ids: self.stop_token_ids.take(),
+                    speculate: self.speculate,
                     processors: $crate::validation::ProcessorParams {
                         min_p: self.min_p,
                         typical_p: None,
@@ -68,6 +69,8 @@ pub struct SamplingFields {
     pub min_tokens: Option<i64>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Most draft tokens per step (Tandem's extension); `None` means the server's `--speculate`.
+    pub speculate: Option<i64>,
     pub processors: ProcessorParams,
 }
 
@@ -106,6 +109,7 @@ impl SamplingFields {
             logprobs,
             truncate: None,
             grammar: None,
+            speculate: self.speculate,
         }
     }
 }

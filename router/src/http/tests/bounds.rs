@@ -124,6 +124,58 @@ async fn inputs_at_their_bounds_are_served() {
 }
 
 #[tokio::test]
+async fn speculate_over_the_servers_bound_is_refused_and_within_it_reaches_the_engine() {
+    let (app, _, backend) = bounded(Script::Tokens(ids("ok"), FinishReason::Length), 8);
+    let chat = json!([{"role": "user", "content": "hi"}]);
+    // The server runs without --speculate: 0 is the most drafts a request may ask for.
+    let over = [
+        (
+            "/generate",
+            json!({"inputs": "a", "parameters": {"speculate": 1}}),
+        ),
+        ("/v1/completions", json!({"prompt": "a", "speculate": 1})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": chat, "speculate": 1}),
+        ),
+    ];
+    for (path, body) in over {
+        let reply = post(&app, path, &body.to_string()).await;
+        assert!(reply.status.is_client_error(), "{path}: {}", reply.body);
+        let named = named_param(&reply);
+        assert!(named.contains("speculate"), "{path}: {}", reply.body);
+        if path == "/generate" {
+            assert!(named.contains("from 0 to 0, got 1"), "{}", reply.body);
+        }
+    }
+    assert!(backend.requests.lock().unwrap().is_empty());
+    let bodies = [
+        (
+            "/generate",
+            json!({"inputs": "a", "parameters": {"speculate": 0}}),
+        ),
+        ("/v1/completions", json!({"prompt": "a", "speculate": 0})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": chat, "speculate": 0}),
+        ),
+        ("/v1/completions", json!({"prompt": "a"})),
+    ];
+    for (path, body) in bodies {
+        let reply = post(&app, path, &body.to_string()).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+    }
+    let asked: Vec<_> = backend
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request| request.max_drafts)
+        .collect();
+    assert_eq!(asked, [Some(0), Some(0), Some(0), None]);
+}
+
+#[tokio::test]
 async fn json_routes_refuse_bodies_not_sent_as_json_with_415_in_their_shape() {
     let app = test_app(ok_backend(), 8);
     let routes = [

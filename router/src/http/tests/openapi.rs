@@ -171,3 +171,15 @@ async fn every_schema_the_spec_refers_to_is_defined_in_it() {
         .collect();
     assert!(undefined.is_empty(), "undefined references: {undefined:?}");
 }
+
+#[tokio::test]
+async fn the_speculate_extension_is_documented_on_every_generation_body() {
+    let spec = get(&app(), "/openapi.json").await.json();
+    let schemas = &spec["components"]["schemas"];
+    for name in ["ChatRequest", "CompletionRequest", "GenerateParameters"] {
+        let speculate = &schemas[name]["properties"]["speculate"];
+        assert_eq!(speculate["minimum"], 0, "{name}: {speculate}");
+        let description = speculate["description"].as_str().unwrap_or_default();
+        assert!(description.contains("--speculate"), "{name}: {speculate}");
+    }
+}

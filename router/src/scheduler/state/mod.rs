@@ -124,8 +124,9 @@ impl SchedulerState {
         let mut index = 0;
         while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
             let sequence = &self.running[index];
-            let awaits_drafting =
-                self.config.max_drafts > 0 && sequence.drafts_now() && !sequence.pending.is_empty();
+            let awaits_drafting = sequence.draft_limit(self.config.max_drafts) > 0
+                && sequence.drafts_now()
+                && !sequence.pending.is_empty();
             if sequence.remaining() == 0 || awaits_drafting {
                 // Its next token depends on a step in flight that may also end it, or the
                 // step after that one drafts from it.
@@ -165,7 +166,7 @@ impl SchedulerState {
         let sequence = &mut self.running[index];
         let room = sequence
             .draft_room()
-            .min(self.config.max_drafts)
+            .min(sequence.draft_limit(self.config.max_drafts))
             .min(spare_tokens);
         let drafts = propose_from_context(&sequence.tokens, room);
         if room > 0 && drafts.is_empty() {

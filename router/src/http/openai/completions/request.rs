@@ -59,6 +59,10 @@ pub struct CompletionRequest {
     min_tokens: Option<i64>,
     ignore_eos: Option<bool>,
     stop_token_ids: Option<Vec<u32>>,
+    /// Tandem extension: at most this many draft tokens per decode step for this request, from 0
+    /// (no speculative decoding) to the server's `--speculate` (the default).
+    #[schema(minimum = 0)]
+    speculate: Option<i64>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     min_p: Option<f64>,
     #[schema(exclusive_minimum = 0.0)]
