@@ -32,9 +32,11 @@ from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.quantized import (
     DENSE_MIN_ROWS,
     Int4Weight,
+    Int8GroupsWeight,
     Int8Weight,
     kernels_unavailable_reason,
     packed_layout_is_known,
+    quantized_weight,
 )
 from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
@@ -42,7 +44,7 @@ from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
 from tandem_server.weights.gguf_blocks import GgufBlocks, read_blocks
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import Int4Groups, QuantizeMode, quantize_int4, quantize_int8
+from tandem_server.weights.quantization import Int4Groups, Int8Groups, QuantizeMode, quantize_int4, quantize_int8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 CPU = torch.device("cpu")
@@ -67,12 +69,23 @@ def test_gguf_blocks_dequantize_to_llama_cpps_values(kind: str) -> None:
         torch.testing.assert_close(blocks.unpack().dequantize(), expected, rtol=1e-6, atol=1e-7)
 
 
-def test_q8_0_becomes_int8_channels_within_half_a_step_of_its_values() -> None:
-    raw = quantize(_random_weight(40, 64), GGMLQuantizationType.Q8_0)
+def test_q8_0_blocks_are_served_as_two_int4_planes_that_sum_to_their_values() -> None:
+    raw = quantize(_random_weight(64, 96), GGMLQuantizationType.Q8_0)
     exact = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0))
-    channels = GgufBlocks("Q8_0", torch.from_numpy(raw)).unpack()
-    error = (channels.dequantize() - exact).abs()
-    assert (error <= channels.scale.unsqueeze(-1) / 2 + 1e-7).all()
+    groups = GgufBlocks("Q8_0", torch.from_numpy(raw)).unpack()
+    assert isinstance(groups, Int8Groups) and torch.equal(groups.dequantize(), exact)
+    high, low = groups.nibble_planes()
+    torch.testing.assert_close(high.dequantize() + low.dequantize(), exact, rtol=1e-6, atol=1e-7)
+    weight = quantized_weight(groups)
+    assert isinstance(weight, Int8GroupsWeight)
+    # Scales rounded to bfloat16 (8 significant bits) move each value by at most 2^-8 of itself.
+    assert ((weight.high.dequantize() + weight.low.dequantize() - exact).abs() <= exact.abs() * 2**-8 + 1e-7).all()
+    x = torch.randn(3, 96)
+    _assert_bfloat16_close(weight.linear(x, None), x, exact)
+    ids = torch.tensor([[63, 0], [31, 32]])
+    rows = weight.rows(ids, torch.float32)
+    assert rows.shape == (2, 2, 96)
+    torch.testing.assert_close(rows, (weight.high.dequantize() + weight.low.dequantize())[ids])
 
 
 def test_float_weights_quantize_within_half_a_step() -> None:
@@ -214,8 +227,8 @@ def test_a_tiny_gguf_served_quantized_matches_its_float_conversion(converted_tin
     quantized, report = _load(converted_tiny_gguf, QuantizeMode.GGUF)
     kind = next(f for f in report.formats if f.startswith("qkv_proj")).split(": ")[1]
     assert kind.endswith("as int4") and kind.startswith("Q4_")
-    assert report.formats["lm_head: Q8_0 as int8"] == 1
-    assert report.formats["embed_tokens: int8, shared with the tied LM head"] == 1
+    assert report.formats["lm_head: Q8_0 as int8 in groups of 32"] == 1
+    assert report.formats["embed_tokens: int8 in groups of 32, shared with the tied LM head"] == 1
     expected, actual = _schedule_logits(float_model), _schedule_logits(quantized)
     # Measured on both types: the largest logit error is under 1% of the largest logit.
     assert (actual - expected).abs().max() <= 0.02 * expected.abs().max()

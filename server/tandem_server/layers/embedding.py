@@ -9,7 +9,7 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.linear import rank_run
-from tandem_server.layers.quantized import Int8Weight
+from tandem_server.layers.quantized import QuantizedWeight
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 _SINGLE_RANK = ParallelContext()
@@ -26,10 +26,10 @@ class Embedding(nn.Module):
         part = CheckpointSlice.of(0, self.vocab_range) if parallel.world_size > 1 else None
         self.weight = sliced_parameter((len(self.vocab_range), hidden_size), part)
 
-    # Set when the rows are kept as int8 (the float weight is then released).
-    quantized: Int8Weight | None = None
+    # Set when the rows are kept quantized (the float weight is then released).
+    quantized: QuantizedWeight | None = None
 
-    def use_quantized(self, quantized: Int8Weight) -> None:
+    def use_quantized(self, quantized: QuantizedWeight) -> None:
         """Looks rows up in `quantized` from now on and releases the float weight's memory."""
         self.quantized = quantized
         self.weight.data = self.weight.data.new_empty(0)

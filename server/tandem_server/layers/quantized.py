@@ -14,7 +14,14 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from tandem_server.weights.quantization import INT4_GROUP, INT4_MIDPOINT, Int4Groups, Int8Channels
+from tandem_server.weights.quantization import (
+    INT4_GROUP,
+    INT4_MIDPOINT,
+    Int4Groups,
+    Int8Channels,
+    Int8Groups,
+    quantize_int8,
+)
 
 ACTIVATION_DTYPE = torch.bfloat16
 
@@ -47,6 +54,36 @@ class Int4Weight:
         scale = self.scales_and_zeros[..., 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[..., 1].t().float().contiguous().unsqueeze(-1)
         return torch.addcmul(zero, q.float() - INT4_MIDPOINT, scale).view(self.out_features, self.in_features)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of the weight (an embedding lookup), unpacking only their blocks (only when `unpackable`)."""
+        flat = ids.reshape(-1)
+        blocks = self.packed.view(-1, self.in_features, _PACKED_ROW_BLOCK // 2)[flat // _PACKED_ROW_BLOCK]
+        nibbles = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1)
+        within = (flat % _PACKED_ROW_BLOCK).view(-1, 1, 1).expand(-1, self.in_features, 1)
+        q = nibbles.gather(2, within).view(flat.shape[0], -1, INT4_GROUP).float()
+        scale = self.scales_and_zeros[:, flat, 0].t().float().contiguous().unsqueeze(-1)
+        zero = self.scales_and_zeros[:, flat, 1].t().float().contiguous().unsqueeze(-1)
+        values = torch.addcmul(zero, q - INT4_MIDPOINT, scale)
+        return values.view(*ids.shape, self.in_features).to(dtype)
+
+
+class Int8GroupsWeight:
+    """An int8 weight with a scale per group of 32 inputs (GGUF's Q8_0), exactly: two int4 weights, its high and
+    low nibbles, multiplied and summed (torch's int8 kernel takes one scale per output channel only)."""
+
+    def __init__(self, groups: Int8Groups) -> None:
+        high, low = groups.nibble_planes()
+        self.high, self.low = Int4Weight(high), Int4Weight(low)
+        self.out_features, self.in_features = groups.q.shape
+        self.nbytes = self.high.nbytes + self.low.nbytes
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = self.high.linear(x, None) + self.low.linear(x, None)
+        return out if bias is None else out + bias
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (self.high.rows(ids, torch.float32) + self.low.rows(ids, torch.float32)).to(dtype)
 
 
 # Measured on 2 AVX2 cores (1 thread, a 3072 x 576 weight): the int4 kernel takes 0.73 / 9.1 / 29 / 107 ms at 1 / 32 /
@@ -92,12 +129,30 @@ class Int8Weight:
         return (F.embedding(ids, self.q).float() * F.embedding(ids, self.scale.unsqueeze(-1))).to(dtype)
 
 
-QuantizedWeight = Int4Weight | Int8Weight
+QuantizedWeight = Int4Weight | Int8Weight | Int8GroupsWeight
 
 
-def quantized_weight(source: Int4Groups | Int8Channels) -> QuantizedWeight:
-    """The kernel-ready form of unpacked quantized values."""
-    return Int4Weight(source) if isinstance(source, Int4Groups) else Int8Weight(source)
+def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> QuantizedWeight:
+    """The kernel-ready form of unpacked quantized values (int8 groups need the known int4 layout, else they are
+    rounded to int8 channels)."""
+    if isinstance(source, Int4Groups):
+        return Int4Weight(source)
+    if isinstance(source, Int8Groups):
+        if source.q.shape[0] % _PACKED_ROW_BLOCK == 0 and packed_layout_is_known():
+            return Int8GroupsWeight(source)
+        return Int8Weight(quantize_int8(source.dequantize()))
+    return Int8Weight(source)
+
+
+def rows_available(weight: QuantizedWeight) -> bool:
+    """Whether `weight.rows` can serve embedding lookups."""
+    return isinstance(weight, Int8Weight) or (
+        weight.unpackable if isinstance(weight, Int4Weight) else weight.high.unpackable
+    )
+
+
+def format_name(weight: QuantizedWeight) -> str:
+    return {Int4Weight: "int4", Int8Weight: "int8", Int8GroupsWeight: "int8 in groups of 32"}[type(weight)]
 
 
 def kernels_unavailable_reason(device: torch.device) -> str | None:

@@ -1,9 +1,9 @@
 """Turns a loaded model's GEMM weights into quantized ones: kept GGUF blocks, or float weights quantized at load.
 
-Every GEMM of the decoder layers becomes int4 (GGUF Q4_0/Q4_1 exactly, other float weights groupwise) or int8 per
-channel; the LM head always becomes int8 per channel, so that a tied embedding can look its rows up in the same copy.
-A GGUF tensor no quantized kernel can take (a stack mixing block types, an untied Q4 embedding) is dequantized into
-its float parameter, exactly.
+GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups of 32 (two int4 planes). Float
+weights become int4 groups (`int4`) or int8 per channel (`int8`), and their LM head int8 per channel. A tied
+embedding looks its rows up in the LM head's quantized copy. A GGUF tensor no quantized kernel can take (a stack
+mixing block types) is dequantized into its float parameter, exactly.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from torch import nn
 
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.quantized import Int8Weight, QuantizedWeight, quantized_weight
+from tandem_server.layers.quantized import Int4Weight, Int8Weight, format_name, quantized_weight, rows_available
 from tandem_server.weights.gguf_blocks import GgufBlocks
-from tandem_server.weights.quantization import Int4Groups, Int8Channels, QuantizeMode, quantize_int4, quantize_int8
+from tandem_server.weights.quantization import QuantizeMode, quantize_int4, quantize_int8
 
 
 @dataclass
@@ -73,44 +73,38 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     if mode is QuantizeMode.NONE or (mode is QuantizeMode.GGUF and not all(blocks)):
         return str(module.weight.dtype).removeprefix("torch.")
     if mode is QuantizeMode.GGUF:
-        source = [block.int8_channels() if isinstance(module, LMHead) else block.unpack() for block in blocks if block]
-        kinds = {type(values) for values in source}
-        if len(kinds) > 1:
+        source = [block.unpack() for block in blocks if block]
+        if len({type(values) for values in source}) > 1:
             return "mixed GGUF types, dequantized"
         label = "/".join(sorted({block.gguf_type for block in blocks if block}))
+        quantized = quantized_weight(source[0] if len(source) == 1 else type(source[0]).concat(source))
+        if isinstance(module, LMHead) and not rows_available(quantized):
+            # A tied embedding looks its rows up in the head's copy; int8 channels always can.
+            quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
     else:
-        source = [module.weight]
         label = "float"
-    quantized = _quantized(source, int8=isinstance(module, LMHead) or mode is QuantizeMode.INT8)
+        int8 = mode is QuantizeMode.INT8 or isinstance(module, LMHead)
+        quantized = Int8Weight(quantize_int8(module.weight)) if int8 else Int4Weight(quantize_int4(module.weight))
     for part in parts:
         if hasattr(part, "gguf_blocks"):
             del part.gguf_blocks
     module.use_quantized(quantized)
-    return f"{label} as {'int8' if isinstance(quantized, Int8Weight) else 'int4'}"
-
-
-def _quantized(source: list, int8: bool) -> QuantizedWeight:
-    """`source`'s unpacked or float weights (stacked by output rows) in the kernel's form."""
-    if int8 and not all(isinstance(values, Int8Channels) for values in source):
-        source = [quantize_int8(values.dequantize() if isinstance(values, Int4Groups) else values) for values in source]
-    elif not int8:
-        source = [quantize_int4(values) if isinstance(values, torch.Tensor) else values for values in source]
-    if len(source) == 1:
-        return quantized_weight(source[0])
-    return quantized_weight(type(source[0]).concat(source))
+    return f"{label} as {format_name(quantized)}"
 
 
 def _quantize_embedding(model: nn.Module, embedding: Embedding) -> str:
-    """Shares a tied LM head's int8 copy, or keeps a GGUF Q8_0 embedding as int8; else it stays float."""
+    """Shares a tied LM head's quantized copy, or keeps a GGUF embedding's blocks; else it stays float."""
     head = next((m for m in model.modules() if isinstance(m, LMHead) and m.weight is embedding.weight), None)
-    if head is not None and isinstance(head.quantized, Int8Weight):
+    if head is not None and head.quantized is not None:
         embedding.use_quantized(head.quantized)
-        return "int8, shared with the tied LM head"
+        return f"{format_name(head.quantized)}, shared with the tied LM head"
     blocks: GgufBlocks | None = getattr(embedding.weight, "gguf_blocks", None)
-    if blocks is not None and blocks.gguf_type == "Q8_0":
-        embedding.use_quantized(Int8Weight(blocks.int8_channels()))
-        del embedding.weight.gguf_blocks
-        return "Q8_0 as int8"
+    if blocks is not None:
+        quantized = quantized_weight(blocks.unpack())
+        if rows_available(quantized):
+            embedding.use_quantized(quantized)
+            del embedding.weight.gguf_blocks
+            return f"{blocks.gguf_type} as {format_name(quantized)}"
     return str(embedding.weight.dtype).removeprefix("torch.")
 
 

@@ -12,11 +12,8 @@ import torch
 from safetensors import safe_open
 
 from tandem_server.weights.gguf_format import BLOCK_BYTES, BLOCK_VALUES, GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import INT4_MIDPOINT, Int4Groups, Int8Channels, quantize_int8
+from tandem_server.weights.quantization import INT4_MIDPOINT, Int4Groups, Int8Groups
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
-
-# Rows re-quantized at once: bounds the float copy a large tensor (a vocabulary's embedding) needs on the way.
-_ROWS_PER_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -30,28 +27,17 @@ class GgufBlocks:
     def in_features(self) -> int:
         return self.raw.shape[1] // BLOCK_BYTES[self.gguf_type] * BLOCK_VALUES
 
-    def unpack(self) -> Int4Groups | Int8Channels:
-        """Q4_0/Q4_1 exactly as int4 groups; Q8_0 re-quantized per channel (GGUF's scales are per block)."""
+    def unpack(self) -> Int4Groups | Int8Groups:
+        """The blocks' values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups."""
         if self.gguf_type == "Q8_0":
-            return self.int8_channels()
+            blocks = self.raw.view(self.raw.shape[0], -1, BLOCK_BYTES["Q8_0"])
+            scale = blocks[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+            return Int8Groups(blocks[..., 2:].contiguous().view(torch.int8).reshape(self.raw.shape[0], -1), scale)
         return _unpack_q4(self.raw, self.gguf_type)
-
-    def int8_channels(self) -> Int8Channels:
-        """Re-quantized per output channel, a few rows at a time so no full float copy is ever held."""
-        chunks = [
-            quantize_int8(GgufBlocks(self.gguf_type, self.raw[start : start + _ROWS_PER_CHUNK]).dequantize())
-            for start in range(0, self.raw.shape[0], _ROWS_PER_CHUNK)
-        ]
-        return Int8Channels.concat(chunks)
 
     def dequantize(self) -> torch.Tensor:
         """The exact float32 values llama.cpp computes from these blocks."""
-        if self.gguf_type == "Q8_0":
-            blocks = self.raw.view(self.raw.shape[0], -1, BLOCK_BYTES["Q8_0"])
-            scale = blocks[..., :2].contiguous().view(torch.float16).float()
-            q = blocks[..., 2:].contiguous().view(torch.int8).float()
-            return (q * scale).view(self.raw.shape[0], -1)
-        return _unpack_q4(self.raw, self.gguf_type).dequantize()
+        return self.unpack().dequantize()
 
 
 def _unpack_q4(raw: torch.Tensor, gguf_type: str) -> Int4Groups:

@@ -62,6 +62,31 @@ class Int8Channels:
         return Int8Channels(torch.cat([part.q for part in parts]), torch.cat([part.scale for part in parts]))
 
 
+@dataclass(frozen=True)
+class Int8Groups:
+    """int8 weights `[out, in]` with a float32 scale per group of `INT4_GROUP` input features (GGUF's Q8_0)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        out_features, in_features = self.q.shape
+        grouped = self.q.view(out_features, -1, INT4_GROUP).float() * self.scale.unsqueeze(-1)
+        return grouped.view(out_features, in_features)
+
+    def nibble_planes(self) -> tuple[Int4Groups, Int4Groups]:
+        """Two int4 weights whose sum is exactly these: with q + 128 = 16 high + low,
+        q d = ((high - 8) 16d + 8d) + (low - 8) d."""
+        unsigned = (self.q.to(torch.int16) + 128).to(torch.uint8)
+        high = Int4Groups(unsigned >> 4, 16 * self.scale, INT4_MIDPOINT * self.scale)
+        low = Int4Groups(unsigned & 0x0F, self.scale, torch.zeros_like(self.scale))
+        return high, low
+
+    @staticmethod
+    def concat(parts: list[Int8Groups]) -> Int8Groups:
+        return Int8Groups(torch.cat([part.q for part in parts]), torch.cat([part.scale for part in parts]))
+
+
 def quantize_int4(weight: torch.Tensor) -> Int4Groups:
     """Asymmetric groupwise int4 (min to max of each group of `INT4_GROUP` input features on 16 levels)."""
     out_features, in_features = weight.shape
