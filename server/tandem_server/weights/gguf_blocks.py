@@ -31,27 +31,36 @@ class GgufBlocks:
         """The blocks' values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups."""
         if self.gguf_type == "Q8_0":
             blocks = self.raw.view(self.raw.shape[0], -1, BLOCK_BYTES["Q8_0"])
-            scale = blocks[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+            scale = _halves(blocks[..., :2])
             return Int8Groups(blocks[..., 2:].contiguous().view(torch.int8).reshape(self.raw.shape[0], -1), scale)
         return _unpack_q4(self.raw, self.gguf_type)
 
     def dequantize(self) -> torch.Tensor:
-        """The exact float32 values llama.cpp computes from these blocks."""
-        return self.unpack().dequantize()
+        """The exact float32 values llama.cpp computes from these blocks (Q4_1 as q d + m, in that order)."""
+        if self.gguf_type != "Q4_1":
+            return self.unpack().dequantize()
+        values = _unpack_q4(self.raw, self.gguf_type)
+        minimum = _halves(self.raw.view(self.raw.shape[0], -1, BLOCK_BYTES["Q4_1"])[..., 2:4])
+        grouped = values.q.view(*values.scale.shape, BLOCK_VALUES).float() * values.scale.unsqueeze(-1)
+        return (grouped + minimum.unsqueeze(-1)).view(self.raw.shape[0], -1)
+
+
+def _halves(pairs: torch.Tensor) -> torch.Tensor:
+    """float32 values of little-endian float16s stored as byte pairs `[..., 2]`."""
+    return pairs.contiguous().view(torch.float16).float().squeeze(-1)
 
 
 def _unpack_q4(raw: torch.Tensor, gguf_type: str) -> Int4Groups:
     rows = raw.shape[0]
     blocks = raw.view(rows, -1, BLOCK_BYTES[gguf_type])
-    scale = blocks[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+    scale = _halves(blocks[..., :2])
     packed = blocks[..., -16:]
     # Byte j holds value j in its low nibble and value j + 16 in its high nibble.
     q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(rows, -1)
     if gguf_type == "Q4_0":  # w = (q - 8) * d
         zero = torch.zeros_like(scale)
     else:  # Q4_1: w = q * d + m = (q - 8) * d + (m + 8 d)
-        minimum = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
-        zero = minimum + INT4_MIDPOINT * scale
+        zero = _halves(blocks[..., 2:4]) + INT4_MIDPOINT * scale
     return Int4Groups(q, scale, zero)
 
 
