@@ -5,21 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from argv_testing import MODEL, flag_values
 from tandem_launcher.commands import probe_base_url, router_argv, shard_argv, threads_per_shard
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
-from tandem_launcher.model_resolution import ResolvedModel
 
-MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin", "--extra"))
-
-
-def flag_values(argv: list[str]) -> dict[str, list[str]]:
-    values: dict[str, list[str]] = {}
-    for index, word in enumerate(argv):
-        if word.startswith("--") and index + 1 < len(argv) and not argv[index + 1].startswith("--"):
-            values.setdefault(word, []).append(argv[index + 1])
-    return values
 
 
 def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:

@@ -7,22 +7,13 @@ import socket
 import time
 from pathlib import Path
 
+from argv_testing import MODEL, flag_values
 from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
-from tandem_launcher.model_resolution import ResolvedModel
 from tandem_launcher.peer_watch import Peer, PeerWatch, tcp_port_accepts
 
-MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
-
-
-def flag_values(argv: list[str]) -> dict[str, list[str]]:
-    values: dict[str, list[str]] = {}
-    for index, word in enumerate(argv):
-        if word.startswith("--") and index + 1 < len(argv) and not argv[index + 1].startswith("--"):
-            values.setdefault(word, []).append(argv[index + 1])
-    return values
 
 
 def group_config(secret: Path, node_rank: int, **extra: object) -> LauncherConfig:
