@@ -12,10 +12,8 @@ import pytest
 import torch
 from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, NUM_BLOCKS, paged_case, reference_output
 from flash_contract import FlashContractError
-from tandem_server.engine.cuda_graphs import DecodeBuffers
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import AttentionParams, LayerCache
+from tandem_server.layers.attention import AttentionParams, LayerCache, StaticDecodeMetadata
 from tandem_server.layers.attention.flash_backend import FlashAttentionBackend
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease
 
@@ -92,12 +90,9 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashReleas
     block_size = 256 if release is FLASH_ATTN_2 else 16
     case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=block_size)
     expected, _ = reference_output(case, PARAMS["sliding_window"])
-    geometry = CacheGeometry(1, block_size, *case.cache.key.shape[2:], torch.bfloat16)
     # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
-    buffers = DecodeBuffers.allocate(
-        8, 4 * block_size, KVCache(geometry, NUM_BLOCKS, torch.device("cpu")), torch.device("cpu")
-    )
-    buffers.fill(case.batch(), 8)
+    buffers = StaticDecodeMetadata.allocate(8, 4 * block_size, block_size, NUM_BLOCKS, torch.device("cpu"))
+    buffers.fill(case.batch().metadata, 8)
     cache = LayerCache(
         torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
         torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
@@ -106,7 +101,7 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashReleas
     padded = (
         torch.cat([t, torch.zeros(8 - count, *t.shape[1:], dtype=t.dtype)]) for t in (case.query, case.key, case.value)
     )
-    output = FlashAttentionBackend(release).forward(*padded, cache, buffers.metadata(8), PARAMS["sliding_window"])
+    output = FlashAttentionBackend(release).forward(*padded, cache, buffers.view(8), PARAMS["sliding_window"])
     torch.testing.assert_close(output[:count].float(), expected, **BF16_TOLERANCE)
     assert torch.isfinite(output).all()
 

@@ -7,6 +7,7 @@ from tandem_server.layers.attention.backend import AttentionBackend, AttentionPa
 from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
+from tandem_server.layers.attention.static_metadata import StaticDecodeMetadata, is_decode_only
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
@@ -41,6 +42,8 @@ __all__ = [
     "PagedLayout",
     "PreparedStep",
     "SdpaAttentionBackend",
+    "StaticDecodeMetadata",
     "TorchAttentionBackend",
     "create_backend",
+    "is_decode_only",
 ]
