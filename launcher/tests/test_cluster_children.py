@@ -11,7 +11,8 @@ from argv_testing import MODEL, flag_values
 from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
-from tandem_launcher.peer_watch import Peer, PeerWatch, tcp_port_accepts
+from tandem_launcher.liveness_watch import LivenessWatch, Watched, tcp_port_accepts
+from tandem_launcher.readiness import PROBE_TIMEOUT_S
 
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 
@@ -83,12 +84,21 @@ def test_one_node_keeps_the_socket_flags_and_no_secret() -> None:
 
 def test_a_peer_silent_for_the_timeout_is_named() -> None:
     answers = iter([True, True])
-    watch = PeerWatch([Peer("node 1", lambda _timeout: next(answers, False))], timeout=0.6).start()
+    watch = LivenessWatch([Watched("node 1", lambda _timeout: next(answers, False))], 0.6, PROBE_TIMEOUT_S).start()
     deadline = time.monotonic() + 10
     while watch.problem() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     watch.stop()
     assert watch.problem() == "node 1 has not answered for 0.6s"
+
+
+def test_a_silent_local_shard_is_named_with_the_question_it_did_not_answer() -> None:
+    watch = LivenessWatch([Watched("shard-0", lambda _timeout: False, "Health")], 0.6, PROBE_TIMEOUT_S).start()
+    deadline = time.monotonic() + 10
+    while watch.problem() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    assert watch.problem() == "shard-0 has not answered Health for 0.6s"
 
 
 def test_tcp_probe_tells_a_listening_port_from_a_closed_one() -> None:
