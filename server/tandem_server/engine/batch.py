@@ -55,7 +55,6 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
     known_ids = tuple(span.request_id for span in spans if span.request_id is not None)
     paged = PagedLayout(
         query_start_loc=to_device(query_offsets, device),
-        seq_start_loc=to_device(_offsets(seq_lens), device),
         seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
         block_tables=to_device(block_tables, device),
         max_query_len=max(query_lens),

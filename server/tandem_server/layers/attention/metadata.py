@@ -13,8 +13,6 @@ class PagedLayout:
 
     # [sequences + 1] int32: sequence i's query rows are query_start_loc[i]:query_start_loc[i + 1].
     query_start_loc: torch.Tensor
-    # [sequences + 1] int32: cumulative seq_lens, the key offsets flash-attn's varlen API expects.
-    seq_start_loc: torch.Tensor
     # [sequences] int32: tokens in the cache once this step's K/V are written (cached prefix + this step).
     seq_lens: torch.Tensor
     # [sequences, max_blocks] int32 block ids; entries past a sequence's last block are 0 and never read.

@@ -61,7 +61,6 @@ def _group_layout(
     rows = to_device(rows, device)
     layout = PagedLayout(
         query_start_loc=to_device(_offsets(query_lens), device),
-        seq_start_loc=to_device(_offsets(group_seq_lens), device),
         seq_lens=to_device(torch.tensor(group_seq_lens, dtype=torch.int32), device),
         block_tables=paged.block_tables[to_device(torch.tensor(group), device)],
         max_query_len=max(query_lens),

@@ -25,7 +25,6 @@ class StaticDecodeMetadata:
 
     slot_mapping: torch.Tensor
     query_start_loc: torch.Tensor
-    seq_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     reserved_block: int
@@ -41,7 +40,6 @@ class StaticDecodeMetadata:
             slot_mapping=torch.zeros(max_batch, dtype=torch.long, device=device),
             # Every decode sequence has exactly one query row, so the offsets are 0, 1, 2, ...
             query_start_loc=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
-            seq_start_loc=torch.zeros(max_batch + 1, dtype=torch.int32, device=device),
             seq_lens=torch.zeros(max_batch, dtype=torch.int32, device=device),
             block_tables=torch.zeros(max_batch, width, dtype=torch.int32, device=device),
             reserved_block=reserved_block,
@@ -68,13 +66,11 @@ class StaticDecodeMetadata:
         self.seq_lens[:count].copy_(paged.seq_lens, non_blocking=True)
         self.block_tables[:count, :width].copy_(paged.block_tables, non_blocking=True)
         self.pad(count, size)
-        torch.cumsum(self.seq_lens[:size], dim=0, out=self.seq_start_loc[1 : size + 1])
 
     def view(self, size: int) -> AttentionMetadata:
         """Views of the first `size` rows in the form the attention backends read."""
         paged = PagedLayout(
             query_start_loc=self.query_start_loc[: size + 1],
-            seq_start_loc=self.seq_start_loc[: size + 1],
             seq_lens=self.seq_lens[:size],
             block_tables=self.block_tables[:size],
             max_query_len=1,
