@@ -267,9 +267,10 @@ def _add_execution_flags(add: FlagAdder) -> None:
         "--quantize",
         str,
         "none",
-        "CPU: GEMM weights as int4/int8 with bfloat16 activations (none, gguf, int8 or int4); gguf: a .gguf model's "
-        "Q4_0/Q4_1/Q8_0 tensors served as they are (the embedded model is one); int8, int4: float weights quantized "
-        "at load; none: float",
+        "GEMM weights (none, gguf, int8, int4 or fp8); gguf (CPU): a .gguf model's Q4_0/Q4_1/Q8_0 tensors served as "
+        "they are (the embedded model is one); int8, int4 (CPU): float weights quantized at load, bfloat16 "
+        "activations; fp8 (CPU, CUDA sm89+): float weights as float8 e4m3 per channel, activations per token; none: "
+        "float. An FP8 checkpoint (compressed-tensors, fbgemm_fp8) keeps its float8 layers with none or fp8",
         choices=QUANTIZE_CHOICES,
     )
     add.value(
