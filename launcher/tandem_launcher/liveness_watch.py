@@ -44,19 +44,22 @@ def tcp_port_accepts(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def remote_shard_answers(target: str, secret_file: Path, timeout: float) -> bool:
-    """Whether the shard at `target` (host:port) answers a shallow `Health` to a caller with the cluster secret."""
+def shard_answers_health(target: str, timeout: float, secret_file: Path | None = None) -> bool:
+    """Whether the shard at gRPC `target` (`unix://` socket or host:port) answers a shallow `Health` within `timeout`
+    seconds; a remote shard is asked with the cluster secret read from `secret_file`."""
     import grpc  # noqa: PLC0415  (grpc is only needed once shards run)
     from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc  # noqa: PLC0415
 
-    try:
-        secret = secret_file.read_text(encoding="utf-8").strip()
-    except OSError:
-        return False
+    metadata = None
+    if secret_file is not None:
+        try:
+            metadata = (("authorization", f"Bearer {secret_file.read_text(encoding='utf-8').strip()}"),)
+        except OSError:
+            return False
     with grpc.insecure_channel(target) as channel:
         try:
             shard_pb2_grpc.ShardServiceStub(channel).Health(
-                shard_pb2.HealthRequest(deep=False), timeout=timeout, metadata=(("authorization", f"Bearer {secret}"),)
+                shard_pb2.HealthRequest(deep=False), timeout=timeout, metadata=metadata
             )
         except grpc.RpcError:
             return False

@@ -20,7 +20,7 @@ from tandem_launcher.cluster import worker_addresses
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
-from tandem_launcher.liveness_watch import LivenessWatch, Watched, remote_shard_answers, tcp_port_accepts
+from tandem_launcher.liveness_watch import LivenessWatch, Watched, shard_answers_health, tcp_port_accepts
 from tandem_launcher.logs import LOGGER, forward_child_line, phase
 from tandem_launcher.model_resolution import ResolvedModel
 from tandem_launcher.processes import ChildProcess, ChildStartError, LineSink, stop_children
@@ -32,7 +32,6 @@ from tandem_launcher.readiness import (
     StartTimeoutError,
     fetch_router_info,
     router_is_healthy,
-    shard_answers_health,
     shard_is_ready,
     wait_until_ready,
 )
@@ -154,7 +153,7 @@ class Supervisor:
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
         shards = [
-            Watched(f"shard-{rank}", partial(shard_answers_health, uds_path), "Health")
+            Watched(f"shard-{rank}", partial(shard_answers_health, f"unix://{uds_path}"), "Health")
             for rank, uds_path in enumerate(self._uds_paths())
         ]
         self._watch = LivenessWatch(shards, config.shard_health_timeout, LOCAL_SHARD_PROBE_TIMEOUT_S).start()
@@ -301,5 +300,5 @@ def _worker_shard_peers(config: LauncherConfig) -> list[Watched]:
         for local in range(config.layout.local):
             target = f"{host}:{config.shard_grpc_port + local}"
             name = f"shard-{node * config.layout.local + local} on node {node} ({target})"
-            peers.append(Watched(name, partial(remote_shard_answers, target, secret_file)))
+            peers.append(Watched(name, partial(shard_answers_health, target, secret_file=secret_file)))
     return peers
