@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache, PreparedStep
-from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout
+from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout, start_offsets
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
 from tandem_server.layers.attention.static_metadata import StaticDecodeMetadata, is_decode_only
@@ -46,4 +46,5 @@ __all__ = [
     "TorchAttentionBackend",
     "create_backend",
     "is_decode_only",
+    "start_offsets",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,11 @@ class PagedLayout:
     @property
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
+
+
+def start_offsets(lengths: Sequence[int]) -> torch.Tensor:
+    """[len(lengths) + 1] int32 on the host: 0 then the running sums, the form of `PagedLayout.query_start_loc`."""
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
 @dataclass(frozen=True)

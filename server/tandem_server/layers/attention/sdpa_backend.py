@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from tandem_server.device_copy import to_device
 from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
-from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout, start_offsets
 
 
 class SdpaAttentionBackend(CommonMetadataOnly):
@@ -60,7 +60,7 @@ def _group_layout(
     rows = torch.tensor([row for index in group for row in range(starts[index], starts[index + 1])])
     rows = to_device(rows, device)
     layout = PagedLayout(
-        query_start_loc=to_device(_offsets(query_lens), device),
+        query_start_loc=to_device(start_offsets(query_lens), device),
         seq_lens=to_device(torch.tensor(group_seq_lens, dtype=torch.int32), device),
         block_tables=paged.block_tables[to_device(torch.tensor(group), device)],
         max_query_len=max(query_lens),
@@ -68,10 +68,6 @@ def _group_layout(
         query_lens=tuple(query_lens),
     )
     return rows, layout
-
-
-def _offsets(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
 def _attend_padded(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
