@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from attention_testing import BLOCK_SIZE, DECODE_STEP, HEAD_DIM, HEADS, KV_HEADS, NUM_BLOCKS, paged_case
+from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.cli import config_from_args
 from tandem_server.config import DEFAULT_CUDA_GRAPH_SIZES, ShardConfig, parse_cuda_graph_sizes
 from tandem_server.distributed import rank_device
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeBuffers, graph_batch_size
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import blocks_for_budget, cuda_cache_budget
@@ -102,6 +106,24 @@ def test_graph_inputs_pad_token_rows_with_token_0_at_position_0_beside_padded_me
     assert buffers.positions[:2].tolist() == [6, 0]
     # Position 6 is offset 2 of block 3; the padding row writes offset 0 of the reserved block 8.
     assert buffers.attention.slot_mapping[:2].tolist() == [3 * BLOCK_SIZE + 2, 8 * BLOCK_SIZE]
+
+
+def test_the_padded_batch_a_graph_runs_gives_the_eager_decode_rows(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path)
+    model = load_tiny_model(tmp_path, backend=SdpaAttentionBackend())
+    spec, cpu = model.spec, torch.device("cpu")
+    cache = KVCache(CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, torch.float32), 8, cpu)
+    for layer in cache.layers:
+        layer.key.normal_(generator=torch.Generator().manual_seed(1))
+        layer.value.normal_(generator=torch.Generator().manual_seed(2))
+    spans = [ScheduledSpan([5], 3, [0]), ScheduledSpan([7], 6, [1, 2]), ScheduledSpan([9], 0, [3])]
+    batch = build_step_batch(spans, BLOCK_SIZE, cpu)
+    eager = forward_step(model, batch, cache.layers)
+    buffers = DecodeBuffers.allocate(4, spec.max_position_embeddings, cache, cpu)
+    buffers.fill(batch, 4)
+    # The step's K/V land in the same slots again, and the padding row only in the reserved block.
+    padded = forward_step(model, buffers.view(4), cache.layers)
+    torch.testing.assert_close(padded[:3], eager, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.engine.batch import StepBatch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import KVCache
-from tandem_server.layers.attention import AttentionMetadata, StaticDecodeMetadata, is_decode_only
+from tandem_server.layers.attention import StaticDecodeMetadata, is_decode_only
 from tandem_server.models.registry import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,15 @@ class DecodeBuffers:
         self.positions[count:size] = 0
         self.attention.fill(batch.metadata, size)
 
+    def view(self, size: int) -> StepBatch:
+        """The first `size` rows as the step batch a graph of `size` runs."""
+        return StepBatch(
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            metadata=self.attention.view(size),
+            last_rows=tuple(range(size)),
+        )
+
 
 class DecodeGraphs:
     """One captured forward pass per batch size, sharing a memory pool; replays decode-only steps."""
@@ -80,13 +90,14 @@ class DecodeGraphs:
         """Records the model's forward pass for every size, largest first so smaller graphs reuse its pool."""
         pool = None
         for size in reversed(self.sizes):
-            metadata = self._buffers.attention.view(size)
+            batch = self._buffers.view(size)
             with self._on_own_stream():
                 for _ in range(_WARM_RUNS_BEFORE_CAPTURE):
-                    self._forward(size, metadata)
+                    forward_step(self._model, batch, self._cache.layers)
             graph = torch.cuda.CUDAGraph()
+            # Whatever the backend prepares is captured with the graph and replayed with it.
             with torch.cuda.graph(graph, pool=pool, stream=self._stream):
-                hidden = self._forward(size, metadata)
+                hidden = forward_step(self._model, batch, self._cache.layers)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)
         logger.info("captured CUDA graphs for decode batch sizes %s", ",".join(map(str, self.sizes)))
@@ -114,9 +125,3 @@ class DecodeGraphs:
         with torch.cuda.stream(self._stream):
             yield
         current.wait_stream(self._stream)
-
-    def _forward(self, size: int, metadata: AttentionMetadata) -> torch.Tensor:
-        # Whatever the backend prepares is captured with the graph and replayed with it.
-        buffers = self._buffers
-        prepared = self._model.backend.prepare(metadata, self._cache.layers)
-        return self._model(buffers.input_ids[:size], buffers.positions[:size], prepared.layers, prepared.metadata)
