@@ -1,9 +1,10 @@
 """CUDA graphs for decode-only steps: captured at Warmup per batch size, replayed with the batch padded up.
 
 A decode-only step (every request runs exactly one token) has shapes fixed by its batch size alone when the
-attention backend reads only the paged layout, so its kernels can be recorded once and replayed without
-per-kernel launch cost. Padding rows write into the reserved block and attend to it alone; their outputs are
-dropped. Mixed and prefill steps always run eagerly.
+attention backend prepares it on the device (`supports_cuda_graphs`), so its kernels can be recorded once and
+replayed without per-kernel launch cost. The graphs read token inputs held here and attention metadata held at fixed
+addresses by `layers/attention/static_metadata.py`, whose padding rows write into the reserved block and attend to it
+alone; their outputs are dropped. Mixed and prefill steps always run eagerly.
 """
 
 from __future__ import annotations
