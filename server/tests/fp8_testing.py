@@ -74,11 +74,13 @@ def write_fp8_checkpoint(
 ) -> dict[str, torch.Tensor]:
     """Writes `float_dir`'s checkpoint to `out_dir` in `layout` and returns the float state dict it stands for.
 
-    Per-tensor weight scales are bfloat16 (shape [1], or [] for SCALAR_SHAPED roles) with static input scales from
-    `input_amax` (each linear layer's largest input magnitude, by weight name); per-channel ones float32 [out, 1].
+    Per-tensor weight scales are bfloat16 (shape [1], or [] for SCALAR_SHAPED roles), per-channel ones float32
+    [out, 1]. With `input_amax` (each linear layer's largest input magnitude, by weight name) a compressed-tensors
+    layout gets static input scales; else activations are scaled per token.
     """
     tensors = load_file(str(float_dir / "model.safetensors"))
     per_channel = layout != "compressed-tensors-tensor"
+    static = input_amax is not None and layout != "fbgemm"
     stored: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
@@ -88,8 +90,8 @@ def write_fp8_checkpoint(
         prefix = name.removesuffix(".weight")
         scale = _stored_scale(tensor, name, per_channel)
         q = (tensor.float() / scale.float().reshape(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        if not per_channel:
-            stored[f"{prefix}.input_scale"] = torch.tensor([(input_amax or {})[name] / FP8_MAX])
+        if static and input_amax is not None:
+            stored[f"{prefix}.input_scale"] = torch.tensor([input_amax[name] / FP8_MAX])
         stored[name], stored[f"{prefix}.weight_scale"] = q, scale
         dequantized[name] = q.float() * scale.float().reshape(-1, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,7 @@ def write_fp8_checkpoint(
     config["quantization_config"] = (
         FBGEMM_CONFIG
         if layout == "fbgemm"
-        else compressed_tensors_config("channel" if per_channel else "tensor", static_activations=not per_channel)
+        else compressed_tensors_config("channel" if per_channel else "tensor", static_activations=static)
     )
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return dequantized
