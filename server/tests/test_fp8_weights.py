@@ -5,6 +5,7 @@ the CUDA capability guard, and the start-up errors for bad checkpoints."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,72 @@ def test_float8_tensors_without_a_quantization_config_fail_start_up(tmp_path: Pa
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match=r"float8 tensor, but config\.json declares no quantization_config"):
         _load(checkpoint)
+
+
+DOWN = "model.layers.1.mlp.down_proj"
+BAD_TENSORS = {
+    "nonzero zero point": ({f"{DOWN}.weight_zero_point": torch.ones(1)}, "weight_zero_point is not zero: asymmetric"),
+    "scale of a float weight": ({f"{DOWN}.weight": torch.zeros(64, 128)}, "but its weight is not float8 e4m3"),
+    "scale count": ({f"{DOWN}.weight_scale": torch.ones(3, 1)}, "weight_scale holds 3 scales for 64 rows"),
+    "per-channel input scale": ({f"{DOWN}.input_scale": torch.ones(64, 1)}, "only per-tensor values are supported"),
+    "e5m2 weight": ({f"{DOWN}.weight": torch.zeros(64, 128, dtype=torch.float8_e5m2)}, "float8_e5m2 weights are not"),
+}
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _fp8_checkpoint(tmp_path_factory.mktemp("fp8-checkpoint"))
+
+
+@pytest.mark.parametrize("case", BAD_TENSORS)
+def test_bad_fp8_tensors_fail_start_up_naming_the_tensor(fp8_checkpoint: Path, tmp_path: Path, case: str) -> None:
+    changes, message = BAD_TENSORS[case]
+    checkpoint = Path(shutil.copytree(fp8_checkpoint, tmp_path / "fp8"))
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    save_file({**tensors, **changes}, str(checkpoint / "model.safetensors"))
+    with pytest.raises(WeightsError, match=message):
+        _load(checkpoint)
+
+
+BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
+    "kv cache scheme": ({"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme .* is not supported"),
+    "no groups": ({"config_groups": {}}, "has no config_groups"),
+    "grouped float8": (
+        {"config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
+        "group 'g': weights float 8-bit, strategy block are not supported",
+    ),
+    "int8 activations": (
+        {
+            "config_groups": {
+                "g": {
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
+                }
+            }
+        },
+        "input activations int 8-bit, strategy token",
+    ),
+    "mixed activations": (
+        {
+            "config_groups": {
+                "a": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}},
+                "b": {
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False},
+                },
+            }
+        },
+        "mix static and dynamic activation scales",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CONFIGS)
+def test_unsupported_compressed_tensors_configs_fail_start_up_naming_the_scheme(
+    fp8_checkpoint: Path, tmp_path: Path, case: str
+) -> None:
+    changes, message = BAD_CONFIGS[case]
+    checkpoint = Path(shutil.copytree(fp8_checkpoint, tmp_path / "fp8"))
+    _edit_config(checkpoint, **changes)
+    with pytest.raises(ConfigError, match=message):
+        read_checkpoint_config(checkpoint)
