@@ -26,6 +26,7 @@ from tandem_launcher.config import (
 )
 from tandem_launcher.flags import FlagAdder, bool_value, key_list
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
+from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config
 
 
 def _memory_size(text: str) -> str:
@@ -142,12 +143,7 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add.value(
         "--async-scheduling", bool_value, True, "plan and send the next step while the shards run the current one"
     )
-    add.value(
-        "--speculate",
-        int,
-        0,
-        "speculative decoding: draft tokens per decode step, proposed from the request's own text; 0: off",
-    )
+    add_speculation_flags(add)
 
 
 def _add_kv_events_flags(add: FlagAdder) -> None:
@@ -317,6 +313,7 @@ def parse_config(
         values["block_size"], values["attention_backend"]
     )
     try:
+        apply_speculative_config(values)
         return LauncherConfig(**values)
     except ValueError as error:
         parser.error(str(error))

@@ -18,6 +18,7 @@ from tandem_launcher.cluster import (
     NodeLayout,
     cluster_problems,
 )
+from tandem_launcher.speculation import speculation_problems
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
@@ -94,8 +95,9 @@ class LauncherConfig:
     prefix_caching: bool = True
     # The router sends step N+1 before step N has answered.
     async_scheduling: bool = True
-    # Draft tokens per decode step (speculative decoding); 0: off.
+    # Draft tokens per decode step (speculative decoding); 0: off. Drafts come from `speculative_method`.
     speculate: int = 0
+    speculative_method: str = "ngram"
     # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -283,6 +285,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _api_key_problems(config)
     problems += _model_source_problems(config)
     problems += _cluster_problems(config)
+    problems += speculation_problems(config.speculate, config.speculative_method, config.prefix_caching)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:
