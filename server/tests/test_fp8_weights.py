@@ -211,6 +211,12 @@ def test_fp8_on_cuda_needs_compute_capability_8_9(tmp_path: Path, monkeypatch: p
         check_quantization(QuantizeMode.INT8, read_checkpoint_config(tmp_path / "fbgemm"), CPU)
 
 
+def test_a_weight_the_format_cannot_take_fails_start_up_naming_it(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path, hidden_size=48)
+    with pytest.raises(ConfigError, match=r"--quantize int4: model\.layers\.0\.self_attn\.o_proj: .*multiples of 32"):
+        _load(tmp_path, QuantizeMode.INT4)
+
+
 def test_the_shard_takes_fp8_on_cuda_and_keeps_the_other_modes_cpu_only(tmp_path: Path) -> None:
     base = ["--model-path", str(tmp_path), "--uds-path", str(tmp_path / "s.sock"), "--device", "cuda"]
     assert config_from_args([*base, "--quantize", "fp8"]).quantize is QuantizeMode.FP8

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tandem_server.errors import ConfigError
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.quantized import (
@@ -51,12 +52,16 @@ class QuantizationReport:
 
 @torch.inference_mode()
 def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
-    """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result."""
+    """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result; a
+    weight the format cannot take (its shape) is a start-up error naming it."""
     report = QuantizationReport()
     for name, module in model.named_modules():
         role = name.rsplit(".", 1)[-1]
         if isinstance(module, GemmModule):
-            report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+            try:
+                report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+            except ValueError as error:
+                raise ConfigError(f"--quantize {mode.value}: {name}: {error}") from error
     for name, module in model.named_modules():
         if isinstance(module, Embedding):
             report.formats[f"{name.rsplit('.', 1)[-1]}: {_quantize_embedding(model, module)}"] += 1
