@@ -152,10 +152,7 @@ class Supervisor:
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
-        shards = [
-            Watched(f"shard-{rank}", partial(shard_answers_health, f"unix://{uds_path}"), "Health")
-            for rank, uds_path in enumerate(self._uds_paths())
-        ]
+        shards = local_shards_watched(config, self._uds_paths())
         self._watch = LivenessWatch(shards, config.shard_health_timeout, LOCAL_SHARD_PROBE_TIMEOUT_S).start()
 
     def _start_router(self) -> None:
@@ -282,6 +279,15 @@ def _node_label(config: LauncherConfig) -> str:
         return ""
     ranks = f"{config.layout.first_rank}..{config.layout.global_rank(config.layout.local - 1)}"
     return f" (node {config.node_rank} of {config.nnodes}, ranks {ranks} of {config.num_shard})"
+
+
+def local_shards_watched(config: LauncherConfig, uds_paths: list[Path]) -> list[Watched]:
+    """This node's shards, by local rank, asked for a shallow Health over their sockets and named by global rank as
+    their logs are."""
+    return [
+        Watched(f"shard-{config.layout.global_rank(local)}", partial(shard_answers_health, f"unix://{path}"), "Health")
+        for local, path in enumerate(uds_paths)
+    ]
 
 
 def _leader_peer(config: LauncherConfig) -> list[Watched]:

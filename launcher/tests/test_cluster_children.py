@@ -13,6 +13,7 @@ from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.liveness_watch import LivenessWatch, Watched, tcp_port_accepts
 from tandem_launcher.readiness import PROBE_TIMEOUT_S
+from tandem_launcher.supervisor import local_shards_watched
 
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 
@@ -99,6 +100,19 @@ def test_a_silent_local_shard_is_named_with_the_question_it_did_not_answer() -> 
         time.sleep(0.05)
     watch.stop()
     assert watch.problem() == "shard-0 has not answered Health for 0.6s"
+
+
+def test_a_worker_nodes_hung_shard_is_named_by_its_global_rank(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    paths = [tmp_path / "shard-0.sock", tmp_path / "shard-1.sock"]
+    watched = local_shards_watched(group_config(secret, 1), paths)
+    assert [shard.silence(1.0) for shard in watched] == [
+        "shard-2 has not answered Health for 1s",
+        "shard-3 has not answered Health for 1s",
+    ]
+    single_node = local_shards_watched(LauncherConfig(commands=COMMANDS, num_shard=2), paths)
+    assert [shard.name for shard in single_node] == ["shard-0", "shard-1"]
 
 
 def test_tcp_probe_tells_a_listening_port_from_a_closed_one() -> None:
