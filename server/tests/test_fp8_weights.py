@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from fp8_testing import LAYOUTS, linear_input_amax, round_activations_like_fp8, write_fp8_checkpoint
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_llama
-from tandem_server.bootstrap import check_quantization
+from tandem_server.bootstrap import check_quantization, load_shard
 from tandem_server.cli import config_from_args
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
@@ -209,6 +210,14 @@ def test_fp8_on_cuda_needs_compute_capability_8_9(tmp_path: Path, monkeypatch: p
     # The CPU-only modes stay CPU-only.
     with pytest.raises(ConfigError, match=r"FP8 checkpoint .* serve it with --quantize none"):
         check_quantization(QuantizeMode.INT8, read_checkpoint_config(tmp_path / "fbgemm"), CPU)
+
+
+def test_the_shard_serves_an_fp8_checkpoint_and_reports_its_formats_in_info(fp8_checkpoint: Path) -> None:
+    config = config_from_args(["--model-path", str(fp8_checkpoint), "--uds-path", str(fp8_checkpoint / "s.sock")])
+    info = load_shard(config).info
+    assert "qkv_proj: float8 checkpoint as fp8" in info.weights_format and "lm_head: float32" in info.weights_format
+    quantized = load_shard(replace(config, quantize=QuantizeMode.FP8)).info
+    assert "lm_head: float as fp8" in quantized.weights_format and quantized.weight_bytes < info.weight_bytes
 
 
 def test_a_weight_the_format_cannot_take_fails_start_up_naming_it(tmp_path: Path) -> None:
