@@ -321,6 +321,7 @@ def test_bad_fp8_tensors_fail_start_up_naming_the_tensor(fp8_checkpoint: Path, t
 BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     "kv cache scheme": ({"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme .* is not supported"),
     "no groups": ({"config_groups": {}}, "has no config_groups"),
+    "2:4 sparse": ({"sparsity_config": {"format": "sparse-24-bitmask"}}, "format 'sparse-24-bitmask' .* not supported"),
     "grouped float8": (
         {"config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
         "group 'g': weights float 8-bit, strategy block are not supported",

@@ -54,6 +54,9 @@ def _compressed_tensors(config: dict[str, Any]) -> Fp8Scheme:
     groups = config.get("config_groups") or {}
     if not groups:
         raise ConfigError("compressed-tensors quantization_config has no config_groups")
+    sparsity = (config.get("sparsity_config") or {}).get("format", "dense")
+    if sparsity != "dense":
+        raise ConfigError(f"compressed-tensors sparsity_config format {sparsity!r} (sparse weights) is not supported")
     if config.get("kv_cache_scheme"):
         raise ConfigError(
             "compressed-tensors kv_cache_scheme (a quantized KV cache with stored scales) is not supported; "
