@@ -44,3 +44,22 @@ def fp8_gemm_errors(
         errors[role] = {"relative_rms": error, "ok": error <= FP8_RELATIVE_RMS_BOUND}
         del weight, x, expected, actual
     return errors
+
+
+def fp8_against_bf16(phases: dict[str, dict[str, Any]], bf16_run: str, fp8_run: str) -> dict[str, float]:
+    """FP8's batch-1 time per output token and batch-256 output throughput beside the bfloat16 run's (same backend),
+    from the sweep rows the check recorded; a batch size either run lacks is left out."""
+    rows = {
+        run: {row["concurrency"]: row for row in phases.get(f"throughput/{run}", {}).get("rows", [])}
+        for run in (bf16_run, fp8_run)
+    }
+    bf16, fp8 = rows[bf16_run], rows[fp8_run]
+    compared: dict[str, float] = {}
+    if 1 in bf16 and 1 in fp8:
+        compared |= {"bf16_tpot_ms_batch_1": bf16[1]["tpot_p50_ms"], "fp8_tpot_ms_batch_1": fp8[1]["tpot_p50_ms"]}
+    if 256 in bf16 and 256 in fp8:
+        compared |= {
+            "bf16_tokens_per_s_batch_256": bf16[256]["output_throughput"],
+            "fp8_tokens_per_s_batch_256": fp8[256]["output_throughput"],
+        }
+    return compared

@@ -25,7 +25,7 @@ from typing import Any
 
 from tandem_bench.client import Endpoint
 from tandem_bench.datasets import DatasetConfig, random_text
-from tandem_bench.fp8_check import LLAMA3_8B_GEMMS, fp8_gemm_errors
+from tandem_bench.fp8_check import LLAMA3_8B_GEMMS, fp8_against_bf16, fp8_gemm_errors
 from tandem_bench.gpu_report import SweepRow, format_sweep, prefill_mfu, sweep_row
 from tandem_bench.load import LoadPoint
 from tandem_bench.mfu import TransformerShape, bf16_peak_flops
@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             check_fp8_numerics(report)
         model_dir = build_model(args.work_dir, args.tokenizer_dir, report)
         serve_and_measure(model_dir, args, report)
+        if args.fp8 and FP8_BACKEND in args.attention_backends:
+            compared = fp8_against_bf16(report.phases, FP8_BACKEND, f"{FP8_BACKEND}+fp8")
+            report.record("fp8_against_bf16", bool(compared), **compared)
     except Exception as error:
         # Every failure is reported, then the check fails.
         report.record("aborted", False, error=f"{type(error).__name__}: {error}")

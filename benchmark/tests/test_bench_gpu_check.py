@@ -165,3 +165,21 @@ def test_the_fp8_gemms_stay_within_the_stated_bound_of_bfloat16() -> None:
     assert all(error["ok"] for error in errors.values())
     # Both weights and activations are rounded: the error is well above bfloat16's own (2^-9).
     assert all(0.02 < error["relative_rms"] <= FP8_RELATIVE_RMS_BOUND for error in errors.values())
+
+
+def test_the_fp8_row_sets_batch_1_latency_and_batch_256_throughput_beside_bfloat16s() -> None:
+    from tandem_bench.fp8_check import fp8_against_bf16  # noqa: PLC0415
+
+    def rows(tpot: float, throughput: float) -> dict[str, object]:
+        return {"rows": [{"concurrency": 1, "tpot_p50_ms": tpot, "output_throughput": 1000 / tpot},
+                         {"concurrency": 256, "tpot_p50_ms": 40.0, "output_throughput": throughput}]}  # fmt: skip
+
+    phases = {"throughput/triton": rows(7.0, 9000.0), "throughput/triton+fp8": rows(5.0, 12000.0)}
+    assert fp8_against_bf16(phases, "triton", "triton+fp8") == {
+        "bf16_tpot_ms_batch_1": 7.0, "fp8_tpot_ms_batch_1": 5.0,
+        "bf16_tokens_per_s_batch_256": 9000.0, "fp8_tokens_per_s_batch_256": 12000.0,
+    }  # fmt: skip
+    # A run that never reached batch 256 (its time ran out) compares batch 1 only; none at all compares nothing.
+    phases["throughput/triton+fp8"]["rows"].pop()
+    assert set(fp8_against_bf16(phases, "triton", "triton+fp8")) == {"bf16_tpot_ms_batch_1", "fp8_tpot_ms_batch_1"}
+    assert fp8_against_bf16({}, "triton", "triton+fp8") == {}
