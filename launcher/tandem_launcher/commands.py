@@ -119,6 +119,7 @@ def router_argv(
         "--async-scheduling", "true" if config.async_scheduling else "false",
         "--speculate", str(config.speculate),
         "--speculative-method", config.speculative_method,
+        "--speculative-disable-by-batch-size", str(config.speculative_disable_by_batch_size),
         "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
         "--max-queue-time", str(math.ceil(config.max_queue_time)),
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),

@@ -95,9 +95,11 @@ class LauncherConfig:
     prefix_caching: bool = True
     # The router sends step N+1 before step N has answered.
     async_scheduling: bool = True
-    # Draft tokens per decode step (speculative decoding); 0: off. Drafts come from `speculative_method`.
+    # Draft tokens per decode step (speculative decoding); 0: off. Drafts come from `speculative_method`; no step
+    # drafts while more than `speculative_disable_by_batch_size` requests run.
     speculate: int = 0
     speculative_method: str = "ngram"
+    speculative_disable_by_batch_size: int = 8
     # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -285,7 +287,9 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _api_key_problems(config)
     problems += _model_source_problems(config)
     problems += _cluster_problems(config)
-    problems += speculation_problems(config.speculate, config.speculative_method, config.prefix_caching)
+    problems += speculation_problems(
+        config.speculate, config.speculative_method, config.speculative_disable_by_batch_size, config.prefix_caching
+    )
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

@@ -9,8 +9,13 @@ from tandem_launcher.flags import FlagAdder
 
 SPECULATIVE_METHODS = ("ngram", "radix")
 DEFAULT_METHOD = "ngram"
-# The keys of vLLM's `--speculative-config` that mean the same here.
-_CONFIG_KEYS = ("method", "num_speculative_tokens")
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+# The keys of vLLM's `--speculative-config` that mean the same here, and the flags they set.
+_CONFIG_KEYS = {
+    "method": "speculative_method",
+    "num_speculative_tokens": "speculate",
+    "disable_by_batch_size": "speculative_disable_by_batch_size",
+}
 
 
 def add_speculation_flags(add: FlagAdder) -> None:
@@ -29,24 +34,36 @@ def add_speculation_flags(add: FlagAdder) -> None:
         choices=SPECULATIVE_METHODS,
     )
     add.value(
+        "--speculative-disable-by-batch-size",
+        int,
+        DEFAULT_DISABLE_BY_BATCH_SIZE,
+        "no step carries drafts while more requests than this run (a large batch keeps the shards busy already)",
+    )
+    add.value(
         "--speculative-config",
         str,
         None,
-        'the two flags above as JSON, as vLLM takes them: {"method": "ngram"|"radix", "num_speculative_tokens": N}',
+        'the flags above as JSON, as vLLM takes them: {"method": "ngram"|"radix", "num_speculative_tokens": N, '
+        '"disable_by_batch_size": M}',
     )
 
 
 def apply_speculative_config(values: dict[str, Any]) -> None:
-    """Replaces `speculative_config` in parsed flag `values` by the `speculate` and `speculative_method` it sets.
+    """Replaces `speculative_config` in parsed flag `values` by the speculation flags it sets.
 
-    Raises ValueError naming the problem: malformed JSON, an unknown key or method, a bad token count, or the JSON
-    form given together with `--speculate`/`--speculative-method`.
+    Raises ValueError naming the problem: malformed JSON, an unknown key or method, a bad count, or the JSON form
+    given together with the flags it stands for.
     """
     text = values.pop("speculative_config")
     if text is None:
         return
-    if values["speculate"] != 0 or values["speculative_method"] != DEFAULT_METHOD:
-        raise ValueError("give either --speculative-config or --speculate/--speculative-method, not both")
+    defaults = {
+        "speculate": 0,
+        "speculative_method": DEFAULT_METHOD,
+        "speculative_disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE,
+    }
+    if any(values[name] != default for name, default in defaults.items()):
+        raise ValueError("give either --speculative-config or the --speculate/--speculative-* flags, not both")
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as error:
@@ -61,15 +78,21 @@ def apply_speculative_config(values: dict[str, Any]) -> None:
     if method not in SPECULATIVE_METHODS:
         methods = ", ".join(SPECULATIVE_METHODS)
         raise ValueError(f"--speculative-config: method must be one of {methods}, got {method!r}")
-    tokens = parsed.get("num_speculative_tokens")
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        raise ValueError(f"--speculative-config: num_speculative_tokens must be a positive integer, got {tokens!r}")
-    values["speculate"] = tokens
-    values["speculative_method"] = method
+    for key in ("num_speculative_tokens", "disable_by_batch_size"):
+        count = parsed.get(key, 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"--speculative-config: {key} must be a positive integer, got {count!r}")
+    if "num_speculative_tokens" not in parsed:
+        raise ValueError("--speculative-config: num_speculative_tokens is required")
+    for key, value in parsed.items():
+        values[_CONFIG_KEYS[key]] = value
 
 
-def speculation_problems(speculate: int, method: str, prefix_caching: bool) -> list[str]:
-    """What is wrong with a checked config's speculative decoding settings."""
+def speculation_problems(speculate: int, method: str, disable_by_batch_size: int, prefix_caching: bool) -> list[str]:
+    """What is wrong with a config's speculative decoding settings (`--speculate` is checked with the counts)."""
+    problems = []
+    if disable_by_batch_size < 1:
+        problems.append(f"--speculative-disable-by-batch-size must be positive, got {disable_by_batch_size}")
     if speculate and method == "radix" and not prefix_caching:
-        return ["--speculative-method radix drafts from the prefix cache: it needs --prefix-caching true"]
-    return []
+        problems.append("--speculative-method radix drafts from the prefix cache: it needs --prefix-caching true")
+    return problems

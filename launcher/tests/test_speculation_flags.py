@@ -15,23 +15,29 @@ MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 
 
-def _router_flags(argv: list[str]) -> tuple[str, str]:
+def _router_flags(argv: list[str]) -> tuple[str, str, str]:
     config = parse_config(argv, {})
     router = router_argv(
         LauncherConfig(**{**vars(config), "commands": COMMANDS}), MODEL, TokenLimits(100, 200), [Path("/s.sock")]
     )
-    return router[router.index("--speculate") + 1], router[router.index("--speculative-method") + 1]
+    count, method, batch = (
+        router[router.index(flag) + 1]
+        for flag in ("--speculate", "--speculative-method", "--speculative-disable-by-batch-size")
+    )
+    return count, method, batch
 
 
 def test_speculation_is_off_with_prompt_lookup_by_default() -> None:
-    assert _router_flags([]) == ("0", "ngram")
+    assert _router_flags([]) == ("0", "ngram", "8")
 
 
 def test_flags_and_their_json_form_set_the_same_router_flags() -> None:
-    flags = _router_flags(["--speculate", "3", "--speculative-method", "radix"])
-    config = _router_flags(["--speculative-config", '{"method": "radix", "num_speculative_tokens": 3}'])
-    assert flags == config == ("3", "radix")
-    assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram")
+    flags = _router_flags(
+        ["--speculate", "3", "--speculative-method", "radix", "--speculative-disable-by-batch-size", "4"]
+    )
+    json_form = '{"method": "radix", "num_speculative_tokens": 3, "disable_by_batch_size": 4}'
+    assert flags == _router_flags(["--speculative-config", json_form]) == ("3", "radix", "4")
+    assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram", "8")
 
 
 def test_the_json_form_is_read_from_its_environment_variable() -> None:
@@ -47,7 +53,9 @@ def test_the_json_form_is_read_from_its_environment_variable() -> None:
         (["--speculative-config", "[4]"], "--speculative-config must be a JSON object"),
         (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], "method must be one of"),
         (["--speculative-config", '{"num_speculative_tokens": 0}'], "num_speculative_tokens must be a positive"),
-        (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens must be a positive"),
+        (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens is required"),
+        (["--speculative-config", '{"num_speculative_tokens": 2, "disable_by_batch_size": 0}'], "disable_by_batch"),
+        (["--speculative-disable-by-batch-size", "0"], "--speculative-disable-by-batch-size must be positive"),
         (["--speculative-config", '{"num_speculative_tokens": true}'], "num_speculative_tokens must be a positive"),
         (
             ["--speculative-config", '{"num_speculative_tokens": 2, "prompt_lookup_max": 4}'],
@@ -55,7 +63,7 @@ def test_the_json_form_is_read_from_its_environment_variable() -> None:
         ),
         (
             ["--speculate", "2", "--speculative-config", '{"num_speculative_tokens": 2}'],
-            "either --speculative-config or --speculate/--speculative-method",
+            "either --speculative-config or the --speculate/--speculative-* flags",
         ),
         (
             ["--speculate", "2", "--speculative-method", "radix", "--prefix-caching", "false"],

@@ -86,6 +86,10 @@ pub struct RouterArgs {
     /// cache), falling back to `ngram` where the cache holds none.
     #[arg(long, env = "SPECULATIVE_METHOD", default_value_t = DraftMethod::Ngram)]
     pub speculative_method: DraftMethod,
+    /// No step carries drafts while more requests than this run (vLLM's
+    /// `speculative_disable_by_batch_size`): a large batch already keeps the shards busy.
+    #[arg(long, env = "SPECULATIVE_DISABLE_BY_BATCH_SIZE", default_value_t = 8)]
+    pub speculative_disable_by_batch_size: usize,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

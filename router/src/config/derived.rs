@@ -41,6 +41,7 @@ impl RouterConfig {
             steps_in_flight: if self.limits.async_scheduling { 2 } else { 1 },
             max_drafts: self.limits.speculate,
             draft_method: self.limits.speculative_method,
+            max_drafting_batch: self.limits.speculative_disable_by_batch_size,
         }
     }
 

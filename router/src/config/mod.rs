@@ -55,6 +55,7 @@ pub struct Limits {
     pub async_scheduling: bool,
     pub speculate: usize,
     pub speculative_method: DraftMethod,
+    pub speculative_disable_by_batch_size: usize,
 }
 
 /// The checked configuration.
@@ -201,6 +202,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 async_scheduling: args.async_scheduling,
                 speculate: args.speculate,
                 speculative_method: args.speculative_method,
+                speculative_disable_by_batch_size: args.speculative_disable_by_batch_size,
             },
             json_output: args.json_output,
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),

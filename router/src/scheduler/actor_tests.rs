@@ -115,6 +115,7 @@ fn config() -> SchedulerConfig {
         steps_in_flight: 1,
         max_drafts: 0,
         draft_method: super::drafting::DraftMethod::Ngram,
+        max_drafting_batch: usize::MAX,
     }
 }
 

@@ -301,6 +301,7 @@ mod tests {
             steps_in_flight: 1,
             max_drafts: 0,
             draft_method: crate::scheduler::DraftMethod::Ngram,
+            max_drafting_batch: usize::MAX,
         };
         metrics::with_local_recorder(&recorder, || {
             describe();

@@ -128,6 +128,9 @@ pub struct SchedulerConfig {
     pub max_drafts: usize,
     /// Where drafts come from when `max_drafts > 0`.
     pub draft_method: DraftMethod,
+    /// No step drafts while more requests than this run: a large batch keeps the shards busy
+    /// without drafts, and each draft adds a row to every layer's work.
+    pub max_drafting_batch: usize,
 }
 
 /// Starts the step loop on the current tokio runtime and returns its handle.

@@ -28,6 +28,7 @@ fn config() -> SchedulerConfig {
         steps_in_flight: 2,
         max_drafts: 0,
         draft_method: super::drafting::DraftMethod::Ngram,
+        max_drafting_batch: usize::MAX,
     }
 }
 

@@ -101,6 +101,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         steps_in_flight,
                         max_drafts: 0,
                         draft_method: super::drafting::DraftMethod::Ngram,
+                        max_drafting_batch: usize::MAX,
                     },
                     arrivals,
                 }

@@ -209,3 +209,78 @@ fn radix_drafts_replay_what_an_earlier_request_computed_after_the_same_context()
         "{cached} steps with radix drafts, {looked_up} with prompt lookup"
     );
 }
+
+/// How many steps carry drafts while `model` generates `max_new_tokens` after `prompt` alone.
+fn drafted_steps(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> usize {
+    let mut state = SchedulerState::new(SchedulerConfig {
+        max_drafts: 4,
+        ..config(256, 16)
+    });
+    let mut shard = FakeShard::new(4);
+    shard.model = Some(model);
+    let mut receiver = submit(&mut state, 0, request(prompt, max_new_tokens));
+    let mut drafted = 0;
+    while let Some(step) = state.schedule() {
+        drafted += step
+            .scheduled
+            .iter()
+            .filter(|scheduled| !scheduled.draft_token_ids.is_empty())
+            .count();
+        let answer = shard.step(step);
+        state.apply(answer);
+    }
+    assert_eq!(
+        tokens_of(&mut receiver),
+        expected(model, prompt, max_new_tokens)
+    );
+    drafted
+}
+
+/// A hash of the context over 20 tokens: every token soon occurred before, so prompt lookup
+/// always proposes, but what followed it before rarely follows it again.
+fn small_alphabet_hash(tokens: &[u32]) -> u32 {
+    super::fake_shard::model(tokens) % 20 + 1
+}
+
+#[test]
+fn a_request_whose_drafts_keep_being_refused_drafts_ever_more_rarely() {
+    // Pauses of 8, 16, 32, 64, then 128 tokens after each refusal: 7 drafted steps in 400
+    // tokens here, where a fixed pause of 8 drafts 52 times.
+    let drafted = drafted_steps(small_alphabet_hash, &[1, 2, 3, 4, 5], 400);
+    assert!(drafted <= 9, "{drafted} drafted steps");
+}
+
+#[test]
+fn no_step_drafts_while_more_requests_run_than_the_drafting_batch() {
+    let run_three = |max_drafting_batch: usize| {
+        let mut state = SchedulerState::new(SchedulerConfig {
+            max_drafts: 4,
+            max_drafting_batch,
+            ..config(64, 16)
+        });
+        let mut shard = FakeShard::new(4);
+        shard.model = Some(periodic);
+        let prompts: [&[u32]; 3] = [&[5, 6, 7, 5, 6], &[1, 2, 3, 1, 2], &[4, 8, 4, 8, 4]];
+        let mut receivers: Vec<_> = prompts
+            .iter()
+            .zip(0..)
+            .map(|(prompt, id)| submit(&mut state, id, request(prompt, 12)))
+            .collect();
+        let mut drafts = 0;
+        while let Some(step) = state.schedule() {
+            drafts += step
+                .scheduled
+                .iter()
+                .map(|scheduled| scheduled.draft_token_ids.len())
+                .sum::<usize>();
+            let answer = shard.step(step);
+            state.apply(answer);
+        }
+        for (receiver, prompt) in receivers.iter_mut().zip(prompts) {
+            assert_eq!(tokens_of(receiver), expected(periodic, prompt, 12));
+        }
+        drafts
+    };
+    assert!(run_three(3) > 0);
+    assert_eq!(run_three(2), 0);
+}

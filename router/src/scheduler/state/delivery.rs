@@ -9,8 +9,10 @@ use crate::scheduler::SchedulerError;
 
 /// Tokens a request generates without drafts (two steps in flight) after drafts that were all
 /// refused, and after its text offered none: drafting costs it every other step, which pays
-/// only while drafts are kept.
+/// only while drafts are kept. Each refusal in a row doubles the pause, up to 16 times this, so
+/// a request whose drafts are rarely kept soon drafts on fewer than one token in 100.
 const PAUSE_AFTER_REFUSAL: usize = 8;
+const MAX_PAUSE_DOUBLINGS: u32 = 4;
 pub(super) const PAUSE_WITHOUT_PROPOSAL: usize = 4;
 
 /// Delivers a sampling span's generations: one, or for a drafted span the drafts the shards kept
@@ -28,7 +30,14 @@ pub(super) fn deliver_span(
     let kept = (answers.len() - 1).min(span.drafts);
     if let Some(method) = span.drafted_by {
         record_drafts(method, span.drafts, kept);
-        sequence.draft_pause = if kept == 0 { PAUSE_AFTER_REFUSAL } else { 0 };
+        if kept == 0 {
+            let doublings = sequence.refused_in_a_row.min(MAX_PAUSE_DOUBLINGS);
+            sequence.refused_in_a_row += 1;
+            sequence.draft_pause = PAUSE_AFTER_REFUSAL << doublings;
+        } else {
+            sequence.refused_in_a_row = 0;
+            sequence.draft_pause = 0;
+        }
     } else {
         sequence.draft_pause = sequence.draft_pause.saturating_sub(1);
     }

@@ -124,7 +124,7 @@ impl SchedulerState {
         let mut index = 0;
         while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
             let sequence = &self.running[index];
-            let awaits_drafting = sequence.draft_limit(self.config.max_drafts) > 0
+            let awaits_drafting = sequence.draft_limit(self.server_draft_limit()) > 0
                 && sequence.drafts_now()
                 && !sequence.pending.is_empty();
             if sequence.remaining() == 0 || awaits_drafting {
@@ -163,16 +163,26 @@ impl SchedulerState {
     /// Drafts for `running[index]`'s next step, within `spare_tokens` of the step's budget. A
     /// request offered none pauses drafting for a few tokens.
     fn drafts_for(&mut self, index: usize, spare_tokens: usize) -> Option<Drafts> {
+        let server_limit = self.server_draft_limit();
         let sequence = &mut self.running[index];
         let room = sequence
             .draft_room()
-            .min(sequence.draft_limit(self.config.max_drafts))
+            .min(sequence.draft_limit(server_limit))
             .min(spare_tokens);
         let drafts = propose(self.config.draft_method, &sequence.tokens, room, &self.pool);
         if room > 0 && drafts.is_none() {
             sequence.draft_pause = PAUSE_WITHOUT_PROPOSAL;
         }
         drafts
+    }
+
+    /// Drafts per step the server allows now: none while more requests run than drafting pays for.
+    fn server_draft_limit(&self) -> usize {
+        if self.running.len() > self.config.max_drafting_batch {
+            0
+        } else {
+            self.config.max_drafts
+        }
     }
 
     /// Grows `running[index]`'s table to cover `num_tokens` more tokens, preempting the
