@@ -4,8 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::request::{GenerationRequest, StoppingParams};
+use super::request::GenerationRequest;
 use crate::pb;
+use crate::shard::StoppingParams;
 
 pub(super) struct FakeRequest {
     tokens: Vec<u32>,

@@ -34,11 +34,11 @@ use tokio::sync::{mpsc, watch};
 use crate::kv::events::KvEventLog;
 use crate::shard::ShardGroup;
 
-pub use request::{
-    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream, Grammar,
-    LogprobOptions, PromptLogprobs, RequestFailure, RequestFailureKind, SamplingParams,
-    StoppingParams, TokenLogprob,
+pub use crate::shard::{
+    FinishReason, GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, RequestFailure,
+    RequestFailureKind, SamplingParams, StoppingParams, TokenLogprob,
 };
+pub use request::{GenerationEvent, GenerationRequest, GenerationStream};
 
 pub use recovery::{EnginePhase, RecoveryConfig};
 

@@ -1,9 +1,9 @@
 //! The shards' step outputs as the scheduler's per-request events.
 
-use super::request::{
+use crate::pb;
+use crate::shard::{
     FinishReason, PromptLogprobs, RequestFailure, RequestFailureKind, TokenLogprob,
 };
-use crate::pb;
 
 pub(super) fn token_logprobs(tokens: Vec<pb::TokenLogprob>) -> Vec<TokenLogprob> {
     tokens

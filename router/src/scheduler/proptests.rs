@@ -12,10 +12,11 @@ use proptest::prelude::*;
 use tokio::sync::mpsc;
 
 use super::fake_shard::{expected_output, FakeShard};
-use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::SchedulerConfig;
+use crate::shard::{SamplingParams, StoppingParams};
 
 #[derive(Debug, Clone)]
 struct Arrival {

@@ -5,11 +5,10 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::request::{
-    GenerationEvent, GenerationRequest, Grammar, LogprobOptions, SamplingParams, StoppingParams,
-};
+use super::request::{GenerationEvent, GenerationRequest};
 use crate::kv::BlockTable;
 use crate::pb;
+use crate::shard::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
 
 /// Tokens sent to the shards in a step that has not answered yet.
 #[derive(Debug, Clone, Copy)]

@@ -6,11 +6,17 @@ mod cluster_secret;
 mod connect;
 mod convert;
 mod fleet;
+mod sampling;
+mod step_answer;
 
 pub use address::{ShardAddress, ShardAddressError};
 pub use cluster_secret::ClusterAuth;
 pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
 pub use fleet::ShardFleet;
+pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
+pub use step_answer::{
+    FinishReason, GeneratedToken, PromptLogprobs, RequestFailure, RequestFailureKind, TokenLogprob,
+};
 
 use crate::pb;
 

@@ -3,9 +3,10 @@
 use crate::pb;
 use crate::scheduler::metrics::record_drafts;
 use crate::scheduler::outputs::{finish_reason, token_logprobs};
-use crate::scheduler::request::{GeneratedToken, GenerationEvent};
+use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::{PendingSpan, Sequence};
 use crate::scheduler::SchedulerError;
+use crate::shard::GeneratedToken;
 
 /// Tokens a request generates without drafts (two steps in flight) after drafts that were all
 /// refused, and after its text offered none: drafting costs it every other step, which pays
