@@ -12,7 +12,6 @@ mod fake_shard;
 mod handle;
 mod in_flight;
 mod metrics;
-mod outputs;
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod connect;
 mod convert;
 mod fleet;
 mod sampling;
+mod step;
 mod step_answer;
 
 pub use address::{ShardAddress, ShardAddressError};
@@ -14,18 +15,18 @@ pub use cluster_secret::ClusterAuth;
 pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
 pub use fleet::ShardFleet;
 pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
+pub use step::{NewRequest, ScheduledSpan, Step};
 pub use step_answer::{
-    FinishReason, GeneratedToken, PromptLogprobs, RequestFailure, RequestFailureKind, TokenLogprob,
+    FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs, PromptLogprobsChunk,
+    RequestFailure, RequestFailureKind, ShardTimings, StepAnswer, TokenLogprob,
 };
-
-use crate::pb;
 
 /// The RPCs the step loop sends to the whole shard group; `ShardFleet` fans each out to
 /// every rank, tests put a fake here.
 #[async_trait::async_trait]
 pub trait ShardGroup: Send + Sync + 'static {
     /// One forward pass on every rank; rank 0's outputs.
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError>;
+    async fn step(&self, step: Step) -> Result<StepAnswer, ShardError>;
     /// Whether every rank answers; `deep` runs a one-token forward on each.
     async fn health(&self, deep: bool) -> Result<(), ShardError>;
     /// Every rank drops all request state.
@@ -36,8 +37,8 @@ pub trait ShardGroup: Send + Sync + 'static {
 
 #[async_trait::async_trait]
 impl ShardGroup for ShardFleet {
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
-        ShardFleet::step(self, request).await
+    async fn step(&self, step: Step) -> Result<StepAnswer, ShardError> {
+        ShardFleet::step(self, step).await
     }
 
     async fn health(&self, deep: bool) -> Result<(), ShardError> {
