@@ -7,11 +7,13 @@ use futures::future::join_all;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::address::ShardAddress;
 use super::cluster_secret::ClusterAuth;
 use super::connect::connect;
+use super::convert::{KvCacheSize, ModelInfo, WarmupPlan};
+use super::error::ShardError;
 use super::step::Step;
 use super::step_answer::StepAnswer;
-use super::{KvCacheSize, ModelInfo, ShardAddress, ShardError, WarmupPlan};
 use crate::pb;
 use crate::pb::shard_service_client::ShardServiceClient;
 

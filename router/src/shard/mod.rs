@@ -5,6 +5,7 @@ mod address;
 mod cluster_secret;
 mod connect;
 mod convert;
+mod error;
 mod fleet;
 mod sampling;
 mod step;
@@ -13,6 +14,7 @@ mod step_answer;
 pub use address::{ShardAddress, ShardAddressError};
 pub use cluster_secret::ClusterAuth;
 pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
+pub use error::ShardError;
 pub use fleet::ShardFleet;
 pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
 pub use step::{NewRequest, ScheduledSpan, Step};
@@ -52,28 +54,4 @@ impl ShardGroup for ShardFleet {
     async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
         ShardFleet::warmup(self, plan).await
     }
-}
-
-/// A failure talking to the shards. Any rank failing fails the whole call: a
-/// tensor-parallel group cannot continue without one of its ranks.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ShardError {
-    #[error("could not connect to shard {rank} at {path}: {message}")]
-    Connect {
-        rank: usize,
-        path: String,
-        message: String,
-    },
-    #[error("shard {rank} answered {code:?}: {message}")]
-    Rpc {
-        rank: usize,
-        code: tonic::Code,
-        message: String,
-    },
-    #[error("shards disagree: {0}")]
-    Inconsistent(String),
-    #[error("no shard socket was given")]
-    NoShards,
-    #[error("cannot use the cluster secret file {path}: {message}")]
-    ClusterSecret { path: String, message: String },
 }
