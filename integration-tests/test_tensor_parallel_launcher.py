@@ -1,4 +1,7 @@
-"""`--num-shard 2` on the embedded SmolLM2 (9 heads in 3 KV groups, split 2 + 1) serves what one shard serves."""
+"""`--num-shard 2` on the embedded SmolLM2 (9 heads in 3 KV groups, split 2 + 1) serves what one shard serves.
+
+The two-shard server also drafts (`--speculate 4`): drafts never change a greedy token, so every test here holds with
+them, and both ranks verify drafts in one forward pass."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 from reference import Reference
+from speculation import ACCEPTED, GROUNDED
 from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
 
 MAX_NEW_TOKENS = 16
@@ -21,7 +25,8 @@ PROMPTS = (
 
 @pytest.fixture(scope="module")
 def two_shards(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -> Iterator[TandemServer]:
-    """A second server whose two shards split the model; started after the session server converted it."""
+    """A second server whose two shards split the model and verify drafts; started after the session server converted
+    it."""
     log_path = tmp_path_factory.mktemp("two-shards") / "launcher.log"
     server = TandemServer.start(
         log_path,
@@ -30,6 +35,7 @@ def two_shards(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -
         "--kv-cache-memory", "128MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--speculate", "4",
     )  # fmt: skip
     yield server
     status = server.stop()
@@ -38,6 +44,17 @@ def two_shards(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -
 
 def test_two_shards_report_their_world_size(two_shards: TandemServer) -> None:
     assert two_shards.info()["num_shard"] == 2
+
+
+def test_two_shards_keep_drafts_and_give_the_greedy_tokens_of_transformers(
+    two_shards: TandemServer, reference: Reference
+) -> None:
+    assert two_shards.info()["speculate"] == 4
+    prompt = GROUNDED[0]
+    before = two_shards.metric(ACCEPTED)
+    expected = reference.greedy(prompt, MAX_NEW_TOKENS)
+    reference.assert_same_greedy(prompt, expected, two_shards.generate_ids(prompt, MAX_NEW_TOKENS))
+    assert two_shards.metric(ACCEPTED) > before
 
 
 def test_two_shards_give_the_greedy_tokens_of_one_shard(

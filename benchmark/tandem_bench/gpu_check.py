@@ -3,9 +3,11 @@
 Runs on one CUDA machine from the working tree (see scripts/gpu_check.sh, which prepares the environment):
   1. the CUDA numerics and attention-backend tests (bfloat16, tolerances stated in the test files);
   2. launcher -> router -> shard on cuda:0 serving a random-weight Llama-3-8B-shaped model, answering a chat;
-  3. a closed-loop sweep with tandem-bench's runner: throughput, TTFT/ITL percentiles, prefill and decode MFU.
-Phases 2 and 3 run once per attention backend of --attention-backends (triton, then flash), each on its own share
-of the time budget.
+  3. a closed-loop sweep with tandem-bench's runner: throughput, TTFT/ITL percentiles, prefill and decode MFU;
+  4. FP8: each GEMM of the model in float8 against bfloat16 (fp8_check), then the stack with `--quantize fp8`
+     (triton) at batch 1 (latency) and 256 (throughput).
+Phases 2 and 3 run once per attention backend of --attention-backends (triton, then flash) and once more for FP8,
+each on its own share of the time budget.
 Prints every result and writes them as JSON; exits non-zero when any phase fails.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 from tandem_bench.client import Endpoint
 from tandem_bench.datasets import DatasetConfig, random_text
+from tandem_bench.fp8_check import LLAMA3_8B_GEMMS, fp8_gemm_errors
 from tandem_bench.gpu_report import SweepRow, format_sweep, prefill_mfu, sweep_row
 from tandem_bench.load import LoadPoint
 from tandem_bench.mfu import TransformerShape, bf16_peak_flops
@@ -42,6 +45,9 @@ CUDA_TESTS = [
 ]
 ATTENTION_BACKENDS = ("triton", "flash")
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The FP8 row: batch-1 latency and batch-256 throughput, served with the triton backend.
+FP8_SWEEP = (1, 256)
+FP8_BACKEND = "triton"
 GRAPH_SIZES = "1,2,4,8,16,32,64,128,256"
 PREFILL_BURST = 64
 FORWARD_METRIC = "tandem_shard_forward_duration_seconds"
@@ -123,8 +129,8 @@ def check_chat(base_url: str, log_path: Path, report: CheckReport, phase: str = 
 
 
 def _is_choice(log_line: str) -> bool:
-    # The shard logs its attention backend, graph capture and KV capacity once at start-up.
-    return any(marker in log_line for marker in ("attention backend", "CUDA graphs", "KV cache"))
+    # The shard logs its attention backend, graph capture, KV capacity and weight formats once at start-up.
+    return any(marker in log_line for marker in ("attention backend", "CUDA graphs", "KV cache", "weights take"))
 
 
 def scrape(metrics_url: str) -> dict[str, float]:
@@ -164,7 +170,7 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
     prefill = measure_prefill(endpoint, metrics_url, words, shape, peak)
     rows: list[SweepRow] = []
     skipped = []
-    for concurrency in args.sweep:
+    for concurrency in args.points:
         if time.monotonic() > args.backend_deadline:
             skipped.append(concurrency)
             continue
@@ -181,7 +187,7 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
     print(f"{device_name}, bf16 peak {peak / 1e12:.0f} TFLOP/s, prefill MFU {prefill:.1%}\n{format_sweep(rows)}")
     ok = bool(rows) and all(row.failed == 0 for row in rows) and not skipped
     report.record(
-        f"throughput/{args.backend}",
+        f"throughput/{args.run}",
         ok,
         device=device_name,
         prefill_mfu=prefill,
@@ -190,19 +196,40 @@ def run_sweep(base_url: str, metrics_url: str, model_dir: Path, args: argparse.N
     )
 
 
+def serve_runs(args: argparse.Namespace) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(attention backend, --quantize, batch sizes) of each launch: every backend on bfloat16, then FP8."""
+    runs = [(backend, "none", tuple(args.sweep)) for backend in args.attention_backends]
+    return [*runs, (FP8_BACKEND, "fp8", FP8_SWEEP)] if args.fp8 else runs
+
+
 def serve_and_measure(model_dir: Path, args: argparse.Namespace, report: CheckReport) -> None:
-    """Phases 2 and 3 against one launch of the real stack per attention backend, each within its budget share."""
-    for index, backend in enumerate(args.attention_backends):
+    """Phases 2 and 3 against one launch of the real stack per run, each within its budget share."""
+    runs = serve_runs(args)
+    for index, (backend, quantize, points) in enumerate(runs):
         remaining = args.deadline - time.monotonic()
-        args.backend = backend
-        args.backend_deadline = time.monotonic() + remaining / (len(args.attention_backends) - index)
-        log_path = args.work_dir / f"launcher-{backend}.log"
+        args.backend, args.quantize, args.points = backend, quantize, points
+        args.run = backend if quantize == "none" else f"{backend}+{quantize}"
+        args.backend_deadline = time.monotonic() + remaining / (len(runs) - index)
+        log_path = args.work_dir / f"launcher-{args.run}.log"
         try:
             serve_with_backend(model_dir, log_path, args, report)
         except Exception as error:
-            # One backend's failure is reported; the next backend still runs.
-            report.record(f"serve/{backend}", False, error=f"{type(error).__name__}: {error}")
+            # One run's failure is reported; the next run still starts.
+            report.record(f"serve/{args.run}", False, error=f"{type(error).__name__}: {error}")
             print_log_tail(log_path)
+
+
+def check_fp8_numerics(report: CheckReport) -> None:
+    """Phase 4a: every Llama-3-8B GEMM in float8 against bfloat16 on cuda:0, at batch 1 and 256 rows."""
+    started = time.monotonic()
+    try:
+        errors = {rows: fp8_gemm_errors(LLAMA3_8B_GEMMS, rows, "cuda") for rows in FP8_SWEEP}
+    except Exception as error:
+        # A GPU or torch build without float8 GEMMs fails this phase; the bfloat16 runs still measure.
+        report.record("fp8_numerics", False, error=f"{type(error).__name__}: {error}")
+        return
+    ok = all(error["ok"] for by_role in errors.values() for error in by_role.values())
+    report.record("fp8_numerics", ok, errors=errors, seconds=round(time.monotonic() - started, 1))
 
 
 def serve_with_backend(model_dir: Path, log_path: Path, args: argparse.Namespace, report: CheckReport) -> None:
@@ -211,12 +238,12 @@ def serve_with_backend(model_dir: Path, log_path: Path, args: argparse.Namespace
         "--model-id", str(model_dir), "--device", "cuda", "--num-shard", "1", "--dtype", "bfloat16",
         "--max-batch-size", "256", "--max-concurrent-requests", "1024", "--max-batch-prefill-tokens", "8192",
         "--max-total-tokens", "2048", "--cuda-graphs", GRAPH_SIZES, "--shard-metrics-port", str(metrics_port),
-        "--attention-backend", args.backend,
+        "--attention-backend", args.backend, "--quantize", args.quantize,
     ]  # fmt: skip
     started = time.monotonic()
     with LaunchedTandem(log_path, launcher_args) as tandem:
-        report.record(f"stack_ready/{args.backend}", True, seconds=round(time.monotonic() - started, 1))
-        check_chat(tandem.base_url, tandem.log_path, report, f"chat_request/{args.backend}")
+        report.record(f"stack_ready/{args.run}", True, seconds=round(time.monotonic() - started, 1))
+        check_chat(tandem.base_url, tandem.log_path, report, f"chat_request/{args.run}")
         run_sweep(tandem.base_url, f"http://127.0.0.1:{metrics_port}/metrics", model_dir, args, report)
 
 
@@ -237,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tests-timeout-s", type=float, default=180.0)
     parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak when the GPU is not known")
     parser.add_argument("--attention-backends", nargs="+", choices=ATTENTION_BACKENDS, default=list(ATTENTION_BACKENDS))
+    parser.add_argument("--no-fp8", dest="fp8", action="store_false", help="skip the FP8 numerics and launch")
     return parser
 
 
@@ -247,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     report = CheckReport()
     try:
         run_cuda_tests(report, args.tests_timeout_s)
+        if args.fp8:
+            check_fp8_numerics(report)
         model_dir = build_model(args.work_dir, args.tokenizer_dir, report)
         serve_and_measure(model_dir, args, report)
     except Exception as error:

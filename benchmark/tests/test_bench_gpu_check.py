@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -129,21 +130,38 @@ def test_default_sweep_is_batch_1_to_256_with_512_token_prompts_and_256_token_ou
     assert (args.prompt_tokens, args.output_len) == (512, 256)
 
 
-def test_each_attention_backend_serves_on_its_share_of_the_remaining_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_attention_backend_then_fp8_serves_on_its_share_of_the_remaining_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tandem_bench import gpu_check  # noqa: PLC0415
 
-    served: list[tuple[str, float]] = []
-    clock = iter([100.0, 100.0, 300.0, 300.0])
+    served: list[tuple[str, str, tuple[int, ...], float]] = []
+    clock = iter([100.0, 100.0, 200.0, 200.0, 400.0, 400.0])
     monkeypatch.setattr(gpu_check.time, "monotonic", lambda: next(clock))
 
-    def serve(model_dir: Path, log_path: Path, args: object, report: object) -> None:
-        served.append((args.backend, args.backend_deadline))
-        assert log_path.name == f"launcher-{args.backend}.log"
+    def serve(model_dir: Path, log_path: Path, args: argparse.Namespace, report: object) -> None:
+        served.append((args.backend, args.quantize, args.points, args.backend_deadline))
+        assert log_path.name == f"launcher-{args.run}.log"
 
     monkeypatch.setattr(gpu_check, "serve_with_backend", serve)
     args = build_parser().parse_args([])
-    assert args.attention_backends == ["triton", "flash"]
+    assert args.attention_backends == ["triton", "flash"] and args.fp8
     args.deadline = 500.0
     gpu_check.serve_and_measure(Path("/m"), args, gpu_check.CheckReport())
-    # triton gets half of the 400 s left; flash all of what remains after it.
-    assert served == [("triton", 300.0), ("flash", 500.0)]
+    # triton gets a third of the 400 s left, flash half of what remains after it, FP8 the rest.
+    sweep = tuple(args.sweep)
+    assert served == [
+        ("triton", "none", sweep, 100.0 + 400.0 / 3),
+        ("flash", "none", sweep, 350.0),
+        ("triton", "fp8", (1, 256), 500.0),
+    ]
+    assert [run[1] for run in gpu_check.serve_runs(build_parser().parse_args(["--no-fp8"]))] == ["none", "none"]
+
+
+def test_the_fp8_gemms_stay_within_the_stated_bound_of_bfloat16() -> None:
+    from tandem_bench.fp8_check import FP8_RELATIVE_RMS_BOUND, fp8_gemm_errors  # noqa: PLC0415
+
+    errors = fp8_gemm_errors({"small": (256, 512), "wide": (64, 1024)}, rows=4, device="cpu")
+    assert all(error["ok"] for error in errors.values())
+    # Both weights and activations are rounded: the error is well above bfloat16's own (2^-9).
+    assert all(0.02 < error["relative_rms"] <= FP8_RELATIVE_RMS_BOUND for error in errors.values())

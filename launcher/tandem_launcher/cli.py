@@ -26,6 +26,7 @@ from tandem_launcher.config import (
 )
 from tandem_launcher.flags import FlagAdder, bool_value, key_list
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
+from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config
 
 
 def _memory_size(text: str) -> str:
@@ -142,12 +143,7 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add.value(
         "--async-scheduling", bool_value, True, "plan and send the next step while the shards run the current one"
     )
-    add.value(
-        "--speculate",
-        int,
-        0,
-        "speculative decoding: draft tokens per decode step, proposed from the request's own text; 0: off",
-    )
+    add_speculation_flags(add)
 
 
 def _add_kv_events_flags(add: FlagAdder) -> None:
@@ -267,9 +263,10 @@ def _add_execution_flags(add: FlagAdder) -> None:
         "--quantize",
         str,
         "none",
-        "CPU: GEMM weights as int4/int8 with bfloat16 activations (none, gguf, int8 or int4); gguf: a .gguf model's "
-        "Q4_0/Q4_1/Q8_0 tensors served as they are (the embedded model is one); int8, int4: float weights quantized "
-        "at load; none: float",
+        "GEMM weights (none, gguf, int8, int4 or fp8); gguf (CPU): a .gguf model's Q4_0/Q4_1/Q8_0 tensors served as "
+        "they are (the embedded model is one); int8, int4 (CPU): float weights quantized at load, bfloat16 "
+        "activations; fp8 (CPU, CUDA sm89+): float weights as float8 e4m3 per channel, activations per token; none: "
+        "float. An FP8 checkpoint (compressed-tensors, fbgemm_fp8) keeps its float8 layers with none or fp8",
         choices=QUANTIZE_CHOICES,
     )
     add.value(
@@ -316,6 +313,7 @@ def parse_config(
         values["block_size"], values["attention_backend"]
     )
     try:
+        apply_speculative_config(values)
         return LauncherConfig(**values)
     except ValueError as error:
         parser.error(str(error))

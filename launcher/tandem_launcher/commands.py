@@ -118,6 +118,7 @@ def router_argv(
         "--prefix-caching", "true" if config.prefix_caching else "false",
         "--async-scheduling", "true" if config.async_scheduling else "false",
         "--speculate", str(config.speculate),
+        "--speculative-method", config.speculative_method,
         "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
         "--max-queue-time", str(math.ceil(config.max_queue_time)),
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),

@@ -18,6 +18,7 @@ from tandem_launcher.cluster import (
     NodeLayout,
     cluster_problems,
 )
+from tandem_launcher.speculation import speculation_problems
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
@@ -94,8 +95,9 @@ class LauncherConfig:
     prefix_caching: bool = True
     # The router sends step N+1 before step N has answered.
     async_scheduling: bool = True
-    # Draft tokens per decode step (speculative decoding); 0: off.
+    # Draft tokens per decode step (speculative decoding); 0: off. Drafts come from `speculative_method`.
     speculate: int = 0
+    speculative_method: str = "ngram"
     # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -283,6 +285,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _api_key_problems(config)
     problems += _model_source_problems(config)
     problems += _cluster_problems(config)
+    problems += speculation_problems(config.speculate, config.speculative_method, config.prefix_caching)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:
@@ -350,8 +353,8 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
     if config.quantize not in QUANTIZE_CHOICES:
         problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
-    elif config.device != "cpu" and config.quantize != "none":
-        problems.append("--quantize is a CPU option for now; use --quantize none on CUDA")
+    elif config.device != "cpu" and config.quantize not in ("none", "fp8"):
+        problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none or fp8")
     if config.device != "cpu" and not _is_zero_size(decode_mirror_memory(config)):
         problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
     return problems

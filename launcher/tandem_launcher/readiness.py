@@ -55,19 +55,6 @@ def shard_is_ready(uds_path: Path) -> bool:
     return True
 
 
-def shard_answers_health(uds_path: Path, timeout: float) -> bool:
-    """A serving shard answers a shallow `Health` within `timeout` seconds."""
-    import grpc  # noqa: PLC0415
-    from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc  # noqa: PLC0415
-
-    with grpc.insecure_channel(f"unix://{uds_path}") as channel:
-        try:
-            shard_pb2_grpc.ShardServiceStub(channel).Health(shard_pb2.HealthRequest(deep=False), timeout=timeout)
-        except grpc.RpcError:
-            return False
-    return True
-
-
 # The router answers every /health with the id from its --launch-id-file; only the launcher that wrote it knows it.
 LAUNCH_ID_HEADER = "X-Tandem-Launch-Id"
 

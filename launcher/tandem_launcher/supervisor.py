@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tandem_launcher.api_keys import first_key, write_key_file
@@ -19,12 +20,13 @@ from tandem_launcher.cluster import worker_addresses
 from tandem_launcher.commands import free_tcp_port, probe_base_url, router_argv, shard_argv
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimits
+from tandem_launcher.liveness_watch import LivenessWatch, Watched, shard_answers_health, tcp_port_accepts
 from tandem_launcher.logs import LOGGER, forward_child_line, phase
 from tandem_launcher.model_resolution import ResolvedModel
-from tandem_launcher.peer_watch import Peer, PeerWatch, remote_shard_answers, tcp_port_accepts
 from tandem_launcher.processes import ChildProcess, ChildStartError, LineSink, stop_children
 from tandem_launcher.readiness import (
     POLL_INTERVAL_S,
+    PROBE_TIMEOUT_S,
     ChildExitedError,
     RouterIdentityError,
     StartTimeoutError,
@@ -35,13 +37,14 @@ from tandem_launcher.readiness import (
 )
 from tandem_launcher.restarts import RestartBudget, RestartBudgetSpentError
 from tandem_launcher.runtime_dir import RuntimeDir
-from tandem_launcher.shard_watch import ShardHealthWatch
 from tandem_launcher.signals import AbortRequested, ShutdownRequested
 
 # A failed group is stopped quickly: a surviving rank may hang in a collective waiting for the dead one.
 FAILED_GROUP_STOP_TIMEOUT_S = 10.0
 # The router drains for --graceful-termination-timeout, then needs a moment to close its connections.
 ROUTER_EXIT_MARGIN_S = 10.0
+# The longest one Health probe of a local shard waits (a peer's probe waits PROBE_TIMEOUT_S).
+LOCAL_SHARD_PROBE_TIMEOUT_S = 5.0
 
 
 class GroupLostError(Exception):
@@ -69,8 +72,8 @@ class Supervisor:
         self._sink = sink
         self._shards: list[ChildProcess] = []
         self._router: ChildProcess | None = None
-        self._watch: ShardHealthWatch | None = None
-        self._peers: PeerWatch | None = None
+        self._watch: LivenessWatch | None = None
+        self._peers: LivenessWatch | None = None
         self._budget = RestartBudget(plan.config.max_restarts, plan.config.restart_window)
         # A 0700 directory: sockets, the key file and the launch id are the launching user's alone.
         self._runtime = RuntimeDir()
@@ -149,7 +152,8 @@ class Supervisor:
         for shard, uds_path in zip(self._shards, self._uds_paths(), strict=True):
             ready = lambda path=uds_path: shard_is_ready(path)  # noqa: E731
             wait_until_ready(shard, ready, config.shard_start_timeout, self._children(), self._shutdown)
-        self._watch = ShardHealthWatch(self._uds_paths(), config.shard_health_timeout).start()
+        shards = local_shards_watched(config, self._uds_paths())
+        self._watch = LivenessWatch(shards, config.shard_health_timeout, LOCAL_SHARD_PROBE_TIMEOUT_S).start()
 
     def _start_router(self) -> None:
         config = self._plan.config
@@ -214,8 +218,8 @@ class Supervisor:
                 return problem
         return None
 
-    def _watch_peers(self, peers: list[Peer]) -> None:
-        self._peers = PeerWatch(peers, self._plan.config.shard_health_timeout).start()
+    def _watch_peers(self, peers: list[Watched]) -> None:
+        self._peers = LivenessWatch(peers, self._plan.config.shard_health_timeout, PROBE_TIMEOUT_S).start()
 
     def _restart_shards(self, failure: str) -> None:
         """Stops the whole group (a TP group cannot lose one rank) and respawns it after a backoff."""
@@ -277,13 +281,22 @@ def _node_label(config: LauncherConfig) -> str:
     return f" (node {config.node_rank} of {config.nnodes}, ranks {ranks} of {config.num_shard})"
 
 
-def _leader_peer(config: LauncherConfig) -> list[Peer]:
+def local_shards_watched(config: LauncherConfig, uds_paths: list[Path]) -> list[Watched]:
+    """This node's shards, by local rank, asked for a shallow Health over their sockets and named by global rank as
+    their logs are."""
+    return [
+        Watched(f"shard-{config.layout.global_rank(local)}", partial(shard_answers_health, f"unix://{path}"), "Health")
+        for local, path in enumerate(uds_paths)
+    ]
+
+
+def _leader_peer(config: LauncherConfig) -> list[Watched]:
     """A worker watches the leader's rendezvous port, which rank 0 serves for as long as it lives."""
     host, port = config.master_addr, config.master_port
-    return [Peer(f"the leader's rendezvous at {host}:{port}", lambda timeout: tcp_port_accepts(host, port, timeout))]
+    return [Watched(f"the leader's rendezvous at {host}:{port}", partial(tcp_port_accepts, host, port))]
 
 
-def _worker_shard_peers(config: LauncherConfig) -> list[Peer]:
+def _worker_shard_peers(config: LauncherConfig) -> list[Watched]:
     """The leader watches every remote rank's TCP port with a shallow Health carrying the cluster secret."""
     secret_file = config.cluster_secret_file
     if secret_file is None:
@@ -293,5 +306,5 @@ def _worker_shard_peers(config: LauncherConfig) -> list[Peer]:
         for local in range(config.layout.local):
             target = f"{host}:{config.shard_grpc_port + local}"
             name = f"shard-{node * config.layout.local + local} on node {node} ({target})"
-            peers.append(Peer(name, lambda timeout, target=target: remote_shard_answers(target, secret_file, timeout)))
+            peers.append(Watched(name, partial(shard_answers_health, target, secret_file=secret_file)))
     return peers

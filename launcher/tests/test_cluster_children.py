@@ -11,7 +11,9 @@ from argv_testing import MODEL, flag_values
 from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
-from tandem_launcher.peer_watch import Peer, PeerWatch, tcp_port_accepts
+from tandem_launcher.liveness_watch import LivenessWatch, Watched, tcp_port_accepts
+from tandem_launcher.readiness import PROBE_TIMEOUT_S
+from tandem_launcher.supervisor import local_shards_watched
 
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 
@@ -83,12 +85,34 @@ def test_one_node_keeps_the_socket_flags_and_no_secret() -> None:
 
 def test_a_peer_silent_for_the_timeout_is_named() -> None:
     answers = iter([True, True])
-    watch = PeerWatch([Peer("node 1", lambda _timeout: next(answers, False))], timeout=0.6).start()
+    watch = LivenessWatch([Watched("node 1", lambda _timeout: next(answers, False))], 0.6, PROBE_TIMEOUT_S).start()
     deadline = time.monotonic() + 10
     while watch.problem() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     watch.stop()
     assert watch.problem() == "node 1 has not answered for 0.6s"
+
+
+def test_a_silent_local_shard_is_named_with_the_question_it_did_not_answer() -> None:
+    watch = LivenessWatch([Watched("shard-0", lambda _timeout: False, "Health")], 0.6, PROBE_TIMEOUT_S).start()
+    deadline = time.monotonic() + 10
+    while watch.problem() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    assert watch.problem() == "shard-0 has not answered Health for 0.6s"
+
+
+def test_a_worker_nodes_hung_shard_is_named_by_its_global_rank(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    paths = [tmp_path / "shard-0.sock", tmp_path / "shard-1.sock"]
+    watched = local_shards_watched(group_config(secret, 1), paths)
+    assert [shard.silence(1.0) for shard in watched] == [
+        "shard-2 has not answered Health for 1s",
+        "shard-3 has not answered Health for 1s",
+    ]
+    single_node = local_shards_watched(LauncherConfig(commands=COMMANDS, num_shard=2), paths)
+    assert [shard.name for shard in single_node] == ["shard-0", "shard-1"]
 
 
 def test_tcp_probe_tells_a_listening_port_from_a_closed_one() -> None:

@@ -103,6 +103,7 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--packed-gemm-rows", "32,x"], "--packed-gemm-rows must be row counts"),
         (["--device", "cuda", "--packed-gemm-rows", "32"], "--packed-gemm-rows is a CPU option"),
         (["--device", "cuda", "--decode-mirror-memory", "1GiB"], "--decode-mirror-memory is a CPU option"),
+        (["--device", "cuda", "--quantize", "int4"], "--quantize int4 is a CPU option; on CUDA use none or fp8"),
         (["--decode-mirror-memory", "lots"], "--decode-mirror-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
     ],
@@ -113,6 +114,13 @@ def test_bad_cuda_flags_are_rejected_with_the_flag_named(
     with pytest.raises(SystemExit):
         parse_config(argv, {}, count_gpus=gpus(0))
     assert message in capsys.readouterr().err
+
+
+def test_fp8_weights_are_allowed_on_cuda() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    config = parse_config(["--device", "cuda", "--quantize", "fp8"], {}, count_gpus=gpus(1))
+    shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+    assert shard[shard.index("--quantize") + 1] == "fp8"
 
 
 def test_env_attention_backend_is_validated_like_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

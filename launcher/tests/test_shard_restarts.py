@@ -58,6 +58,15 @@ def test_a_shard_that_stops_answering_health_is_killed_and_counted_as_a_failure(
     assert all(not pid_is_alive(pid) for pid in launch.child_pids())
 
 
+def test_shards_that_answer_health_are_left_running_past_the_health_timeout(launch_fakes) -> None:
+    launch = launch_fakes(num_shard=2, shard_health_timeout=1.0)
+    launch.wait_for_output("Tandem is ready")
+    time.sleep(3.0)
+    assert "has not answered" not in launch.output and len(shard_pids(launch)) == 2
+    launch.process.send_signal(signal.SIGTERM)
+    assert launch.finish() == 0, launch.output
+
+
 def test_a_second_signal_during_the_drain_kills_everything_at_once(launch_fakes) -> None:
     launch = launch_fakes(router="slow-drain", shard_args=("--grandchild",), graceful_termination_timeout=60.0)
     launch.wait_for_output("Tandem is ready")

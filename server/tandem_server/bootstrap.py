@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -48,6 +47,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     device = (
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )
+    check_quantization(config.quantize, checkpoint, device)
     model = load_model(
         checkpoint,
         config.dtype,
@@ -57,7 +57,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.allow_pickle_weights,
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
-    weights = quantize_weights(model, config.quantize, device, config.model_path)
+    weights = quantize_weights(model, config.quantize)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -79,16 +79,30 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel, weights))
 
 
-def quantize_weights(
-    model: torch.nn.Module, mode: QuantizeMode, device: torch.device, model_path: Path
-) -> QuantizationReport:
-    """Turns the GEMM weights into int4/int8 as `mode` asks and logs each weight's format and the bytes they take."""
+def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
+    """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
+    if checkpoint.fp8 is not None:
+        if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
+            raise ConfigError(
+                f"--quantize {mode.value}: {checkpoint.path} is an FP8 checkpoint ({checkpoint.fp8.method}); "
+                "serve it with --quantize none (its float8 layers stay float8) or fp8"
+            )
+        unavailable = kernels_unavailable_reason(device, QuantizeMode.FP8)
+        if unavailable is not None:
+            raise ConfigError(f"FP8 checkpoint ({checkpoint.fp8.method}): {unavailable}")
     if mode is not QuantizeMode.NONE:
-        unavailable = kernels_unavailable_reason(device)
+        unavailable = kernels_unavailable_reason(device, mode)
         if unavailable is not None:
             raise ConfigError(f"--quantize {mode.value}: {unavailable}")
-    if mode is QuantizeMode.GGUF and not has_gguf_blocks(model_path):
-        raise ConfigError(f"--quantize gguf: {model_path} keeps no GGUF blocks (only a converted .gguf model does)")
+    if mode is QuantizeMode.GGUF and not has_gguf_blocks(checkpoint.path):
+        raise ConfigError(
+            f"--quantize gguf: {checkpoint.path} keeps no GGUF blocks (only a converted .gguf model does)"
+        )
+
+
+def quantize_weights(model: torch.nn.Module, mode: QuantizeMode) -> QuantizationReport:
+    """Turns the GEMM weights into int4/int8/fp8 as `mode` (and an FP8 checkpoint) asks and logs each weight's format
+    and the bytes they take."""
     started = time.perf_counter()
     report = quantize_model(model, mode)
     logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)

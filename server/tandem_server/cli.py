@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantize",
         choices=[mode.value for mode in QuantizeMode],
         default=QuantizeMode.NONE.value,
-        help="CPU: GEMM weights as int4/int8 with bfloat16 activations; gguf: the converted GGUF's Q4_0/Q4_1/Q8_0 "
-        "blocks; int8, int4: float weights quantized at load; none (default): float",
+        help="GEMM weights: gguf (CPU): the converted GGUF's Q4_0/Q4_1/Q8_0 blocks; int8, int4 (CPU): float weights "
+        "quantized at load, bfloat16 activations; fp8 (CPU, CUDA sm89+): float weights as float8 e4m3 per channel, "
+        "activations per token; none (default): float. An FP8 checkpoint's float8 layers stay float8 with none or fp8",
     )
     parser.add_argument(
         "--decode-mirror-memory",

@@ -69,7 +69,8 @@ class ShardConfig:
     # CPU only: GEMM row counts that get prepacked weights (float32: one MKL copy each; bfloat16: one oneDNN copy
     # packed for the largest); empty: dense only.
     packed_gemm_rows: tuple[int, ...] = ()
-    # CPU only: GEMM weights as int4/int8 (GGUF: the converted model's kept blocks; int8/int4: quantized at load).
+    # GEMM weights as int4/int8, CPU only (GGUF: the converted model's kept blocks; int8/int4: quantized at load), or
+    # float8 e4m3 quantized at load (fp8: CPU, or CUDA from compute capability 8.9).
     quantize: QuantizeMode = QuantizeMode.NONE
     # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
     decode_mirror_memory: int = 0
@@ -120,8 +121,8 @@ class ShardConfig:
             raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
         if self.packed_gemm_rows and self.device != "cpu":
             raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
-        if self.quantize is not QuantizeMode.NONE and self.device != "cpu":
-            raise ConfigError("--quantize is a CPU option for now; use --quantize none on CUDA")
+        if self.quantize not in (QuantizeMode.NONE, QuantizeMode.FP8) and self.device != "cpu":
+            raise ConfigError(f"--quantize {self.quantize.value} is a CPU option; on CUDA use none or fp8")
         if self.decode_mirror_memory and self.device != "cpu":
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
 

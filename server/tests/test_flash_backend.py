@@ -12,11 +12,9 @@ import pytest
 import torch
 from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, NUM_BLOCKS, paged_case, reference_output
 from flash_contract import FlashContractError
-from tandem_server.engine.cuda_graphs import DecodeBuffers
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import AttentionParams, LayerCache
-from tandem_server.layers.attention.flash_backend import FlashAttentionBackend
+from tandem_server.layers.attention import AttentionParams, LayerCache, StaticDecodeMetadata
+from tandem_server.layers.attention.flash_backend import FlashAttentionBackend, FlashAttentionMetadata
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease
 
 STAND_INS = Path(__file__).with_name("flash_stand_ins")
@@ -66,9 +64,9 @@ def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: 
     case = paged_case(STEPS[step], seed=len(params), dtype=torch.bfloat16, block_size=block_size)
     expected, expected_cache = reference_output(case, PARAMS[params])
     cache = case.fresh_cache()
-    output = FlashAttentionBackend(release).forward(
-        case.query, case.key, case.value, cache, case.batch().metadata, PARAMS[params]
-    )
+    backend = FlashAttentionBackend(release)
+    metadata = backend.prepare(case.batch().metadata, [cache]).metadata
+    output = backend.forward(case.query, case.key, case.value, cache, metadata, PARAMS[params])
     assert output.dtype == torch.bfloat16 and output.shape == case.query.shape
     torch.testing.assert_close(output.float(), expected, **BF16_TOLERANCE)
     torch.testing.assert_close(cache.key, expected_cache.key.to(torch.bfloat16))
@@ -92,12 +90,9 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashReleas
     block_size = 256 if release is FLASH_ATTN_2 else 16
     case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=block_size)
     expected, _ = reference_output(case, PARAMS["sliding_window"])
-    geometry = CacheGeometry(1, block_size, *case.cache.key.shape[2:], torch.bfloat16)
     # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
-    buffers = DecodeBuffers.allocate(
-        8, 4 * block_size, KVCache(geometry, NUM_BLOCKS, torch.device("cpu")), torch.device("cpu")
-    )
-    buffers.fill(case.batch(), 8)
+    buffers = StaticDecodeMetadata.allocate(8, 4 * block_size, block_size, NUM_BLOCKS, torch.device("cpu"))
+    buffers.fill(case.batch().metadata, 8)
     cache = LayerCache(
         torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
         torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
@@ -106,9 +101,23 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashReleas
     padded = (
         torch.cat([t, torch.zeros(8 - count, *t.shape[1:], dtype=t.dtype)]) for t in (case.query, case.key, case.value)
     )
-    output = FlashAttentionBackend(release).forward(*padded, cache, buffers.metadata(8), PARAMS["sliding_window"])
+    backend = FlashAttentionBackend(release)
+    metadata = backend.prepare(buffers.view(8), [cache]).metadata
+    output = backend.forward(*padded, cache, metadata, PARAMS["sliding_window"])
     torch.testing.assert_close(output[:count].float(), expected, **BF16_TOLERANCE)
     assert torch.isfinite(output).all()
+
+
+@pytest.mark.parametrize("release", ["flash-attn-2"], indirect=True)
+def test_flash_attn_2_key_offsets_sum_the_padded_graph_rows_too(release: FlashRelease) -> None:
+    case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=256)
+    # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
+    buffers = StaticDecodeMetadata.allocate(8, 4 * 256, 256, NUM_BLOCKS, torch.device("cpu"))
+    buffers.fill(case.batch().metadata, 8)
+    metadata = FlashAttentionBackend(release).prepare(buffers.view(8), [case.cache]).metadata
+    assert isinstance(metadata, FlashAttentionMetadata) and metadata.key_start_loc is not None
+    assert metadata.key_start_loc.tolist() == [0, 5, 17, 18, 39, 40, 41, 42, 43]
+    assert metadata.key_start_loc.dtype == torch.int32
 
 
 def test_stand_ins_refuse_what_upstream_refuses(release: FlashRelease) -> None:
@@ -119,7 +128,9 @@ def test_stand_ins_refuse_what_upstream_refuses(release: FlashRelease) -> None:
     varlen = release.load()
     paged = metadata.paged
     if release is FLASH_ATTN_2:
-        keywords = {"cu_seqlens_q": paged.query_start_loc, "cu_seqlens_k": paged.seq_start_loc, "causal": True}
+        flash = FlashAttentionBackend(release).prepare(metadata, [case.cache]).metadata
+        assert isinstance(flash, FlashAttentionMetadata)
+        keywords = {"cu_seqlens_q": paged.query_start_loc, "cu_seqlens_k": flash.key_start_loc, "causal": True}
         keywords |= {"max_seqlen_q": paged.max_query_len, "max_seqlen_k": paged.max_seq_len}
         table_keyword = "block_table"
     else:

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import convert_gguf, converted_model_dir, embedded_gguf
-from tandem_server.bootstrap import quantize_weights
+from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
@@ -48,7 +48,9 @@ from tandem_server.weights.quantization import Int4Groups, Int8Groups, QuantizeM
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(kernels_unavailable_reason(CPU) is not None, reason="no CPU weight-only kernels")
+pytestmark = pytest.mark.skipif(
+    kernels_unavailable_reason(CPU, QuantizeMode.INT4) is not None, reason="no CPU weight-only kernels"
+)
 # bfloat16 activations carry 8 significant bits: a dot product's error stays within a few parts in 2^8 of the sum of
 # its terms' magnitudes (measured here: under 2^-8 for every layer shape of the tiny and embedded models).
 BFLOAT16_RELATIVE = 2**-6
@@ -269,13 +271,12 @@ def test_a_float_checkpoint_quantized_at_load_multiplies_by_its_rounded_weights(
 
 def test_gguf_mode_needs_a_model_that_kept_blocks(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path)
-    model = load_tiny_model(tmp_path)
     with pytest.raises(ConfigError, match="keeps no GGUF blocks"):
-        quantize_weights(model, QuantizeMode.GGUF, CPU, tmp_path)
+        check_quantization(QuantizeMode.GGUF, read_checkpoint_config(tmp_path), CPU)
 
 
 def test_quantizing_is_a_cpu_path() -> None:
-    assert kernels_unavailable_reason(torch.device("cuda")) is not None
+    assert kernels_unavailable_reason(torch.device("cuda"), QuantizeMode.INT8) is not None
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="resident memory is read from /proc")

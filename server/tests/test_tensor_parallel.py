@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from fp8_testing import write_fp8_checkpoint
 from gguf_testing import write_tiny_llama_gguf
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -31,7 +32,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
     "replicated-kv": {"num_key_value_heads": 1, "vocab_size": 95, "tie_word_embeddings": True},
 }
-FAMILY_VARIANTS = ("qwen3", "phi3-fused", "gguf-q4_0")
+FAMILY_VARIANTS = ("qwen3", "phi3-fused", "gguf-q4_0", "fp8-channel", "fp8-phi3-tensor")
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
     "gguf-q4_0": (1, 1),
@@ -40,6 +41,8 @@ EXPECTED_KV_HEADS = {
     "replicated-kv": (1, 1),
     "qwen3": (1, 1),
     "phi3-fused": (2, 1),
+    "fp8-channel": (2, 1),
+    "fp8-phi3-tensor": (2, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -160,7 +163,21 @@ def _checkpoints(root: Path) -> list[Path]:
     # Served quantized: each rank slices the GGUF blocks (row-parallel layers along whole blocks of 32 inputs).
     write_tiny_llama_gguf(root / "tiny.gguf", "Q4_0")
     convert_gguf(root / "tiny.gguf", root / "gguf-q4_0")
+    # FP8: per-channel scales follow column-parallel rows and stay whole for row-parallel layers; a fused tensor's
+    # per-tensor scale is replicated to its parts. Static input scales (the range 22 covers the inputs'): per-token
+    # scales of a row-parallel layer's input would come from each rank's slice alone, so ranks would round
+    # differently from one process.
+    for source, fp8, layout in (
+        ("uneven-groups", "fp8-channel", "compressed-tensors-channel"),
+        ("phi3-fused", "fp8-phi3-tensor", "compressed-tensors-tensor"),
+    ):
+        write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
+
+
+def _weight_names(checkpoint: Path) -> list[str]:
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as handle:
+        return list(handle.keys())
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,7 @@ def main() -> int:
     parser.add_argument("--prefix-caching", choices=("true", "false"), required=True)
     parser.add_argument("--async-scheduling", choices=("true", "false"), required=True)
     parser.add_argument("--speculate", type=int, required=True)
+    parser.add_argument("--speculative-method", required=True)
     parser.add_argument("--generation-config", choices=("auto", "none"), required=True)
     parser.add_argument("--json-output", action="store_true")
     parser.add_argument("--log-requests", action="store_true")

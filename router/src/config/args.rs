@@ -7,6 +7,7 @@ use clap::{Parser, ValueEnum};
 use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
@@ -80,6 +81,11 @@ pub struct RouterArgs {
     /// request's own draws, so outputs never change. 0 turns it off.
     #[arg(long, env = "SPECULATE", default_value_t = 0)]
     pub speculate: usize,
+    /// Where drafts come from: `ngram` looks the request's last tokens up in its own text;
+    /// `radix` proposes what an earlier request computed after the same context (the prefix
+    /// cache), falling back to `ngram` where the cache holds none.
+    #[arg(long, env = "SPECULATIVE_METHOD", default_value_t = DraftMethod::Ngram)]
+    pub speculative_method: DraftMethod,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

@@ -40,6 +40,7 @@ impl RouterConfig {
             prefix_caching: self.limits.prefix_caching,
             steps_in_flight: if self.limits.async_scheduling { 2 } else { 1 },
             max_drafts: self.limits.speculate,
+            draft_method: self.limits.speculative_method,
         }
     }
 
@@ -97,6 +98,7 @@ impl RouterConfig {
             validation_workers: VALIDATION_WORKERS,
             block_size: limits.block_size,
             speculate: limits.speculate,
+            speculative_method: limits.speculative_method.label(),
             kv_cache_blocks: num_blocks,
             kv_cache_tokens: num_blocks * limits.block_size,
             router: "tandem-router",

@@ -15,6 +15,7 @@ pub use derived::ServedModel;
 use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
 
 /// Flags that cannot work together.
@@ -27,6 +28,10 @@ pub enum ConfigError {
         max_input_tokens: usize,
         max_total_tokens: usize,
     },
+    #[error(
+        "--speculative-method radix drafts from the prefix cache: it needs --prefix-caching true"
+    )]
+    RadixDraftsWithoutPrefixCache,
     #[error("--model-id must not be empty")]
     EmptyModelId,
     #[error("--max-queued-tokens ({max_queued_tokens}) must be at least --max-total-tokens ({max_total_tokens}), or no request could ever be queued")]
@@ -49,6 +54,7 @@ pub struct Limits {
     pub prefix_caching: bool,
     pub async_scheduling: bool,
     pub speculate: usize,
+    pub speculative_method: DraftMethod,
 }
 
 /// The checked configuration.
@@ -162,6 +168,12 @@ impl TryFrom<RouterArgs> for RouterConfig {
         if args.model_id.trim().is_empty() {
             return Err(ConfigError::EmptyModelId);
         }
+        if args.speculate > 0
+            && args.speculative_method == DraftMethod::Radix
+            && !args.prefix_caching
+        {
+            return Err(ConfigError::RadixDraftsWithoutPrefixCache);
+        }
         if let Some(max_queued_tokens) = args.max_queued_tokens {
             if max_queued_tokens < args.max_total_tokens {
                 return Err(ConfigError::QueuedTokensBelowTotal {
@@ -188,6 +200,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 prefix_caching: args.prefix_caching,
                 async_scheduling: args.async_scheduling,
                 speculate: args.speculate,
+                speculative_method: args.speculative_method,
             },
             json_output: args.json_output,
             shard_connect_timeout: Duration::from_secs(args.shard_connect_timeout),

@@ -62,6 +62,33 @@ fn prefix_caching_is_on_unless_turned_off() {
 }
 
 #[test]
+fn drafts_come_from_prompt_lookup_unless_radix_is_chosen_and_radix_needs_the_cache() {
+    assert_eq!(
+        parse(&[]).unwrap().limits.speculative_method,
+        DraftMethod::Ngram
+    );
+    let radix = parse(&["--speculate", "4", "--speculative-method", "radix"]).unwrap();
+    assert_eq!(radix.limits.speculative_method, DraftMethod::Radix);
+    let uncached = [
+        "--speculate",
+        "4",
+        "--speculative-method",
+        "radix",
+        "--prefix-caching",
+        "false",
+    ];
+    let error = parse(&uncached).unwrap_err();
+    assert!(matches!(error, ConfigError::RadixDraftsWithoutPrefixCache));
+    assert!(
+        error.to_string().contains("--prefix-caching true"),
+        "{error}"
+    );
+    let argv = ["tandem-router", "--speculative-method", "draft"];
+    let refused = RouterArgs::try_parse_from(argv).unwrap_err().to_string();
+    assert!(refused.contains("ngram or radix"), "{refused}");
+}
+
+#[test]
 fn lifecycle_flags_are_parsed() {
     let config = parse(&[
         "--max-queue-time",

@@ -50,8 +50,10 @@ pub struct ServerInfo {
     /// Most prompts tokenized at once (the blocking pool tokenization runs on).
     pub validation_workers: usize,
     pub block_size: usize,
-    /// Speculative decoding: draft tokens per decode step (0: off), proposed by prompt lookup.
+    /// Speculative decoding: draft tokens per decode step (0: off).
     pub speculate: usize,
+    /// Where drafts come from (`--speculative-method`): `ngram` or `radix`.
+    pub speculative_method: &'static str,
     pub kv_cache_blocks: usize,
     pub kv_cache_tokens: usize,
     pub router: &'static str,

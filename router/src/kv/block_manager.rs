@@ -120,6 +120,15 @@ impl BlockManager {
             * block_size
     }
 
+    /// Up to `max_tokens` tokens an earlier sequence computed after `tokens`, from the prefix
+    /// cache (empty without one).
+    pub fn cached_continuation(&self, tokens: &[u32], max_tokens: usize) -> Vec<u32> {
+        match self.cache_block_size {
+            Some(block_size) => self.cache.continuation(tokens, block_size, max_tokens),
+            None => Vec::new(),
+        }
+    }
+
     /// Caches `block` as holding `key` after the prefix ending at `parent`; false when it
     /// cannot (caching off, parent not cached, or the same run is cached elsewhere).
     pub fn publish(&mut self, parent: Option<u32>, key: &[u32], block: u32) -> bool {

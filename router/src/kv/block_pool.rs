@@ -56,6 +56,12 @@ impl BlockPool {
         self.lock().cached_prefix_tokens(tokens)
     }
 
+    /// Up to `max_tokens` tokens that an earlier sequence computed after `tokens`, as the
+    /// prefix cache holds them (a peek: nothing is held or marked used).
+    pub fn cached_continuation(&self, tokens: &[u32], max_tokens: usize) -> Vec<u32> {
+        self.lock().cached_continuation(tokens, max_tokens)
+    }
+
     /// Makes the pool `total` fresh blocks with an empty prefix cache (after the shards
     /// re-allocated their cache). Refused (`false`) while any block is held.
     pub fn resize(&self, total: usize) -> bool {

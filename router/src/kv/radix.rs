@@ -129,6 +129,42 @@ impl RadixCache {
         matched
     }
 
+    /// Up to `max_tokens` tokens that an earlier sequence computed right after `tokens`: the
+    /// whole blocks of `tokens` must be cached, its last partial block must begin a cached child,
+    /// and the rest follows the most recently used child at each node. Nothing is marked used.
+    pub fn continuation(&self, tokens: &[u32], block_size: usize, max_tokens: usize) -> Vec<u32> {
+        let whole_blocks = tokens.len() / block_size;
+        let mut current = ROOT;
+        for chunk in tokens.chunks_exact(block_size) {
+            let Some(&child) = self.node(current).children.get(chunk) else {
+                return Vec::new();
+            };
+            current = child;
+        }
+        let mut start = &tokens[whole_blocks * block_size..];
+        let mut proposal = Vec::new();
+        while proposal.len() < max_tokens {
+            let Some(next) = self.latest_child_starting_with(current, start) else {
+                break;
+            };
+            let key = &self.node(next).key;
+            let wanted = max_tokens - proposal.len();
+            proposal.extend(key[start.len()..].iter().take(wanted));
+            start = &[];
+            current = next;
+        }
+        proposal
+    }
+
+    fn latest_child_starting_with(&self, parent: NodeId, start: &[u32]) -> Option<NodeId> {
+        self.node(parent)
+            .children
+            .iter()
+            .filter(|(key, _)| key.starts_with(start))
+            .max_by_key(|(_, &child)| (self.node(child).last_access, child))
+            .map(|(_, &child)| child)
+    }
+
     fn touch(&mut self, id: NodeId) {
         let clock = self.clock;
         let previous = std::mem::replace(&mut self.node_mut(id).last_access, clock);

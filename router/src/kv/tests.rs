@@ -119,6 +119,39 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
 }
 
 #[test]
+fn the_cache_proposes_what_an_earlier_sequence_computed_after_the_same_tokens() {
+    let pool = BlockPool::with_prefix_cache(16, Some(4));
+    let earlier: Vec<u32> = (0..14).collect();
+    let _earlier = filled_table(&pool, &earlier, 4);
+    // Mid-block: the partial block 8 9 must begin a cached block; the walk goes on below it.
+    assert_eq!(
+        pool.cached_continuation(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 8),
+        vec![10, 11]
+    );
+    assert_eq!(
+        pool.cached_continuation(&[0, 1, 2, 3, 4], 5),
+        vec![5, 6, 7, 8, 9]
+    );
+    assert_eq!(pool.cached_continuation(&[0, 1], 3), vec![2, 3, 4]);
+    assert!(pool.cached_continuation(&[0, 1, 2, 3, 4, 9], 4).is_empty());
+    assert!(pool.cached_continuation(&[5, 1, 2, 3, 4], 4).is_empty());
+    assert!(pool.cached_continuation(&[0, 1, 2, 3], 0).is_empty());
+}
+
+#[test]
+fn the_most_recently_used_branch_is_proposed_and_a_pool_without_cache_proposes_nothing() {
+    let pool = BlockPool::with_prefix_cache(16, Some(2));
+    drop(filled_table(&pool, &[1, 2, 3, 4, 5, 6, 0], 2));
+    drop(filled_table(&pool, &[1, 2, 3, 7, 8, 9, 0], 2));
+    assert_eq!(pool.cached_continuation(&[1, 2, 3], 3), vec![7, 8, 9]);
+    drop(filled_table(&pool, &[1, 2, 3, 4, 5, 6, 0], 2));
+    assert_eq!(pool.cached_continuation(&[1, 2, 3], 3), vec![4, 5, 6]);
+    let uncached = BlockPool::new(16);
+    drop(filled_table(&uncached, &[1, 2, 3, 4, 5], 2));
+    assert!(uncached.cached_continuation(&[1, 2], 2).is_empty());
+}
+
+#[test]
 fn clearing_the_cache_forgets_every_prefix() {
     let pool = BlockPool::with_prefix_cache(8, Some(2));
     drop(filled_table(&pool, &[1, 2, 3, 4, 5], 2));

@@ -113,6 +113,7 @@ fn config() -> SchedulerConfig {
         prefix_caching: true,
         steps_in_flight: 1,
         max_drafts: 0,
+        draft_method: super::drafting::DraftMethod::Ngram,
     }
 }
 

@@ -1,6 +1,85 @@
-//! Drafts for speculative decoding, proposed from the request's own tokens (prompt lookup): no
-//! model runs, so a proposal costs microseconds. The shards keep a draft only where it equals the
-//! token the request draws itself, so drafts change how fast tokens come, never which.
+//! Drafts for speculative decoding, proposed without a model, so a proposal costs microseconds:
+//! from the request's own tokens (prompt lookup) or from what an earlier request computed after
+//! the same tokens (the prefix cache's radix tree). The shards keep a draft only where it equals
+//! the token the request draws itself, so drafts change how fast tokens come, never which.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::kv::BlockPool;
+
+/// Where a server's drafts come from (`--speculative-method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftMethod {
+    /// The continuation of the latest earlier occurrence of the request's last tokens.
+    Ngram,
+    /// The continuation an earlier request computed after the request's whole context, from the
+    /// prefix cache; prompt lookup where the cache holds none.
+    Radix,
+}
+
+impl DraftMethod {
+    /// The value of the `method` label on the speculative decoding metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ngram => "ngram",
+            Self::Radix => "radix",
+        }
+    }
+}
+
+impl fmt::Display for DraftMethod {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.label())
+    }
+}
+
+impl FromStr for DraftMethod {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "ngram" => Ok(Self::Ngram),
+            "radix" => Ok(Self::Radix),
+            other => Err(format!(
+                "unknown speculative method {other:?}: use ngram or radix"
+            )),
+        }
+    }
+}
+
+/// Draft tokens for one step, and the method that proposed them. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drafts {
+    pub tokens: Vec<u32>,
+    pub method: DraftMethod,
+}
+
+/// Up to `max_drafts` drafts after `tokens` by `method`; `None` when no method has any.
+pub fn propose(
+    method: DraftMethod,
+    tokens: &[u32],
+    max_drafts: usize,
+    pool: &BlockPool,
+) -> Option<Drafts> {
+    if max_drafts == 0 {
+        return None;
+    }
+    if method == DraftMethod::Radix {
+        let cached = pool.cached_continuation(tokens, max_drafts);
+        if !cached.is_empty() {
+            return Some(Drafts {
+                tokens: cached,
+                method: DraftMethod::Radix,
+            });
+        }
+    }
+    let looked_up = propose_from_context(tokens, max_drafts);
+    (!looked_up.is_empty()).then_some(Drafts {
+        tokens: looked_up,
+        method: DraftMethod::Ngram,
+    })
+}
 
 /// The longest and shortest suffix looked up in the request's earlier tokens.
 const MAX_NGRAM: usize = 3;
@@ -8,7 +87,7 @@ const MIN_NGRAM: usize = 1;
 
 /// Up to `max_drafts` tokens that followed the latest earlier occurrence of the last `n` tokens
 /// of `tokens`, trying the longest `n` first; empty when no suffix occurred before.
-pub fn propose_from_context(tokens: &[u32], max_drafts: usize) -> Vec<u32> {
+fn propose_from_context(tokens: &[u32], max_drafts: usize) -> Vec<u32> {
     if max_drafts == 0 {
         return Vec::new();
     }
@@ -67,6 +146,39 @@ mod tests {
         // "4 4 4" last occurred just before the end (one token after it); earlier, three.
         assert_eq!(propose_from_context(&[4, 4, 4, 4, 4, 4], 3), vec![4, 4, 4]);
         assert_eq!(propose_from_context(&[1, 2, 1, 2, 1, 2, 1], 2), vec![2, 1]);
+    }
+
+    #[test]
+    fn radix_drafts_come_from_the_cache_and_fall_back_to_prompt_lookup() {
+        let pool = BlockPool::with_prefix_cache(8, Some(2));
+        let mut earlier = pool.new_table();
+        let computed = [1, 2, 3, 4, 5, 6];
+        earlier.grow(3).expect("free blocks");
+        earlier.publish(&computed, computed.len());
+        let proposed = |tokens: &[u32]| {
+            propose(DraftMethod::Radix, tokens, 3, &pool)
+                .map(|drafts| (drafts.tokens, drafts.method))
+        };
+        assert_eq!(
+            proposed(&[1, 2, 3]),
+            Some((vec![4, 5, 6], DraftMethod::Radix))
+        );
+        assert_eq!(proposed(&[9, 8, 9]), Some((vec![8, 9], DraftMethod::Ngram)));
+        assert_eq!(
+            propose(DraftMethod::Ngram, &[1, 2, 3], 3, &pool),
+            None,
+            "prompt lookup never reads the cache"
+        );
+        assert_eq!(propose(DraftMethod::Radix, &[1, 2, 3], 0, &pool), None);
+    }
+
+    #[test]
+    fn methods_parse_from_their_labels_and_unknown_ones_are_refused() {
+        for method in [DraftMethod::Ngram, DraftMethod::Radix] {
+            assert_eq!(method.label().parse::<DraftMethod>(), Ok(method));
+        }
+        let error = "draft".parse::<DraftMethod>().expect_err("not a method");
+        assert!(error.contains("ngram or radix"), "{error}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+use super::drafting::DraftMethod;
 use super::{LoadSnapshot, SchedulerConfig};
 use crate::shard::ShardTimings;
 
@@ -31,11 +32,12 @@ pub(super) fn describe() {
     describe_speculation();
 }
 
-/// Records one drafted span's answer: `proposed` drafts, `kept` of them kept by the shards.
-pub(super) fn record_drafts(proposed: usize, kept: usize) {
-    counter!("tandem_speculative_draft_tokens_total", "method" => "ngram")
+/// Records one drafted span's answer: `proposed` drafts by `method`, `kept` of them kept by the
+/// shards.
+pub(super) fn record_drafts(method: DraftMethod, proposed: usize, kept: usize) {
+    counter!("tandem_speculative_draft_tokens_total", "method" => method.label())
         .increment(proposed as u64);
-    counter!("tandem_speculative_accepted_tokens_total", "method" => "ngram")
+    counter!("tandem_speculative_accepted_tokens_total", "method" => method.label())
         .increment(kept as u64);
     histogram!("tandem_speculative_accepted_length").record(as_f64(kept));
 }
@@ -45,7 +47,9 @@ fn describe_speculation() {
         "tandem_speculative_draft_tokens_total",
         "tandem_speculative_accepted_tokens_total",
     ] {
-        counter!(name, "method" => "ngram").absolute(0);
+        for method in [DraftMethod::Ngram, DraftMethod::Radix] {
+            counter!(name, "method" => method.label()).absolute(0);
+        }
     }
     describe_counter!(
         "tandem_speculative_draft_tokens_total",
@@ -290,6 +294,7 @@ mod tests {
             prefix_caching: true,
             steps_in_flight: 1,
             max_drafts: 0,
+            draft_method: crate::scheduler::DraftMethod::Ngram,
         };
         metrics::with_local_recorder(&recorder, || {
             describe();

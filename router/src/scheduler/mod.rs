@@ -39,6 +39,7 @@ pub use crate::shard::{
 };
 pub use request::{GenerationEvent, GenerationRequest, GenerationStream};
 
+pub use drafting::DraftMethod;
 pub use recovery::{EnginePhase, RecoveryConfig};
 
 /// Errors the scheduler reports to the HTTP layer.
@@ -124,6 +125,8 @@ pub struct SchedulerConfig {
     pub steps_in_flight: usize,
     /// Speculative decoding: draft tokens proposed per decode step at most (0: off).
     pub max_drafts: usize,
+    /// Where drafts come from when `max_drafts > 0`.
+    pub draft_method: DraftMethod,
 }
 
 /// Starts the step loop on the current tokio runtime and returns its handle.

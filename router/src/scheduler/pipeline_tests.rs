@@ -26,6 +26,7 @@ fn config() -> SchedulerConfig {
         prefix_caching: true,
         steps_in_flight: 2,
         max_drafts: 0,
+        draft_method: super::drafting::DraftMethod::Ngram,
     }
 }
 

@@ -101,6 +101,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         prefix_caching: true,
                         steps_in_flight,
                         max_drafts: 0,
+                        draft_method: super::drafting::DraftMethod::Ngram,
                     },
                     arrivals,
                 }

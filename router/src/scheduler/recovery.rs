@@ -106,6 +106,7 @@ mod tests {
             prefix_caching: true,
             steps_in_flight: 1,
             max_drafts: 0,
+            draft_method: super::super::drafting::DraftMethod::Ngram,
         })
     }
 

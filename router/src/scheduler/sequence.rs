@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::drafting::{DraftMethod, Drafts};
 use super::request::{GenerationEvent, GenerationRequest};
 use crate::kv::BlockTable;
 use crate::shard::{
@@ -22,6 +23,8 @@ pub(crate) struct PendingSpan {
     /// Draft tokens run after the span; its step answers with the drafts the shards kept and
     /// one token more.
     pub drafts: usize,
+    /// The method that proposed the drafts, if any (the label they are counted under).
+    pub drafted_by: Option<DraftMethod>,
 }
 
 /// A request between admission and its last token.
@@ -156,23 +159,26 @@ impl Sequence {
         step_id: u64,
         num_tokens: usize,
         new_block_ids: Vec<u32>,
-        drafts: Vec<u32>,
+        drafts: Option<Drafts>,
     ) -> ScheduledSpan {
         let end = self.num_computed + num_tokens;
         let samples = end == self.tokens.len() + self.pending_samples();
-        let num_drafts = drafts.len();
+        let drafted_by = drafts.as_ref().map(|drafts| drafts.method);
+        let draft_token_ids = drafts.map(|drafts| drafts.tokens).unwrap_or_default();
+        let num_drafts = draft_token_ids.len();
         let scheduled = ScheduledSpan {
             id: self.id,
             num_tokens,
             new_block_ids,
             num_computed_tokens: self.num_computed,
-            draft_token_ids: drafts,
+            draft_token_ids,
         };
         self.pending.push_back(PendingSpan {
             step_id,
             computed_before: self.num_computed,
             samples,
             drafts: num_drafts,
+            drafted_by,
         });
         self.num_computed = end;
         scheduled

@@ -7,7 +7,7 @@ use super::fake_shard::FakeShard;
 use super::request::GenerationRequest;
 use super::state::SchedulerState;
 use super::tests::{config, run_until_idle, submit, tokens_of};
-use super::SchedulerConfig;
+use super::{DraftMethod, SchedulerConfig};
 use crate::shard::StoppingParams;
 
 /// A model whose text repeats with period 3, so prompt lookup predicts it.
@@ -176,4 +176,37 @@ fn a_request_drafts_at_most_its_own_speculate_and_none_with_zero() {
         assert_eq!(tokens_of(receiver), expected(periodic, &prompt, 13));
     }
     assert_eq!(state.pool().used(), 0);
+}
+
+/// Steps the second of two identical requests, run one after the other, takes with `method`.
+fn steps_of_a_repeated_request(method: DraftMethod) -> usize {
+    let mut state = SchedulerState::new(SchedulerConfig {
+        max_drafts: 4,
+        draft_method: method,
+        ..config(64, 16)
+    });
+    let mut shard = FakeShard::new(4);
+    // A hash of the context: prompt lookup almost never guesses it; the cache holds it exactly.
+    shard.model = Some(super::fake_shard::model);
+    let prompt = [3, 1, 4, 1, 5, 9];
+    let mut first = submit(&mut state, 0, request(&prompt, 24));
+    run_until_idle(&mut state, &mut shard);
+    let steps_before = shard.step_tokens.len();
+    let mut second = submit(&mut state, 1, request(&prompt, 24));
+    run_until_idle(&mut state, &mut shard);
+    let expected = expected(super::fake_shard::model, &prompt, 24);
+    assert_eq!(tokens_of(&mut first), expected);
+    assert_eq!(tokens_of(&mut second), expected);
+    assert_eq!(state.pool().used(), 0);
+    shard.step_tokens.len() - steps_before
+}
+
+#[test]
+fn radix_drafts_replay_what_an_earlier_request_computed_after_the_same_context() {
+    let looked_up = steps_of_a_repeated_request(DraftMethod::Ngram);
+    let cached = steps_of_a_repeated_request(DraftMethod::Radix);
+    assert!(
+        cached * 2 < looked_up,
+        "{cached} steps with radix drafts, {looked_up} with prompt lookup"
+    );
 }

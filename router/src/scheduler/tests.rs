@@ -15,6 +15,7 @@ pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerCon
         prefix_caching: true,
         steps_in_flight: 1,
         max_drafts: 0,
+        draft_method: super::drafting::DraftMethod::Ngram,
         block_size: 4,
         num_blocks,
         max_batch_tokens,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.device_copy import to_device
-from tandem_server.layers.attention import AttentionMetadata, HostLayout, PagedLayout
+from tandem_server.layers.attention import AttentionMetadata, HostLayout, PagedLayout, start_offsets
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
     block_tables = torch.zeros(len(spans), max(len(table) for table in tables), dtype=torch.int32)
     for row, table in enumerate(tables):
         block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
-    query_offsets = _offsets(query_lens)
+    query_offsets = start_offsets(query_lens)
     num_tokens = int(query_offsets[-1])
     # Sequence of each token, then its position: the sequence's first new position plus its index in the query.
     sequence = torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(query_lens), output_size=num_tokens)
@@ -55,7 +55,6 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
     known_ids = tuple(span.request_id for span in spans if span.request_id is not None)
     paged = PagedLayout(
         query_start_loc=to_device(query_offsets, device),
-        seq_start_loc=to_device(_offsets(seq_lens), device),
         seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
         block_tables=to_device(block_tables, device),
         max_query_len=max(query_lens),
@@ -75,9 +74,3 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         metadata=AttentionMetadata(slot_mapping=to_device(slots, device), paged=paged, host=host),
         last_rows=tuple(int(end) - 1 for end in query_offsets[1:]),
     )
-
-
-def _offsets(lengths: Sequence[int]) -> torch.Tensor:
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    offsets[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return offsets

@@ -1,9 +1,10 @@
 """CUDA graphs for decode-only steps: captured at Warmup per batch size, replayed with the batch padded up.
 
 A decode-only step (every request runs exactly one token) has shapes fixed by its batch size alone when the
-attention backend reads only the paged layout, so its kernels can be recorded once and replayed without
-per-kernel launch cost. Padding rows write into the reserved block and attend to it alone; their outputs are
-dropped. Mixed and prefill steps always run eagerly.
+attention backend prepares it on the device (`supports_cuda_graphs`), so its kernels can be recorded once and
+replayed without per-kernel launch cost. The graphs read token inputs held here and attention metadata held at fixed
+addresses by `layers/attention/static_metadata.py`, whose padding rows write into the reserved block and attend to it
+alone; their outputs are dropped. Mixed and prefill steps always run eagerly.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.engine.batch import StepBatch
+from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import KVCache
-from tandem_server.layers.attention import AttentionMetadata, PagedLayout
+from tandem_server.layers.attention import StaticDecodeMetadata, is_decode_only
 from tandem_server.models.registry import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -33,82 +35,42 @@ def graph_batch_size(num_requests: int, sizes: Sequence[int]) -> int | None:
     return sizes[index] if index < len(sizes) else None
 
 
-def is_decode_only(batch: StepBatch) -> bool:
-    """True when every request in the step runs exactly one token."""
-    return batch.metadata.paged.max_query_len == 1
-
-
 @dataclass(frozen=True)
 class DecodeBuffers:
     """Fixed-address inputs of the captured graphs, sized for the largest batch; row i is request i."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
-    # Padding rows read and write position 0 of this block, which no request owns.
-    reserved_block: int
-    block_size: int
+    attention: StaticDecodeMetadata
 
     @classmethod
     def allocate(cls, max_batch: int, max_positions: int, cache: KVCache, device: torch.device) -> DecodeBuffers:
         """Buffers for up to `max_batch` requests whose contexts reach `max_positions` tokens."""
-        width = -(-max_positions // cache.block_size)
-        buffers = cls(
+        return cls(
             input_ids=torch.zeros(max_batch, dtype=torch.long, device=device),
             positions=torch.zeros(max_batch, dtype=torch.long, device=device),
-            slot_mapping=torch.zeros(max_batch, dtype=torch.long, device=device),
-            # Every decode request has exactly one query row, so the offsets are 0, 1, 2, ...
-            query_start_loc=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
-            seq_start_loc=torch.zeros(max_batch + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.zeros(max_batch, dtype=torch.int32, device=device),
-            block_tables=torch.zeros(max_batch, width, dtype=torch.int32, device=device),
-            reserved_block=cache.reserved_block,
-            block_size=cache.block_size,
+            attention=StaticDecodeMetadata.allocate(
+                max_batch, max_positions, cache.block_size, cache.reserved_block, device
+            ),
         )
-        buffers.pad(0, max_batch)
-        return buffers
-
-    @property
-    def max_positions(self) -> int:
-        return self.block_tables.shape[1] * self.block_size
-
-    def pad(self, start: int, stop: int) -> None:
-        """Turns rows [start, stop) into padding: token 0 at position 0 of the reserved block."""
-        self.input_ids[start:stop] = 0
-        self.positions[start:stop] = 0
-        self.slot_mapping[start:stop] = self.reserved_block * self.block_size
-        self.seq_lens[start:stop] = 1
-        self.block_tables[start:stop, 0] = self.reserved_block
 
     def fill(self, batch: StepBatch, size: int) -> None:
-        """Copies a decode-only batch into rows [0, n) and pads rows [n, size) for the graph of `size`."""
-        paged = batch.metadata.paged
-        count, width = paged.block_tables.shape
+        """Copies a decode-only batch into rows [0, n) and pads rows [n, size) with token 0 at position 0."""
+        count = batch.input_ids.shape[0]
         self.input_ids[:count].copy_(batch.input_ids, non_blocking=True)
         self.positions[:count].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:count].copy_(batch.metadata.slot_mapping, non_blocking=True)
-        self.seq_lens[:count].copy_(paged.seq_lens, non_blocking=True)
-        self.block_tables[:count, :width].copy_(paged.block_tables, non_blocking=True)
-        self.pad(count, size)
-        torch.cumsum(self.seq_lens[:size], dim=0, out=self.seq_start_loc[1 : size + 1])
+        self.input_ids[count:size] = 0
+        self.positions[count:size] = 0
+        self.attention.fill(batch.metadata, size)
 
-    def metadata(self, size: int) -> AttentionMetadata:
-        """Views of the first `size` rows in the form the attention backends read."""
-        paged = PagedLayout(
-            query_start_loc=self.query_start_loc[: size + 1],
-            seq_start_loc=self.seq_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            block_tables=self.block_tables[:size],
-            max_query_len=1,
-            # Upper bounds: the real values change every step but a graph's host arguments cannot.
-            max_seq_len=self.max_positions,
-            query_lens=(1,) * size,
+    def view(self, size: int) -> StepBatch:
+        """The first `size` rows as the step batch a graph of `size` runs."""
+        return StepBatch(
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            metadata=self.attention.view(size),
+            last_rows=tuple(range(size)),
         )
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:size], paged=paged)
 
 
 class DecodeGraphs:
@@ -129,22 +91,24 @@ class DecodeGraphs:
         """Records the model's forward pass for every size, largest first so smaller graphs reuse its pool."""
         pool = None
         for size in reversed(self.sizes):
-            metadata = self._buffers.metadata(size)
+            batch = self._buffers.view(size)
             with self._on_own_stream():
                 for _ in range(_WARM_RUNS_BEFORE_CAPTURE):
-                    self._forward(size, metadata)
+                    forward_step(self._model, batch, self._cache.layers)
             graph = torch.cuda.CUDAGraph()
+            # Whatever the backend prepares is captured with the graph and replayed with it.
             with torch.cuda.graph(graph, pool=pool, stream=self._stream):
-                hidden = self._forward(size, metadata)
+                hidden = forward_step(self._model, batch, self._cache.layers)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)
         logger.info("captured CUDA graphs for decode batch sizes %s", ",".join(map(str, self.sizes)))
 
     def run(self, batch: StepBatch) -> torch.Tensor | None:
         """Hidden states of a decode-only batch from the smallest fitting graph; None when no graph fits."""
-        if not is_decode_only(batch):
+        if not is_decode_only(batch.metadata):
             return None
-        count = batch.metadata.paged.num_seqs
+        # One token per request in a decode-only step.
+        count = batch.input_ids.shape[0]
         size = graph_batch_size(count, self.sizes)
         if size is None:
             return None
@@ -162,9 +126,3 @@ class DecodeGraphs:
         with torch.cuda.stream(self._stream):
             yield
         current.wait_stream(self._stream)
-
-    def _forward(self, size: int, metadata: AttentionMetadata) -> torch.Tensor:
-        # Whatever the backend prepares is captured with the graph and replayed with it.
-        buffers = self._buffers
-        prepared = self._model.backend.prepare(metadata, self._cache.layers)
-        return self._model(buffers.input_ids[:size], buffers.positions[:size], prepared.layers, prepared.metadata)

@@ -1,10 +1,13 @@
-"""Weight-only quantized GEMMs on CPU: int4 groupwise and int8 per-channel weights, bfloat16 activations.
+"""Quantized GEMMs: on CPU int4 groupwise and int8 per-channel weights with bfloat16 activations (weight-only), and
+float8 e4m3 weights with float8 activations through `torch._scaled_mm` (CPU, and CUDA from compute capability 8.9).
 
 torch's CPU weight-only kernels read 0.5 (int4) or 1 (int8) byte per weight instead of 4, which is what a decode step
 at small batches is bound by; they are fast only with bfloat16 activations, so each GEMM casts its input to bfloat16
 and its output back to the model's dtype.
 - int4: `w = (q - 8) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15, scale and zero in bfloat16.
 - int8: `w = q * scale` per output channel, q in -127..127, scale in bfloat16.
+- fp8: `w = q * scale` per output channel, float32 scales; activations scaled per token (or by a checkpoint's static
+  scale) into float8, the product accumulated in float32.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from tandem_server.weights.quantization import (
+    FP8_DTYPE,
+    FP8_MAX,
     INT4_GROUP,
     INT4_MIDPOINT,
+    Fp8Channels,
     Int4Groups,
     Int8Channels,
     Int8Groups,
+    QuantizeMode,
     quantize_int8,
 )
 
@@ -129,7 +136,55 @@ class Int8Weight:
         return (F.embedding(ids, self.q).float() * F.embedding(ids, self.scale.unsqueeze(-1))).to(dtype)
 
 
-QuantizedWeight = Int4Weight | Int8Weight | Int8GroupsWeight
+class Fp8Weight:
+    """A float8 e4m3 weight with per-output-channel scales for `torch._scaled_mm` (row-wise scaling: one scale per
+    activation row, one per weight row); also serves embedding lookups of its rows."""
+
+    def __init__(self, channels: Fp8Channels) -> None:
+        self.out_features, self.in_features = channels.q.shape
+        if channels.q.is_cuda and (self.out_features % _FP8_CUDA_MULTIPLE or self.in_features % _FP8_CUDA_MULTIPLE):
+            raise ValueError(
+                f"fp8 on CUDA needs features in multiples of {_FP8_CUDA_MULTIPLE}, this weight is "
+                f"{self.out_features} x {self.in_features}"
+            )
+        self.q = channels.q.contiguous()
+        self.scale = channels.scale.float().reshape(1, -1).contiguous()
+        self.input_scale = channels.input_scale
+        self.activation_bound = channels.activation_bound
+        self.nbytes = _nbytes(self.q) + _nbytes(self.scale)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        q, scale = self.quantize_activations(x)
+        # CUDA's row-wise scaled GEMM writes bfloat16 only; on CPU it writes the activations' dtype.
+        out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
+        out = torch._scaled_mm(q, self.q.t(), scale_a=scale, scale_b=self.scale, out_dtype=out_dtype).to(x.dtype)
+        return out if bias is None else out + bias
+
+    def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` as float8 values and float32 scales `[rows, 1]` such that `x ~= values * scales`."""
+        rows = x.float()
+        if self.input_scale is not None:
+            scale = rows.new_full((rows.shape[0], 1), self.input_scale)
+        else:
+            largest = rows.abs().amax(-1, keepdim=True)
+            if self.activation_bound is not None:
+                largest = largest.clamp_max(self.activation_bound)
+            scale = (largest / FP8_MAX).clamp_min(_FP8_MIN_SCALE)
+        return (rows / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantized rows `ids` (an embedding lookup)."""
+        return (self.q[ids].float() * self.scale[0, ids].unsqueeze(-1)).to(dtype)
+
+
+# CUDA's float8 GEMMs take matrices whose dimensions are multiples of 16.
+_FP8_CUDA_MULTIPLE = 16
+# An all-zero activation row still gets a positive scale (FBGEMM's floor: 1 / (448 * 512)).
+_FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+# torch._scaled_mm's float8 GEMMs on CUDA (Ada and Hopper onwards).
+FP8_MIN_CAPABILITY = (8, 9)
+
+QuantizedWeight = Int4Weight | Int8Weight | Int8GroupsWeight | Fp8Weight
 
 
 def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> QuantizedWeight:
@@ -146,21 +201,39 @@ def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> Quantize
 
 def rows_available(weight: QuantizedWeight) -> bool:
     """Whether `weight.rows` can serve embedding lookups."""
-    return isinstance(weight, Int8Weight) or (
+    return isinstance(weight, (Int8Weight, Fp8Weight)) or (
         weight.unpackable if isinstance(weight, Int4Weight) else weight.high.unpackable
     )
 
 
 def format_name(weight: QuantizedWeight) -> str:
-    return {Int4Weight: "int4", Int8Weight: "int8", Int8GroupsWeight: "int8 in groups of 32"}[type(weight)]
+    names = {Int4Weight: "int4", Int8Weight: "int8", Int8GroupsWeight: "int8 in groups of 32", Fp8Weight: "fp8"}
+    return names[type(weight)]
 
 
-def kernels_unavailable_reason(device: torch.device) -> str | None:
-    """None when this device and torch build have the weight-only kernels, else why not."""
+def kernels_unavailable_reason(device: torch.device, mode: QuantizeMode) -> str | None:
+    """None when this device and torch build have the kernels `mode` needs, else why not."""
+    if mode is QuantizeMode.FP8:
+        return _fp8_unavailable_reason(device)
     if device.type != "cpu":
         return "quantized GEMMs are a CPU path"
     if not hasattr(torch, "_convert_weight_to_int4pack_for_cpu") or not hasattr(torch, "_weight_int8pack_mm"):
         return "this torch build has no CPU weight-only int4/int8 kernels"
+    return None
+
+
+def _fp8_unavailable_reason(device: torch.device) -> str | None:
+    if not hasattr(torch, "_scaled_mm"):
+        return "this torch build has no float8 GEMM (torch._scaled_mm)"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < FP8_MIN_CAPABILITY:
+            return (
+                f"float8 GEMMs need a GPU of compute capability {'.'.join(map(str, FP8_MIN_CAPABILITY))} or newer "
+                f"(Ada, Hopper, Blackwell); {torch.cuda.get_device_name(device)} is {major}.{minor}"
+            )
+    elif device.type != "cpu":
+        return f"float8 GEMMs run on CPU or CUDA, not {device.type}"
     return None
 
 

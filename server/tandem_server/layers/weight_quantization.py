@@ -1,9 +1,11 @@
-"""Turns a loaded model's GEMM weights into quantized ones: kept GGUF blocks, or float weights quantized at load.
+"""Turns a loaded model's GEMM weights into quantized ones: kept GGUF blocks, an FP8 checkpoint's float8 weights, or
+float weights quantized at load.
 
-GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups of 32 (two int4 planes). Float
-weights become int4 groups (`int4`) or int8 per channel (`int8`), and their LM head int8 per channel. A tied
-embedding looks its rows up in the LM head's quantized copy. A GGUF tensor no quantized kernel can take (a stack
-mixing block types) is dequantized into its float parameter, exactly.
+GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups of 32 (two int4 planes). An FP8
+checkpoint's float8 weights stay float8 in every mode, per-tensor scales widened to per-channel. Float weights become
+int4 groups (`int4`, LM head int8 per channel), int8 per channel (`int8`) or float8 e4m3 per channel (`fp8`). A tied
+embedding looks its rows up in the LM head's quantized copy. A GGUF or float8 tensor no quantized kernel can take (a
+stack mixing block types, or float8 and float parts) is dequantized into its float parameter, exactly.
 """
 
 from __future__ import annotations
@@ -15,11 +17,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tandem_server.errors import ConfigError
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.quantized import Int4Weight, Int8Weight, format_name, quantized_weight, rows_available
+from tandem_server.layers.quantized import (
+    Fp8Weight,
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    format_name,
+    quantized_weight,
+    rows_available,
+)
+from tandem_server.weights.fp8_checkpoint import FP8_VALUES
 from tandem_server.weights.gguf_blocks import GgufBlocks
-from tandem_server.weights.quantization import QuantizeMode, quantize_int4, quantize_int8
+from tandem_server.weights.quantization import Fp8Channels, QuantizeMode, quantize_fp8, quantize_int4, quantize_int8
 
 
 @dataclass
@@ -40,20 +52,25 @@ class QuantizationReport:
 
 @torch.inference_mode()
 def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
-    """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result."""
+    """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result; a
+    weight the format cannot take (its shape) is a start-up error naming it."""
     report = QuantizationReport()
     for name, module in model.named_modules():
         role = name.rsplit(".", 1)[-1]
         if isinstance(module, GemmModule):
-            report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+            try:
+                report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+            except ValueError as error:
+                raise ConfigError(f"--quantize {mode.value}: {name}: {error}") from error
     for name, module in model.named_modules():
         if isinstance(module, Embedding):
             report.formats[f"{name.rsplit('.', 1)[-1]}: {_quantize_embedding(model, module)}"] += 1
     for param in model.parameters():
-        blocks = getattr(param, "gguf_blocks", None)
-        if blocks is not None:
-            param.data.copy_(blocks.dequantize())
-            del param.gguf_blocks
+        for attribute in ("gguf_blocks", FP8_VALUES):
+            kept = getattr(param, attribute, None)
+            if kept is not None:
+                param.data.copy_(kept.dequantize())
+                delattr(param, attribute)
     report.weight_bytes = _weight_bytes(model)
     _return_freed_memory()
     return report
@@ -69,6 +86,17 @@ def _return_freed_memory() -> None:
 
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     parts = module.weight_parts()
+    fp8: list[Fp8Channels | None] = [getattr(part, FP8_VALUES, None) for part in parts]
+    if all(fp8):
+        values = [channels for channels in fp8 if channels]
+        stacked = values[0] if len(values) == 1 else Fp8Channels.concat(values)
+        _use(module, Fp8Weight(stacked.to(module.weight.device)))
+        return "float8 checkpoint as fp8"
+    if any(fp8):
+        for part, channels in zip(parts, fp8, strict=True):
+            if channels is not None:
+                part.data.copy_(channels.dequantize())
+                delattr(part, FP8_VALUES)
     blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
     if mode is QuantizeMode.NONE or (mode is QuantizeMode.GGUF and not all(blocks)):
         return str(module.weight.dtype).removeprefix("torch.")
@@ -83,13 +111,26 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
             quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
     else:
         label = "float"
-        int8 = mode is QuantizeMode.INT8 or isinstance(module, LMHead)
-        quantized = Int8Weight(quantize_int8(module.weight)) if int8 else Int4Weight(quantize_int4(module.weight))
-    for part in parts:
-        if hasattr(part, "gguf_blocks"):
-            del part.gguf_blocks
-    module.use_quantized(quantized)
+        quantized = _quantize_float(module, mode)
+    _use(module, quantized)
     return f"{label} as {format_name(quantized)}"
+
+
+def _quantize_float(module: GemmModule, mode: QuantizeMode) -> QuantizedWeight:
+    if mode is QuantizeMode.FP8:
+        return Fp8Weight(quantize_fp8(module.weight))
+    if mode is QuantizeMode.INT8 or isinstance(module, LMHead):
+        return Int8Weight(quantize_int8(module.weight))
+    return Int4Weight(quantize_int4(module.weight))
+
+
+def _use(module: GemmModule, quantized: QuantizedWeight) -> None:
+    """Serves `module` from `quantized`, dropping what the loader kept for its parts."""
+    for part in module.weight_parts():
+        for attribute in ("gguf_blocks", FP8_VALUES):
+            if hasattr(part, attribute):
+                delattr(part, attribute)
+    module.use_quantized(quantized)
 
 
 def _quantize_embedding(model: nn.Module, embedding: Embedding) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_server.errors import ConfigError
+from tandem_server.weights.fp8_scheme import Fp8Scheme, checkpoint_fp8_scheme
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class CheckpointConfig:
     hf: dict[str, Any]
     architecture: str
     eos_token_ids: tuple[int, ...]
+    # The FP8 layout config.json's `quantization_config` declares; None for a float checkpoint.
+    fp8: Fp8Scheme | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
     generation_file = model_path / "generation_config.json"
     if generation_file.is_file():
         eos += tuple(i for i in _as_ids(json.loads(generation_file.read_text()).get("eos_token_id")) if i not in eos)
-    return CheckpointConfig(path=model_path, hf=hf, architecture=architectures[0], eos_token_ids=eos)
+    return CheckpointConfig(
+        path=model_path, hf=hf, architecture=architectures[0], eos_token_ids=eos, fp8=checkpoint_fp8_scheme(hf)
+    )
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

@@ -20,7 +20,8 @@ def load_model(
     allow_pickle_weights: bool = False,
     gguf_blocks: bool = False,
 ) -> CausalLM:
-    """The model of `checkpoint.architecture`, loaded for this rank and ready for inference."""
+    """The model of `checkpoint.architecture`, loaded for this rank; an FP8 checkpoint's float8 layers are ready once
+    `quantize_model` has run (their float parameters are left unfilled)."""
     factory = model_factory(checkpoint.architecture)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -29,5 +30,6 @@ def load_model(
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
-    load_weights(model, checkpoint.path, model.checkpoint_layout(), allow_pickle_weights, gguf_blocks)
+    layout = model.checkpoint_layout()
+    load_weights(model, checkpoint.path, layout, allow_pickle_weights, gguf_blocks, checkpoint.fp8)
     return model.eval()

@@ -14,7 +14,7 @@ GGUF_TYPES_KEY = "gguf_types"
 BLOCK_VALUES = 32
 # Bytes per block: a float16 scale (and for Q4_1 a float16 minimum) then the packed values.
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-QUANTIZE_CHOICES = ("none", "gguf", "int8", "int4")
+QUANTIZE_CHOICES = ("none", "gguf", "int8", "int4", "fp8")
 
 
 def has_gguf_blocks(model_path: Path) -> bool:

@@ -35,6 +35,15 @@ class CheckpointLayout:
                 return
         yield name, tensor
 
+    def parameter_names(self, name: str) -> list[str]:
+        """The parameters checkpoint tensor `name` supplies, in stacking order (several for a fused tensor)."""
+        if name in self.skipped:
+            return []
+        for fused in self.fused:
+            if name.endswith(fused.suffix):
+                return [name[: -len(fused.suffix)] + suffix for suffix, _ in fused.parts]
+        return [name]
+
 
 def _split(
     prefix: str, fused: FusedTensor, tensor: CheckpointTensor, name: str

@@ -10,9 +10,12 @@ import torch
 from torch import nn
 
 from tandem_server.errors import WeightsError
+from tandem_server.weights.fp8_checkpoint import Fp8Collector, float8_problem
+from tandem_server.weights.fp8_scheme import Fp8Scheme
 from tandem_server.weights.gguf_blocks import GgufBlocks, iterate_block_tensors, read_blocks
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
+from tandem_server.weights.quantization import FP8_DTYPE
 from tandem_server.weights.safetensors import iterate_tensors
 from tandem_server.weights.slicing import CheckpointTensor, load_full
 
@@ -24,11 +27,13 @@ def load_weights(
     layout: CheckpointLayout,
     allow_pickle: bool = False,
     gguf_blocks: bool = False,
+    fp8: Fp8Scheme | None = None,
 ) -> None:
     """Fills every parameter once, reading only its `checkpoint_slice` (default: all); mismatches are errors.
 
     With `gguf_blocks`, a parameter whose tensor the checkpoint also holds as GGUF blocks gets them as its
     `gguf_blocks` attribute instead: its float tensor is never read, and quantization decides what it becomes.
+    With an `fp8` scheme, a float8 weight and its scales become the parameter's `Fp8Channels` the same way.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -39,18 +44,36 @@ def load_weights(
                 with _errors_named(name):
                     param.gguf_blocks = _read_blocks(param, tensor, gguf_type)
                 loaded.add(name)
+    collector = Fp8Collector(fp8) if fp8 is not None else None
     for checkpoint_name, checkpoint_tensor in _checkpoint_tensors(model_path, allow_pickle):
+        if collector is not None and collector.is_companion(checkpoint_name):
+            with _errors_named(checkpoint_name):
+                collector.add_companion(checkpoint_name, checkpoint_tensor, layout, params)
+            continue
         for name, tensor in _parameter_tensors(layout, checkpoint_name, checkpoint_tensor):
             if name in loaded and hasattr(params.get(name), "gguf_blocks"):
                 continue
             param = _parameter(params, checkpoint_name, name)
-            loader = getattr(param, "weight_loader", load_full)
             with _errors_named(name):
-                loader(param, tensor.read(getattr(param, "checkpoint_slice", None)).to(param.dtype))
+                _fill(param, name, tensor.read(getattr(param, "checkpoint_slice", None)), collector)
             loaded.add(name)
+    if collector is not None:
+        problems = collector.attach(params)
+        if problems:
+            raise WeightsError(f"FP8 checkpoint ({collector.scheme.method}): {'; '.join(problems[:5])}")
     missing = sorted(set(params) - loaded)
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")
+
+
+def _fill(param: nn.Parameter, name: str, values: torch.Tensor, collector: Fp8Collector | None) -> None:
+    problem = float8_problem(values, collector.scheme if collector is not None else None)
+    if problem is not None:
+        raise ValueError(problem)
+    if collector is not None and values.dtype == FP8_DTYPE:
+        collector.add_weight(param, name, values)
+        return
+    getattr(param, "weight_loader", load_full)(param, values.to(param.dtype))
 
 
 def _parameter_tensors(

@@ -1,7 +1,9 @@
-"""Quantized weight values before any kernel layout: int4 groups and int8 channels, and quantizers for float weights.
+"""Quantized weight values before any kernel layout: int4 groups, int8 and float8 channels, and quantizers for float
+weights.
 
 - int4: `w = (q - INT4_MIDPOINT) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15.
 - int8: `w = q * scale` per output channel, q in -127..127.
+- fp8: `w = q * scale` per output channel, q a float8 e4m3 value (at most `FP8_MAX` in magnitude).
 """
 
 from __future__ import annotations
@@ -13,15 +15,21 @@ import torch
 
 INT4_GROUP = 32
 INT4_MIDPOINT = 8
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max
 
 
 class QuantizeMode(enum.Enum):
-    """How the shard stores GEMM weights: float, the checkpoint's GGUF blocks, or quantized at load."""
+    """How the shard stores GEMM weights: float, the checkpoint's GGUF blocks, or quantized at load.
+
+    An FP8 checkpoint's float8 weights stay float8 whatever the mode; the mode decides its float weights.
+    """
 
     NONE = "none"
     GGUF = "gguf"
     INT8 = "int8"
     INT4 = "int4"
+    FP8 = "fp8"
 
 
 @dataclass(frozen=True)
@@ -106,3 +114,44 @@ def quantize_int8(weight: torch.Tensor) -> Int8Channels:
     scale = (rows.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
     q = (rows / scale.unsqueeze(-1)).round_().clamp_(-127, 127).to(torch.int8)
     return Int8Channels(q, scale)
+
+
+@dataclass(frozen=True)
+class Fp8Channels:
+    """float8 e4m3 weights `[out, in]` with one float32 scale per output channel, and how activations are scaled.
+
+    `input_scale`: a checkpoint's static activation scale for the whole tensor; None scales each token by its own
+    largest magnitude, capped at `activation_bound` when that is set (FBGEMM's `activation_scale_ub`).
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    input_scale: float | None = None
+    activation_bound: float | None = None
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float().unsqueeze(-1)
+
+    def to(self, device: torch.device) -> Fp8Channels:
+        return Fp8Channels(self.q.to(device), self.scale.to(device), self.input_scale, self.activation_bound)
+
+    @staticmethod
+    def concat(parts: list[Fp8Channels]) -> Fp8Channels:
+        """Parts stacked along the output features; they share one input, so one activation scale: the largest
+        static scale (no part's range is clipped), or per token when any part scales per token."""
+        static = [part.input_scale for part in parts]
+        bounds = [part.activation_bound for part in parts if part.activation_bound is not None]
+        return Fp8Channels(
+            torch.cat([part.q for part in parts]),
+            torch.cat([part.scale for part in parts]),
+            None if None in static else max(scale for scale in static if scale is not None),
+            max(bounds) if bounds else None,
+        )
+
+
+def quantize_fp8(weight: torch.Tensor) -> Fp8Channels:
+    """Symmetric per-output-channel float8 e4m3 (each row's largest magnitude maps to `FP8_MAX`)."""
+    rows = weight.float()
+    scale = (rows.abs().amax(-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    q = (rows / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return Fp8Channels(q, scale)

@@ -237,6 +237,7 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         validation_workers: 512,
         block_size: 16,
         speculate: 0,
+        speculative_method: "ngram",
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
         router: "tandem-router",

@@ -86,7 +86,7 @@ impl SchedulerState {
         step.new_requests.push(sequence.new_request());
         let blocks = sequence.blocks.blocks().to_vec();
         step.scheduled
-            .push(sequence.schedule(step.step_id, num_tokens, blocks, Vec::new()));
+            .push(sequence.schedule(step.step_id, num_tokens, blocks, None));
         sequence.known_to_shards = true;
         if !sequence.started {
             sequence.started = true;

@@ -25,8 +25,8 @@ pub(super) fn deliver_span(
     };
     // Beyond its drafts and one more token the shards cannot have drawn: ignore the excess.
     let kept = (answers.len() - 1).min(span.drafts);
-    if span.drafts > 0 {
-        record_drafts(span.drafts, kept);
+    if let Some(method) = span.drafted_by {
+        record_drafts(method, span.drafts, kept);
         sequence.draft_pause = if kept == 0 { PAUSE_AFTER_REFUSAL } else { 0 };
     } else {
         sequence.draft_pause = sequence.draft_pause.saturating_sub(1);

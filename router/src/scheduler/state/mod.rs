@@ -9,7 +9,7 @@ mod delivery;
 
 use delivery::{deliver_span, PAUSE_WITHOUT_PROPOSAL};
 
-use super::drafting::propose_from_context;
+use super::drafting::{propose, Drafts};
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
@@ -145,11 +145,11 @@ impl SchedulerState {
             };
             let num_tokens = remaining.min(share);
             let drafts = self.drafts_for(index, budget.tokens - num_tokens);
-            let Some(new_blocks) = self.reserve_blocks(index, num_tokens + drafts.len()) else {
+            let num_drafts = drafts.as_ref().map_or(0, |drafts| drafts.tokens.len());
+            let Some(new_blocks) = self.reserve_blocks(index, num_tokens + num_drafts) else {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;
             };
-            let num_drafts = drafts.len();
             let scheduled =
                 self.running[index].schedule(step.step_id, num_tokens, new_blocks, drafts);
             step.scheduled.push(scheduled);
@@ -160,15 +160,15 @@ impl SchedulerState {
     }
 
     /// Drafts for `running[index]`'s next step, within `spare_tokens` of the step's budget. A
-    /// request whose text offers none pauses drafting for a few tokens.
-    fn drafts_for(&mut self, index: usize, spare_tokens: usize) -> Vec<u32> {
+    /// request offered none pauses drafting for a few tokens.
+    fn drafts_for(&mut self, index: usize, spare_tokens: usize) -> Option<Drafts> {
         let sequence = &mut self.running[index];
         let room = sequence
             .draft_room()
             .min(sequence.draft_limit(self.config.max_drafts))
             .min(spare_tokens);
-        let drafts = propose_from_context(&sequence.tokens, room);
-        if room > 0 && drafts.is_empty() {
+        let drafts = propose(self.config.draft_method, &sequence.tokens, room, &self.pool);
+        if room > 0 && drafts.is_none() {
             sequence.draft_pause = PAUSE_WITHOUT_PROPOSAL;
         }
         drafts

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache, PreparedStep
-from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout
+from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout, start_offsets
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
+from tandem_server.layers.attention.static_metadata import StaticDecodeMetadata, is_decode_only
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
@@ -41,6 +42,9 @@ __all__ = [
     "PagedLayout",
     "PreparedStep",
     "SdpaAttentionBackend",
+    "StaticDecodeMetadata",
     "TorchAttentionBackend",
     "create_backend",
+    "is_decode_only",
+    "start_offsets",
 ]

@@ -78,21 +78,25 @@ class AttentionBackend(Protocol):
         ...
 
 
-class CommonMetadataOnly:
-    """The lifecycle of a backend that reads only the common metadata and keeps nothing per request."""
+class Stateless:
+    """The lifecycle of a backend that keeps nothing between steps: no per-layer state, nothing per request."""
 
     def bind_cache(self, layers: Sequence[LayerCache]) -> None:
         """Nothing to size: the backend keeps no per-layer state."""
-
-    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
-        """The common metadata and the paged layers as they are."""
-        return PreparedStep(metadata, layers)
 
     def forget(self, request_ids: Iterable[int]) -> None:
         """Nothing is kept per request."""
 
     def clear(self) -> None:
         """Nothing is kept per request."""
+
+
+class CommonMetadataOnly(Stateless):
+    """A stateless backend that reads only the common metadata."""
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """The common metadata and the paged layers as they are."""
+        return PreparedStep(metadata, layers)
 
 
 def write_step_kv(cache: LayerCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -6,18 +6,34 @@ multiple of 256 tokens, flash-attn-4 (CuTe DSL, Hopper and Blackwell) at any blo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
+from tandem_server.layers.attention.backend import (
+    AttentionParams,
+    LayerCache,
+    PreparedStep,
+    Stateless,
+    write_step_kv,
+)
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
-from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+from tandem_server.layers.attention.metadata import AttentionMetadata
 
 
-class FlashAttentionBackend(CommonMetadataOnly):
+@dataclass(frozen=True)
+class FlashAttentionMetadata(AttentionMetadata):
+    """The common metadata plus the key offsets flash-attn 2 reads (flash-attn-4 reads `seq_lens` instead)."""
+
+    # [sequences + 1] int32: cumulative seq_lens, the `cu_seqlens_k` of flash-attn 2's varlen API.
+    key_start_loc: torch.Tensor | None = None
+
+
+class FlashAttentionBackend(Stateless):
     """Mixed prefill/decode steps in one paged varlen call; causal masks align to each sequence's end."""
 
     name = "flash"
@@ -31,6 +47,17 @@ class FlashAttentionBackend(CommonMetadataOnly):
                 raise ConfigError(f"no usable FlashAttention release: {'; '.join(problems)}")
         self.release = release
         self._attend = _ATTEND[release.name](release.load())
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """For flash-attn 2, the key offsets, summed on the device so a captured graph sums them again at every
+        replay."""
+        if self.release != FLASH_ATTN_2:
+            return PreparedStep(metadata, layers)
+        key_start_loc = F.pad(metadata.paged.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
+        flash = FlashAttentionMetadata(
+            slot_mapping=metadata.slot_mapping, paged=metadata.paged, host=metadata.host, key_start_loc=key_start_loc
+        )
+        return PreparedStep(flash, layers)
 
     def forward(
         self,
@@ -47,21 +74,26 @@ class FlashAttentionBackend(CommonMetadataOnly):
         if problem is not None:
             raise ConfigError(f"{problem}; start with --block-size {self.release.page_multiple}")
         write_step_kv(cache, key, value, metadata.slot_mapping)
-        return self._attend(query, cache, metadata.paged, params)
+        return self._attend(query, cache, metadata, params)
 
 
-Attend = Callable[[torch.Tensor, LayerCache, PagedLayout, AttentionParams], torch.Tensor]
+Attend = Callable[[torch.Tensor, LayerCache, AttentionMetadata, AttentionParams], torch.Tensor]
 
 
 def _flash_attn_2(varlen: Callable[..., Any]) -> Attend:
-    def attend(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
+    def attend(
+        query: torch.Tensor, cache: LayerCache, metadata: AttentionMetadata, params: AttentionParams
+    ) -> torch.Tensor:
+        if not isinstance(metadata, FlashAttentionMetadata) or metadata.key_start_loc is None:
+            raise TypeError("invariant: flash-attn 2 attends with the metadata the flash backend's `prepare` built")
+        paged = metadata.paged
         window = (params.sliding_window - 1, 0) if params.sliding_window is not None else (-1, -1)
         return varlen(
             query,
             cache.key,
             cache.value,
             cu_seqlens_q=paged.query_start_loc,
-            cu_seqlens_k=paged.seq_start_loc,
+            cu_seqlens_k=metadata.key_start_loc,
             max_seqlen_q=paged.max_query_len,
             max_seqlen_k=paged.max_seq_len,
             softmax_scale=params.scale,
@@ -75,7 +107,10 @@ def _flash_attn_2(varlen: Callable[..., Any]) -> Attend:
 
 
 def _flash_attn_4(varlen: Callable[..., Any]) -> Attend:
-    def attend(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
+    def attend(
+        query: torch.Tensor, cache: LayerCache, metadata: AttentionMetadata, params: AttentionParams
+    ) -> torch.Tensor:
+        paged = metadata.paged
         # With a page table the key lengths come from seqused_k; cu_seqlens_k must stay unset.
         window = (params.sliding_window - 1, 0) if params.sliding_window is not None else (None, None)
         output, _ = varlen(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +14,6 @@ class PagedLayout:
 
     # [sequences + 1] int32: sequence i's query rows are query_start_loc[i]:query_start_loc[i + 1].
     query_start_loc: torch.Tensor
-    # [sequences + 1] int32: cumulative seq_lens, the key offsets flash-attn's varlen API expects.
-    seq_start_loc: torch.Tensor
     # [sequences] int32: tokens in the cache once this step's K/V are written (cached prefix + this step).
     seq_lens: torch.Tensor
     # [sequences, max_blocks] int32 block ids; entries past a sequence's last block are 0 and never read.
@@ -27,6 +26,11 @@ class PagedLayout:
     @property
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
+
+
+def start_offsets(lengths: Sequence[int]) -> torch.Tensor:
+    """[len(lengths) + 1] int32 on the host: 0 then the running sums, the form of `PagedLayout.query_start_loc`."""
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from tandem_server.device_copy import to_device
 from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
-from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout, start_offsets
 
 
 class SdpaAttentionBackend(CommonMetadataOnly):
@@ -60,8 +60,7 @@ def _group_layout(
     rows = torch.tensor([row for index in group for row in range(starts[index], starts[index + 1])])
     rows = to_device(rows, device)
     layout = PagedLayout(
-        query_start_loc=to_device(_offsets(query_lens), device),
-        seq_start_loc=to_device(_offsets(group_seq_lens), device),
+        query_start_loc=to_device(start_offsets(query_lens), device),
         seq_lens=to_device(torch.tensor(group_seq_lens, dtype=torch.int32), device),
         block_tables=paged.block_tables[to_device(torch.tensor(group), device)],
         max_query_len=max(query_lens),
@@ -71,20 +70,16 @@ def _group_layout(
     return rows, layout
 
 
-def _offsets(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-
-
 def _attend_padded(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, params: AttentionParams) -> torch.Tensor:
     """One SDPA call over `paged`'s sequences, each padded to its longest query and context."""
     block_size = cache.key.shape[1]
-    rows, columns = padded_query_index(paged, query.shape[0], query.device)
+    rows, columns = _padded_query_index(paged, query.shape[0], query.device)
     padded_query = query.new_zeros(paged.num_seqs, paged.max_query_len, *query.shape[1:])
     padded_query[rows, columns] = query
     keys = _gather_context(cache.key, paged, block_size)
     values = _gather_context(cache.value, paged, block_size)
     groups = query.shape[1] // keys.shape[2]
-    mask = visibility_mask(paged, params.sliding_window, query.device)
+    mask = _visibility_mask(paged, params.sliding_window, query.device)
     attended = F.scaled_dot_product_attention(
         padded_query.transpose(1, 2),
         keys.transpose(1, 2).repeat_interleave(groups, dim=1).to(query.dtype),
@@ -95,7 +90,7 @@ def _attend_padded(query: torch.Tensor, cache: LayerCache, paged: PagedLayout, p
     return attended.transpose(1, 2)[rows, columns]
 
 
-def padded_query_index(paged: PagedLayout, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_query_index(paged: PagedLayout, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequence, index within its query) of each of the `num_rows` flat query rows, in batch order."""
     query_lens = (paged.query_start_loc[1:] - paged.query_start_loc[:-1]).long()
     # A host-known output size keeps repeat_interleave from synchronising with the device.
@@ -104,7 +99,7 @@ def padded_query_index(paged: PagedLayout, num_rows: int, device: torch.device) 
     return rows, columns
 
 
-def visibility_mask(paged: PagedLayout, window: int | None, device: torch.device) -> torch.Tensor:
+def _visibility_mask(paged: PagedLayout, window: int | None, device: torch.device) -> torch.Tensor:
     """[sequences, max_query, max_seq] True where a query may see a key: causal, in range, inside the window."""
     query_lens = (paged.query_start_loc[1:] - paged.query_start_loc[:-1]).long()
     seq_lens = paged.seq_lens.long()

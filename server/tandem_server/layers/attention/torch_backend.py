@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep
+from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
 from tandem_server.layers.attention.torch_metadata import (
@@ -128,11 +128,10 @@ class TorchAttentionBackend:
         """
         if not isinstance(metadata, TorchAttentionMetadata):
             raise TypeError("invariant: the torch backend attends with the metadata its `prepare` built")
+        write_step_kv(cache, key, value, metadata.slot_mapping)
         num_kv_heads, head_dim = cache.key.shape[-2:]
         key_slots = cache.key.view(-1, num_kv_heads, head_dim)
         value_slots = cache.value.view(-1, num_kv_heads, head_dim)
-        key_slots.index_copy_(0, metadata.slot_mapping, key.to(key_slots.dtype))
-        value_slots.index_copy_(0, metadata.slot_mapping, value.to(value_slots.dtype))
 
         output = torch.empty_like(query)
         query = query.to(key_slots.dtype)

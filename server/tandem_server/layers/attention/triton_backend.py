@@ -66,13 +66,14 @@ class TritonAttentionBackend(CommonMetadataOnly):
         if self._planned is not None and self._planned[0] is paged:
             return self._planned[1]
         kernel = self._kernel
-        if paged.max_query_len == 1:
+        decode_only = paged.max_query_len == 1
+        groups = query.shape[1] // num_kv_heads
+        tile_tokens = kernel.query_tile_tokens(groups, decode_only, query.shape[2], query.dtype)
+        if decode_only:
             sm_count = self._streaming_multiprocessors(query.device)
             splits = decode_splits(paged.num_seqs, num_kv_heads, paged.max_seq_len, sm_count)
-            plan = kernel.LaunchPlan(work=None, num_items=paged.num_seqs, tile_tokens=1, num_splits=splits)
+            plan = kernel.LaunchPlan(work=None, num_items=paged.num_seqs, tile_tokens=tile_tokens, num_splits=splits)
         else:
-            groups = query.shape[1] // num_kv_heads
-            tile_tokens = kernel.query_tile_tokens(groups, False, query.shape[2], query.dtype)
             tiles = query_tiles(paged.query_lens, tile_tokens)
             work = torch.tensor(tiles, dtype=torch.int32).to(query.device, non_blocking=True)
             plan = kernel.LaunchPlan(work=work, num_items=len(tiles), tile_tokens=tile_tokens)

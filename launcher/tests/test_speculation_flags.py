@@ -1,0 +1,71 @@
+"""Speculative decoding flags, and their JSON form, reach the router as `--speculate` and `--speculative-method`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tandem_launcher.cli import parse_config
+from tandem_launcher.commands import router_argv
+from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.limits import TokenLimits
+from tandem_launcher.model_resolution import ResolvedModel
+
+MODEL = ResolvedModel(path=Path("/models/m"), served_name="org/m", max_position_embeddings=4096)
+COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
+
+
+def _router_flags(argv: list[str]) -> tuple[str, str]:
+    config = parse_config(argv, {})
+    router = router_argv(
+        LauncherConfig(**{**vars(config), "commands": COMMANDS}), MODEL, TokenLimits(100, 200), [Path("/s.sock")]
+    )
+    return router[router.index("--speculate") + 1], router[router.index("--speculative-method") + 1]
+
+
+def test_speculation_is_off_with_prompt_lookup_by_default() -> None:
+    assert _router_flags([]) == ("0", "ngram")
+
+
+def test_flags_and_their_json_form_set_the_same_router_flags() -> None:
+    flags = _router_flags(["--speculate", "3", "--speculative-method", "radix"])
+    config = _router_flags(["--speculative-config", '{"method": "radix", "num_speculative_tokens": 3}'])
+    assert flags == config == ("3", "radix")
+    assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram")
+
+
+def test_the_json_form_is_read_from_its_environment_variable() -> None:
+    config = parse_config([], {"SPECULATIVE_CONFIG": '{"method": "radix", "num_speculative_tokens": 5}'})
+    assert (config.speculate, config.speculative_method) == (5, "radix")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speculative-method", "eagle"], "invalid choice: 'eagle'"),
+        (["--speculative-config", "{method"], "--speculative-config is not JSON"),
+        (["--speculative-config", "[4]"], "--speculative-config must be a JSON object"),
+        (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], "method must be one of"),
+        (["--speculative-config", '{"num_speculative_tokens": 0}'], "num_speculative_tokens must be a positive"),
+        (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens must be a positive"),
+        (["--speculative-config", '{"num_speculative_tokens": true}'], "num_speculative_tokens must be a positive"),
+        (
+            ["--speculative-config", '{"num_speculative_tokens": 2, "prompt_lookup_max": 4}'],
+            "unsupported key(s) prompt_lookup_max",
+        ),
+        (
+            ["--speculate", "2", "--speculative-config", '{"num_speculative_tokens": 2}'],
+            "either --speculative-config or --speculate/--speculative-method",
+        ),
+        (
+            ["--speculate", "2", "--speculative-method", "radix", "--prefix-caching", "false"],
+            "--speculative-method radix drafts from the prefix cache: it needs --prefix-caching true",
+        ),
+    ],
+)
+def test_bad_speculation_flags_exit_naming_the_problem(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(argv, {})
+    assert message in capsys.readouterr().err
