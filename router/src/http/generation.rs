@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures::Stream;
 
 use super::load_shedding::AdmissionTicket;
-use super::AppState;
+use super::state::AppState;
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
 use crate::scheduler::PromptLogprobs;

@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::AppState;
+use super::state::AppState;
 use crate::error::{ApiError, AppError, Flavor};
 
 /// The request body parsed as `T`; failures render in flavor `F`'s error shape and name

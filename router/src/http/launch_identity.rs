@@ -9,7 +9,7 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::AppState;
+use super::state::AppState;
 
 pub const LAUNCH_ID_HEADER: &str = "x-tandem-launch-id";
 /// Longer than any id the launcher writes; a bigger file is not a launch id.
@@ -62,12 +62,7 @@ pub async fn answer_with_launch_id(
 mod tests {
     use std::io::Write;
 
-    use axum::body::Body;
-    use tower::ServiceExt;
-
     use super::*;
-    use crate::http::app;
-    use crate::http::tests::{handler_config, ok_backend, test_state};
 
     fn file_with(contents: &str) -> tempfile::NamedTempFile {
         let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -92,26 +87,5 @@ mod tests {
         }
         let missing = read_launch_id(Path::new("/nonexistent/launch-id"));
         assert!(matches!(missing, Err(LaunchIdError::Read { .. })));
-    }
-
-    async fn launch_id_header(app: &axum::Router, path: &str) -> Option<String> {
-        let request = Request::get(path).body(Body::empty()).unwrap();
-        let response = app.clone().oneshot(request).await.unwrap();
-        let header = response.headers().get(LAUNCH_ID_HEADER)?;
-        Some(header.to_str().unwrap().to_owned())
-    }
-
-    #[tokio::test]
-    async fn health_answers_carry_the_launch_id_and_no_other_route_does() {
-        let state = test_state(ok_backend(), handler_config(4));
-        let with_id = app(state
-            .clone()
-            .with_launch_id(Some(HeaderValue::from_static("3f9a0c"))));
-        assert_eq!(
-            launch_id_header(&with_id, "/health").await.as_deref(),
-            Some("3f9a0c")
-        );
-        assert_eq!(launch_id_header(&with_id, "/info").await, None);
-        assert_eq!(launch_id_header(&app(state), "/health").await, None);
     }
 }

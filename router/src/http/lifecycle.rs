@@ -1,9 +1,6 @@
 //! The serving lifecycle as HTTP sees it: liveness (`/health`), readiness (`/ready`), and
 //! refusing inference requests with 503 + `Retry-After` while draining or recovering.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -12,24 +9,9 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::AppState;
+use super::state::AppState;
 use crate::error::{error_response, Api, AppError};
 use crate::scheduler::{EnginePhase, SchedulerError};
-
-/// Set once on SIGTERM/SIGINT; never cleared. Cloning shares the flag.
-#[derive(Debug, Clone, Default)]
-pub struct Draining(Arc<AtomicBool>);
-
-impl Draining {
-    /// From now on new inference requests get 503 and `/ready` turns 503.
-    pub fn start(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// Why a new inference request is refused right now, if it is.
 fn refusal(state: &AppState) -> Option<SchedulerError> {

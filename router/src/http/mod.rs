@@ -1,9 +1,11 @@
 //! The axum application: routes, request ids, body limit (the shared state is `state`).
 
 mod anthropic;
+mod api_keys;
 mod auth;
 mod connections;
 mod deep_health;
+mod draining;
 mod generation;
 mod info;
 mod json;
@@ -14,6 +16,7 @@ mod native;
 mod openai;
 mod openapi;
 mod request_log;
+mod server_info;
 mod sse;
 mod state;
 #[cfg(test)]
@@ -28,12 +31,12 @@ use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use auth::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
+pub use api_keys::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use connections::serve as serve_connections;
-pub use info::{ServerInfo, VALIDATION_WORKERS};
+pub use draining::Draining;
 pub use launch_identity::{read_launch_id, LaunchIdError};
-pub use lifecycle::Draining;
 pub use openai::responses::store::ResponseStoreLimits;
+pub use server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";

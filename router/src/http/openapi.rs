@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use utoipa::openapi::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
-use super::AppState;
+use super::state::AppState;
 use crate::error::Api;
 
 /// Where the document is served.

@@ -7,7 +7,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 
-use super::AppState;
+use super::state::AppState;
 use crate::error::{error_response, Api, AppError};
 
 /// Logs the request body, then the response body once it has been sent in full (streams too).

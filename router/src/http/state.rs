@@ -6,12 +6,12 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use super::auth::ApiKeys;
+use super::api_keys::ApiKeys;
 use super::deep_health::DeepProbe;
-use super::info::ServerInfo;
-use super::lifecycle::Draining;
+use super::draining::Draining;
 use super::load_shedding::LoadShedder;
 use super::openai::responses::store::{ResponseStore, ResponseStoreLimits};
+use super::server_info::ServerInfo;
 use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;

@@ -16,8 +16,7 @@ use super::in_flight::InFlightStep;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::state::SchedulerState;
 use super::{LoadSnapshot, SchedulerError};
-use crate::pb;
-use crate::shard::ShardGroup;
+use crate::shard::{ShardGroup, Step};
 
 /// The only owner of the scheduler's state.
 pub(crate) struct Actor {
@@ -97,7 +96,7 @@ impl Actor {
     }
 
     /// Sends `step`, planned in `scheduling`, to every rank without waiting for its answer.
-    fn send(&mut self, step: pb::StepRequest, scheduling: Duration) {
+    fn send(&mut self, step: Step, scheduling: Duration) {
         let shards = Arc::clone(&self.shards);
         let step = InFlightStep::send(
             shards,
@@ -114,13 +113,13 @@ impl Actor {
     /// request has then failed too).
     async fn finish(&mut self, step: InFlightStep) -> bool {
         match step.answer().await {
-            Ok((response, timings)) => {
+            Ok((answer, timings)) => {
                 let applying = Instant::now();
-                super::metrics::record_step_done(timings.round_trip, &response);
+                super::metrics::record_step_done(timings.round_trip, &answer.timings);
                 if timings.back_to_back {
-                    super::metrics::record_forward_gap(response.forward_gap_ms);
+                    super::metrics::record_forward_gap(answer.timings.forward_gap_ms);
                 }
-                self.state.apply(response);
+                self.state.apply(answer);
                 super::metrics::record_step_scheduling(timings.planning + applying.elapsed());
                 self.shards_in_step = true;
                 true

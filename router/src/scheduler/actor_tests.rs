@@ -12,8 +12,7 @@ use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, EnginePhase, RecoveryConfig, SchedulerConfig, SchedulerError};
-use crate::pb;
-use crate::shard::{KvCacheSize, ShardError, ShardGroup, WarmupPlan};
+use crate::shard::{KvCacheSize, ShardError, ShardGroup, Step, StepAnswer, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;
 const NUM_BLOCKS: usize = 32;
@@ -56,7 +55,7 @@ impl HangingShards {
 
 #[async_trait::async_trait]
 impl ShardGroup for HangingShards {
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+    async fn step(&self, request: Step) -> Result<StepAnswer, ShardError> {
         let index = self.steps.fetch_add(1, Ordering::SeqCst);
         if self.hang_on_step == Some(index) {
             self.step_in_flight.store(true, Ordering::SeqCst);

@@ -4,8 +4,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::request::{GenerationRequest, StoppingParams};
-use crate::pb;
+use super::request::GenerationRequest;
+use crate::shard::{
+    FailedRequest, FinishReason, GeneratedToken, Generation, RequestFailure, RequestFailureKind,
+    ScheduledSpan, Step, StepAnswer, StoppingParams,
+};
 
 pub(super) struct FakeRequest {
     tokens: Vec<u32>,
@@ -24,7 +27,7 @@ pub(super) struct FakeShard {
     slots: HashMap<usize, u32>,
     pub requests: HashMap<u64, FakeRequest>,
     pub forgotten: Vec<u64>,
-    pub step_tokens: Vec<u32>,
+    pub step_tokens: Vec<usize>,
     /// Request id -> generated-token count at which the shard fails that request alone.
     pub fail_after: HashMap<u64, u32>,
     /// Requests the fake ended itself in this step and in the step before (the contract:
@@ -81,7 +84,7 @@ impl FakeShard {
         }
     }
 
-    pub fn step(&mut self, step: pb::StepRequest) -> pb::StepResponse {
+    pub fn step(&mut self, step: Step) -> StepAnswer {
         if let Some(last) = self.last_step_id {
             assert_eq!(step.step_id, last + 1, "steps must run in id order");
         }
@@ -92,7 +95,6 @@ impl FakeShard {
             self.forgotten.push(*id);
         }
         for new in step.new_requests {
-            let stopping = new.stopping.unwrap();
             let previous = self.requests.insert(
                 new.id,
                 FakeRequest {
@@ -100,15 +102,15 @@ impl FakeShard {
                     num_computed: 0,
                     fresh: true,
                     blocks: Vec::new(),
-                    generated: new.num_output_tokens,
-                    max_new_tokens: stopping.max_new_tokens,
+                    generated: u32::try_from(new.num_output_tokens).unwrap(),
+                    max_new_tokens: new.stopping.max_new_tokens,
                 },
             );
             assert!(previous.is_none(), "request {} registered twice", new.id);
         }
         self.step_tokens
             .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
-        let mut response = pb::StepResponse::default();
+        let mut response = StepAnswer::default();
         for scheduled in step.scheduled {
             match self.run(&scheduled) {
                 Some(Ok(generations)) => response.generations.extend(generations),
@@ -119,10 +121,7 @@ impl FakeShard {
         response
     }
 
-    fn run(
-        &mut self,
-        scheduled: &pb::ScheduledRequest,
-    ) -> Option<Result<Vec<pb::Generation>, pb::RequestFailure>> {
+    fn run(&mut self, scheduled: &ScheduledSpan) -> Option<Result<Vec<Generation>, FailedRequest>> {
         let Some(mut request) = self.requests.remove(&scheduled.id) else {
             assert!(
                 self.ended_before.contains(&scheduled.id),
@@ -135,10 +134,10 @@ impl FakeShard {
         if std::mem::take(&mut request.fresh) {
             // A prefix-cache hit: those tokens must already sit in the given blocks, which the
             // model's read-back checks.
-            request.num_computed = scheduled.num_computed_tokens as usize;
+            request.num_computed = scheduled.num_computed_tokens;
         }
-        assert_eq!(request.num_computed, scheduled.num_computed_tokens as usize);
-        let end = request.num_computed + scheduled.num_tokens as usize;
+        assert_eq!(request.num_computed, scheduled.num_computed_tokens);
+        let end = request.num_computed + scheduled.num_tokens;
         assert!(end <= request.tokens.len(), "scheduled past the end");
         let drafts = &scheduled.draft_token_ids;
         assert!(
@@ -161,10 +160,12 @@ impl FakeShard {
         if self.fail_after.get(&scheduled.id) == Some(&request.generated) {
             // The shard forgets a request it failed, as it does one it finished.
             self.ended_now.insert(scheduled.id);
-            return Some(Err(pb::RequestFailure {
+            return Some(Err(FailedRequest {
                 id: scheduled.id,
-                kind: pb::FailureKind::NoValidToken as i32,
-                message: "no token left".into(),
+                failure: RequestFailure {
+                    kind: RequestFailureKind::NoValidToken,
+                    message: "no token left".into(),
+                },
             }));
         }
         let mut generations = Vec::new();
@@ -191,25 +192,27 @@ impl FakeShard {
     }
 
     /// Appends `token`; false when it ends the request.
-    fn generate(&self, id: u64, request: &mut FakeRequest, token: u32) -> (pb::Generation, bool) {
+    fn generate(&self, id: u64, request: &mut FakeRequest, token: u32) -> (Generation, bool) {
         request.tokens.push(token);
         request.generated += 1;
         let stopped = self.stop_at.get(&id) == Some(&request.generated);
-        let finish_reason = if stopped {
-            pb::FinishReason::Eos
+        let finish = if stopped {
+            Some(FinishReason::Eos)
         } else if request.generated >= request.max_new_tokens {
-            pb::FinishReason::Length
+            Some(FinishReason::Length)
         } else {
-            pb::FinishReason::Unspecified
+            None
         };
-        let generation = pb::Generation {
+        let generation = Generation {
             id,
-            token_id: token,
-            logprob: 0.0,
-            finish_reason: finish_reason as i32,
-            ..pb::Generation::default()
+            token: GeneratedToken {
+                id: token,
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+                finish,
+            },
         };
-        (generation, finish_reason == pb::FinishReason::Unspecified)
+        (generation, finish.is_none())
     }
 }
 

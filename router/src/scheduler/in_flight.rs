@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use super::recovery;
-use crate::pb;
-use crate::shard::ShardGroup;
+use crate::shard::{ShardGroup, Step, StepAnswer};
 
 /// Timings of one step as the step loop measures them.
 pub(crate) struct StepTimings {
@@ -21,7 +20,7 @@ pub(crate) struct StepTimings {
 }
 
 pub(crate) struct InFlightStep {
-    call: JoinHandle<Result<pb::StepResponse, String>>,
+    call: JoinHandle<Result<StepAnswer, String>>,
     sent: Instant,
     planning: Duration,
     back_to_back: bool,
@@ -31,12 +30,12 @@ impl InFlightStep {
     /// Starts the Step on every rank now; its answer is taken with `answer`.
     pub fn send(
         shards: Arc<dyn ShardGroup>,
-        step: pb::StepRequest,
+        step: Step,
         timeout: Duration,
         planning: Duration,
         back_to_back: bool,
     ) -> Self {
-        let batch_tokens: u32 = step
+        let batch_tokens: usize = step
             .scheduled
             .iter()
             .map(|scheduled| scheduled.num_tokens)
@@ -53,7 +52,7 @@ impl InFlightStep {
     }
 
     /// The shards' answer, or why there is none (an error, the step timeout, a lost task).
-    pub async fn answer(self) -> Result<(pb::StepResponse, StepTimings), String> {
+    pub async fn answer(self) -> Result<(StepAnswer, StepTimings), String> {
         let response = match self.call.await {
             Ok(answer) => answer?,
             Err(error) => return Err(format!("the Step call ended abnormally: {error}")),

@@ -10,7 +10,7 @@ use metrics::{
 
 use super::drafting::DraftMethod;
 use super::{LoadSnapshot, SchedulerConfig};
-use crate::pb;
+use crate::shard::ShardTimings;
 
 /// Describes every series the scheduler emits and registers its event counters at 0, so
 /// rates and alerts have a series before the first event.
@@ -66,25 +66,19 @@ fn describe_speculation() {
 }
 
 /// Records the size of a step about to run.
-pub(super) fn record_step_planned(requests: usize, tokens: u32) {
+pub(super) fn record_step_planned(requests: usize, tokens: usize) {
     histogram!("tandem_batch_size").record(as_f64(requests));
-    histogram!("tandem_batch_tokens").record(f64::from(tokens));
+    histogram!("tandem_batch_tokens").record(as_f64(tokens));
 }
 
 /// Records a step that succeeded: its round trip and the timings rank 0 reported.
-pub(super) fn record_step_done(elapsed: Duration, response: &pb::StepResponse) {
+pub(super) fn record_step_done(elapsed: Duration, timings: &ShardTimings) {
     histogram!("tandem_step_duration_seconds").record(elapsed);
     for (name, millis) in [
-        ("tandem_step_prepare_duration_seconds", response.prepare_ms),
-        ("tandem_step_forward_duration_seconds", response.forward_ms),
-        (
-            "tandem_step_sampling_duration_seconds",
-            response.sampling_ms,
-        ),
-        (
-            "tandem_step_shard_duration_seconds",
-            response.shard_total_ms,
-        ),
+        ("tandem_step_prepare_duration_seconds", timings.prepare_ms),
+        ("tandem_step_forward_duration_seconds", timings.forward_ms),
+        ("tandem_step_sampling_duration_seconds", timings.sampling_ms),
+        ("tandem_step_shard_duration_seconds", timings.total_ms),
     ] {
         histogram!(name).record(f64::from(millis) / 1000.0);
     }
@@ -350,12 +344,12 @@ mod tests {
             record_step_planned(3, 48);
             record_step_done(
                 Duration::from_millis(20),
-                &pb::StepResponse {
+                &ShardTimings {
                     forward_ms: 15.0,
                     sampling_ms: 2.0,
                     prepare_ms: 1.5,
-                    shard_total_ms: 19.0,
-                    ..pb::StepResponse::default()
+                    total_ms: 19.0,
+                    ..ShardTimings::default()
                 },
             );
             record_step_scheduling(Duration::from_micros(250));

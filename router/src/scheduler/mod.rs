@@ -12,7 +12,6 @@ mod fake_shard;
 mod handle;
 mod in_flight;
 mod metrics;
-mod outputs;
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
@@ -34,11 +33,11 @@ use tokio::sync::{mpsc, watch};
 use crate::kv::events::KvEventLog;
 use crate::shard::ShardGroup;
 
-pub use request::{
-    FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream, Grammar,
-    LogprobOptions, PromptLogprobs, RequestFailure, RequestFailureKind, SamplingParams,
-    StoppingParams, TokenLogprob,
+pub use crate::shard::{
+    FinishReason, GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, RequestFailure,
+    RequestFailureKind, SamplingParams, StoppingParams, TokenLogprob,
 };
+pub use request::{GenerationEvent, GenerationRequest, GenerationStream};
 
 pub use drafting::DraftMethod;
 pub use recovery::{EnginePhase, RecoveryConfig};

@@ -13,8 +13,7 @@ use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{spawn, Backend, RecoveryConfig, SchedulerConfig};
-use crate::pb;
-use crate::shard::{KvCacheSize, ShardError, ShardGroup, WarmupPlan};
+use crate::shard::{KvCacheSize, ShardError, ShardGroup, Step, StepAnswer, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;
 
@@ -53,7 +52,7 @@ fn tokens_of(receiver: &mut Receiver) -> Vec<u32> {
 
 /// Plans up to two steps ahead of the shard's answers until nothing is left; returns every
 /// step sent.
-fn run_two_in_flight(state: &mut SchedulerState, shard: &mut FakeShard) -> Vec<pb::StepRequest> {
+fn run_two_in_flight(state: &mut SchedulerState, shard: &mut FakeShard) -> Vec<Step> {
     let mut sent = Vec::new();
     let mut in_flight = VecDeque::new();
     for _ in 0..1000 {
@@ -148,7 +147,7 @@ struct SlowShards {
 
 #[async_trait::async_trait]
 impl ShardGroup for SlowShards {
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+    async fn step(&self, request: Step) -> Result<StepAnswer, ShardError> {
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_at_once.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -12,10 +12,11 @@ use proptest::prelude::*;
 use tokio::sync::mpsc;
 
 use super::fake_shard::{expected_output, FakeShard};
-use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::SchedulerConfig;
+use crate::shard::{SamplingParams, Step, StoppingParams};
 
 #[derive(Debug, Clone)]
 struct Arrival {
@@ -133,11 +134,8 @@ impl Client {
     }
 }
 
-fn check_step_limits(
-    config: &SchedulerConfig,
-    step: &crate::pb::StepRequest,
-) -> Result<(), TestCaseError> {
-    let tokens: usize = step.scheduled.iter().map(|s| s.num_tokens as usize).sum();
+fn check_step_limits(config: &SchedulerConfig, step: &Step) -> Result<(), TestCaseError> {
+    let tokens: usize = step.scheduled.iter().map(|s| s.num_tokens).sum();
     prop_assert!(
         tokens <= config.max_batch_tokens,
         "{tokens} tokens over a budget of {}",

@@ -6,11 +6,11 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::drafting::{DraftMethod, Drafts};
-use super::request::{
-    GenerationEvent, GenerationRequest, Grammar, LogprobOptions, SamplingParams, StoppingParams,
-};
+use super::request::{GenerationEvent, GenerationRequest};
 use crate::kv::BlockTable;
-use crate::pb;
+use crate::shard::{
+    Grammar, LogprobOptions, NewRequest, SamplingParams, ScheduledSpan, StoppingParams,
+};
 
 /// Tokens sent to the shards in a step that has not answered yet.
 #[derive(Debug, Clone, Copy)]
@@ -163,17 +163,17 @@ impl Sequence {
         num_tokens: usize,
         new_block_ids: Vec<u32>,
         drafts: Option<Drafts>,
-    ) -> pb::ScheduledRequest {
+    ) -> ScheduledSpan {
         let end = self.num_computed + num_tokens;
         let samples = end == self.tokens.len() + self.pending_samples();
         let drafted_by = drafts.as_ref().map(|drafts| drafts.method);
         let draft_token_ids = drafts.map(|drafts| drafts.tokens).unwrap_or_default();
         let num_drafts = draft_token_ids.len();
-        let scheduled = pb::ScheduledRequest {
+        let scheduled = ScheduledSpan {
             id: self.id,
-            num_tokens: u32::try_from(num_tokens).unwrap_or(u32::MAX),
+            num_tokens,
             new_block_ids,
-            num_computed_tokens: u32::try_from(self.num_computed).unwrap_or(u32::MAX),
+            num_computed_tokens: self.num_computed,
             draft_token_ids,
         };
         self.pending.push_back(PendingSpan {
@@ -231,47 +231,15 @@ impl Sequence {
     }
 
     /// The shard's copy of this request: its tokens so far and how many were generated.
-    pub fn new_request(&self) -> pb::NewRequest {
-        pb::NewRequest {
+    pub fn new_request(&self) -> NewRequest {
+        NewRequest {
             id: self.id,
             token_ids: self.tokens.clone(),
-            num_output_tokens: u32::try_from(self.tokens.len() - self.prompt_len)
-                .unwrap_or(u32::MAX),
-            sampling: Some(sampling_parameters(&self.sampling)),
-            stopping: Some(pb::StoppingCriteria {
-                max_new_tokens: self.stopping.max_new_tokens,
-                min_new_tokens: self.stopping.min_new_tokens,
-                stop_token_ids: self.stopping.stop_token_ids.clone(),
-            }),
-            top_logprobs: self.logprobs.top_logprobs,
-            prompt_logprobs: self.logprobs.prompt_logprobs,
-            grammar: self.grammar.as_ref().map(grammar_message),
+            num_output_tokens: self.tokens.len() - self.prompt_len,
+            sampling: self.sampling.clone(),
+            stopping: self.stopping.clone(),
+            logprobs: self.logprobs,
+            grammar: self.grammar.clone(),
         }
-    }
-}
-
-fn grammar_message(grammar: &Grammar) -> pb::Grammar {
-    let kind = match grammar {
-        Grammar::JsonSchema(schema) => pb::grammar::Kind::JsonSchema(schema.clone()),
-        Grammar::Regex(regex) => pb::grammar::Kind::Regex(regex.clone()),
-        Grammar::Lark(lark) => pb::grammar::Kind::Lark(lark.clone()),
-    };
-    pb::Grammar { kind: Some(kind) }
-}
-
-/// The contract's form: every neutral value becomes the zero that means "disabled".
-fn sampling_parameters(sampling: &SamplingParams) -> pb::SamplingParameters {
-    let zero_if_one = |value: f32| if value == 1.0 { 0.0 } else { value };
-    pb::SamplingParameters {
-        temperature: sampling.temperature,
-        top_k: sampling.top_k,
-        top_p: zero_if_one(sampling.top_p),
-        seed: sampling.seed,
-        min_p: sampling.min_p,
-        typical_p: zero_if_one(sampling.typical_p),
-        repetition_penalty: zero_if_one(sampling.repetition_penalty),
-        frequency_penalty: sampling.frequency_penalty,
-        presence_penalty: sampling.presence_penalty,
-        logit_bias: sampling.logit_bias.iter().copied().collect(),
     }
 }

@@ -4,10 +4,11 @@ use tokio::sync::mpsc;
 
 use super::fake_shard::{expected_output, FakeShard};
 use super::handle::check_capacity;
-use super::request::{GenerationEvent, GenerationRequest, SamplingParams, StoppingParams};
+use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use super::{RequestFailureKind, SchedulerConfig, SchedulerError};
+use crate::shard::{SamplingParams, StoppingParams};
 
 pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {

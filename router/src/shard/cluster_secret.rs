@@ -6,7 +6,7 @@ use std::path::Path;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 
-use super::ShardError;
+use super::error::ShardError;
 
 /// Adds the bearer header to every call when a secret is configured.
 #[derive(Clone, Default)]

@@ -7,7 +7,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{ShardAddress, ShardError};
+use super::address::ShardAddress;
+use super::error::ShardError;
 
 const RETRY_INTERVAL: Duration = Duration::from_millis(200);
 

@@ -1,6 +1,12 @@
-//! The contract's start-up messages (`Info`, `Warmup`) as the router's own types, so the
-//! generated `pb` types stop at the shard module.
+//! The contract's messages (`Info`, `Warmup`, `Step`) to and from the router's own types, so
+//! the generated `pb` types stop at the shard module.
 
+use super::sampling::{Grammar, SamplingParams};
+use super::step::{NewRequest, ScheduledSpan, Step};
+use super::step_answer::{
+    FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs, PromptLogprobsChunk,
+    RequestFailure, RequestFailureKind, ShardTimings, StepAnswer, TokenLogprob,
+};
 use crate::pb;
 
 /// What the shards report about the model they serve.
@@ -76,9 +82,173 @@ impl From<pb::WarmupResponse> for KvCacheSize {
     }
 }
 
+/// Counts beyond the contract's `u32` saturate.
+fn saturating_u32(value: usize) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+impl From<Step> for pb::StepRequest {
+    fn from(step: Step) -> Self {
+        Self {
+            step_id: step.step_id,
+            new_requests: step.new_requests.into_iter().map(Into::into).collect(),
+            scheduled: step.scheduled.into_iter().map(Into::into).collect(),
+            finished: step.finished,
+        }
+    }
+}
+
+impl From<NewRequest> for pb::NewRequest {
+    fn from(request: NewRequest) -> Self {
+        Self {
+            id: request.id,
+            token_ids: request.token_ids,
+            num_output_tokens: saturating_u32(request.num_output_tokens),
+            sampling: Some(sampling_parameters(&request.sampling)),
+            stopping: Some(pb::StoppingCriteria {
+                max_new_tokens: request.stopping.max_new_tokens,
+                min_new_tokens: request.stopping.min_new_tokens,
+                stop_token_ids: request.stopping.stop_token_ids,
+            }),
+            top_logprobs: request.logprobs.top_logprobs,
+            prompt_logprobs: request.logprobs.prompt_logprobs,
+            grammar: request.grammar.map(grammar_message),
+        }
+    }
+}
+
+impl From<ScheduledSpan> for pb::ScheduledRequest {
+    fn from(span: ScheduledSpan) -> Self {
+        Self {
+            id: span.id,
+            num_tokens: saturating_u32(span.num_tokens),
+            new_block_ids: span.new_block_ids,
+            num_computed_tokens: saturating_u32(span.num_computed_tokens),
+            draft_token_ids: span.draft_token_ids,
+        }
+    }
+}
+
+fn grammar_message(grammar: Grammar) -> pb::Grammar {
+    let kind = match grammar {
+        Grammar::JsonSchema(schema) => pb::grammar::Kind::JsonSchema(schema),
+        Grammar::Regex(regex) => pb::grammar::Kind::Regex(regex),
+        Grammar::Lark(lark) => pb::grammar::Kind::Lark(lark),
+    };
+    pb::Grammar { kind: Some(kind) }
+}
+
+/// The contract's form: every neutral value becomes the zero that means "disabled".
+fn sampling_parameters(sampling: &SamplingParams) -> pb::SamplingParameters {
+    let zero_if_one = |value: f32| if value == 1.0 { 0.0 } else { value };
+    pb::SamplingParameters {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: zero_if_one(sampling.top_p),
+        seed: sampling.seed,
+        min_p: sampling.min_p,
+        typical_p: zero_if_one(sampling.typical_p),
+        repetition_penalty: zero_if_one(sampling.repetition_penalty),
+        frequency_penalty: sampling.frequency_penalty,
+        presence_penalty: sampling.presence_penalty,
+        logit_bias: sampling.logit_bias.iter().copied().collect(),
+    }
+}
+
+impl From<pb::StepResponse> for StepAnswer {
+    fn from(response: pb::StepResponse) -> Self {
+        Self {
+            generations: response.generations.into_iter().map(generation).collect(),
+            prompt_logprobs: response
+                .prompt_logprobs
+                .into_iter()
+                .map(|chunk| PromptLogprobsChunk {
+                    id: chunk.id,
+                    logprobs: prompt_logprobs(chunk),
+                })
+                .collect(),
+            failures: response
+                .failures
+                .into_iter()
+                .map(|failure| FailedRequest {
+                    id: failure.id,
+                    failure: request_failure(failure),
+                })
+                .collect(),
+            timings: ShardTimings {
+                prepare_ms: response.prepare_ms,
+                forward_ms: response.forward_ms,
+                sampling_ms: response.sampling_ms,
+                total_ms: response.shard_total_ms,
+                forward_gap_ms: response.forward_gap_ms,
+            },
+        }
+    }
+}
+
+fn generation(generation: pb::Generation) -> Generation {
+    Generation {
+        id: generation.id,
+        token: GeneratedToken {
+            id: generation.token_id,
+            logprob: generation.logprob,
+            top_logprobs: token_logprobs(generation.top_logprobs),
+            finish: finish_reason(generation.finish_reason),
+        },
+    }
+}
+
+fn token_logprobs(tokens: Vec<pb::TokenLogprob>) -> Vec<TokenLogprob> {
+    tokens
+        .into_iter()
+        .map(|t| TokenLogprob {
+            id: t.token_id,
+            logprob: t.logprob,
+        })
+        .collect()
+}
+
+fn prompt_logprobs(chunk: pb::PromptLogprobs) -> PromptLogprobs {
+    PromptLogprobs {
+        first_position: chunk.first_position as usize,
+        logprobs: chunk.logprobs,
+        top: chunk
+            .top
+            .into_iter()
+            .map(|t| token_logprobs(t.tokens))
+            .collect(),
+    }
+}
+
+fn finish_reason(code: i32) -> Option<FinishReason> {
+    match pb::FinishReason::try_from(code) {
+        Ok(pb::FinishReason::Length) => Some(FinishReason::Length),
+        Ok(pb::FinishReason::Eos) => Some(FinishReason::Eos),
+        Ok(pb::FinishReason::StopToken) => Some(FinishReason::StopToken),
+        Ok(pb::FinishReason::Unspecified) | Err(_) => None,
+    }
+}
+
+fn request_failure(failure: pb::RequestFailure) -> RequestFailure {
+    let kind = match pb::FailureKind::try_from(failure.kind) {
+        Ok(pb::FailureKind::TokenOutOfRange) => RequestFailureKind::TokenOutOfRange,
+        Ok(pb::FailureKind::InvalidParameters) => RequestFailureKind::InvalidParameters,
+        Ok(pb::FailureKind::Grammar) => RequestFailureKind::Grammar,
+        Ok(pb::FailureKind::NoValidToken) => RequestFailureKind::NoValidToken,
+        Ok(pb::FailureKind::NonFiniteLogits) | Ok(pb::FailureKind::Unspecified) | Err(_) => {
+            RequestFailureKind::Model
+        }
+    };
+    RequestFailure {
+        kind,
+        message: failure.message,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::sampling::{LogprobOptions, StoppingParams};
 
     #[test]
     fn warmup_sizes_beyond_the_contract_saturate() {
@@ -124,5 +294,96 @@ mod tests {
                 bytes: 1 << 20
             }
         );
+    }
+
+    #[test]
+    fn a_new_request_sends_neutral_sampling_values_as_the_contracts_zero() {
+        let request = pb::NewRequest::from(NewRequest {
+            id: 3,
+            token_ids: vec![1, 2, 3],
+            num_output_tokens: 1,
+            sampling: SamplingParams {
+                temperature: 0.7,
+                logit_bias: vec![(5, -1.5)],
+                ..SamplingParams::default()
+            },
+            stopping: StoppingParams {
+                max_new_tokens: 9,
+                ..Default::default()
+            },
+            logprobs: LogprobOptions::default(),
+            grammar: Some(Grammar::Regex("a+".to_owned())),
+        });
+        let sampling = request.sampling.expect("sampling is always sent");
+        assert_eq!(
+            (
+                sampling.top_p,
+                sampling.typical_p,
+                sampling.repetition_penalty
+            ),
+            (0.0, 0.0, 0.0)
+        );
+        assert_eq!(sampling.temperature, 0.7);
+        assert_eq!(sampling.logit_bias.get(&5), Some(&-1.5));
+        assert_eq!(request.stopping.map(|s| s.max_new_tokens), Some(9));
+        assert_eq!(
+            request.grammar.and_then(|g| g.kind),
+            Some(pb::grammar::Kind::Regex("a+".to_owned()))
+        );
+    }
+
+    #[test]
+    fn span_counts_beyond_the_contract_saturate() {
+        let span = pb::ScheduledRequest::from(ScheduledSpan {
+            id: 1,
+            num_tokens: usize::MAX,
+            new_block_ids: vec![4],
+            num_computed_tokens: 16,
+            draft_token_ids: vec![7, 8],
+        });
+        assert_eq!((span.num_tokens, span.num_computed_tokens), (u32::MAX, 16));
+        assert_eq!(span.draft_token_ids, vec![7, 8]);
+    }
+
+    #[test]
+    fn an_answer_keeps_each_requests_outcome_and_unknown_codes_read_as_none_or_model() {
+        let answer = StepAnswer::from(pb::StepResponse {
+            generations: vec![
+                pb::Generation {
+                    id: 1,
+                    token_id: 42,
+                    finish_reason: pb::FinishReason::StopToken as i32,
+                    ..pb::Generation::default()
+                },
+                pb::Generation {
+                    id: 2,
+                    token_id: 43,
+                    finish_reason: 99,
+                    ..pb::Generation::default()
+                },
+            ],
+            failures: vec![
+                pb::RequestFailure {
+                    id: 3,
+                    kind: pb::FailureKind::Grammar as i32,
+                    message: "broken".to_owned(),
+                },
+                pb::RequestFailure {
+                    id: 4,
+                    kind: 99,
+                    message: String::new(),
+                },
+            ],
+            shard_total_ms: 19.0,
+            ..pb::StepResponse::default()
+        });
+        let finishes: Vec<_> = answer.generations.iter().map(|g| g.token.finish).collect();
+        assert_eq!(finishes, vec![Some(FinishReason::StopToken), None]);
+        let kinds: Vec<_> = answer.failures.iter().map(|f| f.failure.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![RequestFailureKind::Grammar, RequestFailureKind::Model]
+        );
+        assert_eq!(answer.timings.total_ms, 19.0);
     }
 }

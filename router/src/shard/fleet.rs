@@ -7,9 +7,13 @@ use futures::future::join_all;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::address::ShardAddress;
 use super::cluster_secret::ClusterAuth;
 use super::connect::connect;
-use super::{KvCacheSize, ModelInfo, ShardAddress, ShardError, WarmupPlan};
+use super::convert::{KvCacheSize, ModelInfo, WarmupPlan};
+use super::error::ShardError;
+use super::step::Step;
+use super::step_answer::StepAnswer;
 use crate::pb;
 use crate::pb::shard_service_client::ShardServiceClient;
 
@@ -95,14 +99,15 @@ impl ShardFleet {
     }
 
     /// Runs one step on every rank; returns rank 0's outputs (every rank samples the same tokens).
-    pub async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+    pub async fn step(&self, step: Step) -> Result<StepAnswer, ShardError> {
+        let request = pb::StepRequest::from(step);
         let mut answers = self
             .fan_out(|mut client| {
                 let request = request.clone();
                 async move { client.step(request).await }
             })
             .await?;
-        Ok(answers.swap_remove(0))
+        Ok(StepAnswer::from(answers.swap_remove(0)))
     }
 
     pub async fn reset(&self) -> Result<(), ShardError> {

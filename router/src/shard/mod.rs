@@ -5,21 +5,30 @@ mod address;
 mod cluster_secret;
 mod connect;
 mod convert;
+mod error;
 mod fleet;
+mod sampling;
+mod step;
+mod step_answer;
 
 pub use address::{ShardAddress, ShardAddressError};
 pub use cluster_secret::ClusterAuth;
 pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
+pub use error::ShardError;
 pub use fleet::ShardFleet;
-
-use crate::pb;
+pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
+pub use step::{NewRequest, ScheduledSpan, Step};
+pub use step_answer::{
+    FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs, PromptLogprobsChunk,
+    RequestFailure, RequestFailureKind, ShardTimings, StepAnswer, TokenLogprob,
+};
 
 /// The RPCs the step loop sends to the whole shard group; `ShardFleet` fans each out to
 /// every rank, tests put a fake here.
 #[async_trait::async_trait]
 pub trait ShardGroup: Send + Sync + 'static {
     /// One forward pass on every rank; rank 0's outputs.
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError>;
+    async fn step(&self, step: Step) -> Result<StepAnswer, ShardError>;
     /// Whether every rank answers; `deep` runs a one-token forward on each.
     async fn health(&self, deep: bool) -> Result<(), ShardError>;
     /// Every rank drops all request state.
@@ -30,8 +39,8 @@ pub trait ShardGroup: Send + Sync + 'static {
 
 #[async_trait::async_trait]
 impl ShardGroup for ShardFleet {
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
-        ShardFleet::step(self, request).await
+    async fn step(&self, step: Step) -> Result<StepAnswer, ShardError> {
+        ShardFleet::step(self, step).await
     }
 
     async fn health(&self, deep: bool) -> Result<(), ShardError> {
@@ -45,28 +54,4 @@ impl ShardGroup for ShardFleet {
     async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
         ShardFleet::warmup(self, plan).await
     }
-}
-
-/// A failure talking to the shards. Any rank failing fails the whole call: a
-/// tensor-parallel group cannot continue without one of its ranks.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ShardError {
-    #[error("could not connect to shard {rank} at {path}: {message}")]
-    Connect {
-        rank: usize,
-        path: String,
-        message: String,
-    },
-    #[error("shard {rank} answered {code:?}: {message}")]
-    Rpc {
-        rank: usize,
-        code: tonic::Code,
-        message: String,
-    },
-    #[error("shards disagree: {0}")]
-    Inconsistent(String),
-    #[error("no shard socket was given")]
-    NoShards,
-    #[error("cannot use the cluster secret file {path}: {message}")]
-    ClusterSecret { path: String, message: String },
 }

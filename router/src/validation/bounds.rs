@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{GenerationParams, ValidationError};
+use super::error::ValidationError;
+use super::params::GenerationParams;
 use crate::limits::RequestLimits;
 
 /// The first input over its bound, named by its parameter.
@@ -41,7 +42,7 @@ pub fn check(params: &GenerationParams, limits: &RequestLimits) -> Result<(), Va
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validation::ProcessorParams;
+    use crate::validation::processors::ProcessorParams;
 
     fn limits() -> RequestLimits {
         RequestLimits {

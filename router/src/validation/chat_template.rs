@@ -3,7 +3,7 @@
 use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
 
-use super::ValidationError;
+use super::error::ValidationError;
 
 const TEMPLATE_NAME: &str = "chat";
 

@@ -12,7 +12,8 @@ use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::{RequestedGrammar, ValidationError};
+use super::error::ValidationError;
+use super::requested_grammar::RequestedGrammar;
 use crate::scheduler::Grammar;
 
 /// Wall-clock bound on one compilation, waiting for a compile slot included; llguidance's

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use super::SamplingDefaults;
+use super::sampling_defaults::SamplingDefaults;
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]

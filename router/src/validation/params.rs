@@ -2,9 +2,9 @@
 
 use serde_json::{Map, Value};
 
+use super::error::ValidationError;
 use super::processors::{self, ProcessorParams};
 use super::requested_grammar::RequestedGrammar;
-use super::ValidationError;
 use crate::scheduler::{LogprobOptions, SamplingParams};
 
 /// Largest accepted temperature.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ValidationError;
+use super::error::ValidationError;
 use crate::scheduler::SamplingParams;
 
 /// Largest absolute frequency or presence penalty (OpenAI's range).

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::ValidationError;
+use super::error::ValidationError;
 use crate::scheduler::Grammar;
 
 /// JSON output format the router asks of every schema unless the client set its own

@@ -8,7 +8,7 @@ use tracing::warn;
 use utoipa::ToSchema;
 
 use super::params::{check, GenerationParams};
-use super::ProcessorParams;
+use super::processors::ProcessorParams;
 
 /// Recommended values; `None` where the model recommends nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, ToSchema)]

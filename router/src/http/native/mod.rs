@@ -14,7 +14,7 @@ use response::{BestOfSequence, GenerateResponse, StreamDetails, StreamResponse};
 use super::generation::{collect_siblings, AdmittedRequest};
 use super::json::ApiJson;
 use super::sse::{json_event, sse_response};
-use super::AppState;
+use super::state::AppState;
 use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::HandlerConfig;
+use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, request_rules, GenerationParams,

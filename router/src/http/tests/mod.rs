@@ -10,6 +10,7 @@ mod echo_logprobs;
 mod errors;
 mod fuzz;
 mod hostile;
+mod launch_identity;
 mod lifecycle;
 mod logprobs;
 mod native;

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use tracing::{info, warn};
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
-use super::{wire, BlockHasher, KvEvent, KvEventLog, KvEventQueue, QUEUE_CAPACITY};
+use super::block_hash::BlockHasher;
+use super::event_log::{KvEvent, KvEventLog, KvEventQueue, QUEUE_CAPACITY};
+use super::wire;
 
 /// Batches kept for replay (vLLM's default `buffer_steps`).
 const REPLAY_CAPACITY: usize = 10_000;

@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{external, BlockHasher, KvEvent, KvEventLog, KvEventQueue};
+use super::block_hash::{external, BlockHasher};
+use super::event_log::{KvEvent, KvEventLog, KvEventQueue};
 use crate::kv::BlockPool;
 
 const BLOCK_SIZE: usize = 2;

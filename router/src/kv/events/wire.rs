@@ -10,7 +10,7 @@
 
 use rmp::encode::{self, RmpWrite, ValueWriteError};
 
-use super::KvEvent;
+use super::event_log::KvEvent;
 
 /// Where the blocks live, as vLLM names its device tier.
 const MEDIUM: &str = "GPU";

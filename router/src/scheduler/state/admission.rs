@@ -1,9 +1,9 @@
 //! Admission: which waiting requests join the next step, and where each one starts.
 
 use super::{Budget, SchedulerState};
-use crate::pb;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
+use crate::shard::Step;
 
 /// Waiting requests behind the head that admission considers in one step.
 const ADMISSION_LOOKAHEAD: usize = 16;
@@ -14,7 +14,7 @@ impl SchedulerState {
     /// is admitted, so the head cannot starve. Behind it, the next `ADMISSION_LOOKAHEAD`
     /// waiting requests are admitted in order of longest cached prefix (ties: arrival
     /// order), each that fits the remaining budget and blocks.
-    pub(super) fn admit_waiting(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
+    pub(super) fn admit_waiting(&mut self, budget: &mut Budget, step: &mut Step) {
         let Some(head) = self
             .waiting
             .iter()
@@ -49,7 +49,7 @@ impl SchedulerState {
 
     /// Admits waiting request `id` if the step has room and its blocks can be had; it
     /// starts after its longest cached prefix.
-    fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut pb::StepRequest) -> bool {
+    fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut Step) -> bool {
         if budget.tokens == 0
             || budget.requests == 0
             || self.running.len() >= self.config.max_batch_requests

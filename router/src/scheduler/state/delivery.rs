@@ -1,11 +1,10 @@
 //! Handing a step's answers to the requests that await them, and the drafting pause they set.
 
-use crate::pb;
 use crate::scheduler::metrics::record_drafts;
-use crate::scheduler::outputs::{finish_reason, token_logprobs};
-use crate::scheduler::request::{GeneratedToken, GenerationEvent};
+use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::{PendingSpan, Sequence};
 use crate::scheduler::SchedulerError;
+use crate::shard::Generation;
 
 /// Tokens a request generates without drafts (two steps in flight) after drafts that were all
 /// refused, and after its text offered none: drafting costs it every other step, which pays
@@ -20,7 +19,7 @@ pub(super) const PAUSE_WITHOUT_PROPOSAL: usize = 4;
 pub(super) fn deliver_span(
     sequence: &mut Sequence,
     span: &PendingSpan,
-    answers: Option<Vec<pb::Generation>>,
+    answers: Option<Vec<Generation>>,
     forget: &mut Vec<u64>,
 ) -> bool {
     let Some(answers) = answers.filter(|answers| !answers.is_empty()) else {
@@ -52,11 +51,7 @@ pub(super) fn deliver_span(
 
 /// Hands a sampling span's answer to its request; `false` when the request has ended (its
 /// last token, or no token at all, which fails it and asks the shards to forget it).
-fn deliver(
-    sequence: &mut Sequence,
-    generation: Option<pb::Generation>,
-    forget: &mut Vec<u64>,
-) -> bool {
+fn deliver(sequence: &mut Sequence, generation: Option<Generation>, forget: &mut Vec<u64>) -> bool {
     let Some(generation) = generation else {
         let error =
             SchedulerError::ShardFailed(format!("no token returned for request {}", sequence.id));
@@ -64,13 +59,9 @@ fn deliver(
         forget.push(sequence.id);
         return false;
     };
-    let finish = finish_reason(generation.finish_reason);
-    sequence.tokens.push(generation.token_id);
-    sequence.notify(GenerationEvent::Token(GeneratedToken {
-        id: generation.token_id,
-        logprob: generation.logprob,
-        top_logprobs: token_logprobs(generation.top_logprobs),
-        finish,
-    }));
+    let token = generation.token;
+    let finish = token.finish;
+    sequence.tokens.push(token.id);
+    sequence.notify(GenerationEvent::Token(token));
     finish.is_none()
 }

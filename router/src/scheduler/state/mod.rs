@@ -10,12 +10,11 @@ mod delivery;
 use delivery::{deliver_span, PAUSE_WITHOUT_PROPOSAL};
 
 use super::drafting::{propose, Drafts};
-use super::outputs::{prompt_logprobs, request_failure};
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
-use crate::pb;
+use crate::shard::{FailedRequest, Generation, Step, StepAnswer};
 
 /// What one step may still take.
 struct Budget {
@@ -99,13 +98,13 @@ impl SchedulerState {
     /// Running requests come first (oldest first), each getting its remaining tokens up to
     /// the budget; when blocks run out the newest running request is preempted. Then
     /// waiting requests are admitted in arrival order while budget and blocks allow.
-    pub fn schedule(&mut self) -> Option<pb::StepRequest> {
+    pub fn schedule(&mut self) -> Option<Step> {
         self.drop_cancelled();
         let mut budget = Budget {
             tokens: self.config.max_batch_tokens,
             requests: self.config.max_batch_requests,
         };
-        let mut step = pb::StepRequest {
+        let mut step = Step {
             step_id: self.next_step_id,
             ..Default::default()
         };
@@ -120,7 +119,7 @@ impl SchedulerState {
         Some(step)
     }
 
-    fn schedule_running(&mut self, budget: &mut Budget, step: &mut pb::StepRequest) {
+    fn schedule_running(&mut self, budget: &mut Budget, step: &mut Step) {
         let mut index = 0;
         while index < self.running.len() && budget.tokens > 0 && budget.requests > 0 {
             let sequence = &self.running[index];
@@ -241,26 +240,26 @@ impl SchedulerState {
     /// Delivers the answer of the oldest step in flight. Requests the shard finished are
     /// dropped (freeing their blocks); the shard has already forgotten them. Answers for a
     /// request that was cancelled or preempted after the step was sent are ignored.
-    pub fn apply(&mut self, response: pb::StepResponse) {
+    pub fn apply(&mut self, answer: StepAnswer) {
         let Some(step_id) = self.in_flight.pop_front() else {
             tracing::error!("a step answer arrived with no step in flight");
             return;
         };
         // Before publishing: a failed request's blocks (non-finite logits may mean non-finite keys and values)
         // never enter the prefix cache.
-        self.fail_requests(step_id, response.failures);
-        for chunk in response.prompt_logprobs {
+        self.fail_requests(step_id, answer.failures);
+        for chunk in answer.prompt_logprobs {
             if let Some(sequence) = self
                 .running
                 .iter()
                 .find(|s| s.id == chunk.id && s.awaits(step_id))
             {
-                sequence.notify(GenerationEvent::PromptLogprobs(prompt_logprobs(chunk)));
+                sequence.notify(GenerationEvent::PromptLogprobs(chunk.logprobs));
             }
         }
         // A drafted request answers with several generations, in order.
-        let mut generations: HashMap<u64, Vec<pb::Generation>> = HashMap::new();
-        for generation in response.generations {
+        let mut generations: HashMap<u64, Vec<Generation>> = HashMap::new();
+        for generation in answer.generations {
             generations
                 .entry(generation.id)
                 .or_default()
@@ -295,7 +294,7 @@ impl SchedulerState {
     }
 
     /// Ends the requests the shards failed on their own (the shards have already forgotten them).
-    fn fail_requests(&mut self, step_id: u64, failures: Vec<pb::RequestFailure>) {
+    fn fail_requests(&mut self, step_id: u64, failures: Vec<FailedRequest>) {
         for failure in failures {
             let Some(index) = self
                 .running
@@ -306,7 +305,7 @@ impl SchedulerState {
                 continue;
             };
             let sequence = self.running.remove(index);
-            let failure = request_failure(failure);
+            let failure = failure.failure;
             tracing::debug!(
                 id = sequence.id,
                 reason = failure.kind.label(),

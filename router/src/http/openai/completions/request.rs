@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::http::openai::{StopSpec, StreamOptions};
-use crate::http::HandlerConfig;
+use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, request_rules, GenerationParams, Prompt,

@@ -1,0 +1,254 @@
+//! The accepted API keys: given inline or read from files (again on SIGHUP), compared in
+//! constant time, case-sensitively, and never logged.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use axum::extract::Request;
+use axum::http::header;
+use subtle::ConstantTimeEq;
+
+use crate::error::AuthError;
+
+/// The header Anthropic clients send their key in.
+const X_API_KEY: &str = "x-api-key";
+
+/// Why the configured keys cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("cannot read the API key file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{origin}: an API key must be printable ASCII without spaces")]
+    Malformed { origin: String },
+    #[error("the API key files hold no key ({paths})")]
+    Empty { paths: String },
+}
+
+/// The accepted keys: those given inline plus those read from files, which `reload` reads
+/// again (on SIGHUP). Cloning shares the set.
+#[derive(Clone)]
+pub struct ApiKeys {
+    inline: Arc<Vec<Vec<u8>>>,
+    files: Arc<Vec<PathBuf>>,
+    current: Arc<RwLock<Arc<Vec<Vec<u8>>>>>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ApiKeys")
+            .field("keys", &self.count())
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl ApiKeys {
+    /// Keys from `inline` and from `files` (one key per line; blank lines and lines starting
+    /// with `#` are skipped). `None` when neither names a key source.
+    pub fn load(inline: &[String], files: &[PathBuf]) -> Result<Option<Self>, ApiKeyError> {
+        if inline.is_empty() && files.is_empty() {
+            return Ok(None);
+        }
+        let inline = inline
+            .iter()
+            .map(|key| checked(key.trim(), "--api-key"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys = Self {
+            inline: Arc::new(inline),
+            files: Arc::new(files.to_vec()),
+            current: Arc::default(),
+        };
+        keys.reload()?;
+        Ok(Some(keys))
+    }
+
+    /// Reads the key files again; on any error the previous keys stay in force.
+    pub fn reload(&self) -> Result<usize, ApiKeyError> {
+        let mut keys = self.inline.as_ref().clone();
+        for path in self.files.iter() {
+            keys.extend(read_key_file(path)?);
+        }
+        if keys.is_empty() {
+            let paths = self
+                .files
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ApiKeyError::Empty { paths });
+        }
+        let count = keys.len();
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+        Ok(count)
+    }
+
+    /// How many keys are accepted (never zero: loading or reloading to no key fails).
+    pub fn count(&self) -> usize {
+        self.snapshot().len()
+    }
+
+    fn snapshot(&self) -> Arc<Vec<Vec<u8>>> {
+        Arc::clone(
+            &self
+                .current
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Whether `presented` equals one of the keys. Every key is compared, each in constant
+    /// time, so the time taken reveals neither which key matched nor how much of one did
+    /// (only whether the lengths differ).
+    pub fn accepts(&self, presented: &[u8]) -> bool {
+        let matched = self
+            .snapshot()
+            .iter()
+            .fold(subtle::Choice::from(0), |found, key| {
+                found | key.as_slice().ct_eq(presented)
+            });
+        matched.into()
+    }
+
+    /// Checks a request's `Authorization` header, or else its `x-api-key` header (the
+    /// Anthropic clients' way of sending a key).
+    pub fn check(&self, request: &Request) -> Result<(), AuthError> {
+        let headers = request.headers();
+        let key = match (headers.get(header::AUTHORIZATION), headers.get(X_API_KEY)) {
+            (Some(value), _) => {
+                // The scheme is case-insensitive (RFC 9110); the key is not.
+                let (scheme, key) = value
+                    .as_bytes()
+                    .split_at_checked(7)
+                    .ok_or(AuthError::Invalid)?;
+                if !scheme.eq_ignore_ascii_case(b"bearer ") {
+                    return Err(AuthError::Invalid);
+                }
+                key
+            }
+            (None, Some(value)) => value.as_bytes(),
+            (None, None) => return Err(AuthError::Missing),
+        };
+        if self.accepts(key) {
+            Ok(())
+        } else {
+            Err(AuthError::Invalid)
+        }
+    }
+}
+
+fn checked(key: &str, origin: &str) -> Result<Vec<u8>, ApiKeyError> {
+    if key.is_empty() || !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err(ApiKeyError::Malformed {
+            origin: origin.to_owned(),
+        });
+    }
+    Ok(key.as_bytes().to_vec())
+}
+
+fn read_key_file(path: &Path) -> Result<Vec<Vec<u8>>, ApiKeyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ApiKeyError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .map(|(index, line)| (index, line.trim()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+        .map(|(index, line)| checked(line, &format!("{} line {}", path.display(), index + 1)))
+        .collect()
+}
+
+/// Reads the key files again on every SIGHUP; a failed reload keeps the previous keys.
+pub fn reload_api_keys_on_sighup(keys: ApiKeys) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGHUP; API keys will not be reloaded");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match keys.reload() {
+                Ok(count) => tracing::info!(keys = count, "API keys reloaded"),
+                Err(error) => {
+                    tracing::error!(%error, "API keys not reloaded; the previous ones stay")
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn keys(inline: &[&str]) -> ApiKeys {
+        let inline: Vec<String> = inline.iter().map(|key| (*key).to_owned()).collect();
+        ApiKeys::load(&inline, &[]).unwrap().unwrap()
+    }
+
+    #[test]
+    fn only_exact_keys_are_accepted() {
+        let keys = keys(&["sk-first", "sk-Second"]);
+        assert!(keys.accepts(b"sk-first"));
+        assert!(keys.accepts(b"sk-Second"));
+        assert!(!keys.accepts(b"sk-second"), "keys are case-sensitive");
+        assert!(!keys.accepts(b"sk-firs"));
+        assert!(!keys.accepts(b"sk-first "));
+        assert!(!keys.accepts(b""));
+    }
+
+    #[test]
+    fn no_key_source_means_no_authentication() {
+        assert!(ApiKeys::load(&[], &[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn malformed_keys_are_refused_without_echoing_them() {
+        let error = ApiKeys::load(&["two words".to_owned()], &[]).unwrap_err();
+        assert!(!error.to_string().contains("two words"), "{error}");
+        assert!(ApiKeys::load(&[" ".to_owned()], &[]).is_err());
+    }
+
+    #[test]
+    fn key_files_hold_one_key_per_line_and_reload_keeps_old_keys_on_error() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "# comment\n\nsk-file-one\n  sk-file-two  ").unwrap();
+        let keys = ApiKeys::load(&["sk-inline".to_owned()], &[file.path().to_path_buf()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys.count(), 3);
+        assert!(keys.accepts(b"sk-file-two"));
+        std::fs::write(file.path(), "sk-rotated\n").unwrap();
+        assert_eq!(keys.reload().unwrap(), 2);
+        assert!(keys.accepts(b"sk-rotated"));
+        assert!(!keys.accepts(b"sk-file-one"), "a removed key stops working");
+        assert!(keys.accepts(b"sk-inline"), "inline keys survive reloads");
+        std::fs::write(file.path(), "bad key with spaces\n").unwrap();
+        assert!(keys.reload().is_err());
+        assert!(
+            keys.accepts(b"sk-rotated"),
+            "a failed reload keeps the old keys"
+        );
+    }
+
+    #[test]
+    fn an_empty_or_missing_key_file_is_an_error() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let error = ApiKeys::load(&[], &[file.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(error, ApiKeyError::Empty { .. }), "{error}");
+        let missing = ApiKeys::load(&[], &[PathBuf::from("/nonexistent/keys")]).unwrap_err();
+        assert!(matches!(missing, ApiKeyError::Read { .. }), "{missing}");
+    }
+}

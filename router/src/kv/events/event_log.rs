@@ -1,0 +1,155 @@
+//! What the prefix cache records: each event, the bounded queue it waits in for the publisher,
+//! and the log that hashes blocks and queues their events.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::block_hash::{external, BlockDigest, BlockHasher};
+
+/// Events kept for the publisher at most; beyond, the oldest are dropped.
+pub const QUEUE_CAPACITY: usize = 100_000;
+
+/// One change to the set of cached blocks; hashes as consumers see them (see `block_hash`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Blocks cached in chain order, each the child of the previous one, the first the child
+    /// of `parent_block_hash` (`None`: the first block of a sequence).
+    BlockStored {
+        block_hashes: Vec<u64>,
+        parent_block_hash: Option<u64>,
+        token_ids: Vec<u32>,
+        block_size: usize,
+    },
+    BlockRemoved {
+        block_hashes: Vec<u64>,
+    },
+    AllBlocksCleared,
+}
+
+/// Events recorded and not yet published.
+#[derive(Debug)]
+pub struct KvEventQueue {
+    pending: Mutex<VecDeque<KvEvent>>,
+    capacity: usize,
+    ready: Notify,
+}
+
+impl KvEventQueue {
+    pub fn new(capacity: usize) -> Arc<Self> {
+        metrics::describe_counter!(
+            "tandem_kv_events_dropped_total",
+            "KV-cache events dropped because the publisher fell behind"
+        );
+        metrics::counter!("tandem_kv_events_dropped_total").absolute(0);
+        Arc::new(Self {
+            pending: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            ready: Notify::new(),
+        })
+    }
+
+    /// Records `event`, merging it into the previous one when it continues it (a stored
+    /// block whose parent is the previous stored block, or another removal).
+    pub(crate) fn push(&self, event: KvEvent) {
+        {
+            let mut pending = self.lock();
+            if let Some(event) = merge_into_last(&mut pending, event) {
+                if pending.len() >= self.capacity {
+                    pending.pop_front();
+                    metrics::counter!("tandem_kv_events_dropped_total").increment(1);
+                }
+                pending.push_back(event);
+            }
+        }
+        self.ready.notify_one();
+    }
+
+    /// Every pending event, waiting until there is at least one.
+    pub async fn next_batch(&self) -> Vec<KvEvent> {
+        loop {
+            let batch: Vec<KvEvent> = self.lock().drain(..).collect();
+            if !batch.is_empty() {
+                return batch;
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<KvEvent>> {
+        // Each critical section leaves the queue valid, so a poisoned lock is still usable.
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Extends the last pending event with `event` when it continues it; otherwise hands it back.
+fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<KvEvent> {
+    match (pending.back_mut(), event) {
+        (
+            Some(KvEvent::BlockStored {
+                block_hashes,
+                token_ids,
+                block_size,
+                ..
+            }),
+            KvEvent::BlockStored {
+                block_hashes: new_hashes,
+                parent_block_hash: Some(parent),
+                token_ids: new_tokens,
+                block_size: new_block_size,
+            },
+        ) if block_hashes.last() == Some(&parent) && *block_size == new_block_size => {
+            block_hashes.extend(new_hashes);
+            token_ids.extend(new_tokens);
+            None
+        }
+        (
+            Some(KvEvent::BlockRemoved { block_hashes }),
+            KvEvent::BlockRemoved {
+                block_hashes: new_hashes,
+            },
+        ) => {
+            block_hashes.extend(new_hashes);
+            None
+        }
+        (_, event) => Some(event),
+    }
+}
+
+/// What the prefix cache needs to record events: the hash chain and the queue.
+#[derive(Debug, Clone)]
+pub struct KvEventLog {
+    hasher: BlockHasher,
+    queue: Arc<KvEventQueue>,
+}
+
+impl KvEventLog {
+    pub fn new(hasher: BlockHasher, queue: Arc<KvEventQueue>) -> Self {
+        Self { hasher, queue }
+    }
+
+    /// Records that the block holding `tokens` after `parent` is cached; returns its digest.
+    pub(crate) fn stored(&self, parent: Option<&BlockDigest>, tokens: &[u32]) -> BlockDigest {
+        let digest = self.hasher.block(parent, tokens);
+        self.queue.push(KvEvent::BlockStored {
+            block_hashes: vec![external(&digest)],
+            parent_block_hash: parent.map(external),
+            token_ids: tokens.to_vec(),
+            block_size: tokens.len(),
+        });
+        digest
+    }
+
+    pub(crate) fn removed(&self, digest: &BlockDigest) {
+        self.queue.push(KvEvent::BlockRemoved {
+            block_hashes: vec![external(digest)],
+        });
+    }
+
+    pub(crate) fn cleared(&self) {
+        self.queue.push(KvEvent::AllBlocksCleared);
+    }
+}
