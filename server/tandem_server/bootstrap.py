@@ -134,8 +134,7 @@ def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) 
     needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype)
     choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
     logger.info("%s", choice.describe())
-    mirror_memory = config.decode_mirror_memory if choice.name == "torch" else 0
-    return create_backend(choice.name, decode_mirror_memory=mirror_memory)
+    return create_backend(choice.name, decode_mirror_memory=config.decode_mirror_memory)
 
 
 def execution_options(config: ShardConfig, backend: AttentionBackend) -> ExecutionOptions:

@@ -9,23 +9,10 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollec
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tandem_server.engine.step import StepInput
-
 logger = logging.getLogger(__name__)
 
 FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 PHASES = ("prefill", "decode", "mixed")
-
-
-def step_phase(step: StepInput) -> str:
-    """`decode` when every request runs one token it generated, `prefill` when none does, else `mixed`."""
-    new_ids = {request.id for request in step.new_requests}
-    decoding = [scheduled.num_tokens == 1 and scheduled.id not in new_ids for scheduled in step.scheduled]
-    if all(decoding):
-        return "decode"
-    if not any(decoding):
-        return "prefill"
-    return "mixed"
 
 
 class _CudaMemoryCollector(Collector):
@@ -84,11 +71,11 @@ class ShardMetrics:
         """Records the KV cache size after a warmup."""
         self._kv_cache_bytes.labels(self._rank).set(num_bytes)
 
-    def step_done(self, step: StepInput, forward_ms: float, sampling_ms: float) -> None:
-        """Records one step's timings; empty steps (nothing scheduled) are not forward passes."""
-        if not step.scheduled:
+    def step_done(self, phase: str | None, forward_ms: float, sampling_ms: float) -> None:
+        """Records the timings of one step of `phase` (`StepInput.phase`); None: nothing ran, nothing is recorded."""
+        if phase is None:
             return
-        self._forward.labels(self._rank, step_phase(step)).observe(forward_ms / 1000.0)
+        self._forward.labels(self._rank, phase).observe(forward_ms / 1000.0)
         self._sampling.labels(self._rank).observe(sampling_ms / 1000.0)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from tandem_server.cli import config_from_args
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.errors import ConfigError
-from tandem_server.metrics import ShardMetrics, step_phase
+from tandem_server.metrics import ShardMetrics
 from tandem_server.sampling import SamplingParams
 
 
@@ -34,14 +34,14 @@ def test_steps_are_prefill_decode_or_mixed() -> None:
     decode = StepInput(scheduled=(scheduled(1, 1), scheduled(2, 1)))
     prefill = StepInput(new_requests=(new_request(3),), scheduled=(scheduled(3, 1),))
     mixed = StepInput(new_requests=(new_request(3),), scheduled=(scheduled(1, 1), scheduled(3, 7)))
-    assert (step_phase(decode), step_phase(prefill), step_phase(mixed)) == ("decode", "prefill", "mixed")
+    assert (decode.phase, prefill.phase, mixed.phase, StepInput().phase) == ("decode", "prefill", "mixed", None)
 
 
 def test_step_timings_and_kv_size_render_with_the_rank_label() -> None:
     metrics = ShardMetrics(rank=1, device=torch.device("cpu"))
     metrics.kv_cache_allocated(4096)
-    metrics.step_done(StepInput(scheduled=(scheduled(1, 1),)), forward_ms=20.0, sampling_ms=5.0)
-    metrics.step_done(StepInput(), forward_ms=0.0, sampling_ms=0.0)
+    metrics.step_done(StepInput(scheduled=(scheduled(1, 1),)).phase, forward_ms=20.0, sampling_ms=5.0)
+    metrics.step_done(StepInput().phase, forward_ms=0.0, sampling_ms=0.0)
     text = generate_latest(metrics.registry).decode()
     assert 'tandem_shard_kv_cache_bytes{rank="1"} 4096.0' in text
     assert 'tandem_shard_forward_duration_seconds_count{phase="decode",rank="1"} 1.0' in text

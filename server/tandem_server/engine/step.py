@@ -77,6 +77,20 @@ class StepInput:
     scheduled: tuple[ScheduledRequest, ...] = ()
     finished: tuple[int, ...] = ()
 
+    @property
+    def phase(self) -> str | None:
+        """`decode` when every request runs one token it generated, `prefill` when none does, else `mixed`; None when
+        nothing is scheduled (no forward pass)."""
+        if not self.scheduled:
+            return None
+        new_ids = {request.id for request in self.new_requests}
+        decoding = [scheduled.num_tokens == 1 and scheduled.id not in new_ids for scheduled in self.scheduled]
+        if all(decoding):
+            return "decode"
+        if not any(decoding):
+            return "prefill"
+        return "mixed"
+
 
 @dataclass(frozen=True)
 class Generation:

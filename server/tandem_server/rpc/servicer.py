@@ -112,7 +112,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             self._leave_group_if_out_of_step(error)
             raise
         if self._metrics is not None:
-            self._metrics.step_done(step, output.forward_ms, output.sampling_ms)
+            self._metrics.step_done(step.phase, output.forward_ms, output.sampling_ms)
         encoding = time.perf_counter()
         response = convert.step_output_to_pb(output)
         # Time queued behind earlier Steps is not this Step's handling.
