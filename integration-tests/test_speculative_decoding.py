@@ -1,6 +1,7 @@
-"""Speculative decoding (`--speculate 4`) on the real stack: drafts from the request's own text are kept by the shard
-where they equal its own draws, so greedy tokens match transformers and seeded tokens match the server without
-speculation, while kept drafts show in the metrics. A request's `speculate` caps its drafts: 0 drafts nothing and
+"""Speculative decoding (`--speculate 4 --speculative-method radix`) on the real stack: drafts from the request's own
+text, or from what an earlier request generated after the same context, are kept by the shard where they equal its
+own draws, so greedy tokens match transformers and seeded tokens match the server without speculation, while kept
+drafts show in the metrics. A request's `speculate` caps its drafts: 0 drafts nothing and
 changes no token, and a cap above the server's is refused."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def speculating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServ
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
         "--speculate", "4",
+        "--speculative-method", "radix",
     )  # fmt: skip
     yield server
     assert server.stop() == 0, server.log_tail()
@@ -128,3 +130,24 @@ def test_speculate_above_the_servers_is_refused_naming_it_and_leaves_nothing_beh
     assert speculating.generate_ids(REPEAT, 4)
     for name, value in idle.items():
         assert speculating.wait_for_metric(name, value, timeout=10) == value, name
+
+
+def test_a_repeated_request_is_drafted_from_what_the_first_one_generated(speculating: TandemServer) -> None:
+    assert speculating.info()["speculative_method"] == "radix"
+    # Free text no other test asks: only the first answer, cached in the radix tree, predicts the second.
+    prompt = "Write a short story about a violin that remembers every player.\n"
+    first, first_radix = drafts_from_cache(speculating, lambda: generated_ids(speculating, prompt))
+    second, second_radix = drafts_from_cache(speculating, lambda: generated_ids(speculating, prompt))
+    assert second == first
+    assert first_radix == (0.0, 0.0), "nothing was generated after this context before"
+    # The cache holds the first answer's full 16-token blocks: the tokens up to the end of the last one can be drafted.
+    drafted, kept = second_radix
+    assert drafted == kept >= 8, f"{kept} of {drafted} radix drafts kept for {len(second)} tokens"
+
+
+def drafts_from_cache(server: TandemServer, generate: Callable[[], T]) -> tuple[T, tuple[float, float]]:
+    """What `generate` returns, and the radix drafts proposed and kept meanwhile."""
+    before = (server.metric(DRAFTED, method="radix"), server.metric(ACCEPTED, method="radix"))
+    result = generate()
+    after = (server.metric(DRAFTED, method="radix"), server.metric(ACCEPTED, method="radix"))
+    return result, (after[0] - before[0], after[1] - before[1])
