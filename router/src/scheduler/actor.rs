@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::error::SchedulerError;
 use super::handle::Command;
 use super::in_flight::InFlightStep;
+use super::load::LoadSnapshot;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::state::SchedulerState;
-use super::{LoadSnapshot, SchedulerError};
 use crate::shard::{ShardGroup, Step};
 
 /// The only owner of the scheduler's state.

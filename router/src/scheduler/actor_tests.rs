@@ -7,11 +7,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::backend::Backend;
+use super::config::SchedulerConfig;
+use super::error::SchedulerError;
 use super::fake_shard::{expected_output, request, FakeShard};
+use super::recovery::{EnginePhase, RecoveryConfig};
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
+use super::spawn;
 use super::state::SchedulerState;
-use super::{spawn, Backend, EnginePhase, RecoveryConfig, SchedulerConfig, SchedulerError};
 use crate::shard::{KvCacheSize, ShardError, ShardGroup, Step, StepAnswer, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;

@@ -6,9 +6,13 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::backend::Backend;
+use super::config::SchedulerConfig;
+use super::error::SchedulerError;
+use super::load::LoadSnapshot;
+use super::recovery::EnginePhase;
 use super::request::{GenerationRequest, GenerationStream};
 use super::sequence::Sequence;
-use super::{Backend, EnginePhase, LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::shard::ShardGroup;
 

@@ -8,8 +8,9 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+use super::config::SchedulerConfig;
 use super::drafting::DraftMethod;
-use super::{LoadSnapshot, SchedulerConfig};
+use super::load::LoadSnapshot;
 use crate::shard::ShardTimings;
 
 /// Describes every series the scheduler emits and registers its event counters at 0, so
@@ -294,7 +295,7 @@ mod tests {
             prefix_caching: true,
             steps_in_flight: 1,
             max_drafts: 0,
-            draft_method: crate::scheduler::DraftMethod::Ngram,
+            draft_method: DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
         };
         metrics::with_local_recorder(&recorder, || {

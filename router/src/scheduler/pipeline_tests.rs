@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::backend::Backend;
+use super::config::SchedulerConfig;
 use super::fake_shard::{expected_output, request, FakeShard};
+use super::recovery::RecoveryConfig;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
+use super::spawn;
 use super::state::SchedulerState;
-use super::{spawn, Backend, RecoveryConfig, SchedulerConfig};
 use crate::shard::{KvCacheSize, ShardError, ShardGroup, Step, StepAnswer, WarmupPlan};
 
 const BLOCK_SIZE: usize = 4;

@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 use proptest::prelude::*;
 use tokio::sync::mpsc;
 
+use super::config::SchedulerConfig;
 use super::fake_shard::{expected_output, FakeShard};
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
-use super::SchedulerConfig;
 use crate::shard::{SamplingParams, Step, StoppingParams};
 
 #[derive(Debug, Clone)]

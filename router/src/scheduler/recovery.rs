@@ -91,10 +91,11 @@ mod tests {
 
     use tokio::sync::mpsc;
 
+    use super::super::config::SchedulerConfig;
+    use super::super::error::SchedulerError;
     use super::super::request::{GenerationEvent, GenerationRequest};
     use super::super::sequence::Sequence;
     use super::super::state::SchedulerState;
-    use super::super::{SchedulerConfig, SchedulerError};
     use crate::shard::StoppingParams;
 
     fn state(num_blocks: usize) -> SchedulerState {

@@ -2,6 +2,7 @@
 
 use tokio::sync::mpsc;
 
+use super::error::SchedulerError;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
 };
@@ -30,7 +31,7 @@ pub enum GenerationEvent {
     /// positions it delivered before.
     PromptLogprobs(PromptLogprobs),
     Token(GeneratedToken),
-    Error(super::SchedulerError),
+    Error(SchedulerError),
 }
 
 /// The receiving half of a request. Dropping it cancels the request: the scheduler

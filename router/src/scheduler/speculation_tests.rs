@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::config::SchedulerConfig;
+use super::drafting::DraftMethod;
 use super::fake_shard::FakeShard;
 use super::request::GenerationRequest;
 use super::state::SchedulerState;
 use super::tests::{config, run_until_idle, submit, tokens_of};
-use super::{DraftMethod, SchedulerConfig};
 use crate::shard::StoppingParams;
 
 /// A model whose text repeats with period 3, so prompt lookup predicts it.

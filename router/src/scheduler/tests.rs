@@ -2,13 +2,14 @@
 
 use tokio::sync::mpsc;
 
+use super::config::SchedulerConfig;
+use super::error::SchedulerError;
 use super::fake_shard::{expected_output, FakeShard};
 use super::handle::check_capacity;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
-use super::{RequestFailureKind, SchedulerConfig, SchedulerError};
-use crate::shard::{SamplingParams, StoppingParams};
+use crate::shard::{RequestFailureKind, SamplingParams, StoppingParams};
 
 pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {

@@ -1,9 +1,9 @@
 //! Handing a step's answers to the requests that await them, and the drafting pause they set.
 
+use crate::scheduler::error::SchedulerError;
 use crate::scheduler::metrics::record_drafts;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::{PendingSpan, Sequence};
-use crate::scheduler::SchedulerError;
 use crate::shard::Generation;
 
 /// Tokens a request generates without drafts (two steps in flight) after drafts that were all

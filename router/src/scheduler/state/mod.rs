@@ -9,10 +9,12 @@ mod delivery;
 
 use delivery::{deliver_span, PAUSE_WITHOUT_PROPOSAL};
 
+use super::config::SchedulerConfig;
 use super::drafting::{propose, Drafts};
+use super::error::SchedulerError;
+use super::load::LoadSnapshot;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
-use super::{LoadSnapshot, SchedulerConfig, SchedulerError};
 use crate::kv::BlockPool;
 use crate::shard::{FailedRequest, Generation, Step, StepAnswer};
 

@@ -1,0 +1,14 @@
+//! How busy the scheduler is: queue, batch and KV cache occupancy.
+
+/// A snapshot of the scheduler's load, for `/health`, `/info` and admission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    pub queued_requests: usize,
+    /// Tokens the waiting requests still need to compute.
+    pub queued_tokens: usize,
+    pub running_requests: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    /// Blocks caching a prompt prefix, held or idle (idle ones are reclaimable).
+    pub kv_blocks_cached: usize,
+}
