@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tandem_bench.prometheus import parse_samples
@@ -42,14 +43,22 @@ class Timing:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
+def timed_completions(server: LaunchedTandem, bodies: list[dict[str, object]], timing: Timing) -> list[str]:
+    """The completions' texts, requested all at once; the wall time until the last one ends and their output tokens
+    are added to `timing`."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        answers = list(pool.map(lambda body: post_completion(server.base_url, body), bodies))
+    timing.seconds += time.perf_counter() - started
+    texts = []
+    for answer in answers:
+        usage, choices = answer["usage"], answer["choices"]
+        assert isinstance(usage, dict) and isinstance(choices, list)
+        timing.tokens += int(usage["completion_tokens"])
+        texts.append(str(choices[0]["text"]))
+    return texts
+
+
 def timed_completion(server: LaunchedTandem, body: dict[str, object], timing: Timing) -> str:
     """The completion's text; its wall time and output tokens are added to `timing`."""
-    started = time.perf_counter()
-    answer = post_completion(server.base_url, body)
-    timing.seconds += time.perf_counter() - started
-    usage = answer["usage"]
-    assert isinstance(usage, dict)
-    timing.tokens += int(usage["completion_tokens"])
-    choices = answer["choices"]
-    assert isinstance(choices, list)
-    return str(choices[0]["text"])
+    return timed_completions(server, [body], timing)[0]

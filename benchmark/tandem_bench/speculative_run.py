@@ -1,5 +1,6 @@
-"""`tandem-bench speculative`: single-stream greedy output speed with `--speculate K` against the same server without,
-on input-grounded text, free text and a repeated request, measured in turns on two servers started side by side.
+"""`tandem-bench speculative`: greedy output speed with `--speculate K` against the same server without, on
+input-grounded text, free text and a repeated request, one stream or `--concurrency` at once, measured in turns on two
+servers started side by side.
 
 Every round asks a new grounded text and a new story, so only the request's own context can predict them; the
 repeated workload asks the same long context every round, as a client retrying or an agent re-asking does."""
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem_bench.server_process import LaunchedTandem
-from tandem_bench.side_by_side import Timing, metric_total, served_model, timed_completion
+from tandem_bench.side_by_side import Timing, metric_total, served_model, timed_completions
 from tandem_bench.words import WORDS
 
 COMMAND = "tandem-bench speculative"
@@ -36,7 +37,7 @@ STORY_SUBJECTS = (
 @dataclass(frozen=True)
 class Workload:
     name: str
-    # Round i asks prompts[i % len(prompts)].
+    # Round i's streams ask the next prompts in turn, from the start again after the last.
     prompts: tuple[str, ...]
 
 
@@ -44,38 +45,46 @@ def _text(words: int, offset: int) -> str:
     return " ".join(WORDS[(7 * i + offset) % len(WORDS)] for i in range(words))
 
 
-def workloads(words: int, rounds: int) -> list[Workload]:
-    """A new text to copy each round (prompt lookup drafts it), a new story each round (nothing to copy), and one
-    long context asked every round (only what the same request generated before predicts its answer)."""
+def workloads(words: int, requests: int) -> list[Workload]:
+    """`requests` new texts to copy (prompt lookup drafts them), as many new stories (nothing to copy), and one long
+    context asked every time (only what the same request generated before predicts its answer)."""
     grounded = []
-    for round_index in range(rounds + 1):
-        text = _text(words, 13 * round_index)
+    for index in range(requests):
+        text = _text(words, 13 * index)
         grounded.append(f"Copy the text below exactly.\nText: {text}\nCopy: {text[:80]}")
-    stories = [f"Write a short story about {STORY_SUBJECTS[i % len(STORY_SUBJECTS)]}.\n" for i in range(rounds + 1)]
+    stories = [
+        f"Write a short story about {STORY_SUBJECTS[i % len(STORY_SUBJECTS)]}, part {i // len(STORY_SUBJECTS) + 1}.\n"
+        for i in range(requests)
+    ]
     context = _text(words * 2, 5)
     repeated = f"Notes: {context}\nQuestion: Write a short story that uses the notes above.\nStory:"
     return [Workload("grounded", tuple(grounded)), Workload("free", tuple(stories)), Workload("repeated", (repeated,))]
 
 
-def _generate(server: LaunchedTandem, model: str, prompt: str, output_len: int, timing: Timing) -> str:
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0}
-    return timed_completion(server, body, timing)
+def _generate(server: LaunchedTandem, model: str, prompts: list[str], output_len: int, timing: Timing) -> list[str]:
+    bodies: list[dict[str, object]] = [
+        {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0} for prompt in prompts
+    ]
+    return timed_completions(server, bodies, timing)
 
 
 def measure(plain: LaunchedTandem, drafting: LaunchedTandem, args: argparse.Namespace) -> list[str]:
     """One table row per workload; the two servers take turns within each round."""
     model = served_model(plain.base_url)
     rows = []
-    for workload in workloads(args.words, args.rounds):
+    streams = args.concurrency
+    chosen = [workload for workload in workloads(args.words, (args.rounds + 1) * streams) if workload.name in args.only]
+    for workload in chosen:
         off, on = Timing(), Timing()
         before = {name: metric_total(drafting.base_url, name) for name in (ACCEPTED, DRAFTED)}
         identical = True
         # One unmeasured request each warms the prefix cache and the allocator alike.
         for round_index in range(args.rounds + 1):
             scratch = Timing()
-            prompt = workload.prompts[round_index % len(workload.prompts)]
-            text_off = _generate(plain, model, prompt, args.output_len, off if round_index else scratch)
-            text_on = _generate(drafting, model, prompt, args.output_len, on if round_index else scratch)
+            first = round_index * streams
+            prompts = [workload.prompts[(first + i) % len(workload.prompts)] for i in range(streams)]
+            text_off = _generate(plain, model, prompts, args.output_len, off if round_index else scratch)
+            text_on = _generate(drafting, model, prompts, args.output_len, on if round_index else scratch)
             identical = identical and text_off == text_on
         accepted = metric_total(drafting.base_url, ACCEPTED) - before[ACCEPTED]
         drafted = metric_total(drafting.base_url, DRAFTED) - before[DRAFTED]
@@ -94,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--method", choices=("ngram", "radix"), default="ngram", help="--speculative-method of the drafting server"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="measured requests per workload and server")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per workload and server")
+    parser.add_argument("--concurrency", type=int, default=1, help="requests sent at once in each round")
+    parser.add_argument(
+        "--only", nargs="+", default=["grounded", "free", "repeated"], help="workloads to run (default: all three)"
+    )
     parser.add_argument("--output-len", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--words", type=int, default=120, help="words of the text the grounded prompt copies")
     parser.add_argument("--launcher-args", default="", help="extra launcher flags for both servers (one string)")
@@ -114,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         rows = measure(plain, drafting, args)
     print(
-        f"single stream, greedy, {args.output_len} tokens, {args.rounds} rounds, --speculate {args.speculate} "
-        f"--speculative-method {args.method}"
+        f"{args.concurrency} stream(s), greedy, {args.output_len} tokens, {args.rounds} rounds, "
+        f"--speculate {args.speculate} --speculative-method {args.method}"
     )
     print("| workload | tok/s off | tok/s on | ratio | drafts kept | same text |")
     print("|---|---|---|---|---|---|")

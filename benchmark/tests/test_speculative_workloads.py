@@ -6,7 +6,7 @@ from tandem_bench.speculative_run import workloads
 
 
 def test_grounded_and_free_prompts_are_new_each_round_and_the_repeated_one_is_the_same() -> None:
-    by_name = {workload.name: workload.prompts for workload in workloads(words=40, rounds=3)}
+    by_name = {workload.name: workload.prompts for workload in workloads(words=40, requests=4)}
     assert set(by_name) == {"grounded", "free", "repeated"}
     for name in ("grounded", "free"):
         assert len(set(by_name[name])) == 4, name
