@@ -99,7 +99,7 @@ class LauncherConfig:
     # drafts while more than `speculative_disable_by_batch_size` requests run.
     speculate: int = 0
     speculative_method: str = "ngram"
-    speculative_disable_by_batch_size: int = 8
+    speculative_disable_by_batch_size: int = 4
     # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None

@@ -9,7 +9,7 @@ from tandem_launcher.flags import FlagAdder
 
 SPECULATIVE_METHODS = ("ngram", "radix")
 DEFAULT_METHOD = "ngram"
-DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 # The keys of vLLM's `--speculative-config` that mean the same here, and the flags they set.
 _CONFIG_KEYS = {
     "method": "speculative_method",

@@ -28,7 +28,7 @@ def _router_flags(argv: list[str]) -> tuple[str, str, str]:
 
 
 def test_speculation_is_off_with_prompt_lookup_by_default() -> None:
-    assert _router_flags([]) == ("0", "ngram", "8")
+    assert _router_flags([]) == ("0", "ngram", "4")
 
 
 def test_flags_and_their_json_form_set_the_same_router_flags() -> None:
@@ -37,7 +37,7 @@ def test_flags_and_their_json_form_set_the_same_router_flags() -> None:
     )
     json_form = '{"method": "radix", "num_speculative_tokens": 3, "disable_by_batch_size": 4}'
     assert flags == _router_flags(["--speculative-config", json_form]) == ("3", "radix", "4")
-    assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram", "8")
+    assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram", "4")
 
 
 def test_the_json_form_is_read_from_its_environment_variable() -> None:

@@ -88,7 +88,7 @@ pub struct RouterArgs {
     pub speculative_method: DraftMethod,
     /// No step carries drafts while more requests than this run (vLLM's
     /// `speculative_disable_by_batch_size`): a large batch already keeps the shards busy.
-    #[arg(long, env = "SPECULATIVE_DISABLE_BY_BATCH_SIZE", default_value_t = 8)]
+    #[arg(long, env = "SPECULATIVE_DISABLE_BY_BATCH_SIZE", default_value_t = 4)]
     pub speculative_disable_by_batch_size: usize,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]

@@ -65,7 +65,7 @@ fn prefix_caching_is_on_unless_turned_off() {
 fn drafts_come_from_prompt_lookup_unless_radix_is_chosen_and_radix_needs_the_cache() {
     let defaults = parse(&[]).unwrap().limits;
     assert_eq!(defaults.speculative_method, DraftMethod::Ngram);
-    assert_eq!(defaults.speculative_disable_by_batch_size, 8);
+    assert_eq!(defaults.speculative_disable_by_batch_size, 4);
     let radix = parse(&["--speculate", "4", "--speculative-method", "radix"]).unwrap();
     assert_eq!(radix.limits.speculative_method, DraftMethod::Radix);
     let uncached = [
