@@ -18,6 +18,7 @@ from tandem_launcher.cluster import (
     NodeLayout,
     cluster_problems,
 )
+from tandem_launcher.fault_flags import fault_problems
 from tandem_launcher.speculation import speculation_problems
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -38,7 +39,6 @@ DEFAULT_BLOCK_SIZE = 16
 # (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
 BACKEND_BLOCK_SIZES = {"flash": 256}
 
-_FAULT_TARGET = re.compile(r"^(\d+):(\d+)$")
 _BATCH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
 _MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
 
@@ -311,7 +311,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     if config.generation_config not in GENERATION_CONFIG_USES:
         choices = ", ".join(GENERATION_CONFIG_USES)
         problems.append(f"--generation-config must be one of {choices}, got {config.generation_config!r}")
-    problems += _fault_problems(config)
+    problems += fault_problems(config.fault_inject_step_error, config.fault_inject_step_hang, config.num_shard)
     if not is_memory_size(config.kv_cache_memory):
         problems.append(f"--kv-cache-memory must be a size such as 1GiB or 512MB, got {config.kv_cache_memory!r}")
     return problems
@@ -389,19 +389,3 @@ def _sizes_or_device_default(sizes: str | None, default: str) -> str:
         return default
     sizes = sizes.replace(" ", "")
     return "0" if sizes in ("", "0") else sizes
-
-
-def _fault_problems(config: LauncherConfig) -> list[str]:
-    problems = []
-    for flag, value in (
-        ("--fault-inject-step-error", config.fault_inject_step_error),
-        ("--fault-inject-step-hang", config.fault_inject_step_hang),
-    ):
-        if value is None:
-            continue
-        match = _FAULT_TARGET.match(value.strip())
-        if match is None or int(match.group(2)) < 1:
-            problems.append(f"{flag} expects RANK:STEP with STEP >= 1 (e.g. 0:5), got {value!r}")
-        elif int(match.group(1)) >= config.num_shard:
-            problems.append(f"{flag} names rank {match.group(1)}, but --num-shard is {config.num_shard}")
-    return problems

@@ -44,22 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem-shard", description="Tandem model shard (one per device)")
     parser.add_argument("--model-path", type=Path, required=True, help="directory with config.json and *.safetensors")
     parser.add_argument("--uds-path", type=Path, required=True, help="Unix socket to serve gRPC on")
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world-size", type=int, default=1)
-    parser.add_argument("--master-addr", default="127.0.0.1")
-    parser.add_argument("--master-port", type=int, default=29500)
-    parser.add_argument("--local-rank", type=int, default=None, help="rank on this node (its GPU); default: --rank")
-    parser.add_argument(
-        "--rendezvous-timeout",
-        type=float,
-        default=600.0,
-        help="seconds every rank may take to arrive before start-up fails naming the missing ranks",
-    )
-    parser.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC on this TCP port; 0: off")
-    parser.add_argument("--grpc-host", default="127.0.0.1", help="address the TCP gRPC port binds")
-    parser.add_argument(
-        "--cluster-secret-file", type=Path, default=None, help="file with the secret TCP callers must present"
-    )
+    _add_cluster_flags(parser)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
     parser.add_argument(
@@ -119,6 +104,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds one model job may run before Health reports the shard stalled (default: never)",
     )
+    _add_fault_flags(parser)
+    return parser
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """This rank's place in the tensor-parallel group and how it meets the others."""
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--local-rank", type=int, default=None, help="rank on this node (its GPU); default: --rank")
+    parser.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=600.0,
+        help="seconds every rank may take to arrive before start-up fails naming the missing ranks",
+    )
+    parser.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC on this TCP port; 0: off")
+    parser.add_argument("--grpc-host", default="127.0.0.1", help="address the TCP gRPC port binds")
+    parser.add_argument(
+        "--cluster-secret-file", type=Path, default=None, help="file with the secret TCP callers must present"
+    )
+
+
+def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
     testing = parser.add_argument_group("fault injection (tests only; off by default)")
     testing.add_argument(
         "--fault-inject-step-error",
@@ -130,7 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RANK:STEP",
         help="rank RANK never returns from its STEP-th forward-pass Step (nor answers any later Step or Reset)",
     )
-    return parser
 
 
 def _fault_plan(args: argparse.Namespace) -> FaultPlan:
