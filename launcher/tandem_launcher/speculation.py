@@ -78,12 +78,12 @@ def apply_speculative_config(values: dict[str, Any]) -> None:
     if method not in SPECULATIVE_METHODS:
         methods = ", ".join(SPECULATIVE_METHODS)
         raise ValueError(f"--speculative-config: method must be one of {methods}, got {method!r}")
-    for key in ("num_speculative_tokens", "disable_by_batch_size"):
-        count = parsed.get(key, 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"--speculative-config: {key} must be a positive integer, got {count!r}")
     if "num_speculative_tokens" not in parsed:
         raise ValueError("--speculative-config: num_speculative_tokens is required")
+    for key in parsed.keys() & {"num_speculative_tokens", "disable_by_batch_size"}:
+        count = parsed[key]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"--speculative-config: {key} must be a positive integer, got {count!r}")
     for key, value in parsed.items():
         values[_CONFIG_KEYS[key]] = value
 
