@@ -26,7 +26,7 @@ from tandem_launcher.config import (
 )
 from tandem_launcher.flags import FlagAdder, bool_value, key_list
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
-from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config
+from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config, choose_speculative_method
 
 
 def _memory_size(text: str) -> str:
@@ -314,6 +314,9 @@ def parse_config(
     )
     try:
         apply_speculative_config(values)
+        values["speculative_method"] = choose_speculative_method(
+            values["speculative_method"], values["speculative_model"]
+        )
         return LauncherConfig(**values)
     except ValueError as error:
         parser.error(str(error))

@@ -82,6 +82,8 @@ def shard_argv(
             "--grpc-host", config.hostname,
             "--cluster-secret-file", str(config.cluster_secret_file),
         ]  # fmt: skip
+    if model.draft_path is not None:
+        argv += ["--draft-model-path", str(model.draft_path)]
     if config.allow_pickle_weights:
         argv.append("--allow-pickle-weights")
     if inject_faults and config.fault_inject_step_error is not None:

@@ -96,10 +96,13 @@ class LauncherConfig:
     # The router sends step N+1 before step N has answered.
     async_scheduling: bool = True
     # Draft tokens per decode step (speculative decoding); 0: off. Drafts come from `speculative_method`; no step
-    # drafts while more than `speculative_disable_by_batch_size` requests run.
+    # drafts while more than `speculative_disable_by_batch_size` requests run. Method draft: from the draft model
+    # `speculative_model`, resolved as `model_id` is and loaded by every shard.
     speculate: int = 0
     speculative_method: str = "ngram"
     speculative_disable_by_batch_size: int = 4
+    speculative_model: str | None = None
+    speculative_model_revision: str | None = None
     # KV-cache events (vLLM's format), passed to the router as flags of the same names; no endpoint: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
@@ -236,6 +239,8 @@ def _model_source_problems(config: LauncherConfig) -> list[str]:
         problems.append(f"--gguf-file must name a .gguf file, got {config.gguf_file!r}")
     if config.hf_token_file is not None and not config.hf_token_file.is_file():
         problems.append(f"--hf-token-file {config.hf_token_file} is not a readable file")
+    if config.speculative_model_revision is not None and config.speculative_model is None:
+        problems.append("--speculative-model-revision is the revision of a --speculative-model: give that too")
     return problems
 
 
@@ -287,9 +292,8 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _api_key_problems(config)
     problems += _model_source_problems(config)
     problems += _cluster_problems(config)
-    problems += speculation_problems(
-        config.speculate, config.speculative_method, config.speculative_disable_by_batch_size, config.prefix_caching
-    )
+    speculation = (config.speculate, config.speculative_method, config.speculative_disable_by_batch_size)
+    problems += speculation_problems(*speculation, config.prefix_caching, config.speculative_model)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

@@ -13,7 +13,7 @@ from types import FrameType
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID, LOG_LEVELS
 from tandem_launcher.flags import FlagAdder
 from tandem_launcher.logs import LOGGER, configure_logging, phase
-from tandem_launcher.model_resolution import ModelResolutionError, ModelSource, prepare_model
+from tandem_launcher.model_resolution import ModelResolutionError, ModelSource, named_as_draft, prepare_model
 
 INTERRUPTED_STATUS = 128
 
@@ -39,6 +39,8 @@ def build_download_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser
     add = FlagAdder(parser, environ)
     add.value("--revision", str, None, "branch, tag or commit of the repo; none: its main branch")
     add.value("--gguf-file", str, None, "fetch only this .gguf file of the repo and convert it")
+    add.value("--speculative-model", str, None, "also fetch this draft model (speculative decoding), as MODEL_ID is")
+    add.value("--speculative-model-revision", str, None, "revision of a --speculative-model repo id; none: main")
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--hf-token-file", Path, None, "a file holding the Hugging Face token (a mounted secret); else HF_TOKEN")
     add.switch(
@@ -53,7 +55,10 @@ def build_download_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """Exit status 0 once the model is complete in the cache, 1 when it cannot be fetched, 128+N on signal N."""
-    args = build_download_parser(environ).parse_args(list(argv))
+    parser = build_download_parser(environ)
+    args = parser.parse_args(list(argv))
+    if args.speculative_model_revision is not None and args.speculative_model is None:
+        parser.error("--speculative-model-revision is the revision of a --speculative-model: give that too")
     configure_logging(args.log_level, args.json_output)
     _exit_at_once_on_signals()
     source = ModelSource(
@@ -65,16 +70,23 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         hf_token_file=None if args.hf_token_file is None else Path(args.hf_token_file).expanduser(),
     )
     try:
-        with phase(f"download {source.model_id}"):
-            model = prepare_model(source, environ)
+        _prepare(source, environ)
+        if args.speculative_model is not None:
+            with named_as_draft():
+                _prepare(source.draft(args.speculative_model, args.speculative_model_revision), environ)
     except ModelResolutionError as error:
         if args.error_file is not None:
             args.error_file.write_text(f"{error}\n")
         else:
             LOGGER.error("%s", error)
         return 1
-    LOGGER.info("%s is ready to serve from %s", source.model_id, model.path)
     return 0
+
+
+def _prepare(source: ModelSource, environ: Mapping[str, str]) -> None:
+    with phase(f"download {source.model_id}"):
+        model = prepare_model(source, environ)
+    LOGGER.info("%s is ready to serve from %s", source.model_id, model.path)
 
 
 def _exit_at_once_on_signals() -> None:

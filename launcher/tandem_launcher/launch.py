@@ -25,6 +25,8 @@ def launch(config: LauncherConfig) -> int:
         with phase(f"resolve model {config.model_id}"):
             model = resolve_configured_model(config)
         LOGGER.info("model directory: %s", model.path)
+        if model.draft_path is not None:
+            LOGGER.info("draft model directory: %s", model.draft_path)
         limits = derive_token_limits(config, model.max_position_embeddings)
     except (ModelResolutionError, TokenLimitError) as error:
         LOGGER.error("%s", error)

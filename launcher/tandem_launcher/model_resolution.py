@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem_launcher.config import EMBEDDED_MODEL_ID, LauncherConfig
@@ -32,6 +32,9 @@ from tandem_launcher.progress import DownloadProgress
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 _CHILD_STOP_TIMEOUT_S = 10.0
+# The download child takes its model from argv alone: these variables would fill the flags a source leaves unset (a
+# draft model has neither the served model's --revision nor its --gguf-file) or add a second model to fetch.
+_SOURCE_VARIABLES = ("MODEL_ID", "REVISION", "GGUF_FILE", "SPECULATIVE_MODEL", "SPECULATIVE_MODEL_REVISION")
 _PR_SET_PDEATHSIG = 1
 # Loaded before any fork: the forked download child must only make the one prctl call.
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -48,6 +51,8 @@ class ResolvedModel:
     path: Path
     served_name: str
     max_position_embeddings: int | None
+    # The draft model's directory (`--speculative-method draft`), which every shard loads beside `path`.
+    draft_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -65,13 +70,19 @@ class ModelSource:
         token = read_token_file(self.hf_token_file) if with_token and self.hf_token_file else None
         return HubRequest(self.model_id, self.revision, self.allow_pickle_weights, token=token)
 
+    def draft(self, model_id: str, revision: str | None) -> ModelSource:
+        """The draft model `model_id` (`--speculative-model`), fetched and converted with this source's cache,
+        token and pickle permission."""
+        return replace(self, model_id=model_id, revision=revision, gguf_file=None)
+
 
 # Runs `tandem-launcher download` for a source that is not (completely) in the cache; raises ModelResolutionError.
 Downloader = Callable[[ModelSource], None]
 
 
 def resolve_configured_model(config: LauncherConfig) -> ResolvedModel:
-    """The model the launcher's flags name (see `resolve_source`); a download logs like the launcher itself."""
+    """The model the launcher's flags name (see `resolve_source`) and its `--speculative-model`, resolved the same
+    way; a download logs like the launcher itself."""
     source = ModelSource(
         config.model_id,
         config.revision,
@@ -80,7 +91,22 @@ def resolve_configured_model(config: LauncherConfig) -> ResolvedModel:
         config.gguf_file,
         config.hf_token_file,
     )
-    return resolve_source(source, download=download_in_child(sys.executable, config.log_level, config.json_output))
+    download = download_in_child(sys.executable, config.log_level, config.json_output)
+    model = resolve_source(source, download=download)
+    if config.speculative_model is None:
+        return model
+    draft = source.draft(config.speculative_model, config.speculative_model_revision)
+    with named_as_draft():
+        return replace(model, draft_path=resolve_source(draft, download=download).path)
+
+
+@contextmanager
+def named_as_draft() -> Iterator[None]:
+    """Says that a resolution error is the draft model's, and which flag names it."""
+    try:
+        yield
+    except ModelResolutionError as error:
+        raise ModelResolutionError(f"draft model (--speculative-model): {error}") from error
 
 
 def resolve_source(
@@ -246,7 +272,8 @@ def download_in_child(python: str, log_level: str = "info", json_output: bool = 
             argv.append("--json-output")
         with tempfile.TemporaryDirectory(prefix="tandem-download-") as scratch:
             error_file = Path(scratch) / "error"
-            status = _run_child([*argv, "--error-file", str(error_file)])
+            environ = {name: value for name, value in os.environ.items() if name not in _SOURCE_VARIABLES}
+            status = _run_child([*argv, "--error-file", str(error_file)], environ)
             if status != 0:
                 message = error_file.read_text().strip() if error_file.is_file() else ""
                 raise ModelResolutionError(message or f"downloading {source.model_id} failed (exit status {status})")
@@ -254,8 +281,8 @@ def download_in_child(python: str, log_level: str = "info", json_output: bool = 
     return download
 
 
-def _run_child(argv: list[str]) -> int:
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)  # noqa: PLW1509
+def _run_child(argv: list[str], environ: Mapping[str, str]) -> int:
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=environ, preexec_fn=_die_with_parent)  # noqa: PLW1509
     try:
         return child.wait()
     except BaseException:

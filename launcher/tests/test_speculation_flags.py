@@ -1,12 +1,15 @@
-"""Speculative decoding flags, and their JSON form, reach the router as `--speculate` and `--speculative-method`."""
+"""Speculative decoding flags, and their JSON form, reach the router as `--speculate` and `--speculative-method`;
+a draft model reaches every shard as `--draft-model-path`."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tandem_launcher.cli import parse_config
-from tandem_launcher.commands import router_argv
+from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
@@ -40,6 +43,41 @@ def test_flags_and_their_json_form_set_the_same_router_flags() -> None:
     assert _router_flags(["--speculative-config", '{"num_speculative_tokens": 2}']) == ("2", "ngram", "4")
 
 
+def test_a_speculative_model_selects_the_draft_method_unless_a_method_is_given() -> None:
+    assert _router_flags(["--speculate", "4", "--speculative-model", "org/draft"]) == ("4", "draft", "4")
+    explicit = ["--speculate", "4", "--speculative-model", "org/draft", "--speculative-method", "draft"]
+    assert _router_flags(explicit) == ("4", "draft", "4")
+    config = parse_config([], {"SPECULATE": "3", "SPECULATIVE_MODEL": "org/draft"})
+    assert (config.speculative_method, config.speculative_model, config.speculative_model_revision) == (
+        "draft",
+        "org/draft",
+        None,
+    )
+
+
+def test_a_draft_model_needs_no_prefix_cache() -> None:
+    config = parse_config(["--speculate", "2", "--speculative-model", "org/draft", "--prefix-caching", "false"], {})
+    assert (config.speculative_method, config.prefix_caching) == ("draft", False)
+
+
+@pytest.mark.parametrize("method", [None, "draft", "draft_model"])
+def test_the_json_form_names_the_draft_model_with_vllms_keys(method: str | None) -> None:
+    given = {"model": "org/draft", "num_speculative_tokens": 4, "revision": "v2"}
+    json_form = json.dumps(given if method is None else {**given, "method": method})
+    config = parse_config(["--speculative-config", json_form], {})
+    assert (config.speculate, config.speculative_method) == (4, "draft")
+    assert (config.speculative_model, config.speculative_model_revision) == ("org/draft", "v2")
+
+
+def test_every_shard_gets_the_draft_model_directory_and_none_without_one() -> None:
+    config = LauncherConfig(speculate=4, speculative_method="draft", speculative_model="org/d", commands=COMMANDS)
+    drafted = replace(MODEL, draft_path=Path("/models/draft"))
+    for rank in (0, 1):
+        argv = shard_argv(config, drafted, rank, Path(f"/s{rank}.sock"), 1)
+        assert argv[argv.index("--draft-model-path") + 1] == "/models/draft"
+    assert "--draft-model-path" not in shard_argv(LauncherConfig(commands=COMMANDS), MODEL, 0, Path("/s.sock"), 1)
+
+
 def test_the_json_form_is_read_from_its_environment_variable() -> None:
     config = parse_config([], {"SPECULATIVE_CONFIG": '{"method": "radix", "num_speculative_tokens": 5}'})
     assert (config.speculate, config.speculative_method) == (5, "radix")
@@ -68,6 +106,39 @@ def test_the_json_form_is_read_from_its_environment_variable() -> None:
         (
             ["--speculate", "2", "--speculative-method", "radix", "--prefix-caching", "false"],
             "--speculative-method radix drafts from the prefix cache: it needs --prefix-caching true",
+        ),
+        (
+            ["--speculate", "2", "--speculative-method", "draft"],
+            "--speculative-method draft drafts with a draft model: it needs --speculative-model",
+        ),
+        (
+            ["--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 2}'],
+            "--speculative-method draft drafts with a draft model: it needs --speculative-model",
+        ),
+        (
+            ["--speculate", "2", "--speculative-method", "ngram", "--speculative-model", "org/d"],
+            "--speculative-model is the draft model of --speculative-method draft; --speculative-method ngram does "
+            "not use it",
+        ),
+        (
+            ["--speculative-config", '{"method": "radix", "num_speculative_tokens": 2, "model": "org/d"}'],
+            "--speculative-model is the draft model of --speculative-method draft; --speculative-method radix does "
+            "not use it",
+        ),
+        (
+            ["--speculative-model", "org/d"],
+            "--speculative-model drafts only with --speculate N > 0 (draft tokens per decode step)",
+        ),
+        (
+            ["--speculative-model-revision", "v2"],
+            "--speculative-model-revision is the revision of a --speculative-model: give that too",
+        ),
+        (["--speculative-config", '{"num_speculative_tokens": 2, "model": 7}'], "model must be a non-empty string"),
+        (["--speculative-config", '{"num_speculative_tokens": 2, "revision": ""}'], "revision must be a non-empty"),
+        (["--speculative-config", '{"method": ["draft"], "num_speculative_tokens": 2}'], "method must be one of"),
+        (
+            ["--speculative-model", "org/d", "--speculative-config", '{"num_speculative_tokens": 2}'],
+            "either --speculative-config or the --speculate/--speculative-* flags",
         ),
     ],
 )

@@ -104,6 +104,7 @@ def main() -> int:
     for flag in ("--rank", "--local-rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--allow-pickle-weights", action="store_true")
+    parser.add_argument("--draft-model-path")
     parser.add_argument("--fault-inject-step-error")
     parser.add_argument("--fault-inject-step-hang")
     args = parser.parse_args()
