@@ -268,8 +268,8 @@ def test_a_missing_static_input_scale_fails_start_up_naming_it(tmp_path: Path) -
 
 def test_an_unknown_quant_method_fails_start_up_naming_it(tmp_path: Path) -> None:
     checkpoint = _fp8_checkpoint(tmp_path)
-    _edit_config(checkpoint, quant_method="awq")
-    with pytest.raises(ConfigError, match="quant_method 'awq' is not supported"):
+    _edit_config(checkpoint, quant_method="bitsandbytes")
+    with pytest.raises(ConfigError, match="quant_method 'bitsandbytes' is not supported"):
         read_checkpoint_config(checkpoint)
 
 

@@ -4,7 +4,7 @@ float8 e4m3 weights with float8 activations through `torch._scaled_mm` (CPU, and
 torch's CPU weight-only kernels read 0.5 (int4) or 1 (int8) byte per weight instead of 4, which is what a decode step
 at small batches is bound by; they are fast only with bfloat16 activations, so each GEMM casts its input to bfloat16
 and its output back to the model's dtype.
-- int4: `w = (q - 8) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15, scale and zero in bfloat16.
+- int4: `w = (q - 8) * scale + zero` per group of 32 to 256 input features, q in 0..15, scale and zero in bfloat16.
 - int8: `w = q * scale` per output channel, q in -127..127, scale in bfloat16.
 - fp8: `w = q * scale` per output channel, float32 scales; activations scaled per token (or by a checkpoint's static
   scale) into float8, the product accumulated in float32.
@@ -22,6 +22,7 @@ from tandem_server.weights.quantization import (
     FP8_MAX,
     INT4_GROUP,
     INT4_MIDPOINT,
+    INT4_OUT_MULTIPLE,
     Fp8Channels,
     Int4Groups,
     Int8Channels,
@@ -42,6 +43,12 @@ class Int4Weight:
 
     def __init__(self, groups: Int4Groups) -> None:
         self.out_features, self.in_features = groups.q.shape
+        if self.out_features % INT4_OUT_MULTIPLE:
+            raise ValueError(
+                f"the int4 kernel needs output features in multiples of {INT4_OUT_MULTIPLE}, this weight has "
+                f"{self.out_features}"
+            )
+        self.group_size = groups.group_size
         self.packed = torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 1)
         # The kernel reads [in / group, out, 2]: each group's scale and zero for every output feature.
         self.scales_and_zeros = torch.stack([groups.scale.t(), groups.zero.t()], dim=-1).to(ACTIVATION_DTYPE)
@@ -51,13 +58,16 @@ class Int4Weight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[0] >= DENSE_MIN_ROWS and self.unpackable:
             return F.linear(x, self.dequantize().to(x.dtype), bias)
-        out = torch._weight_int4pack_mm_for_cpu(x.to(ACTIVATION_DTYPE), self.packed, INT4_GROUP, self.scales_and_zeros)
+        out = torch._weight_int4pack_mm_for_cpu(
+            x.to(ACTIVATION_DTYPE), self.packed, self.group_size, self.scales_and_zeros
+        )
         out = out.to(x.dtype)
         return out if bias is None else out + bias
 
     def dequantize(self) -> torch.Tensor:
         """The float32 `[out, in]` weight the kernel multiplies by (only when `unpackable`)."""
-        q = _unpack_nibbles(self.packed, self.out_features, self.in_features).view(self.out_features, -1, INT4_GROUP)
+        q = _unpack_nibbles(self.packed, self.out_features, self.in_features)
+        q = q.view(self.out_features, -1, self.group_size)
         scale = self.scales_and_zeros[..., 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[..., 1].t().float().contiguous().unsqueeze(-1)
         return torch.addcmul(zero, q.float() - INT4_MIDPOINT, scale).view(self.out_features, self.in_features)
@@ -68,7 +78,7 @@ class Int4Weight:
         blocks = self.packed.view(-1, self.in_features, _PACKED_ROW_BLOCK // 2)[flat // _PACKED_ROW_BLOCK]
         nibbles = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1)
         within = (flat % _PACKED_ROW_BLOCK).view(-1, 1, 1).expand(-1, self.in_features, 1)
-        q = nibbles.gather(2, within).view(flat.shape[0], -1, INT4_GROUP).float()
+        q = nibbles.gather(2, within).view(flat.shape[0], -1, self.group_size).float()
         scale = self.scales_and_zeros[:, flat, 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[:, flat, 1].t().float().contiguous().unsqueeze(-1)
         values = torch.addcmul(zero, q - INT4_MIDPOINT, scale)

@@ -2,10 +2,11 @@
 float weights quantized at load.
 
 GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups of 32 (two int4 planes). An FP8
-checkpoint's float8 weights stay float8 in every mode, per-tensor scales widened to per-channel. Float weights become
+checkpoint's float8 weights stay float8 in every mode, per-tensor scales widened to per-channel; a GPTQ or AWQ
+checkpoint's int4 weights stay int4 (served with `--quantize none` only). Float weights become
 int4 groups (`int4`, LM head int8 per channel), int8 per channel (`int8`) or float8 e4m3 per channel (`fp8`). A tied
-embedding looks its rows up in the LM head's quantized copy. A GGUF or float8 tensor no quantized kernel can take (a
-stack mixing block types, or float8 and float parts) is dequantized into its float parameter, exactly.
+embedding looks its rows up in the LM head's quantized copy. A GGUF, float8 or int4 tensor no quantized kernel can
+take (a stack mixing block types, or quantized and float parts) is dequantized into its float parameter, exactly.
 """
 
 from __future__ import annotations
@@ -26,12 +27,25 @@ from tandem_server.layers.quantized import (
     Int8Weight,
     QuantizedWeight,
     format_name,
+    kernels_unavailable_reason,
     quantized_weight,
     rows_available,
 )
 from tandem_server.weights.fp8_checkpoint import FP8_VALUES
 from tandem_server.weights.gguf_blocks import GgufBlocks
-from tandem_server.weights.quantization import Fp8Channels, QuantizeMode, quantize_fp8, quantize_int4, quantize_int8
+from tandem_server.weights.int4_checkpoint import INT4_VALUES
+from tandem_server.weights.int4_scheme import Int4Scheme
+from tandem_server.weights.quantization import (
+    Fp8Channels,
+    Int4Groups,
+    QuantizeMode,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
+
+# The attributes the loader sets on a parameter whose checkpoint values stay quantized, until quantization takes them.
+KEPT_VALUES = ("gguf_blocks", FP8_VALUES, INT4_VALUES)
 
 
 @dataclass
@@ -66,7 +80,7 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
         if isinstance(module, Embedding):
             report.formats[f"{name.rsplit('.', 1)[-1]}: {_quantize_embedding(model, module)}"] += 1
     for param in model.parameters():
-        for attribute in ("gguf_blocks", FP8_VALUES):
+        for attribute in KEPT_VALUES:
             kept = getattr(param, attribute, None)
             if kept is not None:
                 param.data.copy_(kept.dequantize())
@@ -84,19 +98,26 @@ def _return_freed_memory() -> None:
         pass
 
 
+def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device: torch.device) -> None:
+    """Refuses, before anything loads, a GPTQ or AWQ checkpoint with another `--quantize`, or on a device the int4
+    kernel does not run on."""
+    if scheme is None:
+        return
+    what = f"{scheme.method.upper()} int4 checkpoint"
+    if mode is not QuantizeMode.NONE:
+        raise ConfigError(
+            f"--quantize {mode.value}: this is a {what}; serve it with --quantize none (its int4 layers stay int4)"
+        )
+    unavailable = kernels_unavailable_reason(device, QuantizeMode.INT4)
+    if unavailable is not None:
+        raise ConfigError(f"{what}: {unavailable} (the int4 kernel runs on CPU only; use --device cpu)")
+
+
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     parts = module.weight_parts()
-    fp8: list[Fp8Channels | None] = [getattr(part, FP8_VALUES, None) for part in parts]
-    if all(fp8):
-        values = [channels for channels in fp8 if channels]
-        stacked = values[0] if len(values) == 1 else Fp8Channels.concat(values)
-        _use(module, Fp8Weight(stacked.to(module.weight.device)))
-        return "float8 checkpoint as fp8"
-    if any(fp8):
-        for part, channels in zip(parts, fp8, strict=True):
-            if channels is not None:
-                part.data.copy_(channels.dequantize())
-                delattr(part, FP8_VALUES)
+    served = _serve_checkpoint_values(module, parts)
+    if served is not None:
+        return served
     blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
     if mode is QuantizeMode.NONE or (mode is QuantizeMode.GGUF and not all(blocks)):
         return str(module.weight.dtype).removeprefix("torch.")
@@ -116,6 +137,27 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     return f"{label} as {format_name(quantized)}"
 
 
+def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor]) -> str | None:
+    """Serves `module` from an FP8 or int4 checkpoint's values when every part has them (what it became); a stack
+    only some of whose parts have them is dequantized into its float parts (None)."""
+    for attribute in (FP8_VALUES, INT4_VALUES):
+        kept: list[Fp8Channels | Int4Groups | None] = [getattr(part, attribute, None) for part in parts]
+        if all(kept):
+            fp8 = [values for values in kept if isinstance(values, Fp8Channels)]
+            if fp8:
+                stacked = fp8[0] if len(fp8) == 1 else Fp8Channels.concat(fp8)
+                _use(module, Fp8Weight(stacked.to(module.weight.device)))
+                return "float8 checkpoint as fp8"
+            int4 = [values for values in kept if isinstance(values, Int4Groups)]
+            _use(module, Int4Weight(int4[0] if len(int4) == 1 else Int4Groups.concat(int4)))
+            return "int4 checkpoint as int4"
+        for part, values in zip(parts, kept, strict=True):
+            if values is not None:
+                part.data.copy_(values.dequantize())
+                delattr(part, attribute)
+    return None
+
+
 def _quantize_float(module: GemmModule, mode: QuantizeMode) -> QuantizedWeight:
     if mode is QuantizeMode.FP8:
         return Fp8Weight(quantize_fp8(module.weight))
@@ -127,7 +169,7 @@ def _quantize_float(module: GemmModule, mode: QuantizeMode) -> QuantizedWeight:
 def _use(module: GemmModule, quantized: QuantizedWeight) -> None:
     """Serves `module` from `quantized`, dropping what the loader kept for its parts."""
     for part in module.weight_parts():
-        for attribute in ("gguf_blocks", FP8_VALUES):
+        for attribute in KEPT_VALUES:
             if hasattr(part, attribute):
                 delattr(part, attribute)
     module.use_quantized(quantized)

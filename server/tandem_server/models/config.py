@@ -9,6 +9,7 @@ from typing import Any
 
 from tandem_server.errors import ConfigError
 from tandem_server.weights.fp8_scheme import Fp8Scheme, checkpoint_fp8_scheme
+from tandem_server.weights.int4_scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class CheckpointConfig:
     eos_token_ids: tuple[int, ...]
     # The FP8 layout config.json's `quantization_config` declares; None for a float checkpoint.
     fp8: Fp8Scheme | None = None
+    # The GPTQ/AWQ packing config.json's `quantization_config` declares; None unless it is an int4 checkpoint.
+    int4: Int4Scheme | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,15 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
     generation_file = model_path / "generation_config.json"
     if generation_file.is_file():
         eos += tuple(i for i in _as_ids(json.loads(generation_file.read_text()).get("eos_token_id")) if i not in eos)
+    quantization = hf.get("quantization_config") or {}
+    int4 = checkpoint_int4_scheme(quantization) if quantization.get("quant_method") in INT4_METHODS else None
     return CheckpointConfig(
-        path=model_path, hf=hf, architecture=architectures[0], eos_token_ids=eos, fp8=checkpoint_fp8_scheme(hf)
+        path=model_path,
+        hf=hf,
+        architecture=architectures[0],
+        eos_token_ids=eos,
+        fp8=None if int4 is not None else checkpoint_fp8_scheme(hf),
+        int4=int4,
     )
 
 

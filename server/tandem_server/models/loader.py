@@ -20,8 +20,8 @@ def load_model(
     allow_pickle_weights: bool = False,
     gguf_blocks: bool = False,
 ) -> CausalLM:
-    """The model of `checkpoint.architecture`, loaded for this rank; an FP8 checkpoint's float8 layers are ready once
-    `quantize_model` has run (their float parameters are left unfilled)."""
+    """The model of `checkpoint.architecture`, loaded for this rank; an FP8 checkpoint's float8 layers (a GPTQ or AWQ
+    checkpoint's int4 ones) are ready once `quantize_model` has run (their float parameters are left unfilled)."""
     factory = model_factory(checkpoint.architecture)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -31,5 +31,5 @@ def load_model(
     finally:
         torch.set_default_dtype(previous_dtype)
     layout = model.checkpoint_layout()
-    load_weights(model, checkpoint.path, layout, allow_pickle_weights, gguf_blocks, checkpoint.fp8)
+    load_weights(model, checkpoint.path, layout, allow_pickle_weights, gguf_blocks, checkpoint.fp8, checkpoint.int4)
     return model.eval()

@@ -47,7 +47,10 @@ def checkpoint_fp8_scheme(hf: dict[str, Any]) -> Fp8Scheme | None:
         return Fp8Scheme(method, activation_bound=float(config.get("activation_scale_ub", DEFAULT_ACTIVATION_SCALE_UB)))
     if method == "compressed-tensors":
         return _compressed_tensors(config)
-    raise ConfigError(f"quantization_config: quant_method {method!r} is not supported; {_SUPPORTED}")
+    raise ConfigError(
+        f"quantization_config: quant_method {method!r} is not supported; Tandem serves FP8 checkpoints "
+        "(compressed-tensors, fbgemm_fp8) and int4 ones (gptq, awq)"
+    )
 
 
 def _compressed_tensors(config: dict[str, Any]) -> Fp8Scheme:

@@ -44,6 +44,16 @@ class CheckpointLayout:
                 return [name[: -len(fused.suffix)] + suffix for suffix, _ in fused.parts]
         return [name]
 
+    def parameter_offsets(self, name: str) -> list[tuple[str, int]]:
+        """The parameters checkpoint tensor `name` supplies, each with its first row in that tensor."""
+        for fused in self.fused:
+            if name.endswith(fused.suffix) and name not in self.skipped:
+                offsets = [0]
+                for _, rows in fused.parts[:-1]:
+                    offsets.append(offsets[-1] + rows)
+                return list(zip(self.parameter_names(name), offsets, strict=True))
+        return [(param, 0) for param in self.parameter_names(name)]
+
 
 def _split(
     prefix: str, fused: FusedTensor, tensor: CheckpointTensor, name: str

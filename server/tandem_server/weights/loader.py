@@ -13,6 +13,8 @@ from tandem_server.errors import WeightsError
 from tandem_server.weights.fp8_checkpoint import Fp8Collector, float8_problem
 from tandem_server.weights.fp8_scheme import Fp8Scheme
 from tandem_server.weights.gguf_blocks import GgufBlocks, iterate_block_tensors, read_blocks
+from tandem_server.weights.int4_checkpoint import Int4Collector
+from tandem_server.weights.int4_scheme import Int4Scheme
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
 from tandem_server.weights.quantization import FP8_DTYPE
@@ -28,24 +30,24 @@ def load_weights(
     allow_pickle: bool = False,
     gguf_blocks: bool = False,
     fp8: Fp8Scheme | None = None,
+    int4: Int4Scheme | None = None,
 ) -> None:
     """Fills every parameter once, reading only its `checkpoint_slice` (default: all); mismatches are errors.
 
     With `gguf_blocks`, a parameter whose tensor the checkpoint also holds as GGUF blocks gets them as its
     `gguf_blocks` attribute instead: its float tensor is never read, and quantization decides what it becomes.
-    With an `fp8` scheme, a float8 weight and its scales become the parameter's `Fp8Channels` the same way.
+    With an `fp8` scheme, a float8 weight and its scales become the parameter's `Fp8Channels` the same way; with an
+    `int4` one (GPTQ, AWQ), a layer's packed tensors become its parameters' `Int4Groups`.
     """
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
-    if gguf_blocks:
-        for checkpoint_name, gguf_type, blocks in iterate_block_tensors(model_path):
-            for name, tensor in _parameter_tensors(layout, checkpoint_name, blocks):
-                param = _parameter(params, checkpoint_name, name)
-                with _errors_named(name):
-                    param.gguf_blocks = _read_blocks(param, tensor, gguf_type)
-                loaded.add(name)
+    loaded = _attach_gguf_blocks(model_path, layout, params) if gguf_blocks else set()
     collector = Fp8Collector(fp8) if fp8 is not None else None
+    int4_collector = Int4Collector(int4, layout, params) if int4 is not None else None
     for checkpoint_name, checkpoint_tensor in _checkpoint_tensors(model_path, allow_pickle):
+        if int4_collector is not None and int4_collector.takes(checkpoint_name):
+            with _errors_named(checkpoint_name):
+                int4_collector.add(checkpoint_name, checkpoint_tensor)
+            continue
         if collector is not None and collector.is_companion(checkpoint_name):
             with _errors_named(checkpoint_name):
                 collector.add_companion(checkpoint_name, checkpoint_tensor, layout, params)
@@ -61,9 +63,31 @@ def load_weights(
         problems = collector.attach(params)
         if problems:
             raise WeightsError(f"FP8 checkpoint ({collector.scheme.method}): {'; '.join(problems[:5])}")
+    if int4_collector is not None:
+        loaded |= _attach_int4(int4_collector)
     missing = sorted(set(params) - loaded)
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")
+
+
+def _attach_gguf_blocks(model_path: Path, layout: CheckpointLayout, params: dict[str, nn.Parameter]) -> set[str]:
+    """Gives each parameter the checkpoint holds as GGUF blocks its `gguf_blocks`; returns their names."""
+    loaded = set()
+    for checkpoint_name, gguf_type, blocks in iterate_block_tensors(model_path):
+        for name, tensor in _parameter_tensors(layout, checkpoint_name, blocks):
+            param = _parameter(params, checkpoint_name, name)
+            with _errors_named(name):
+                param.gguf_blocks = _read_blocks(param, tensor, gguf_type)
+            loaded.add(name)
+    return loaded
+
+
+def _attach_int4(collector: Int4Collector) -> set[str]:
+    """Hands each int4 layer its `Int4Groups`; returns the parameters filled that way."""
+    problems = collector.attach()
+    if problems:
+        raise WeightsError(f"int4 checkpoint ({collector.scheme.method}): {'; '.join(problems[:5])}")
+    return collector.attached
 
 
 def _fill(param: nn.Parameter, name: str, values: torch.Tensor, collector: Fp8Collector | None) -> None:

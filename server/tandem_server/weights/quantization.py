@@ -1,7 +1,8 @@
 """Quantized weight values before any kernel layout: int4 groups, int8 and float8 channels, and quantizers for float
 weights.
 
-- int4: `w = (q - INT4_MIDPOINT) * scale + zero` per group of `INT4_GROUP` input features, q in 0..15.
+- int4: `w = (q - INT4_MIDPOINT) * scale + zero` per group of input features (`INT4_GROUP` when quantized at load, a
+  checkpoint's own size for GPTQ/AWQ), q in 0..15.
 - int8: `w = q * scale` per output channel, q in -127..127.
 - fp8: `w = q * scale` per output channel, q a float8 e4m3 value (at most `FP8_MAX` in magnitude).
 """
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 import torch
 
 INT4_GROUP = 32
+# The group sizes torch's CPU int4 kernel takes.
+INT4_KERNEL_GROUPS = (32, 64, 128, 256)
+# torch's CPU int4 packing takes output features in multiples of 16.
+INT4_OUT_MULTIPLE = 16
 INT4_MIDPOINT = 8
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
@@ -34,24 +39,30 @@ class QuantizeMode(enum.Enum):
 
 @dataclass(frozen=True)
 class Int4Groups:
-    """Unpacked int4 weights `[out, in]` (values 0..15) with float32 `scale` and `zero` `[out, in / INT4_GROUP]`."""
+    """Unpacked int4 weights `[out, in]` (values 0..15) with float32 `scale` and `zero` `[out, in / group_size]`;
+    `group_size` is one the CPU kernel takes (`INT4_KERNEL_GROUPS`)."""
 
     q: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
+    group_size: int = INT4_GROUP
 
     def dequantize(self) -> torch.Tensor:
         out_features, in_features = self.q.shape
-        grouped = (self.q.view(out_features, -1, INT4_GROUP).float() - INT4_MIDPOINT) * self.scale.unsqueeze(-1)
+        grouped = (self.q.view(out_features, -1, self.group_size).float() - INT4_MIDPOINT) * self.scale.unsqueeze(-1)
         return (grouped + self.zero.unsqueeze(-1)).view(out_features, in_features)
 
     @staticmethod
     def concat(parts: list[Int4Groups]) -> Int4Groups:
-        """Parts stacked along the output features (a fused projection)."""
+        """Parts stacked along the output features (a fused projection); they share one group size."""
+        sizes = {part.group_size for part in parts}
+        if len(sizes) > 1:
+            raise ValueError(f"stacked int4 parts have different group sizes {sorted(sizes)}")
         return Int4Groups(
             torch.cat([part.q for part in parts]),
             torch.cat([part.scale for part in parts]),
             torch.cat([part.zero for part in parts]),
+            sizes.pop(),
         )
 
 
