@@ -76,14 +76,15 @@ pub struct RouterArgs {
     /// false` waits for each step's answer first).
     #[arg(long, env = "ASYNC_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]
     pub async_scheduling: bool,
-    /// Speculative decoding: up to this many draft tokens per decode step, proposed from the
-    /// request's own tokens (prompt lookup) and kept by the shards only where they equal the
-    /// request's own draws, so outputs never change. 0 turns it off.
+    /// Speculative decoding: up to this many draft tokens per decode step (see
+    /// `--speculative-method`), kept by the shards only where they equal the request's own
+    /// draws, so outputs never change. 0 turns it off.
     #[arg(long, env = "SPECULATE", default_value_t = 0)]
     pub speculate: usize,
     /// Where drafts come from: `ngram` looks the request's last tokens up in its own text;
     /// `radix` proposes what an earlier request computed after the same context (the prefix
-    /// cache), falling back to `ngram` where the cache holds none.
+    /// cache), falling back to `ngram` where the cache holds none; `draft` asks the shards' draft
+    /// model for `--speculate` tokens (the router refuses to start if the shards run none).
     #[arg(long, env = "SPECULATIVE_METHOD", default_value_t = DraftMethod::Ngram)]
     pub speculative_method: DraftMethod,
     /// No step carries drafts while more requests than this run (vLLM's

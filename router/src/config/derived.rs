@@ -17,6 +17,8 @@ pub struct ServedModel {
     pub device: String,
     pub weights_format: String,
     pub weight_bytes: u64,
+    /// The shards' draft model (`<architecture>, <N> layers`); `None` when they run none.
+    pub draft_model: Option<String>,
     pub num_shards: usize,
 }
 
@@ -100,6 +102,7 @@ impl RouterConfig {
             block_size: limits.block_size,
             speculate: limits.speculate,
             speculative_method: limits.speculative_method.label(),
+            speculative_model: model.draft_model,
             kv_cache_blocks: num_blocks,
             kv_cache_tokens: num_blocks * limits.block_size,
             router: "tandem-router",

@@ -82,9 +82,49 @@ fn drafts_come_from_prompt_lookup_unless_radix_is_chosen_and_radix_needs_the_cac
         error.to_string().contains("--prefix-caching true"),
         "{error}"
     );
-    let argv = ["tandem-router", "--speculative-method", "draft"];
+    let argv = ["tandem-router", "--speculative-method", "eagle"];
     let refused = RouterArgs::try_parse_from(argv).unwrap_err().to_string();
-    assert!(refused.contains("ngram or radix"), "{refused}");
+    assert!(refused.contains("ngram, radix or draft"), "{refused}");
+}
+
+#[test]
+fn drafts_from_the_shards_draft_model_need_no_prefix_cache() {
+    let flags = ["--speculate", "4", "--speculative-method", "draft"];
+    let drafting = parse(&flags).unwrap();
+    assert_eq!(drafting.limits.speculative_method, DraftMethod::Model);
+    assert_eq!(
+        drafting.scheduler_config(10).draft_method,
+        DraftMethod::Model
+    );
+    let uncached = parse(&[&flags[..], &["--prefix-caching", "false"]].concat()).unwrap();
+    assert_eq!(uncached.limits.speculative_method, DraftMethod::Model);
+}
+
+#[test]
+fn info_reports_the_method_and_the_shards_draft_model() {
+    let config = parse(&["--speculate", "4", "--speculative-method", "draft"]).unwrap();
+    let served = |draft_model: Option<&str>| ServedModel {
+        architecture: "LlamaForCausalLM".to_owned(),
+        dtype: "float32".to_owned(),
+        device: "cpu".to_owned(),
+        weights_format: String::new(),
+        weight_bytes: 0,
+        draft_model: draft_model.map(str::to_owned),
+        num_shards: 2,
+    };
+    let info = config.server_info(
+        served(Some("LlamaForCausalLM, 2 layers")),
+        10,
+        Default::default(),
+    );
+    assert_eq!((info.speculate, info.speculative_method), (4, "draft"));
+    assert_eq!(
+        info.speculative_model.as_deref(),
+        Some("LlamaForCausalLM, 2 layers")
+    );
+    let body = serde_json::to_value(config.server_info(served(None), 10, Default::default()))
+        .expect("the body serializes");
+    assert_eq!(body["speculative_model"], serde_json::Value::Null);
 }
 
 #[test]

@@ -52,8 +52,11 @@ pub struct ServerInfo {
     pub block_size: usize,
     /// Speculative decoding: draft tokens per decode step (0: off).
     pub speculate: usize,
-    /// Where drafts come from (`--speculative-method`): `ngram` or `radix`.
+    /// Where drafts come from (`--speculative-method`): `ngram`, `radix` or `draft`.
     pub speculative_method: &'static str,
+    /// The shards' draft model, which `draft` drafts with (`<architecture>, <N> layers`); null
+    /// when they run none.
+    pub speculative_model: Option<String>,
     pub kv_cache_blocks: usize,
     pub kv_cache_tokens: usize,
     pub router: &'static str,

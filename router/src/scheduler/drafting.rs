@@ -1,7 +1,8 @@
-//! Drafts for speculative decoding, proposed without a model, so a proposal costs microseconds:
-//! from the request's own tokens (prompt lookup) or from what an earlier request computed after
-//! the same tokens (the prefix cache's radix tree). The shards keep a draft only where it equals
-//! the token the request draws itself, so drafts change how fast tokens come, never which.
+//! Drafts for speculative decoding. The router proposes tokens without a model, so a proposal
+//! costs microseconds: from the request's own tokens (prompt lookup) or from what an earlier
+//! request computed after the same tokens (the prefix cache's radix tree). Or it asks the shards'
+//! draft model for a number of them. The shards keep a draft only where it equals the token the
+//! request draws itself, so drafts change how fast tokens come, never which.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,14 +17,19 @@ pub enum DraftMethod {
     /// The continuation an earlier request computed after the request's whole context, from the
     /// prefix cache; prompt lookup where the cache holds none.
     Radix,
+    /// The shards' draft model proposes them (`num_model_drafts`); the router sends a count.
+    Model,
 }
 
 impl DraftMethod {
+    pub const ALL: [Self; 3] = [Self::Ngram, Self::Radix, Self::Model];
+
     /// The value of the `method` label on the speculative decoding metrics.
     pub fn label(self) -> &'static str {
         match self {
             Self::Ngram => "ngram",
             Self::Radix => "radix",
+            Self::Model => "draft",
         }
     }
 }
@@ -41,21 +47,46 @@ impl FromStr for DraftMethod {
         match value {
             "ngram" => Ok(Self::Ngram),
             "radix" => Ok(Self::Radix),
+            "draft" => Ok(Self::Model),
             other => Err(format!(
-                "unknown speculative method {other:?}: use ngram or radix"
+                "unknown speculative method {other:?}: use ngram, radix or draft"
             )),
         }
     }
 }
 
-/// Draft tokens for one step, and the method that proposed them. Never empty.
+/// One step's drafts for one request. Never empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Drafts {
-    pub tokens: Vec<u32>,
-    pub method: DraftMethod,
+pub enum Drafts {
+    /// Tokens the router proposed, and the method that found them (`ngram` or `radix`).
+    Tokens {
+        tokens: Vec<u32>,
+        method: DraftMethod,
+    },
+    /// This many tokens, proposed by the shards' draft model: it always proposes them all.
+    FromModel(usize),
 }
 
-/// Up to `max_drafts` drafts after `tokens` by `method`; `None` when no method has any.
+impl Drafts {
+    /// Draft tokens the step runs after the request's last token.
+    pub fn count(&self) -> usize {
+        match self {
+            Self::Tokens { tokens, .. } => tokens.len(),
+            Self::FromModel(count) => *count,
+        }
+    }
+
+    /// The method the drafts are counted under.
+    pub fn method(&self) -> DraftMethod {
+        match self {
+            Self::Tokens { method, .. } => *method,
+            Self::FromModel(_) => DraftMethod::Model,
+        }
+    }
+}
+
+/// Up to `max_drafts` drafts after `tokens` by `method`; `None` when no method has any. The
+/// draft model always has `max_drafts`.
 pub fn propose(
     method: DraftMethod,
     tokens: &[u32],
@@ -65,17 +96,20 @@ pub fn propose(
     if max_drafts == 0 {
         return None;
     }
+    if method == DraftMethod::Model {
+        return Some(Drafts::FromModel(max_drafts));
+    }
     if method == DraftMethod::Radix {
         let cached = pool.cached_continuation(tokens, max_drafts);
         if !cached.is_empty() {
-            return Some(Drafts {
+            return Some(Drafts::Tokens {
                 tokens: cached,
                 method: DraftMethod::Radix,
             });
         }
     }
     let looked_up = propose_from_context(tokens, max_drafts);
-    (!looked_up.is_empty()).then_some(Drafts {
+    (!looked_up.is_empty()).then_some(Drafts::Tokens {
         tokens: looked_up,
         method: DraftMethod::Ngram,
     })
@@ -155,15 +189,21 @@ mod tests {
         let computed = [1, 2, 3, 4, 5, 6];
         earlier.grow(3).expect("free blocks");
         earlier.publish(&computed, computed.len());
-        let proposed = |tokens: &[u32]| {
-            propose(DraftMethod::Radix, tokens, 3, &pool)
-                .map(|drafts| (drafts.tokens, drafts.method))
-        };
+        let proposed = |tokens: &[u32]| propose(DraftMethod::Radix, tokens, 3, &pool);
         assert_eq!(
             proposed(&[1, 2, 3]),
-            Some((vec![4, 5, 6], DraftMethod::Radix))
+            Some(Drafts::Tokens {
+                tokens: vec![4, 5, 6],
+                method: DraftMethod::Radix
+            })
         );
-        assert_eq!(proposed(&[9, 8, 9]), Some((vec![8, 9], DraftMethod::Ngram)));
+        assert_eq!(
+            proposed(&[9, 8, 9]),
+            Some(Drafts::Tokens {
+                tokens: vec![8, 9],
+                method: DraftMethod::Ngram
+            })
+        );
         assert_eq!(
             propose(DraftMethod::Ngram, &[1, 2, 3], 3, &pool),
             None,
@@ -173,12 +213,23 @@ mod tests {
     }
 
     #[test]
+    fn the_draft_model_is_asked_for_every_draft_the_room_allows_whatever_the_text() {
+        let pool = BlockPool::with_prefix_cache(8, None);
+        let drafts = propose(DraftMethod::Model, &[1, 2, 3, 4], 3, &pool);
+        assert_eq!(drafts, Some(Drafts::FromModel(3)));
+        let drafts = drafts.expect("three drafts");
+        assert_eq!((drafts.count(), drafts.method()), (3, DraftMethod::Model));
+        assert_eq!(propose(DraftMethod::Model, &[1, 2, 3, 4], 0, &pool), None);
+    }
+
+    #[test]
     fn methods_parse_from_their_labels_and_unknown_ones_are_refused() {
-        for method in [DraftMethod::Ngram, DraftMethod::Radix] {
+        for method in DraftMethod::ALL {
             assert_eq!(method.label().parse::<DraftMethod>(), Ok(method));
         }
-        let error = "draft".parse::<DraftMethod>().expect_err("not a method");
-        assert!(error.contains("ngram or radix"), "{error}");
+        assert_eq!("draft".parse::<DraftMethod>(), Ok(DraftMethod::Model));
+        let error = "eagle".parse::<DraftMethod>().expect_err("not a method");
+        assert!(error.contains("ngram, radix or draft"), "{error}");
     }
 
     #[test]

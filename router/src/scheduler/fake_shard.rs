@@ -1,6 +1,7 @@
 //! A fake shard for scheduler tests: it enforces the Step contract and derives each token
 //! from what it reads back through the block table, so a block handed to two live
-//! requests, or a wrong `num_computed_tokens`, changes the output or panics.
+//! requests, or a wrong `num_computed_tokens`, changes the output or panics. Its draft model
+//! guesses the model's tokens, wrongly at some positions.
 
 use std::collections::{HashMap, HashSet};
 
@@ -42,7 +43,15 @@ pub(super) struct FakeShard {
     last_step_id: Option<u64>,
     /// The model every token comes from (`model` unless a test needs predictable text).
     pub model: Option<fn(&[u32]) -> u32>,
+    /// What the draft model proposes after a context (`num_model_drafts`); unless set, the
+    /// model's own token except at every `DRAFT_MISS_PERIOD`th position.
+    pub draft_model: Option<fn(&[u32]) -> u32>,
+    /// Drafts the draft model proposed, over every step.
+    pub model_drafts: usize,
 }
+
+/// The default draft model guesses wrong where the context's length is a multiple of this.
+const DRAFT_MISS_PERIOD: usize = 5;
 
 impl FakeShard {
     pub fn new(block_size: usize) -> Self {
@@ -63,6 +72,31 @@ impl FakeShard {
             .map(|position| self.slots[&self.slot(request, position)])
             .collect();
         self.model.unwrap_or(model)(&cached)
+    }
+
+    /// The draft tokens `scheduled` runs after `request`'s last token: listed, or proposed by
+    /// the draft model, never both.
+    fn drafts(&mut self, scheduled: &ScheduledSpan, request: &FakeRequest) -> Vec<u32> {
+        let count = scheduled.num_model_drafts;
+        if count == 0 {
+            return scheduled.draft_token_ids.clone();
+        }
+        assert!(
+            scheduled.draft_token_ids.is_empty(),
+            "model drafts and listed drafts in one span"
+        );
+        self.model_drafts += count;
+        let target = self.model.unwrap_or(model);
+        let mut context = request.tokens.clone();
+        for _ in 0..count {
+            let guess = match self.draft_model {
+                Some(draft_model) => draft_model(&context),
+                None if context.len().is_multiple_of(DRAFT_MISS_PERIOD) => target(&context) + 1000,
+                None => target(&context),
+            };
+            context.push(guess);
+        }
+        context.split_off(request.tokens.len())
     }
 
     /// Panics if two live requests share a block unless it is a full block both computed
@@ -139,7 +173,7 @@ impl FakeShard {
         assert_eq!(request.num_computed, scheduled.num_computed_tokens);
         let end = request.num_computed + scheduled.num_tokens;
         assert!(end <= request.tokens.len(), "scheduled past the end");
-        let drafts = &scheduled.draft_token_ids;
+        let drafts = &self.drafts(scheduled, &request);
         assert!(
             request.blocks.len() * self.block_size >= end + drafts.len(),
             "blocks do not cover the step"

@@ -48,7 +48,7 @@ fn describe_speculation() {
         "tandem_speculative_draft_tokens_total",
         "tandem_speculative_accepted_tokens_total",
     ] {
-        for method in [DraftMethod::Ngram, DraftMethod::Radix] {
+        for method in DraftMethod::ALL {
             counter!(name, "method" => method.label()).absolute(0);
         }
     }

@@ -17,6 +17,8 @@ mod in_flight;
 mod load;
 mod metrics;
 #[cfg(test)]
+mod model_draft_tests;
+#[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
 mod proptests;

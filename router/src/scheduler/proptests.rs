@@ -1,6 +1,6 @@
 //! Random workloads against the fake shard: arrivals, prompt and output lengths,
-//! cancellations, end-of-sequence stops, KV budgets, step budgets, and one or two steps in
-//! flight (the next step planned before the current one answered).
+//! cancellations, end-of-sequence stops, KV budgets, step budgets, one or two steps in
+//! flight (the next step planned before the current one answered), and drafts by every method.
 //!
 //! Admission policy under test: the queue head is admitted first in any step that admits
 //! anything (unless that step preempted, which puts the preempted request at the head),
@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use tokio::sync::mpsc;
 
 use super::config::SchedulerConfig;
+use super::drafting::DraftMethod;
 use super::fake_shard::{expected_output, FakeShard};
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
@@ -69,6 +70,10 @@ fn workload() -> impl Strategy<Value = Workload> {
         1usize..64,
         1usize..8,
         1usize..=2,
+        (
+            prop::sample::select(vec![0usize, 2, 4]),
+            prop::sample::select(DraftMethod::ALL.to_vec()),
+        ),
     )
         .prop_map(
             |(
@@ -78,6 +83,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                 max_batch_tokens,
                 max_batch_requests,
                 steps_in_flight,
+                (max_drafts, draft_method),
             )| {
                 arrivals.sort_by_key(|arrival| arrival.at_step);
                 let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
@@ -100,8 +106,8 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_batch_requests,
                         prefix_caching: true,
                         steps_in_flight,
-                        max_drafts: 0,
-                        draft_method: super::drafting::DraftMethod::Ngram,
+                        max_drafts,
+                        draft_method,
                         max_drafting_batch: usize::MAX,
                     },
                     arrivals,
@@ -135,7 +141,11 @@ impl Client {
 }
 
 fn check_step_limits(config: &SchedulerConfig, step: &Step) -> Result<(), TestCaseError> {
-    let tokens: usize = step.scheduled.iter().map(|s| s.num_tokens).sum();
+    let tokens: usize = step
+        .scheduled
+        .iter()
+        .map(|s| s.num_tokens + s.draft_token_ids.len() + s.num_model_drafts)
+        .sum();
     prop_assert!(
         tokens <= config.max_batch_tokens,
         "{tokens} tokens over a budget of {}",
@@ -148,6 +158,14 @@ fn check_step_limits(config: &SchedulerConfig, step: &Step) -> Result<(), TestCa
     prop_assert!(
         step.scheduled.iter().all(|s| s.num_tokens > 0),
         "a request was scheduled for zero tokens"
+    );
+    let from_model = config.draft_method == DraftMethod::Model;
+    prop_assert!(
+        step.scheduled.iter().all(|s| {
+            let drafts = s.draft_token_ids.len() + s.num_model_drafts;
+            drafts <= config.max_drafts && (s.num_model_drafts > 0) == (from_model && drafts > 0)
+        }),
+        "drafts beyond --speculate, or not by the configured method"
     );
     Ok(())
 }

@@ -20,8 +20,8 @@ pub(crate) struct PendingSpan {
     pub computed_before: usize,
     /// The span reaches the end of the sequence, so its step answers with the next token.
     pub samples: bool,
-    /// Draft tokens run after the span; its step answers with the drafts the shards kept and
-    /// one token more.
+    /// Draft tokens run after the span (listed, or proposed by the shards' draft model); its
+    /// step answers with the drafts the shards kept and one token more.
     pub drafts: usize,
     /// The method that proposed the drafts, if any (the label they are counted under).
     pub drafted_by: Option<DraftMethod>,
@@ -166,15 +166,20 @@ impl Sequence {
     ) -> ScheduledSpan {
         let end = self.num_computed + num_tokens;
         let samples = end == self.tokens.len() + self.pending_samples();
-        let drafted_by = drafts.as_ref().map(|drafts| drafts.method);
-        let draft_token_ids = drafts.map(|drafts| drafts.tokens).unwrap_or_default();
-        let num_drafts = draft_token_ids.len();
+        let drafted_by = drafts.as_ref().map(Drafts::method);
+        let num_drafts = drafts.as_ref().map_or(0, Drafts::count);
+        let (draft_token_ids, num_model_drafts) = match drafts {
+            Some(Drafts::Tokens { tokens, .. }) => (tokens, 0),
+            Some(Drafts::FromModel(count)) => (Vec::new(), count),
+            None => (Vec::new(), 0),
+        };
         let scheduled = ScheduledSpan {
             id: self.id,
             num_tokens,
             new_block_ids,
             num_computed_tokens: self.num_computed,
             draft_token_ids,
+            num_model_drafts,
         };
         self.pending.push_back(PendingSpan {
             step_id,

@@ -16,7 +16,7 @@ fn periodic(tokens: &[u32]) -> u32 {
     tokens[tokens.len() - 3]
 }
 
-fn request(prompt: &[u32], max_new_tokens: u32) -> GenerationRequest {
+pub(super) fn request(prompt: &[u32], max_new_tokens: u32) -> GenerationRequest {
     GenerationRequest {
         input_ids: prompt.to_vec(),
         stopping: StoppingParams {
@@ -27,7 +27,7 @@ fn request(prompt: &[u32], max_new_tokens: u32) -> GenerationRequest {
     }
 }
 
-fn expected(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> Vec<u32> {
+pub(super) fn expected(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> Vec<u32> {
     let mut tokens = prompt.to_vec();
     for _ in 0..max_new_tokens {
         tokens.push(model(&tokens));
@@ -36,7 +36,7 @@ fn expected(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> Ve
 }
 
 /// Plans up to two steps ahead of the answers, as the step loop does with async scheduling.
-fn run_pipelined(state: &mut SchedulerState, shard: &mut FakeShard) {
+pub(super) fn run_pipelined(state: &mut SchedulerState, shard: &mut FakeShard) {
     let mut answers = VecDeque::new();
     for _ in 0..10_000 {
         while answers.len() < 2 {

@@ -1,6 +1,8 @@
 //! Start-up: tokenizer, shards, KV cache, scheduler, then the HTTP server until a signal.
 
 mod serving;
+#[cfg(test)]
+mod tests;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::kv::{self, events::PublisherError};
-use crate::scheduler::{self, Backend, RecoveryConfig};
+use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
@@ -32,6 +34,8 @@ pub enum StartupError {
     ChatTemplateSource(#[from] TemplateSourceError),
     #[error("shard start-up failed: {0}")]
     Shard(#[from] ShardError),
+    #[error("--speculative-method draft drafts with the shards' draft model, but they run none (their Info names no draft_model): start them with one, or choose --speculative-method ngram or radix")]
+    NoDraftModel,
     #[error("the shards allocated no KV cache blocks; give them more memory or lower --max-batch-prefill-tokens")]
     NoKvBlocks,
     #[error("--max-total-tokens ({max_total_tokens}) exceeds the model's context of {max_position_embeddings} positions")]
@@ -94,6 +98,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let (validator, decoding) = tokenization(files, &config)?;
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
+    check_draft_model(&config, &model)?;
     let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
     let num_blocks = warmup(&fleet, &config).await?;
@@ -105,6 +110,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         device: model.device.clone(),
         weights_format: model.weights_format.clone(),
         weight_bytes: model.weight_bytes,
+        draft_model: model.draft_model.clone(),
         num_shards: fleet.num_shards(),
     };
     let info = config.server_info(served, num_blocks, sampling_defaults);
@@ -147,6 +153,7 @@ async fn connect_shards(config: &RouterConfig) -> Result<(ShardFleet, ModelInfo)
         dtype = %model.dtype,
         device = %model.device,
         attention = %model.attention_backend,
+        draft_model = model.draft_model.as_deref().unwrap_or("none"),
         elapsed_ms = phase.elapsed().as_millis(),
         "shards connected"
     );
@@ -183,6 +190,16 @@ fn check_model_fits(config: &RouterConfig, model: &ModelInfo) -> Result<(), Star
             max_total_tokens,
             max_position_embeddings,
         });
+    }
+    Ok(())
+}
+
+/// Drafts from the shards' draft model (`--speculative-method draft`) need shards that run one.
+fn check_draft_model(config: &RouterConfig, model: &ModelInfo) -> Result<(), StartupError> {
+    let limits = &config.limits;
+    let drafts_with_model = limits.speculate > 0 && limits.speculative_method == DraftMethod::Model;
+    if drafts_with_model && model.draft_model.is_none() {
+        return Err(StartupError::NoDraftModel);
     }
     Ok(())
 }

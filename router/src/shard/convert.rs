@@ -25,6 +25,8 @@ pub struct ModelInfo {
     /// Positions the model holds; 0 when the shard did not say.
     pub max_position_embeddings: usize,
     pub eos_token_ids: Vec<u32>,
+    /// The shards' draft model (`<architecture>, <N> layers`); `None` when they run none.
+    pub draft_model: Option<String>,
 }
 
 impl From<pb::InfoResponse> for ModelInfo {
@@ -40,6 +42,7 @@ impl From<pb::InfoResponse> for ModelInfo {
             max_position_embeddings: usize::try_from(info.max_position_embeddings)
                 .unwrap_or(usize::MAX),
             eos_token_ids: info.eos_token_ids,
+            draft_model: (!info.draft_model.is_empty()).then_some(info.draft_model),
         }
     }
 }
@@ -125,6 +128,7 @@ impl From<ScheduledSpan> for pb::ScheduledRequest {
             new_block_ids: span.new_block_ids,
             num_computed_tokens: saturating_u32(span.num_computed_tokens),
             draft_token_ids: span.draft_token_ids,
+            num_model_drafts: saturating_u32(span.num_model_drafts),
         }
     }
 }
@@ -246,144 +250,5 @@ fn request_failure(failure: pb::RequestFailure) -> RequestFailure {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::shard::sampling::{LogprobOptions, StoppingParams};
-
-    #[test]
-    fn warmup_sizes_beyond_the_contract_saturate() {
-        let plan = WarmupPlan {
-            block_size: 16,
-            max_batch_tokens: usize::MAX,
-            max_batch_requests: 8,
-        };
-        let request = pb::WarmupRequest::from(plan);
-        assert_eq!(
-            (
-                request.block_size,
-                request.max_batch_tokens,
-                request.max_batch_requests
-            ),
-            (16, u32::MAX, 8)
-        );
-    }
-
-    #[test]
-    fn model_facts_and_the_kv_cache_keep_their_values() {
-        let info = ModelInfo::from(pb::InfoResponse {
-            architecture: "LlamaForCausalLM".to_owned(),
-            vocab_size: 32_000,
-            max_position_embeddings: 4096,
-            eos_token_ids: vec![2],
-            ..pb::InfoResponse::default()
-        });
-        assert_eq!(info.architecture, "LlamaForCausalLM");
-        assert_eq!(
-            (info.vocab_size, info.max_position_embeddings),
-            (32_000, 4096)
-        );
-        assert_eq!(info.eos_token_ids, vec![2]);
-        let cache = KvCacheSize::from(pb::WarmupResponse {
-            num_blocks: 7,
-            kv_cache_bytes: 1 << 20,
-        });
-        assert_eq!(
-            cache,
-            KvCacheSize {
-                num_blocks: 7,
-                bytes: 1 << 20
-            }
-        );
-    }
-
-    #[test]
-    fn a_new_request_sends_neutral_sampling_values_as_the_contracts_zero() {
-        let request = pb::NewRequest::from(NewRequest {
-            id: 3,
-            token_ids: vec![1, 2, 3],
-            num_output_tokens: 1,
-            sampling: SamplingParams {
-                temperature: 0.7,
-                logit_bias: vec![(5, -1.5)],
-                ..SamplingParams::default()
-            },
-            stopping: StoppingParams {
-                max_new_tokens: 9,
-                ..Default::default()
-            },
-            logprobs: LogprobOptions::default(),
-            grammar: Some(Grammar::Regex("a+".to_owned())),
-        });
-        let sampling = request.sampling.expect("sampling is always sent");
-        assert_eq!(
-            (
-                sampling.top_p,
-                sampling.typical_p,
-                sampling.repetition_penalty
-            ),
-            (0.0, 0.0, 0.0)
-        );
-        assert_eq!(sampling.temperature, 0.7);
-        assert_eq!(sampling.logit_bias.get(&5), Some(&-1.5));
-        assert_eq!(request.stopping.map(|s| s.max_new_tokens), Some(9));
-        assert_eq!(
-            request.grammar.and_then(|g| g.kind),
-            Some(pb::grammar::Kind::Regex("a+".to_owned()))
-        );
-    }
-
-    #[test]
-    fn span_counts_beyond_the_contract_saturate() {
-        let span = pb::ScheduledRequest::from(ScheduledSpan {
-            id: 1,
-            num_tokens: usize::MAX,
-            new_block_ids: vec![4],
-            num_computed_tokens: 16,
-            draft_token_ids: vec![7, 8],
-        });
-        assert_eq!((span.num_tokens, span.num_computed_tokens), (u32::MAX, 16));
-        assert_eq!(span.draft_token_ids, vec![7, 8]);
-    }
-
-    #[test]
-    fn an_answer_keeps_each_requests_outcome_and_unknown_codes_read_as_none_or_model() {
-        let answer = StepAnswer::from(pb::StepResponse {
-            generations: vec![
-                pb::Generation {
-                    id: 1,
-                    token_id: 42,
-                    finish_reason: pb::FinishReason::StopToken as i32,
-                    ..pb::Generation::default()
-                },
-                pb::Generation {
-                    id: 2,
-                    token_id: 43,
-                    finish_reason: 99,
-                    ..pb::Generation::default()
-                },
-            ],
-            failures: vec![
-                pb::RequestFailure {
-                    id: 3,
-                    kind: pb::FailureKind::Grammar as i32,
-                    message: "broken".to_owned(),
-                },
-                pb::RequestFailure {
-                    id: 4,
-                    kind: 99,
-                    message: String::new(),
-                },
-            ],
-            shard_total_ms: 19.0,
-            ..pb::StepResponse::default()
-        });
-        let finishes: Vec<_> = answer.generations.iter().map(|g| g.token.finish).collect();
-        assert_eq!(finishes, vec![Some(FinishReason::StopToken), None]);
-        let kinds: Vec<_> = answer.failures.iter().map(|f| f.failure.kind).collect();
-        assert_eq!(
-            kinds,
-            vec![RequestFailureKind::Grammar, RequestFailureKind::Model]
-        );
-        assert_eq!(answer.timings.total_ms, 19.0);
-    }
-}
+#[path = "convert_tests.rs"]
+mod tests;

@@ -40,4 +40,7 @@ pub struct ScheduledSpan {
     pub num_computed_tokens: usize,
     /// Tokens proposed to follow the request's last token, run in the same forward pass.
     pub draft_token_ids: Vec<u32>,
+    /// Tokens the shards' draft model proposes to follow the request's last token and runs as
+    /// `draft_token_ids`; 0 whenever `draft_token_ids` is set.
+    pub num_model_drafts: usize,
 }

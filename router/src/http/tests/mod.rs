@@ -238,6 +238,7 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         block_size: 16,
         speculate: 0,
         speculative_method: "ngram",
+        speculative_model: None,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
         router: "tandem-router",

@@ -147,7 +147,7 @@ impl SchedulerState {
             };
             let num_tokens = remaining.min(share);
             let drafts = self.drafts_for(index, budget.tokens - num_tokens);
-            let num_drafts = drafts.as_ref().map_or(0, |drafts| drafts.tokens.len());
+            let num_drafts = drafts.as_ref().map_or(0, Drafts::count);
             let Some(new_blocks) = self.reserve_blocks(index, num_tokens + num_drafts) else {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;

@@ -1,0 +1,59 @@
+//! Start-up checks of the shards' facts against the flags.
+
+use clap::Parser;
+
+use super::*;
+use crate::config::RouterArgs;
+use crate::pb;
+
+fn config(extra: &[&str]) -> RouterConfig {
+    let mut argv = vec![
+        "tandem-router",
+        "--shard-uds-path",
+        "/run/s0.sock",
+        "--tokenizer-path",
+        "/models/m",
+        "--model-id",
+        "m",
+    ];
+    argv.extend_from_slice(extra);
+    let args = RouterArgs::try_parse_from(argv).expect("valid flags");
+    RouterConfig::try_from(args).expect("a valid configuration")
+}
+
+fn shards_with_draft_model(draft_model: &str) -> ModelInfo {
+    ModelInfo::from(pb::InfoResponse {
+        architecture: "LlamaForCausalLM".to_owned(),
+        draft_model: draft_model.to_owned(),
+        ..pb::InfoResponse::default()
+    })
+}
+
+#[test]
+fn drafting_with_the_draft_model_refuses_to_start_on_shards_without_one() {
+    let drafting = config(&["--speculate", "4", "--speculative-method", "draft"]);
+    let error = check_draft_model(&drafting, &shards_with_draft_model(""))
+        .expect_err("no draft model to draft with");
+    assert!(matches!(error, StartupError::NoDraftModel));
+    assert!(
+        error.to_string().contains("--speculative-method draft"),
+        "{error}"
+    );
+    let with_one = shards_with_draft_model("LlamaForCausalLM, 2 layers");
+    assert!(check_draft_model(&drafting, &with_one).is_ok());
+}
+
+#[test]
+fn shards_without_a_draft_model_serve_when_the_draft_model_is_not_asked_for() {
+    let without = shards_with_draft_model("");
+    for flags in [
+        &["--speculative-method", "draft"][..],
+        &["--speculate", "4"],
+        &["--speculate", "4", "--speculative-method", "radix"],
+    ] {
+        assert!(
+            check_draft_model(&config(flags), &without).is_ok(),
+            "{flags:?}"
+        );
+    }
+}
