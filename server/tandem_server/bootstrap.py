@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.config import ShardConfig, dtype_name
-from tandem_server.distributed import GroupAddress, init_distributed
+from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
+from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend, create_backend
@@ -19,7 +20,7 @@ from tandem_server.layers.quantized import kernels_unavailable_reason
 from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
-from tandem_server.models.registry import model_factory
+from tandem_server.models.registry import CausalLM, model_factory
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
@@ -41,7 +42,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     """Joins the process group, loads the checkpoint for this rank and builds the runner."""
     started = time.perf_counter()
     checkpoint = read_checkpoint_config(config.model_path)
-    backend = choose_attention_backend(config, checkpoint)
+    backend = choose_attention_backend(config, checkpoint, config.decode_mirror_memory)
     address = GroupAddress(config.master_addr, config.master_port, config.rendezvous_timeout_s)
     parallel = init_distributed(config.rank, config.world_size, address, config.device, config.local_rank)
     device = (
@@ -63,8 +64,15 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     grammar_compiler = GrammarCompiler.from_model_dir(
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
     )
+    draft_model = load_draft_model(config, model, parallel, device)
     runner = ModelRunner(
-        model, checkpoint.eos_token_ids, config.dtype, device, config.kv_cache_memory, options, grammar_compiler
+        model,
+        checkpoint.eos_token_ids,
+        config.dtype,
+        device,
+        options,
+        grammar_compiler,
+        draft_model,
     )
     logger.info(
         "loaded %s (%s on %s, KV cache in %s, rank %d/%d) in %.1fs",
@@ -77,6 +85,36 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel, weights))
+
+
+def load_draft_model(
+    config: ShardConfig, model: CausalLM, parallel: ParallelContext, device: torch.device
+) -> DraftModel | None:
+    """The draft model of `--draft-model-path`, in the model's dtype and tensor-parallel group, with a backend of its
+    own; refused unless its vocabulary and positions cover the model's."""
+    if config.draft_model_path is None:
+        return None
+    started = time.perf_counter()
+    checkpoint = read_checkpoint_config(config.draft_model_path)
+    if checkpoint.fp8 is not None:
+        raise ConfigError(f"--draft-model-path {checkpoint.path}: an FP8 checkpoint cannot draft; give a float one")
+    # The draft model's short decodes gather their keys and values: no mirror beside the model's.
+    backend = choose_attention_backend(config, checkpoint, decode_mirror_memory=0)
+    draft = load_model(checkpoint, config.dtype, device, parallel, backend, config.allow_pickle_weights)
+    spec, own = model.spec, draft.spec
+    if own.vocab_size != spec.vocab_size:
+        raise ConfigError(
+            f"--draft-model-path {checkpoint.path}: its vocabulary has {own.vocab_size} tokens, the model's "
+            f"{spec.vocab_size}; a draft model must share the model's tokenizer"
+        )
+    if own.max_position_embeddings < spec.max_position_embeddings:
+        raise ConfigError(
+            f"--draft-model-path {checkpoint.path}: it holds {own.max_position_embeddings} positions, the model "
+            f"{spec.max_position_embeddings}; a draft model must hold every position the model does"
+        )
+    drafting = DraftModel(draft, checkpoint.architecture, config.cache_dtype)
+    logger.info("loaded draft model %s in %.1fs", drafting.describe(), time.perf_counter() - started)
+    return drafting
 
 
 def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
@@ -127,14 +165,16 @@ def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: to
     )
 
 
-def choose_attention_backend(config: ShardConfig, checkpoint: CheckpointConfig) -> AttentionBackend:
+def choose_attention_backend(
+    config: ShardConfig, checkpoint: CheckpointConfig, decode_mirror_memory: int
+) -> AttentionBackend:
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
     model_factory(checkpoint.architecture)
     needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype)
     choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
     logger.info("%s", choice.describe())
-    return create_backend(choice.name, decode_mirror_memory=config.decode_mirror_memory)
+    return create_backend(choice.name, decode_mirror_memory=decode_mirror_memory)
 
 
 def execution_options(config: ShardConfig, backend: AttentionBackend) -> ExecutionOptions:
@@ -144,6 +184,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         logger.info("CUDA graphs off: the %s attention backend runs decode steps eagerly", backend.name)
         graph_sizes = ()
     return ExecutionOptions(
+        kv_cache_memory=config.kv_cache_memory,
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
         kv_cache_dtype=config.cache_dtype,

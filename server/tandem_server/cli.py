@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem-shard", description="Tandem model shard (one per device)")
     parser.add_argument("--model-path", type=Path, required=True, help="directory with config.json and *.safetensors")
     parser.add_argument("--uds-path", type=Path, required=True, help="Unix socket to serve gRPC on")
+    parser.add_argument(
+        "--draft-model-path",
+        type=Path,
+        default=None,
+        help="speculative decoding: a directory with a smaller model of the same vocabulary that proposes drafts",
+    )
     _add_cluster_flags(parser)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
@@ -159,6 +165,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
     return ShardConfig(
         model_path=args.model_path,
         uds_path=args.uds_path,
+        draft_model_path=args.draft_model_path,
         rank=args.rank,
         world_size=args.world_size,
         master_addr=args.master_addr,

@@ -42,6 +42,8 @@ class ShardConfig:
 
     model_path: Path
     uds_path: Path
+    # Speculative decoding: a smaller model with the same vocabulary that proposes drafts; None: the router's own.
+    draft_model_path: Path | None = None
     rank: int = 0
     world_size: int = 1
     master_addr: str = "127.0.0.1"

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from tandem_server.distributed import ParallelContext
+from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, RequestFailure, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
@@ -94,14 +95,20 @@ def make_runner(
     kv_cache_memory: int = 4 * 1024 * 1024,
     decode_mirror_memory: int | None = None,
     kv_cache_dtype: torch.dtype | None = None,
+    draft_path: Path | None = None,
 ) -> ModelRunner:
     """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
-    may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise."""
+    may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise. With `draft_path`, the
+    checkpoint there proposes drafts."""
     checkpoint = read_checkpoint_config(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
-    options = ExecutionOptions(kv_cache_dtype=kv_cache_dtype)
-    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, kv_cache_memory, options)
+    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype)
+    draft_model = None
+    if draft_path is not None:
+        draft = read_checkpoint_config(draft_path)
+        draft_model = DraftModel(load_tiny_model(draft_path), draft.architecture, kv_cache_dtype or torch.float32)
+    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, draft_model=draft_model)
 
 
 def new_request(

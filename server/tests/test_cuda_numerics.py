@@ -42,7 +42,7 @@ def cuda_runner(checkpoint: Path, backend: str, graph_sizes: tuple[int, ...], me
     attention = create_backend(backend)
     model = load_tiny_model(checkpoint, CUDA, torch.bfloat16, attention)
     options = ExecutionOptions(cuda_memory_fraction=memory_fraction, cuda_graph_sizes=graph_sizes)
-    return ModelRunner(model, (), torch.bfloat16, CUDA, kv_cache_memory=1, options=options)
+    return ModelRunner(model, (), torch.bfloat16, CUDA, options=options)
 
 
 def test_warmup_sizes_the_cache_from_free_device_memory(tmp_path: Path) -> None:

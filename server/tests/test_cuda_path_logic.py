@@ -37,7 +37,9 @@ def test_cuda_cache_budget_is_a_fraction_of_free_memory_less_the_profiled_step()
     # Llama-3-8B geometry: 32 layers x 8 kv heads x 128 dims, bf16, 16-token blocks = 2 MiB per block.
     geometry = CacheGeometry(32, 16, 8, 128, torch.bfloat16)
     assert geometry.bytes_per_block == 2 * 1024**2
-    blocks = blocks_for_budget(geometry, cuda_cache_budget(124 * GIB, 3 * GIB // 2, 0.9), "--cuda-memory-fraction")
+    blocks = blocks_for_budget(
+        geometry.bytes_per_block, cuda_cache_budget(124 * GIB, 3 * GIB // 2, 0.9), "--cuda-memory-fraction"
+    )
     assert blocks == (int(124 * GIB * 0.9) - 3 * GIB // 2) // (2 * 1024**2) - 1
 
 
@@ -51,7 +53,9 @@ def test_no_memory_left_for_the_cache_names_the_flags_to_change() -> None:
     with pytest.raises(CacheBudgetError, match="raise --cuda-memory-fraction, lower --max-batch-prefill-tokens"):
         cuda_cache_budget(2 * GIB, 3 * GIB, 0.9)
     with pytest.raises(CacheBudgetError, match="raise --cuda-memory-fraction"):
-        blocks_for_budget(CacheGeometry(32, 16, 8, 128, torch.bfloat16), 3 * 1024**2, "--cuda-memory-fraction")
+        blocks_for_budget(
+            CacheGeometry(32, 16, 8, 128, torch.bfloat16).bytes_per_block, 3 * 1024**2, "--cuda-memory-fraction"
+        )
 
 
 @pytest.mark.parametrize(("requests", "expected"), [(1, 1), (3, 4), (4, 4), (33, 64), (64, 64), (65, None)])

@@ -163,7 +163,7 @@ def test_a_launch_on_cuda_queues_its_copies_without_waiting_for_the_device(
     fake.install(monkeypatch)
     device = torch.device("cuda", 0)
     options = ExecutionOptions(cuda_memory_fraction=0.5, launch_ahead=True)
-    runner = ModelRunner(model, (2,), torch.float32, device, kv_cache_memory=0, options=options)
+    runner = ModelRunner(model, (2,), torch.float32, device, options=options)
     seeded = SamplingParams(temperature=0.7, seed=3)
     requests = [new_request(1, [5, 20, 21, 22, 23], sampling=seeded), new_request(2, [6, 30, 31])]
     driver = PipelinedDriver(runner, requests, blocks_per_request=6)

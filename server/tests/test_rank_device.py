@@ -51,7 +51,7 @@ def test_rank_one_runs_warmup_and_steps_on_device_one_from_its_model_thread(
     fake.install(monkeypatch)
     # The main thread took its device at start-up, as init_distributed does for rank 1.
     torch.cuda.set_device(RANK_DEVICE)
-    runner = ModelRunner(model, (2,), torch.float32, RANK_DEVICE, kv_cache_memory=0, options=options)
+    runner = ModelRunner(model, (2,), torch.float32, RANK_DEVICE, options=options)
     servicer = ShardServicer(runner, build_info(runner, "LlamaForCausalLM", "sdpa", ParallelContext(1, 2)))
     fake.calls.clear()
 

@@ -14,7 +14,7 @@ import torch
 from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_llama
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
-from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StoppingCriteria
 from tandem_server.errors import FailureKind
 from tandem_server.models.config import read_checkpoint_config
@@ -64,7 +64,9 @@ def tokenizer(checkpoint: Path) -> Tokenizer:
 def runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     model = load_tiny_model(checkpoint)
     eos = read_checkpoint_config(checkpoint).eos_token_ids
-    runner = ModelRunner(model, eos, torch.float32, torch.device("cpu"), 4 * 1024 * 1024, grammar_compiler=compiler)
+    runner = ModelRunner(
+        model, eos, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 << 20), compiler
+    )
     runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
     return runner
 

@@ -9,7 +9,7 @@ from tandem_server.distributed import GroupAddress, ParallelContext, init_distri
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
-from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.weight_quantization import quantize_model
@@ -41,7 +41,9 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
 
 def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[int]]:
     """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
-    runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), kv_cache_memory=1 << 20)
+    runner = ModelRunner(
+        model, eos_token_ids, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=1 << 20)
+    )
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
     runner.warmup(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
     requests = {

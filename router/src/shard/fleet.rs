@@ -63,19 +63,8 @@ impl ShardFleet {
         let mut answers = self
             .fan_out(|mut client| async move { client.info(pb::InfoRequest {}).await })
             .await?;
-        let first = answers.remove(0);
-        for (offset, other) in answers.iter().enumerate() {
-            if other.architecture != first.architecture || other.vocab_size != first.vocab_size {
-                return Err(ShardError::Inconsistent(format!(
-                    "rank {} serves {} (vocab {}), rank 0 serves {} (vocab {})",
-                    offset + 1,
-                    other.architecture,
-                    other.vocab_size,
-                    first.architecture,
-                    first.vocab_size
-                )));
-            }
-        }
+        same_model_on_every_rank(&answers)?;
+        let first = answers.swap_remove(0);
         Ok(ModelInfo::from(first))
     }
 
@@ -137,5 +126,72 @@ impl ShardFleet {
                     })
             })
             .collect()
+    }
+}
+
+/// Every rank must serve rank 0's model and draft model: a Step runs the same on all of them.
+fn same_model_on_every_rank(answers: &[pb::InfoResponse]) -> Result<(), ShardError> {
+    let Some((first, others)) = answers.split_first() else {
+        return Ok(());
+    };
+    for (offset, other) in others.iter().enumerate() {
+        let rank = offset + 1;
+        if other.architecture != first.architecture || other.vocab_size != first.vocab_size {
+            return Err(ShardError::Inconsistent(format!(
+                "rank {rank} serves {} (vocab {}), rank 0 serves {} (vocab {})",
+                other.architecture, other.vocab_size, first.architecture, first.vocab_size
+            )));
+        }
+        // A Step asking for model drafts would fail on a rank without the draft model.
+        if other.draft_model != first.draft_model {
+            return Err(ShardError::Inconsistent(format!(
+                "rank {rank} drafts with {:?}, rank 0 with {:?}",
+                other.draft_model, first.draft_model
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod same_model_tests {
+    use super::*;
+
+    fn info(architecture: &str, draft_model: &str) -> pb::InfoResponse {
+        pb::InfoResponse {
+            architecture: architecture.to_owned(),
+            vocab_size: 96,
+            draft_model: draft_model.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ranks_that_serve_the_same_model_and_draft_model_agree() {
+        let draft = "LlamaForCausalLM, 4 layers";
+        let answers = [
+            info("LlamaForCausalLM", draft),
+            info("LlamaForCausalLM", draft),
+        ];
+        assert!(same_model_on_every_rank(&answers).is_ok());
+    }
+
+    #[test]
+    fn a_rank_with_another_model_or_draft_model_is_named() {
+        let other_model = [info("LlamaForCausalLM", ""), info("Qwen2ForCausalLM", "")];
+        let error = same_model_on_every_rank(&other_model).expect_err("another model");
+        assert!(
+            error.to_string().contains("rank 1 serves Qwen2ForCausalLM"),
+            "{error}"
+        );
+        let no_draft = [
+            info("LlamaForCausalLM", "LlamaForCausalLM, 4 layers"),
+            info("LlamaForCausalLM", ""),
+        ];
+        let error = same_model_on_every_rank(&no_draft).expect_err("no draft model on rank 1");
+        assert!(
+            error.to_string().contains("rank 1 drafts with \"\""),
+            "{error}"
+        );
     }
 }

@@ -10,6 +10,7 @@ import torch
 from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.draft_model import DraftModel, DraftRow
 from tandem_server.engine.draws import apply_draws
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
@@ -34,7 +35,10 @@ from tandem_server.structured import GrammarCompiler, grammar_token_mask
 
 @dataclass(frozen=True)
 class ExecutionOptions:
-    """How steps run on the device: the CUDA-only features and the KV cache's dtype."""
+    """How steps run on the device: the KV cache's budget and dtype, and the CUDA-only features."""
+
+    # CPU: bytes the KV cache takes (the draft model's beside the model's, when one runs).
+    kv_cache_memory: int = 1024**3
 
     # CUDA: the KV cache takes this share of the memory left free after a profiled full-budget step.
     cuda_memory_fraction: float = 0.9
@@ -88,16 +92,16 @@ class ModelRunner:
         eos_token_ids: Sequence[int],
         dtype: torch.dtype,
         device: torch.device,
-        kv_cache_memory: int,
         options: ExecutionOptions = ExecutionOptions(),
         grammar_compiler: GrammarCompiler | None = None,
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.model = model
+        self.draft_model = draft_model
         self.eos_token_ids = tuple(eos_token_ids)
         self.dtype = dtype
         self.cache_dtype = options.kv_cache_dtype or dtype
         self.device = device
-        self.kv_cache_memory = kv_cache_memory
         self.options = options
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
@@ -125,20 +129,29 @@ class ModelRunner:
         self._open = None
         self.cache = None
         self.graphs = None
+        drafting = self.draft_model
+        # A block holds the draft model's keys and values beside the model's: the router's block ids address both.
+        draft_geometry = drafting.geometry(block_size) if drafting is not None else None
+        bytes_per_block = geometry.bytes_per_block + (draft_geometry.bytes_per_block if draft_geometry else 0)
         if self.device.type == "cuda":
             budget = profile_cuda_budget(self.model, geometry, limits)
-            num_blocks = blocks_for_budget(geometry, budget, "--cuda-memory-fraction")
+            num_blocks = blocks_for_budget(bytes_per_block, budget, "--cuda-memory-fraction")
         else:
-            num_blocks = blocks_for_budget(geometry, self.kv_cache_memory)
+            num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
         cache = KVCache(geometry, num_blocks, self.device)
         run_reserved_forward(self.model, cache, limits)
+        if drafting is not None and draft_geometry is not None:
+            draft_cache = KVCache(draft_geometry, num_blocks, self.device)
+            run_reserved_forward(drafting.model, draft_cache, limits)
+            drafting.bind(draft_cache, max_batch_tokens)
         if self.options.cuda_graph_sizes:
             graphs = DecodeGraphs(self.model, cache, self.options.cuda_graph_sizes, self.device)
             graphs.capture()
             self.graphs = graphs
         self.model.backend.bind_cache(cache.layers)
         self.cache = cache
-        return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes)
+        draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
+        return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
 
     @torch.inference_mode()
     def health_check(self) -> None:
@@ -152,6 +165,8 @@ class ModelRunner:
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
         self._open = None
         self.model.backend.clear()
+        if self.draft_model is not None:
+            self.draft_model.clear()
 
     def step(self, step: StepInput) -> StepOutput:
         """Runs one Step to completion: `launch` then `complete`."""
@@ -171,14 +186,18 @@ class ModelRunner:
             self.complete(open_step)
         timer = StepTimer(self.device)
         spec = self.model.spec
-        limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size)
+        drafting = self.draft_model is not None
+        limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size, drafting)
         applied = self.requests.apply(step, limits)
         plan = applied.plan
-        self.model.backend.forget([*step.finished, *(request.id for request in step.new_requests)])
+        forgotten = [*step.finished, *(request.id for request in step.new_requests)]
+        self.model.backend.forget(forgotten)
+        if self.draft_model is not None:
+            self.draft_model.forget(forgotten)
         if not plan:
             timer.mark()
             return LaunchedStep(timer, None, (*applied.failures,), ())
-        drafts = applied.drafts
+        drafts = {**applied.drafts, **self._model_drafts(plan, applied.model_drafts)}
         spans = [
             ScheduledSpan(
                 [*state.token_ids[state.num_computed : state.num_computed + num_tokens], *drafts.get(state.id, ())],
@@ -252,6 +271,13 @@ class ModelRunner:
             prompt_logprobs=launched.prompt_logprobs,
             failures=(*launched.failures, *(sampled.failures if sampled else ())),
         )
+
+    def _model_drafts(self, plan: list[tuple[RequestState, int]], counts: dict[int, int]) -> dict[int, tuple[int, ...]]:
+        """The draft model's drafts for the planned requests that ask for some (checked: only with a draft model)."""
+        rows = [DraftRow(state, counts[state.id]) for state, _ in plan if state.id in counts]
+        if not rows or self.draft_model is None:
+            return {}
+        return self.draft_model.propose(rows)
 
     def _reads_pending_tokens(self, step: StepInput) -> bool:
         """True when a request the step schedules has a pending token its sampling inputs read on the host."""

@@ -118,6 +118,8 @@ class StepLimits:
     max_positions: int
     # Width of the logits: every token id a request names must be below it.
     vocab_size: int
+    # Whether a draft model runs beside the model, so a request may ask it for drafts.
+    draft_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class AppliedStep:
     failures: list[RequestFailure]
     # Draft tokens by request id, for the planned requests that carry some.
     drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # How many drafts the draft model proposes, by request id, for the planned requests that ask for some.
+    model_drafts: dict[int, int] = field(default_factory=dict)
 
 
 class RequestTable:
@@ -191,7 +195,7 @@ class RequestTable:
             _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
         self._states.update(incoming)
         plan = []
-        drafts = {}
+        drafts, model_drafts = {}, {}
         for scheduled in step.scheduled:
             if scheduled.id in skipped:
                 continue
@@ -201,7 +205,9 @@ class RequestTable:
             plan.append((state, scheduled.num_tokens))
             if scheduled.draft_token_ids:
                 drafts[scheduled.id] = scheduled.draft_token_ids
-        return AppliedStep(plan, failures, drafts)
+            if scheduled.num_model_drafts:
+                model_drafts[scheduled.id] = scheduled.num_model_drafts
+        return AppliedStep(plan, failures, drafts, model_drafts)
 
     def _check_new(
         self, requests: Sequence[NewRequest], vocab_size: int
@@ -280,8 +286,8 @@ def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: b
     end = scheduled.num_computed_tokens + scheduled.num_tokens
     if end > len(state.token_ids):
         raise InvalidStepError(f"request {rid}: tokens up to {end} scheduled, it has {len(state.token_ids)}")
-    _check_drafts(state, scheduled, end, limits.vocab_size)
-    end += len(scheduled.draft_token_ids)
+    _check_drafts(state, scheduled, end, limits)
+    end += scheduled.num_drafts
     if end > limits.max_positions:
         raise InvalidStepError(f"request {rid}: position {end - 1} exceeds the model's {limits.max_positions}")
     bad_blocks = [b for b in scheduled.new_block_ids if b >= limits.num_blocks]
@@ -292,17 +298,21 @@ def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: b
         raise InvalidStepError(f"request {rid}: {num_blocks} blocks of {limits.block_size} cannot hold {end} tokens")
 
 
-def _check_drafts(state: RequestState, scheduled: ScheduledRequest, end: int, vocab_size: int) -> None:
+def _check_drafts(state: RequestState, scheduled: ScheduledRequest, end: int, limits: StepLimits) -> None:
     drafts = scheduled.draft_token_ids
-    if not drafts:
+    if not scheduled.num_drafts:
         return
     rid = scheduled.id
+    if drafts and scheduled.num_model_drafts:
+        raise InvalidStepError(f"request {rid}: draft tokens and draft-model drafts in one step")
+    if scheduled.num_model_drafts and not limits.draft_model:
+        raise InvalidStepError(f"request {rid}: draft-model drafts asked of a shard started without a draft model")
     if end != len(state.token_ids) or state.has_pending_token:
         raise InvalidStepError(f"request {rid}: drafts must follow its last token, and that token must be known")
     if state.needs_host_tokens() or state.prompt_logprobs:
         raise InvalidStepError(
             f"request {rid}: drafts for a request with a grammar, penalties, a logit bias or prompt logprobs"
         )
-    bad = next((token for token in drafts if not 0 <= token < vocab_size), None)
+    bad = next((token for token in drafts if not 0 <= token < limits.vocab_size), None)
     if bad is not None:
-        raise InvalidStepError(f"request {rid}: draft token id {bad} is outside the vocabulary of {vocab_size}")
+        raise InvalidStepError(f"request {rid}: draft token id {bad} is outside the vocabulary of {limits.vocab_size}")

@@ -60,6 +60,7 @@ class ScheduledRequest:
 
     `draft_token_ids` are proposed continuations run after the request's last token in the same forward pass: the
     shard keeps each draft the request would have sampled itself and returns the accepted ones and one more token.
+    `num_model_drafts` asks the shard's draft model for that many drafts instead, run and kept the same way.
     """
 
     id: int
@@ -67,6 +68,11 @@ class ScheduledRequest:
     new_block_ids: tuple[int, ...]
     num_computed_tokens: int
     draft_token_ids: tuple[int, ...] = ()
+    num_model_drafts: int = 0
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.draft_token_ids) or self.num_model_drafts
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,12 @@ class WarmupLimits:
     cuda_graph_sizes: tuple[int, ...] = ()
 
 
-def blocks_for_budget(geometry: CacheGeometry, budget_bytes: int, budget_flag: str = "--kv-cache-memory") -> int:
+def blocks_for_budget(bytes_per_block: int, budget_bytes: int, budget_flag: str = "--kv-cache-memory") -> int:
     """Blocks the router may use; one more block is kept back for health checks."""
-    num_blocks = budget_bytes // geometry.bytes_per_block - 1
+    num_blocks = budget_bytes // bytes_per_block - 1
     if num_blocks < 1:
         raise CacheBudgetError(
-            f"KV cache budget of {budget_bytes} bytes holds no block of {geometry.bytes_per_block} bytes "
+            f"KV cache budget of {budget_bytes} bytes holds no block of {bytes_per_block} bytes "
             f"plus the reserved one; raise {budget_flag}"
         )
     return num_blocks

@@ -46,6 +46,7 @@ def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
                 new_block_ids=tuple(s.new_block_ids),
                 num_computed_tokens=s.num_computed_tokens,
                 draft_token_ids=tuple(s.draft_token_ids),
+                num_model_drafts=s.num_model_drafts,
             )
             for s in request.scheduled
         ),
