@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
+# Layers that read the same input: an act-order checkpoint orders their inputs alike (by that input's statistics).
+SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 # AWQ's gemm order: the i-th nibble (bits 4i to 4i + 3) of each int32 holds column AWQ_ORDER[i] of its eight.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -55,14 +58,26 @@ def pack_along_columns(values: torch.Tensor, order: tuple[int, ...] = tuple(rang
     return torch.from_numpy(packed.view(np.int32))
 
 
-def quantize_layer(weight: torch.Tensor, group_size: int | None, symmetric: bool, lowest_zero: int) -> Int4Values:
-    """Min-max int4 of a float `[out, in]` weight per group of inputs (one group when `group_size` is None), zero
-    points at least `lowest_zero` (GPTQ's v1 format cannot store 0)."""
-    in_features = weight.shape[1]
+def groups_of_inputs(name: str, in_features: int, group_size: int | None, act_order: bool) -> torch.Tensor:
+    """Each input's group: runs of `group_size` inputs, or with `act_order` the inputs in an order drawn for the
+    layer's input, `group_size` at a time (as GPTQ's `desc_act` groups them)."""
     size = group_size or in_features
-    group_of_input = torch.arange(in_features) // size
-    grouped = weight.t().float().reshape(in_features // size, size, -1)
-    low, high = grouped.amin(1), grouped.amax(1)
+    in_order = torch.arange(in_features) // size
+    if not act_order:
+        return in_order
+    role = name.rsplit(".", 2)[-2]
+    key = f"{name.rsplit('.', 2)[0]}.{SHARED_INPUT.get(role, role)}"
+    order = torch.randperm(in_features, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))
+    return torch.empty_like(in_order).index_copy_(0, order, in_order)
+
+
+def quantize_layer(weight: torch.Tensor, group_of_input: torch.Tensor, symmetric: bool, lowest_zero: int) -> Int4Values:
+    """Min-max int4 of a float `[out, in]` weight per group of inputs, zero points at least `lowest_zero` (GPTQ's v1
+    format cannot store 0)."""
+    columns = weight.t().float()
+    groups = range(int(group_of_input.max()) + 1)
+    low = torch.stack([columns[group_of_input == group].amin(0) for group in groups])
+    high = torch.stack([columns[group_of_input == group].amax(0) for group in groups])
     if symmetric:
         s = (torch.maximum(high.abs(), low.abs()) / 7.5).clamp_min(1e-4).half()
         z = torch.full_like(low, 8, dtype=torch.int64)
@@ -117,7 +132,8 @@ def write_int4_checkpoint(float_dir: Path, out_dir: Path, config: dict[str, Any]
         if not (name.endswith(".weight") and name.rsplit(".", 2)[-2] in LINEAR_ROLES):
             stored[name] = tensor
             continue
-        values = quantize_layer(tensor, group_size, bool(config.get("sym")), lowest_zero=1 if gptq_v1 else 0)
+        group_of_input = groups_of_inputs(name, tensor.shape[1], group_size, bool(config.get("desc_act")))
+        values = quantize_layer(tensor, group_of_input, bool(config.get("sym")), lowest_zero=1 if gptq_v1 else 0)
         layers[name] = values
         prefix = name.removesuffix(".weight")
         stored.update({f"{prefix}.{suffix}": t for suffix, t in stored_tensors(values, config).items()})

@@ -49,6 +49,7 @@ class Int4Weight:
                 f"{self.out_features}"
             )
         self.group_size = groups.group_size
+        self.input_order = groups.input_order
         self.packed = torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 1)
         # The kernel reads [in / group, out, 2]: each group's scale and zero for every output feature.
         self.scales_and_zeros = torch.stack([groups.scale.t(), groups.zero.t()], dim=-1).to(ACTIVATION_DTYPE)
@@ -56,6 +57,8 @@ class Int4Weight:
         self.unpackable = self.out_features % _PACKED_ROW_BLOCK == 0 and packed_layout_is_known()
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         if x.shape[0] >= DENSE_MIN_ROWS and self.unpackable:
             return F.linear(x, self.dequantize().to(x.dtype), bias)
         out = torch._weight_int4pack_mm_for_cpu(
@@ -65,7 +68,8 @@ class Int4Weight:
         return out if bias is None else out + bias
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 `[out, in]` weight the kernel multiplies by (only when `unpackable`)."""
+        """The float32 `[out, in]` weight the kernel multiplies by, columns in `input_order` (only when
+        `unpackable`)."""
         q = _unpack_nibbles(self.packed, self.out_features, self.in_features)
         q = q.view(self.out_features, -1, self.group_size)
         scale = self.scales_and_zeros[..., 0].t().float().contiguous().unsqueeze(-1)
@@ -211,9 +215,9 @@ def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> Quantize
 
 def rows_available(weight: QuantizedWeight) -> bool:
     """Whether `weight.rows` can serve embedding lookups."""
-    return isinstance(weight, (Int8Weight, Fp8Weight)) or (
-        weight.unpackable if isinstance(weight, Int4Weight) else weight.high.unpackable
-    )
+    if isinstance(weight, Int4Weight):
+        return weight.unpackable and weight.input_order is None
+    return isinstance(weight, (Int8Weight, Fp8Weight)) or weight.high.unpackable
 
 
 def format_name(weight: QuantizedWeight) -> str:

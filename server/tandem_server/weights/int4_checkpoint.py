@@ -3,7 +3,9 @@
 A column-parallel parameter (and each part of a fused tensor) keeps its output columns of every tensor; a
 row-parallel one keeps its input features' rows of `qweight` and `g_idx` and its groups' rows of `qzeros` and
 `scales`, so its inputs must cover whole groups. Packing need not align with a rank's run: the int32s covering it
-are read and unpacked, and the run is cut out. Shapes are checked against the whole tensors once everything is read.
+are read and unpacked, and the run is cut out. An act-order layer (`g_idx` out of order) is permuted into runs of
+groups, which only a rank holding all its inputs can do. Shapes are checked against the whole tensors once
+everything is read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from tandem_server.weights.int4_packing import (
     NIBBLES,
     Int4Layer,
+    act_order,
     covering,
     group_window,
     trimmed,
@@ -120,15 +123,25 @@ class Int4Collector:
         for suffix, tensor in ((SCALES, scales), (QZEROS, zeros)):
             if tuple(tensor.shape) != expected:
                 raise ValueError(f"{suffix} holds {tuple(tensor.shape)} for this rank, expected {expected}")
+        order = self._input_order(record)
+        return Int4Layer(values, zeros, scales, group.size, order).groups()
+
+    def _input_order(self, record: _Parameter) -> torch.Tensor | None:
+        """The act-order permutation `g_idx` gives (None when its groups are runs of inputs); only a rank holding all
+        the inputs can take one, since its groups cover inputs anywhere."""
         g_idx = record.tensors.get(G_IDX)
-        if g_idx is not None:
-            inputs = torch.arange(record.window.inputs.start, record.window.inputs.stop)
-            in_order = inputs // self.scheme.group_size if self.scheme.group_size else torch.zeros_like(inputs)
-            if not torch.equal(g_idx.long(), in_order):
-                raise ValueError(
-                    "g_idx puts input features in groups out of order (act-order, desc_act); not supported"
-                )
-        return Int4Layer(values, zeros, scales, group.size).groups()
+        inputs = record.window.inputs
+        size = self.scheme.group_size
+        if g_idx is None or size is None or torch.equal(g_idx.long(), torch.arange(inputs.start, inputs.stop) // size):
+            return None
+        in_features = self.shapes[record.prefix][G_IDX][0]
+        if len(inputs) != in_features:
+            raise ValueError(
+                f"g_idx puts input features in groups out of order (act-order), so this rank's inputs "
+                f"[{inputs.start}, {inputs.stop}) of {in_features} hold parts of any group: act-order layers split "
+                "along their inputs (row-parallel) are not supported across ranks"
+            )
+        return act_order(g_idx, size)
 
     def _check_whole_shapes(self, prefix: str) -> None:
         """The whole tensors agree: as many groups in `scales` and `qzeros` as `qweight`'s inputs make, as many

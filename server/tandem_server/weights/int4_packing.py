@@ -76,12 +76,14 @@ def kernel_group(group_size: int) -> int:
 @dataclass(frozen=True)
 class Int4Layer:
     """One parameter's part of a checkpoint layer, unpacked: values `[in, out]`, integer zero points (with any
-    stored offset added) and float scales `[groups, out]`, and the inputs each group spans."""
+    stored offset added) and float scales `[groups, out]`, and the inputs each group spans; with `input_order`
+    (act-order), the inputs of group 0, then group 1, ... (else groups are runs of inputs)."""
 
     values: torch.Tensor
     zeros: torch.Tensor
     scales: torch.Tensor
     group_size: int
+    input_order: torch.Tensor | None = None
 
     def groups(self) -> Int4Groups:
         """The kernel's form of these values: `[out, in]`, groups split to a size the kernel takes."""
@@ -94,4 +96,14 @@ class Int4Layer:
         repeat = self.group_size // size
         scale = self.scales.t().float().repeat_interleave(repeat, dim=1)
         zero = (INT4_MIDPOINT - self.zeros.t().float()).repeat_interleave(repeat, dim=1) * scale
-        return Int4Groups(self.values.t().contiguous(), scale.contiguous(), zero.contiguous(), size)
+        values = self.values if self.input_order is None else self.values.index_select(0, self.input_order)
+        return Int4Groups(values.t().contiguous(), scale.contiguous(), zero.contiguous(), size, self.input_order)
+
+
+def act_order(group_of_input: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The inputs group by group (each group's in input order), given each input's group (GPTQ's `g_idx`); every
+    group must hold exactly `group_size` inputs."""
+    counts = torch.bincount(group_of_input.long())
+    if not bool((counts == group_size).all()):
+        raise ValueError(f"g_idx gives groups of {sorted(set(counts.tolist()))} inputs, not {group_size} each")
+    return torch.argsort(group_of_input.long(), stable=True)

@@ -6,7 +6,8 @@ the same way (`qzeros`) and float16 `scales`, one row of zeros and scales per gr
   `g_idx` `[in]` (each input's group). `checkpoint_format` "gptq" stores each zero point minus one, "gptq_v2" as is.
 - AWQ (AutoAWQ, version "gemm"): `qweight` `[in, out / 8]` packed along the outputs in the nibble order
   `AWQ_NIBBLE_ORDER`, `qzeros` `[groups, out / 8]` the same way.
-Either way `w = (q - z) * s` per group. Act-order GPTQ checkpoints (inputs grouped out of order) are refused.
+Either way `w = (q - z) * s` per group. An act-order GPTQ checkpoint (`desc_act`: `g_idx` puts inputs in groups out
+of order) is read from its `g_idx`, so the config's flag needs no check.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ GPTQ_FORMATS = ("gptq", "gptq_v2")
 # The group sizes a checkpoint may use: each must split into groups the CPU kernel takes (32 to 256 inputs).
 GROUP_MULTIPLE = 32
 _SUPPORTED = (
-    "Tandem serves 4-bit GPTQ checkpoints (checkpoint_format gptq or gptq_v2, desc_act false) and AWQ version gemm "
+    "Tandem serves 4-bit GPTQ checkpoints (checkpoint_format gptq or gptq_v2) and AWQ version gemm "
     "(zero_point true), any group size that is a multiple of 32 or -1"
 )
 
@@ -69,11 +70,6 @@ def _gptq(config: dict[str, Any], group_size: int | None) -> Int4Scheme:
     if checkpoint_format not in GPTQ_FORMATS:
         raise ConfigError(
             f"gptq quantization_config: checkpoint_format {checkpoint_format!r} is not supported; {_SUPPORTED}"
-        )
-    if config.get("desc_act"):
-        raise ConfigError(
-            "gptq quantization_config: desc_act true (act-order: input features grouped out of order) is not "
-            f"supported; {_SUPPORTED}"
         )
     return Int4Scheme("gptq", group_size, zeros_offset=1 if checkpoint_format == "gptq" else 0)
 

@@ -40,17 +40,26 @@ class QuantizeMode(enum.Enum):
 @dataclass(frozen=True)
 class Int4Groups:
     """Unpacked int4 weights `[out, in]` (values 0..15) with float32 `scale` and `zero` `[out, in / group_size]`;
-    `group_size` is one the CPU kernel takes (`INT4_KERNEL_GROUPS`)."""
+    `group_size` is one the CPU kernel takes (`INT4_KERNEL_GROUPS`).
+
+    `input_order` (an act-order GPTQ checkpoint's): the input feature at each of `q`'s columns, which then run group by
+    group; the GEMM takes its activations in that order. None: columns in input order.
+    """
 
     q: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
     group_size: int = INT4_GROUP
+    input_order: torch.Tensor | None = None
 
     def dequantize(self) -> torch.Tensor:
+        """The float32 `[out, in]` weight, columns in input order."""
         out_features, in_features = self.q.shape
         grouped = (self.q.view(out_features, -1, self.group_size).float() - INT4_MIDPOINT) * self.scale.unsqueeze(-1)
-        return (grouped + self.zero.unsqueeze(-1)).view(out_features, in_features)
+        weight = (grouped + self.zero.unsqueeze(-1)).view(out_features, in_features)
+        if self.input_order is None:
+            return weight
+        return torch.empty_like(weight).index_copy_(1, self.input_order, weight)
 
     @staticmethod
     def concat(parts: list[Int4Groups]) -> Int4Groups:
@@ -58,12 +67,22 @@ class Int4Groups:
         sizes = {part.group_size for part in parts}
         if len(sizes) > 1:
             raise ValueError(f"stacked int4 parts have different group sizes {sorted(sizes)}")
+        order = parts[0].input_order
+        if any(not _same_order(part.input_order, order) for part in parts[1:]):
+            raise ValueError("stacked int4 parts order their input features differently (act-order)")
         return Int4Groups(
             torch.cat([part.q for part in parts]),
             torch.cat([part.scale for part in parts]),
             torch.cat([part.zero for part in parts]),
             sizes.pop(),
+            order,
         )
+
+
+def _same_order(first: torch.Tensor | None, second: torch.Tensor | None) -> bool:
+    if first is None or second is None:
+        return first is second
+    return torch.equal(first, second)
 
 
 @dataclass(frozen=True)
