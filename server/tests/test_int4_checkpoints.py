@@ -32,9 +32,12 @@ from tandem_server.layers.weight_quantization import check_int4_checkpoint, quan
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.int4_checkpoint import INT4_VALUES
+from tandem_server.weights.int4_checkpoint import INT4_VALUES, Int4Collector
 from tandem_server.weights.int4_packing import Int4Layer, unpack_columns, unpack_rows
+from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.quantization import Int4Groups, QuantizeMode
+from tandem_server.weights.safetensors import iterate_tensors
+from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 from test_tensor_parallel import free_port
 from tp_worker import NEW_TOKENS, PROMPT, WORLD_SIZE, generate, prompt_logits, run_checkpoint, run_rank
 from transformers import LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
@@ -286,3 +289,27 @@ def test_output_features_the_kernel_cannot_pack_are_refused() -> None:
     layer = Int4Layer(values, torch.zeros(1, 8, dtype=torch.int32), torch.ones(1, 8), group_size=32)
     with pytest.raises(ValueError, match="8 output features on this rank; the int4 kernel needs multiples of 16"):
         layer.groups()
+
+
+@pytest.mark.parametrize("name", ["gptq-g32", "awq-g32"])
+@pytest.mark.parametrize(
+    ("part", "rows", "columns"),
+    [
+        (CheckpointSlice(0, 4, 20), slice(4, 20), slice(None)),  # output columns off the 8-value packing
+        (CheckpointSlice(0, 40, 56), slice(40, 56), slice(None)),
+        (CheckpointSlice(1, 32, 96), slice(None), slice(32, 96)),  # inputs on whole groups
+    ],
+)
+def test_a_rank_reads_its_slice_of_the_packed_tensors(
+    checkpoints: dict[str, Any], name: str, part: CheckpointSlice, rows: slice, columns: slice
+) -> None:
+    weight_name = "model.layers.0.mlp.down_proj.weight"
+    exact = checkpoints["layers"][name][weight_name].dequantize()
+    expected = exact[rows, columns]
+    params = {weight_name: sliced_parameter(tuple(expected.shape), part)}
+    collector = Int4Collector(read_checkpoint_config(checkpoints["root"] / name).int4, CheckpointLayout(), params)
+    for checkpoint_name, tensor in iterate_tensors(checkpoints["root"] / name):
+        if checkpoint_name.startswith(weight_name.removesuffix("weight")) and collector.takes(checkpoint_name):
+            collector.add(checkpoint_name, tensor)
+    assert collector.attach() == []
+    assert torch.equal(getattr(params[weight_name], INT4_VALUES).dequantize(), expected)
