@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem_bench.draft_checkpoint import write_truncated_checkpoint
 from tandem_bench.server_process import LaunchedTandem
 from tandem_bench.side_by_side import Timing, metric_total, served_model, timed_completions
 from tandem_bench.words import WORDS
@@ -101,7 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--speculate", type=int, default=4, help="draft tokens per decode step on the drafting server")
     parser.add_argument(
-        "--method", choices=("ngram", "radix"), default="ngram", help="--speculative-method of the drafting server"
+        "--method",
+        choices=("ngram", "radix", "draft"),
+        default="ngram",
+        help="--speculative-method of the drafting server",
+    )
+    parser.add_argument(
+        "--draft-model",
+        type=Path,
+        default=None,
+        help="draft: the draft model's directory (default: the embedded model's converted directory, drafting for "
+        "itself)",
+    )
+    parser.add_argument(
+        "--draft-layers", type=int, default=0, help="draft: keep only the draft model's first N layers (0: all)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per workload and server")
     parser.add_argument("--concurrency", type=int, default=1, help="requests sent at once in each round")
@@ -115,20 +129,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _draft_flags(args: argparse.Namespace) -> list[str]:
+    """`--speculative-model` for the draft method: the given or embedded model, cut to `--draft-layers` if asked."""
+    if args.method != "draft":
+        return []
+    source = args.draft_model or _embedded_model_dir()
+    if args.draft_layers:
+        target = args.log_dir / f"draft-{args.draft_layers}-layers"
+        source = write_truncated_checkpoint(source, target, args.draft_layers)
+    return ["--speculative-model", str(source)]
+
+
+def _embedded_model_dir() -> Path:
+    # The launcher converts the embedded GGUF on its first start, before the drafting server resolves its draft.
+    from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR  # noqa: PLC0415
+    from tandem_launcher.embedded import converted_model_dir, embedded_gguf  # noqa: PLC0415
+
+    return converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     extra = shlex.split(args.launcher_args)
-    with (
-        LaunchedTandem(args.log_dir / "plain.log", extra) as plain,
-        LaunchedTandem(
-            args.log_dir / "drafting.log",
-            [*extra, "--speculate", str(args.speculate), "--speculative-method", args.method],
-        ) as drafting,
-    ):
-        rows = measure(plain, drafting, args)
+    with LaunchedTandem(args.log_dir / "plain.log", extra) as plain:
+        drafting_flags = [*extra, "--speculate", str(args.speculate), "--speculative-method", args.method]
+        with LaunchedTandem(args.log_dir / "drafting.log", [*drafting_flags, *_draft_flags(args)]) as drafting:
+            rows = measure(plain, drafting, args)
+    draft = f" --draft-layers {args.draft_layers}" if args.method == "draft" and args.draft_layers else ""
     print(
         f"{args.concurrency} stream(s), greedy, {args.output_len} tokens, {args.rounds} rounds, "
-        f"--speculate {args.speculate} --speculative-method {args.method}"
+        f"--speculate {args.speculate} --speculative-method {args.method}{draft}"
     )
     print("| workload | tok/s off | tok/s on | ratio | drafts kept | same text |")
     print("|---|---|---|---|---|---|")

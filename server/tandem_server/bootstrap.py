@@ -17,7 +17,7 @@ from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
 from tandem_server.layers.quantized import kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
+from tandem_server.layers.weight_quantization import QuantizationReport, check_int4_checkpoint, quantize_model
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
@@ -119,6 +119,7 @@ def load_draft_model(
 
 def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
     """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
+    check_int4_checkpoint(mode, checkpoint.int4, device)
     if checkpoint.fp8 is not None:
         if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
             raise ConfigError(

@@ -24,11 +24,12 @@ from int4_testing import (
 )
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_checkpoint, write_tiny_llama
+from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.quantized import Int4Weight, kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import check_int4_checkpoint, quantize_model
+from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -214,13 +215,12 @@ def test_unsupported_int4_configs_fail_start_up_naming_the_setting(
 
 
 def test_an_int4_checkpoint_is_served_only_with_quantize_none_on_cpu(checkpoints: dict[str, Any]) -> None:
-    scheme = read_checkpoint_config(checkpoints["root"] / "awq-g32").int4
-    check_int4_checkpoint(QuantizeMode.NONE, scheme, CPU)
-    check_int4_checkpoint(QuantizeMode.INT8, None, CPU)
-    with pytest.raises(ConfigError, match=r"--quantize int4: this is a AWQ int4 checkpoint; serve it with --quantize"):
-        check_int4_checkpoint(QuantizeMode.INT4, scheme, CPU)
+    checkpoint = read_checkpoint_config(checkpoints["root"] / "awq-g32")
+    check_quantization(QuantizeMode.NONE, checkpoint, CPU)
+    with pytest.raises(ConfigError, match=r"--quantize int4: AWQ int4 checkpoints are served with --quantize none"):
+        check_quantization(QuantizeMode.INT4, checkpoint, CPU)
     with pytest.raises(ConfigError, match=r"AWQ int4 checkpoint: quantized GEMMs are a CPU path .*--device cpu"):
-        check_int4_checkpoint(QuantizeMode.NONE, scheme, torch.device("cuda", 0))
+        check_quantization(QuantizeMode.NONE, checkpoint, torch.device("cuda", 0))
 
 
 DOWN = "model.layers.1.mlp.down_proj"

@@ -106,7 +106,7 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
     what = f"{scheme.method.upper()} int4 checkpoint"
     if mode is not QuantizeMode.NONE:
         raise ConfigError(
-            f"--quantize {mode.value}: this is a {what}; serve it with --quantize none (its int4 layers stay int4)"
+            f"--quantize {mode.value}: {what}s are served with --quantize none (their int4 layers stay int4)"
         )
     unavailable = kernels_unavailable_reason(device, QuantizeMode.INT4)
     if unavailable is not None:
