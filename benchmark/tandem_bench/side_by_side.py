@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tandem_bench.prometheus import parse_samples
-from tandem_bench.server_process import LaunchedTandem
+from tandem_bench.server_process import LaunchedServer
 
 
 def post_completion(base_url: str, body: dict[str, object]) -> dict[str, object]:
@@ -43,7 +43,7 @@ class Timing:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def timed_completions(server: LaunchedTandem, bodies: list[dict[str, object]], timing: Timing) -> list[str]:
+def timed_completions(server: LaunchedServer, bodies: list[dict[str, object]], timing: Timing) -> list[str]:
     """The completions' texts, requested all at once; the wall time until the last one ends and their output tokens
     are added to `timing`."""
     started = time.perf_counter()
@@ -59,6 +59,6 @@ def timed_completions(server: LaunchedTandem, bodies: list[dict[str, object]], t
     return texts
 
 
-def timed_completion(server: LaunchedTandem, body: dict[str, object], timing: Timing) -> str:
+def timed_completion(server: LaunchedServer, body: dict[str, object], timing: Timing) -> str:
     """The completion's text; its wall time and output tokens are added to `timing`."""
     return timed_completions(server, [body], timing)[0]

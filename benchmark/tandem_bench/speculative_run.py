@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem_bench.draft_checkpoint import write_truncated_checkpoint
-from tandem_bench.server_process import LaunchedTandem
+from tandem_bench.peers import LaunchedLlamaServer, LlamaServerConfig
+from tandem_bench.server_process import LaunchedServer, LaunchedTandem
 from tandem_bench.side_by_side import Timing, metric_total, served_model, timed_completions
 from tandem_bench.words import WORDS
 
@@ -62,21 +64,24 @@ def workloads(words: int, requests: int) -> list[Workload]:
     return [Workload("grounded", tuple(grounded)), Workload("free", tuple(stories)), Workload("repeated", (repeated,))]
 
 
-def _generate(server: LaunchedTandem, model: str, prompts: list[str], output_len: int, timing: Timing) -> list[str]:
+def _generate(server: LaunchedServer, model: str, prompts: list[str], output_len: int, timing: Timing) -> list[str]:
     bodies: list[dict[str, object]] = [
         {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0} for prompt in prompts
     ]
     return timed_completions(server, bodies, timing)
 
 
-def measure(plain: LaunchedTandem, drafting: LaunchedTandem, args: argparse.Namespace) -> list[str]:
-    """One table row per workload; the two servers take turns within each round."""
+def measure(
+    plain: LaunchedTandem, drafting: LaunchedTandem, peers: list[tuple[str, LaunchedServer]], args: argparse.Namespace
+) -> list[str]:
+    """One table row per workload; the servers take turns within each round, the peers after the two Tandems."""
     model = served_model(plain.base_url)
     rows = []
     streams = args.concurrency
     chosen = [workload for workload in workloads(args.words, (args.rounds + 1) * streams) if workload.name in args.only]
     for workload in chosen:
         off, on = Timing(), Timing()
+        peer_timings = [Timing() for _ in peers]
         before = {name: metric_total(drafting.base_url, name) for name in (ACCEPTED, DRAFTED)}
         identical = True
         # One unmeasured request each warms the prefix cache and the allocator alike.
@@ -87,15 +92,34 @@ def measure(plain: LaunchedTandem, drafting: LaunchedTandem, args: argparse.Name
             text_off = _generate(plain, model, prompts, args.output_len, off if round_index else scratch)
             text_on = _generate(drafting, model, prompts, args.output_len, on if round_index else scratch)
             identical = identical and text_off == text_on
+            for (_, peer), timing in zip(peers, peer_timings, strict=True):
+                _generate(peer, model, prompts, args.output_len, timing if round_index else scratch)
         accepted = metric_total(drafting.base_url, ACCEPTED) - before[ACCEPTED]
         drafted = metric_total(drafting.base_url, DRAFTED) - before[DRAFTED]
         rate = accepted / drafted if drafted else 0.0
-        ratio = on.tokens_per_second / off.tokens_per_second if off.tokens_per_second else 0.0
-        rows.append(
-            f"| {workload.name} | {off.tokens_per_second:.1f} | {on.tokens_per_second:.1f} | {ratio:.2f}x "
-            f"| {rate:.0%} | {'yes' if identical else 'NO'} |"
-        )
+        cells = [
+            workload.name,
+            f"{off.tokens_per_second:.1f}",
+            f"{on.tokens_per_second:.1f}",
+            f"{_ratio(on, off):.2f}x",
+            f"{rate:.0%}",
+            "yes" if identical else "NO",
+        ]
+        for timing in peer_timings:
+            cells += [f"{timing.tokens_per_second:.1f}", f"{_ratio(on, timing):.2f}x"]
+        rows.append("| " + " | ".join(cells) + " |")
     return rows
+
+
+def _ratio(numerator: Timing, denominator: Timing) -> float:
+    return numerator.tokens_per_second / denominator.tokens_per_second if denominator.tokens_per_second else 0.0
+
+
+def _header(peer_names: list[str]) -> str:
+    columns = ["workload", "tok/s off", "tok/s on", "ratio", "drafts kept", "same text"]
+    for name in peer_names:
+        columns += [f"{name} tok/s", f"on ÷ {name}"]
+    return "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--words", type=int, default=120, help="words of the text the grounded prompt copies")
     parser.add_argument("--launcher-args", default="", help="extra launcher flags for both servers (one string)")
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="also time this llama-server binary on the embedded GGUF, without and with its own speculative decoding",
+    )
+    parser.add_argument("--llama-server-args", default="", help="more llama-server arguments for both of its runs")
+    parser.add_argument(
+        "--llama-spec-args",
+        default="--spec-type ngram-simple --spec-draft-n-max 4",
+        help="llama-server's speculative decoding arguments for its second run",
+    )
     parser.add_argument("--log-dir", type=Path, default=Path.home() / ".cache" / "tandem" / "bench" / "speculative")
     return parser
 
@@ -140,6 +176,29 @@ def _draft_flags(args: argparse.Namespace) -> list[str]:
     return ["--speculative-model", str(source)]
 
 
+def _llama_servers(args: argparse.Namespace) -> list[tuple[str, LaunchedLlamaServer]]:
+    """llama-server on the embedded GGUF with one slot per stream, without and with its speculative decoding."""
+    if args.llama_server is None:
+        return []
+    from tandem_launcher.embedded import embedded_gguf  # noqa: PLC0415
+
+    base = shlex.split(args.llama_server_args)
+    configs = {
+        "llama-server": base,
+        "llama-server spec": [*base, *shlex.split(args.llama_spec_args)],
+    }
+    return [
+        (
+            name,
+            LaunchedLlamaServer(
+                LlamaServerConfig(args.llama_server, embedded_gguf().path, args.concurrency, extra_args=tuple(extra)),
+                args.log_dir / f"{name.replace(' ', '-')}.log",
+            ),
+        )
+        for name, extra in configs.items()
+    ]
+
+
 def _embedded_model_dir() -> Path:
     # The launcher converts the embedded GGUF on its first start, before the drafting server resolves its draft.
     from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR  # noqa: PLC0415
@@ -151,17 +210,22 @@ def _embedded_model_dir() -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     extra = shlex.split(args.launcher_args)
-    with LaunchedTandem(args.log_dir / "plain.log", extra) as plain:
-        drafting_flags = [*extra, "--speculate", str(args.speculate), "--speculative-method", args.method]
-        with LaunchedTandem(args.log_dir / "drafting.log", [*drafting_flags, *_draft_flags(args)]) as drafting:
-            rows = measure(plain, drafting, args)
+    drafting_flags = [*extra, "--speculate", str(args.speculate), "--speculative-method", args.method]
+    with ExitStack() as servers:
+        plain = servers.enter_context(LaunchedTandem(args.log_dir / "plain.log", extra))
+        drafting = servers.enter_context(
+            LaunchedTandem(args.log_dir / "drafting.log", [*drafting_flags, *_draft_flags(args)])
+        )
+        peers = [(name, servers.enter_context(peer)) for name, peer in _llama_servers(args)]
+        rows = measure(plain, drafting, peers, args)
     draft = f" --draft-layers {args.draft_layers}" if args.method == "draft" and args.draft_layers else ""
     print(
         f"{args.concurrency} stream(s), greedy, {args.output_len} tokens, {args.rounds} rounds, "
         f"--speculate {args.speculate} --speculative-method {args.method}{draft}"
     )
-    print("| workload | tok/s off | tok/s on | ratio | drafts kept | same text |")
-    print("|---|---|---|---|---|---|")
+    if args.llama_server is not None:
+        print(f"llama-server: {args.llama_server_args or '-'}; speculative run: {args.llama_spec_args}")
+    print(_header([name for name, _ in peers]))
     print("\n".join(rows))
     return 0
 
