@@ -10,7 +10,15 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX
+from tandem_server.distributed import ParallelContext
+from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
+from tandem_server.models.config import read_checkpoint_config
+from tandem_server.models.loader import load_model
+from tandem_server.models.registry import CausalLM
+from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, QuantizeMode
+
+CPU = torch.device("cpu")
 
 LINEAR_SUFFIXES = (
     "q_proj",
@@ -25,7 +33,10 @@ LINEAR_SUFFIXES = (
 )
 # Roles whose per-tensor scale is stored with shape [] (the rest [1]): both appear on the Hub.
 SCALAR_SHAPED = ("o_proj", "down_proj")
-LAYOUTS = ("compressed-tensors-tensor", "compressed-tensors-channel", "fbgemm")
+LAYOUTS = ("compressed-tensors-tensor", "compressed-tensors-channel", "fbgemm", "autofp8", "block")
+# Smaller than the Hub's 128 x 128 so that the tiny layers span several blocks, partial ones included (64 and 32 rows,
+# 64 and 128 inputs).
+TEST_BLOCK = (24, 48)
 
 
 def compressed_tensors_config(weight_strategy: str, static_activations: bool) -> dict[str, Any]:
@@ -58,8 +69,48 @@ def compressed_tensors_config(weight_strategy: str, static_activations: bool) ->
 FBGEMM_CONFIG = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]}
 
 
+def fp8_config(static_activations: bool, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
+    """AutoFP8's config (per-tensor scales), or with `TEST_BLOCK` set below, a block-wise one."""
+    scheme = "static" if static_activations else "dynamic"
+    return {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": ["lm_head", *ignored]}
+
+
+BLOCK_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": list(TEST_BLOCK),
+}
+
+
 def _is_linear(name: str) -> bool:
     return name.endswith(".weight") and name.rsplit(".", 2)[-2] in LINEAR_SUFFIXES
+
+
+def _block_scales(weight: torch.Tensor) -> torch.Tensor:
+    """One float32 scale per `TEST_BLOCK` block of `weight`: its largest magnitude maps to `FP8_MAX`."""
+    rows, inputs = TEST_BLOCK
+    padded = torch.nn.functional.pad(weight.float().abs(), (0, -weight.shape[1] % inputs, 0, -weight.shape[0] % rows))
+    blocks = padded.view(padded.shape[0] // rows, rows, padded.shape[1] // inputs, inputs)
+    return blocks.amax(dim=(1, 3)) / FP8_MAX
+
+
+def widen_blocks(scales: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Block scales repeated over the `shape` of the weight they scale."""
+    rows, inputs = TEST_BLOCK
+    return scales.repeat_interleave(rows, 0).repeat_interleave(inputs, 1)[: shape[0], : shape[1]]
+
+
+def _quantize(name: str, weight: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float8 values, the scale tensor as stored, and that scale widened over the weight."""
+    if layout == "block":
+        scale = _block_scales(weight)
+        widened = widen_blocks(scale, weight.shape)
+    else:
+        scale = _stored_scale(weight, name, per_channel=layout in ("compressed-tensors-channel", "fbgemm"))
+        widened = scale.float().reshape(-1, 1)
+    q = (weight.float() / widened).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale, widened
 
 
 def _stored_scale(weight: torch.Tensor, name: str, per_channel: bool) -> torch.Tensor:
@@ -70,43 +121,59 @@ def _stored_scale(weight: torch.Tensor, name: str, per_channel: bool) -> torch.T
 
 
 def write_fp8_checkpoint(
-    float_dir: Path, out_dir: Path, layout: str, input_amax: dict[str, float] | None = None
+    float_dir: Path,
+    out_dir: Path,
+    layout: str,
+    input_amax: dict[str, float] | None = None,
+    ignored: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Writes `float_dir`'s checkpoint to `out_dir` in `layout` and returns the float state dict it stands for.
 
     Per-tensor weight scales are bfloat16 (shape [1], or [] for SCALAR_SHAPED roles), per-channel ones float32
-    [out, 1]. With `input_amax` (each linear layer's largest input magnitude, by weight name) a compressed-tensors
-    layout gets static input scales; else activations are scaled per token.
+    [out, 1], block ones float32 [row blocks, input blocks] of `TEST_BLOCK`. With `input_amax` (each linear layer's
+    largest input magnitude, by weight name) a compressed-tensors or AutoFP8 layout gets static input scales; else
+    activations are scaled per token. AutoFP8 keeps the `ignored` modules (and the LM head) float.
     """
     tensors = load_file(str(float_dir / "model.safetensors"))
-    per_channel = layout != "compressed-tensors-tensor"
-    static = input_amax is not None and layout != "fbgemm"
+    static = input_amax is not None and layout not in ("fbgemm", "block")
     stored: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        if not _is_linear(name):
+        prefix = name.removesuffix(".weight")
+        if not _is_linear(name) or prefix in ignored:
             stored[name] = dequantized[name] = tensor
             continue
-        prefix = name.removesuffix(".weight")
-        scale = _stored_scale(tensor, name, per_channel)
-        q = (tensor.float() / scale.float().reshape(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        q, scale, widened = _quantize(name, tensor, layout)
         if static and input_amax is not None:
             stored[f"{prefix}.input_scale"] = torch.tensor([input_amax[name] / FP8_MAX])
-        stored[name], stored[f"{prefix}.weight_scale"] = q, scale
-        dequantized[name] = q.float() * scale.float().reshape(-1, 1)
+        stored[name] = q
+        stored[f"{prefix}.weight_scale_inv" if layout == "block" else f"{prefix}.weight_scale"] = scale
+        dequantized[name] = q.float() * widened
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(stored, str(out_dir / "model.safetensors"))
     for file in float_dir.iterdir():
         if file.suffix == ".json":
             shutil.copy(file, out_dir / file.name)
     config = json.loads((float_dir / "config.json").read_text())
-    config["quantization_config"] = (
-        FBGEMM_CONFIG
-        if layout == "fbgemm"
-        else compressed_tensors_config("channel" if per_channel else "tensor", static_activations=static)
-    )
+    config["quantization_config"] = _quantization_config(layout, static, ignored)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return dequantized
+
+
+def _quantization_config(layout: str, static: bool, ignored: tuple[str, ...]) -> dict[str, Any]:
+    if layout == "fbgemm":
+        return FBGEMM_CONFIG
+    if layout == "autofp8":
+        return fp8_config(static, ignored)
+    if layout == "block":
+        return BLOCK_CONFIG
+    return compressed_tensors_config(layout.removeprefix("compressed-tensors-"), static_activations=static)
+
+
+def load_fp8_checkpoint(path: Path, mode: QuantizeMode = QuantizeMode.NONE) -> tuple[CausalLM, QuantizationReport]:
+    """Our float32 CPU model for the checkpoint at `path`, its GEMM weights quantized as `mode` says."""
+    model = load_model(read_checkpoint_config(path), torch.float32, CPU, ParallelContext(), TorchAttentionBackend())
+    return model, quantize_model(model, mode)
 
 
 def linear_input_amax(reference: torch.nn.Module, calibration: torch.Tensor) -> dict[str, float]:
@@ -132,9 +199,11 @@ def round_activations_like_fp8(
     static_scales: dict[str, float] | None = None,
     bound: float | None = None,
     roles: tuple[str, ...] = LINEAR_SUFFIXES,
+    input_group: int | None = None,
 ) -> None:
     """Makes the linear layers of `reference` in `roles` round their input to float8 e4m3 as the FP8 GEMM does: per
-    token (largest magnitude capped at `bound`), or by the static scale of `static_scales` (by weight name)."""
+    token (largest magnitude capped at `bound`; per token and run of `input_group` features when given), or by the
+    static scale of `static_scales` (by weight name)."""
     for name, module in reference.named_modules():
         if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in roles:
             static = None if static_scales is None else static_scales[f"{name}.weight"]
@@ -143,12 +212,17 @@ def round_activations_like_fp8(
                 module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], static: float | None = static
             ) -> Any:
                 x = inputs[0].float()
-                if static is not None:
-                    scale = torch.full_like(x[..., :1], static)
-                else:
-                    largest = x.abs().amax(-1, keepdim=True)
-                    scale = (largest if bound is None else largest.clamp_max(bound)) / FP8_MAX
-                    scale = scale.clamp_min(1.0 / (FP8_MAX * 512.0))
-                return ((x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale,)
+                runs = x.split(input_group or x.shape[-1], dim=-1)
+                return (torch.cat([_round_like_fp8(run, static, bound) for run in runs], dim=-1),)
 
             module.register_forward_pre_hook(rounded)
+
+
+def _round_like_fp8(x: torch.Tensor, static: float | None, bound: float | None) -> torch.Tensor:
+    if static is not None:
+        scale = torch.full_like(x[..., :1], static)
+    else:
+        largest = x.abs().amax(-1, keepdim=True)
+        scale = (largest if bound is None else largest.clamp_max(bound)) / FP8_MAX
+        scale = scale.clamp_min(1.0 / (FP8_MAX * 512.0))
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale

@@ -1,6 +1,6 @@
 """FP8 (e4m3) weights through torch._scaled_mm on CPU: the GEMM's numbers, tiny checkpoints in each Hub layout
-(compressed-tensors per tensor and per channel, FBGEMM) against transformers on the same values, `--quantize fp8`,
-the CUDA capability guard, and the start-up errors for bad checkpoints."""
+(compressed-tensors per tensor and per channel, FBGEMM, AutoFP8, block-wise) against transformers on the same values,
+`--quantize fp8`, the CUDA capability guard, and the start-up errors for bad checkpoints."""
 
 from __future__ import annotations
 
@@ -13,19 +13,21 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from fp8_testing import LAYOUTS, linear_input_amax, round_activations_like_fp8, write_fp8_checkpoint
+from fp8_testing import (
+    LAYOUTS,
+    TEST_BLOCK,
+    linear_input_amax,
+    load_fp8_checkpoint,
+    round_activations_like_fp8,
+    write_fp8_checkpoint,
+)
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_llama
 from tandem_server.bootstrap import check_quantization, load_shard
 from tandem_server.cli import config_from_args
-from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
-from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.quantized import Fp8Weight, kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
-from tandem_server.models.loader import load_model
-from tandem_server.models.registry import CausalLM
 from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, Fp8Channels, QuantizeMode, quantize_fp8
 from tp_worker import NEW_TOKENS, PROMPT, generate, prompt_logits
 from transformers import LlamaForCausalLM
@@ -90,11 +92,6 @@ def test_stacked_parts_share_the_largest_static_scale_and_keep_their_channel_sca
     assert Fp8Channels.concat([first, Fp8Channels(second.q, second.scale)]).input_scale is None
 
 
-def _load(path: Path, mode: QuantizeMode = QuantizeMode.NONE) -> tuple[CausalLM, QuantizationReport]:
-    model = load_model(read_checkpoint_config(path), torch.float32, CPU, ParallelContext(), TorchAttentionBackend())
-    return model, quantize_model(model, mode)
-
-
 def _reference(float_dir: Path, values: dict[str, torch.Tensor]) -> LlamaForCausalLM:
     """transformers on a float checkpoint written with `values`."""
     reference = LlamaForCausalLM.from_pretrained(float_dir).eval()
@@ -130,10 +127,10 @@ def _static_scales(checkpoint: Path) -> dict[str, float] | None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_an_fp8_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(tiny: dict[str, Any], layout: str) -> None:
     root = tiny["root"]
-    # Per-tensor weights with static activation scales, per-channel ones with per-token scales.
-    amax = tiny["amax"] if layout == "compressed-tensors-tensor" else None
+    # Per-tensor weights with static activation scales, per-channel and block ones with per-token scales.
+    amax = tiny["amax"] if layout in ("compressed-tensors-tensor", "autofp8") else None
     values = write_fp8_checkpoint(root / "float", root / layout, layout, amax)
-    model, report = _load(root / layout)
+    model, report = load_fp8_checkpoint(root / layout)
     assert report.formats == {
         "qkv_proj: float8 checkpoint as fp8": 2, "o_proj: float8 checkpoint as fp8": 2,
         "gate_up_proj: float8 checkpoint as fp8": 2, "down_proj: float8 checkpoint as fp8": 2,
@@ -142,7 +139,8 @@ def test_an_fp8_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(tiny
     reference = _reference(root / "float", values)
     float_logits, _ = _expected(reference)
     bound = 1200.0 if layout == "fbgemm" else None
-    round_activations_like_fp8(reference, _static_scales(root / layout), bound)
+    group = TEST_BLOCK[1] if layout == "block" else None
+    round_activations_like_fp8(reference, _static_scales(root / layout), bound, input_group=group)
     logits, tokens = _expected(reference)
     ours = prompt_logits(model)
     assert (ours - logits).abs().max() <= SAME_ROUNDING_ATOL
@@ -152,7 +150,7 @@ def test_an_fp8_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(tiny
 
 def test_quantize_fp8_rounds_a_float_checkpoint_to_float8_channels(tiny: dict[str, Any]) -> None:
     root = tiny["root"]
-    model, report = _load(root / "float", QuantizeMode.FP8)
+    model, report = load_fp8_checkpoint(root / "float", QuantizeMode.FP8)
     assert report.formats["down_proj: float as fp8"] == 2 and report.formats["lm_head: float as fp8"] == 1
     float_values = load_file(str(root / "float" / "model.safetensors"))
     rounded = {
@@ -172,9 +170,9 @@ def test_quantize_fp8_rounds_a_float_checkpoint_to_float8_channels(tiny: dict[st
 
 def test_quantize_fp8_takes_a_quarter_of_float32s_bytes(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path, tie_word_embeddings=True)
-    _, report = _load(tmp_path, QuantizeMode.FP8)
+    _, report = load_fp8_checkpoint(tmp_path, QuantizeMode.FP8)
     assert report.formats["embed_tokens: fp8, shared with the tied LM head"] == 1
-    _, float_report = _load(tmp_path, QuantizeMode.NONE)
+    _, float_report = load_fp8_checkpoint(tmp_path, QuantizeMode.NONE)
     # One byte per weight plus a float32 scale per row; norms stay float32 (measured ratio 0.26).
     assert 0.25 <= report.weight_bytes / float_report.weight_bytes <= 0.28
 
@@ -187,7 +185,7 @@ def test_a_stack_mixing_float8_and_float_parts_is_served_in_float_with_the_same_
     tensors["model.layers.0.self_attn.k_proj.weight"] = values["model.layers.0.self_attn.k_proj.weight"]
     del tensors["model.layers.0.self_attn.k_proj.weight_scale"]
     save_file(tensors, str(tmp_path / "fp8" / "model.safetensors"))
-    model, report = _load(tmp_path / "fp8")
+    model, report = load_fp8_checkpoint(tmp_path / "fp8")
     assert report.formats["qkv_proj: float32"] == 1 and report.formats["qkv_proj: float8 checkpoint as fp8"] == 1
     stacked = torch.cat([values[f"model.layers.0.self_attn.{role}_proj.weight"] for role in "qkv"])
     assert torch.equal(model.model.layers[0].self_attn.qkv_proj.weight, stacked)
@@ -223,7 +221,7 @@ def test_the_shard_serves_an_fp8_checkpoint_and_reports_its_formats_in_info(fp8_
 def test_a_weight_the_format_cannot_take_fails_start_up_naming_it(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path, hidden_size=48)
     with pytest.raises(ConfigError, match=r"--quantize int4: model\.layers\.0\.self_attn\.o_proj: .*multiples of 32"):
-        _load(tmp_path, QuantizeMode.INT4)
+        load_fp8_checkpoint(tmp_path, QuantizeMode.INT4)
 
 
 def test_the_shard_takes_fp8_on_cuda_and_keeps_the_other_modes_cpu_only(tmp_path: Path) -> None:
@@ -256,14 +254,14 @@ def test_a_missing_weight_scale_fails_start_up_naming_it(tmp_path: Path) -> None
     checkpoint = _fp8_checkpoint(tmp_path)
     _drop_tensor(checkpoint, "model.layers.1.mlp.down_proj.weight_scale")
     with pytest.raises(WeightsError, match=r"lacks model\.layers\.1\.mlp\.down_proj\.weight_scale"):
-        _load(checkpoint)
+        load_fp8_checkpoint(checkpoint)
 
 
 def test_a_missing_static_input_scale_fails_start_up_naming_it(tmp_path: Path) -> None:
     checkpoint = _fp8_checkpoint(tmp_path, "compressed-tensors-tensor")
     _drop_tensor(checkpoint, "model.layers.0.self_attn.k_proj.input_scale")
     with pytest.raises(WeightsError, match=r"static activation scales, .*self_attn\.k_proj\.input_scale"):
-        _load(checkpoint)
+        load_fp8_checkpoint(checkpoint)
 
 
 def test_an_unknown_quant_method_fails_start_up_naming_it(tmp_path: Path) -> None:
@@ -290,7 +288,7 @@ def test_float8_tensors_without_a_quantization_config_fail_start_up(tmp_path: Pa
     del config["quantization_config"]
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match=r"float8 tensor, but config\.json declares no quantization_config"):
-        _load(checkpoint)
+        load_fp8_checkpoint(checkpoint)
 
 
 DOWN = "model.layers.1.mlp.down_proj"
@@ -315,7 +313,7 @@ def test_bad_fp8_tensors_fail_start_up_naming_the_tensor(fp8_checkpoint: Path, t
     tensors = load_file(str(checkpoint / "model.safetensors"))
     save_file({**tensors, **changes}, str(checkpoint / "model.safetensors"))
     with pytest.raises(WeightsError, match=message):
-        _load(checkpoint)
+        load_fp8_checkpoint(checkpoint)
 
 
 BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {

@@ -6,8 +6,9 @@ at small batches is bound by; they are fast only with bfloat16 activations, so e
 and its output back to the model's dtype.
 - int4: `w = (q - 8) * scale + zero` per group of 32 to 256 input features, q in 0..15, scale and zero in bfloat16.
 - int8: `w = q * scale` per output channel, q in -127..127, scale in bfloat16.
-- fp8: `w = q * scale` per output channel, float32 scales; activations scaled per token (or by a checkpoint's static
-  scale) into float8, the product accumulated in float32.
+- fp8: `w = q * scale` per output channel (or per output channel and run of input features), float32 scales;
+  activations scaled per token (per token and run; or by a checkpoint's static scale) into float8, the product
+  accumulated in float32.
 """
 
 from __future__ import annotations
@@ -151,8 +152,13 @@ class Int8Weight:
 
 
 class Fp8Weight:
-    """A float8 e4m3 weight with per-output-channel scales for `torch._scaled_mm` (row-wise scaling: one scale per
-    activation row, one per weight row); also serves embedding lookups of its rows."""
+    """A float8 e4m3 weight for `torch._scaled_mm` with row-wise scaling (one scale per activation row, one per weight
+    row); also serves embedding lookups of its rows.
+
+    A weight scaled per run of `input_group` input features (block-wise checkpoints) takes one `_scaled_mm` per run,
+    its activations scaled per token and run, and sums them in float32: exactly the block-wise product. On CPU this
+    costs about what one call over all features does (measured 0.6 to 1.1 times, 1536 x 576 and 576 x 1536 weights).
+    """
 
     def __init__(self, channels: Fp8Channels) -> None:
         self.out_features, self.in_features = channels.q.shape
@@ -162,17 +168,29 @@ class Fp8Weight:
                 f"{self.out_features} x {self.in_features}"
             )
         self.q = channels.q.contiguous()
-        self.scale = channels.scale.float().reshape(1, -1).contiguous()
+        self.run_width = channels.input_group or self.in_features
+        # [runs, 1, out]: each run's weight scales as `_scaled_mm` takes them (a single run when not grouped).
+        self.scale = channels.scale.float().reshape(self.out_features, -1).t().unsqueeze(1).contiguous()
         self.input_scale = channels.input_scale
         self.activation_bound = channels.activation_bound
         self.nbytes = _nbytes(self.q) + _nbytes(self.scale)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        q, scale = self.quantize_activations(x)
-        # CUDA's row-wise scaled GEMM writes bfloat16 only; on CPU it writes the activations' dtype.
-        out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
-        out = torch._scaled_mm(q, self.q.t(), scale_a=scale, scale_b=self.scale, out_dtype=out_dtype).to(x.dtype)
+        # CUDA's row-wise scaled GEMM writes bfloat16 only; on CPU float32. Several runs' products sum in float32.
+        out_dtype = torch.bfloat16 if x.is_cuda else torch.float32
+        out = self._run_product(x, 0, out_dtype)
+        if self.scale.shape[0] > 1:
+            out = out.float()
+            for run in range(1, self.scale.shape[0]):
+                out.add_(self._run_product(x, run, out_dtype))
+        out = out.to(x.dtype)
         return out if bias is None else out + bias
+
+    def _run_product(self, x: torch.Tensor, run: int, out_dtype: torch.dtype) -> torch.Tensor:
+        """The product of run `run` of input features alone, its activations scaled per token within the run."""
+        features = slice(run * self.run_width, (run + 1) * self.run_width)
+        q, scale = self.quantize_activations(x[:, features])
+        return torch._scaled_mm(q, self.q[:, features].t(), scale_a=scale, scale_b=self.scale[run], out_dtype=out_dtype)
 
     def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`x` as float8 values and float32 scales `[rows, 1]` such that `x ~= values * scales`."""
@@ -184,11 +202,12 @@ class Fp8Weight:
             if self.activation_bound is not None:
                 largest = largest.clamp_max(self.activation_bound)
             scale = (largest / FP8_MAX).clamp_min(_FP8_MIN_SCALE)
-        return (rows / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+        return (rows / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous(), scale
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Dequantized rows `ids` (an embedding lookup)."""
-        return (self.q[ids].float() * self.scale[0, ids].unsqueeze(-1)).to(dtype)
+        scales = self.scale[:, 0, ids].movedim(0, -1).repeat_interleave(self.run_width, dim=-1)
+        return (self.q[ids].float() * scales[..., : self.in_features]).to(dtype)
 
 
 # CUDA's float8 GEMMs take matrices whose dimensions are multiples of 16.

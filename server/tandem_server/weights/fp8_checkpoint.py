@@ -3,7 +3,8 @@
 A float8 weight is sliced like any weight. A per-channel `weight_scale` follows the weight's rows: a column-parallel
 layer reads the rows it keeps, a row-parallel one (split along the inputs) keeps every row's scale; a fused tensor's
 scales split with its rows. A per-tensor scale is replicated (to every rank and every part of a fused tensor), and
-becomes per channel. Scales are checked against their weights once everything is read.
+becomes per channel. A block-wise `weight_scale_inv` is widened to one scale per row and run of inputs
+(`fp8_blocks`). Scales are checked against their weights once everything is read.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tandem_server.weights.fp8_blocks import block_window, check_block_count, row_scales
 from tandem_server.weights.fp8_scheme import Fp8Scheme
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.quantization import FP8_DTYPE, Fp8Channels
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 WEIGHT_SCALE = "weight_scale"
+# A block-wise checkpoint's scales, one per block of `weight_block_size` (multiplied, despite the name).
+WEIGHT_SCALE_INV = "weight_scale_inv"
 INPUT_SCALE = "input_scale"
 # Read and checked (zero points must be zero: symmetric) but not kept; FBGEMM's per-layer `input_scale_ub` is the
 # config's `activation_scale_ub`, which is what applies (as in transformers).
@@ -26,7 +30,7 @@ ZERO_POINTS = ("weight_zero_point", "input_zero_point")
 INPUT_SCALE_UB = "input_scale_ub"
 # The attribute a parameter whose checkpoint tensor is float8 carries until quantization takes it (`Fp8Channels`).
 FP8_VALUES = "fp8_values"
-COMPANIONS = (WEIGHT_SCALE, INPUT_SCALE, INPUT_SCALE_UB, *ZERO_POINTS)
+COMPANIONS = (WEIGHT_SCALE, WEIGHT_SCALE_INV, INPUT_SCALE, INPUT_SCALE_UB, *ZERO_POINTS)
 
 
 @dataclass
@@ -63,6 +67,9 @@ class Fp8Collector:
     ) -> None:
         """Reads a scale (or zero point) for every parameter its layer's weight supplies, sliced as that weight."""
         prefix, suffix = checkpoint_name.rsplit(".", 1)
+        if suffix == WEIGHT_SCALE_INV and self.scheme.weight_block is not None:
+            self._add_block_scales(checkpoint_name, tensor, layout, params)
+            return
         names = layout.parameter_names(f"{prefix}.weight")
         if tensor.shape.numel() == 1 or suffix in ZERO_POINTS:  # zero points are only checked to be zero
             values = tensor.read().reshape(-1)
@@ -76,9 +83,27 @@ class Fp8Collector:
             rows = weight_slice if weight_slice is not None and weight_slice.dim == 0 else None
             self._companions(name, checkpoint_name, params)[suffix] = part.read(rows).reshape(-1)
 
-    def _companions(self, name: str, checkpoint_name: str, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    def _add_block_scales(
+        self, checkpoint_name: str, tensor: CheckpointTensor, layout: CheckpointLayout, params: dict[str, nn.Parameter]
+    ) -> None:
+        """Widens block scales to the rows and input runs each parameter the layer supplies holds on this rank."""
+        block = self.scheme.weight_block
+        offsets = layout.parameter_offsets(checkpoint_name.removesuffix(WEIGHT_SCALE_INV) + "weight")
+        windows = {name: block_window(self._parameter(name, checkpoint_name, params), at) for name, at in offsets}
+        if windows and block is not None:
+            if not any(hasattr(params[name], "checkpoint_slice") for name in windows):
+                last = list(windows.values())[-1]
+                check_block_count(tensor, last.rows.stop, len(last.inputs), block)
+            for name, window in windows.items():
+                self._companions(name, checkpoint_name, params)[WEIGHT_SCALE_INV] = row_scales(tensor, window, block)
+
+    def _parameter(self, name: str, checkpoint_name: str, params: dict[str, nn.Parameter]) -> nn.Parameter:
         if name not in params:
             raise ValueError(f"{checkpoint_name} scales {name!r}, which is no model parameter")
+        return params[name]
+
+    def _companions(self, name: str, checkpoint_name: str, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+        self._parameter(name, checkpoint_name, params)
         return self.layers.setdefault(name, _Layer()).companions
 
     def attach(self, params: dict[str, nn.Parameter]) -> list[str]:
@@ -96,6 +121,8 @@ class Fp8Collector:
         if layer.weight is None:
             found = ", ".join(sorted(layer.companions))
             raise ValueError(f"the checkpoint has {found} for {prefix} but its weight is not float8 e4m3")
+        if self.scheme.weight_block is not None:
+            return self._blocks(prefix, layer.weight, layer.companions, self.scheme.weight_block)
         scale = layer.companions.get(WEIGHT_SCALE)
         if scale is None:
             raise ValueError(f"float8 weight without its scale: the checkpoint lacks {prefix}.{WEIGHT_SCALE}")
@@ -114,6 +141,17 @@ class Fp8Collector:
             None if input_scale is None else float(input_scale),
             self.scheme.activation_bound,
         )
+
+    @staticmethod
+    def _blocks(
+        prefix: str, weight: torch.Tensor, companions: dict[str, torch.Tensor], block: tuple[int, int]
+    ) -> Fp8Channels:
+        scale = companions.get(WEIGHT_SCALE_INV)
+        if scale is None:
+            raise ValueError(
+                f"block-wise float8 weight without its scales: the checkpoint lacks {prefix}.{WEIGHT_SCALE_INV}"
+            )
+        return Fp8Channels(weight, scale, input_group=block[1])
 
 
 def float8_problem(values: torch.Tensor, scheme: Fp8Scheme | None) -> str | None:

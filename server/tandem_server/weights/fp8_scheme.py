@@ -6,8 +6,13 @@
 - FBGEMM FP8 (`fbgemm_fp8`): `weight` in float8 e4m3 and a per-channel `weight_scale` `[out, 1]`; activations are
   scaled per token, each token's largest magnitude capped at `activation_scale_ub`. Layers in
   `modules_to_not_convert` stay float.
-Either way a layer is float8 exactly when its `weight` tensor is, so the loader decides layer by layer; this module
-only checks that every declared scheme is one Tandem serves.
+- `fp8` (AutoFP8, and transformers' FineGrainedFP8 as DeepSeek-V3 and Qwen3 FP8 checkpoints use it): without
+  `weight_block_size`, `weight` in float8 e4m3 with a per-tensor `weight_scale` and, when `activation_scheme` is
+  static, a per-tensor `input_scale`; with `weight_block_size` `[rows, inputs]`, a `weight_scale_inv` per block
+  (`w = q * scale` despite the name) and activations scaled per token and run of `inputs` features (dynamic only).
+  Layers in `ignored_layers` (or `modules_to_not_convert`) stay float.
+Whichever the layout, a layer is float8 exactly when its `weight` tensor is, so the loader decides layer by layer;
+this module only checks that every declared scheme is one Tandem serves.
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ from typing import Any
 
 from tandem_server.errors import ConfigError
 
-FP8_METHODS = ("compressed-tensors", "fbgemm_fp8")
+FP8_METHODS = ("compressed-tensors", "fbgemm_fp8", "fp8")
 COMPRESSED_TENSORS_FORMATS = ("float-quantized", "naive-quantized")
 # FBGEMM's default bound on an activation's largest magnitude (transformers' FbgemmFp8Config).
 DEFAULT_ACTIVATION_SCALE_UB = 1200.0
 _SUPPORTED = (
     "Tandem serves FP8 checkpoints: compressed-tensors float8 weights (8-bit float, per-tensor or per-channel scales, "
-    "symmetric) and fbgemm_fp8"
+    "symmetric), fbgemm_fp8, and fp8 (AutoFP8 per-tensor; block-wise with dynamic activations)"
 )
+ACTIVATION_SCHEMES = ("static", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class Fp8Scheme:
     method: str
     static_activations: bool = False
     activation_bound: float | None = None
+    # `weight_block_size` (rows, input features) of a block-wise checkpoint; None: per-tensor or per-channel scales.
+    weight_block: tuple[int, int] | None = None
 
 
 def checkpoint_fp8_scheme(hf: dict[str, Any]) -> Fp8Scheme | None:
@@ -47,10 +55,43 @@ def checkpoint_fp8_scheme(hf: dict[str, Any]) -> Fp8Scheme | None:
         return Fp8Scheme(method, activation_bound=float(config.get("activation_scale_ub", DEFAULT_ACTIVATION_SCALE_UB)))
     if method == "compressed-tensors":
         return _compressed_tensors(config)
+    if method == "fp8":
+        return _fp8(config)
     raise ConfigError(
         f"quantization_config: quant_method {method!r} is not supported; Tandem serves FP8 checkpoints "
-        "(compressed-tensors, fbgemm_fp8) and int4 ones (gptq, awq)"
+        "(compressed-tensors, fbgemm_fp8, fp8) and int4 ones (gptq, awq)"
     )
+
+
+def _fp8(config: dict[str, Any]) -> Fp8Scheme:
+    """AutoFP8's per-tensor layout, or transformers' block-wise one when `weight_block_size` is set."""
+    activation_scheme = config.get("activation_scheme", "dynamic")
+    if activation_scheme not in ACTIVATION_SCHEMES:
+        raise ConfigError(
+            f"fp8 quantization_config: activation_scheme {activation_scheme!r} is not supported "
+            f"(supported: {', '.join(ACTIVATION_SCHEMES)})"
+        )
+    value_format = config.get("fmt", "e4m3")
+    if value_format != "e4m3":
+        raise ConfigError(f"fp8 quantization_config: fmt {value_format!r} is not supported (float8 e4m3 only)")
+    scale_format = config.get("scale_fmt", "float")
+    if scale_format != "float":
+        raise ConfigError(
+            f"fp8 quantization_config: scale_fmt {scale_format!r} (power-of-two scales) is not supported; "
+            "Tandem reads float32 weight_scale_inv"
+        )
+    static = activation_scheme == "static"
+    block = config.get("weight_block_size")
+    if block is None:
+        return Fp8Scheme("fp8", static_activations=static)
+    if not isinstance(block, list | tuple) or len(block) != 2 or not all(isinstance(n, int) and n > 0 for n in block):
+        raise ConfigError(f"fp8 quantization_config: weight_block_size {block!r} is not two positive integers")
+    if static:
+        raise ConfigError(
+            f"fp8 quantization_config: weight_block_size {list(block)} with static activations is not supported; "
+            "block-wise checkpoints are served with activations scaled per token and block (activation_scheme dynamic)"
+        )
+    return Fp8Scheme("fp8", weight_block=(block[0], block[1]))
 
 
 def _compressed_tensors(config: dict[str, Any]) -> Fp8Scheme:

@@ -4,13 +4,14 @@ weights.
 - int4: `w = (q - INT4_MIDPOINT) * scale + zero` per group of input features (`INT4_GROUP` when quantized at load, a
   checkpoint's own size for GPTQ/AWQ), q in 0..15.
 - int8: `w = q * scale` per output channel, q in -127..127.
-- fp8: `w = q * scale` per output channel, q a float8 e4m3 value (at most `FP8_MAX` in magnitude).
+- fp8: `w = q * scale` per output channel, or per output channel and run of `input_group` input features (a
+  block-wise checkpoint's scales widened to rows), q a float8 e4m3 value (at most `FP8_MAX` in magnitude).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -148,27 +149,36 @@ def quantize_int8(weight: torch.Tensor) -> Int8Channels:
 
 @dataclass(frozen=True)
 class Fp8Channels:
-    """float8 e4m3 weights `[out, in]` with one float32 scale per output channel, and how activations are scaled.
+    """float8 e4m3 weights `[out, in]` with float32 scales per output channel (`[out]`), or per output channel and
+    run of `input_group` input features (`[out, ceil(in / input_group)]`, the last run possibly shorter).
 
-    `input_scale`: a checkpoint's static activation scale for the whole tensor; None scales each token by its own
-    largest magnitude, capped at `activation_bound` when that is set (FBGEMM's `activation_scale_ub`).
+    `input_scale`: a checkpoint's static activation scale for the whole tensor; None scales each token (each run of
+    `input_group` features of a token, when grouped) by its own largest magnitude, capped at `activation_bound` when
+    that is set (FBGEMM's `activation_scale_ub`).
     """
 
     q: torch.Tensor
     scale: torch.Tensor
     input_scale: float | None = None
     activation_bound: float | None = None
+    input_group: int | None = None
 
     def dequantize(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float().unsqueeze(-1)
+        if self.input_group is None:
+            return self.q.float() * self.scale.float().unsqueeze(-1)
+        widened = self.scale.float().repeat_interleave(self.input_group, dim=-1)
+        return self.q.float() * widened[:, : self.q.shape[1]]
 
     def to(self, device: torch.device) -> Fp8Channels:
-        return Fp8Channels(self.q.to(device), self.scale.to(device), self.input_scale, self.activation_bound)
+        return replace(self, q=self.q.to(device), scale=self.scale.to(device))
 
     @staticmethod
     def concat(parts: list[Fp8Channels]) -> Fp8Channels:
         """Parts stacked along the output features; they share one input, so one activation scale: the largest
         static scale (no part's range is clipped), or per token when any part scales per token."""
+        groups = {part.input_group for part in parts}
+        if len(groups) > 1:
+            raise ValueError(f"stacked float8 parts scale different runs of input features: {sorted(map(str, groups))}")
         static = [part.input_scale for part in parts]
         bounds = [part.activation_bound for part in parts if part.activation_bound is not None]
         return Fp8Channels(
@@ -176,6 +186,7 @@ class Fp8Channels:
             torch.cat([part.scale for part in parts]),
             None if None in static else max(scale for scale in static if scale is not None),
             max(bounds) if bounds else None,
+            groups.pop(),
         )
 
 
