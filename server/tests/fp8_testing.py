@@ -70,42 +70,41 @@ FBGEMM_CONFIG = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "m
 
 
 def fp8_config(static_activations: bool, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
-    """AutoFP8's config (per-tensor scales), or with `TEST_BLOCK` set below, a block-wise one."""
+    """AutoFP8's config (per-tensor scales)."""
     scheme = "static" if static_activations else "dynamic"
     return {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": ["lm_head", *ignored]}
 
 
-BLOCK_CONFIG = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "activation_scheme": "dynamic",
-    "weight_block_size": list(TEST_BLOCK),
-}
+def block_config(block: tuple[int, int]) -> dict[str, Any]:
+    """A block-wise config as DeepSeek-V3 and Qwen3 FP8 checkpoints write it."""
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
 
 
 def _is_linear(name: str) -> bool:
     return name.endswith(".weight") and name.rsplit(".", 2)[-2] in LINEAR_SUFFIXES
 
 
-def _block_scales(weight: torch.Tensor) -> torch.Tensor:
-    """One float32 scale per `TEST_BLOCK` block of `weight`: its largest magnitude maps to `FP8_MAX`."""
-    rows, inputs = TEST_BLOCK
+def _block_scales(weight: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """One float32 scale per `block` of `weight`: its largest magnitude maps to `FP8_MAX`."""
+    rows, inputs = block
     padded = torch.nn.functional.pad(weight.float().abs(), (0, -weight.shape[1] % inputs, 0, -weight.shape[0] % rows))
     blocks = padded.view(padded.shape[0] // rows, rows, padded.shape[1] // inputs, inputs)
     return blocks.amax(dim=(1, 3)) / FP8_MAX
 
 
-def widen_blocks(scales: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def widen_blocks(scales: torch.Tensor, shape: torch.Size, block: tuple[int, int]) -> torch.Tensor:
     """Block scales repeated over the `shape` of the weight they scale."""
-    rows, inputs = TEST_BLOCK
+    rows, inputs = block
     return scales.repeat_interleave(rows, 0).repeat_interleave(inputs, 1)[: shape[0], : shape[1]]
 
 
-def _quantize(name: str, weight: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize(
+    name: str, weight: torch.Tensor, layout: str, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float8 values, the scale tensor as stored, and that scale widened over the weight."""
     if layout == "block":
-        scale = _block_scales(weight)
-        widened = widen_blocks(scale, weight.shape)
+        scale = _block_scales(weight, block)
+        widened = widen_blocks(scale, weight.shape, block)
     else:
         scale = _stored_scale(weight, name, per_channel=layout in ("compressed-tensors-channel", "fbgemm"))
         widened = scale.float().reshape(-1, 1)
@@ -126,11 +125,12 @@ def write_fp8_checkpoint(
     layout: str,
     input_amax: dict[str, float] | None = None,
     ignored: tuple[str, ...] = (),
+    block: tuple[int, int] = TEST_BLOCK,
 ) -> dict[str, torch.Tensor]:
     """Writes `float_dir`'s checkpoint to `out_dir` in `layout` and returns the float state dict it stands for.
 
     Per-tensor weight scales are bfloat16 (shape [1], or [] for SCALAR_SHAPED roles), per-channel ones float32
-    [out, 1], block ones float32 [row blocks, input blocks] of `TEST_BLOCK`. With `input_amax` (each linear layer's
+    [out, 1], block ones float32 [row blocks, input blocks] of `block`. With `input_amax` (each linear layer's
     largest input magnitude, by weight name) a compressed-tensors or AutoFP8 layout gets static input scales; else
     activations are scaled per token. AutoFP8 keeps the `ignored` modules (and the LM head) float.
     """
@@ -143,7 +143,7 @@ def write_fp8_checkpoint(
         if not _is_linear(name) or prefix in ignored:
             stored[name] = dequantized[name] = tensor
             continue
-        q, scale, widened = _quantize(name, tensor, layout)
+        q, scale, widened = _quantize(name, tensor, layout, block)
         if static and input_amax is not None:
             stored[f"{prefix}.input_scale"] = torch.tensor([input_amax[name] / FP8_MAX])
         stored[name] = q
@@ -155,18 +155,18 @@ def write_fp8_checkpoint(
         if file.suffix == ".json":
             shutil.copy(file, out_dir / file.name)
     config = json.loads((float_dir / "config.json").read_text())
-    config["quantization_config"] = _quantization_config(layout, static, ignored)
+    config["quantization_config"] = _quantization_config(layout, static, ignored, block)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return dequantized
 
 
-def _quantization_config(layout: str, static: bool, ignored: tuple[str, ...]) -> dict[str, Any]:
+def _quantization_config(layout: str, static: bool, ignored: tuple[str, ...], block: tuple[int, int]) -> dict[str, Any]:
     if layout == "fbgemm":
         return FBGEMM_CONFIG
     if layout == "autofp8":
         return fp8_config(static, ignored)
     if layout == "block":
-        return BLOCK_CONFIG
+        return block_config(block)
     return compressed_tensors_config(layout.removeprefix("compressed-tensors-"), static_activations=static)
 
 

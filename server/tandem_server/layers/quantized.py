@@ -162,13 +162,14 @@ class Fp8Weight:
 
     def __init__(self, channels: Fp8Channels) -> None:
         self.out_features, self.in_features = channels.q.shape
-        if channels.q.is_cuda and (self.out_features % _FP8_CUDA_MULTIPLE or self.in_features % _FP8_CUDA_MULTIPLE):
+        self.run_width = channels.input_group or self.in_features
+        sizes = (self.out_features, self.in_features, self.run_width)
+        if channels.q.is_cuda and any(size % _FP8_CUDA_MULTIPLE for size in sizes):
             raise ValueError(
-                f"fp8 on CUDA needs features in multiples of {_FP8_CUDA_MULTIPLE}, this weight is "
-                f"{self.out_features} x {self.in_features}"
+                f"fp8 on CUDA needs features (and block widths) in multiples of {_FP8_CUDA_MULTIPLE}, this weight is "
+                f"{self.out_features} x {self.in_features} in runs of {self.run_width} inputs"
             )
         self.q = channels.q.contiguous()
-        self.run_width = channels.input_group or self.in_features
         # [runs, 1, out]: each run's weight scales as `_scaled_mm` takes them (a single run when not grouped).
         self.scale = channels.scale.float().reshape(self.out_features, -1).t().unsqueeze(1).contiguous()
         self.input_scale = channels.input_scale

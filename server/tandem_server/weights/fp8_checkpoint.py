@@ -91,9 +91,7 @@ class Fp8Collector:
         offsets = layout.parameter_offsets(checkpoint_name.removesuffix(WEIGHT_SCALE_INV) + "weight")
         windows = {name: block_window(self._parameter(name, checkpoint_name, params), at) for name, at in offsets}
         if windows and block is not None:
-            if not any(hasattr(params[name], "checkpoint_slice") for name in windows):
-                last = list(windows.values())[-1]
-                check_block_count(tensor, last.rows.stop, len(last.inputs), block)
+            check_block_count(tensor, list(windows.values())[-1], block)
             for name, window in windows.items():
                 self._companions(name, checkpoint_name, params)[WEIGHT_SCALE_INV] = row_scales(tensor, window, block)
 

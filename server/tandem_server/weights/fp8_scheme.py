@@ -80,6 +80,11 @@ def _fp8(config: dict[str, Any]) -> Fp8Scheme:
             f"fp8 quantization_config: scale_fmt {scale_format!r} (power-of-two scales) is not supported; "
             "Tandem reads float32 weight_scale_inv"
         )
+    if config.get("kv_cache_quant_targets"):
+        raise ConfigError(
+            "fp8 quantization_config: kv_cache_quant_targets (a quantized KV cache with stored scales) is not "
+            "supported; Tandem's KV cache dtype is --kv-cache-dtype"
+        )
     static = activation_scheme == "static"
     block = config.get("weight_block_size")
     if block is None:
