@@ -7,7 +7,7 @@ use std::time::Instant;
 mod admission;
 mod delivery;
 
-use delivery::{deliver_span, PAUSE_WITHOUT_PROPOSAL};
+use delivery::{deliver_span, pause_after_fruitless_try};
 
 use super::config::SchedulerConfig;
 use super::drafting::{propose, Drafts};
@@ -172,7 +172,7 @@ impl SchedulerState {
             .min(spare_tokens);
         let drafts = propose(self.config.draft_method, &sequence.tokens, room, &self.pool);
         if room > 0 && drafts.is_none() {
-            sequence.draft_pause = PAUSE_WITHOUT_PROPOSAL;
+            pause_after_fruitless_try(sequence, false);
         }
         drafts
     }
