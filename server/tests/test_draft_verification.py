@@ -96,16 +96,13 @@ def test_min_tokens_counts_the_drafts_kept_before_each_position(checkpoint: Path
 
 
 @pytest.mark.parametrize(
-    ("sampling", "drafts"),
-    [
-        (SamplingParams(repetition_penalty=1.2), (3,)),
-        (SamplingParams(), (VOCAB_SIZE + 5,)),
-    ],
-    ids=["penalised request", "draft outside the vocabulary"],
+    ("prompt_logprobs", "drafts"),
+    [(True, (3,)), (False, (VOCAB_SIZE + 5,))],
+    ids=["prompt logprobs", "draft outside the vocabulary"],
 )
-def test_drafts_the_shard_cannot_verify_are_refused(checkpoint: Path, sampling: SamplingParams, drafts: tuple) -> None:
+def test_drafts_the_shard_cannot_verify_are_refused(checkpoint: Path, prompt_logprobs: bool, drafts: tuple) -> None:
     runner = warmed(make_runner(checkpoint))
-    request = new_request(1, [5, 20, 21], sampling=sampling)
+    request = replace(new_request(1, [5, 20, 21]), prompt_logprobs=prompt_logprobs)
     runner.step(StepInput(new_requests=(request,), scheduled=(ScheduledRequest(1, 3, (0, 1), 0),)))
     with pytest.raises(InvalidStepError, match="draft"):
         runner.step(StepInput(scheduled=(ScheduledRequest(1, 1, (), 3, drafts),)))

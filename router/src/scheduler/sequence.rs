@@ -126,18 +126,13 @@ impl Sequence {
             .map_or(self.num_computed, |span| span.computed_before)
     }
 
-    /// Whether it decodes with drafts now: it has no sampling input the shards build from its
-    /// tokens (grammar, penalties, bias), no prompt logprobs, and no pause. Such a request waits
-    /// for its token in flight instead of being scheduled behind it, so its next step can draft.
+    /// Whether it decodes with drafts now: it has no prompt logprobs and no pause. The shards
+    /// build a drafted position's grammar mask and penalty statistics as if the drafts before it
+    /// were the request's tokens. Such a request waits for its token in flight instead of being
+    /// scheduled behind it, so its next step can draft.
     pub fn drafts_now(&self) -> bool {
-        let sampling = &self.sampling;
-        let reads_tokens = self.grammar.is_some()
-            || sampling.repetition_penalty != 1.0
-            || sampling.frequency_penalty != 0.0
-            || sampling.presence_penalty != 0.0
-            || !sampling.logit_bias.is_empty();
         let generated = self.tokens.len() - self.prompt_len;
-        !reads_tokens && !self.logprobs.prompt_logprobs && generated > 0 && self.draft_pause == 0
+        !self.logprobs.prompt_logprobs && generated > 0 && self.draft_pause == 0
     }
 
     /// How many drafts its next step may carry: none unless it drafts now and its last token is

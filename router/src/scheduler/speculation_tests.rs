@@ -9,7 +9,7 @@ use super::fake_shard::FakeShard;
 use super::request::GenerationRequest;
 use super::state::SchedulerState;
 use super::tests::{config, run_until_idle, submit, tokens_of};
-use crate::shard::StoppingParams;
+use crate::shard::{Grammar, SamplingParams, StoppingParams};
 
 /// A model whose text repeats with period 3, so prompt lookup predicts it.
 fn periodic(tokens: &[u32]) -> u32 {
@@ -214,13 +214,22 @@ fn radix_drafts_replay_what_an_earlier_request_computed_after_the_same_context()
 
 /// How many steps carry drafts while `model` generates `max_new_tokens` after `prompt` alone.
 fn drafted_steps(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) -> usize {
+    drafted_steps_of(model, request(prompt, max_new_tokens))
+}
+
+/// How many steps carry drafts while `model` generates `generation` alone.
+fn drafted_steps_of(model: fn(&[u32]) -> u32, generation: GenerationRequest) -> usize {
     let mut state = SchedulerState::new(SchedulerConfig {
         max_drafts: 4,
         ..config(256, 16)
     });
     let mut shard = FakeShard::new(4);
     shard.model = Some(model);
-    let mut receiver = submit(&mut state, 0, request(prompt, max_new_tokens));
+    let (prompt, max_new_tokens) = (
+        generation.input_ids.clone(),
+        generation.stopping.max_new_tokens,
+    );
+    let mut receiver = submit(&mut state, 0, generation);
     let mut drafted = 0;
     while let Some(step) = state.schedule() {
         drafted += step
@@ -233,7 +242,7 @@ fn drafted_steps(model: fn(&[u32]) -> u32, prompt: &[u32], max_new_tokens: u32) 
     }
     assert_eq!(
         tokens_of(&mut receiver),
-        expected(model, prompt, max_new_tokens)
+        expected(model, &prompt, max_new_tokens)
     );
     drafted
 }
@@ -285,4 +294,29 @@ fn no_step_drafts_while_more_requests_run_than_the_drafting_batch() {
     };
     assert!(run_three(3) > 0);
     assert_eq!(run_three(2), 0);
+}
+
+#[test]
+fn requests_with_penalties_logit_bias_or_a_grammar_draft_like_any_other() {
+    let with_sampling = |edit: fn(&mut SamplingParams)| {
+        let mut sampling = SamplingParams::default();
+        edit(&mut sampling);
+        GenerationRequest {
+            sampling,
+            ..request(&[5, 6, 7, 5, 6], 13)
+        }
+    };
+    let requests = [
+        with_sampling(|s| s.repetition_penalty = 1.3),
+        with_sampling(|s| s.frequency_penalty = 0.5),
+        with_sampling(|s| s.presence_penalty = 0.5),
+        with_sampling(|s| s.logit_bias = vec![(3, 2.0)]),
+        GenerationRequest {
+            grammar: Some(Grammar::Regex("[0-9]+".to_owned())),
+            ..request(&[5, 6, 7, 5, 6], 13)
+        },
+    ];
+    for generation in requests {
+        assert!(drafted_steps_of(periodic, generation) > 0);
+    }
 }

@@ -58,10 +58,10 @@ _FORWARD_END_MARK = 2
 
 @dataclass(frozen=True)
 class DrawPositions:
-    """Where a step draws: (request, drafts ahead of the draw) per sampler row, the hidden row each reads, and each
-    sampling request's first sampler row."""
+    """Where a step draws: (request, the drafts ahead of the draw) per sampler row, the hidden row each reads, and
+    each sampling request's first sampler row."""
 
-    rows: list[tuple[RequestState, int]]
+    rows: list[tuple[RequestState, tuple[int, ...]]]
     hidden_rows: list[int]
     first_rows: list[tuple[RequestState, int]]
 
@@ -75,10 +75,11 @@ def _draw_positions(
     for (state, num_tokens), last_row in zip(plan, last_rows, strict=True):
         if not state.samples_after(num_tokens):
             continue
-        num_drafts = len(drafts.get(state.id, ()))
+        own_drafts = drafts.get(state.id, ())
+        num_drafts = len(own_drafts)
         positions.first_rows.append((state, len(positions.rows)))
         for ahead in range(num_drafts + 1):
-            positions.rows.append((state, ahead))
+            positions.rows.append((state, own_drafts[:ahead]))
             positions.hidden_rows.append(last_row - num_drafts + ahead)
     return positions
 
@@ -326,21 +327,25 @@ class ModelRunner:
         scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
         return tuple(result for result in scored if result is not None)
 
-    def _sampling_batch(self, rows: list[tuple[RequestState, int]]) -> StepSampling:
+    def _sampling_batch(self, rows: list[tuple[RequestState, tuple[int, ...]]]) -> StepSampling:
         # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it, and a
-        # draw behind `ahead` drafts is the one the request makes once they are its tokens.
+        # draw behind drafts is the one the request makes once they are its tokens: its position, bans, penalty
+        # counts and grammar mask all count them.
         sampling_rows = [
             SamplingRow(
                 params=s.sampling,
-                position=len(s.token_ids) + ahead,
+                position=len(s.token_ids) + len(drafted),
                 statistics=self._statistics(s),
-                banned_ids=s.banned_token_ids(ahead),
+                banned_ids=s.banned_token_ids(len(drafted)),
                 top_logprobs=s.top_logprobs,
+                drafted=drafted,
             )
-            for s, ahead in rows
+            for s, drafted in rows
         ]
         # Every rank holds the same matchers over the same tokens, so every rank applies the same mask.
-        mask = grammar_token_mask([s.grammar for s, _ in rows], self.model.spec.vocab_size, self.device)
+        vocab_size = self.model.spec.vocab_size
+        drafted_rows = [drafted for _, drafted in rows]
+        mask = grammar_token_mask([s.grammar for s, _ in rows], vocab_size, self.device, drafted_rows)
         return StepSampling(SamplingBatch.build(sampling_rows, self.device, mask.allowed), mask.failures)
 
     def _statistics(self, state: RequestState) -> TokenStatistics | None:

@@ -309,10 +309,8 @@ def _check_drafts(state: RequestState, scheduled: ScheduledRequest, end: int, li
         raise InvalidStepError(f"request {rid}: draft-model drafts asked of a shard started without a draft model")
     if end != len(state.token_ids) or state.has_pending_token:
         raise InvalidStepError(f"request {rid}: drafts must follow its last token, and that token must be known")
-    if state.needs_host_tokens() or state.prompt_logprobs:
-        raise InvalidStepError(
-            f"request {rid}: drafts for a request with a grammar, penalties, a logit bias or prompt logprobs"
-        )
+    if state.prompt_logprobs:
+        raise InvalidStepError(f"request {rid}: drafts for a request with prompt logprobs")
     bad = next((token for token in drafts if not 0 <= token < limits.vocab_size), None)
     if bad is not None:
         raise InvalidStepError(f"request {rid}: draft token id {bad} is outside the vocabulary of {limits.vocab_size}")

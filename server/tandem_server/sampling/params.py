@@ -43,3 +43,5 @@ class SamplingRow:
     banned_ids: tuple[int, ...] = ()
     # Alternatives to report with the chosen token; 0 means none.
     top_logprobs: int = 0
+    # Tokens drafted before this draw in the same step: the penalties count them as the request's own.
+    drafted: tuple[int, ...] = ()

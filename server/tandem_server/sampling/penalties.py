@@ -34,6 +34,16 @@ class _RowsUsing:
             raise ValueError("a row whose parameters use bias or penalties must carry their TokenStatistics")
         return torch.stack(vectors)  # type: ignore[arg-type]
 
+    def with_drafted(self, stack: torch.Tensor, count: bool) -> torch.Tensor:
+        """`stack`, this step's own copy, with the tokens drafted before each row's draw marked seen (or, with
+        `count`, counted once more each): a draw behind drafts is the request's once they are its tokens."""
+        drafted = [(r, row.drafted) for r, row in enumerate(self.rows) if row.drafted]
+        if not drafted:
+            return stack
+        index = _pairs(drafted, stack.device)
+        ones = torch.ones(len(index[0]), dtype=stack.dtype, device=stack.device)
+        return stack.index_put_(index, ones, accumulate=count)
+
     def column(self, value: Callable[[SamplingParams], float], device: torch.device) -> torch.Tensor:
         values = torch.tensor([value(row.params) for row in self.rows], dtype=torch.float32)
         return to_device(values, device).unsqueeze(1)
@@ -77,7 +87,7 @@ class RepetitionPenalty:
         using = _RowsUsing(rows, _uses_repetition, device)
         self.index = using.index
         self.penalty = using.column(lambda params: params.repetition_penalty, device)
-        self.seen = using.stacked(lambda statistics: statistics.seen)
+        self.seen = using.with_drafted(using.stacked(lambda statistics: statistics.seen), count=False)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
@@ -97,7 +107,7 @@ class FrequencyPresencePenalty:
         self.index = using.index
         self.frequency = using.column(lambda params: params.frequency_penalty, device)
         self.presence = using.column(lambda params: params.presence_penalty, device)
-        self.counts = using.stacked(lambda statistics: statistics.output_counts)
+        self.counts = using.with_drafted(using.stacked(lambda statistics: statistics.output_counts), count=True)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:

@@ -26,8 +26,14 @@ class GrammarMask:
     failures: dict[int, RequestFailedError] = field(default_factory=dict)
 
 
-def grammar_token_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: int, device: torch.device) -> GrammarMask:
-    """The mask for one step's sampling rows (the common, unconstrained case costs nothing)."""
+def grammar_token_mask(
+    matchers: Sequence[GrammarMatcher | None],
+    vocab_size: int,
+    device: torch.device,
+    drafted: Sequence[Sequence[int]] = (),
+) -> GrammarMask:
+    """The mask for one step's sampling rows (the common, unconstrained case costs nothing). `drafted[row]`, when
+    given, holds the tokens drafted before the row's position: its mask is the matcher's after them."""
     constrained = [(row, matcher) for row, matcher in enumerate(matchers) if matcher is not None]
     if not constrained:
         return GrammarMask()
@@ -35,7 +41,10 @@ def grammar_token_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: in
     failures: dict[int, RequestFailedError] = {}
     for index, (row, matcher) in enumerate(constrained):
         try:
-            matcher.fill_bitmask(bitmask, index)
+            if drafted and drafted[row]:
+                matcher.fill_bitmask_after(bitmask, index, drafted[row])
+            else:
+                matcher.fill_bitmask(bitmask, index)
         except RequestFailedError as failure:
             failures[row] = failure
             bitmask[index] = 0

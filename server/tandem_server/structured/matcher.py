@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import llguidance
 import llguidance.torch
@@ -35,6 +36,20 @@ class GrammarMatcher:
         # A matcher that hit an engine limit leaves the row untouched (all allowed): never sample from it.
         if self._matcher.is_error():
             self._fail("the grammar engine stopped (a limit of the grammar engine was reached)")
+
+    def fill_bitmask_after(self, bitmask: torch.Tensor, row: int, drafted: Sequence[int]) -> None:
+        """The bitmask for the position after `drafted` (tokens drafted past the consumed ones); the matcher ends
+        as it began. Behind a draft the grammar forbids, the row allows every token: the mask before that draft
+        excludes it, so no draw behind it is ever kept."""
+        # Stops before a forbidden token without entering the error state, so rolling back restores the matcher.
+        consumed = self._matcher.try_consume_tokens(list(drafted))
+        try:
+            if consumed < len(drafted):
+                bitmask[row] = -1
+            else:
+                self.fill_bitmask(bitmask, row)
+        finally:
+            self._matcher.rollback(consumed)
 
     def advance(self, token_id: int) -> None:
         """Consumes a sampled (or replayed) token; a token the grammar forbids ends the request."""
