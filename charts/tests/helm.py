@@ -59,6 +59,15 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "kvEvents.replayPort=null",
         ),
     ),
+    # Speculative decoding with a draft model fetched by the init container beside the served model.
+    "speculative": (
+        (),
+        (
+            "speculative.speculate=4",
+            "speculative.model=HuggingFaceTB/SmolLM2-135M-Instruct",
+            "speculative.revision=main",
+        ),
+    ),
     # Replicas of one pod each behind an InferencePool whose endpoint picker runs two replicas (leader election), each
     # publishing KV-cache events under a topic naming the pod.
     "inference-pool": (

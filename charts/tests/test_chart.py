@@ -80,6 +80,8 @@ def test_a_repo_id_is_downloaded_by_an_init_container_with_the_launchers_model_f
     args = build_download_parser({}).parse_args(download["args"][1:])
     assert (args.model_id, args.revision, args.gguf_file) == (served.model_id, served.revision, served.gguf_file)
     assert (args.allow_pickle_weights, args.model_cache_dir) == (served.allow_pickle_weights, served.model_cache_dir)
+    draft = (args.speculative_model, args.speculative_model_revision)
+    assert draft == (served.speculative_model, served.speculative_model_revision)
     assert {"name": "HF_HOME", "value": "/data/huggingface"} in download["env"]
     mounts = {mount["name"]: mount["mountPath"] for mount in download["volumeMounts"]}
     assert mounts == {"model-cache": "/data", "tmp": "/tmp"}
@@ -205,3 +207,20 @@ def test_helm_test_pod_sends_a_completion(rendered: dict[str, list[dict[str, Any
     script = pod["spec"]["containers"][0]["args"][0]
     assert "/v1/completions" in script
     compile(script, "helm-test", "exec")
+
+
+def test_speculative_values_reach_the_launcher_and_the_draft_model_is_fetched_beside_the_model(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    served = launcher_config(container(rendered["speculative"])["args"])
+    assert (served.speculate, served.speculative_method) == (4, "draft")
+    assert (served.speculative_model, served.speculative_model_revision) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "main",
+    )
+    (download,) = init_containers(rendered["speculative"])
+    args = build_download_parser({}).parse_args(download["args"][1:])
+    assert args.speculative_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # Off by default: no speculative flag at all, so the launcher's defaults hold.
+    default_args = container(rendered["default"])["args"]
+    assert not [arg for arg in default_args if arg.startswith("--speculat")]

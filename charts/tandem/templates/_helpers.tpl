@@ -31,12 +31,54 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- add .Values.lifecycle.preStopSleepSeconds .Values.lifecycle.drainTimeoutSeconds .Values.lifecycle.extraGraceSeconds -}}
 {{- end -}}
 
-{{/* "true" when model.id is a Hugging Face repo id the init container fetches (not "", not a path, not offline). */}}
-{{- define "tandem.downloadsModel" -}}
-{{- $id := .Values.model.id -}}
-{{- if and $id (not .Values.model.offline) (not (hasPrefix "/" $id)) (not (hasPrefix "." $id)) (not (hasPrefix "~" $id)) -}}
+{{/* "true" when the string given is a Hugging Face repo id (not "", not a path). */}}
+{{- define "tandem.isRepoId" -}}
+{{- if and . (not (hasPrefix "/" .)) (not (hasPrefix "." .)) (not (hasPrefix "~" .)) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* The draft model when speculative decoding uses one, else "". */}}
+{{- define "tandem.draftModel" -}}
+{{- if gt (int .Values.speculative.speculate) 0 -}}
+{{- .Values.speculative.model -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the init container fetches something: model.id or the draft model is a Hugging Face repo id and the
+     install is not offline. */}}
+{{- define "tandem.downloadsModel" -}}
+{{- if and (not .Values.model.offline) (or (include "tandem.isRepoId" .Values.model.id) (include "tandem.isRepoId" (include "tandem.draftModel" .))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The draft model flags the init container's download and the launcher share. */}}
+{{- define "tandem.draftModelArgs" -}}
+{{- with include "tandem.draftModel" . }}
+- --speculative-model
+- {{ . | quote }}
+{{- end }}
+{{- if and (include "tandem.draftModel" .) .Values.speculative.revision }}
+- --speculative-model-revision
+- {{ .Values.speculative.revision | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Speculative decoding's launcher flags; none while speculate is 0. */}}
+{{- define "tandem.speculativeArgs" -}}
+{{- $speculative := .Values.speculative -}}
+{{- if gt (int $speculative.speculate) 0 }}
+- --speculate
+- {{ $speculative.speculate | quote }}
+- --speculative-disable-by-batch-size
+- {{ $speculative.disableByBatchSize | quote }}
+{{- if $speculative.method }}
+- --speculative-method
+- {{ $speculative.method | quote }}
+{{- end }}
+{{- include "tandem.draftModelArgs" . }}
+{{- end }}
 {{- end -}}
 
 {{/* The model flags the init container's download and the launcher share. */}}
@@ -59,8 +101,11 @@ true
 {{/* `tandem-launcher download`'s argv for the init container. */}}
 {{- define "tandem.downloadArgs" -}}
 - download
+{{- if .Values.model.id }}
 - {{ .Values.model.id | quote }}
+{{- end }}
 {{- include "tandem.modelArgs" . }}
+{{- include "tandem.draftModelArgs" . }}
 {{- end -}}
 
 {{/* "true" when the chart renders a LeaderWorkerSet of multiNode.size pods per group instead of the Deployment. */}}
@@ -138,6 +183,7 @@ leaderworkerset.sigs.k8s.io/worker-index: "0"
 - --kv-cache-memory
 - {{ $limits.kvCacheMemory | quote }}
 {{- end }}
+{{- include "tandem.speculativeArgs" . }}
 {{- if include "tandem.multiNode" . }}
 {{- include "tandem.multiNodeArgs" (dict "root" . "role" $role) }}
 {{- end }}
