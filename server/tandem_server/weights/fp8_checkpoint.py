@@ -67,8 +67,9 @@ class Fp8Collector:
     ) -> None:
         """Reads a scale (or zero point) for every parameter its layer's weight supplies, sliced as that weight."""
         prefix, suffix = checkpoint_name.rsplit(".", 1)
-        if suffix == WEIGHT_SCALE_INV and self.scheme.weight_block is not None:
-            self._add_block_scales(checkpoint_name, tensor, layout, params)
+        block = self.scheme.weight_block
+        if suffix == WEIGHT_SCALE_INV and block is not None:
+            self._add_block_scales(checkpoint_name, tensor, layout, params, block)
             return
         names = layout.parameter_names(f"{prefix}.weight")
         if tensor.shape.numel() == 1 or suffix in ZERO_POINTS:  # zero points are only checked to be zero
@@ -84,16 +85,20 @@ class Fp8Collector:
             self._companions(name, checkpoint_name, params)[suffix] = part.read(rows).reshape(-1)
 
     def _add_block_scales(
-        self, checkpoint_name: str, tensor: CheckpointTensor, layout: CheckpointLayout, params: dict[str, nn.Parameter]
+        self,
+        checkpoint_name: str,
+        tensor: CheckpointTensor,
+        layout: CheckpointLayout,
+        params: dict[str, nn.Parameter],
+        block: tuple[int, int],
     ) -> None:
         """Widens block scales to the rows and input runs each parameter the layer supplies holds on this rank."""
-        block = self.scheme.weight_block
         offsets = layout.parameter_offsets(checkpoint_name.removesuffix(WEIGHT_SCALE_INV) + "weight")
         windows = {name: block_window(self._parameter(name, checkpoint_name, params), at) for name, at in offsets}
-        if windows and block is not None:
+        if windows:
             check_block_count(tensor, list(windows.values())[-1], block)
-            for name, window in windows.items():
-                self._companions(name, checkpoint_name, params)[WEIGHT_SCALE_INV] = row_scales(tensor, window, block)
+        for name, window in windows.items():
+            self._companions(name, checkpoint_name, params)[WEIGHT_SCALE_INV] = row_scales(tensor, window, block)
 
     def _parameter(self, name: str, checkpoint_name: str, params: dict[str, nn.Parameter]) -> nn.Parameter:
         if name not in params:

@@ -36,7 +36,7 @@ ACTIVATION_SCHEMES = ("static", "dynamic")
 @dataclass(frozen=True)
 class Fp8Scheme:
     """How an FP8 checkpoint's activations are scaled: static per-tensor `input_scale`s, or per token (capped at
-    `activation_bound` when set)."""
+    `activation_bound` when set; per token and block of inputs when `weight_block` is set)."""
 
     method: str
     static_activations: bool = False
