@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
@@ -64,6 +65,13 @@ def test_a_block_scaled_weight_multiplies_activations_rounded_per_token_and_run(
     assert torch.equal(kernel.rows(ids, torch.float32), channels.dequantize()[ids])
     widened = channels.scale.repeat_interleave(48, dim=1)[:, :112]
     assert torch.equal(channels.dequantize(), q.float() * widened)
+
+
+def test_fp8_on_cuda_refuses_runs_of_inputs_not_a_multiple_of_16() -> None:
+    # Only the shape and device are read before the check: a stand-in for a CUDA tensor will do.
+    on_cuda = cast(torch.Tensor, SimpleNamespace(shape=(32, 64), is_cuda=True))
+    with pytest.raises(ValueError, match="multiples of 16, this weight is 32 x 64 in runs of 24 inputs"):
+        Fp8Weight(Fp8Channels(on_cuda, torch.ones(32, 3), input_group=24))
 
 
 def test_stacked_parts_must_scale_the_same_runs_of_inputs() -> None:
