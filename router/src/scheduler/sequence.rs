@@ -58,8 +58,9 @@ pub(crate) struct Sequence {
     /// Tokens to generate without drafts before drafting is tried again (after drafts that were
     /// all refused, or when its text offered none).
     pub draft_pause: usize,
-    /// Drafted steps in a row whose drafts were all refused; each one doubles the next pause.
-    pub refused_in_a_row: u32,
+    /// Tries in a row that kept no draft (all refused, or none proposed); each doubles the next
+    /// pause.
+    pub fruitless_in_a_row: u32,
     /// The request's own bound on drafts per step; `None` leaves the server's.
     pub max_drafts: Option<usize>,
 }
@@ -89,7 +90,7 @@ impl Sequence {
             prompt_published: false,
             arrived_at: Instant::now(),
             draft_pause: 0,
-            refused_in_a_row: 0,
+            fruitless_in_a_row: 0,
             max_drafts: request.max_drafts,
         }
     }

@@ -22,8 +22,8 @@ pub(super) fn pause_after_fruitless_try(sequence: &mut Sequence, refused: bool) 
     } else {
         PAUSE_WITHOUT_PROPOSAL
     };
-    let doublings = sequence.refused_in_a_row.min(MAX_PAUSE_DOUBLINGS);
-    sequence.refused_in_a_row += 1;
+    let doublings = sequence.fruitless_in_a_row.min(MAX_PAUSE_DOUBLINGS);
+    sequence.fruitless_in_a_row += 1;
     sequence.draft_pause = base << doublings;
 }
 
@@ -45,7 +45,7 @@ pub(super) fn deliver_span(
         if kept == 0 {
             pause_after_fruitless_try(sequence, true);
         } else {
-            sequence.refused_in_a_row = 0;
+            sequence.fruitless_in_a_row = 0;
             sequence.draft_pause = 0;
         }
     } else {
