@@ -10,7 +10,8 @@ import pytest
 import torch
 from draft_testing import oracle, run
 from shard_testing import make_runner, new_request, warmed, write_tiny_llama
-from tandem_server.engine.step import NewRequest
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput
+from tandem_server.errors import InvalidStepError
 from tandem_server.sampling import SamplingParams, SamplingRow
 from tandem_server.sampling.penalties import FrequencyPresencePenalty, RepetitionPenalty
 from tandem_server.sampling.statistics import TokenStatistics
@@ -65,6 +66,37 @@ def test_wrong_drafts_are_refused_at_the_first_difference_and_change_nothing(
     drafted = run(warmed(make_runner(checkpoint)), requests, drafter=wrong)
     assert drafted.tokens == reference.tokens
     assert 0 < drafted.accepted < drafted.drafted
+
+
+@pytest.mark.parametrize("sampling", FEATURES.values(), ids=FEATURES.keys())
+def test_drafts_of_the_shards_draft_model_change_nothing(checkpoint: Path, sampling: SamplingParams) -> None:
+    # The model drafting for itself proposes its unpenalised greedy tokens: some kept, some refused.
+    requests = _requests(sampling)
+    reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
+    drafted = run(warmed(make_runner(checkpoint, draft_path=checkpoint)), requests, drafter=None, model_drafts=4)
+    assert drafted.tokens == reference.tokens
+    assert drafted.accepted > 0
+
+
+def test_a_penalised_request_drafting_behind_its_open_step_has_that_step_completed_first(checkpoint: Path) -> None:
+    request = new_request(1, [5, 20, 21, 22], max_new_tokens=8, sampling=FEATURES["frequency penalty"])
+    reference = run(warmed(make_runner(checkpoint)), [request], drafter=None).tokens[1]
+    runner = warmed(make_runner(checkpoint))
+    runner.options = replace(runner.options, launch_ahead=True)
+    first = runner.launch(StepInput(new_requests=(request,), scheduled=(ScheduledRequest(1, 4, (0, 1, 2, 3), 0),)))
+    # Its sampling reads its tokens on the host, so its pending token is read before the drafts behind it run.
+    drafted = runner.step(StepInput(scheduled=(ScheduledRequest(1, 1, (), 4, tuple(reference[1:4])),)))
+    tokens = [g.token_id for g in (*runner.complete(first).generations, *drafted.generations)]
+    assert tokens == reference[:5]
+
+
+def test_an_unpenalised_request_never_drafts_behind_a_pending_token(checkpoint: Path) -> None:
+    runner = warmed(make_runner(checkpoint))
+    runner.options = replace(runner.options, launch_ahead=True)
+    request = new_request(1, [5, 20, 21, 22], max_new_tokens=8)
+    runner.launch(StepInput(new_requests=(request,), scheduled=(ScheduledRequest(1, 4, (0, 1, 2, 3), 0),)))
+    with pytest.raises(InvalidStepError, match="that token must be known"):
+        runner.launch(StepInput(scheduled=(ScheduledRequest(1, 1, (), 4, (3, 4)),)))
 
 
 def test_penalties_count_the_drafts_before_each_row_on_top_of_the_request_statistics() -> None:
