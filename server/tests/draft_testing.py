@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from shard_testing import new_request
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput
+from tandem_server.sampling import SamplingParams
 
 BLOCK_SIZE = 4
 # The tiny checkpoint's vocabulary.
@@ -100,3 +102,13 @@ def oracle(reference: dict[int, list[int]], prompts: dict[int, int], wrong_every
         return upcoming
 
     return propose
+
+
+def greedy_and_seeded_requests() -> list[NewRequest]:
+    """A greedy request and two seeded ones of different lengths, prompts and sampling settings."""
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=21)
+    return [
+        new_request(1, [5, 20, 21, 22], max_new_tokens=14),
+        new_request(2, [7, *range(30, 39)], max_new_tokens=11, sampling=seeded),
+        new_request(3, [9, 50, 51], max_new_tokens=9, sampling=replace(seeded, seed=5, top_p=1.0)),
+    ]

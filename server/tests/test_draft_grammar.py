@@ -4,16 +4,14 @@ drafts before it, a draft the grammar forbids is refused, and the matcher consum
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from draft_testing import oracle, run
-from shard_testing import load_tiny_model, new_request, write_tiny_llama
-from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
-from tandem_launcher.embedded import converted_model_dir, embedded_gguf
+from grammar_testing import VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
+from shard_testing import load_tiny_model, new_request
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput
 from tandem_server.models.config import read_checkpoint_config
@@ -21,8 +19,6 @@ from tandem_server.sampling import SamplingParams
 from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
 
 # The embedded model's tokenizer; the tiny random model shares its vocabulary so masks are real.
-VOCAB_SIZE = 49152
-EOS = 2
 PROMPT = [1, 504, 3458, 282, 4649, 314]
 CPU = torch.device("cpu")
 DIGITS = GrammarSpec(GrammarKind.REGEX, "[0-9]+")
@@ -43,18 +39,12 @@ HEX = GrammarSpec(GrammarKind.REGEX, "[a-f]{2}[0-9]{3,12}")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("draft-grammar")
-    write_tiny_llama(path, vocab_size=VOCAB_SIZE)
-    embedded = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
-    shutil.copy(embedded / "tokenizer.json", path / "tokenizer.json")
-    return path
+    return write_grammar_checkpoint(tmp_path_factory.mktemp("draft-grammar"))
 
 
 @pytest.fixture(scope="module")
 def compiler(checkpoint: Path) -> GrammarCompiler:
-    compiler = GrammarCompiler.from_model_dir(checkpoint, VOCAB_SIZE, [EOS])
-    assert compiler is not None
-    return compiler
+    return grammar_compiler(checkpoint)
 
 
 def _runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:

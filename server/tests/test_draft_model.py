@@ -4,18 +4,17 @@ own draws, so outputs never change whatever the draft model holds."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from draft_testing import run
+from draft_testing import greedy_and_seeded_requests, run
 from shard_testing import CPU, load_tiny_model, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.bootstrap import load_draft_model
 from tandem_server.config import ShardConfig
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.draft_model import DraftRow
-from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput
+from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import ConfigError, InvalidStepError
 from tandem_server.sampling import SamplingParams
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -41,15 +40,6 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _requests() -> list[NewRequest]:
-    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=21)
-    return [
-        new_request(1, [5, 20, 21, 22], max_new_tokens=14),
-        new_request(2, [7, *range(30, 39)], max_new_tokens=11, sampling=seeded),
-        new_request(3, [9, 50, 51], max_new_tokens=9, sampling=replace(seeded, seed=5, top_p=1.0)),
-    ]
-
-
 def test_the_model_drafting_for_itself_has_every_greedy_draft_kept_and_changes_nothing(checkpoint: Path) -> None:
     greedy = [new_request(1, [5, 20, 21, 22], max_new_tokens=14), new_request(2, [7, *range(30, 39)], 11)]
     reference = run(warmed(make_runner(checkpoint)), greedy, drafter=None)
@@ -63,7 +53,7 @@ def test_the_model_drafting_for_itself_has_every_greedy_draft_kept_and_changes_n
 
 
 def test_seeded_requests_draw_the_same_tokens_with_a_draft_model(checkpoint: Path, other_draft: Path) -> None:
-    requests = _requests()
+    requests = greedy_and_seeded_requests()
     reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
     for draft in (checkpoint, other_draft):
         drafted = run(warmed(make_runner(checkpoint, draft_path=draft)), requests, drafter=None, model_drafts=3)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from draft_testing import VOCAB_SIZE, oracle, run
+from draft_testing import VOCAB_SIZE, greedy_and_seeded_requests, oracle, run
 from shard_testing import make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.errors import InvalidStepError
@@ -21,21 +21,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _requests() -> list[NewRequest]:
-    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=21)
-    return [
-        new_request(1, [5, 20, 21, 22], max_new_tokens=14),
-        new_request(2, [7, *range(30, 39)], max_new_tokens=11, sampling=seeded),
-        new_request(3, [9, 50, 51], max_new_tokens=9, sampling=replace(seeded, seed=5, top_p=1.0)),
-    ]
-
-
 def _prompts(requests: list[NewRequest]) -> dict[int, int]:
     return {r.id: len(r.token_ids) for r in requests}
 
 
 def test_right_drafts_are_all_kept_and_change_nothing(checkpoint: Path) -> None:
-    requests = _requests()
+    requests = greedy_and_seeded_requests()
     reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
     drafted = run(warmed(make_runner(checkpoint)), requests, drafter=oracle(reference.tokens, _prompts(requests)))
     assert drafted.tokens == reference.tokens
@@ -46,7 +37,7 @@ def test_right_drafts_are_all_kept_and_change_nothing(checkpoint: Path) -> None:
 
 
 def test_wrong_drafts_are_refused_at_the_first_difference_and_change_nothing(checkpoint: Path) -> None:
-    requests = _requests()
+    requests = greedy_and_seeded_requests()
     reference = run(warmed(make_runner(checkpoint)), requests, drafter=None)
     prompts = _prompts(requests)
     wrong = run(warmed(make_runner(checkpoint)), requests, drafter=oracle(reference.tokens, prompts, wrong_every=2))

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_llama
-from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
-from tandem_launcher.embedded import converted_model_dir, embedded_gguf
+from grammar_testing import EOS, VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
+from shard_testing import StepDriver, load_tiny_model, new_request
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StoppingCriteria
 from tandem_server.errors import FailureKind
@@ -25,8 +23,6 @@ from tandem_server.structured.matcher import GrammarMatcher
 from tokenizers import Tokenizer
 
 # The embedded model's tokenizer; the tiny random model shares its vocabulary so masks are real.
-VOCAB_SIZE = 49152
-EOS = 2
 PROMPT = [1, 504, 3458, 282, 4649, 314]
 DIGITS = GrammarSpec(GrammarKind.REGEX, "[0-9]{3}")
 SCHEMA = {
@@ -41,18 +37,12 @@ SAMPLING = SamplingParams(temperature=1.0, seed=11)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama-grammar")
-    write_tiny_llama(path, vocab_size=VOCAB_SIZE)
-    embedded = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
-    shutil.copy(embedded / "tokenizer.json", path / "tokenizer.json")
-    return path
+    return write_grammar_checkpoint(tmp_path_factory.mktemp("tiny-llama-grammar"))
 
 
 @pytest.fixture(scope="module")
 def compiler(checkpoint: Path) -> GrammarCompiler:
-    compiler = GrammarCompiler.from_model_dir(checkpoint, VOCAB_SIZE, [EOS])
-    assert compiler is not None
-    return compiler
+    return grammar_compiler(checkpoint)
 
 
 @pytest.fixture(scope="module")
