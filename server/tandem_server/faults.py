@@ -110,8 +110,15 @@ class FaultInjectingRunner:
     def device(self) -> torch.device:
         return self._runner.device
 
-    def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
-        return self._runner.warmup(block_size, max_batch_tokens, max_batch_requests)
+    def warmup(
+        self,
+        block_size: int,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_drafts: int = 0,
+        max_drafting_requests: int = 0,
+    ) -> WarmupResult:
+        return self._runner.warmup(block_size, max_batch_tokens, max_batch_requests, max_drafts, max_drafting_requests)
 
     def health_check(self) -> None:
         self._runner.health_check()

@@ -8,13 +8,23 @@ from dataclasses import dataclass
 
 import torch
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.layers.attention import AttentionMetadata, AttentionParams, LayerCache, TorchAttentionBackend
+from tandem_server.engine.cuda_graphs import token_rows
+from tandem_server.layers.attention import (
+    AttentionMetadata,
+    AttentionParams,
+    LayerCache,
+    StaticStepMetadata,
+    TorchAttentionBackend,
+    UniformShape,
+)
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 24, 4, 48
 CPU = torch.device("cpu")
 # (cached prefix length, tokens this step): prompts, chunks after cached prefixes, decodes, a 1-token prompt.
 MIXED_STEP = ((0, 7), (5, 4), (13, 1), (0, 1), (9, 1), (3, 2), (16, 5))
 DECODE_STEP = ((4, 1), (11, 1), (0, 1), (20, 1))
+# Decodes carrying 0, 3 and 2 drafts, as a verifying step runs them.
+DRAFTED_STEP = ((4, 1), (11, 4), (20, 3))
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,35 @@ def reference_output(case: PagedCase, params: AttentionParams) -> tuple[torch.Te
         case.query.float(), case.key.float(), case.value.float(), cache, case.torch_metadata(), params
     )
     return output, cache
+
+
+@dataclass(frozen=True)
+class UniformCase:
+    """A case laid out as a captured graph's shape: the cache grows the reserved block (id NUM_BLOCKS), the
+    step's queries, keys and values sit at their rows of the layout (zeros elsewhere)."""
+
+    cache: LayerCache
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    metadata: AttentionMetadata
+    # The layout's row of each of the case's tokens.
+    rows: torch.Tensor
+
+
+def uniform_layout(case: PagedCase, shape: UniformShape, max_positions: int = 64) -> UniformCase:
+    """`case` filled into buffers of `shape` as a graph replay would see it."""
+    buffers = StaticStepMetadata.allocate((shape,), max_positions, case.block_size, NUM_BLOCKS, CPU)
+    query_lens = [len(span.token_ids) for span in case.spans]
+    listed = token_rows(query_lens, shape.tokens_per_row)
+    rows = torch.tensor(listed) if listed is not None else torch.arange(sum(query_lens))
+    buffers.fill(case.batch().metadata, shape, rows if listed is not None else None)
+
+    def laid_out(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.new_zeros(shape.tokens, *tensor.shape[1:]).index_copy_(0, rows, tensor)
+
+    cache = LayerCache(
+        torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
+        torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
+    )
+    return UniformCase(cache, laid_out(case.query), laid_out(case.key), laid_out(case.value), buffers.view(shape), rows)

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 DeviceLike = torch.device | str | int | None
 
@@ -130,7 +132,8 @@ class FakeCuda:
     def _graph_context(self, graph: FakeGraph, pool: object = None, stream: FakeStream | None = None) -> Iterator[None]:
         self.record("graph", stream.device if stream is not None else None)
         self.reserved_bytes += self.graph_pool_bytes
-        yield
+        with _Capture(graph):
+            yield
 
 
 @dataclass
@@ -166,13 +169,44 @@ class FakeEvent:
 
 @dataclass
 class FakeGraph:
+    """Replays what was captured as a CUDA graph does: the same operators on the same tensors, each writing its
+    result where it wrote at capture, with every host value (shapes, Python numbers) fixed at capture."""
+
     fake: FakeCuda
+    operators: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = field(default_factory=list)
 
     def pool(self) -> object:
         return object()
 
     def replay(self) -> None:
         self.fake.record("CUDAGraph.replay")
+        for func, args, kwargs, captured in self.operators:
+            replayed = func(*args, **kwargs)
+            for old, new in zip(tree_leaves(captured), tree_leaves(replayed), strict=True):
+                # A result that aliases its inputs (a view, an in-place result) already sees the replayed values.
+                if isinstance(old, torch.Tensor) and not _same_memory(old, new):
+                    old.copy_(new)
+
+
+def _same_memory(old: torch.Tensor, new: torch.Tensor) -> bool:
+    return old.untyped_storage().data_ptr() == new.untyped_storage().data_ptr()
+
+
+class _Capture(TorchDispatchMode):
+    """Records every operator run while a graph captures; refuses a host read of a device value, which a CUDA
+    graph capture refuses too."""
+
+    def __init__(self, graph: FakeGraph) -> None:
+        super().__init__()
+        self._graph = graph
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise RuntimeError("operation not permitted when stream is capturing: a host read of a device value")
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        self._graph.operators.append((func, args, kwargs, result))
+        return result
 
 
 class _CudaTensorsOnCpu(TorchFunctionMode):

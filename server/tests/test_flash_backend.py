@@ -10,10 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, NUM_BLOCKS, paged_case, reference_output
+from attention_testing import (
+    DECODE_STEP,
+    DRAFTED_STEP,
+    HEAD_DIM,
+    MIXED_STEP,
+    paged_case,
+    reference_output,
+    uniform_layout,
+)
 from flash_contract import FlashContractError
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import AttentionParams, LayerCache, StaticDecodeMetadata
+from tandem_server.layers.attention import AttentionParams, UniformShape
 from tandem_server.layers.attention.flash_backend import FlashAttentionBackend, FlashAttentionMetadata
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease
 
@@ -86,35 +94,30 @@ def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: 
     assert torch.equal(cache.key, case.cache.key)
 
 
-def test_padded_graph_batches_attend_like_the_unpadded_step(release: FlashRelease) -> None:
+@pytest.mark.parametrize(
+    ("step", "shape"), [(DECODE_STEP, UniformShape(8, 1)), (DRAFTED_STEP, UniformShape(4, 5))], ids=["decode", "verify"]
+)
+def test_padded_graph_batches_attend_like_the_unpadded_step(
+    release: FlashRelease, step: tuple[tuple[int, int], ...], shape: UniformShape
+) -> None:
     block_size = 256 if release is FLASH_ATTN_2 else 16
-    case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=block_size)
+    case = paged_case(step, seed=5, dtype=torch.bfloat16, block_size=block_size)
     expected, _ = reference_output(case, PARAMS["sliding_window"])
-    # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
-    buffers = StaticDecodeMetadata.allocate(8, 4 * block_size, block_size, NUM_BLOCKS, torch.device("cpu"))
-    buffers.fill(case.batch().metadata, 8)
-    cache = LayerCache(
-        torch.cat([case.cache.key, torch.zeros_like(case.cache.key[:1])]),
-        torch.cat([case.cache.value, torch.zeros_like(case.cache.value[:1])]),
-    )
-    count = len(DECODE_STEP)
-    padded = (
-        torch.cat([t, torch.zeros(8 - count, *t.shape[1:], dtype=t.dtype)]) for t in (case.query, case.key, case.value)
-    )
+    laid_out = uniform_layout(case, shape, max_positions=4 * block_size)
     backend = FlashAttentionBackend(release)
-    metadata = backend.prepare(buffers.view(8), [cache]).metadata
-    output = backend.forward(*padded, cache, metadata, PARAMS["sliding_window"])
-    torch.testing.assert_close(output[:count].float(), expected, **BF16_TOLERANCE)
+    metadata = backend.prepare(laid_out.metadata, [laid_out.cache]).metadata
+    output = backend.forward(
+        laid_out.query, laid_out.key, laid_out.value, laid_out.cache, metadata, PARAMS["sliding_window"]
+    )
+    torch.testing.assert_close(output.index_select(0, laid_out.rows).float(), expected, **BF16_TOLERANCE)
     assert torch.isfinite(output).all()
 
 
 @pytest.mark.parametrize("release", ["flash-attn-2"], indirect=True)
 def test_flash_attn_2_key_offsets_sum_the_padded_graph_rows_too(release: FlashRelease) -> None:
     case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=256)
-    # The case's blocks 0..NUM_BLOCKS-1 belong to requests; block NUM_BLOCKS is the reserved one.
-    buffers = StaticDecodeMetadata.allocate(8, 4 * 256, 256, NUM_BLOCKS, torch.device("cpu"))
-    buffers.fill(case.batch().metadata, 8)
-    metadata = FlashAttentionBackend(release).prepare(buffers.view(8), [case.cache]).metadata
+    laid_out = uniform_layout(case, UniformShape(8, 1), max_positions=4 * 256)
+    metadata = FlashAttentionBackend(release).prepare(laid_out.metadata, [case.cache]).metadata
     assert isinstance(metadata, FlashAttentionMetadata) and metadata.key_start_loc is not None
     assert metadata.key_start_loc.tolist() == [0, 5, 17, 18, 39, 40, 41, 42, 43]
     assert metadata.key_start_loc.dtype == torch.int32

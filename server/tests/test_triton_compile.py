@@ -1,32 +1,27 @@
 """The Triton kernel compiles ahead of time for Ampere (sm80) and Hopper (sm90) and fits their shared memory; its
 launch plan leaves no program empty, splits long decodes and never specialises on what changes every step.
 
-Compiling needs no GPU: Triton ships its compiler and ptxas. Each configuration takes seconds, so the matrix covers
-every head size x step kind per architecture in full and cycles page sizes and head groups through it (each value
-appears on each architecture), compiling two at a time. A cold compile of the matrix takes minutes on two cores, a
-warm one seconds: the compiled kernels are kept under $HOME/.cache/tandem/triton (unless TRITON_CACHE_DIR says
-otherwise), beside the project's other build caches, so whatever keeps those keeps them too.
+Compiling needs no GPU (`triton_testing`). Each configuration takes seconds, so the matrix covers every head size x
+step kind per architecture in full and cycles page sizes and head groups through it (each value appears on each
+architecture), compiling two at a time. A cold compile of the matrix takes minutes on two cores, a warm one seconds:
+the compiled kernels are kept in `triton_testing.KERNEL_CACHE`, so whatever keeps the project's build caches keeps
+them too.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from triton_testing import SHARED_MEMORY, compile_all
 
 triton = pytest.importorskip("triton")
 
 from tandem_server.layers.attention import AttentionParams, triton_kernel  # noqa: E402
 from tandem_server.layers.attention.triton_backend import MAX_SPLITS, decode_splits, query_tiles  # noqa: E402
 
-# Shared memory one block may opt into (bytes): A100 163 KiB, H100/H200 227 KiB.
-SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}
 HEAD_DIMS = (64, 128, 256)
 PAGES = (16, 64, 256)
 GROUPS = (1, 4, 7, 8)
@@ -35,8 +30,6 @@ _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FLOAT_ARGS = ("scale", "softcap")
 _FLOAT32_POINTERS = ("partial_ptr", "lse_ptr")
 _INDEX_POINTERS = ("block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr", "work_ptr")
-# Only saves time: a missing or emptied cache means compiling again, never a different result.
-KERNEL_CACHE = Path.home() / ".cache" / "tandem" / "triton"
 
 
 @dataclass(frozen=True)
@@ -47,10 +40,12 @@ class CompileCase:
     groups: int
     decode: bool
     dtype: torch.dtype = torch.bfloat16
+    # Above 1: a uniform step (a captured verifying graph's) whose sequences span this many query tiles each.
+    tiles_per_seq: int = 1
 
     @property
     def name(self) -> str:
-        kind = "split-decode" if self.decode else "prefill"
+        kind = "split-decode" if self.decode else "prefill" if self.tiles_per_seq == 1 else "uniform"
         return f"sm{self.arch}-d{self.head_dim}-page{self.page}-g{self.groups}-{kind}-{_TYPE_NAMES[self.dtype]}"
 
 
@@ -62,6 +57,7 @@ def compile_matrix() -> list[CompileCase]:
             cases.append(CompileCase(arch, head_dim, PAGES[index % 3], GROUPS[index % 4], decode))
     # float32 runs IEEE dots on twice the bytes: its largest tiles, on the smaller shared memory.
     cases.append(CompileCase(80, 256, 16, 8, decode=False, dtype=torch.float32))
+    cases += [CompileCase(arch, 128, 16, 8, decode=False, tiles_per_seq=2) for arch in SHARED_MEMORY]
     return cases
 
 
@@ -92,7 +88,8 @@ def compile_case(case: CompileCase) -> list[int]:
     constants = triton_kernel.kernel_constants(
         case.head_dim, case.groups, case.page, tile_tokens, WINDOW_AND_SOFTCAP, case.dtype
     )
-    constants |= {"MIXED": not case.decode, "SPLIT": case.decode}
+    uniform = case.tiles_per_seq > 1
+    constants |= {"MIXED": not (case.decode or uniform), "TILES_PER_SEQ": case.tiles_per_seq, "SPLIT": case.decode}
     kernel = triton.compile(ASTSource(triton_kernel._paged_attention, _signature(case.dtype), constants), target=target)
     shared = [kernel.metadata.shared]
     if case.decode:
@@ -108,12 +105,7 @@ def compile_case(case: CompileCase) -> list[int]:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[CompileCase, list[int]]:
-    cases = compile_matrix()
-    with pytest.MonkeyPatch.context() as environment:
-        if "TRITON_CACHE_DIR" not in os.environ:
-            environment.setenv("TRITON_CACHE_DIR", str(KERNEL_CACHE))
-        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
-            return dict(zip(cases, pool.map(compile_case, cases), strict=True))
+    return compile_all(compile_matrix(), compile_case)
 
 
 @pytest.mark.parametrize("case", compile_matrix(), ids=lambda case: case.name)

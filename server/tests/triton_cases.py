@@ -7,11 +7,21 @@ TRITON_INTERPRET=1, and `make gpu-check` runs it on CUDA in bfloat16.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
-from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, PagedCase, paged_case, reference_output
-from tandem_server.layers.attention import AttentionParams, LayerCache
+from attention_testing import (
+    DECODE_STEP,
+    DRAFTED_STEP,
+    HEAD_DIM,
+    MIXED_STEP,
+    PagedCase,
+    paged_case,
+    reference_output,
+    uniform_layout,
+)
+from tandem_server.layers.attention import AttentionMetadata, AttentionParams, LayerCache, UniformShape
 
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
@@ -75,3 +85,36 @@ def assert_matches_torch_backend(case: PagedCase, params: AttentionParams) -> No
     torch.testing.assert_close(output.float().cpu(), expected.float(), **TOLERANCE)
     torch.testing.assert_close(cache.key.cpu(), expected_cache.key)
     torch.testing.assert_close(cache.value.cpu(), expected_cache.value)
+
+
+def test_uniform_steps_spanning_several_query_tiles_need_no_work_list() -> None:
+    from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
+
+    # Eight query heads per KV head leave 8 tokens per tile: 20 tokens per sequence span 3 tiles.
+    case = paged_case(((10, 20), (3, 20)), seed=13, dtype=DTYPE, heads=(16, 2, 64))
+    backend = TritonAttentionBackend()
+    plan = backend._plan(case.batch(device=DEVICE).metadata.paged, case.query.to(DEVICE), 2)
+    assert (plan.work, plan.tiles_per_seq, plan.num_items) == (None, 3, 6)
+    assert_matches_torch_backend(case, PARAMS["window_and_softcap"])
+
+
+def test_drafted_rows_padded_for_a_verifying_graph_attend_like_the_unpadded_step() -> None:
+    from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
+
+    case = paged_case(DRAFTED_STEP, seed=17, dtype=DTYPE)
+    params = PARAMS["sliding_window"]
+    expected, _ = reference_output(case, params)
+    laid_out = uniform_layout(case, UniformShape(4, 5))
+    cache = LayerCache(laid_out.cache.key.to(DEVICE), laid_out.cache.value.to(DEVICE))
+    paged = laid_out.metadata.paged
+    on_device = replace(
+        paged,
+        query_start_loc=paged.query_start_loc.to(DEVICE),
+        seq_lens=paged.seq_lens.to(DEVICE),
+        block_tables=paged.block_tables.to(DEVICE),
+    )
+    metadata = AttentionMetadata(slot_mapping=laid_out.metadata.slot_mapping.to(DEVICE), paged=on_device)
+    query, key, value = (tensor.to(DEVICE) for tensor in (laid_out.query, laid_out.key, laid_out.value))
+    output = TritonAttentionBackend().forward(query, key, value, cache, metadata, params)
+    real = output.float().cpu().index_select(0, laid_out.rows)
+    torch.testing.assert_close(real, expected.float(), **TOLERANCE)

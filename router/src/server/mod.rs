@@ -239,6 +239,14 @@ fn warmup_plan(config: &RouterConfig) -> WarmupPlan {
         block_size: limits.block_size,
         max_batch_tokens: limits.max_batch_prefill_tokens,
         max_batch_requests: limits.max_batch_size,
+        max_drafts: limits.speculate,
+        max_drafting_requests: if limits.speculate > 0 {
+            limits
+                .speculative_disable_by_batch_size
+                .min(limits.max_batch_size)
+        } else {
+            0
+        },
     }
 }
 

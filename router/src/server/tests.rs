@@ -57,3 +57,18 @@ fn shards_without_a_draft_model_serve_when_the_draft_model_is_not_asked_for() {
         );
     }
 }
+
+#[test]
+fn warmup_names_the_drafts_a_step_may_carry_so_shards_capture_their_shapes() {
+    let plan = warmup_plan(&config(&[
+        "--speculate",
+        "3",
+        "--speculative-disable-by-batch-size",
+        "6",
+    ]));
+    assert_eq!((plan.max_drafts, plan.max_drafting_requests), (3, 6));
+    let small_batches = warmup_plan(&config(&["--speculate", "3", "--max-batch-size", "2"]));
+    assert_eq!(small_batches.max_drafting_requests, 2);
+    let plain = warmup_plan(&config(&[]));
+    assert_eq!((plain.max_drafts, plain.max_drafting_requests), (0, 0));
+}

@@ -55,6 +55,10 @@ pub struct WarmupPlan {
     pub max_batch_tokens: usize,
     /// Requests one step may hold.
     pub max_batch_requests: usize,
+    /// Drafts one request may carry in a step (`--speculate`); 0: none.
+    pub max_drafts: usize,
+    /// Steps carry drafts only while at most this many requests run.
+    pub max_drafting_requests: usize,
 }
 
 impl From<WarmupPlan> for pb::WarmupRequest {
@@ -65,6 +69,8 @@ impl From<WarmupPlan> for pb::WarmupRequest {
             block_size: to_u32(plan.block_size),
             max_batch_tokens: to_u32(plan.max_batch_tokens),
             max_batch_requests: to_u32(plan.max_batch_requests),
+            max_drafts: to_u32(plan.max_drafts),
+            max_drafting_requests: to_u32(plan.max_drafting_requests),
         }
     }
 }

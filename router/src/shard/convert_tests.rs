@@ -9,15 +9,19 @@ fn warmup_sizes_beyond_the_contract_saturate() {
         block_size: 16,
         max_batch_tokens: usize::MAX,
         max_batch_requests: 8,
+        max_drafts: 4,
+        max_drafting_requests: usize::MAX,
     };
     let request = pb::WarmupRequest::from(plan);
     assert_eq!(
         (
             request.block_size,
             request.max_batch_tokens,
-            request.max_batch_requests
+            request.max_batch_requests,
+            request.max_drafts,
+            request.max_drafting_requests
         ),
-        (16, u32::MAX, 8)
+        (16, u32::MAX, 8, 4, u32::MAX)
     );
 }
 

@@ -1,15 +1,15 @@
-"""CUDA graphs for decode-only steps: captured at Warmup per batch size, replayed with the batch padded up.
+"""CUDA graphs for decode and draft-verifying steps: captured at Warmup per shape, replayed with the step padded up.
 
-A decode-only step (every request runs exactly one token) has shapes fixed by its batch size alone when the
-attention backend prepares it on the device (`supports_cuda_graphs`), so its kernels can be recorded once and
-replayed without per-kernel launch cost. The graphs read token inputs held here and attention metadata held at fixed
-addresses by `layers/attention/static_metadata.py`, whose padding rows write into the reserved block and attend to it
-alone; their outputs are dropped. Mixed and prefill steps always run eagerly.
+A step whose requests each run a few tokens (one to decode; the last token and its drafts to verify them) has
+shapes fixed by its rows and tokens per row alone when the attention backend prepares it on the device
+(`supports_cuda_graphs`), so its kernels can be recorded once and replayed without per-kernel launch cost. The
+graphs read token inputs held here and attention metadata held at fixed addresses by
+`layers/attention/static_metadata.py`, whose padding writes into the reserved block and whose outputs are dropped.
+Steps no captured shape holds (prompt chunks, large batches) run eagerly.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import StepBatch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import KVCache
-from tandem_server.layers.attention import StaticDecodeMetadata, is_decode_only
+from tandem_server.layers.attention import StaticStepMetadata, UniformShape
 from tandem_server.models.registry import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -29,69 +30,103 @@ logger = logging.getLogger(__name__)
 _WARM_RUNS_BEFORE_CAPTURE = 2
 
 
-def graph_batch_size(num_requests: int, sizes: Sequence[int]) -> int | None:
-    """The smallest captured size (ascending `sizes`) that holds `num_requests`; None when none does."""
-    index = bisect.bisect_left(sizes, num_requests)
-    return sizes[index] if index < len(sizes) else None
+def graph_shapes(sizes: Sequence[int], max_drafts: int, max_drafting_requests: int) -> tuple[UniformShape, ...]:
+    """The decode shape of every size, and, when requests draft, the verifying shape (one token more than the most
+    drafts) of every size up to the first that holds the most requests a drafting step may carry."""
+    shapes = [UniformShape(size, 1) for size in sizes]
+    if max_drafts > 0 and max_drafting_requests > 0:
+        ascending = sorted(set(sizes))
+        drafting = [size for size in ascending if size < max_drafting_requests]
+        drafting += [size for size in ascending if size >= max_drafting_requests][:1]
+        shapes += [UniformShape(size, 1 + max_drafts) for size in drafting]
+    return tuple(sorted(set(shapes), key=lambda shape: (shape.tokens, shape.tokens_per_row)))
+
+
+def fitting_shape(shapes: Sequence[UniformShape], num_rows: int, max_query_len: int) -> UniformShape | None:
+    """The shape of fewest tokens that holds `num_rows` requests of up to `max_query_len` tokens; None when none
+    does. `shapes` are in ascending tokens."""
+    return next((shape for shape in shapes if shape.holds(num_rows, max_query_len)), None)
+
+
+def token_rows(query_lens: Sequence[int], tokens_per_row: int) -> list[int] | None:
+    """The row of each of a step's tokens in the uniform layout; None when it is the step's own layout."""
+    if all(length == tokens_per_row for length in query_lens):
+        return None
+    return [row * tokens_per_row + index for row, length in enumerate(query_lens) for index in range(length)]
 
 
 @dataclass(frozen=True)
-class DecodeBuffers:
-    """Fixed-address inputs of the captured graphs, sized for the largest batch; row i is request i."""
+class StepBuffers:
+    """Fixed-address inputs of the captured graphs, sized for the largest shape."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    attention: StaticDecodeMetadata
+    attention: StaticStepMetadata
 
     @classmethod
-    def allocate(cls, max_batch: int, max_positions: int, cache: KVCache, device: torch.device) -> DecodeBuffers:
-        """Buffers for up to `max_batch` requests whose contexts reach `max_positions` tokens."""
+    def allocate(
+        cls, shapes: tuple[UniformShape, ...], max_positions: int, cache: KVCache, device: torch.device
+    ) -> StepBuffers:
+        """Buffers for `shapes` over contexts of up to `max_positions` tokens."""
+        max_tokens = max(shape.tokens for shape in shapes)
         return cls(
-            input_ids=torch.zeros(max_batch, dtype=torch.long, device=device),
-            positions=torch.zeros(max_batch, dtype=torch.long, device=device),
-            attention=StaticDecodeMetadata.allocate(
-                max_batch, max_positions, cache.block_size, cache.reserved_block, device
+            input_ids=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            attention=StaticStepMetadata.allocate(
+                shapes, max_positions, cache.block_size, cache.reserved_block, device
             ),
         )
 
-    def fill(self, batch: StepBatch, size: int) -> None:
-        """Copies a decode-only batch into rows [0, n) and pads rows [n, size) with token 0 at position 0."""
-        count = batch.input_ids.shape[0]
-        self.input_ids[:count].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:count].copy_(batch.positions, non_blocking=True)
-        self.input_ids[count:size] = 0
-        self.positions[count:size] = 0
-        self.attention.fill(batch.metadata, size)
+    def fill(self, batch: StepBatch, shape: UniformShape) -> torch.Tensor | None:
+        """Copies a step into `shape`'s layout, padding tokens as token 0 at position 0; returns the row of each of
+        the step's tokens (None: rows [0, n) in order)."""
+        paged = batch.metadata.paged
+        rows = token_rows(paged.query_lens, shape.tokens_per_row)
+        moved = to_device(torch.tensor(rows, dtype=torch.long), self.input_ids.device) if rows is not None else None
+        if moved is None:
+            count = batch.input_ids.shape[0]
+            self.input_ids[:count].copy_(batch.input_ids, non_blocking=True)
+            self.positions[:count].copy_(batch.positions, non_blocking=True)
+            self.input_ids[count : shape.tokens] = 0
+            self.positions[count : shape.tokens] = 0
+        else:
+            self.input_ids[: shape.tokens] = 0
+            self.positions[: shape.tokens] = 0
+            self.input_ids.index_copy_(0, moved, batch.input_ids)
+            self.positions.index_copy_(0, moved, batch.positions)
+        self.attention.fill(batch.metadata, shape, moved)
+        return moved
 
-    def view(self, size: int) -> StepBatch:
-        """The first `size` rows as the step batch a graph of `size` runs."""
+    def view(self, shape: UniformShape) -> StepBatch:
+        """`shape`'s rows as the step batch its graph runs."""
+        tokens_per_row = shape.tokens_per_row
         return StepBatch(
-            input_ids=self.input_ids[:size],
-            positions=self.positions[:size],
-            metadata=self.attention.view(size),
-            last_rows=tuple(range(size)),
+            input_ids=self.input_ids[: shape.tokens],
+            positions=self.positions[: shape.tokens],
+            metadata=self.attention.view(shape),
+            last_rows=tuple((row + 1) * tokens_per_row - 1 for row in range(shape.rows)),
         )
 
 
-class DecodeGraphs:
-    """One captured forward pass per batch size, sharing a memory pool; replays decode-only steps."""
+class StepGraphs:
+    """One captured forward pass per shape, sharing a memory pool; replays the steps a shape holds."""
 
-    def __init__(self, model: CausalLM, cache: KVCache, sizes: Sequence[int], device: torch.device) -> None:
-        self.sizes = tuple(sorted(sizes))
+    def __init__(self, model: CausalLM, cache: KVCache, shapes: Sequence[UniformShape], device: torch.device) -> None:
+        self.shapes = tuple(sorted(shapes, key=lambda shape: (shape.tokens, shape.tokens_per_row)))
         self._model = model
         self._cache = cache
         self._device = device
-        self._buffers = DecodeBuffers.allocate(self.sizes[-1], model.spec.max_position_embeddings, cache, device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._buffers = StepBuffers.allocate(self.shapes, model.spec.max_position_embeddings, cache, device)
+        self._graphs: dict[UniformShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # Capture and replay run on this rank's own stream (never torch's process-wide capture stream, which
         # lives on whichever device first asked for it).
         self._stream = torch.cuda.Stream(device)
 
     def capture(self) -> None:
-        """Records the model's forward pass for every size, largest first so smaller graphs reuse its pool."""
+        """Records the model's forward pass for every shape, largest first so smaller graphs reuse its pool."""
         pool = None
-        for size in reversed(self.sizes):
-            batch = self._buffers.view(size)
+        for shape in reversed(self.shapes):
+            batch = self._buffers.view(shape)
             with self._on_own_stream():
                 for _ in range(_WARM_RUNS_BEFORE_CAPTURE):
                     forward_step(self._model, batch, self._cache.layers)
@@ -100,23 +135,24 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 hidden = forward_step(self._model, batch, self._cache.layers)
             pool = graph.pool()
-            self._graphs[size] = (graph, hidden)
-        logger.info("captured CUDA graphs for decode batch sizes %s", ",".join(map(str, self.sizes)))
+            self._graphs[shape] = (graph, hidden)
+        described = ", ".join(f"{shape.rows}x{shape.tokens_per_row}" for shape in self.shapes)
+        logger.info("captured CUDA graphs for steps of (requests x tokens each) %s", described)
 
     def run(self, batch: StepBatch) -> torch.Tensor | None:
-        """Hidden states of a decode-only batch from the smallest fitting graph; None when no graph fits."""
-        if not is_decode_only(batch.metadata):
+        """Hidden states of the step's tokens, in its order, from the smallest graph that holds it; None when none
+        does."""
+        paged = batch.metadata.paged
+        shape = fitting_shape(self.shapes, paged.num_seqs, paged.max_query_len)
+        if shape is None:
             return None
-        # One token per request in a decode-only step.
-        count = batch.input_ids.shape[0]
-        size = graph_batch_size(count, self.sizes)
-        if size is None:
-            return None
-        self._buffers.fill(batch, size)
-        graph, hidden = self._graphs[size]
+        rows = self._buffers.fill(batch, shape)
+        graph, hidden = self._graphs[shape]
         with self._on_own_stream():
             graph.replay()
-        return hidden[:count]
+        if rows is None:
+            return hidden[: batch.input_ids.shape[0]]
+        return hidden.index_select(0, rows)
 
     @contextlib.contextmanager
     def _on_own_stream(self) -> Iterator[None]:

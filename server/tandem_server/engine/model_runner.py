@@ -9,7 +9,7 @@ import torch
 
 from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.cuda_graphs import StepGraphs, graph_shapes
 from tandem_server.engine.draft_model import DraftModel, DraftRow
 from tandem_server.engine.draws import apply_draws
 from tandem_server.engine.forward import forward_step
@@ -42,7 +42,8 @@ class ExecutionOptions:
 
     # CUDA: the KV cache takes this share of the memory left free after a profiled full-budget step.
     cuda_memory_fraction: float = 0.9
-    # CUDA: decode-only batch sizes captured as graphs at Warmup; empty runs every step eagerly.
+    # CUDA: batch sizes whose decode (and draft-verifying) steps are captured as graphs at Warmup; empty runs every
+    # step eagerly.
     cuda_graph_sizes: tuple[int, ...] = ()
     # The KV cache's dtype, in which attention computes; None: the model's dtype.
     kv_cache_dtype: torch.dtype | None = None
@@ -106,7 +107,7 @@ class ModelRunner:
         self.options = options
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
@@ -114,16 +115,26 @@ class ModelRunner:
         self._open: LaunchedStep | None = None
 
     @torch.inference_mode()
-    def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult:
-        """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs."""
+    def warmup(
+        self,
+        block_size: int,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_drafts: int = 0,
+        max_drafting_requests: int = 0,
+    ) -> WarmupResult:
+        """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs.
+
+        Steps carry at most `max_drafts` drafts per request, and only while at most `max_drafting_requests` run.
+        """
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
         geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
         options = self.options
-        limits = WarmupLimits(
-            max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, options.cuda_graph_sizes
-        )
+        drafting_requests = min(max_drafting_requests, max_batch_requests)
+        shapes = graph_shapes(options.cuda_graph_sizes, max_drafts, drafting_requests)
+        limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
         self.requests.clear()
         self._last_forward = None
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
@@ -145,8 +156,8 @@ class ModelRunner:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)
             drafting.bind(draft_cache, max_batch_tokens)
-        if self.options.cuda_graph_sizes:
-            graphs = DecodeGraphs(self.model, cache, self.options.cuda_graph_sizes, self.device)
+        if shapes:
+            graphs = StepGraphs(self.model, cache, shapes, self.device)
             graphs.capture()
             self.graphs = graphs
         self.model.backend.bind_cache(cache.layers)

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.cuda_graphs import DecodeGraphs
+from tandem_server.engine.cuda_graphs import StepGraphs
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
+from tandem_server.layers.attention import UniformShape
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
@@ -37,8 +38,8 @@ class WarmupLimits:
     max_batch_tokens: int
     max_batch_requests: int
     cuda_memory_fraction: float = 0.9
-    # Decode batch sizes captured as CUDA graphs; their memory pool is set aside before the KV cache is sized.
-    cuda_graph_sizes: tuple[int, ...] = ()
+    # Step shapes captured as CUDA graphs; their memory pool is set aside before the KV cache is sized.
+    cuda_graph_shapes: tuple[UniformShape, ...] = ()
 
 
 def blocks_for_budget(bytes_per_block: int, budget_bytes: int, budget_flag: str = "--kv-cache-memory") -> int:
@@ -71,8 +72,8 @@ def cuda_cache_budget(free_bytes: int, step_peak_bytes: int, memory_fraction: fl
 
 
 def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: WarmupLimits) -> int:
-    """Runs a full-budget step into a two-block cache and captures the largest decode graph into one, then sizes
-    the cache from the memory left free."""
+    """Runs a full-budget step into a two-block cache and captures the largest graphs into one, then sizes the
+    cache from the memory left free."""
     device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -82,21 +83,24 @@ def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: Warmup
     torch.cuda.synchronize(device)
     step_peak = torch.cuda.max_memory_allocated(device) - before
     del probe
-    graph_bytes = profile_graph_bytes(model, geometry, limits.cuda_graph_sizes, device)
+    graph_bytes = profile_graph_bytes(model, geometry, limits.cuda_graph_shapes, device)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
     return cuda_cache_budget(free, step_peak, limits.cuda_memory_fraction, graph_bytes)
 
 
-def profile_graph_bytes(model: CausalLM, geometry: CacheGeometry, sizes: tuple[int, ...], device: torch.device) -> int:
-    """Device memory the decode graphs hold: the largest size (smaller ones share its pool) captured into a
-    two-block cache, measured, then released."""
-    if not sizes:
+def profile_graph_bytes(
+    model: CausalLM, geometry: CacheGeometry, shapes: tuple[UniformShape, ...], device: torch.device
+) -> int:
+    """Device memory the graphs hold: the largest shape of each width (smaller ones share their pool) captured
+    into a two-block cache, measured, then released."""
+    if not shapes:
         return 0
+    largest = {shape.tokens_per_row: shape for shape in sorted(shapes, key=lambda shape: shape.rows)}
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(device)
     probe = KVCache(geometry, 1, device)
-    graphs = DecodeGraphs(model, probe, (max(sizes),), device)
+    graphs = StepGraphs(model, probe, tuple(largest.values()), device)
     graphs.capture()
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_reserved(device) - before - probe.nbytes

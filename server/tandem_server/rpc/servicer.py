@@ -38,7 +38,14 @@ class ShardRunner(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def warmup(self, block_size: int, max_batch_tokens: int, max_batch_requests: int) -> WarmupResult: ...
+    def warmup(
+        self,
+        block_size: int,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_drafts: int = 0,
+        max_drafting_requests: int = 0,
+    ) -> WarmupResult: ...
 
     def health_check(self) -> None: ...
 
@@ -87,7 +94,13 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     ) -> shard_pb2.WarmupResponse:
         async with self._lock:
             result = await self._model.run(
-                lambda: self._runner.warmup(request.block_size, request.max_batch_tokens, request.max_batch_requests)
+                lambda: self._runner.warmup(
+                    request.block_size,
+                    request.max_batch_tokens,
+                    request.max_batch_requests,
+                    request.max_drafts,
+                    request.max_drafting_requests,
+                )
             )
             await self._order.restart()
         if self._metrics is not None:

@@ -7,7 +7,7 @@ from tandem_server.layers.attention.backend import AttentionBackend, AttentionPa
 from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout, start_offsets
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
-from tandem_server.layers.attention.static_metadata import StaticDecodeMetadata, is_decode_only
+from tandem_server.layers.attention.static_metadata import StaticStepMetadata, UniformShape, is_decode_only
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
@@ -42,8 +42,9 @@ __all__ = [
     "PagedLayout",
     "PreparedStep",
     "SdpaAttentionBackend",
-    "StaticDecodeMetadata",
+    "StaticStepMetadata",
     "TorchAttentionBackend",
+    "UniformShape",
     "create_backend",
     "is_decode_only",
     "start_offsets",

@@ -73,6 +73,15 @@ class TritonAttentionBackend(CommonMetadataOnly):
             sm_count = self._streaming_multiprocessors(query.device)
             splits = decode_splits(paged.num_seqs, num_kv_heads, paged.max_seq_len, sm_count)
             plan = kernel.LaunchPlan(work=None, num_items=paged.num_seqs, tile_tokens=tile_tokens, num_splits=splits)
+        elif len(set(paged.query_lens)) == 1:
+            # Uniform steps (what CUDA graphs replay) need no work list: every sequence has as many tiles.
+            tiles_per_seq = -(-paged.query_lens[0] // tile_tokens)
+            plan = kernel.LaunchPlan(
+                work=None,
+                num_items=paged.num_seqs * tiles_per_seq,
+                tile_tokens=tile_tokens,
+                tiles_per_seq=tiles_per_seq,
+            )
         else:
             tiles = query_tiles(paged.query_lens, tile_tokens)
             work = torch.tensor(tiles, dtype=torch.int32).to(query.device, non_blocking=True)

@@ -32,10 +32,12 @@ MIN_DOT_DIM = 16
 class LaunchPlan:
     """How one step's attention is laid out over programs; shared by every layer of the step."""
 
-    # Mixed steps: [items, 2] int32 (sequence, query tile) per program, so no program is empty; None: item = sequence.
+    # Mixed steps: [items, 2] int32 (sequence, query tile) per program, so no program is empty; None: uniform steps,
+    # where item i is tile i % tiles_per_seq of sequence i // tiles_per_seq.
     work: torch.Tensor | None
     num_items: int
     tile_tokens: int
+    tiles_per_seq: int = 1
     # Decode-only steps: programs per (sequence, KV head), each over its share of the keys; 1: no split.
     num_splits: int = 1
 
@@ -164,6 +166,7 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
     USE_SOFTCAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     MIXED: tl.constexpr,
+    TILES_PER_SEQ: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -174,8 +177,8 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
         seq = tl.load(work_ptr + 2 * item)
         tile = tl.load(work_ptr + 2 * item + 1)
     else:
-        seq = item
-        tile = 0
+        seq = item // TILES_PER_SEQ
+        tile = item % TILES_PER_SEQ
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -297,7 +300,7 @@ def paged_attention(
         params.scale, params.logit_softcap or 1.0, params.sliding_window or 0, plan.num_splits,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         paged.block_tables.stride(0),
-        MIXED=plan.work is not None, SPLIT=split, **constants,
+        MIXED=plan.work is not None, TILES_PER_SEQ=plan.tiles_per_seq, SPLIT=split, **constants,
     )  # fmt: skip
     if split:
         rows = num_tokens * num_heads

@@ -1,0 +1,98 @@
+"""Steps replayed from CUDA graphs give the tokens eager steps give, drafts included: the runner captures its graphs
+at Warmup on a fake CUDA device whose graphs replay the captured operators on the captured tensors, with every host
+value fixed at capture, as a CUDA graph does."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from draft_testing import BLOCK_SIZE, Outcome, greedy_and_seeded_requests, oracle, run
+from fake_cuda import FakeCuda
+from shard_testing import load_tiny_model, write_tiny_llama
+from tandem_server.engine.batch import StepBatch
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.layers.attention import SdpaAttentionBackend
+
+MAX_DRAFTS = 4
+
+
+def _runner(checkpoint: Path, device: torch.device, options: ExecutionOptions) -> ModelRunner:
+    # The sdpa backend runs anywhere from device tensors alone, so the graphs replay it on the CPU too.
+    model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
+    return ModelRunner(model, (2,), torch.float32, device, options)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("graphs")
+    write_tiny_llama(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def eager(checkpoint: Path) -> Outcome:
+    runner = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024))
+    runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    return run(runner, greedy_and_seeded_requests(), drafter=None)
+
+
+def _replayed(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome, max_drafting_requests: int
+) -> tuple[Outcome, list[bool]]:
+    fake = FakeCuda(free_bytes=16 * 1024 * 1024)
+    fake.install(monkeypatch)
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2, 4))
+    runner = _runner(checkpoint, torch.device("cuda", 0), options)
+    requests = greedy_and_seeded_requests()
+    prompts = {request.id: len(request.token_ids) for request in requests}
+    # For each replayed step: whether it verified drafts.
+    replayed: list[bool] = []
+
+    def serve() -> Outcome:
+        # On a worker thread, as the model thread runs it: the fake places that thread's CUDA tensors on the CPU.
+        runner.warmup(
+            block_size=BLOCK_SIZE,
+            max_batch_tokens=64,
+            max_batch_requests=4,
+            max_drafts=MAX_DRAFTS,
+            max_drafting_requests=max_drafting_requests,
+        )
+        graphs = runner.graphs
+        assert graphs is not None
+        run_graph = graphs.run
+
+        def recorded(batch: StepBatch) -> torch.Tensor | None:
+            hidden = run_graph(batch)
+            if hidden is not None:
+                replayed.append(batch.metadata.paged.max_query_len > 1)
+            return hidden
+
+        graphs.run = recorded  # type: ignore[method-assign]
+        return run(runner, requests, drafter=oracle(eager.tokens, prompts, wrong_every=2), max_drafts=MAX_DRAFTS)
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        outcome = worker.submit(serve).result()
+    return outcome, replayed
+
+
+def test_verifying_steps_replayed_from_graphs_give_the_eager_tokens(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
+) -> None:
+    outcome, replayed = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4)
+    assert outcome.tokens == eager.tokens
+    assert 0 < outcome.accepted < outcome.drafted
+    for rid, logprobs in eager.logprobs.items():
+        assert outcome.logprobs[rid] == pytest.approx(logprobs, abs=1e-4)
+    # Every step after the prompts' replays a graph, and the drafted ones replay a verifying graph.
+    assert len(replayed) == outcome.steps - 1 and sum(replayed) > outcome.steps // 2
+
+
+def test_without_verifying_graphs_drafted_steps_run_eagerly_with_the_same_tokens(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
+) -> None:
+    outcome, replayed = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=0)
+    assert outcome.tokens == eager.tokens
+    assert not any(replayed)
