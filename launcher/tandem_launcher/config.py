@@ -361,8 +361,8 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
     if config.quantize not in QUANTIZE_CHOICES:
         problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
-    elif config.device != "cpu" and config.quantize not in ("none", "fp8"):
-        problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none or fp8")
+    elif config.device != "cpu" and config.quantize not in ("none", "int4", "fp8"):
+        problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none, int4 or fp8")
     if config.device != "cpu" and not _is_zero_size(decode_mirror_memory(config)):
         problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
     return problems

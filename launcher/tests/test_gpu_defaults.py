@@ -103,7 +103,7 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--packed-gemm-rows", "32,x"], "--packed-gemm-rows must be row counts"),
         (["--device", "cuda", "--packed-gemm-rows", "32"], "--packed-gemm-rows is a CPU option"),
         (["--device", "cuda", "--decode-mirror-memory", "1GiB"], "--decode-mirror-memory is a CPU option"),
-        (["--device", "cuda", "--quantize", "int4"], "--quantize int4 is a CPU option; on CUDA use none or fp8"),
+        (["--device", "cuda", "--quantize", "int8"], "--quantize int8 is a CPU option; on CUDA use none, int4 or fp8"),
         (["--decode-mirror-memory", "lots"], "--decode-mirror-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
     ],
@@ -116,11 +116,12 @@ def test_bad_cuda_flags_are_rejected_with_the_flag_named(
     assert message in capsys.readouterr().err
 
 
-def test_fp8_weights_are_allowed_on_cuda() -> None:
+@pytest.mark.parametrize("quantize", ["fp8", "int4"])
+def test_fp8_and_int4_weights_are_allowed_on_cuda(quantize: str) -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
-    config = parse_config(["--device", "cuda", "--quantize", "fp8"], {}, count_gpus=gpus(1))
+    config = parse_config(["--device", "cuda", "--quantize", quantize], {}, count_gpus=gpus(1))
     shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
-    assert shard[shard.index("--quantize") + 1] == "fp8"
+    assert shard[shard.index("--quantize") + 1] == quantize
 
 
 def test_env_attention_backend_is_validated_like_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,11 @@
-"""GPTQ and AWQ int4 checkpoints on the CPU int4 kernel: unpacking against an independent packer, the exact values
-each layer stands for, the kernel's numbers (bfloat16 scales and activations), a tiny Llama against transformers on
-the same values, two gloo ranks against one process, and the start-up errors for what is not served."""
+"""GPTQ and AWQ int4 checkpoints on the CPU int4 kernel (the CUDA one: `test_int4_triton.py`): unpacking against an
+independent packer, the exact values each layer stands for, the kernel's numbers (bfloat16 scales and activations),
+a tiny Llama against transformers on the same values, two gloo ranks against one process, and the start-up errors
+for what is not served."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -214,13 +216,22 @@ def test_unsupported_int4_configs_fail_start_up_naming_the_setting(
         read_checkpoint_config(checkpoint)
 
 
-def test_an_int4_checkpoint_is_served_only_with_quantize_none_on_cpu(checkpoints: dict[str, Any]) -> None:
+def test_an_int4_checkpoint_is_served_only_with_quantize_none_on_cpu_or_an_ampere_gpu(
+    checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     checkpoint = read_checkpoint_config(checkpoints["root"] / "awq-g32")
     check_quantization(QuantizeMode.NONE, checkpoint, CPU)
     with pytest.raises(ConfigError, match=r"--quantize int4: AWQ int4 checkpoints are served with --quantize none"):
         check_quantization(QuantizeMode.INT4, checkpoint, CPU)
-    with pytest.raises(ConfigError, match=r"AWQ int4 checkpoint: quantized GEMMs are a CPU path .*--device cpu"):
-        check_quantization(QuantizeMode.NONE, checkpoint, torch.device("cuda", 0))
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    refusal = r"AWQ int4 checkpoint: (the int4 Triton kernel needs .* 8\.0 or newer|.*Triton is not installed)"
+    with pytest.raises(ConfigError, match=refusal):
+        check_quantization(QuantizeMode.NONE, checkpoint, cuda)
+    if importlib.util.find_spec("triton") is not None:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        check_quantization(QuantizeMode.NONE, checkpoint, cuda)
 
 
 DOWN = "model.layers.1.mlp.down_proj"

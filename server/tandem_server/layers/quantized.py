@@ -1,5 +1,6 @@
-"""Quantized GEMMs: on CPU int4 groupwise and int8 per-channel weights with bfloat16 activations (weight-only), and
-float8 e4m3 weights with float8 activations through `torch._scaled_mm` (CPU, and CUDA from compute capability 8.9).
+"""Quantized GEMMs: on CPU int4 groupwise and int8 per-channel weights with bfloat16 activations (weight-only), on
+CUDA int4 groupwise weights through Tandem's Triton kernel (`int4_triton`), and float8 e4m3 weights with float8
+activations through `torch._scaled_mm` (CPU, and CUDA from compute capability 8.9).
 
 torch's CPU weight-only kernels read 0.5 (int4) or 1 (int8) byte per weight instead of 4, which is what a decode step
 at small batches is bound by; they are fast only with bfloat16 activations, so each GEMM casts its input to bfloat16
@@ -14,6 +15,7 @@ and its output back to the model's dtype.
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +90,32 @@ class Int4Weight:
         zero = self.scales_and_zeros[:, flat, 1].t().float().contiguous().unsqueeze(-1)
         values = torch.addcmul(zero, q - INT4_MIDPOINT, scale)
         return values.view(*ids.shape, self.in_features).to(dtype)
+
+
+class Int4TritonWeight:
+    """An int4 groupwise weight on a CUDA device for Tandem's Triton kernel (`int4_triton`): the values `Int4Weight`
+    multiplies by, packed eight to an int32, scales and zeros in bfloat16 or float16 (`dtype`); activations of
+    another dtype are cast to it and the output back."""
+
+    def __init__(self, groups: Int4Groups, dtype: torch.dtype = ACTIVATION_DTYPE) -> None:
+        from tandem_server.layers import int4_triton  # noqa: PLC0415  (Triton only when a weight is on CUDA)
+
+        self._kernel = int4_triton
+        self.out_features, self.in_features = groups.q.shape
+        self.group_size = groups.group_size
+        self.input_order = groups.input_order
+        self.dtype = dtype if dtype in int4_triton.ACTIVATION_DTYPES else ACTIVATION_DTYPE
+        self.words = int4_triton.pack(groups.q)
+        self.scale = groups.scale.t().to(self.dtype).contiguous()
+        self.zero = groups.zero.t().to(self.dtype).contiguous()
+        self.nbytes = _nbytes(self.words) + _nbytes(self.scale) + _nbytes(self.zero)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
+        out = self._kernel.int4_gemm(x.to(self.dtype), self.words, self.scale, self.zero, self.group_size)
+        out = out.to(x.dtype)
+        return out if bias is None else out + bias
 
 
 class Int8GroupsWeight:
@@ -218,15 +246,19 @@ _FP8_CUDA_MULTIPLE = 16
 _FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 # torch._scaled_mm's float8 GEMMs on CUDA (Ada and Hopper onwards).
 FP8_MIN_CAPABILITY = (8, 9)
+# The int4 Triton kernel's bfloat16 dots (Ampere onwards); it is compiled and checked for sm80 and sm90.
+INT4_CUDA_MIN_CAPABILITY = (8, 0)
 
-QuantizedWeight = Int4Weight | Int8Weight | Int8GroupsWeight | Fp8Weight
+QuantizedWeight = Int4Weight | Int4TritonWeight | Int8Weight | Int8GroupsWeight | Fp8Weight
 
 
-def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> QuantizedWeight:
-    """The kernel-ready form of unpacked quantized values (int8 groups need the known int4 layout, else they are
-    rounded to int8 channels)."""
+def quantized_weight(
+    source: Int4Groups | Int8Groups | Int8Channels, dtype: torch.dtype = ACTIVATION_DTYPE
+) -> QuantizedWeight:
+    """The kernel-ready form of unpacked quantized values where they live (int4 on CUDA: Tandem's Triton kernel, its
+    scales in the model's `dtype`); int8 groups need the known int4 layout, else they are rounded to int8 channels."""
     if isinstance(source, Int4Groups):
-        return Int4Weight(source)
+        return Int4TritonWeight(source, dtype) if source.q.is_cuda else Int4Weight(source)
     if isinstance(source, Int8Groups):
         if source.q.shape[0] % _PACKED_ROW_BLOCK == 0 and packed_layout_is_known():
             return Int8GroupsWeight(source)
@@ -235,14 +267,17 @@ def quantized_weight(source: Int4Groups | Int8Groups | Int8Channels) -> Quantize
 
 
 def rows_available(weight: QuantizedWeight) -> bool:
-    """Whether `weight.rows` can serve embedding lookups."""
+    """Whether `weight.rows` can serve embedding lookups (never on CUDA: the embedding there stays dense)."""
+    if isinstance(weight, Int4TritonWeight):
+        return False
     if isinstance(weight, Int4Weight):
         return weight.unpackable and weight.input_order is None
     return isinstance(weight, (Int8Weight, Fp8Weight)) or weight.high.unpackable
 
 
 def format_name(weight: QuantizedWeight) -> str:
-    names = {Int4Weight: "int4", Int8Weight: "int8", Int8GroupsWeight: "int8 in groups of 32", Fp8Weight: "fp8"}
+    names = {Int4Weight: "int4", Int4TritonWeight: "int4", Int8Weight: "int8", Fp8Weight: "fp8"}
+    names[Int8GroupsWeight] = "int8 in groups of 32"
     return names[type(weight)]
 
 
@@ -250,10 +285,28 @@ def kernels_unavailable_reason(device: torch.device, mode: QuantizeMode) -> str 
     """None when this device and torch build have the kernels `mode` needs, else why not."""
     if mode is QuantizeMode.FP8:
         return _fp8_unavailable_reason(device)
+    if mode is QuantizeMode.INT4 and device.type == "cuda":
+        return _int4_cuda_unavailable_reason(device)
     if device.type != "cpu":
-        return "quantized GEMMs are a CPU path"
+        return (
+            f"{mode.value} GEMMs are a CPU path (on CUDA, int4 runs through Tandem's Triton kernel; int8 and GGUF's "
+            "int8 groups have no CUDA kernel)"
+        )
     if not hasattr(torch, "_convert_weight_to_int4pack_for_cpu") or not hasattr(torch, "_weight_int8pack_mm"):
         return "this torch build has no CPU weight-only int4/int8 kernels"
+    return None
+
+
+def _int4_cuda_unavailable_reason(device: torch.device) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "int4 GEMMs on CUDA run through Tandem's Triton kernel, and Triton is not installed"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < INT4_CUDA_MIN_CAPABILITY:
+        return (
+            f"the int4 Triton kernel needs a GPU of compute capability "
+            f"{'.'.join(map(str, INT4_CUDA_MIN_CAPABILITY))} or newer (bfloat16 dots: Ampere onwards); "
+            f"{torch.cuda.get_device_name(device)} is {major}.{minor}"
+        )
     return None
 
 

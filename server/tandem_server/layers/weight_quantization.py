@@ -3,8 +3,8 @@ float weights quantized at load.
 
 GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 groups of 32 (two int4 planes). An FP8
 checkpoint's float8 weights stay float8 in every mode, per-tensor scales widened to per-channel; a GPTQ or AWQ
-checkpoint's int4 weights stay int4 (served with `--quantize none` only). Float weights become
-int4 groups (`int4`, LM head int8 per channel), int8 per channel (`int8`) or float8 e4m3 per channel (`fp8`). A tied
+checkpoint's int4 weights stay int4 (served with `--quantize none` only). Float weights become int4 groups (`int4`,
+LM head int8 per channel on CPU, float on CUDA), int8 per channel (`int8`) or float8 e4m3 per channel (`fp8`). A tied
 embedding looks its rows up in the LM head's quantized copy. A GGUF, float8 or int4 tensor no quantized kernel can
 take (a stack mixing block types, or quantized and float parts) is dequantized into its float parameter, exactly.
 """
@@ -23,7 +23,6 @@ from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.quantized import (
     Fp8Weight,
-    Int4Weight,
     Int8Weight,
     QuantizedWeight,
     format_name,
@@ -110,7 +109,7 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
         )
     unavailable = kernels_unavailable_reason(device, QuantizeMode.INT4)
     if unavailable is not None:
-        raise ConfigError(f"{what}: {unavailable} (the int4 kernel runs on CPU only; use --device cpu)")
+        raise ConfigError(f"{what}: {unavailable}")
 
 
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
@@ -130,6 +129,9 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
         if isinstance(module, LMHead) and not rows_available(quantized):
             # A tied embedding looks its rows up in the head's copy; int8 channels always can.
             quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
+    elif isinstance(module, LMHead) and mode is QuantizeMode.INT4 and module.weight.is_cuda:
+        # int4's LM head is int8 per row, which has no CUDA kernel here: it stays float (and a tied embedding too).
+        return str(module.weight.dtype).removeprefix("torch.")
     else:
         label = "float"
         quantized = _quantize_float(module, mode)
@@ -149,7 +151,8 @@ def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor]) -> s
                 _use(module, Fp8Weight(stacked.to(module.weight.device)))
                 return "float8 checkpoint as fp8"
             int4 = [values for values in kept if isinstance(values, Int4Groups)]
-            _use(module, Int4Weight(int4[0] if len(int4) == 1 else Int4Groups.concat(int4)))
+            groups = int4[0] if len(int4) == 1 else Int4Groups.concat(int4)
+            _use(module, quantized_weight(groups.to(module.weight.device), module.weight.dtype))
             return "int4 checkpoint as int4"
         for part, values in zip(parts, kept, strict=True):
             if values is not None:
@@ -163,7 +166,7 @@ def _quantize_float(module: GemmModule, mode: QuantizeMode) -> QuantizedWeight:
         return Fp8Weight(quantize_fp8(module.weight))
     if mode is QuantizeMode.INT8 or isinstance(module, LMHead):
         return Int8Weight(quantize_int8(module.weight))
-    return Int4Weight(quantize_int4(module.weight))
+    return quantized_weight(quantize_int4(module.weight), module.weight.dtype)
 
 
 def _use(module: GemmModule, quantized: QuantizedWeight) -> None:

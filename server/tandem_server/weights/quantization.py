@@ -62,6 +62,12 @@ class Int4Groups:
             return weight
         return torch.empty_like(weight).index_copy_(1, self.input_order, weight)
 
+    def to(self, device: torch.device) -> Int4Groups:
+        order = None if self.input_order is None else self.input_order.to(device)
+        return replace(
+            self, q=self.q.to(device), scale=self.scale.to(device), zero=self.zero.to(device), input_order=order
+        )
+
     @staticmethod
     def concat(parts: list[Int4Groups]) -> Int4Groups:
         """Parts stacked along the output features (a fused projection); they share one group size."""

@@ -1,0 +1,34 @@
+"""Compiling Triton kernels ahead of time without a GPU: the architectures checked, their shared memory, and a pool
+that compiles a matrix of cases two at a time into a kept cache.
+
+Triton ships its compiler and ptxas, so no GPU is needed. The compiled kernels are kept under
+$HOME/.cache/tandem/triton (unless TRITON_CACHE_DIR says otherwise), beside the project's other build caches: a
+missing or emptied cache means compiling again, never a different result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+# Shared memory one block may opt into (bytes): A100 163 KiB, H100/H200 227 KiB.
+SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}
+KERNEL_CACHE = Path.home() / ".cache" / "tandem" / "triton"
+
+Case = TypeVar("Case")
+Result = TypeVar("Result")
+
+
+def compile_all(cases: Sequence[Case], compile_case: Callable[[Case], Result]) -> dict[Case, Result]:
+    """Each case's result, compiled in two forked processes with the kept cache."""
+    with pytest.MonkeyPatch.context() as environment:
+        if "TRITON_CACHE_DIR" not in os.environ:
+            environment.setenv("TRITON_CACHE_DIR", str(KERNEL_CACHE))
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+            return dict(zip(cases, pool.map(compile_case, cases), strict=True))
