@@ -13,16 +13,19 @@ from draft_testing import BLOCK_SIZE, Outcome, greedy_and_seeded_requests, oracl
 from fake_cuda import FakeCuda
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.engine.batch import StepBatch
+from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.layers.attention import SdpaAttentionBackend
 
 MAX_DRAFTS = 4
 
 
-def _runner(checkpoint: Path, device: torch.device, options: ExecutionOptions) -> ModelRunner:
+def _runner(
+    checkpoint: Path, device: torch.device, options: ExecutionOptions, draft_model: DraftModel | None = None
+) -> ModelRunner:
     # The sdpa backend runs anywhere from device tensors alone, so the graphs replay it on the CPU too.
     model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    return ModelRunner(model, (2,), torch.float32, device, options)
+    return ModelRunner(model, (2,), torch.float32, device, options, draft_model=draft_model)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +43,22 @@ def eager(checkpoint: Path) -> Outcome:
 
 
 def _replayed(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome, max_drafting_requests: int
-) -> tuple[Outcome, list[bool]]:
+    checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    eager: Outcome,
+    max_drafting_requests: int,
+    self_drafting: bool = False,
+) -> tuple[Outcome, list[bool], int]:
+    """The requests served on fake CUDA with graphs, drafting the eager tokens (every other draft wrong), or with
+    `self_drafting` asking the shard's draft model, the checkpoint itself, for every draft; with which of the
+    model's steps replayed a verifying graph, and how many graph replays (the draft model's too) there were."""
     fake = FakeCuda(free_bytes=16 * 1024 * 1024)
     fake.install(monkeypatch)
     options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2, 4))
-    runner = _runner(checkpoint, torch.device("cuda", 0), options)
+    draft_model = None
+    if self_drafting:
+        draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
+    runner = _runner(checkpoint, torch.device("cuda", 0), options, draft_model)
     requests = greedy_and_seeded_requests()
     prompts = {request.id: len(request.token_ids) for request in requests}
     # For each replayed step: whether it verified drafts.
@@ -71,17 +84,19 @@ def _replayed(
             return hidden
 
         graphs.run = recorded  # type: ignore[method-assign]
+        if self_drafting:
+            return run(runner, requests, drafter=None, model_drafts=MAX_DRAFTS)
         return run(runner, requests, drafter=oracle(eager.tokens, prompts, wrong_every=2), max_drafts=MAX_DRAFTS)
 
     with ThreadPoolExecutor(max_workers=1) as worker:
         outcome = worker.submit(serve).result()
-    return outcome, replayed
+    return outcome, replayed, sum(call.name == "CUDAGraph.replay" for call in fake.calls)
 
 
 def test_verifying_steps_replayed_from_graphs_give_the_eager_tokens(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
 ) -> None:
-    outcome, replayed = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4)
+    outcome, replayed, _ = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4)
     assert outcome.tokens == eager.tokens
     assert 0 < outcome.accepted < outcome.drafted
     for rid, logprobs in eager.logprobs.items():
@@ -93,6 +108,22 @@ def test_verifying_steps_replayed_from_graphs_give_the_eager_tokens(
 def test_without_verifying_graphs_drafted_steps_run_eagerly_with_the_same_tokens(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
 ) -> None:
-    outcome, replayed = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=0)
+    outcome, replayed, _ = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=0)
     assert outcome.tokens == eager.tokens
     assert not any(replayed)
+
+
+def test_a_draft_model_replays_its_own_graphs_and_its_drafts_change_no_token(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
+) -> None:
+    draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
+    cpu = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024), draft_model)
+    cpu.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    eager_drafting = run(cpu, greedy_and_seeded_requests(), drafter=None, model_drafts=MAX_DRAFTS)
+    outcome, replayed, replays = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4, self_drafting=True)
+    assert outcome.tokens == eager.tokens == eager_drafting.tokens
+    # The same drafts kept as when the draft model runs eagerly.
+    assert (outcome.accepted, outcome.drafted) == (eager_drafting.accepted, eager_drafting.drafted)
+    assert outcome.accepted > 0 and sum(replayed) > outcome.steps // 2
+    # Drafting steps replay the draft model's passes (a short catch-up, then one per further draft) too.
+    assert replays - len(replayed) >= 2 * sum(replayed)

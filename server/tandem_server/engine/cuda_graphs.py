@@ -42,6 +42,15 @@ def graph_shapes(sizes: Sequence[int], max_drafts: int, max_drafting_requests: i
     return tuple(sorted(set(shapes), key=lambda shape: (shape.tokens, shape.tokens_per_row)))
 
 
+def drafting_shapes(shapes: Sequence[UniformShape]) -> tuple[UniformShape, ...]:
+    """The shapes of steps that draft: those with no more rows than the widest shapes (none when none is wider
+    than a decode). A draft model runs its catch-up and single-token passes in them."""
+    verifying = [shape.rows for shape in shapes if shape.tokens_per_row > 1]
+    if not verifying:
+        return ()
+    return tuple(shape for shape in shapes if shape.rows <= max(verifying))
+
+
 def fitting_shape(shapes: Sequence[UniformShape], num_rows: int, max_query_len: int) -> UniformShape | None:
     """The shape of fewest tokens that holds `num_rows` requests of up to `max_query_len` tokens; None when none
     does. `shapes` are in ascending tokens."""

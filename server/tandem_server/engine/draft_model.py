@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.engine.cuda_graphs import StepGraphs
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.requests import RequestState
 from tandem_server.errors import NotWarmedUpError
+from tandem_server.layers.attention import UniformShape
 from tandem_server.models.registry import CausalLM
 
 
@@ -55,6 +57,8 @@ class DraftModel:
         self.architecture = architecture
         self.cache_dtype = cache_dtype
         self.cache: KVCache | None = None
+        # CUDA: the passes captured as graphs over `cache`, from Warmup on.
+        self.graphs: StepGraphs | None = None
         # Bounds the tokens of one catch-up forward pass, like the router bounds a step's.
         self._max_forward_tokens = 1
         self._written: dict[int, _Written] = {}
@@ -71,9 +75,16 @@ class DraftModel:
     def bind(self, cache: KVCache, max_forward_tokens: int) -> None:
         """Drafts into `cache` from now on; nothing written before counts."""
         self._written.clear()
+        self.graphs = None
         self.model.backend.bind_cache(cache.layers)
         self.cache = cache
         self._max_forward_tokens = max(1, max_forward_tokens)
+
+    def capture_graphs(self, shapes: Sequence[UniformShape], device: torch.device) -> None:
+        """Replays this model's passes that `shapes` hold from CUDA graphs over the bound cache."""
+        graphs = StepGraphs(self.model, self._require_cache(), shapes, device)
+        graphs.capture()
+        self.graphs = graphs
 
     def forget(self, request_ids: Iterable[int]) -> None:
         ids = list(request_ids)
@@ -151,7 +162,9 @@ class DraftModel:
         """The most likely token after each span, once its keys and values are written."""
         cache = self._require_cache()
         batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
-        hidden = forward_step(self.model, batch, cache.layers)
+        hidden = self.graphs.run(batch) if self.graphs is not None else None
+        if hidden is None:
+            hidden = forward_step(self.model, batch, cache.layers)
         rows = torch.tensor(batch.last_rows, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
 

@@ -9,7 +9,7 @@ import torch
 
 from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.engine.cuda_graphs import StepGraphs, graph_shapes
+from tandem_server.engine.cuda_graphs import StepGraphs, drafting_shapes, graph_shapes
 from tandem_server.engine.draft_model import DraftModel, DraftRow
 from tandem_server.engine.draws import apply_draws
 from tandem_server.engine.forward import forward_step
@@ -24,7 +24,13 @@ from tandem_server.engine.step import (
     WarmupResult,
 )
 from tandem_server.engine.timing import StepTimer
-from tandem_server.engine.warmup import WarmupLimits, blocks_for_budget, profile_cuda_budget, run_reserved_forward
+from tandem_server.engine.warmup import (
+    WarmupLimits,
+    blocks_for_budget,
+    profile_cuda_budget,
+    profile_graph_bytes,
+    run_reserved_forward,
+)
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.layers.attention import LayerCache
 from tandem_server.models.registry import CausalLM
@@ -145,8 +151,11 @@ class ModelRunner:
         # A block holds the draft model's keys and values beside the model's: the router's block ids address both.
         draft_geometry = drafting.geometry(block_size) if drafting is not None else None
         bytes_per_block = geometry.bytes_per_block + (draft_geometry.bytes_per_block if draft_geometry else 0)
+        draft_shapes = drafting_shapes(shapes) if drafting is not None else ()
         if self.device.type == "cuda":
             budget = profile_cuda_budget(self.model, geometry, limits)
+            if drafting is not None and draft_geometry is not None:
+                budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             num_blocks = blocks_for_budget(bytes_per_block, budget, "--cuda-memory-fraction")
         else:
             num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
@@ -156,6 +165,8 @@ class ModelRunner:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)
             drafting.bind(draft_cache, max_batch_tokens)
+            if draft_shapes:
+                drafting.capture_graphs(draft_shapes, self.device)
         if shapes:
             graphs = StepGraphs(self.model, cache, shapes, self.device)
             graphs.capture()
