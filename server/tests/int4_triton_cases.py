@@ -16,7 +16,7 @@ import pytest
 import torch
 from int4_testing import awq_config, gptq_config, write_int4_checkpoint
 from shard_testing import load_tiny_model, write_tiny_llama
-from tandem_server.layers import weight_quantization
+from tandem_server.layers import int4_triton, weight_quantization
 from tandem_server.layers.quantized import Int4TritonWeight, Int4Weight, QuantizedWeight
 from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.weights.int4_checkpoint import INT4_VALUES
@@ -74,8 +74,18 @@ def rounded_reference(groups: Int4Groups, dtype: torch.dtype) -> torch.Tensor:
     return rounded.dequantize()
 
 
-# (out, in, group): outputs that fill no whole tile of 64 or 128, one group over all inputs, split-K for decodes.
-SHAPES = [(40, 64, 32), (96, 256, 64), (48, 512, 128), (136, 256, 256)]
+# (out, in, group): outputs that fill no whole tile of 64 or 128, one group over all inputs, inputs split across
+# programs (split-K) at every row count.
+SHAPES = [(40, 1024, 32), (96, 256, 64), (48, 512, 128), (136, 256, 256)]
+
+
+def test_the_shapes_reach_split_and_whole_launches() -> None:
+    splits = set()
+    for out_features, in_features, group_size in SHAPES:
+        config = int4_triton.tile_config(1, group_size)
+        output_tiles = -(-out_features // config.block_n)
+        splits.add(int4_triton.k_splits(output_tiles, in_features // config.block_k, int4_triton.DEFAULT_SM_COUNT))
+    assert 1 in splits and max(splits) > 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
