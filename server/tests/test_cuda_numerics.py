@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from draft_testing import BLOCK_SIZE as DRAFT_BLOCK_SIZE
+from draft_testing import greedy_and_seeded_requests, oracle
+from draft_testing import run as run_drafting
 from reference_checks import BLOCK_SIZE, Target, assert_mixed_steps_match_logits
 from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_request, write_tiny_llama
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
@@ -69,6 +72,24 @@ def test_graph_replayed_decode_generates_the_same_tokens_as_eager(tmp_path: Path
         driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
         outputs.append(driver.run([new_request(i, p, 12) for i, p in enumerate(prompts)]))
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("backend", [name for name in usable_backends() if name in ("triton", "flash")])
+def test_graph_replayed_verifying_steps_generate_the_same_tokens_as_eager(tmp_path: Path, backend: str) -> None:
+    write_tiny_llama(tmp_path)
+    requests = greedy_and_seeded_requests()
+    prompts = {request.id: len(request.token_ids) for request in requests}
+    plain = cuda_runner(tmp_path, backend, (), memory_fraction=0.001)
+    plain.warmup(block_size=DRAFT_BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    reference = run_drafting(plain, requests, drafter=None)
+    graphed = cuda_runner(tmp_path, backend, (1, 2, 4), memory_fraction=0.001)
+    graphed.warmup(
+        block_size=DRAFT_BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4, max_drafts=4, max_drafting_requests=4
+    )
+    assert graphed.graphs is not None and any(shape.tokens_per_row == 5 for shape in graphed.graphs.shapes)
+    drafted = run_drafting(graphed, requests, drafter=oracle(reference.tokens, prompts, wrong_every=2))
+    assert drafted.tokens == reference.tokens
+    assert 0 < drafted.accepted < drafted.drafted
 
 
 def test_sampling_synchronises_with_the_host_exactly_once() -> None:
