@@ -250,7 +250,8 @@ def _add_execution_flags(add: FlagAdder) -> None:
         "--cuda-graphs",
         str,
         None,
-        "CUDA: decode batch sizes replayed from CUDA graphs, e.g. 1,2,4,8; 0 disables; derived: 1,2,4,...,64 on CUDA",
+        "CUDA: batch sizes whose decode (and draft-verifying) steps replay CUDA graphs, e.g. 1,2,4,8; 0 disables; "
+        "derived: 1,2,4,...,64 on CUDA",
     )
     add.value(
         "--packed-gemm-rows",

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cuda-graphs",
         default=None,
-        help="CUDA: decode batch sizes captured as graphs, e.g. 1,2,4,8; 0 disables (default: 1,2,...,64 on CUDA)",
+        help="CUDA: batch sizes whose decode (and draft-verifying) steps are captured as graphs, e.g. 1,2,4,8; 0 "
+        "disables (default: 1,2,...,64 on CUDA)",
     )
     parser.add_argument(
         "--packed-gemm-rows",
