@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from tandem_server.engine.launched import LaunchedStep
     from tandem_server.engine.model_runner import ModelRunner
-    from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
+    from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +110,8 @@ class FaultInjectingRunner:
     def device(self) -> torch.device:
         return self._runner.device
 
-    def warmup(
-        self,
-        block_size: int,
-        max_batch_tokens: int,
-        max_batch_requests: int,
-        max_drafts: int = 0,
-        max_drafting_requests: int = 0,
-    ) -> WarmupResult:
-        return self._runner.warmup(block_size, max_batch_tokens, max_batch_requests, max_drafts, max_drafting_requests)
+    def warmup(self, plan: WarmupPlan) -> WarmupResult:
+        return self._runner.warmup(plan)
 
     def health_check(self) -> None:
         self._runner.health_check()

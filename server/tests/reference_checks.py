@@ -13,6 +13,7 @@ from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_req
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 
 # float32 on CPU: differences come only from summation order.
@@ -99,7 +100,7 @@ def assert_mixed_steps_match_logits(
 def assert_greedy_matches_generate(checkpoint: Path, reference: Any, label: str, **generate_args: Any) -> None:
     """Staggered, chunked greedy generation through ModelRunner equals transformers' `generate`."""
     runner = make_runner(checkpoint)
-    runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8))
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 96) for _ in range(length)] for length in (9, 3, 14, 6)]
     max_new_tokens = 10

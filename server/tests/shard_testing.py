@@ -11,7 +11,14 @@ import torch
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import NewRequest, RequestFailure, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import (
+    NewRequest,
+    RequestFailure,
+    ScheduledRequest,
+    StepInput,
+    StoppingCriteria,
+    WarmupPlan,
+)
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
@@ -184,7 +191,7 @@ class StepDriver:
 
 def warmed(runner: ModelRunner) -> ModelRunner:
     """`runner` warmed up for small steps: blocks of 4 tokens, 64 tokens and 8 requests per step."""
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner
 
 

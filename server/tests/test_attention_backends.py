@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from attention_testing import DECODE_STEP, HEAD_DIM, MIXED_STEP, paged_case, reference_output
 from tandem_server.layers.attention import AttentionParams, SdpaAttentionBackend
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
+from triton_testing import assert_cases_pass_under_the_interpreter
 
 PARAMS = {
     "causal": AttentionParams(scale=HEAD_DIM**-0.5),
@@ -25,12 +21,7 @@ STEPS = {"mixed": MIXED_STEP, "decode_only": DECODE_STEP}
 def test_triton_kernel_matches_torch_backend_under_the_interpreter() -> None:
     """Runs triton_cases.py with TRITON_INTERPRET=1, which must be set before Triton is first imported."""
     pytest.importorskip("triton")
-    cases = Path(__file__).with_name("triton_cases.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    assert_cases_pass_under_the_interpreter("triton_cases.py")
 
 
 @pytest.mark.parametrize("step", STEPS)

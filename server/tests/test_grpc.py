@@ -9,6 +9,8 @@ import grpc
 import pytest
 from shard_testing import make_runner, write_tiny_llama
 from tandem_server.distributed import ParallelContext
+from tandem_server.engine.step import WarmupPlan
+from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.server import start_server
 from tandem_server.rpc.servicer import ShardServicer, build_info
@@ -136,3 +138,13 @@ def test_grpc_round_trip_over_unix_socket(tmp_path: Path) -> None:
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+def test_warmup_requests_reach_the_runner_with_the_drafts_steps_may_carry() -> None:
+    request = shard_pb2.WarmupRequest(
+        block_size=16, max_batch_tokens=512, max_batch_requests=8, max_drafts=4, max_drafting_requests=3
+    )
+    assert convert.warmup_plan_from_pb(request) == WarmupPlan(16, 512, 8, max_drafts=4, max_drafting_requests=3)
+    # A router that names no drafts (or predates them) leaves both zero: no step carries drafts.
+    plain = convert.warmup_plan_from_pb(shard_pb2.WarmupRequest(block_size=16, max_batch_tokens=512))
+    assert (plain.max_drafts, plain.max_drafting_requests) == (0, 0)

@@ -4,11 +4,7 @@ sm80 and sm90 within shared memory, its packing, launch plan and refusals, and w
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +18,7 @@ from tandem_server.layers.quantized import (
     rows_available,
 )
 from tandem_server.weights.quantization import INT4_KERNEL_GROUPS, Int4Groups, QuantizeMode
-from triton_testing import SHARED_MEMORY, compile_all
+from triton_testing import SHARED_MEMORY, assert_cases_pass_under_the_interpreter, compile_all
 
 triton = pytest.importorskip("triton")
 
@@ -33,12 +29,7 @@ CUDA = torch.device("cuda", 0)
 
 def test_int4_kernel_matches_its_references_under_the_interpreter() -> None:
     """Runs int4_triton_cases.py with TRITON_INTERPRET=1, which must be set before Triton is first imported."""
-    cases = Path(__file__).with_name("int4_triton_cases.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    assert_cases_pass_under_the_interpreter("int4_triton_cases.py")
 
 
 @dataclass(frozen=True)

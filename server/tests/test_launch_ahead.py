@@ -13,7 +13,7 @@ from fake_cuda import FakeCuda
 from shard_testing import load_tiny_model, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StepOutput
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StepOutput, WarmupPlan
 from tandem_server.layers.attention import SdpaAttentionBackend
 from tandem_server.sampling import SamplingParams
 
@@ -178,7 +178,7 @@ def test_a_launch_on_cuda_queues_its_copies_without_waiting_for_the_device(
 
     def serve() -> None:
         # On a worker thread, as the model thread runs it: the fake places that thread's CUDA tensors on the CPU.
-        runner.warmup(block_size=BLOCK_SIZE, max_batch_tokens=32, max_batch_requests=4)
+        runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=32, max_batch_requests=4))
         runner.launch = recorded_launch  # type: ignore[method-assign]
         driver.run()
 

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import FinishReason, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import (
+    FinishReason,
+    NewRequest,
+    ScheduledRequest,
+    StepInput,
+    StoppingCriteria,
+    WarmupPlan,
+)
 from tandem_server.errors import InvalidStepError, NotWarmedUpError, StateMismatchError
 from tandem_server.sampling import SamplingParams
 
@@ -24,7 +31,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def runner(checkpoint: Path) -> ModelRunner:
     runner = make_runner(checkpoint)
-    runner.warmup(block_size=4, max_batch_tokens=32, max_batch_requests=4)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=32, max_batch_requests=4))
     return runner
 
 
@@ -41,7 +48,7 @@ def test_step_before_warmup_is_rejected(checkpoint: Path) -> None:
 
 def test_warmup_sizes_cache_from_memory_budget(checkpoint: Path) -> None:
     runner = make_runner(checkpoint, kv_cache_memory=1_000_000)
-    result = runner.warmup(block_size=4, max_batch_tokens=32, max_batch_requests=4)
+    result = runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=32, max_batch_requests=4))
     bytes_per_block = 2 * 2 * 4 * 2 * 16 * 4  # K and V, layers, block size, kv heads, head dim, float32
     assert result.num_blocks == 1_000_000 // bytes_per_block - 1
     assert result.kv_cache_bytes == (result.num_blocks + 1) * bytes_per_block

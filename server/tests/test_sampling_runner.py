@@ -9,7 +9,7 @@ import pytest
 import torch
 from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import Generation, NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import Generation, NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.sampling import SamplingParams
 from transformers import LlamaForCausalLM
 
@@ -28,7 +28,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaFor
 @pytest.fixture
 def runner(checkpoint: tuple[Path, LlamaForCausalLM]) -> ModelRunner:
     runner = make_runner(checkpoint[0])
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner
 
 

@@ -11,6 +11,7 @@ from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
+from tandem_server.engine.step import WarmupPlan
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # float32 on CPU over 30 layers: differences come only from summation order.
@@ -42,7 +43,7 @@ def prompt_ids(checkpoint: Path) -> list[list[int]]:
 
 def test_full_prompt_logits_match_transformers(checkpoint: Path, reference, prompt_ids: list[list[int]]) -> None:
     runner = make_runner(checkpoint, kv_cache_memory=64 * 1024 * 1024)
-    runner.warmup(block_size=16, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=16, max_batch_tokens=64, max_batch_requests=8))
     model = runner.model
     cache = runner.cache
     assert cache is not None
@@ -58,7 +59,7 @@ def test_full_prompt_logits_match_transformers(checkpoint: Path, reference, prom
 
 def test_greedy_tokens_equal_transformers_generate(checkpoint: Path, reference, prompt_ids: list[list[int]]) -> None:
     runner = make_runner(checkpoint, kv_cache_memory=64 * 1024 * 1024)
-    runner.warmup(block_size=16, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=16, max_batch_tokens=64, max_batch_requests=8))
     max_new_tokens = 16
     driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=64, seed=5)
     eos = runner.eos_token_ids

@@ -13,7 +13,7 @@ import torch
 from grammar_testing import EOS, VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
 from shard_testing import StepDriver, load_tiny_model, new_request
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import StepInput, StoppingCriteria
+from tandem_server.engine.step import StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.errors import FailureKind
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, seeding
@@ -57,7 +57,7 @@ def runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     runner = ModelRunner(
         model, eos, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 << 20), compiler
     )
-    runner.warmup(block_size=4, max_batch_tokens=64, max_batch_requests=8)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner
 
 

@@ -10,7 +10,7 @@ from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
+from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import read_checkpoint_config
@@ -45,7 +45,7 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[
         model, eos_token_ids, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=1 << 20)
     )
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
-    runner.warmup(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4)
+    runner.warmup(WarmupPlan(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     requests = {
         rid: NewRequest(rid, tuple(PROMPT), 0, sampling, StoppingCriteria(NEW_TOKENS))
         for rid, sampling in ((1, GREEDY), (2, SEEDED))

@@ -1,5 +1,6 @@
-"""Compiling Triton kernels ahead of time without a GPU: the architectures checked, their shared memory, and a pool
-that compiles a matrix of cases two at a time into a kept cache.
+"""Testing Triton kernels without a GPU: cases run under Triton's interpreter, and ahead-of-time compiles (the
+architectures checked, their shared memory, and a pool that compiles a matrix of cases two at a time into a kept
+cache).
 
 Triton ships its compiler and ptxas, so no GPU is needed. The compiled kernels are kept under
 $HOME/.cache/tandem/triton (unless TRITON_CACHE_DIR says otherwise), beside the project's other build caches: a
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -32,3 +35,14 @@ def compile_all(cases: Sequence[Case], compile_case: Callable[[Case], Result]) -
             environment.setenv("TRITON_CACHE_DIR", str(KERNEL_CACHE))
         with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
             return dict(zip(cases, pool.map(compile_case, cases), strict=True))
+
+
+def assert_cases_pass_under_the_interpreter(cases_file: str) -> None:
+    """Runs the pytest file `cases_file` (beside this one) with TRITON_INTERPRET=1, which must be set before Triton
+    is first imported, and asserts that its cases ran and passed."""
+    cases = Path(__file__).with_name(cases_file)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]

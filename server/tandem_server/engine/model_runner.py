@@ -21,6 +21,7 @@ from tandem_server.engine.step import (
     PromptLogprobs,
     StepInput,
     StepOutput,
+    WarmupPlan,
     WarmupResult,
 )
 from tandem_server.engine.timing import StepTimer
@@ -121,25 +122,20 @@ class ModelRunner:
         self._open: LaunchedStep | None = None
 
     @torch.inference_mode()
-    def warmup(
-        self,
-        block_size: int,
-        max_batch_tokens: int,
-        max_batch_requests: int,
-        max_drafts: int = 0,
-        max_drafting_requests: int = 0,
-    ) -> WarmupResult:
-        """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs.
-
-        Steps carry at most `max_drafts` drafts per request, and only while at most `max_drafting_requests` run.
-        """
+    def warmup(self, plan: WarmupPlan) -> WarmupResult:
+        """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs."""
+        block_size, max_batch_tokens, max_batch_requests = (
+            plan.block_size,
+            plan.max_batch_tokens,
+            plan.max_batch_requests,
+        )
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
         geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
         options = self.options
-        drafting_requests = min(max_drafting_requests, max_batch_requests)
-        shapes = graph_shapes(options.cuda_graph_sizes, max_drafts, drafting_requests)
+        drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
+        shapes = graph_shapes(options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
         limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
         self.requests.clear()
         self._last_forward = None

@@ -138,6 +138,18 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
+class WarmupPlan:
+    """The largest step the router will schedule, and the drafts its steps may carry."""
+
+    block_size: int
+    max_batch_tokens: int
+    max_batch_requests: int
+    # Drafts one request may carry in a step; steps carry drafts only while at most `max_drafting_requests` run.
+    max_drafts: int = 0
+    max_drafting_requests: int = 0
+
+
+@dataclass(frozen=True)
 class WarmupResult:
     """Blocks the router may use (ids 0..num_blocks-1) and the bytes the whole cache holds."""
 

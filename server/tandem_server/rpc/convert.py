@@ -11,6 +11,7 @@ from tandem_server.engine.step import (
     StepInput,
     StepOutput,
     StoppingCriteria,
+    WarmupPlan,
     WarmupResult,
 )
 from tandem_server.errors import FailureKind
@@ -137,6 +138,17 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
 
 def _failure_to_pb(failure: RequestFailure) -> shard_pb2.RequestFailure:
     return shard_pb2.RequestFailure(id=failure.id, kind=_FAILURE_KINDS[failure.kind], message=failure.message)
+
+
+def warmup_plan_from_pb(request: shard_pb2.WarmupRequest) -> WarmupPlan:
+    """The engine's WarmupPlan for a WarmupRequest."""
+    return WarmupPlan(
+        block_size=request.block_size,
+        max_batch_tokens=request.max_batch_tokens,
+        max_batch_requests=request.max_batch_requests,
+        max_drafts=request.max_drafts,
+        max_drafting_requests=request.max_drafting_requests,
+    )
 
 
 def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:

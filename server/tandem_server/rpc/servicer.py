@@ -16,7 +16,7 @@ from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import StepInput, StepOutput, WarmupResult
+from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
 from tandem_server.layers.weight_quantization import QuantizationReport
 from tandem_server.metrics import ShardMetrics
 from tandem_server.rpc import convert
@@ -38,14 +38,7 @@ class ShardRunner(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def warmup(
-        self,
-        block_size: int,
-        max_batch_tokens: int,
-        max_batch_requests: int,
-        max_drafts: int = 0,
-        max_drafting_requests: int = 0,
-    ) -> WarmupResult: ...
+    def warmup(self, plan: WarmupPlan) -> WarmupResult: ...
 
     def health_check(self) -> None: ...
 
@@ -93,15 +86,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self, request: shard_pb2.WarmupRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.WarmupResponse:
         async with self._lock:
-            result = await self._model.run(
-                lambda: self._runner.warmup(
-                    request.block_size,
-                    request.max_batch_tokens,
-                    request.max_batch_requests,
-                    request.max_drafts,
-                    request.max_drafting_requests,
-                )
-            )
+            result = await self._model.run(lambda: self._runner.warmup(convert.warmup_plan_from_pb(request)))
             await self._order.restart()
         if self._metrics is not None:
             self._metrics.kv_cache_allocated(result.kv_cache_bytes)
