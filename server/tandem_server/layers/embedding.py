@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.distributed import ParallelContext
-from tandem_server.layers.gemm import GemmModule
+from tandem_server.layers.gemm import GemmModule, release_storage
 from tandem_server.layers.linear import rank_run
 from tandem_server.layers.quantized import QuantizedWeight
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
@@ -32,7 +32,7 @@ class Embedding(nn.Module):
     def use_quantized(self, quantized: QuantizedWeight) -> None:
         """Looks rows up in `quantized` from now on and releases the float weight's memory."""
         self.quantized = quantized
-        self.weight.data = self.weight.data.new_empty(0)
+        release_storage(self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:

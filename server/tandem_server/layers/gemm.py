@@ -136,7 +136,7 @@ class GemmModule(nn.Module):
         self.quantized = quantized
         self.packed = None
         for tensor in [*self.weight_parts(), self.weight]:
-            tensor.data = tensor.data.new_empty(0)
+            release_storage(tensor)
 
     def pack(self, row_counts: tuple[int, ...]) -> int:
         """Packs the weight for `row_counts` in the way its dtype allows; returns the bytes the copies take."""
@@ -155,6 +155,12 @@ class GemmModule(nn.Module):
             if packed_rows is not None:
                 return self.packed.linear(x, bias, packed_rows)
         return F.linear(x, self.weight, bias)
+
+
+def release_storage(tensor: torch.Tensor) -> None:
+    """Empties `tensor` in place, freeing its memory; one on meta has none, and an empty view of it will do (torch
+    refuses a new meta tensor made under inference mode as the data of one made outside it)."""
+    tensor.data = tensor.data[:0] if tensor.is_meta else tensor.data.new_empty(0)
 
 
 def pack_gemm_weights(model: nn.Module, row_counts: tuple[int, ...]) -> int:

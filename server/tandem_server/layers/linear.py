@@ -80,28 +80,34 @@ class StackedColumns(GemmModule):
     """Column layers fused into one weight (and bias) holding their output rows in order: one GEMM computes all.
 
     Built before the checkpoint loads: each layer's parameters become views into the uninitialised stack, so
-    loading a layer fills its rows, nothing is copied twice, and rows never loaded (a quantized layer's) take no
-    memory. The stack's tensors are buffers outside the state dict, since the checkpoint names the layers.
+    loading a layer fills its rows and nothing is copied twice. A stack whose weights all arrive quantized stays on
+    meta, taking no memory (`meta_storage`). The stack's tensors are buffers outside the state dict, since the
+    checkpoint names the layers.
     """
 
     def __init__(self, linears: Sequence[ColumnParallelLinear]) -> None:
         super().__init__()
-        first = linears[0].weight
-        weight = first.new_empty((sum(linear.weight.shape[0] for linear in linears), first.shape[1]))
-        has_bias = all(linear.bias is not None for linear in linears)
-        bias = weight.new_empty(weight.shape[0]) if has_bias else None
-        offset = 0
-        for linear in linears:
-            rows = slice(offset, offset + linear.weight.shape[0])
-            linear.weight = _rebound(linear.weight, weight[rows])
-            if bias is not None and linear.bias is not None:
-                linear.bias = _rebound(linear.bias, bias[rows])
-            offset = rows.stop
-        self.register_buffer("weight", weight, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
-        self.sizes = [linear.weight.shape[0] for linear in linears]
         # A tuple, not a ModuleList: the layers stay registered where their checkpoint names say.
         self.layers = tuple(linears)
+        self.sizes = [linear.weight.shape[0] for linear in linears]
+        device = linears[0].weight.device
+        self.register_buffer("weight", self._stacked("weight", device), persistent=False)
+        has_bias = all(linear.bias is not None for linear in linears)
+        self.register_buffer("bias", self._stacked("bias", device) if has_bias else None, persistent=False)
+
+    def allocate(self, name: str, device: torch.device) -> None:
+        """Gives stack `name` ("weight" or "bias"), built on meta, its storage on `device`; the layers' parameters
+        stay the same objects, views into it again."""
+        setattr(self, name, self._stacked(name, device))
+
+    def _stacked(self, name: str, device: torch.device) -> torch.Tensor:
+        parts = [getattr(layer, name) for layer in self.layers]
+        stack = parts[0].new_empty((sum(part.shape[0] for part in parts), *parts[0].shape[1:]), device=device)
+        offset = 0
+        for part in parts:
+            swap_storage(part, stack[offset : offset + part.shape[0]])
+            offset += part.shape[0]
+        return stack
 
     def weight_parts(self) -> list[torch.Tensor]:
         return [layer.weight for layer in self.layers]
@@ -111,8 +117,9 @@ class StackedColumns(GemmModule):
         return self.gemm(x, self.bias).split(self.sizes, dim=-1)
 
 
-def _rebound(param: nn.Parameter, storage: torch.Tensor) -> nn.Parameter:
-    # The same parameter (loader, checkpoint slice) over new storage; nn.Parameter shares the view's memory.
-    rebound = nn.Parameter(storage, requires_grad=False)
-    rebound.__dict__.update(param.__dict__)
-    return rebound
+def swap_storage(param: nn.Parameter, storage: torch.Tensor) -> None:
+    """Makes `param` hold `storage` (no copy), keeping the object, so its loader, checkpoint slice and every module
+    sharing it (a tied LM head) stay as they were."""
+    replacement = nn.Parameter(storage, requires_grad=False)
+    replacement.__dict__.update(param.__dict__)
+    torch.utils.swap_tensors(param, replacement)

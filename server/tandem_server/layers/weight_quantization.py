@@ -21,6 +21,7 @@ from torch import nn
 from tandem_server.errors import ConfigError
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
+from tandem_server.layers.meta_storage import allocate
 from tandem_server.layers.quantized import (
     Fp8Weight,
     Int8Weight,
@@ -68,16 +69,19 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
     """Quantizes `model`'s GEMMs as `mode` says (GGUF: the blocks the loader attached) and reports the result; a
     weight the format cannot take (its shape) is a start-up error naming it."""
     report = QuantizationReport()
+    device = _float_device(model)
     for name, module in model.named_modules():
         role = name.rsplit(".", 1)[-1]
         if isinstance(module, GemmModule):
             try:
-                report.formats[f"{role}: {_quantize_gemm(module, mode)}"] += 1
+                report.formats[f"{role}: {_quantize_gemm(module, mode, device)}"] += 1
             except ValueError as error:
                 raise ConfigError(f"--quantize {mode.value}: {name}: {error}") from error
     for name, module in model.named_modules():
         if isinstance(module, Embedding):
             report.formats[f"{name.rsplit('.', 1)[-1]}: {_quantize_embedding(model, module)}"] += 1
+    # Values no quantized kernel took are dequantized into float storage, which a weight loaded on meta lacks.
+    allocate(model, device, _keeps_values)
     for param in model.parameters():
         for attribute in KEPT_VALUES:
             kept = getattr(param, attribute, None)
@@ -87,6 +91,15 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
     report.weight_bytes = _weight_bytes(model)
     _return_freed_memory()
     return report
+
+
+def _float_device(model: nn.Module) -> torch.device:
+    """Where the model's float tensors live (its norms always are; weights held quantized may be on meta)."""
+    return next(param.device for param in model.parameters() if not param.is_meta)
+
+
+def _keeps_values(param: nn.Parameter) -> bool:
+    return any(hasattr(param, attribute) for attribute in KEPT_VALUES)
 
 
 def _return_freed_memory() -> None:
@@ -112,9 +125,9 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
         raise ConfigError(f"{what}: {unavailable}")
 
 
-def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
+def _quantize_gemm(module: GemmModule, mode: QuantizeMode, device: torch.device) -> str:
     parts = module.weight_parts()
-    served = _serve_checkpoint_values(module, parts)
+    served = _serve_checkpoint_values(module, parts, device)
     if served is not None:
         return served
     blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
@@ -129,7 +142,7 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
         if isinstance(module, LMHead) and not rows_available(quantized):
             # A tied embedding looks its rows up in the head's copy; int8 channels always can.
             quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
-    elif isinstance(module, LMHead) and mode is QuantizeMode.INT4 and module.weight.is_cuda:
+    elif isinstance(module, LMHead) and mode is QuantizeMode.INT4 and device.type == "cuda":
         # int4's LM head is int8 per row, which has no CUDA kernel here: it stays float (and a tied embedding too).
         return str(module.weight.dtype).removeprefix("torch.")
     else:
@@ -139,7 +152,7 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode) -> str:
     return f"{label} as {format_name(quantized)}"
 
 
-def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor]) -> str | None:
+def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor], device: torch.device) -> str | None:
     """Serves `module` from an FP8 or int4 checkpoint's values when every part has them (what it became); a stack
     only some of whose parts have them is dequantized into its float parts (None)."""
     for attribute in (FP8_VALUES, INT4_VALUES):
@@ -148,11 +161,11 @@ def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor]) -> s
             fp8 = [values for values in kept if isinstance(values, Fp8Channels)]
             if fp8:
                 stacked = fp8[0] if len(fp8) == 1 else Fp8Channels.concat(fp8)
-                _use(module, Fp8Weight(stacked.to(module.weight.device)))
+                _use(module, Fp8Weight(stacked.to(device)))
                 return "float8 checkpoint as fp8"
             int4 = [values for values in kept if isinstance(values, Int4Groups)]
             groups = int4[0] if len(int4) == 1 else Int4Groups.concat(int4)
-            _use(module, quantized_weight(groups.to(module.weight.device), module.weight.dtype))
+            _use(module, quantized_weight(groups.to(device), module.weight.dtype))
             return "int4 checkpoint as int4"
         for part, values in zip(parts, kept, strict=True):
             if values is not None:

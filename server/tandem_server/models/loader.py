@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import AttentionBackend
+from tandem_server.layers.meta_storage import UninitialisedOnMeta, allocate
 from tandem_server.models.config import CheckpointConfig
 from tandem_server.models.registry import CausalLM, model_factory
-from tandem_server.weights.loader import load_weights
+from tandem_server.weights.loader import load_weights, quantized_parameters
 
 
 def load_model(
@@ -21,15 +24,25 @@ def load_model(
     gguf_blocks: bool = False,
 ) -> CausalLM:
     """The model of `checkpoint.architecture`, loaded for this rank; an FP8 checkpoint's float8 layers (a GPTQ or AWQ
-    checkpoint's int4 ones) are ready once `quantize_model` has run (their float parameters are left unfilled)."""
+    checkpoint's int4 ones, GGUF blocks with `gguf_blocks`) are ready once `quantize_model` has run.
+
+    The weights the checkpoint holds quantized never get float storage: they stay on meta, carrying their values for
+    `quantize_model`, so loading takes the quantized model's memory, not the float model's.
+    """
     factory = model_factory(checkpoint.architecture)
+    quantized = gguf_blocks or checkpoint.fp8 is not None or checkpoint.int4 is not None
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with device:
+        with device, UninitialisedOnMeta() if quantized else nullcontext():
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
     layout = model.checkpoint_layout()
+    if quantized:
+        params = dict(model.named_parameters(remove_duplicate=False))
+        names = quantized_parameters(checkpoint.path, layout, gguf_blocks, checkpoint.fp8, checkpoint.int4)
+        held_quantized = {id(params[name]) for name in names if name in params}
+        allocate(model, device, lambda param: id(param) not in held_quantized)
     load_weights(model, checkpoint.path, layout, allow_pickle_weights, gguf_blocks, checkpoint.fp8, checkpoint.int4)
     return model.eval()

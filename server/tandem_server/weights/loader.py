@@ -13,13 +13,16 @@ from tandem_server.errors import WeightsError
 from tandem_server.weights.fp8_checkpoint import Fp8Collector, float8_problem
 from tandem_server.weights.fp8_scheme import Fp8Scheme
 from tandem_server.weights.gguf_blocks import GgufBlocks, iterate_block_tensors, read_blocks
-from tandem_server.weights.int4_checkpoint import Int4Collector
+from tandem_server.weights.int4_checkpoint import QWEIGHT, Int4Collector
 from tandem_server.weights.int4_scheme import Int4Scheme
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
 from tandem_server.weights.quantization import FP8_DTYPE
-from tandem_server.weights.safetensors import iterate_tensors
+from tandem_server.weights.safetensors import iterate_tensors, tensor_dtypes
 from tandem_server.weights.slicing import CheckpointTensor, load_full
+
+# How safetensors headers name float8 e4m3 (`FP8_DTYPE`), the one float8 an FP8 checkpoint may hold.
+FP8_HEADER_DTYPE = "F8_E4M3"
 
 
 @torch.inference_mode()
@@ -68,6 +71,30 @@ def load_weights(
     missing = sorted(set(params) - loaded)
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")
+
+
+def quantized_parameters(
+    model_path: Path,
+    layout: CheckpointLayout,
+    gguf_blocks: bool = False,
+    fp8: Fp8Scheme | None = None,
+    int4: Int4Scheme | None = None,
+) -> set[str]:
+    """The parameters `load_weights` gives quantized values instead of float ones (GGUF blocks, float8 weights,
+    packed int4), from the checkpoint's names and headers alone, so their float storage need never exist."""
+    names: set[str] = set()
+    if gguf_blocks:
+        for checkpoint_name, _, _ in iterate_block_tensors(model_path):
+            names.update(layout.parameter_names(checkpoint_name))
+    if fp8 is None and int4 is None:
+        return names
+    for checkpoint_name, dtype in tensor_dtypes(model_path):
+        prefix, _, suffix = checkpoint_name.rpartition(".")
+        if int4 is not None and suffix == QWEIGHT:
+            names.update(layout.parameter_names(f"{prefix}.weight"))
+        elif fp8 is not None and dtype == FP8_HEADER_DTYPE:
+            names.update(layout.parameter_names(checkpoint_name))
+    return names
 
 
 def _attach_gguf_blocks(model_path: Path, layout: CheckpointLayout, params: dict[str, nn.Parameter]) -> set[str]:

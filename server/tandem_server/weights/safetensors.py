@@ -33,3 +33,12 @@ def iterate_tensors(model_path: Path) -> Iterator[tuple[str, CheckpointTensor]]:
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():
                 yield name, CheckpointTensor(handle.get_slice(name))
+
+
+def tensor_dtypes(model_path: Path) -> Iterator[tuple[str, str]]:
+    """`(checkpoint name, safetensors dtype such as "F8_E4M3")` for every tensor, read from the headers alone (none
+    for a checkpoint without safetensors files)."""
+    for file in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_slice(name).get_dtype()
