@@ -15,6 +15,7 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultKind, FaultPlan, FaultTarget, StepFaults, inject_faults
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
+from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import start_server
 from tandem_server.rpc.servicer import EXIT_GROUP_OUT_OF_STEP, ShardServicer, build_info
 
@@ -100,7 +101,7 @@ def serve(
 
     async def run() -> None:
         faulty = inject_faults(runner, plan, info.rank)
-        servicer = ShardServicer(faulty or runner, info, step_timeout_s=step_timeout_s)
+        servicer = ShardServicer(faulty or runner, info, model_thread=ModelThread(step_timeout_s, runner.device))
         server = await start_server(servicer, socket_path)
         try:
             async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:

@@ -82,6 +82,12 @@ class ModelThread:
                 self._abandoned_since = self._job_started
             raise
 
+    def call(self, job: Callable[[], Result]) -> Result:
+        """`job()` on the worker thread, the caller blocked until it ends: for start-up, before any event loop runs."""
+        future: Future[Result] = Future()
+        self._jobs.put(_Job(job, future, staged=False))
+        return future.result()
+
     async def run(self, job: Callable[[], Result]) -> Result:
         """`job()` on the worker thread, after every job submitted before it."""
         return await self.result(self.submit(job))

@@ -57,14 +57,16 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         runner: ShardRunner,
         info: shard_pb2.InfoResponse,
         metrics: ShardMetrics | None = None,
-        step_timeout_s: float | None = None,
+        model_thread: ModelThread | None = None,
     ) -> None:
         self._runner = runner
         self._info = info
         self._metrics = metrics
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
-        self._model = ModelThread(step_timeout_s, runner.device)
+        # The thread that loaded the model (`cli.load_on_model_thread`); tests that built the runner themselves get
+        # a fresh one without a stall limit.
+        self._model = model_thread or ModelThread(None, runner.device)
         self._order = StepOrder()
 
     @translate_errors
