@@ -184,16 +184,12 @@ def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, 
     return span.key_slots[first_key:], visible
 
 
-def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor | None:
+def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor:
     if window is None:
         return decode.key_mask
     # Each request's query sits at its last valid position, context_len - 1.
-    requests, keys = decode.key_slots.shape
-    device = decode.key_slots.device
-    key_positions = torch.arange(keys, device=device)
-    if decode.key_mask is None:
-        return (key_positions >= keys - window).expand(requests, 1, 1, keys)
     context_lens = decode.key_mask.sum(dim=-1, keepdim=True)
+    key_positions = torch.arange(decode.key_mask.shape[-1], device=decode.key_mask.device)
     return decode.key_mask & (key_positions >= context_lens - window)
 
 
@@ -212,13 +208,10 @@ def _attend(
 
 
 def _attend_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, params: AttentionParams
 ) -> torch.Tensor:
-    # q [requests, heads, dim]; k/v [requests, kv_heads, keys, dim]; mask [requests, 1, 1, keys] or None (every key
-    # visible).
+    # q [requests, heads, dim]; k/v [requests, kv_heads, keys, dim]; mask [requests, 1, 1, keys].
     if params.logit_softcap is not None:
-        if mask is None:  # `_attend` reads a missing mask as causal
-            mask = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=k.device)
         return _attend(q.unsqueeze(2), k, v, mask, params).squeeze(2)
     # The query heads of one KV group become that group's query rows (they share the request's position, so the
     # mask is the same for each): SDPA reads every KV head once per group, 1.9x faster than enable_gqa at batch 32 on

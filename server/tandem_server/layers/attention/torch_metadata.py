@@ -41,9 +41,8 @@ class DecodeGroup:
     query_rows: torch.Tensor
     # [requests, max_context] flat cache slots, padded with slot 0 where `key_mask` is False.
     key_slots: torch.Tensor
-    # [requests, 1, 1, max_context]: True for the request's positions [0, context_len); None when every request's
-    # context is max_context, so every key is visible (SDPA then skips masking: 10-30 us a call on CPU).
-    key_mask: torch.Tensor | None
+    # [requests, 1, 1, max_context]: True for the request's positions [0, context_len).
+    key_mask: torch.Tensor
     # Set when request i holds mirror row i: attention reads the mirror after this fill instead of the blocks.
     mirror: MirrorFill | None = None
 
@@ -150,7 +149,7 @@ def _decode_group(
     return DecodeGroup(
         query_rows=torch.tensor([row for _, row in decodes], dtype=torch.long, device=device),
         key_slots=to_device(key_slots, device),
-        key_mask=None if bool(in_context.all()) else to_device(in_context.view(len(seqs), 1, 1, max_context), device),
+        key_mask=to_device(in_context.view(len(seqs), 1, 1, max_context), device),
         mirror=fill,
     )
 
