@@ -63,6 +63,9 @@ class ModelThread:
         return self._queue(launch, staged=True)
 
     def _queue(self, run: Callable[[], Any], staged: bool) -> asyncio.Future[Any]:
+        return asyncio.wrap_future(self._put(run, staged))
+
+    def _put(self, run: Callable[[], Any], staged: bool) -> Future[Any]:
         abandoned = self._abandoned_since
         if abandoned is not None:
             raise ModelThreadStalledError(
@@ -71,7 +74,7 @@ class ModelThread:
             )
         future: Future[Any] = Future()
         self._jobs.put(_Job(run, future, staged))
-        return asyncio.wrap_future(future)
+        return future
 
     async def result(self, submitted: asyncio.Future[Result]) -> Result:
         """Waits for a submitted job; a caller that gives up while a job runs leaves the model marked busy."""
@@ -84,9 +87,8 @@ class ModelThread:
 
     def call(self, job: Callable[[], Result]) -> Result:
         """`job()` on the worker thread, the caller blocked until it ends: for start-up, before any event loop runs."""
-        future: Future[Result] = Future()
-        self._jobs.put(_Job(job, future, staged=False))
-        return future.result()
+        result: Result = self._put(job, staged=False).result()
+        return result
 
     async def run(self, job: Callable[[], Result]) -> Result:
         """`job()` on the worker thread, after every job submitted before it."""
