@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import requests
 from tandem_harness import TandemServer, model_cache_dir
+from tandem_server.layers import dense_copies
 
 PROMPTS = (
     "The three primary colours are",
@@ -91,3 +92,31 @@ def test_batched_quantized_decoding_follows_unbatched_up_to_near_ties(quantized:
         together = list(pool.map(greedy_tokens, [quantized] * len(PROMPTS), PROMPTS))
     for prompt, want, got in zip(PROMPTS, alone, together, strict=True):
         assert_follows_up_to_near_ties(want, got, prompt)
+
+
+@pytest.fixture(scope="module")
+def quantized_with_copies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    if dense_copies.unavailable_reason(auto=False) is not None:
+        pytest.skip(f"no dense copies here: {dense_copies.unavailable_reason(auto=False)}")
+    log_path = tmp_path_factory.mktemp("quantize-gguf-copies") / "launcher.log"
+    flags = ("--quantize", "gguf", "--quantized-dense-memory", "1GiB")
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *flags)
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def test_dense_copies_serve_prompts_and_batches_following_float32_up_to_near_ties(
+    tandem: TandemServer, quantized_with_copies: TandemServer
+) -> None:
+    served = requests.get(f"{quantized_with_copies.base_url}/info", timeout=10).json()
+    assert "dense copies: bfloat16 for batches of 6+ rows" in served["model_weights_format"]
+    # 90.7 MiB of quantized weights and a bfloat16 copy of every one (135M values).
+    assert 300 * 2**20 < served["model_weight_bytes"] < 400 * 2**20
+    # Prefills of 6 tokens or more multiply by the copies, and so do the decode steps of up to 12 concurrent requests
+    # while 6 or more of them are running.
+    prompts = [*PROMPTS, "Name three animals that live in the ocean:", "Tell me a fact about the moon:"] * 2
+    want = [greedy_tokens(tandem, prompt) for prompt in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(greedy_tokens, [quantized_with_copies] * len(prompts), prompts))
+    for prompt, expected, actual in zip(prompts, want, got, strict=True):
+        assert_follows_up_to_near_ties(expected, actual, prompt)

@@ -35,6 +35,10 @@ def _memory_size(text: str) -> str:
     return text.strip()
 
 
+def _memory_or_auto(text: str) -> str:
+    return "auto" if text.strip() == "auto" else _memory_size(text)
+
+
 def _add_bound_flags(add: FlagAdder) -> None:
     """The router's per-request and per-connection bounds (docs/security.md)."""
     add.value("--max-stop-sequence-length", int, 512, "longest stop string, in bytes of UTF-8")
@@ -277,6 +281,14 @@ def _add_execution_flags(add: FlagAdder) -> None:
         "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
         "attention reads instead of gathering cache blocks every step; 0 disables; derived: half of --kv-cache-memory "
         "on CPU",
+    )
+    add.value(
+        "--quantized-dense-memory",
+        _memory_or_auto,
+        "0",
+        "CPU, quantized weights: memory each shard may use for bfloat16 copies of them, which batches of 6 or more "
+        "rows multiply by instead (faster where the CPU has AMX or AVX-512 BF16); auto: half the available memory, "
+        "split between shards, on such CPUs; default 0: none",
     )
     add.value(
         "--attention-backend",

@@ -70,6 +70,7 @@ def shard_argv(
         "--packed-gemm-rows", packed_gemm_rows(config),
         "--quantize", config.quantize,
         "--decode-mirror-memory", decode_mirror_memory(config),
+        "--quantized-dense-memory", config.quantized_dense_memory,
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + local_rank if config.shard_metrics_port else 0),

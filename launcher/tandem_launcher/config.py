@@ -121,6 +121,8 @@ class LauncherConfig:
     # Memory for contiguous copies of decoding requests' K/V; None: the shard's default (half the KV cache's) on
     # CPU, 0 on CUDA.
     decode_mirror_memory: str | None = None
+    # Memory for bfloat16 copies of quantized weights, which batches multiply by ("auto": half the available memory).
+    quantized_dense_memory: str = "0"
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
@@ -363,9 +365,17 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
         problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
     elif config.device != "cpu" and config.quantize not in ("none", "int4", "fp8"):
         problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none, int4 or fp8")
-    if config.device != "cpu" and not _is_zero_size(decode_mirror_memory(config)):
-        problems.append("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
-    return problems
+    return problems + _cpu_memory_problems(config)
+
+
+def _cpu_memory_problems(config: LauncherConfig) -> list[str]:
+    """Memory flags that only a CPU shard uses must say none elsewhere."""
+    flags = {
+        "--decode-mirror-memory": decode_mirror_memory(config),
+        "--quantized-dense-memory": config.quantized_dense_memory,
+    }
+    sizes = {} if config.device == "cpu" else flags
+    return [f"{flag} is a CPU option; use {flag} 0 on CUDA" for flag, size in sizes.items() if not _is_zero_size(size)]
 
 
 def cuda_graph_sizes(config: LauncherConfig) -> str:

@@ -56,6 +56,7 @@ def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
     assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
     assert argv[argv.index("--packed-gemm-rows") + 1] == "0"
     assert argv[argv.index("--decode-mirror-memory") + 1] == "0"
+    assert argv[argv.index("--quantized-dense-memory") + 1] == "0"
     from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--cuda-graphs") + 1] == "1,8"
@@ -85,6 +86,19 @@ def test_decode_mirror_memory_is_the_shards_default_on_cpu_unless_given() -> Non
         assert shard[shard.index("--decode-mirror-memory") + 1] == expected
 
 
+def test_quantized_dense_memory_is_none_unless_given() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    for argv, env, expected in (
+        ([], {}, "0"),
+        (["--quantized-dense-memory", "1GiB"], {}, "1GiB"),
+        (["--quantized-dense-memory", " auto"], {}, "auto"),
+        ([], {"QUANTIZED_DENSE_MEMORY": "auto"}, "auto"),
+    ):
+        config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
+        shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+        assert shard[shard.index("--quantized-dense-memory") + 1] == expected
+
+
 def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for zero in ("0", "0GiB", "0.0 MB"):
@@ -105,6 +119,9 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--device", "cuda", "--decode-mirror-memory", "1GiB"], "--decode-mirror-memory is a CPU option"),
         (["--device", "cuda", "--quantize", "int8"], "--quantize int8 is a CPU option; on CUDA use none, int4 or fp8"),
         (["--decode-mirror-memory", "lots"], "--decode-mirror-memory"),
+        (["--device", "cuda", "--quantized-dense-memory", "1GiB"], "--quantized-dense-memory is a CPU option"),
+        (["--device", "cuda", "--quantized-dense-memory", "auto"], "--quantized-dense-memory is a CPU option"),
+        (["--quantized-dense-memory", "lots"], "--quantized-dense-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
     ],
 )

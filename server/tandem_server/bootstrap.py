@@ -13,6 +13,7 @@ from tandem_server.distributed import GroupAddress, ParallelContext, init_distri
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.layers import dense_copies
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
@@ -59,6 +60,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
     weights = quantize_weights(model, config.quantize)
+    copy_quantized_weights(model, config.quantized_dense_memory, config.world_size, weights)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -146,6 +148,25 @@ def quantize_weights(model: torch.nn.Module, mode: QuantizeMode) -> Quantization
     report = quantize_model(model, mode)
     logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)
     return report
+
+
+def copy_quantized_weights(
+    model: torch.nn.Module, memory: int | None, ranks_on_node: int, report: QuantizationReport
+) -> None:
+    """Gives the quantized GEMMs bfloat16 copies for batches within `memory` bytes (None: `auto`) and adds them to
+    `report`."""
+    if memory == 0 or not dense_copies.has_quantized_gemms(model):
+        return
+    unavailable = dense_copies.unavailable_reason(auto=memory is None)
+    if unavailable is not None:
+        logger.info("quantized weights get no bfloat16 copies for batches: %s", unavailable)
+        return
+    started = time.perf_counter()
+    budget = dense_copies.auto_budget(ranks_on_node) if memory is None else memory
+    copies = dense_copies.add_dense_copies(model, budget)
+    report.formats[f"dense copies: bfloat16 for batches of {dense_copies.DENSE_COPY_MIN_ROWS}+ rows"] += copies.made
+    report.weight_bytes += copies.nbytes
+    logger.info("%s in %.1fs", copies.describe(), time.perf_counter() - started)
 
 
 def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:

@@ -22,6 +22,7 @@ from tandem_server.config import (
     parse_cuda_graph_sizes,
     parse_decode_mirror_memory,
     parse_packed_gemm_rows,
+    parse_quantized_dense_memory,
     resolve_dtype,
     resolve_kv_cache_dtype,
 )
@@ -78,6 +79,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA: batch sizes whose decode (and draft-verifying) steps are captured as graphs, e.g. 1,2,4,8; 0 "
         "disables (default: 1,2,...,64 on CUDA)",
     )
+    _add_cpu_weight_flags(parser)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
+    parser.add_argument("--metrics-hostname", default="127.0.0.1", help="address the metrics endpoint binds")
+    parser.add_argument(
+        "--allow-pickle-weights",
+        action="store_true",
+        help="load *.bin/*.pt weights when the model has no safetensors (unpickling untrusted files is unsafe)",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=None,
+        help="seconds one model job may run before Health reports the shard stalled (default: never)",
+    )
+    _add_fault_flags(parser)
+    return parser
+
+
+def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
+    """How GEMM weights are stored and copied, and the CPU's decode mirror."""
     parser.add_argument(
         "--packed-gemm-rows",
         default=None,
@@ -98,22 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables; auto (default): half of "
         "--kv-cache-memory on CPU, 0 on CUDA",
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port; 0: off")
-    parser.add_argument("--metrics-hostname", default="127.0.0.1", help="address the metrics endpoint binds")
     parser.add_argument(
-        "--allow-pickle-weights",
-        action="store_true",
-        help="load *.bin/*.pt weights when the model has no safetensors (unpickling untrusted files is unsafe)",
+        "--quantized-dense-memory",
+        default="0",
+        help="CPU, quantized weights: memory for bfloat16 copies of them, which batches of 6 or more rows multiply "
+        "by instead, e.g. 1GiB; auto: half the available memory, split between ranks, where the CPU has bfloat16 "
+        "matrix instructions (AMX or AVX-512 BF16), else none; 0 (default): none",
     )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=None,
-        help="seconds one model job may run before Health reports the shard stalled (default: never)",
-    )
-    _add_fault_flags(parser)
-    return parser
 
 
 def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +201,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
         quantize=QuantizeMode(args.quantize),
         decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
+        quantized_dense_memory=parse_quantized_dense_memory(args.quantized_dense_memory),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,

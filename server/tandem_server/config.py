@@ -76,6 +76,9 @@ class ShardConfig:
     quantize: QuantizeMode = QuantizeMode.NONE
     # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
     decode_mirror_memory: int = 0
+    # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
+    # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
+    quantized_dense_memory: int | None = 0
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
@@ -127,6 +130,8 @@ class ShardConfig:
             raise ConfigError(f"--quantize {self.quantize.value} is a CPU option; on CUDA use none or fp8")
         if self.decode_mirror_memory and self.device != "cpu":
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
+        if self.quantized_dense_memory != 0 and self.device != "cpu":
+            raise ConfigError("--quantized-dense-memory is a CPU option; use --quantized-dense-memory 0 on CUDA")
 
 
 def parse_byte_size(text: str) -> int:
@@ -157,6 +162,11 @@ def parse_decode_mirror_memory(text: str | None, device: str, kv_cache_memory: i
     if text is None or text.strip() == "auto":
         return kv_cache_memory // 2 if device == "cpu" else 0
     return parse_byte_size(text)
+
+
+def parse_quantized_dense_memory(text: str) -> int | None:
+    """Bytes for dense copies of quantized weights; `auto` is None (the shard decides from the CPU and its memory)."""
+    return None if text.strip() == "auto" else parse_byte_size(text)
 
 
 def parse_batch_sizes(text: str, flag: str) -> tuple[int, ...]:

@@ -29,13 +29,13 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.embedding import LMHead
 from tandem_server.layers.gemm import GemmModule
+from tandem_server.layers.int4_layout import packed_block
 from tandem_server.layers.quantized import (
     DENSE_MIN_ROWS,
     Int4Weight,
     Int8GroupsWeight,
     Int8Weight,
     kernels_unavailable_reason,
-    packed_layout_is_known,
     quantized_weight,
 )
 from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
@@ -118,7 +118,7 @@ def test_int4_kernel_multiplies_by_the_blocks_values(kind: str) -> None:
 
 
 def test_the_packed_int4_weight_unpacks_to_its_groups_values() -> None:
-    assert packed_layout_is_known()
+    assert packed_block() is not None
     groups = quantize_int4(torch.from_numpy(_random_weight(96, 64)))
     kernel = Int4Weight(groups)
     assert kernel.unpackable

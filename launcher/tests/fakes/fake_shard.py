@@ -94,7 +94,7 @@ def main() -> int:
         parser.add_argument(flag, required=True)
     for flag in ("--attention-backend", "--log-level", "--metrics-hostname", "--cuda-memory-fraction", "--cuda-graphs"):
         parser.add_argument(flag, required=True)
-    for flag in ("--packed-gemm-rows", "--decode-mirror-memory", "--kv-cache-dtype"):
+    for flag in ("--packed-gemm-rows", "--decode-mirror-memory", "--quantized-dense-memory", "--kv-cache-dtype"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--step-timeout", required=True)
     parser.add_argument("--rendezvous-timeout", type=float, required=True)

@@ -14,16 +14,15 @@ and its output back to the model's dtype.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
 import torch.nn.functional as F
 
+from tandem_server.layers.int4_layout import PackedLayout, packed_block
 from tandem_server.weights.quantization import (
     FP8_DTYPE,
     FP8_MAX,
-    INT4_GROUP,
     INT4_MIDPOINT,
     INT4_OUT_MULTIPLE,
     Fp8Channels,
@@ -57,7 +56,9 @@ class Int4Weight:
         # The kernel reads [in / group, out, 2]: each group's scale and zero for every output feature.
         self.scales_and_zeros = torch.stack([groups.scale.t(), groups.zero.t()], dim=-1).to(ACTIVATION_DTYPE)
         self.nbytes = _nbytes(self.packed) + _nbytes(self.scales_and_zeros)
-        self.unpackable = self.out_features % _PACKED_ROW_BLOCK == 0 and packed_layout_is_known()
+        block = packed_block()
+        self.layout = None if block is None else PackedLayout(block, self.out_features, self.in_features)
+        self.unpackable = self.layout is not None
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.input_order is not None:
@@ -73,8 +74,7 @@ class Int4Weight:
     def dequantize(self) -> torch.Tensor:
         """The float32 `[out, in]` weight the kernel multiplies by, columns in `input_order` (only when
         `unpackable`)."""
-        q = _unpack_nibbles(self.packed, self.out_features, self.in_features)
-        q = q.view(self.out_features, -1, self.group_size)
+        q = self._layout().unpack(self.packed).view(self.out_features, -1, self.group_size)
         scale = self.scales_and_zeros[..., 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[..., 1].t().float().contiguous().unsqueeze(-1)
         return torch.addcmul(zero, q.float() - INT4_MIDPOINT, scale).view(self.out_features, self.in_features)
@@ -82,14 +82,16 @@ class Int4Weight:
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of the weight (an embedding lookup), unpacking only their blocks (only when `unpackable`)."""
         flat = ids.reshape(-1)
-        blocks = self.packed.view(-1, self.in_features, _PACKED_ROW_BLOCK // 2)[flat // _PACKED_ROW_BLOCK]
-        nibbles = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1)
-        within = (flat % _PACKED_ROW_BLOCK).view(-1, 1, 1).expand(-1, self.in_features, 1)
-        q = nibbles.gather(2, within).view(flat.shape[0], -1, self.group_size).float()
+        q = self._layout().rows(self.packed, flat).view(flat.shape[0], -1, self.group_size).float()
         scale = self.scales_and_zeros[:, flat, 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[:, flat, 1].t().float().contiguous().unsqueeze(-1)
         values = torch.addcmul(zero, q - INT4_MIDPOINT, scale)
         return values.view(*ids.shape, self.in_features).to(dtype)
+
+    def _layout(self) -> PackedLayout:
+        if self.layout is None:
+            raise ValueError("this CPU packs int4 weights in a layout Tandem cannot read back")
+        return self.layout
 
 
 class Int4TritonWeight:
@@ -140,24 +142,6 @@ class Int8GroupsWeight:
 # 128 / 512 rows, float32 dense 1.7 / 10 / 19 / 67 ms, and unpacking the weight 22 ms; unpack-and-dense wins from
 # about 256 rows (76 ms at 512).
 DENSE_MIN_ROWS = 256
-# torch's CPU int4 layout: per block of 32 output rows, byte j of input column c holds row j in its low nibble and
-# row j + 16 in its high nibble. Checked once against torch's own packing before it is relied on.
-_PACKED_ROW_BLOCK = 32
-
-
-def _unpack_nibbles(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    blocks = packed.view(out_features // _PACKED_ROW_BLOCK, in_features, _PACKED_ROW_BLOCK // 2)
-    return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).transpose(1, 2).reshape(out_features, in_features)
-
-
-@functools.cache
-def packed_layout_is_known() -> bool:
-    """Whether this torch build packs int4 weights in the layout `_unpack_nibbles` reads."""
-    q = torch.randint(0, 16, (2 * _PACKED_ROW_BLOCK, 2 * INT4_GROUP), generator=torch.Generator().manual_seed(0))
-    packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-    if packed.dtype != torch.uint8 or packed.numel() * 2 != q.numel():
-        return False
-    return torch.equal(_unpack_nibbles(packed, *q.shape).to(q.dtype), q)
 
 
 class Int8Weight:
@@ -260,7 +244,7 @@ def quantized_weight(
     if isinstance(source, Int4Groups):
         return Int4TritonWeight(source, dtype) if source.q.is_cuda else Int4Weight(source)
     if isinstance(source, Int8Groups):
-        if source.q.shape[0] % _PACKED_ROW_BLOCK == 0 and packed_layout_is_known():
+        if packed_block() is not None:
             return Int8GroupsWeight(source)
         return Int8Weight(quantize_int8(source.dequantize()))
     return Int8Weight(source)
@@ -273,6 +257,26 @@ def rows_available(weight: QuantizedWeight) -> bool:
     if isinstance(weight, Int4Weight):
         return weight.unpackable and weight.input_order is None
     return isinstance(weight, (Int8Weight, Fp8Weight)) or weight.high.unpackable
+
+
+def dense_values(weight: QuantizedWeight) -> torch.Tensor | None:
+    """The float32 `[out, in]` values a CPU weight multiplies by, input features in the checkpoint's order; None for
+    a weight that cannot unpack (float8, CUDA, an unknown int4 layout)."""
+    if isinstance(weight, Int8Weight):
+        return weight.q.float() * weight.scale.unsqueeze(-1)
+    if isinstance(weight, Int8GroupsWeight):
+        if not weight.high.unpackable:
+            return None
+        return weight.high.dequantize() + weight.low.dequantize()
+    if not isinstance(weight, Int4Weight) or not weight.unpackable:
+        return None
+    values = weight.dequantize()
+    if weight.input_order is None:
+        return values
+    # Column j multiplies input feature input_order[j].
+    ordered = torch.empty_like(values)
+    ordered[:, weight.input_order] = values
+    return ordered
 
 
 def format_name(weight: QuantizedWeight) -> str:
