@@ -290,3 +290,18 @@ def test_the_embedded_gguf_served_quantized_takes_little_more_memory_than_its_te
     added = json.loads(measured.stdout.splitlines()[-1])["added"]
     # Measured: 105.7 MiB for 92.0 MiB of GGUF tensors (float32 weights: 513 MiB).
     assert added <= 1.3 * gguf_tensor_bytes, f"{added / 2**20:.1f} MiB for {gguf_tensor_bytes / 2**20:.1f} MiB"
+
+
+def test_int8_groups_whose_rows_the_int4_kernel_cannot_take_are_kept_per_channel() -> None:
+    def groups(rows: int) -> Int8Groups:
+        generator = torch.Generator().manual_seed(rows)
+        q = torch.randint(-127, 128, (rows, 64), dtype=torch.int8, generator=generator)
+        return Int8Groups(q, torch.rand(rows, 2, generator=generator) / 100)
+
+    assert isinstance(quantized_weight(groups(48)), Int8GroupsWeight)
+    odd = groups(40)
+    kept = quantized_weight(odd)
+    assert isinstance(kept, Int8Weight)
+    # Re-quantized per row: each value within half a step of the row's int8 scale.
+    row_step = odd.dequantize().abs().amax(-1, keepdim=True) / 127
+    assert ((kept.q.float() * kept.scale.unsqueeze(-1) - odd.dequantize()).abs() <= row_step / 2 + 1e-6).all()

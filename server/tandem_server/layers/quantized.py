@@ -244,7 +244,7 @@ def quantized_weight(
     if isinstance(source, Int4Groups):
         return Int4TritonWeight(source, dtype) if source.q.is_cuda else Int4Weight(source)
     if isinstance(source, Int8Groups):
-        if packed_block() is not None:
+        if source.q.shape[0] % INT4_OUT_MULTIPLE == 0 and packed_block() is not None:
             return Int8GroupsWeight(source)
         return Int8Weight(quantize_int8(source.dequantize()))
     return Int8Weight(source)
