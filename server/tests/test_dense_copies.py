@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,3 +117,14 @@ def test_the_memory_flag_takes_a_size_or_auto_and_is_refused_on_cuda() -> None:
     with pytest.raises(ConfigError, match="--quantized-dense-memory is a CPU option"):
         ShardConfig(model_path="m", uds_path="s", device="cuda", quantized_dense_memory=2**20)  # type: ignore[arg-type]
     assert 0 < dense_copies.auto_budget(ranks_on_node=2) < dense_copies.available_memory()
+
+
+def test_auto_stays_within_a_containers_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text(f"{2**30}\n")
+    monkeypatch.setattr(dense_copies, "_CGROUP_DIR", tmp_path)
+    unlimited = dense_copies.available_memory()
+    assert unlimited > 0
+    (tmp_path / "memory.max").write_text(f"{3 * 2**30}\n")
+    assert dense_copies.available_memory() == min(unlimited, 2 * 2**30)
+    assert dense_copies.auto_budget(ranks_on_node=2) == min(unlimited, 2 * 2**30) // 4

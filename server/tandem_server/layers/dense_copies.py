@@ -19,6 +19,7 @@ from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, DenseCopy, GemmModule
 from tandem_server.layers.quantized import dense_values
 
 _MEMINFO = Path("/proc/meminfo")
+_CGROUP_DIR = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,14 @@ def auto_budget(ranks_on_node: int) -> int:
 
 
 def available_memory() -> int:
-    """Bytes the system can give without swapping (MemAvailable; free pages where /proc/meminfo is missing)."""
+    """Bytes the system can give without swapping (MemAvailable; free pages where /proc/meminfo is missing), and no
+    more than the process's cgroup (a container's memory limit) still allows."""
+    system = _meminfo_available()
+    headroom = _cgroup_headroom()
+    return system if headroom is None else min(system, headroom)
+
+
+def _meminfo_available() -> int:
     try:
         for line in _MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -60,6 +68,17 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_headroom() -> int | None:
+    """The cgroup v2 memory limit less what the cgroup uses; None without a limit."""
+    try:
+        limit = _CGROUP_DIR.joinpath("memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int(_CGROUP_DIR.joinpath("memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def has_quantized_gemms(model: nn.Module) -> bool:
