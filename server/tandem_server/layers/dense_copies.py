@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, DenseCopy, GemmModule
+from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, DenseCopy, GemmModule, OneDnnPackedWeight
 from tandem_server.layers.quantized import dense_values
 
 _MEMINFO = Path("/proc/meminfo")
@@ -40,8 +40,9 @@ class DenseCopies:
 def unavailable_reason(auto: bool) -> str | None:
     """None when dense copies can serve here; `auto` also asks for bfloat16 matrix instructions, without which the
     quantized kernels stay the faster choice."""
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return "this CPU or torch build has no oneDNN bfloat16 kernels"
+    unavailable = OneDnnPackedWeight.unavailable_reason()
+    if unavailable is not None:
+        return unavailable
     if auto and not (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
         return "this CPU has no bfloat16 matrix instructions (AMX or AVX-512 BF16)"
     return None

@@ -123,12 +123,11 @@ class DenseCopy:
     multiply one activation row at a time. The copy rounds each value to bfloat16."""
 
     def __init__(self, values: torch.Tensor) -> None:
-        bfloat16 = values.to(torch.bfloat16)
-        self.copy = torch.ops.mkldnn._reorder_linear_weight(bfloat16, ONEDNN_MAX_ROWS)
-        self.nbytes = bfloat16.numel() * bfloat16.element_size()
+        self.packed = OneDnnPackedWeight(values.to(torch.bfloat16), (ONEDNN_MAX_ROWS,))
+        self.nbytes = self.packed.nbytes
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        out = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.copy, None, "none", [], "").to(x.dtype)
+        out = self.packed.linear(x.to(torch.bfloat16), None, x.shape[0]).to(x.dtype)
         return out if bias is None else out + bias
 
 
