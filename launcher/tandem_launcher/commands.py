@@ -8,13 +8,8 @@ import socket
 from pathlib import Path
 
 from tandem_launcher.cluster import worker_addresses
-from tandem_launcher.config import (
-    LauncherConfig,
-    bound_flags,
-    cuda_graph_sizes,
-    decode_mirror_memory,
-    packed_gemm_rows,
-)
+from tandem_launcher.config import LauncherConfig, bound_flags
+from tandem_launcher.device_defaults import cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 

@@ -18,6 +18,7 @@ from tandem_launcher.cluster import (
     NodeLayout,
     cluster_problems,
 )
+from tandem_launcher.device_defaults import cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
 from tandem_launcher.fault_flags import fault_problems
 from tandem_launcher.speculation import speculation_problems
 
@@ -32,8 +33,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 GENERATION_CONFIG_USES = ("auto", "none")
 # What `--device auto` becomes once the GPUs are counted.
 RESOLVED_DEVICES = ("cpu", "cuda")
-DEFAULT_CUDA_GRAPH_SIZES = "1,2,4,8,16,32,64"
-DEFAULT_PACKED_GEMM_ROWS = "32"
 DEFAULT_BLOCK_SIZE = 16
 # Unless --block-size is set: flash-attn 2 reads the paged KV cache only in blocks of a multiple of 256 tokens
 # (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
@@ -376,30 +375,3 @@ def _cpu_memory_problems(config: LauncherConfig) -> list[str]:
     }
     sizes = {} if config.device == "cpu" else flags
     return [f"{flag} is a CPU option; use {flag} 0 on CUDA" for flag, size in sizes.items() if not _is_zero_size(size)]
-
-
-def cuda_graph_sizes(config: LauncherConfig) -> str:
-    """The shard's --cuda-graphs value: the user's sizes, else the defaults on CUDA and "0" (off) on CPU."""
-    return _sizes_or_device_default(config.cuda_graphs, DEFAULT_CUDA_GRAPH_SIZES if config.device == "cuda" else "0")
-
-
-def packed_gemm_rows(config: LauncherConfig) -> str:
-    """The shard's --packed-gemm-rows value: the user's row counts, else 32 on CPU and "0" (off) on CUDA."""
-    default = DEFAULT_PACKED_GEMM_ROWS if config.device == "cpu" else "0"
-    return _sizes_or_device_default(config.packed_gemm_rows, default)
-
-
-def decode_mirror_memory(config: LauncherConfig) -> str:
-    """The shard's --decode-mirror-memory value: the user's size, else "auto" (half the KV cache's) on CPU and "0"
-    on CUDA."""
-    if config.decode_mirror_memory is not None:
-        return config.decode_mirror_memory
-    return "auto" if config.device == "cpu" else "0"
-
-
-def _sizes_or_device_default(sizes: str | None, default: str) -> str:
-    # Comma-separated sizes without spaces; "0" (none) for an empty list.
-    if sizes is None:
-        return default
-    sizes = sizes.replace(" ", "")
-    return "0" if sizes in ("", "0") else sizes
