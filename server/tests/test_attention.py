@@ -97,3 +97,36 @@ def test_decode_gathers_reuse_their_buffers_across_steps_of_any_shape() -> None:
     first_key_buffer = reused.gather_buffers.take("key", (1,), cache.key).data_ptr()
     reused.forward(query, new_kv, new_kv, cache, metadata, params)
     assert reused.gather_buffers.take("key", (1,), cache.key).data_ptr() == first_key_buffer
+
+
+def test_a_step_of_decodes_only_attends_as_its_decodes_do_inside_a_mixed_step() -> None:
+    torch.manual_seed(2)
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    cache = LayerCache(torch.randn(shape), torch.randn(shape))
+    params = AttentionParams(scale=HEAD_DIM**-0.5)
+    decodes = [ScheduledSpan([0], context - 1, [5 + i, 9 + i, 20 + i]) for i, context in enumerate([3, 11, 7])]
+    prefill = ScheduledSpan([0] * 3, 0, [1])
+    query, new_kv = torch.randn(4, HEADS, HEAD_DIM), torch.randn(4, KV_HEADS, HEAD_DIM)
+
+    outputs = []
+    for spans, rows in ((decodes, 3), ([*decodes, prefill], 6)):
+        backend = TorchAttentionBackend()
+        metadata = backend.prepare(build_step_batch(spans, BLOCK_SIZE, torch.device("cpu")).metadata, [cache]).metadata
+        assert isinstance(metadata, TorchAttentionMetadata) and metadata.decode is not None
+        # Only a step of decodes alone has a decode group covering every row in order.
+        assert metadata.decode.every_row == (rows == 3)
+        step_query = torch.cat([query[:3], query[3:].expand(rows - 3, -1, -1)])
+        step_kv = torch.cat([new_kv[:3], new_kv[3:].expand(rows - 3, -1, -1)])
+        outputs.append(
+            backend.forward(
+                step_query, step_kv, step_kv, LayerCache(cache.key.clone(), cache.value.clone()), metadata, params
+            )
+        )
+    assert torch.equal(outputs[0], outputs[1][:3])
+    for row, span in enumerate(decodes):
+        context = span.start_position + 1
+        slots = [span.block_table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(context - 1)]
+        keys = torch.cat([cache.key.view(-1, KV_HEADS, HEAD_DIM)[slots], new_kv[row : row + 1]])
+        values = torch.cat([cache.value.view(-1, KV_HEADS, HEAD_DIM)[slots], new_kv[row : row + 1]])
+        expected = naive_attention(query[row : row + 1], keys, values, context - 1)
+        torch.testing.assert_close(outputs[0][row : row + 1], expected, atol=1e-5, rtol=1e-5)

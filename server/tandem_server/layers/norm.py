@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.weights.slicing import load_full
@@ -22,9 +23,12 @@ class RMSNorm(nn.Module):
         self.weight.weight_loader = load_full
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        input_dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        shape = (x.shape[-1],)
         if self.unit_offset:
-            return (x32 * (1.0 + self.weight.float())).to(input_dtype)
-        return self.weight * x32.to(input_dtype)
+            normed = F.rms_norm(x.float(), shape, None, self.eps)
+            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        if x.dtype == torch.float32:
+            # One fused operator computes the reference's float32 terms in the same order.
+            return F.rms_norm(x, shape, self.weight, self.eps)
+        # The reference rounds the normalised values to the input dtype before scaling by the weight.
+        return self.weight * F.rms_norm(x.float(), shape, None, self.eps).to(x.dtype)

@@ -85,8 +85,30 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+@dataclass(frozen=True)
+class RotaryAngles:
+    """One step's rotation for every token, in the activations' dtype: `cos` is `[tokens, 1, rotary_dim]` (each
+    pair's cosine in both halves), `signed_sin` the same with the first half negated. Computed once per step and
+    shared by every layer using the table."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` `[tokens, heads, head_dim]` with its leading `rotary_dim` dimensions rotated (rotate-half layout).
+
+        Swapping the halves and multiplying by `signed_sin` gives `(-second, first) * sin`, so this is the reference's
+        `x * cos + rotate_half(x) * sin` term by term, with the same roundings."""
+        rotary_dim = self.cos.shape[-1]
+        if rotary_dim == x.shape[-1]:
+            return x * self.cos + x.roll(rotary_dim // 2, dims=-1) * self.signed_sin
+        rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+        turned = rotated * self.cos + rotated.roll(rotary_dim // 2, dims=-1) * self.signed_sin
+        return torch.cat((turned, passed), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
-    """Rotates query and key heads by their absolute positions, from a float32 cos/sin table."""
+    """A float32 cos/sin table over every position, from which each step takes its tokens' `RotaryAngles`."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
@@ -97,17 +119,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`query` is [tokens, heads, head_dim], `key` [tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        cos = cos.to(x.dtype)
-        sin = sin.to(x.dtype)
-        rotated, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        first, second = rotated.chunk(2, dim=-1)
-        return torch.cat((first * cos - second * sin, second * cos + first * sin, passed), dim=-1)
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryAngles:
+        """The rotation of tokens at `positions`, cast to `dtype` as the reference casts its cos/sin."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        return RotaryAngles(torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))

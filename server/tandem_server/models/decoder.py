@@ -17,7 +17,7 @@ from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryEmbedding
+from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
 
@@ -112,7 +112,7 @@ def uniform_layers(hf: dict[str, Any], windows: Sequence[int | None] | None) -> 
 class DecoderAttention(nn.Module):
     """Grouped-query self-attention over the query and KV heads `partition_heads` gives this rank."""
 
-    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
         super().__init__()
         heads = partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel)
         self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
@@ -127,14 +127,13 @@ class DecoderAttention(nn.Module):
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
         self.qk_norm = args.qk_norm
-        self.rotary = rotary
         scale = args.query_scale if args.query_scale is not None else args.head_dim**-0.5
         self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap)
 
     def forward(
         self,
         hidden: torch.Tensor,
-        positions: torch.Tensor,
+        rotation: RotaryAngles,
         cache: LayerCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
@@ -146,7 +145,7 @@ class DecoderAttention(nn.Module):
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             query, key = self.q_norm(query), self.k_norm(key)
-        query, key = self.rotary(positions, query, key)
+        query, key = rotation.rotate(query), rotation.rotate(key)
         attended = backend.forward(query, key, value, cache, metadata, self.params)
         return self.o_proj(attended.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -170,26 +169,26 @@ class GatedMLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each with a residual connection (Llama layout)."""
 
-    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
-        self.self_attn = DecoderAttention(args, kind, parallel, rotary)
+        self.self_attn = DecoderAttention(args, kind, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
         self.mlp = GatedMLP(args, parallel)
 
     def forward(
         self,
         hidden: torch.Tensor,
-        positions: torch.Tensor,
+        rotation: RotaryAngles,
         cache: LayerCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, cache, metadata, backend)
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata, backend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext, RotaryEmbedding], nn.Module]
+LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], nn.Module]
 
 
 class DecoderModel(nn.Module):
@@ -204,12 +203,14 @@ class DecoderModel(nn.Module):
         # The scale is rounded to the model dtype first, as the reference multiplies by a tensor of that dtype.
         scale = args.embedding_scale
         self.embedding_scale = None if scale is None else torch.tensor(scale, dtype=torch.get_default_dtype()).item()
-        # One cos/sin table per distinct rotary configuration, shared by the layers using it.
-        tables: dict[RopeConfig, RotaryEmbedding] = {}
-        for kind in args.layers:
-            if kind.rope not in tables:
-                tables[kind.rope] = RotaryEmbedding(args.head_dim, args.max_position_embeddings, kind.rope)
-        self.layers = nn.ModuleList(layer_factory(args, kind, parallel, tables[kind.rope]) for kind in args.layers)
+        # One cos/sin table per distinct rotary configuration; each step takes its angles once per table, and every
+        # layer using the table rotates by them.
+        ropes = list(dict.fromkeys(kind.rope for kind in args.layers))
+        self.rotary_tables = nn.ModuleList(
+            RotaryEmbedding(args.head_dim, args.max_position_embeddings, rope) for rope in ropes
+        )
+        self.layer_tables = tuple(ropes.index(kind.rope) for kind in args.layers)
+        self.layers = nn.ModuleList(layer_factory(args, kind, parallel) for kind in args.layers)
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
 
     def forward(
@@ -222,8 +223,9 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
-        for layer, cache in zip(self.layers, kv_cache, strict=True):
-            hidden = layer(hidden, positions, cache, metadata, self.backend)
+        angles = [table.angles(positions, hidden.dtype) for table in self.rotary_tables]
+        for layer, table, cache in zip(self.layers, self.layer_tables, kv_cache, strict=True):
+            hidden = layer(hidden, angles[table], cache, metadata, self.backend)
         return self.norm(hidden)
 
 

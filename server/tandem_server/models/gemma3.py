@@ -12,7 +12,7 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryEmbedding
+from tandem_server.layers.rotary import RopeConfig, RotaryAngles
 from tandem_server.models.decoder import (
     DecoderArgs,
     DecoderAttention,
@@ -81,10 +81,10 @@ def _optional_float(value: float | None) -> float | None:
 class Gemma3DecoderLayer(nn.Module):
     """Attention and MLP blocks, each normalised on the way in and on the way out, with residuals."""
 
-    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
-        self.self_attn = DecoderAttention(args, kind, parallel, rotary)
+        self.self_attn = DecoderAttention(args, kind, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
         self.mlp = GatedMLP(args, parallel)
@@ -93,12 +93,12 @@ class Gemma3DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
-        positions: torch.Tensor,
+        rotation: RotaryAngles,
         cache: LayerCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(hidden), positions, cache, metadata, backend)
+        attended = self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata, backend)
         hidden = hidden + self.post_attention_layernorm(attended)
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 

@@ -133,6 +133,9 @@ class TorchAttentionBackend:
         key_slots = cache.key.view(-1, num_kv_heads, head_dim)
         value_slots = cache.value.view(-1, num_kv_heads, head_dim)
 
+        decode = metadata.decode
+        if decode is not None and decode.every_row:
+            return self._attend_decodes(query.to(key_slots.dtype), cache, decode, params).to(query.dtype)
         output = torch.empty_like(query)
         query = query.to(key_slots.dtype)
         for span in metadata.prefills:
@@ -142,13 +145,17 @@ class TorchAttentionBackend:
             k = key_slots[slots].transpose(0, 1).unsqueeze(0)
             v = value_slots[slots].transpose(0, 1).unsqueeze(0)
             output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1).to(output.dtype)
-        decode = metadata.decode
         if decode is not None:
-            k, v = self._decode_context(cache, decode)
-            mask = _decode_mask(decode, params.sliding_window)
-            attended = _attend_decode(query[decode.query_rows], k, v, mask, params)
+            attended = self._attend_decodes(query[decode.query_rows], cache, decode, params)
             output[decode.query_rows] = attended.to(output.dtype)
         return output
+
+    def _attend_decodes(
+        self, query: torch.Tensor, cache: LayerCache, decode: DecodeGroup, params: AttentionParams
+    ) -> torch.Tensor:
+        # `query` holds the group's rows, in its order, in the cache's dtype.
+        k, v = self._decode_context(cache, decode)
+        return _attend_decode(query, k, v, _decode_mask(decode, params.sliding_window), params)
 
     def _decode_context(self, cache: LayerCache, decode: DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
         # Keys and values [requests, kv_heads, max_context, head_dim], as views of the mirror or of gather buffers.

@@ -45,6 +45,9 @@ class DecodeGroup:
     key_mask: torch.Tensor
     # Set when request i holds mirror row i: attention reads the mirror after this fill instead of the blocks.
     mirror: MirrorFill | None = None
+    # True when `query_rows` is every row of the step, in order (a step of decodes only): the group's output is the
+    # step's output as it is.
+    every_row: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def build_torch_metadata(
             )
         )
         query_start += query_len
-    decode = _decode_group(common, host, decodes, block_size, mirror) if decodes else None
+    decode = _decode_group(common, host, decodes, block_size, mirror, query_start) if decodes else None
     return TorchAttentionMetadata(
         slot_mapping=common.slot_mapping, paged=common.paged, host=host, prefills=tuple(prefills), decode=decode
     )
@@ -122,8 +125,9 @@ def _decode_group(
     decodes: list[tuple[int, int]],
     block_size: int,
     mirror: MirrorPlacement | None,
+    step_rows: int,
 ) -> DecodeGroup:
-    # `decodes` holds (sequence, query row) of every single-token sequence.
+    # `decodes` holds (sequence, query row) of every single-token sequence; the step has `step_rows` query rows.
     slots = _mirror_slots(host, [seq for seq, _ in decodes], mirror)
     if slots is not None:
         # Request i of the group must be the one holding mirror row i.
@@ -146,11 +150,13 @@ def _decode_group(
         missing = in_context & (columns.unsqueeze(0) >= copied.unsqueeze(1))
         targets = torch.arange(len(seqs), dtype=torch.long).unsqueeze(1) * mirror.capacity + columns
         fill = MirrorFill(to_device(key_slots[missing], device), to_device(targets[missing], device))
+    rows = [row for _, row in decodes]
     return DecodeGroup(
-        query_rows=torch.tensor([row for _, row in decodes], dtype=torch.long, device=device),
+        query_rows=torch.tensor(rows, dtype=torch.long, device=device),
         key_slots=to_device(key_slots, device),
         key_mask=to_device(in_context.view(len(seqs), 1, 1, max_context), device),
         mirror=fill,
+        every_row=rows == list(range(step_rows)),
     )
 
 
