@@ -112,8 +112,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
-        self.rotary_dim = rope.rotary_dim(head_dim)
-        inv_freq = inverse_frequencies(self.rotary_dim, rope).to(torch.get_default_device())
+        inv_freq = inverse_frequencies(rope.rotary_dim(head_dim), rope).to(torch.get_default_device())
         positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = torch.outer(positions, inv_freq)
         self.register_buffer("cos", freqs.cos(), persistent=False)
