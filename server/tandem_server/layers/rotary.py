@@ -100,11 +100,10 @@ class RotaryAngles:
         Swapping the halves and multiplying by `signed_sin` gives `(-second, first) * sin`, so this is the reference's
         `x * cos + rotate_half(x) * sin` term by term, with the same roundings."""
         rotary_dim = self.cos.shape[-1]
-        if rotary_dim == x.shape[-1]:
-            return x * self.cos + x.roll(rotary_dim // 2, dims=-1) * self.signed_sin
-        rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+        whole = rotary_dim == x.shape[-1]
+        rotated = x if whole else x[..., :rotary_dim]
         turned = rotated * self.cos + rotated.roll(rotary_dim // 2, dims=-1) * self.signed_sin
-        return torch.cat((turned, passed), dim=-1)
+        return turned if whole else torch.cat((turned, x[..., rotary_dim:]), dim=-1)
 
 
 class RotaryEmbedding(nn.Module):

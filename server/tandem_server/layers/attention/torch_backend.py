@@ -133,20 +133,20 @@ class TorchAttentionBackend:
         key_slots = cache.key.view(-1, num_kv_heads, head_dim)
         value_slots = cache.value.view(-1, num_kv_heads, head_dim)
 
+        attending = query.to(key_slots.dtype)
         decode = metadata.decode
         if decode is not None and decode.every_row:
-            return self._attend_decodes(query.to(key_slots.dtype), cache, decode, params).to(query.dtype)
+            return self._attend_decodes(attending, cache, decode, params).to(query.dtype)
         output = torch.empty_like(query)
-        query = query.to(key_slots.dtype)
         for span in metadata.prefills:
             rows = slice(span.query_start, span.query_start + span.query_len)
             slots, mask = _prefill_keys(span, params.sliding_window)
-            q = query[rows].transpose(0, 1).unsqueeze(0)
+            q = attending[rows].transpose(0, 1).unsqueeze(0)
             k = key_slots[slots].transpose(0, 1).unsqueeze(0)
             v = value_slots[slots].transpose(0, 1).unsqueeze(0)
             output[rows] = _attend(q, k, v, mask, params)[0].transpose(0, 1).to(output.dtype)
         if decode is not None:
-            attended = self._attend_decodes(query[decode.query_rows], cache, decode, params)
+            attended = self._attend_decodes(attending[decode.query_rows], cache, decode, params)
             output[decode.query_rows] = attended.to(output.dtype)
         return output
 
