@@ -120,3 +120,25 @@ def test_dense_copies_serve_prompts_and_batches_following_float32_up_to_near_tie
         got = list(pool.map(greedy_tokens, [quantized_with_copies] * len(prompts), prompts))
     for prompt, expected, actual in zip(prompts, want, got, strict=True):
         assert_follows_up_to_near_ties(expected, actual, prompt)
+
+
+@pytest.fixture(scope="module")
+def quantized_compiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    log_path = tmp_path_factory.mktemp("quantize-gguf-compiled") / "launcher.log"
+    # A small step budget keeps Warmup's compiles few (steps of 1 to 64 rows).
+    flags = ("--quantize", "gguf", "--torch-compile", "--max-batch-prefill-tokens", "64")
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *flags)
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def test_compiled_layers_serve_greedy_output_following_float32_up_to_near_ties(
+    tandem: TandemServer, quantized_compiled: TandemServer
+) -> None:
+    # Compiling reorders float32 roundings the way any kernel change does; through the bfloat16 activations that
+    # moves logits as much as a 1e-7 relative change of the embeddings does (measured: up to 0.5 to 0.65).
+    log = quantized_compiled.log_path.read_text(errors="replace")
+    assert "the stages of 30 decoder layers compile at Warmup" in log, quantized_compiled.log_tail()
+    assert "compiled steps of 1, 2, 4, 8, 16, 32, 64 rows" in log, quantized_compiled.log_tail()
+    for prompt in PROMPTS:
+        assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(quantized_compiled, prompt), prompt)

@@ -1,9 +1,9 @@
 """In-process decode steps of the embedded model: one request at a time, as a shard runs them, timed step by step.
 
 Run: uv run --no-sync python benchmark/scripts/decode_step.py [--quantize gguf] [--dtype float32|bfloat16]
-[--requests 3] [--steps 70] [--threads 2]. Each request prefills a 40-token prompt, decodes 5 steps untimed, then
-`--steps` timed ones; prints the 10th percentile, median and mean step in ms as JSON. The model loads and steps on one
-thread other than the main one, as in the shard (one torch thread pool).
+[--torch-compile] [--requests 3] [--steps 70] [--threads 2]. Each request prefills a 40-token prompt, decodes 5 steps
+untimed, then `--steps` timed ones; prints the 10th percentile, median and mean step in ms as JSON. The model loads
+and steps on one thread other than the main one, as in the shard (one torch thread pool).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def measure(args: argparse.Namespace) -> dict[str, float | str]:
         kv_cache_memory=256 * 1024**2,
         decode_mirror_memory=128 * 1024**2,
         quantized_dense_memory=0,
+        torch_compile=args.torch_compile,
     )
     runner = load_shard(config).runner
     runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=512, max_batch_requests=32))
@@ -69,6 +70,7 @@ def measure(args: argparse.Namespace) -> dict[str, float | str]:
     return {
         "quantize": args.quantize,
         "dtype": args.dtype,
+        "torch_compile": args.torch_compile,
         "steps": len(times),
         "p10_ms": round(deciles[0], 2),
         "median_ms": round(deciles[4], 2),
@@ -83,6 +85,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch-compile", action="store_true", help="the shard's --torch-compile")
     args = parser.parse_args()
     results: list[dict[str, float | str]] = []
     # Loading and stepping on one thread gives torch one OpenMP pool, as the shard's model thread does.

@@ -82,6 +82,8 @@ def shard_argv(
         argv += ["--draft-model-path", str(model.draft_path)]
     if config.allow_pickle_weights:
         argv.append("--allow-pickle-weights")
+    if config.torch_compile:
+        argv.append("--torch-compile")
     if inject_faults and config.fault_inject_step_error is not None:
         argv += ["--fault-inject-step-error", config.fault_inject_step_error]
     if inject_faults and config.fault_inject_step_hang is not None:

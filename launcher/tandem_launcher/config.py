@@ -122,6 +122,8 @@ class LauncherConfig:
     decode_mirror_memory: str | None = None
     # Memory for bfloat16 copies of quantized weights, which batches multiply by ("auto": half the available memory).
     quantized_dense_memory: str = "0"
+    # CPU: decoder layers' stages around attention compiled with torch.compile.
+    torch_compile: bool = False
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
@@ -343,6 +345,9 @@ def _cluster_problems(config: LauncherConfig) -> list[str]:
     )
 
 
+TORCH_COMPILE_ON_CUDA = "--torch-compile is a CPU option; CUDA steps replay CUDA graphs (--cuda-graphs) instead"
+
+
 def _cuda_problems(config: LauncherConfig) -> list[str]:
     problems = []
     if not 0.0 < config.cuda_memory_fraction <= 1.0:
@@ -364,6 +369,8 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
         problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
     elif config.device != "cpu" and config.quantize not in ("none", "int4", "fp8"):
         problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none, int4 or fp8")
+    if config.torch_compile and config.device != "cpu":
+        problems.append(TORCH_COMPILE_ON_CUDA)
     return problems + _cpu_memory_problems(config)
 
 

@@ -99,6 +99,18 @@ def test_quantized_dense_memory_is_none_unless_given() -> None:
         assert shard[shard.index("--quantized-dense-memory") + 1] == expected
 
 
+def test_torch_compile_reaches_the_shard_only_when_asked_by_flag_or_env() -> None:
+    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
+    for argv, env, expected in (
+        ([], {}, False),
+        (["--torch-compile"], {}, True),
+        ([], {"TORCH_COMPILE": "true"}, True),
+    ):
+        config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
+        shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
+        assert ("--torch-compile" in shard) is expected
+
+
 def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for zero in ("0", "0GiB", "0.0 MB"):
@@ -123,6 +135,7 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--device", "cuda", "--quantized-dense-memory", "auto"], "--quantized-dense-memory is a CPU option"),
         (["--quantized-dense-memory", "lots"], "--quantized-dense-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
+        (["--device", "cuda", "--torch-compile"], "--torch-compile is a CPU option"),
     ],
 )
 def test_bad_cuda_flags_are_rejected_with_the_flag_named(

@@ -19,6 +19,7 @@ from tandem_server.layers.attention.selection import detect_package_problems, ne
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
 from tandem_server.layers.quantized import kernels_unavailable_reason
 from tandem_server.layers.weight_quantization import QuantizationReport, check_int4_checkpoint, quantize_model
+from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
@@ -62,6 +63,8 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     weights = quantize_weights(model, config.quantize)
     copy_quantized_weights(model, config.quantized_dense_memory, config.world_size, weights)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
+    if config.torch_compile:
+        logger.info("torch.compile: the stages of %d decoder layers compile at Warmup", compile_layers(model))
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
@@ -212,4 +215,5 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         kv_cache_dtype=config.cache_dtype,
         # Only an asynchronous device runs step N while the host prepares step N+1.
         launch_ahead=config.device == "cuda",
+        compiled=config.torch_compile,
     )

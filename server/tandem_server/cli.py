@@ -127,6 +127,12 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
         "by instead, e.g. 1GiB; auto: half the available memory, split between ranks, where the CPU has bfloat16 "
         "matrix instructions (AMX or AVX-512 BF16), else none; 0 (default): none",
     )
+    parser.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="CPU: compile each decoder layer's work before and after attention with torch.compile (Inductor); "
+        "Warmup compiles every row count a step can have",
+    )
 
 
 def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -202,6 +208,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         quantize=QuantizeMode(args.quantize),
         decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
         quantized_dense_memory=parse_quantized_dense_memory(args.quantized_dense_memory),
+        torch_compile=args.torch_compile,
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,

@@ -79,6 +79,8 @@ class ShardConfig:
     # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
     # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
     quantized_dense_memory: int | None = 0
+    # CPU only: decoder layers' stages around attention compiled with torch.compile (models/compilation.py).
+    torch_compile: bool = False
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
@@ -132,6 +134,8 @@ class ShardConfig:
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
         if self.quantized_dense_memory != 0 and self.device != "cpu":
             raise ConfigError("--quantized-dense-memory is a CPU option; use --quantized-dense-memory 0 on CUDA")
+        if self.torch_compile and self.device != "cpu":
+            raise ConfigError("--torch-compile is a CPU option; CUDA steps replay CUDA graphs (--cuda-graphs) instead")
 
 
 def parse_byte_size(text: str) -> int:

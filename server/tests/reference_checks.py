@@ -13,8 +13,10 @@ from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_req
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
+from tandem_server.models.compilation import compile_layers
 
 # float32 on CPU: differences come only from summation order.
 LOGITS_ATOL = 1e-4
@@ -44,6 +46,8 @@ class Target:
     device: torch.device = CPU
     dtype: torch.dtype = torch.float32
     backend: AttentionBackend = field(default_factory=TorchAttentionBackend)
+    # The layers' stages compiled, as --torch-compile does.
+    compiled: bool = False
 
     def bounds(self, reference: torch.nn.Module, sequences: dict[str, list[int]]) -> dict[str, float]:
         """Largest allowed |logit difference| per sequence: float32 is exact up to summation order; a lower
@@ -69,6 +73,8 @@ def assert_mixed_steps_match_logits(
     """Runs SCHEDULE over shuffled paged blocks and compares every token's logits with a full reference forward."""
     target = target or Target()
     model = load_tiny_model(checkpoint, target.device, target.dtype, target.backend)
+    if target.compiled:
+        compile_layers(model)
     rng = random.Random(1)
     sequences = {name: [rng.randrange(3, 96) for _ in range(n)] for name, n in SEQUENCE_LENGTHS.items()}
     with torch.no_grad():
@@ -97,10 +103,18 @@ def assert_mixed_steps_match_logits(
                 row += num_tokens
 
 
-def assert_greedy_matches_generate(checkpoint: Path, reference: Any, label: str, **generate_args: Any) -> None:
-    """Staggered, chunked greedy generation through ModelRunner equals transformers' `generate`."""
-    runner = make_runner(checkpoint)
+def warm_for_reference(runner: ModelRunner) -> ModelRunner:
+    """`runner` warmed up for the reference checks' steps."""
     runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8))
+    return runner
+
+
+def assert_greedy_matches_generate(
+    checkpoint: Path, reference: Any, label: str, runner: ModelRunner | None = None, **generate_args: Any
+) -> None:
+    """Staggered, chunked greedy generation through ModelRunner (`runner`, warmed up by `warm_for_reference`; else a
+    fresh one) equals transformers' `generate`."""
+    runner = runner or warm_for_reference(make_runner(checkpoint))
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 96) for _ in range(length)] for length in (9, 3, 14, 6)]
     max_new_tokens = 10

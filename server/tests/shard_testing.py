@@ -20,6 +20,7 @@ from tandem_server.engine.step import (
     WarmupPlan,
 )
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
+from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -103,14 +104,17 @@ def make_runner(
     decode_mirror_memory: int | None = None,
     kv_cache_dtype: torch.dtype | None = None,
     draft_path: Path | None = None,
+    compiled: bool = False,
 ) -> ModelRunner:
     """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
     may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise. With `draft_path`, the
-    checkpoint there proposes drafts."""
+    checkpoint there proposes drafts; `compiled` compiles the model's layers as --torch-compile does."""
     checkpoint = read_checkpoint_config(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
-    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype)
+    if compiled:
+        compile_layers(model)
+    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, compiled=compiled)
     draft_model = None
     if draft_path is not None:
         draft = read_checkpoint_config(draft_path)

@@ -28,6 +28,7 @@ from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import (
     WarmupLimits,
     blocks_for_budget,
+    compile_step_rows,
     profile_cuda_budget,
     profile_graph_bytes,
     run_reserved_forward,
@@ -57,6 +58,9 @@ class ExecutionOptions:
     # Launch a step while the one before it is still open (its draws unread), so the host prepares step N+1 while
     # the device runs step N. Pays on an asynchronous device; on the CPU it only delays step N's answer.
     launch_ahead: bool = False
+    # The model's layers run compiled stages (--torch-compile): Warmup runs a step of every row count that compiles
+    # a graph, so no request waits for a compile.
+    compiled: bool = False
 
 
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
@@ -157,6 +161,8 @@ class ModelRunner:
             num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
         cache = KVCache(geometry, num_blocks, self.device)
         run_reserved_forward(self.model, cache, limits)
+        if options.compiled:
+            compile_step_rows(self.model, cache, max_batch_tokens)
         if drafting is not None and draft_geometry is not None:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)

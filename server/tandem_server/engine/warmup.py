@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -12,9 +14,12 @@ from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
 from tandem_server.layers.attention import UniformShape
+from tandem_server.models.compilation import warmup_rows
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
+
+logger = logging.getLogger(__name__)
 
 # Warm-up rows use every sampling processor so their kernels are exercised too.
 _WARMUP_SAMPLING = SamplingParams(
@@ -107,6 +112,16 @@ def profile_graph_bytes(
     del graphs, probe
     torch.cuda.empty_cache()
     return max(0, held)
+
+
+def compile_step_rows(model: CausalLM, cache: KVCache, max_batch_tokens: int) -> None:
+    """Runs a reserved step of each row count `warmup_rows` names, compiling what a model with compiled stages
+    needs for steps of up to `max_batch_tokens` rows; logs how long it took."""
+    started = time.perf_counter()
+    rows = warmup_rows(max_batch_tokens)
+    for num_tokens in rows:
+        run_reserved_forward(model, cache, WarmupLimits(num_tokens, 1))
+    logger.info("compiled steps of %s rows in %.1fs", ", ".join(map(str, rows)), time.perf_counter() - started)
 
 
 def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) -> None:

@@ -22,6 +22,7 @@ from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+QueryKeyValue = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -130,14 +131,8 @@ class DecoderAttention(nn.Module):
         scale = args.query_scale if args.query_scale is not None else args.head_dim**-0.5
         self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rotation: RotaryAngles,
-        cache: LayerCache,
-        metadata: AttentionMetadata,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
+    def project(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
+        """The attention inputs of normalised `hidden`: rotated queries and keys `[tokens, heads, head_dim]`, values."""
         tokens = hidden.shape[0]
         query, key, value = self.qkv_proj(hidden)
         query = query.view(tokens, self.num_heads, self.head_dim)
@@ -145,9 +140,11 @@ class DecoderAttention(nn.Module):
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             query, key = self.q_norm(query), self.k_norm(key)
-        query, key = rotation.rotate(query), rotation.rotate(key)
-        attended = backend.forward(query, key, value, cache, metadata, self.params)
-        return self.o_proj(attended.reshape(tokens, self.num_heads * self.head_dim))
+        return rotation.rotate(query), rotation.rotate(key), value
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attended heads `[tokens, heads, head_dim]`."""
+        return self.o_proj(attended.reshape(attended.shape[0], self.num_heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):
@@ -166,15 +163,19 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks, each with a residual connection (Llama layout)."""
+class StagedLayer(nn.Module):
+    """A decoder layer in two stages around the attention backend: `attention_inputs` (everything before attention
+    reads the cache) and `after_attention` (everything after). The stages see only tensors and this layer's weights,
+    so `torch.compile` can compile each once for every layer of a class (`models/compilation.py`)."""
 
-    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
-        self.self_attn = DecoderAttention(args, kind, parallel)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
-        self.mlp = GatedMLP(args, parallel)
+    self_attn: DecoderAttention
+
+    def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
+        raise NotImplementedError
+
+    def after_attention(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input `hidden` and the attended heads."""
+        raise NotImplementedError
 
     def forward(
         self,
@@ -184,11 +185,30 @@ class DecoderLayer(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata, backend)
+        query, key, value = self.attention_inputs(hidden, rotation)
+        attended = backend.forward(query, key, value, cache, metadata, self.self_attn.params)
+        return self.after_attention(hidden, attended)
+
+
+class DecoderLayer(StagedLayer):
+    """Pre-norm attention and MLP blocks, each with a residual connection (Llama layout)."""
+
+    def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
+        self.self_attn = DecoderAttention(args, kind, parallel)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
+        self.mlp = GatedMLP(args, parallel)
+
+    def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
+        return self.self_attn.project(self.input_layernorm(hidden), rotation)
+
+    def after_attention(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn.output(attended)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], nn.Module]
+LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], StagedLayer]
 
 
 class DecoderModel(nn.Module):

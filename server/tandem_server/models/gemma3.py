@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
+from tandem_server.layers.attention import AttentionBackend
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rotary import RopeConfig, RotaryAngles
 from tandem_server.models.decoder import (
@@ -19,6 +18,8 @@ from tandem_server.models.decoder import (
     DecoderForCausalLM,
     GatedMLP,
     LayerKind,
+    QueryKeyValue,
+    StagedLayer,
     common_sizes,
     windows_from_layer_types,
 )
@@ -78,7 +79,7 @@ def _optional_float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-class Gemma3DecoderLayer(nn.Module):
+class Gemma3DecoderLayer(StagedLayer):
     """Attention and MLP blocks, each normalised on the way in and on the way out, with residuals."""
 
     def __init__(self, args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> None:
@@ -90,16 +91,11 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(args, parallel)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rotation: RotaryAngles,
-        cache: LayerCache,
-        metadata: AttentionMetadata,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata, backend)
-        hidden = hidden + self.post_attention_layernorm(attended)
+    def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
+        return self.self_attn.project(self.input_layernorm(hidden), rotation)
+
+    def after_attention(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.post_attention_layernorm(self.self_attn.output(attended))
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 

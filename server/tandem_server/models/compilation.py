@@ -1,0 +1,56 @@
+"""`--torch-compile`: each decoder layer's two stages through `torch.compile` (Inductor), attention left eager.
+
+A decode step on the CPU spends more time between operators than in them once the GEMMs read quantized weights:
+Inductor fuses each stage's norms, casts, rotations, activations and residual adds into a few generated kernels and
+calls the GEMMs as they are. The attention backend stays eager, since it reads per-step metadata and the paged cache.
+
+Every layer of one class shares one compiled stage: the layer is an argument, its weights inputs, so a model
+compiles each stage once per shape class (one row; more rows; the weight formats' row thresholds), not per layer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch._inductor.cpp_builder import get_cpp_compiler
+from torch._inductor.exc import InvalidCxxCompiler
+
+from tandem_server.errors import ConfigError
+from tandem_server.models.decoder import StagedLayer
+
+STAGES = ("attention_inputs", "after_attention")
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Replaces the stages of every `StagedLayer` in `model` with compiled ones; returns how many layers.
+
+    Inductor builds its CPU kernels with a C++ compiler at run time: without one, start-up fails here, not at the
+    first step."""
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler as error:
+        raise ConfigError(f"--torch-compile needs a C++ compiler such as g++ on this machine: {error}") from error
+    compiled: dict[tuple[type, str], object] = {}
+    layers = [module for module in model.modules() if isinstance(module, StagedLayer)]
+    for layer in layers:
+        for stage in STAGES:
+            key = (type(layer), stage)
+            if key not in compiled:
+                # Automatic dynamic shapes: a graph is first compiled for its row count, then once more with the rows
+                # symbolic, serving every count (one row and the weight formats' row thresholds aside); the features
+                # stay static, which the generated kernels need to vectorise well.
+                compiled[key] = torch.compile(getattr(type(layer), stage), dynamic=None)
+            # An instance attribute: `forward` reads it before the class's method.
+            setattr(layer, stage, functools.partial(compiled[key], layer))
+    return len(layers)
+
+
+def warmup_rows(max_batch_tokens: int) -> tuple[int, ...]:
+    """Row counts that compile every graph a step of at most `max_batch_tokens` rows can need: one, then each power
+    of two up to the limit and the limit itself, so each row threshold of the weight formats is crossed."""
+    rows = [1]
+    while rows[-1] * 2 < max_batch_tokens:
+        rows.append(rows[-1] * 2)
+    return (*rows, max_batch_tokens) if max_batch_tokens > 1 else (1,)

@@ -1,0 +1,89 @@
+"""--torch-compile: compiled layer stages give the reference's numbers, and Warmup compiles every graph steps need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
+from shard_testing import load_tiny_model, make_runner, write_tiny_checkpoint, write_tiny_llama
+from tandem_server.cli import config_from_args
+from tandem_server.errors import ConfigError
+from tandem_server.models.compilation import compile_layers, warmup_rows
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+# Gemma 3's layer is the other StagedLayer class: norms around both blocks, q/k norms, local and global rotary.
+GEMMA3 = {
+    "num_hidden_layers": 2,
+    "head_dim": 16,
+    "num_key_value_heads": 1,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 4,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler() -> Iterator[None]:
+    """Every test compiles from scratch: graphs of an earlier test's model must not serve (or count for) this one."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path)
+    assert_mixed_steps_match_logits(tmp_path, reference, "llama compiled", Target(compiled=True))
+    assert compiled_graphs() > 0
+
+
+def test_compiled_gemma3_layers_match_transformers_logits(tmp_path: Path) -> None:
+    reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
+    assert_mixed_steps_match_logits(tmp_path, reference, "gemma3 compiled", Target(compiled=True))
+    assert compiled_graphs() > 0
+
+
+def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path)
+    runner = warm_for_reference(make_runner(tmp_path, compiled=True))
+    after_warmup = compiled_graphs()
+    assert after_warmup > 0
+    assert_greedy_matches_generate(tmp_path, reference, "llama compiled", runner=runner)
+    assert compiled_graphs() == after_warmup
+
+
+def test_warmup_rows_cross_every_power_of_two_up_to_the_limit() -> None:
+    assert warmup_rows(1) == (1,)
+    assert warmup_rows(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert warmup_rows(100) == (1, 2, 4, 8, 16, 32, 64, 100)
+
+
+def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tiny_llama(tmp_path)
+    model = load_tiny_model(tmp_path)
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("tandem-no-such-compiler",))
+    with pytest.raises(ConfigError, match="--torch-compile needs a C\\+\\+ compiler"):
+        compile_layers(model)
+    assert all(not isinstance(layer.attention_inputs, partial) for layer in model.model.layers)
+
+
+def test_torch_compile_flag_is_off_by_default_and_refused_on_cuda() -> None:
+    paths = ["--model-path", "m", "--uds-path", "s"]
+    assert not config_from_args(paths).torch_compile
+    assert config_from_args([*paths, "--torch-compile"]).torch_compile
+    with pytest.raises(ConfigError, match="--torch-compile is a CPU option"):
+        config_from_args([*paths, "--device", "cuda", "--torch-compile"])
