@@ -23,7 +23,7 @@ from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.weights import loader as weights_loader
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
-from tp_worker import WORLD_SIZE, run_checkpoint, run_rank
+from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 UNEVEN = {"num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 100, "vocab_size": 97}
@@ -31,6 +31,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "even-gqa-biased": {"num_key_value_heads": 2, "attention_bias": True, "mlp_bias": True},
     "uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
     "replicated-kv": {"num_key_value_heads": 1, "vocab_size": 95, "tie_word_embeddings": True},
+    # --torch-compile: each rank compiles its own shapes, and the row-parallel sums run inside compiled stages.
+    f"{COMPILED_PREFIX}uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
 }
 FAMILY_VARIANTS = ("qwen3", "phi3-fused", "gguf-q4_0", "fp8-channel", "fp8-phi3-tensor")
 # Per rank's KV heads at world size 2.
@@ -38,6 +40,7 @@ EXPECTED_KV_HEADS = {
     "gguf-q4_0": (1, 1),
     "even-gqa-biased": (1, 1),
     "uneven-groups": (2, 1),
+    f"{COMPILED_PREFIX}uneven-groups": (2, 1),
     "replicated-kv": (1, 1),
     "qwen3": (1, 1),
     "phi3-fused": (2, 1),
@@ -203,3 +206,13 @@ def test_two_gloo_ranks_match_single_process_logits_and_greedy_tokens(
     # Every rank sees bit-identical logits, so even sampled tokens agree across ranks.
     assert torch.equal(ranks[0][variant]["logits"], ranks[1][variant]["logits"])
     assert ranks[0][variant]["tokens"] == ranks[1][variant]["tokens"]
+
+
+def test_compiled_ranks_give_the_eager_single_process_logits(
+    world_size_runs: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    # Both checkpoints hold the same weights (the same seed and settings).
+    single, ranks = world_size_runs
+    eager = single["uneven-groups"]["logits"]
+    for result in ranks:
+        torch.testing.assert_close(result[f"{COMPILED_PREFIX}uneven-groups"]["logits"], eager)

@@ -13,6 +13,7 @@ from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.weight_quantization import quantize_model
+from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -26,6 +27,8 @@ PROMPT = [5, 17, 33, 8, 61, 12, 40, 9, 71]
 NEW_TOKENS = 12
 GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=7)
+# A checkpoint whose directory name starts with this runs its layers compiled, as --torch-compile does.
+COMPILED_PREFIX = "compiled-"
 
 
 @torch.inference_mode()
@@ -39,11 +42,10 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
     return model.compute_logits(forward_step(model, batch, cache.layers))
 
 
-def generate(model: CausalLM, eos_token_ids: tuple[int, ...]) -> dict[int, list[int]]:
+def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool) -> dict[int, list[int]]:
     """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
-    runner = ModelRunner(
-        model, eos_token_ids, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=1 << 20)
-    )
+    options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
+    runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
     runner.warmup(WarmupPlan(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     requests = {
@@ -75,10 +77,13 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
         config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend(), gguf_blocks=quantized
     )
     quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
+    compiled = checkpoint.name.startswith(COMPILED_PREFIX)
+    if compiled:
+        compile_layers(model)
     return {
         "num_kv_heads": model.spec.num_kv_heads,
         "logits": prompt_logits(model),
-        "tokens": generate(model, config.eos_token_ids),
+        "tokens": generate(model, config.eos_token_ids, compiled),
     }
 
 

@@ -171,6 +171,7 @@ class StagedLayer(nn.Module):
     self_attn: DecoderAttention
 
     def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
+        """The rotated queries and keys and the values of the layer's input `hidden`."""
         raise NotImplementedError
 
     def after_attention(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
