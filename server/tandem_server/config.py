@@ -19,6 +19,8 @@ DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # Batch row counts given prepacked weights unless --packed-gemm-rows says otherwise (CPU float32 and bfloat16).
 DEFAULT_PACKED_GEMM_ROWS = (32,)
 DEVICES = ("cpu", "cuda")
+# int4 runs on CUDA through Tandem's Triton kernel, fp8 through `torch._scaled_mm`; the rest have CPU kernels only.
+_CUDA_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.INT4, QuantizeMode.FP8)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _UNITS = {
@@ -71,8 +73,8 @@ class ShardConfig:
     # CPU only: GEMM row counts that get prepacked weights (float32: one MKL copy each; bfloat16: one oneDNN copy
     # packed for the largest); empty: dense only.
     packed_gemm_rows: tuple[int, ...] = ()
-    # GEMM weights as int4/int8, CPU only (GGUF: the converted model's kept blocks; int8/int4: quantized at load), or
-    # float8 e4m3 quantized at load (fp8: CPU, or CUDA from compute capability 8.9).
+    # GEMM weights as int4/int8 (GGUF: the converted model's kept blocks, CPU; int8: quantized at load, CPU; int4:
+    # quantized at load, CPU or CUDA), or float8 e4m3 quantized at load (fp8: CPU, or CUDA from compute capability 8.9).
     quantize: QuantizeMode = QuantizeMode.NONE
     # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
     decode_mirror_memory: int = 0
@@ -128,8 +130,8 @@ class ShardConfig:
             raise ConfigError("--cuda-graphs needs --device cuda; use --cuda-graphs 0 on CPU")
         if self.packed_gemm_rows and self.device != "cpu":
             raise ConfigError("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
-        if self.quantize not in (QuantizeMode.NONE, QuantizeMode.FP8) and self.device != "cpu":
-            raise ConfigError(f"--quantize {self.quantize.value} is a CPU option; on CUDA use none or fp8")
+        if self.quantize not in _CUDA_QUANTIZE_MODES and self.device != "cpu":
+            raise ConfigError(f"--quantize {self.quantize.value} is a CPU option; on CUDA use none, int4 or fp8")
         if self.decode_mirror_memory and self.device != "cpu":
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
         if self.quantized_dense_memory != 0 and self.device != "cpu":

@@ -224,11 +224,14 @@ def test_a_weight_the_format_cannot_take_fails_start_up_naming_it(tmp_path: Path
         load_fp8_checkpoint(tmp_path, QuantizeMode.INT4)
 
 
-def test_the_shard_takes_fp8_on_cuda_and_keeps_the_other_modes_cpu_only(tmp_path: Path) -> None:
+def test_the_shard_takes_fp8_and_int4_on_cuda_and_keeps_the_other_modes_cpu_only(tmp_path: Path) -> None:
     base = ["--model-path", str(tmp_path), "--uds-path", str(tmp_path / "s.sock"), "--device", "cuda"]
     assert config_from_args([*base, "--quantize", "fp8"]).quantize is QuantizeMode.FP8
-    with pytest.raises(ConfigError, match="--quantize int8 is a CPU option; on CUDA use none or fp8"):
-        config_from_args([*base, "--quantize", "int8"])
+    # The launcher passes --quantize int4 on to CUDA shards, whose Triton kernel serves it.
+    assert config_from_args([*base, "--quantize", "int4"]).quantize is QuantizeMode.INT4
+    for mode in ("int8", "gguf"):
+        with pytest.raises(ConfigError, match=f"--quantize {mode} is a CPU option; on CUDA use none, int4 or fp8"):
+            config_from_args([*base, "--quantize", mode])
 
 
 def _fp8_checkpoint(tmp_path: Path, layout: str = "compressed-tensors-channel") -> Path:

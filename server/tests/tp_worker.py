@@ -42,7 +42,7 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
     return model.compute_logits(forward_step(model, batch, cache.layers))
 
 
-def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool) -> dict[int, list[int]]:
+def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> dict[int, list[int]]:
     """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
     options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
     runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
