@@ -6,6 +6,7 @@ import math
 
 import torch
 from sampling_testing import CPU, batch_of, row_with_history
+from tandem_server.errors import FailureKind
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.warpers import TopKTopP
 
@@ -46,6 +47,33 @@ def test_greedy_takes_argmax_and_reports_raw_logprob() -> None:
     assert sampled.token_ids == [1, 0]
     expected = torch.log_softmax(logits, dim=-1)[[0, 1], [1, 0]]
     torch.testing.assert_close(torch.tensor(sampled.logprobs), expected)
+
+
+def test_row_status_flags_every_non_finite_logit_and_fully_forbidden_rows_but_not_huge_finite_ones() -> None:
+    logits = torch.zeros(6, 8)
+    logits[0, 3] = 1.0
+    logits[1, 5] = float("nan")
+    logits[2, 0] = float("inf")
+    logits[3, 7] = float("-inf")
+    # Finite, yet their float32 sum overflows: the row is still valid.
+    logits[4] = 3.0e38
+    logits[4, 6] = 3.3e38
+    forbid_row_5 = torch.ones(6, 8, dtype=torch.bool)
+    forbid_row_5[5] = False
+    batch = SamplingBatch.build([SamplingRow(SamplingParams(), 2)] * 6, CPU, forbid_row_5)
+    sampled = Sampler()(logits, batch)
+    assert sampled.failures == {
+        1: FailureKind.NON_FINITE_LOGITS,
+        2: FailureKind.NON_FINITE_LOGITS,
+        3: FailureKind.NON_FINITE_LOGITS,
+        5: FailureKind.NO_VALID_TOKEN,
+    }
+    assert (sampled.token_ids[0], sampled.token_ids[4]) == (3, 6)
+
+
+def test_greedy_ties_take_the_first_maximal_token() -> None:
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 5.0, 5.0]])
+    assert Sampler()(logits, batch_of([SamplingParams()] * 2, [0, 0])).token_ids == [1, 0]
 
 
 def test_logprob_is_taken_before_temperature_and_truncation() -> None:

@@ -51,7 +51,9 @@ class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
         """Queues the draws on the device without waiting for them."""
         logits = logits.float()
-        finite = torch.isfinite(logits).all(dim=-1)
+        # One pass instead of isfinite().all(): a float64 sum of float32 values cannot overflow, so it is finite
+        # exactly when every logit of the row is.
+        finite = logits.sum(dim=-1, dtype=torch.float64).isfinite()
         # Reported logprobs come from the model alone: no penalty, bias or warper distorts them.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         for processor in batch.processors:
@@ -59,9 +61,10 @@ class Sampler:
         if batch.token_mask is not None:
             # After every processor, so no bias or penalty revives a token the grammar forbids.
             logits = logits.masked_fill(~batch.token_mask, float("-inf"))
-        # A row whose own constraints forbid every token samples nothing (argmax would say token 0).
-        status = torch.where(finite, torch.where(logits.isneginf().all(dim=-1), 2.0, 0.0), 1.0)
-        chosen = logits.argmax(dim=-1)
+        # The first maximal index, as argmax gives; a row whose own constraints forbid every token has -inf as its
+        # best score and samples nothing (its index would say token 0).
+        best, chosen = logits.max(dim=-1)
+        status = torch.where(finite, torch.where(best == float("-inf"), 2.0, 0.0), 1.0)
         if not batch.all_greedy:
             rows = batch.sampled_index
             warped = logits[rows]
