@@ -258,7 +258,10 @@ def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[End
 
 
 def _precision(launcher_args: list[str]) -> str | None:
-    """The precision a Tandem launched with these arguments multiplies in on CPU (float32 unless --dtype says)."""
+    """The precision a Tandem launched with these arguments multiplies in on CPU (float32 unless --dtype says);
+    None for quantized weights, whose kernels have no roofline figure."""
+    if "--quantize" in launcher_args and launcher_args[launcher_args.index("--quantize") + 1] != "none":
+        return None
     dtype = launcher_args[launcher_args.index("--dtype") + 1] if "--dtype" in launcher_args else "float32"
     return {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16"}.get(dtype)
 

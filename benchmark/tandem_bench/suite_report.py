@@ -80,9 +80,9 @@ def readme_block(
         f"model's decode matmuls at batch {roofline.batch}; bfloat16 matmul {roofline.bf16_square_flops / 1e9:.0f} "
         f"GFLOP/s at 2048³; copy bandwidth {roofline.copy_bytes_per_s / 1e9:.1f} GB/s. MFU divides each run's model "
         f"FLOPs ({2 * shape.matmul_params / 1e9:.2f} GFLOP per token plus attention) by its duration and the peak of "
-        "the precision the server computes in (float32: the larger float32 figure); llama-server's quantized kernels "
-        "have no figure here. Cached prompt tokens count as computed, so the shared-prefix rows read as effective "
-        "utilisation and can pass 100 %."
+        "the precision the server computes in (float32: the larger float32 figure); quantized kernels (llama-server's, "
+        "Tandem's with `--quantize`) have no figure here. Cached prompt tokens count as computed, so the shared-prefix "
+        "rows read as effective utilisation and can pass 100 %."
     )
     lines = [*textwrap.wrap(intro, width=120), "", *textwrap.wrap(roof, width=120), "", HEADER]
     lines.append("|---|---|---|---|---|---|---|---|---|---|")

@@ -272,3 +272,12 @@ def test_the_suite_measures_every_workload_and_rewrites_the_readme(
     # Before each workload, each server gets one warm-up request per concurrent stream.
     warmups = sum(run.point.concurrency or 1 for run in STANDARD_SUITE)
     assert len(script.received) == 2 * (sum(run.dataset.num_prompts for run in STANDARD_SUITE) + warmups)
+
+
+def test_a_variant_multiplies_in_its_dtype_unless_its_weights_are_quantized() -> None:
+    assert suite._precision([]) == "float32"
+    assert suite._precision(["--dtype", "bfloat16", "--kv-cache-memory", "3GiB"]) == "bfloat16"
+    assert suite._precision(["--quantize", "none", "--dtype", "bfloat16"]) == "bfloat16"
+    # Quantized kernels have no roofline figure: no MFU rather than one against the float32 peak.
+    assert suite._precision(["--quantize", "gguf"]) is None
+    assert suite._precision(["--dtype", "bfloat16", "--quantize", "int4"]) is None
