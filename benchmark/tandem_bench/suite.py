@@ -260,10 +260,14 @@ def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[End
 def _precision(launcher_args: list[str]) -> str | None:
     """The precision a Tandem launched with these arguments multiplies in on CPU (float32 unless --dtype says);
     None for quantized weights, whose kernels have no roofline figure."""
-    if "--quantize" in launcher_args and launcher_args[launcher_args.index("--quantize") + 1] != "none":
+    if _flag_value(launcher_args, "--quantize", "none") != "none":
         return None
-    dtype = launcher_args[launcher_args.index("--dtype") + 1] if "--dtype" in launcher_args else "float32"
+    dtype = _flag_value(launcher_args, "--dtype", "float32")
     return {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16"}.get(dtype)
+
+
+def _flag_value(launcher_args: list[str], flag: str, default: str) -> str:
+    return launcher_args[launcher_args.index(flag) + 1] if flag in launcher_args else default
 
 
 def _cache_off_rows(output_dir: Path, measured: list[MeasuredRow], show: bool) -> list[MeasuredRow]:
