@@ -11,8 +11,11 @@ import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
 from shard_testing import load_tiny_model, make_runner, write_tiny_checkpoint, write_tiny_llama
 from tandem_server.cli import config_from_args
+from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.layers.gemm import pack_gemm_weights
 from tandem_server.models.compilation import compile_layers, warmup_rows
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -55,13 +58,50 @@ def test_compiled_gemma3_layers_match_transformers_logits(tmp_path: Path) -> Non
     assert compiled_graphs() > 0
 
 
-def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_path: Path) -> None:
-    reference = write_tiny_llama(tmp_path)
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_path: Path, family: str) -> None:
+    if family == "llama":
+        reference = write_tiny_llama(tmp_path)
+    else:
+        reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
     runner = warm_for_reference(make_runner(tmp_path, compiled=True))
     after_warmup = compiled_graphs()
-    assert after_warmup > 0
-    assert_greedy_matches_generate(tmp_path, reference, "llama compiled", runner=runner)
+    assert runner.decode_graph is not None
+    warmup_steps = runner.decode_graph.steps
+    # One graph per size-1 specialisation: one row with one mirror fill, one row with several, several rows.
+    assert after_warmup > 0 and warmup_steps == 3 and len(forward_graphs(runner)) == 3
+    assert_greedy_matches_generate(tmp_path, reference, f"{family} compiled", runner=runner)
     assert compiled_graphs() == after_warmup
+    # The steps where every request decoded (the others carry prompt chunks) ran through the decode graphs Warmup
+    # compiled.
+    assert runner.decode_graph.steps > warmup_steps
+
+
+def test_after_warmup_a_decode_step_no_graph_fits_runs_eagerly_instead_of_compiling(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path)
+    runner = warm_for_reference(make_runner(tmp_path, compiled=True))
+    assert runner.decode_graph is not None
+    assert len(forward_graphs(runner)) == 3
+    # Every compiled graph dropped: no decode step finds one that fits, and none may compile while requests wait.
+    torch._dynamo.reset()
+    assert_greedy_matches_generate(tmp_path, reference, "llama, decode graphs dropped", runner=runner)
+    assert runner.decode_graph.steps > 3
+    assert forward_graphs(runner) == []
+
+
+def test_compiled_layers_run_prepacked_gemms_between_their_graphs(tmp_path: Path) -> None:
+    # The launcher packs float32 GEMM weights for some row counts on every CPU shard (--packed-gemm-rows); Inductor
+    # refused to lower a packed GEMM whose weight is a graph input, and Warmup failed.
+    reference = write_tiny_llama(tmp_path)
+    runner = make_runner(tmp_path, compiled=True)
+    assert pack_gemm_weights(runner.model, (2, 4)) > 0
+    warm_for_reference(runner)
+    assert_greedy_matches_generate(tmp_path, reference, "llama compiled, packed GEMMs", runner=runner)
+
+
+def forward_graphs(runner: ModelRunner) -> list[object]:
+    """The compiled graphs of the runner's model's whole forward pass (its decode graphs)."""
+    return _debug_get_cache_entry_list(type(runner.model).forward.__code__)
 
 
 def test_warmup_rows_cross_every_power_of_two_up_to_the_limit() -> None:

@@ -43,7 +43,8 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
 
 
 def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> dict[int, list[int]]:
-    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
+    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner;
+    compiled, key 0 holds how many steps ran through the decode graph."""
     options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
     runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
@@ -65,6 +66,8 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = F
         step = StepInput(
             scheduled=tuple(ScheduledRequest(rid, 1, (), len(PROMPT) + len(tokens[rid]) - 1) for rid in running)
         )
+    if runner.decode_graph is not None:
+        tokens[0] = [runner.decode_graph.steps]
     return tokens
 
 
@@ -73,11 +76,11 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
     config = read_checkpoint_config(checkpoint)
     # A converted GGUF checkpoint is served from its kept blocks, as `--quantize gguf` does.
     quantized = has_gguf_blocks(checkpoint)
-    model = load_model(
-        config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend(), gguf_blocks=quantized
-    )
-    quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
     compiled = checkpoint.name.startswith(COMPILED_PREFIX)
+    # Compiled, decode steps attend through the decode mirror, so they run as whole-step graphs.
+    backend = TorchAttentionBackend(decode_mirror_memory=1 << 20 if compiled else 0)
+    model = load_model(config, torch.float32, torch.device("cpu"), parallel, backend, gguf_blocks=quantized)
+    quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
     if compiled:
         compile_layers(model)
     return {

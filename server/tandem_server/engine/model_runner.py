@@ -10,6 +10,7 @@ import torch
 from tandem_server.device_copy import to_device
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import StepGraphs, drafting_shapes, graph_shapes
+from tandem_server.engine.decode_graph import DecodeGraph
 from tandem_server.engine.draft_model import DraftModel, DraftRow
 from tandem_server.engine.draws import apply_draws
 from tandem_server.engine.forward import forward_step
@@ -119,6 +120,8 @@ class ModelRunner:
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.graphs: StepGraphs | None = None
+        # --torch-compile: decode steps on the decode mirror run as one compiled graph.
+        self.decode_graph = DecodeGraph(model) if options.compiled else None
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
@@ -174,6 +177,8 @@ class ModelRunner:
             graphs.capture()
             self.graphs = graphs
         self.model.backend.bind_cache(cache.layers)
+        if self.decode_graph is not None:
+            self.decode_graph.compile_at_warmup(self.model, cache)
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
@@ -333,7 +338,7 @@ class ModelRunner:
 
     def _forward(self, batch: StepBatch, layers: list[LayerCache]) -> torch.Tensor:
         try:
-            return forward_step(self.model, batch, layers)
+            return forward_step(self.model, batch, layers, self.decode_graph)
         except BaseException:
             # A layer may have stopped halfway through what the backend keeps between steps: nothing kept is whole.
             self.model.backend.clear()

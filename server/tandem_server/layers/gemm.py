@@ -25,6 +25,11 @@ MIN_FILLED_SHARE = 0.75
 ONEDNN_MAX_ROWS = 256
 
 
+# Inductor lowers these GEMMs only with the packed weight as a constant of the graph, never as an input (which the
+# weights of compiled layers are), so under --torch-compile each packed GEMM runs eagerly between compiled graphs.
+_OUTSIDE_GRAPHS = "a prepacked weight is no graph constant, which Inductor's packed GEMMs need"
+
+
 class PackedGemm(Protocol):
     """Prepacked copies of one `[out, in]` weight and the row counts they serve."""
 
@@ -65,6 +70,7 @@ class PackedWeight:
                 return packed_rows if rows >= MIN_FILLED_SHARE * packed_rows else None
         return None
 
+    @torch.compiler.disable(reason=_OUTSIDE_GRAPHS)
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
         rows = x.shape[0]
         if rows < packed_rows:
@@ -93,6 +99,7 @@ class OneDnnPackedWeight:
     def fitting_rows(self, rows: int) -> int | None:
         return rows if rows <= ONEDNN_MAX_ROWS else None
 
+    @torch.compiler.disable(reason=_OUTSIDE_GRAPHS)
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.copy, bias, "none", [], "")
 
