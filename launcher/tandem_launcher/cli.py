@@ -292,9 +292,9 @@ def _add_execution_flags(add: FlagAdder) -> None:
     )
     add.switch(
         "--torch-compile",
-        "CPU: compile each decoder layer's work before and after attention with torch.compile (Inductor) at "
-        "start-up, which fuses the operators between GEMMs; start-up takes longer (about a minute for the embedded "
-        "model on 2 cores, less from Inductor's cache)",
+        "CPU: compile with torch.compile (Inductor) at start-up: a step of decodes on the decode mirror runs the "
+        "whole forward pass as one graph, other steps each decoder layer's work before and after attention; "
+        "start-up takes longer (one to two minutes for the embedded model on 2 cores, less from Inductor's cache)",
     )
     add.value(
         "--attention-backend",

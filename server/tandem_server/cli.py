@@ -130,8 +130,9 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--torch-compile",
         action="store_true",
-        help="CPU: compile each decoder layer's work before and after attention with torch.compile (Inductor); "
-        "Warmup compiles every row count a step can have",
+        help="CPU: compile with torch.compile (Inductor): a step of decodes on the decode mirror runs the whole "
+        "forward pass as one graph, other steps each decoder layer's work before and after attention; Warmup "
+        "compiles every graph a step can need",
     )
 
 

@@ -193,3 +193,23 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, packed_class: type[PackedGemm]
 
     monkeypatch.setattr(packed_class, "linear", recording)
     return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_compiled_graph_calls_packed_gemms_whose_weights_are_its_inputs(dtype: torch.dtype) -> None:
+    # Inductor lowers torch's own packed GEMMs only with a constant weight; a compiled layer's weights are inputs.
+    if packing_available(CPU, dtype) is not None:
+        pytest.skip(f"no prepacked {dtype} GEMMs here")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = Spy(torch.randn(48, 40).to(dtype))
+    module.pack((8,))
+    x = torch.randn(8, 40).to(dtype)
+
+    def stage(layer: Spy, rows: torch.Tensor) -> torch.Tensor:
+        return torch.relu(layer(rows)) * 2
+
+    with torch.inference_mode():
+        compiled = torch.compile(stage, fullgraph=True)(module, x)
+        assert torch.equal(compiled, stage(module, x))
+    torch._dynamo.reset()

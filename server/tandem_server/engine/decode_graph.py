@@ -7,9 +7,10 @@ slots, copy the positions a mirror row lacks, one SDPA over the mirror's rows), 
 process on the embedded model (gguf weights, 2 cores, one request), 8.5 ms per step against 12.9 ms eager.
 
 Every per-step size (rows, context, mirror fills, the mirror's rows and positions) is marked dynamic, so the graphs
-differ only where torch specialises sizes of 1: one row with one fill (steady decode), one row with several (its first
-decode, or a grown mirror), and several rows. Warmup compiles all three; after it the graph only runs what it
-compiled (torch's run-only mode), so a step no graph fits runs eagerly rather than compiling while requests wait.
+differ where torch specialises sizes of 1 (one row with one fill: steady decode; one row with several: its first
+decode, or a grown mirror) and where a weight format's row threshold picks another GEMM. Warmup compiles them all;
+after it the graph only runs what it compiled (torch's run-only mode), so a step no graph fits runs eagerly rather
+than compiling while requests wait.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from tandem_server.layers.attention import LayerCache, PreparedStep
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_decode_mirror import MirroredLayerCache
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
+from tandem_server.models.compilation import warmup_rows
 from tandem_server.models.registry import CausalLM
 
 logger = logging.getLogger(__name__)
 
-# Warm-up decode steps as (request id, context length) per row: one request's first decode (several mirror fills),
-# its next (one fill), then two requests. Contexts stay inside the reserved block's positions modulo its size.
-_WARMUP_STEPS: tuple[tuple[tuple[int, int], ...], ...] = (((0, 5),), ((0, 6),), ((0, 7), (1, 3)))
+# A warm-up decode step's context length: its keys all land in the reserved block.
+_WARMUP_CONTEXT = 4
 
 
 class DecodeGraph:
@@ -83,23 +84,28 @@ class DecodeGraph:
                     torch._dynamo.maybe_mark_dynamic(tensor, 1)
         self._marked_mirror = first.mirror_key
 
-    def compile_at_warmup(self, model: CausalLM, cache: KVCache) -> None:
+    def compile_at_warmup(self, model: CausalLM, cache: KVCache, max_batch_requests: int) -> None:
         """Runs decode steps of made-up requests in the reserved block through the mirror, compiling each graph
-        decode steps need; then the backend forgets them, and from here on no step compiles."""
+        decode steps of up to `max_batch_requests` rows need; then the backend forgets them, and from here on no
+        step compiles.
+
+        One request decodes twice (its first decode fills several mirror positions, its next one), then steps of
+        each row count `warmup_rows` names, so each row threshold of the weight formats is crossed."""
         started, steps_before = time.perf_counter(), self.steps
+        steps = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
+        steps += [
+            tuple((request, _WARMUP_CONTEXT) for request in range(rows)) for rows in warmup_rows(max_batch_requests)[1:]
+        ]
         self._run = self._compiled
         try:
-            for rows in _WARMUP_STEPS:
-                spans = [
-                    ScheduledSpan([0], context_len - 1, [cache.reserved_block] * context_len, request_id)
-                    for request_id, context_len in rows
-                ]
-                batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
-                prepared = model.backend.prepare(batch.metadata, cache.layers)
-                if not self.serves(prepared.metadata):
-                    logger.info("torch.compile: decode steps run eagerly (no decode mirror to attend through)")
-                    return
-                self.forward(batch, prepared)
+            for rows in steps:
+                if not self._warm_step(model, cache, rows):
+                    logger.info(
+                        "torch.compile: decode steps of %d rows or more run without the decode graph (no "
+                        "decode mirror holds them)",
+                        len(rows),
+                    )
+                    break
         finally:
             model.backend.clear()
             self._run = torch._dynamo.run(self._compiled)
@@ -108,3 +114,15 @@ class DecodeGraph:
             time.perf_counter() - started,
             self.steps - steps_before,
         )
+
+    def _warm_step(self, model: CausalLM, cache: KVCache, rows: Sequence[tuple[int, int]]) -> bool:
+        """Runs one decode step of (request id, context length) rows; False when the graph would not serve it."""
+        # A block per position is more than any context needs; the batch keeps only the blocks it reads.
+        blocks = [cache.reserved_block] * max(context_len for _, context_len in rows)
+        spans = [ScheduledSpan([0], context_len - 1, blocks, request_id) for request_id, context_len in rows]
+        batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
+        prepared = model.backend.prepare(batch.metadata, cache.layers)
+        if not self.serves(prepared.metadata):
+            return False
+        self.forward(batch, prepared)
+        return True

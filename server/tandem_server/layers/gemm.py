@@ -25,9 +25,31 @@ MIN_FILLED_SHARE = 0.75
 ONEDNN_MAX_ROWS = 256
 
 
-# Inductor lowers these GEMMs only with the packed weight as a constant of the graph, never as an input (which the
-# weights of compiled layers are), so under --torch-compile each packed GEMM runs eagerly between compiled graphs.
-_OUTSIDE_GRAPHS = "a prepacked weight is no graph constant, which Inductor's packed GEMMs need"
+# The packed GEMMs as operators of Tandem's own, opaque to torch.compile: Inductor lowers torch's packed GEMMs only
+# with the packed weight as a constant of the graph, never as an input (which the weights of compiled layers are), so
+# a compiled graph calls these as they are.
+@torch.library.custom_op("tandem::mkl_packed_linear", mutates_args=())
+def mkl_packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: int
+) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, packed_rows)
+
+
+@mkl_packed_linear.register_fake
+def _(
+    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: int
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op("tandem::onednn_packed_linear", mutates_args=())
+def onednn_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], packed.shape[0]))
 
 
 class PackedGemm(Protocol):
@@ -70,12 +92,11 @@ class PackedWeight:
                 return packed_rows if rows >= MIN_FILLED_SHARE * packed_rows else None
         return None
 
-    @torch.compiler.disable(reason=_OUTSIDE_GRAPHS)
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
         rows = x.shape[0]
         if rows < packed_rows:
             x = torch.cat([x, x.new_zeros(packed_rows - rows, x.shape[1])])
-        out = torch.ops.mkl._mkl_linear(x, self.copies[packed_rows], self.weight, bias, packed_rows)
+        out = mkl_packed_linear(x, self.copies[packed_rows], self.weight, bias, packed_rows)
         return out[:rows]
 
 
@@ -99,9 +120,8 @@ class OneDnnPackedWeight:
     def fitting_rows(self, rows: int) -> int | None:
         return rows if rows <= ONEDNN_MAX_ROWS else None
 
-    @torch.compiler.disable(reason=_OUTSIDE_GRAPHS)
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.copy, bias, "none", [], "")
+        return onednn_packed_linear(x, self.copy, bias)
 
 
 # How a CPU weight of each dtype is packed; other dtypes stay dense.
