@@ -27,7 +27,8 @@ ONEDNN_MAX_ROWS = 256
 
 # The packed GEMMs as operators of Tandem's own, opaque to torch.compile: Inductor lowers torch's packed GEMMs only
 # with the packed weight as a constant of the graph, never as an input (which the weights of compiled layers are), so
-# a compiled graph calls these as they are.
+# a compiled graph calls these as they are. Eager steps call torch's operators directly: the wrapper's dispatch costs
+# a few microseconds a GEMM.
 @torch.library.custom_op("tandem::mkl_packed_linear", mutates_args=())
 def mkl_packed_linear(
     x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: int
@@ -96,7 +97,8 @@ class PackedWeight:
         rows = x.shape[0]
         if rows < packed_rows:
             x = torch.cat([x, x.new_zeros(packed_rows - rows, x.shape[1])])
-        out = mkl_packed_linear(x, self.copies[packed_rows], self.weight, bias, packed_rows)
+        gemm = mkl_packed_linear if torch.compiler.is_compiling() else torch.ops.mkl._mkl_linear
+        out = gemm(x, self.copies[packed_rows], self.weight, bias, packed_rows)
         return out[:rows]
 
 
@@ -121,7 +123,9 @@ class OneDnnPackedWeight:
         return rows if rows <= ONEDNN_MAX_ROWS else None
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
-        return onednn_packed_linear(x, self.copy, bias)
+        if torch.compiler.is_compiling():
+            return onednn_packed_linear(x, self.copy, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.copy, bias, "none", [], "")
 
 
 # How a CPU weight of each dtype is packed; other dtypes stay dense.
