@@ -82,9 +82,11 @@ def readme_block(
         f"FLOPs ({2 * shape.matmul_params / 1e9:.2f} GFLOP per token plus attention) by its duration and the peak of "
         "the precision the server computes in (float32: the larger float32 figure); quantized kernels (llama-server's, "
         "Tandem's with `--quantize`) have no figure here. Cached prompt tokens count as computed, so the shared-prefix "
-        "rows read as effective utilisation and can pass 100 %."
+        "rows read as effective utilisation and can pass 100%."
     )
-    lines = [*textwrap.wrap(intro, width=120), "", *textwrap.wrap(roof, width=120), "", HEADER]
+    # Flags stay whole: a line never breaks inside `--torch-compile` or `--kv-cache-memory`.
+    wrap = textwrap.TextWrapper(width=120, break_on_hyphens=False, break_long_words=False)
+    lines = [*wrap.wrap(intro), "", *wrap.wrap(roof), "", HEADER]
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         lines.append(_row(row, shape, roofline))

@@ -166,6 +166,16 @@ def test_readme_block_has_a_row_per_server_and_workload_with_ratios_and_mfu() ->
     assert "2 torch threads" in block and "tandem-bench x" in block
 
 
+def test_readme_block_never_breaks_a_flag_or_a_percentage_across_lines() -> None:
+    # "--torch-" would end the first line at 114 characters, "compile" pass 120.
+    intro = "servers: " + "a" * 96 + " (--torch-compile --kv-cache-memory 3GiB)"
+    block = readme_block(intro, [], [], ROOFLINE, TINY_SHAPE, [])
+    text = block.split("| workload")[0]
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "--torch-compile" in text and "--kv-cache-memory" in text
+    assert "100%." in text
+
+
 def test_static_baseline_bracketing_a_run_averages_its_time_not_its_rates() -> None:
     before = StaticBatchResult(
         batch=4, input_len=5, output_len=10, seconds=2.0, output_throughput=20.0, decode_step_ms=9.0

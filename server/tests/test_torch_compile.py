@@ -91,7 +91,7 @@ def test_after_warmup_a_decode_step_no_graph_fits_runs_eagerly_instead_of_compil
     assert forward_graphs(runner) == []
 
 
-def test_compiled_layers_run_prepacked_gemms_between_their_graphs(tmp_path: Path) -> None:
+def test_compiled_layers_call_prepacked_gemms_inside_their_graphs(tmp_path: Path) -> None:
     # The launcher packs float32 GEMM weights for some row counts on every CPU shard (--packed-gemm-rows); Inductor
     # refused to lower a packed GEMM whose weight is a graph input, and Warmup failed.
     reference = write_tiny_llama(tmp_path)
