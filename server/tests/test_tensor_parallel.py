@@ -220,4 +220,4 @@ def test_compiled_ranks_give_the_eager_single_process_logits(
         assert compiled["tokens"][1] == eager["tokens"][1]
         # Both requests decoding together ran as whole-step graphs, the row-parallel sums inside them (4 steps at
         # Warmup: one request twice, then 2 and 4).
-        assert compiled["tokens"][0][0] > 4
+        assert compiled["decode_graph_steps"] > 4

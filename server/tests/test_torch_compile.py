@@ -46,6 +46,11 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def forward_graphs(runner: ModelRunner) -> list[object]:
+    """The compiled graphs of the runner's model's whole forward pass (its decode graphs)."""
+    return _debug_get_cache_entry_list(type(runner.model).forward.__code__)
+
+
 def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
     assert_mixed_steps_match_logits(tmp_path, reference, "llama compiled", Target(compiled=True))
@@ -99,11 +104,6 @@ def test_compiled_layers_call_prepacked_gemms_inside_their_graphs(tmp_path: Path
     assert pack_gemm_weights(runner.model, (2, 4)) > 0
     warm_for_reference(runner)
     assert_greedy_matches_generate(tmp_path, reference, "llama compiled, packed GEMMs", runner=runner)
-
-
-def forward_graphs(runner: ModelRunner) -> list[object]:
-    """The compiled graphs of the runner's model's whole forward pass (its decode graphs)."""
-    return _debug_get_cache_entry_list(type(runner.model).forward.__code__)
 
 
 def test_warmup_rows_cross_every_power_of_two_up_to_the_limit() -> None:

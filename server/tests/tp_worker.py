@@ -42,9 +42,11 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
     return model.compute_logits(forward_step(model, batch, cache.layers))
 
 
-def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> dict[int, list[int]]:
-    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner;
-    compiled, key 0 holds how many steps ran through the decode graph."""
+def generate(
+    model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False
+) -> tuple[dict[int, list[int]], int]:
+    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner, and
+    how many steps ran through the decode graph (compiled only)."""
     options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
     runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
     blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
@@ -66,9 +68,7 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = F
         step = StepInput(
             scheduled=tuple(ScheduledRequest(rid, 1, (), len(PROMPT) + len(tokens[rid]) - 1) for rid in running)
         )
-    if runner.decode_graph is not None:
-        tokens[0] = [runner.decode_graph.steps]
-    return tokens
+    return tokens, runner.decode_graph.steps if runner.decode_graph is not None else 0
 
 
 def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, object]:
@@ -83,10 +83,12 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
     quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
     if compiled:
         compile_layers(model)
+    tokens, decode_graph_steps = generate(model, config.eos_token_ids, compiled)
     return {
         "num_kv_heads": model.spec.num_kv_heads,
         "logits": prompt_logits(model),
-        "tokens": generate(model, config.eos_token_ids, compiled),
+        "tokens": tokens,
+        "decode_graph_steps": decode_graph_steps,
     }
 
 

@@ -40,6 +40,7 @@ class DecodeGraph:
     """The model's forward pass compiled for mirror decode steps; `steps` counts the steps it ran."""
 
     def __init__(self, model: CausalLM) -> None:
+        self._model = model
         self._compiled = torch.compile(model.forward, dynamic=None)
         # Until Warmup has compiled the graphs, nothing runs compiled; then only what it compiled.
         self._run = model.forward
@@ -84,7 +85,7 @@ class DecodeGraph:
                     torch._dynamo.maybe_mark_dynamic(tensor, 1)
         self._marked_mirror = first.mirror_key
 
-    def compile_at_warmup(self, model: CausalLM, cache: KVCache, max_batch_requests: int) -> None:
+    def compile_at_warmup(self, cache: KVCache, max_batch_requests: int) -> None:
         """Runs decode steps of made-up requests in the reserved block through the mirror, compiling each graph
         decode steps of up to `max_batch_requests` rows need; then the backend forgets them, and from here on no
         step compiles.
@@ -99,7 +100,7 @@ class DecodeGraph:
         self._run = self._compiled
         try:
             for rows in steps:
-                if not self._warm_step(model, cache, rows):
+                if not self._warm_step(cache, rows):
                     logger.info(
                         "torch.compile: decode steps of %d rows or more run without the decode graph (no "
                         "decode mirror holds them)",
@@ -107,7 +108,7 @@ class DecodeGraph:
                     )
                     break
         finally:
-            model.backend.clear()
+            self._model.backend.clear()
             self._run = torch._dynamo.run(self._compiled)
         logger.info(
             "torch.compile: decode-step graphs compiled in %.1fs (%d warm-up steps)",
@@ -115,13 +116,13 @@ class DecodeGraph:
             self.steps - steps_before,
         )
 
-    def _warm_step(self, model: CausalLM, cache: KVCache, rows: Sequence[tuple[int, int]]) -> bool:
+    def _warm_step(self, cache: KVCache, rows: Sequence[tuple[int, int]]) -> bool:
         """Runs one decode step of (request id, context length) rows; False when the graph would not serve it."""
         # A block per position is more than any context needs; the batch keeps only the blocks it reads.
         blocks = [cache.reserved_block] * max(context_len for _, context_len in rows)
         spans = [ScheduledSpan([0], context_len - 1, blocks, request_id) for request_id, context_len in rows]
         batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
-        prepared = model.backend.prepare(batch.metadata, cache.layers)
+        prepared = self._model.backend.prepare(batch.metadata, cache.layers)
         if not self.serves(prepared.metadata):
             return False
         self.forward(batch, prepared)

@@ -178,7 +178,7 @@ class ModelRunner:
             self.graphs = graphs
         self.model.backend.bind_cache(cache.layers)
         if self.decode_graph is not None:
-            self.decode_graph.compile_at_warmup(self.model, cache, max_batch_requests)
+            self.decode_graph.compile_at_warmup(cache, max_batch_requests)
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
