@@ -42,15 +42,22 @@ def prompt_logits(model: CausalLM) -> torch.Tensor:
     return model.compute_logits(forward_step(model, batch, cache.layers))
 
 
-def generate(
-    model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False
-) -> tuple[dict[int, list[int]], int]:
-    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner, and
-    how many steps ran through the decode graph (compiled only)."""
+def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> dict[int, list[int]]:
+    """Tokens of a greedy request (id 1) and a seeded sampled one (id 2) decoded together through ModelRunner."""
+    return decode_two_requests(generation_runner(model, eos_token_ids, compiled))
+
+
+def generation_runner(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> ModelRunner:
+    """A warmed-up CPU runner of `model`, its layers compiled when `compiled`."""
     options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
     runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
-    blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
     runner.warmup(WarmupPlan(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
+    return runner
+
+
+def decode_two_requests(runner: ModelRunner) -> dict[int, list[int]]:
+    """What `generate` returns, through a runner of the caller's."""
+    blocks_per_request = -(-(len(PROMPT) + NEW_TOKENS) // BLOCK_SIZE)
     requests = {
         rid: NewRequest(rid, tuple(PROMPT), 0, sampling, StoppingCriteria(NEW_TOKENS))
         for rid, sampling in ((1, GREEDY), (2, SEEDED))
@@ -68,7 +75,7 @@ def generate(
         step = StepInput(
             scheduled=tuple(ScheduledRequest(rid, 1, (), len(PROMPT) + len(tokens[rid]) - 1) for rid in running)
         )
-    return tokens, runner.decode_graph.steps if runner.decode_graph is not None else 0
+    return tokens
 
 
 def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, object]:
@@ -83,12 +90,13 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
     quantize_model(model, QuantizeMode.GGUF if quantized else QuantizeMode.NONE)
     if compiled:
         compile_layers(model)
-    tokens, decode_graph_steps = generate(model, config.eos_token_ids, compiled)
+    logits = prompt_logits(model)
+    runner = generation_runner(model, config.eos_token_ids, compiled)
     return {
         "num_kv_heads": model.spec.num_kv_heads,
-        "logits": prompt_logits(model),
-        "tokens": tokens,
-        "decode_graph_steps": decode_graph_steps,
+        "logits": logits,
+        "tokens": decode_two_requests(runner),
+        "decode_graph_steps": runner.decode_graph.steps if runner.decode_graph is not None else 0,
     }
 
 
