@@ -48,7 +48,8 @@ def compiled_graphs() -> int:
 
 def forward_graphs(runner: ModelRunner) -> list[object]:
     """The compiled graphs of the runner's model's whole forward pass (its decode graphs)."""
-    return _debug_get_cache_entry_list(type(runner.model).forward.__code__)
+    assert runner.decode_graph is not None
+    return _debug_get_cache_entry_list(runner.decode_graph.code)
 
 
 def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None:
@@ -94,6 +95,17 @@ def test_after_warmup_a_decode_step_no_graph_fits_runs_eagerly_instead_of_compil
     assert_greedy_matches_generate(tmp_path, reference, "llama, decode graphs dropped", runner=runner)
     assert runner.decode_graph.steps > warmup_steps
     assert forward_graphs(runner) == []
+
+
+def test_two_models_of_one_class_each_decode_through_their_own_graphs(tmp_path: Path) -> None:
+    # The decode graphs skip the guards on module attributes: a model of the same class and cache geometry but
+    # another MLP width must not run graphs compiled for the first one.
+    narrow, wide = tmp_path / "narrow", tmp_path / "wide"
+    references = {narrow: write_tiny_llama(narrow), wide: write_tiny_llama(wide, seed=1, intermediate_size=192)}
+    runners = {path: warm_for_reference(make_runner(path, compiled=True)) for path in references}
+    for path, runner in runners.items():
+        assert len(forward_graphs(runner)) == 3
+        assert_greedy_matches_generate(path, references[path], f"compiled {path.name} llama", runner=runner)
 
 
 def test_compiled_layers_call_prepacked_gemms_inside_their_graphs(tmp_path: Path) -> None:
