@@ -163,7 +163,13 @@ def _add_kv_events_flags(add: FlagAdder) -> None:
 def _add_supervision_flags(add: FlagAdder) -> None:
     """Timeouts and restart budget of the supervised children, and the test-only fault injection."""
     add.value("--shard-start-timeout", float, 300.0, "seconds a shard may take to load its model")
-    add.value("--router-start-timeout", float, 120.0, "seconds the router may take to become healthy")
+    add.value(
+        "--router-start-timeout",
+        float,
+        None,
+        "seconds the router may take to warm the shards up and become healthy; derived: 120, or 900 with "
+        "--torch-compile",
+    )
     add.value(
         "--graceful-termination-timeout",
         float,

@@ -37,6 +37,10 @@ DEFAULT_BLOCK_SIZE = 16
 # Unless --block-size is set: flash-attn 2 reads the paged KV cache only in blocks of a multiple of 256 tokens
 # (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
 BACKEND_BLOCK_SIZES = {"flash": 256}
+ROUTER_START_TIMEOUT_S = 120.0
+# Warmup under --torch-compile compiles every graph steps need: about 2 minutes on 2 cores with an empty Inductor
+# cache for the embedded model.
+COMPILING_ROUTER_START_TIMEOUT_S = 900.0
 
 _BATCH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
 _MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$", re.IGNORECASE)
@@ -127,7 +131,9 @@ class LauncherConfig:
     attention_backend: str = "auto"
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
-    router_start_timeout: float = 120.0
+    # Covers the shards' Warmup; None: `ROUTER_START_TIMEOUT_S`, or `COMPILING_ROUTER_START_TIMEOUT_S` with
+    # --torch-compile, whose Warmup compiles its graphs.
+    router_start_timeout: float | None = None
     graceful_termination_timeout: float = 90.0
     max_restarts: int = 3
     restart_window: float = 600.0
@@ -180,6 +186,13 @@ class LauncherConfig:
     def layout(self) -> NodeLayout:
         """The global ranks this node runs."""
         return NodeLayout(self.node_rank, self.num_shard // self.nnodes)
+
+    @property
+    def router_start_timeout_s(self) -> float:
+        """How long the router may take to warm the shards up and become healthy."""
+        if self.router_start_timeout is not None:
+            return self.router_start_timeout
+        return COMPILING_ROUTER_START_TIMEOUT_S if self.torch_compile else ROUTER_START_TIMEOUT_S
 
     @property
     def is_leader(self) -> bool:
@@ -256,7 +269,6 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--max-batch-size": config.max_batch_size,
         "--block-size": config.block_size,
         "--shard-start-timeout": config.shard_start_timeout,
-        "--router-start-timeout": config.router_start_timeout,
         "--restart-window": config.restart_window,
         "--shard-health-timeout": config.shard_health_timeout,
         "--max-queue-time": config.max_queue_time,
@@ -268,6 +280,7 @@ def _problems(config: LauncherConfig) -> list[str]:
         "--max-input-tokens": config.max_input_tokens,
         "--max-total-tokens": config.max_total_tokens,
         "--max-queued-tokens": config.max_queued_tokens,
+        "--router-start-timeout": config.router_start_timeout,
     }
     problems += [
         f"{flag} must be positive, got {value}"

@@ -167,7 +167,7 @@ class Supervisor:
             wait_until_ready(
                 self._router,
                 lambda: router_is_healthy(base_url, self._runtime.launch_id),
-                config.router_start_timeout,
+                config.router_start_timeout_s,
                 self._children(),
                 self._shutdown,
             )

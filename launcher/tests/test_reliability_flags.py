@@ -1,4 +1,5 @@
-"""Admission, step-timeout, API-key and bind flags: parsed with env vars, passed to the router, keys never on argv."""
+"""Admission, start and step timeouts, API-key and bind flags: parsed with env vars, passed to the router, keys
+never on argv."""
 
 from __future__ import annotations
 
@@ -46,9 +47,18 @@ def test_admission_and_step_timeout_flags_reach_the_router() -> None:
     assert (from_env.max_queued_tokens, from_env.step_timeout) == (4096, 9.0)
 
 
+def test_the_router_start_timeout_leaves_room_for_compiling_at_warmup() -> None:
+    # The start-up Warmup compiles every graph under --torch-compile: 120 s ended a cold-cache start on 2 cores.
+    assert parse_config([], {}).router_start_timeout_s == 120.0
+    assert parse_config(["--device", "cpu", "--torch-compile"], {}).router_start_timeout_s == 900.0
+    given = ["--device", "cpu", "--torch-compile", "--router-start-timeout", "30"]
+    assert parse_config(given, {}).router_start_timeout_s == 30.0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--router-start-timeout", "0"], "--router-start-timeout must be positive"),
         (["--max-queued-tokens", "0"], "--max-queued-tokens must be positive"),
         (["--step-timeout", "0"], "--step-timeout must be positive"),
         (["--api-key", "two words"], "--api-key number 1 must be printable ASCII"),

@@ -1,17 +1,20 @@
-"""The servicer over a real Unix socket: Info, Warmup, Step (prefill + decode), Health, Reset, mapped errors."""
+"""The servicer over a real Unix socket: Info, Warmup, Step (prefill + decode), Health, Reset, mapped errors; Health
+during a long Warmup."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 from shard_testing import make_runner, write_tiny_llama
 from tandem_server.distributed import ParallelContext
-from tandem_server.engine.step import WarmupPlan
+from tandem_server.engine.step import WarmupPlan, WarmupResult
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
+from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import start_server
 from tandem_server.rpc.servicer import ShardServicer, build_info
 
@@ -148,3 +151,44 @@ def test_warmup_requests_reach_the_runner_with_the_drafts_steps_may_carry() -> N
     # A router that names no drafts (or predates them) leaves both zero: no step carries drafts.
     plain = convert.warmup_plan_from_pb(shard_pb2.WarmupRequest(block_size=16, max_batch_tokens=512))
     assert (plain.max_drafts, plain.max_drafting_requests) == (0, 0)
+
+
+def test_health_stays_ok_while_warmup_runs_past_the_step_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Warmup compiles for minutes under --torch-compile; the launcher restarts shards whose Health fails.
+    checkpoint = tmp_path / "model"
+    write_tiny_llama(checkpoint)
+    runner = make_runner(checkpoint)
+    info = build_info(runner, "LlamaForCausalLM", "torch", ParallelContext())
+    socket_path, stall_after_s = tmp_path / "shard.sock", 0.02
+    warming, release = threading.Event(), threading.Event()
+    warmup = runner.warmup
+
+    def slow_warmup(plan: WarmupPlan) -> WarmupResult:
+        warming.set()
+        release.wait(timeout=10)
+        return warmup(plan)
+
+    monkeypatch.setattr(runner, "warmup", slow_warmup)
+
+    async def scenario() -> None:
+        model_thread = ModelThread(stall_after_s, runner.device)
+        server = await start_server(ShardServicer(runner, info, model_thread=model_thread), socket_path)
+        try:
+            async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
+                stub = shard_pb2_grpc.ShardServiceStub(channel)
+                warm = asyncio.ensure_future(
+                    stub.Warmup(shard_pb2.WarmupRequest(block_size=4, max_batch_tokens=32, max_batch_requests=4))
+                )
+                assert await asyncio.to_thread(warming.wait, 10)
+                await asyncio.sleep(stall_after_s * 3)
+                await stub.Health(shard_pb2.HealthRequest())
+                release.set()
+                await warm
+                await stub.Health(shard_pb2.HealthRequest(deep=True))
+        finally:
+            release.set()
+            await server.stop(None)
+
+    asyncio.run(scenario())

@@ -1,5 +1,6 @@
 """The model thread: a staged job completes after the next staged job's launch when that one is already queued, plain
-jobs run after every completion, and a job whose caller cancelled its future neither stops the worker nor is lost."""
+jobs run after every completion, a job whose caller cancelled its future neither stops the worker nor is lost, and a
+job past the stall limit reads as stalled unless it is exempt (Warmup)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+from tandem_server.errors import ModelThreadStalledError
 from tandem_server.rpc.model_thread import ModelThread
 
 
@@ -77,3 +79,35 @@ def test_a_cancelled_future_leaves_its_job_run_and_the_worker_serving() -> None:
 
     assert asyncio.run(scenario()) == "still serving"
     assert events == ["launch cancelled", "complete cancelled"]
+
+
+def test_a_job_past_the_stall_limit_reads_as_stalled_unless_exempt_like_warmup() -> None:
+    stall_after_s = 0.02
+
+    async def busy_for_longer_than_the_limit(thread: ModelThread, stall_limited: bool) -> str:
+        started, hold = threading.Event(), threading.Event()
+
+        def job() -> None:
+            started.set()
+            hold.wait(timeout=10)
+
+        submitted = thread.submit(job, stall_limited=stall_limited)
+        assert await asyncio.to_thread(started.wait, 10)
+        await asyncio.sleep(stall_after_s * 3)
+        try:
+            thread.check_not_stalled()
+            verdict = "healthy"
+        except ModelThreadStalledError:
+            verdict = "stalled"
+        hold.set()
+        await thread.result(submitted)
+        return verdict
+
+    async def scenario() -> tuple[str, str]:
+        thread = ModelThread(stall_after_s=stall_after_s)
+        step_like = await busy_for_longer_than_the_limit(thread, stall_limited=True)
+        warmup_like = await busy_for_longer_than_the_limit(thread, stall_limited=False)
+        thread.shut_down()
+        return step_like, warmup_like
+
+    assert asyncio.run(scenario()) == ("stalled", "healthy")

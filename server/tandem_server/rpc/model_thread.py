@@ -25,6 +25,7 @@ class _Job:
     future: Future[Any]
     # A staged job's `run` launches work and returns the callable that completes it.
     staged: bool
+    stall_limited: bool = True
 
 
 class ModelThread:
@@ -38,7 +39,8 @@ class ModelThread:
     A job outlives the RPC that asked for it when that RPC is cancelled (a thread cannot be interrupted), so the
     start time is set and cleared by the worker itself: while it is set, the model is busy whatever the RPCs say.
     A job busy for longer than `stall_after_s` means a wedged device; Health then fails, so the launcher restarts
-    the shard group instead of the router waiting on it forever.
+    the shard group instead of the router waiting on it forever. A job run with `stall_limited=False` (Warmup, which
+    compiles for minutes under --torch-compile) is exempt: the launcher's router start timeout bounds it.
 
     The CUDA current device is per thread, so the one worker is bound to the rank's device when it starts: every
     kernel launch, stream, event and memory probe a job makes without naming a device lands on the rank's GPU.
@@ -49,23 +51,21 @@ class ModelThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         # Set and cleared by the worker around each phase of a job.
         self._job_started: float | None = None
+        self._job_stall_limited = True
         # The start of a running job whose caller gave up on it; cleared by the worker when that job ends.
         self._abandoned_since: float | None = None
         self._worker = threading.Thread(target=self._work, args=(device,), name="model", daemon=True)
         self._worker.start()
 
-    def submit(self, job: Callable[[], Result]) -> asyncio.Future[Result]:
+    def submit(self, job: Callable[[], Result], stall_limited: bool = True) -> asyncio.Future[Result]:
         """Queues `job()` behind the jobs already submitted; refused while an abandoned job occupies the model."""
-        return self._queue(job, staged=False)
+        return asyncio.wrap_future(self._put(job, staged=False, stall_limited=stall_limited))
 
     def submit_staged(self, launch: Callable[[], Callable[[], Result]]) -> asyncio.Future[Result]:
         """Queues a two-phase job: `launch()` returns the callable whose result the future carries."""
-        return self._queue(launch, staged=True)
+        return asyncio.wrap_future(self._put(launch, staged=True))
 
-    def _queue(self, run: Callable[[], Any], staged: bool) -> asyncio.Future[Any]:
-        return asyncio.wrap_future(self._put(run, staged))
-
-    def _put(self, run: Callable[[], Any], staged: bool) -> Future[Any]:
+    def _put(self, run: Callable[[], Any], staged: bool, stall_limited: bool = True) -> Future[Any]:
         abandoned = self._abandoned_since
         if abandoned is not None:
             raise ModelThreadStalledError(
@@ -73,7 +73,7 @@ class ModelThread:
                 "whose caller gave up on it"
             )
         future: Future[Any] = Future()
-        self._jobs.put(_Job(run, future, staged))
+        self._jobs.put(_Job(run, future, staged, stall_limited))
         return future
 
     async def result(self, submitted: asyncio.Future[Result]) -> Result:
@@ -90,9 +90,9 @@ class ModelThread:
         result: Result = self._put(job, staged=False).result()
         return result
 
-    async def run(self, job: Callable[[], Result]) -> Result:
+    async def run(self, job: Callable[[], Result], stall_limited: bool = True) -> Result:
         """`job()` on the worker thread, after every job submitted before it."""
-        return await self.result(self.submit(job))
+        return await self.result(self.submit(job, stall_limited))
 
     def _work(self, device: torch.device) -> None:
         bind_thread_to_device(device)
@@ -109,7 +109,7 @@ class ModelThread:
                     open_job = None
                 if job is None:
                     return
-                self._execute(job.run, job.future)
+                self._execute(job.run, job.future, job.stall_limited)
                 continue
             launched: Future[Callable[[], Any]] = Future()
             self._execute(job.run, launched)
@@ -123,8 +123,9 @@ class ModelThread:
             else:
                 open_job = (launched.result(), job.future)
 
-    def _execute(self, run: Callable[[], Any], future: Future[Any]) -> None:
+    def _execute(self, run: Callable[[], Any], future: Future[Any], stall_limited: bool = True) -> None:
         # Every job runs, even one whose future was cancelled: a launched step must still complete.
+        self._job_stall_limited = stall_limited
         self._job_started = time.monotonic()
         try:
             result = run()
@@ -141,7 +142,7 @@ class ModelThread:
     def check_not_stalled(self) -> None:
         """Raises when the running job has been busy for longer than the stall limit."""
         started = self._job_started
-        if started is None or self._stall_after_s is None:
+        if started is None or self._stall_after_s is None or not self._job_stall_limited:
             return
         busy_s = time.monotonic() - started
         if busy_s > self._stall_after_s:

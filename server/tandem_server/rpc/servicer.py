@@ -88,7 +88,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self, request: shard_pb2.WarmupRequest, context: grpc.aio.ServicerContext
     ) -> shard_pb2.WarmupResponse:
         async with self._lock:
-            result = await self._model.run(lambda: self._runner.warmup(convert.warmup_plan_from_pb(request)))
+            warmup = lambda: self._runner.warmup(convert.warmup_plan_from_pb(request))  # noqa: E731
+            result = await self._model.run(warmup, stall_limited=False)
             await self._order.restart()
         if self._metrics is not None:
             self._metrics.kv_cache_allocated(result.kv_cache_bytes)
