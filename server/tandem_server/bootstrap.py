@@ -213,7 +213,6 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
         kv_cache_dtype=config.cache_dtype,
-        # Only an asynchronous device runs step N while the host prepares step N+1.
-        launch_ahead=config.device == "cuda",
+        launch_ahead=config.launches_ahead,
         compiled=config.torch_compile,
     )

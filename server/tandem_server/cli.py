@@ -234,7 +234,7 @@ def load_on_model_thread(config: ShardConfig) -> tuple[ModelThread, LoadedShard]
     pools' workers stop spinning between regions and sleep, which made a CPU decode step 1.6-2x slower. Loading on it
     also makes init_distributed bind this thread to the rank's CUDA device.
     """
-    model_thread = ModelThread(config.step_timeout_s)
+    model_thread = ModelThread(config.step_timeout_s, overlap_steps=config.launches_ahead)
     try:
         return model_thread, model_thread.call(lambda: load_shard(config))
     except BaseException:

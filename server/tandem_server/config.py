@@ -119,6 +119,11 @@ class ShardConfig:
                 raise ConfigError(f"{flag} names rank {target.rank}, outside world size {self.world_size}")
 
     @property
+    def launches_ahead(self) -> bool:
+        """Whether the device runs a step while the host prepares the next one; on the CPU a launch runs the step."""
+        return self.device == "cuda"
+
+    @property
     def cache_dtype(self) -> torch.dtype:
         """The dtype the KV cache is allocated in."""
         return self.kv_cache_dtype or self.dtype

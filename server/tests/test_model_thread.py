@@ -1,6 +1,7 @@
-"""The model thread: a staged job completes after the next staged job's launch when that one is already queued, plain
-jobs run after every completion, a job whose caller cancelled its future neither stops the worker nor is lost, and a
-job past the stall limit reads as stalled unless it is exempt (Warmup)."""
+"""The model thread: with overlapping steps a staged job completes after the next staged job's launch when that one is
+already queued (else right after its own launch), plain jobs run after every completion, a job whose caller cancelled
+its future neither stops the worker nor is lost, and a job past the stall limit reads as stalled unless it is exempt
+(Warmup)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+import pytest
 from tandem_server.errors import ModelThreadStalledError
 from tandem_server.rpc.model_thread import ModelThread
 
@@ -27,11 +29,21 @@ def staged(events: list[str], name: str, hold: threading.Event | None = None) ->
     return launch
 
 
-def test_a_queued_staged_job_launches_before_the_one_ahead_completes() -> None:
+@pytest.mark.parametrize(
+    ("overlap_steps", "order"),
+    [
+        (True, ["launch 1", "launch 2", "complete 1", "complete 2"]),
+        # The CPU: step 1's tokens leave as soon as it ran, not after step 2 has run too.
+        (False, ["launch 1", "complete 1", "launch 2", "complete 2"]),
+    ],
+)
+def test_a_queued_staged_job_launches_before_the_one_ahead_completes_only_when_steps_overlap(
+    overlap_steps: bool, order: list[str]
+) -> None:
     events: list[str] = []
 
     async def scenario() -> list[str]:
-        thread = ModelThread(stall_after_s=None)
+        thread = ModelThread(stall_after_s=None, overlap_steps=overlap_steps)
         hold = threading.Event()
         first = thread.submit_staged(staged(events, "1", hold))
         second = thread.submit_staged(staged(events, "2"))
@@ -41,14 +53,14 @@ def test_a_queued_staged_job_launches_before_the_one_ahead_completes() -> None:
         return results
 
     assert asyncio.run(scenario()) == ["1", "2"]
-    assert events == ["launch 1", "launch 2", "complete 1", "complete 2"]
+    assert events == order
 
 
 def test_a_staged_job_alone_completes_at_once_and_plain_jobs_wait_for_completions() -> None:
     events: list[str] = []
 
     async def scenario() -> None:
-        thread = ModelThread(stall_after_s=None)
+        thread = ModelThread(stall_after_s=None, overlap_steps=True)
         assert await thread.result(thread.submit_staged(staged(events, "1"))) == "1"
         hold = threading.Event()
         launched = thread.submit_staged(staged(events, "2", hold))

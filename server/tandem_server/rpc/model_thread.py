@@ -32,9 +32,11 @@ class ModelThread:
     """Runs model jobs one at a time, in the order they were submitted, and remembers when the running job started.
 
     A job may be submitted while another runs: it starts the moment the worker is free, without a hop through the
-    event loop. A staged job runs in two phases, launch and completion; when the next job is already queued, the
-    worker launches that job before it completes the one before, so the host prepares step N+1 while the device
-    still runs step N. A plain job (Warmup, Reset, health probes) runs only after every staged job completed.
+    event loop. A staged job runs in two phases, launch and completion. With `overlap_steps` (an asynchronous device),
+    when the next job is already queued the worker launches that job before it completes the one before, so the host
+    prepares step N+1 while the device still runs step N. Without it (the CPU, where a launch runs the whole step)
+    each job completes right after its launch: holding step N's tokens until step N+1 has run would only delay them,
+    and deliver them in pairs. A plain job (Warmup, Reset, health probes) runs only after every staged job completed.
 
     A job outlives the RPC that asked for it when that RPC is cancelled (a thread cannot be interrupted), so the
     start time is set and cleared by the worker itself: while it is set, the model is busy whatever the RPCs say.
@@ -46,8 +48,9 @@ class ModelThread:
     kernel launch, stream, event and memory probe a job makes without naming a device lands on the rank's GPU.
     """
 
-    def __init__(self, stall_after_s: float | None, device: torch.device = _CPU) -> None:
+    def __init__(self, stall_after_s: float | None, device: torch.device = _CPU, overlap_steps: bool = False) -> None:
         self._stall_after_s = stall_after_s
+        self._overlap_steps = overlap_steps
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         # Set and cleared by the worker around each phase of a job.
         self._job_started: float | None = None
@@ -120,8 +123,10 @@ class ModelThread:
             if failure is not None:
                 if not job.future.cancelled():
                     job.future.set_exception(failure)
-            else:
+            elif self._overlap_steps:
                 open_job = (launched.result(), job.future)
+            else:
+                self._execute(launched.result(), job.future)
 
     def _execute(self, run: Callable[[], Any], future: Future[Any], stall_limited: bool = True) -> None:
         # Every job runs, even one whose future was cancelled: a launched step must still complete.

@@ -66,7 +66,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self._lock = asyncio.Lock()
         # The thread that loaded the model (`cli.load_on_model_thread`); tests that built the runner themselves get
         # a fresh one without a stall limit.
-        self._model = model_thread or ModelThread(None, runner.device)
+        self._model = model_thread or ModelThread(None, runner.device, overlap_steps=runner.device.type == "cuda")
         self._order = StepOrder()
 
     @translate_errors
