@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
-from shard_testing import load_tiny_model, make_runner, write_tiny_checkpoint, write_tiny_llama
+from shard_testing import StepDriver, load_tiny_model, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
 from tandem_server.cli import config_from_args
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
@@ -52,6 +52,23 @@ def forward_graphs(runner: ModelRunner) -> list[object]:
     return _debug_get_cache_entry_list(runner.decode_graph.code)
 
 
+def record_graph_fits(runner: ModelRunner) -> list[bool]:
+    """Whether each decode-graph step from now on fits one of the compiled graphs (passes its guards)."""
+    graph = runner.decode_graph
+    assert graph is not None
+    fits: list[bool] = []
+    run = graph._run
+
+    def checked_run(input_ids: object, positions: object, kv_cache: object, metadata: object) -> object:
+        frame = {"self": runner.model, "input_ids": input_ids, "positions": positions, "kv_cache": kv_cache}
+        frame["metadata"] = metadata
+        fits.append(any(entry.guard_manager.check(frame) for entry in forward_graphs(runner)))
+        return run(input_ids, positions, kv_cache, metadata)
+
+    graph._run = checked_run
+    return fits
+
+
 def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
     assert_mixed_steps_match_logits(tmp_path, reference, "llama compiled", Target(compiled=True))
@@ -77,8 +94,13 @@ def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_
     # Steps of one request (twice), then of 2, 4 and 8; one graph per size-1 specialisation: one row with one
     # mirror fill, one row with several, several rows (the tiny model's GEMMs have no row thresholds).
     assert after_warmup > 0 and warmup_steps == 5 and len(forward_graphs(runner)) == 3
+    fits = record_graph_fits(runner)
     assert_greedy_matches_generate(tmp_path, reference, f"{family} compiled", runner=runner)
+    # A request alone: its first decode fills its whole 9-token prompt into the mirror, more than Warmup's did.
+    StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=16).run([new_request(50, list(range(3, 12)), 4)])
     assert compiled_graphs() == after_warmup
+    # Run-only mode runs a step no graph fits eagerly, silently: every step found one.
+    assert fits and all(fits), fits
     # The steps where every request decoded (the others carry prompt chunks) ran through the decode graphs Warmup
     # compiled.
     assert runner.decode_graph.steps > warmup_steps

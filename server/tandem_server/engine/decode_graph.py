@@ -78,8 +78,9 @@ class DecodeGraph:
         for tensor in (batch.input_ids, batch.positions, metadata.slot_mapping, decode.query_rows):
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
         for tensor in (decode.key_slots, decode.key_mask):
+            # Rows and context; torch takes a dimension's index as it stands (a mark on -1 marked nothing).
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            torch._dynamo.maybe_mark_dynamic(tensor, -1)
+            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 1)
         if decode.mirror is not None:
             torch._dynamo.maybe_mark_dynamic(decode.mirror.sources, 0)
             torch._dynamo.maybe_mark_dynamic(decode.mirror.targets, 0)
