@@ -38,8 +38,8 @@ DEFAULT_BLOCK_SIZE = 16
 # (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
 BACKEND_BLOCK_SIZES = {"flash": 256}
 ROUTER_START_TIMEOUT_S = 120.0
-# Warmup under --torch-compile compiles every graph steps need: about 2 minutes on 2 cores with an empty Inductor
-# cache for the embedded model.
+# Warmup under --torch-compile compiles every graph steps need: the embedded model's start took 158 s on 2 cores with
+# an empty Inductor cache.
 COMPILING_ROUTER_START_TIMEOUT_S = 900.0
 
 _BATCH_SIZES = re.compile(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$")
