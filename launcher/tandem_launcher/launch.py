@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 from tandem_launcher.config import LauncherConfig
 from tandem_launcher.limits import TokenLimitError, derive_token_limits
 from tandem_launcher.logs import LOGGER, configure_logging, phase
 from tandem_launcher.model_resolution import ModelResolutionError, resolve_configured_model
 from tandem_launcher.signals import (
+    ShutdownFlag,
     ShutdownRequested,
     flag_on_shutdown_signal,
     forward_hangup,
@@ -36,7 +35,7 @@ def launch(config: LauncherConfig) -> int:
         return 0
     LOGGER.info("token limits: max input %d, max total %d", limits.max_input_tokens, limits.max_total_tokens)
     LOGGER.info("KV cache blocks of %d tokens (%s)", config.block_size, config.block_size_reason)
-    shutdown = threading.Event()
+    shutdown = ShutdownFlag()
     flag_on_shutdown_signal(shutdown)
     supervisor = Supervisor(LaunchPlan(config, model, limits), shutdown)
     forward_hangup(supervisor.reload_router_keys)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import http.client
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_launcher.processes import ChildProcess
-from tandem_launcher.signals import ShutdownRequested
+from tandem_launcher.signals import ShutdownFlag, ShutdownRequested
 
 POLL_INTERVAL_S = 0.2
 PROBE_TIMEOUT_S = 2.0
@@ -99,7 +98,7 @@ def wait_until_ready(
     is_ready: Callable[[], bool],
     timeout: float,
     watched: Sequence[ChildProcess],
-    shutdown: threading.Event,
+    shutdown: ShutdownFlag,
 ) -> None:
     """Polls `is_ready` until it holds; fails fast if any `watched` child exits or on shutdown."""
     deadline = time.monotonic() + timeout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -37,7 +36,7 @@ from tandem_launcher.readiness import (
 )
 from tandem_launcher.restarts import RestartBudget, RestartBudgetSpentError
 from tandem_launcher.runtime_dir import RuntimeDir
-from tandem_launcher.signals import AbortRequested, ShutdownRequested
+from tandem_launcher.signals import AbortRequested, ShutdownFlag, ShutdownRequested
 
 # A failed group is stopped quickly: a surviving rank may hang in a collective waiting for the dead one.
 FAILED_GROUP_STOP_TIMEOUT_S = 10.0
@@ -66,7 +65,7 @@ class LaunchPlan:
 class Supervisor:
     """Owns the child processes of one launch and the runtime directory holding their sockets."""
 
-    def __init__(self, plan: LaunchPlan, shutdown: threading.Event, sink: LineSink = forward_child_line) -> None:
+    def __init__(self, plan: LaunchPlan, shutdown: ShutdownFlag, sink: LineSink = forward_child_line) -> None:
         self._plan = plan
         self._shutdown = shutdown
         self._sink = sink
