@@ -65,8 +65,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
         # The thread that loaded the model (`cli.load_on_model_thread`); tests that built the runner themselves get
-        # a fresh one without a stall limit.
-        self._model = model_thread or ModelThread(None, runner.device, overlap_steps=runner.device.type == "cuda")
+        # a fresh one without a stall limit, overlapping steps as the runner launches them.
+        self._model = model_thread or ModelThread(None, runner.device, overlap_steps=runner.options.launch_ahead)
         self._order = StepOrder()
 
     @translate_errors
