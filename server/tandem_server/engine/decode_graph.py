@@ -21,9 +21,9 @@ so no other model of the same class, whose module guards nobody checks, can ever
 A quantized model's one-row graphs (single streams) compile with its weights as constants of the graph (Inductor's
 freezing) and with autotuning, so each int4 GEMM runs the faster of torch's kernel and Inductor's own weight-only
 int4 kernel, which freezing makes available: on the embedded GGUF Inductor's won all four GEMM shapes at one row, and
-a decode step took 9.4-10.4 ms against 11.2-12.2 ms. The graphs then hold their own copies of the weights in that
-kernel's layout (the process grew by about 100 MiB, the size of the quantized weights), logged at Warmup. Steps of
-more rows keep torch's kernel, which autotuning chose at two rows anyway.
+a decode step took 9.4-10.4 ms against 11.2-12.2 ms. The graphs then hold the weights in that kernel's layout (a
+served shard took 41 MiB more once ready); Warmup logs how much the process grew while the graphs compiled. Steps
+of more rows keep torch's kernel, which autotuning chose at two rows anyway.
 """
 
 from __future__ import annotations
