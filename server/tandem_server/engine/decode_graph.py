@@ -120,7 +120,7 @@ class DecodeGraph:
 
         One request decodes twice (its first decode fills several mirror positions, its next one), then steps of
         each row count `warmup_rows` names, so each row threshold of the weight formats is crossed."""
-        started, steps_before, resident_before = time.perf_counter(), self.steps, resident_bytes()
+        started, steps_before, resident_before = time.perf_counter(), self.steps, _resident_bytes()
         steps = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
         steps += [
             tuple((request, _WARMUP_CONTEXT) for request in range(rows)) for rows in warmup_rows(max_batch_requests)[1:]
@@ -141,7 +141,7 @@ class DecodeGraph:
         finally:
             self._model.backend.clear()
             self._run = torch._dynamo.run(self._compiled)
-        grown = _difference_mib(resident_before, resident_bytes())
+        grown = _difference_mib(resident_before, _resident_bytes())
         logger.info(
             "torch.compile: decode-step graphs compiled in %.1fs (%d warm-up steps)%s; the process grew by %s",
             time.perf_counter() - started,
@@ -170,7 +170,7 @@ def _frozen_autotuned() -> contextlib.AbstractContextManager[None]:
     return torch._inductor.config.patch(freezing=True, max_autotune=True)
 
 
-def resident_bytes() -> int | None:
+def _resident_bytes() -> int | None:
     """The process's resident memory, where /proc tells it."""
     try:
         pages = int(_STATM.read_text().split()[1])
