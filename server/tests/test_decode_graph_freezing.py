@@ -61,12 +61,14 @@ def warm_up_recording_compile_settings(runner: ModelRunner) -> list[tuple[int, b
     return seen
 
 
-@pytest.mark.skipif(kernels_unavailable_reason(CPU, QuantizeMode.INT4) is not None, reason="no CPU int4 kernel")
+@pytest.mark.parametrize("mode", [QuantizeMode.INT4, QuantizeMode.INT8, QuantizeMode.FP8], ids=lambda mode: mode.value)
 def test_a_quantized_models_one_row_decode_graphs_compile_frozen_and_autotuned_and_keep_its_tokens(
-    tmp_path: Path,
+    tmp_path: Path, mode: QuantizeMode
 ) -> None:
+    if (reason := kernels_unavailable_reason(CPU, mode)) is not None:
+        pytest.skip(reason)
     write_tiny_llama(tmp_path)
-    compiled = runner_for(tmp_path, QuantizeMode.INT4, compiled=True)
+    compiled = runner_for(tmp_path, mode, compiled=True)
     # Steps of one request (its first decode, its next one), then of 2 and 4 rows.
     assert warm_up_recording_compile_settings(compiled) == [
         (1, True, True),
@@ -75,7 +77,7 @@ def test_a_quantized_models_one_row_decode_graphs_compile_frozen_and_autotuned_a
         (4, False, False),
     ]
     assert not inductor_config.freezing and not inductor_config.max_autotune
-    eager = warm_up(runner_for(tmp_path, QuantizeMode.INT4, compiled=False))
+    eager = warm_up(runner_for(tmp_path, mode, compiled=False))
     requests = [new_request(1, list(range(3, 12)), 12), new_request(2, list(range(20, 26)), 12)]
     want = StepDriver(eager, eager.cache.num_blocks, chunk_size=8).run(requests)
     assert compiled.decode_graph is not None
