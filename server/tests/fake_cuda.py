@@ -60,6 +60,10 @@ class FakeCuda:
             raise AssertionError(f"a CUDA call named {device!r}")
         return self.current() if parsed.index is None else parsed.index
 
+    def names(self) -> list[str]:
+        """The logged calls' names, in order."""
+        return [call.name for call in self.calls]
+
     def record(self, name: str, device: DeviceLike = None) -> int:
         """Notes the call and makes the calling worker thread place CUDA tensors on the CPU from now on."""
         index = self.index(device)
@@ -209,36 +213,108 @@ class _Capture(TorchDispatchMode):
         return result
 
 
+# Torch calls that read a device tensor on the host: each one waits for every kernel queued before it.
+_HOST_READS = frozenset(
+    {
+        torch.Tensor.cpu,
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+    }
+)
+
+
+# A method wrapper: a new object at each lookup, equal to the others.
+_DEVICE_OF = torch.Tensor.device.__get__  # type: ignore[attr-defined]
+
+
+def _on_device(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and getattr(value, "fake_cuda", False)
+
+
 class _CudaTensorsOnCpu(TorchFunctionMode):
     """Turns every CUDA device argument into the CPU, noting which CUDA device it named (thread-local, like every
-    torch function mode)."""
+    torch function mode).
+
+    It keeps the stream's log too: tensors made on a CUDA device, and everything computed from them, carry
+    `fake_cuda`; each torch call on them is logged as a "kernel" (views included, so a count is an upper bound),
+    and each transfer between host and device as a copy that is asynchronous or blocking as the CUDA runtime
+    would make it.
+    """
 
     def __init__(self, fake: FakeCuda) -> None:
         super().__init__()
         self._fake = fake
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
         if func is torch.device:
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
+        if func == _DEVICE_OF and _on_device(args[0]):
+            # A device tensor says where it lives, so code that follows a tensor's device stays on the device.
+            return torch.device("cuda", self._fake.current())
         if func is torch.Tensor.pin_memory:
-            # Every tensor already lives on the CPU: pinning only marks it, as the host copy below reads.
-            args[0].fake_pinned = True
-            return args[0]
-        if func is torch.Tensor.to:
-            self._note_host_copy(args, kwargs or {})
-        kwargs = {key: self._place(value) for key, value in (kwargs or {}).items()}
-        kwargs.pop("pin_memory", None)
-        return func(*(self._place(arg) for arg in args), **kwargs)
+            # A pinned copy, marked as such for the host copy below to read.
+            pinned = args[0].clone()
+            pinned.fake_pinned = True
+            return pinned
+        names_cuda = any(self._is_cuda(value) for value in (*args, *kwargs.values()))
+        reads_device = any(_on_device(value) for value in tree_leaves((args, kwargs)))
+        transfer = self._log_transfer(func, args, kwargs, names_cuda, reads_device)
+        pinned = kwargs.pop("pin_memory", False)
+        kwargs = {key: self._place(value) for key, value in kwargs.items()}
+        result = func(*(self._place(arg) for arg in args), **kwargs)
+        if transfer == "to device" and args and result is args[0]:
+            # The device copy of a host tensor is a tensor of its own, as on a real device.
+            result = result.clone()
+        tensors = [leaf for leaf in tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+        launches = transfer is None and (reads_device or names_cuda) and (tensors or func is torch.Tensor.__setitem__)
+        if launches:
+            self._fake.record("kernel")
+        for tensor in tensors:
+            if transfer == "to device" or launches:
+                tensor.fake_cuda = True
+            if pinned:
+                tensor.fake_pinned = True
+        return result
 
-    def _note_host_copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _log_transfer(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], names_cuda: bool, reads_device: bool
+    ) -> str | None:
+        """Logs a copy between host and device: "to device" or "to host" for one, None for any other call."""
+        if func is torch.Tensor.to:
+            if self._note_host_copy(args, kwargs):
+                return "to device"
+            if reads_device and any(self._is_cpu(value) for value in (*args[1:], *kwargs.values())):
+                self._fake.record("blocking device copy")
+                return "to host"
+        elif func in (torch.tensor, torch.as_tensor) and names_cuda:
+            # Built from host data straight into device memory: a copy from pageable memory, which waits.
+            self._fake.record("blocking host copy", kwargs.get("device"))
+            return "to device"
+        elif func is torch.Tensor.copy_ and not _on_device(args[0]) and _on_device(args[1]):
+            asynchronous = kwargs.get("non_blocking", False) and getattr(args[0], "fake_pinned", False)
+            self._fake.record("async device copy" if asynchronous else "blocking device copy")
+            return "to host"
+        elif func in _HOST_READS and reads_device:
+            self._fake.record("blocking device copy")
+            return "to host"
+        return None
+
+    def _note_host_copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """A `.to(cuda)` of a host tensor: asynchronous only from pinned memory with `non_blocking=True`; any
-        other copy waits for every kernel queued before it, as the CUDA runtime does."""
+        other copy waits for every kernel queued before it, as the CUDA runtime does. True when it is one."""
         targets = [*args[1:], kwargs.get("device")]
         target = next((value for value in targets if self._is_cuda(value)), None)
-        if target is None:
-            return
+        if target is None or _on_device(args[0]):
+            return False
         asynchronous = kwargs.get("non_blocking", False) and getattr(args[0], "fake_pinned", False)
         self._fake.record("async host copy" if asynchronous else "blocking host copy", target)
+        return True
 
     @staticmethod
     def _is_cuda(value: Any) -> bool:
@@ -246,10 +322,12 @@ class _CudaTensorsOnCpu(TorchFunctionMode):
             isinstance(value, torch.device) and value.type == "cuda"
         )
 
+    @staticmethod
+    def _is_cpu(value: Any) -> bool:
+        return (isinstance(value, str) and value == "cpu") or (isinstance(value, torch.device) and value.type == "cpu")
+
     def _place(self, value: Any) -> Any:
-        if (isinstance(value, str) and value.startswith("cuda")) or (
-            isinstance(value, torch.device) and value.type == "cuda"
-        ):
+        if self._is_cuda(value):
             self._fake.record("tensor placement", value)
             return torch.device("cpu")
         return value

@@ -157,8 +157,8 @@ def test_one_compiled_grammar_serves_every_request_that_names_it(compiler: Gramm
 
 
 def test_a_sampled_row_never_draws_a_masked_token_even_when_the_noise_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A uniform draw of exactly 0 once made 0/0 = NaN for masked tokens, and argmax picks NaN.
-    monkeypatch.setattr(seeding.torch, "rand", lambda size, **kwargs: torch.zeros(size))
+    # Zero noise once made 0/0 = NaN for masked tokens, and argmax picks NaN; a uniform draw of 1 gives zero noise.
+    monkeypatch.setattr(seeding, "uniform_noise", lambda keys, vocab: torch.ones(len(keys), vocab))
     rows = [SamplingRow(params=SAMPLING, position=3)]
     allowed = torch.zeros(1, 16, dtype=torch.bool)
     allowed[0, 5] = True

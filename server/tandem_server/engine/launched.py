@@ -63,6 +63,11 @@ class LaunchedStep:
             return None
         return next((row.sampler_row for row in self.rows if isinstance(row, PendingRow) and row.state is state), None)
 
+    def pending_token(self, state: RequestState) -> torch.Tensor | None:
+        """`state`'s token pending in this step, as a one-element tensor on the device, if it has one."""
+        row = self.sampled_row(state)
+        return None if row is None else self.sampled_ids()[row : row + 1]
+
     def sampled_ids(self) -> torch.Tensor:
         """The sampled token ids on the device, one per row (meaningless for rows that failed)."""
         assert self.sampled is not None

@@ -207,8 +207,8 @@ class ModelRunner:
         """Applies the Step and queues its forward pass and sampling on the device without reading the results.
 
         With `launch_ahead`, the step before it may still be open: a request it sampled runs here on its reserved
-        token, whose id is copied on the device. A request whose sampling inputs need that token on the host
-        (grammar, penalties, bias) completes the open step first, and so does every step without `launch_ahead`.
+        token, whose id is copied on the device (and counted there by its penalties). A request whose grammar
+        needs that token on the host completes the open step first, and so does every step without `launch_ahead`.
         """
         cache = self._require_cache()
         open_step = self._open
@@ -242,7 +242,7 @@ class ModelRunner:
         # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
         # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).
         draws = _draw_positions(plan, batch.last_rows, drafts)
-        sampling = self._sampling_batch(draws.rows) if draws.rows else None
+        sampling = self._sampling_batch(draws.rows, open_step) if draws.rows else None
         sample_rows = to_device(torch.tensor(draws.hidden_rows, dtype=torch.long), self.device)
         timer.mark()
         hidden = self.graphs.run(batch) if self.graphs is not None else None
@@ -356,7 +356,9 @@ class ModelRunner:
         scored = (chunk_prompt_logprobs(self.model, hidden, chunk) for chunk in chunks)
         return tuple(result for result in scored if result is not None)
 
-    def _sampling_batch(self, rows: list[tuple[RequestState, tuple[int, ...]]]) -> StepSampling:
+    def _sampling_batch(
+        self, rows: list[tuple[RequestState, tuple[int, ...]]], open_step: LaunchedStep | None
+    ) -> StepSampling:
         # A token's draw is seeded by the position it will occupy, so recompute after preemption repeats it, and a
         # draw behind drafts is the one the request makes once they are its tokens: its position, bans, penalty
         # counts and grammar mask all count them.
@@ -364,7 +366,7 @@ class ModelRunner:
             SamplingRow(
                 params=s.sampling,
                 position=len(s.token_ids) + len(drafted),
-                statistics=self._statistics(s),
+                statistics=self._statistics(s, open_step),
                 banned_ids=s.banned_token_ids(len(drafted)),
                 top_logprobs=s.top_logprobs,
                 drafted=drafted,
@@ -377,13 +379,16 @@ class ModelRunner:
         mask = grammar_token_mask([s.grammar for s, _ in rows], vocab_size, self.device, drafted_rows)
         return StepSampling(SamplingBatch.build(sampling_rows, self.device, mask.allowed), mask.failures)
 
-    def _statistics(self, state: RequestState) -> TokenStatistics | None:
+    def _statistics(self, state: RequestState, open_step: LaunchedStep | None) -> TokenStatistics | None:
         # Built once, from everything the request holds when it first samples; `append_generated` keeps it current.
+        # A token the open step sampled is counted on the device, so its draw need not reach the host first.
+        pending = open_step.pending_token(state) if open_step is not None and state.has_pending_token else None
         if state.statistics is None and TokenStatistics.needed(state.sampling):
+            known = state.token_ids[:-1] if pending is not None else state.token_ids
             vocab_size = self.model.spec.vocab_size
-            state.statistics = TokenStatistics(
-                state.sampling, state.token_ids, state.prompt_len, vocab_size, self.device
-            )
+            state.statistics = TokenStatistics(state.sampling, known, state.prompt_len, vocab_size, self.device)
+        if state.statistics is not None and pending is not None:
+            state.statistics.record_on_device(pending)
         return state.statistics
 
     def _require_cache(self) -> KVCache:

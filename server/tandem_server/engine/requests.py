@@ -104,9 +104,9 @@ class RequestState:
         return None
 
     def needs_host_tokens(self) -> bool:
-        """True when preparing this request's next sampling reads its generated tokens on the host (grammar
-        masks, penalty and bias vectors built or updated from them)."""
-        return self.grammar is not None or TokenStatistics.needed(self.sampling)
+        """True when preparing this request's next sampling reads its generated tokens on the host: a grammar
+        advances its matcher on them (penalty vectors count a pending token on the device)."""
+        return self.grammar is not None
 
 
 @dataclass(frozen=True)

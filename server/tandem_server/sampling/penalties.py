@@ -15,8 +15,8 @@ def _pairs(rows: Sequence[tuple[int, Sequence[int]]], device: torch.device) -> t
     row_index = [row for row, ids in rows for _ in ids]
     token_index = [token for _, ids in rows for token in ids]
     return (
-        torch.tensor(row_index, dtype=torch.long, device=device),
-        torch.tensor(token_index, dtype=torch.long, device=device),
+        to_device(torch.tensor(row_index, dtype=torch.long), device),
+        to_device(torch.tensor(token_index, dtype=torch.long), device),
     )
 
 
@@ -70,14 +70,13 @@ class BannedTokens:
 
     def __init__(self, rows: Sequence[SamplingRow], device: torch.device) -> None:
         self.rows, self.tokens = _pairs([(r, row.banned_ids) for r, row in enumerate(rows)], device)
-        self.banned = torch.tensor(float("-inf"), device=device)
 
     @staticmethod
     def needed(rows: Sequence[SamplingRow]) -> bool:
         return any(row.banned_ids for row in rows)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.index_put((self.rows, self.tokens), self.banned.to(logits.dtype))
+        return logits.index_put((self.rows, self.tokens), logits.new_full((), float("-inf")))
 
 
 class RepetitionPenalty:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.device_copy import HostCopy, start_host_copy
 from tandem_server.errors import FailureKind
 from tandem_server.sampling.batch import SamplingBatch
 from tandem_server.sampling.logprobs import TokenLogprobs
@@ -29,17 +30,18 @@ _ROW_FAILURES = {1.0: FailureKind.NON_FINITE_LOGITS, 2.0: FailureKind.NO_VALID_T
 
 @dataclass(frozen=True)
 class DeviceSample:
-    """A step's draws still on the device: the chosen ids, and everything the host reads packed in one tensor."""
+    """A step's draws still on the device: the chosen ids, and everything the host reads packed in one tensor whose
+    copy to the host is already queued behind them."""
 
     token_ids: torch.Tensor
     # Row layout: [status, token id, logprob, top_k alternative ids, top_k alternative logprobs], float64.
-    packed: torch.Tensor
+    packed: HostCopy
     counts: list[int]
     top_k: int
 
     def to_host(self) -> SampledTokens:
-        """The draws on the host: the step's single transfer (and its host sync)."""
-        return _unpack(self.packed.cpu().tolist(), self.counts, self.top_k)
+        """The draws on the host: waits for their copy alone, not for any step queued after them."""
+        return _unpack(self.packed.wait().tolist(), self.counts, self.top_k)
 
 
 class Sampler:
@@ -70,8 +72,7 @@ class Sampler:
             warped = logits[rows]
             for warper in batch.warpers:
                 warped = warper(warped)
-            seeds = [batch.rows[r].params.seed for r in batch.sampled_rows]
-            chosen[rows] = _draw(warped, seeds, [batch.rows[r].position for r in batch.sampled_rows])
+            chosen[rows] = _draw(warped, batch.noise_keys)
         logprobs = raw_logprobs.gather(1, chosen.unsqueeze(1))
         counts = [row.top_logprobs for row in batch.rows]
         top_k = min(max(counts, default=0), raw_logprobs.shape[-1])
@@ -80,7 +81,7 @@ class Sampler:
         # logprobs exactly.
         columns = (status.unsqueeze(1), chosen.unsqueeze(1), logprobs, top_indices, top_values)
         packed = torch.cat([column.to(torch.float64) for column in columns], dim=1)
-        return DeviceSample(token_ids=chosen, packed=packed, counts=counts, top_k=top_k)
+        return DeviceSample(chosen, start_host_copy(packed, batch.device), counts, top_k)
 
 
 def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTokens:
@@ -97,14 +98,6 @@ def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTo
     )
 
 
-def _draw(warped: torch.Tensor, seeds: list[int], positions: list[int]) -> torch.Tensor:
+def _draw(warped: torch.Tensor, noise_keys: torch.Tensor) -> torch.Tensor:
     # Exponential race: argmax(p / Exp(1)) picks token i with probability p_i.
-    probs = warped.softmax(dim=-1)
-    vocab = warped.shape[-1]
-    noise = torch.stack(
-        [
-            exponential_noise(seed, position, vocab, warped.device)
-            for seed, position in zip(seeds, positions, strict=True)
-        ]
-    )
-    return (probs / noise).argmax(dim=-1)
+    return (warped.softmax(dim=-1) / exponential_noise(noise_keys, warped.shape[-1])).argmax(dim=-1)

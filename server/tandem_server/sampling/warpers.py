@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem_server.device_copy import to_device
 from tandem_server.sampling.params import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -15,7 +16,7 @@ class Temperature:
     """logits / temperature."""
 
     def __init__(self, params: Sequence[SamplingParams], device: torch.device) -> None:
-        self.temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+        self.temperature = _column([p.temperature for p in params], device)
 
     @staticmethod
     def needed(params: Sequence[SamplingParams]) -> bool:
@@ -29,8 +30,8 @@ class TopKTopP:
     """Top-k (0 keeps all) then top-p (smallest head reaching mass top_p), on one shared sort."""
 
     def __init__(self, params: Sequence[SamplingParams], device: torch.device) -> None:
-        self.top_k = torch.tensor([p.top_k for p in params], device=device) if _any_top_k(params) else None
-        self.top_p = torch.tensor([p.top_p for p in params], device=device) if _any_top_p(params) else None
+        self.top_k = to_device(torch.tensor([p.top_k for p in params]), device) if _any_top_k(params) else None
+        self.top_p = _column([p.top_p for p in params], device) if _any_top_p(params) else None
 
     @staticmethod
     def needed(params: Sequence[SamplingParams]) -> bool:
@@ -47,7 +48,7 @@ class TopKTopP:
             probs = sorted_logits.softmax(dim=-1)
             mass_before = probs.cumsum(dim=-1) - probs
             # The most likely token always survives, so no row is left empty.
-            drop = (mass_before >= self.top_p.unsqueeze(1)) & (ranks > 0)
+            drop = (mass_before >= self.top_p) & (ranks > 0)
             sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
         return torch.full_like(logits, _NEG_INF).scatter(-1, order, sorted_logits)
 
@@ -56,7 +57,7 @@ class TypicalP:
     """Locally typical sampling: keep the tokens closest to the entropy until their mass reaches typical_p."""
 
     def __init__(self, params: Sequence[SamplingParams], device: torch.device) -> None:
-        self.mass = torch.tensor([p.typical_p for p in params], device=device).unsqueeze(1)
+        self.mass = _column([p.typical_p for p in params], device)
 
     @staticmethod
     def needed(params: Sequence[SamplingParams]) -> bool:
@@ -80,7 +81,7 @@ class MinP:
     """Drops tokens whose probability is below min_p times the most likely token's."""
 
     def __init__(self, params: Sequence[SamplingParams], device: torch.device) -> None:
-        self.min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        self.min_p = _column([p.min_p for p in params], device)
 
     @staticmethod
     def needed(params: Sequence[SamplingParams]) -> bool:
@@ -90,6 +91,11 @@ class MinP:
         probs = logits.softmax(dim=-1)
         threshold = self.min_p * probs.max(dim=-1, keepdim=True).values
         return logits.masked_fill(probs < threshold, _NEG_INF)
+
+
+def _column(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """[rows, 1] float32 on `device`, copied without waiting for the device."""
+    return to_device(torch.tensor(values, dtype=torch.float32), device).unsqueeze(1)
 
 
 def _any_top_k(params: Sequence[SamplingParams]) -> bool:
