@@ -218,6 +218,13 @@ def round_activations_like_fp8(
             module.register_forward_pre_hook(rounded)
 
 
+def rounded_like_fp8(x: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """`x` rounded to float8 e4m3 as the GEMM scales activations: per token by its largest magnitude, or per token and
+    run of `width` features."""
+    runs = x.float().split(width or x.shape[-1], dim=-1)
+    return torch.cat([_round_like_fp8(run, None, None) for run in runs], dim=-1)
+
+
 def _round_like_fp8(x: torch.Tensor, static: float | None, bound: float | None) -> torch.Tensor:
     if static is not None:
         scale = torch.full_like(x[..., :1], static)

@@ -1,6 +1,6 @@
 """FP8 checkpoints whose config.json says `quant_method: fp8`: AutoFP8's per-tensor layout (static input scales,
 `ignored_layers` left float) and the block-wise layout (`weight_block_size`, `weight_scale_inv`) through one
-`_scaled_mm` per run of inputs; their tensor-parallel slicing; and every start-up refusal. The logits and greedy
+`_scaled_mm` per run of inputs on CPU; their tensor-parallel slicing; and every start-up refusal. The logits and greedy
 tokens of both layouts against transformers are in test_fp8_weights.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from fp8_testing import linear_input_amax, load_fp8_checkpoint, write_fp8_checkpoint
+from fp8_testing import linear_input_amax, load_fp8_checkpoint, rounded_like_fp8, write_fp8_checkpoint
 from safetensors.torch import load_file, save_file
 from shard_testing import TINY_SETTINGS, write_tiny_llama
 from tandem_server.distributed import ParallelContext
@@ -39,15 +39,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rounded_per_run(x: torch.Tensor, width: int) -> torch.Tensor:
-    """`x` rounded to float8 e4m3 per token and run of `width` features, each by its own largest magnitude."""
-    runs = []
-    for run in x.split(width, dim=-1):
-        scale = (run.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1.0 / (FP8_MAX * 512.0))
-        runs.append((run / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale)
-    return torch.cat(runs, dim=-1)
-
-
 def test_a_block_scaled_weight_multiplies_activations_rounded_per_token_and_run() -> None:
     # 112 inputs in runs of 48: the last run holds 16.
     q = (torch.randn(40, 112) * 100).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
@@ -56,21 +47,22 @@ def test_a_block_scaled_weight_multiplies_activations_rounded_per_token_and_run(
     x = torch.randn(5, 112) * 3
     x[1, :48] = 0
     x[2, 50] = 40.0  # one large input rounds only its own run coarsely
-    rounded, weight = _rounded_per_run(x, 48), channels.dequantize()
+    rounded, weight = rounded_like_fp8(x, 48), channels.dequantize()
     # float32 summation order alone: well under 1e-6 of the sum of the terms' magnitudes.
     terms = F.linear(rounded.abs(), weight.abs())
     assert ((kernel.linear(x, None) - F.linear(rounded, weight)).abs() <= 1e-6 * terms).all()
-    assert not torch.allclose(F.linear(rounded, weight), F.linear(_rounded_per_run(x, 112), weight))
+    assert not torch.allclose(F.linear(rounded, weight), F.linear(rounded_like_fp8(x, 112), weight))
     ids = torch.tensor([[0, 39], [7, 7]])
     assert torch.equal(kernel.rows(ids, torch.float32), channels.dequantize()[ids])
     widened = channels.scale.repeat_interleave(48, dim=1)[:, :112]
     assert torch.equal(channels.dequantize(), q.float() * widened)
 
 
-def test_fp8_on_cuda_refuses_runs_of_inputs_not_a_multiple_of_16() -> None:
-    # Only the shape and device are read before the check: a stand-in for a CUDA tensor will do.
-    on_cuda = cast(torch.Tensor, SimpleNamespace(shape=(32, 64), is_cuda=True))
-    with pytest.raises(ValueError, match="multiples of 16, this weight is 32 x 64 in runs of 24 inputs"):
+def test_fp8_on_cuda_refuses_features_not_a_multiple_of_16() -> None:
+    # Only the shape and device are read before the check: a stand-in for a CUDA tensor will do. Runs of inputs need
+    # no such multiple: a CUDA weight is multiplied in one call, its runs requantized per row when not 128-wide blocks.
+    on_cuda = cast(torch.Tensor, SimpleNamespace(shape=(32, 72), is_cuda=True))
+    with pytest.raises(ValueError, match="multiples of 16, this weight is 32 x 72"):
         Fp8Weight(Fp8Channels(on_cuda, torch.ones(32, 3), input_group=24))
 
 

@@ -4,16 +4,29 @@
 Rows need not align with blocks: each row reads its block's scale, so a column-parallel rank or a fused tensor's
 part may start anywhere. Input features must: a rank split along its inputs (row-parallel) starts on a block, and
 ends on one or at the last input, else a run of its activations would straddle two blocks.
+
+For the CUDA GEMM the widened scales go back, once at load, to what one `_scaled_mm` takes: 128 x 128 block scales
+where the weight's rows and inputs fall on such blocks (`gemm_block_scales`), else one scale per row, the weight
+rounded to float8 again (`requantize_rows`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from tandem_server.weights.quantization import Fp8Channels, quantize_fp8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
+
+# torch's block-scaled float8 GEMM takes weight scales per 128 x 128 block and activation scales per 1 x 128 inputs.
+GEMM_BLOCK = 128
+# cuBLASLt reads block scales at a stride of a multiple of 4 blocks of inputs (16 bytes), which `_scaled_mm` cannot
+# pad: it takes the inputs' block count as the stride, so only inputs in multiples of 4 blocks (512) are read right.
+GEMM_BLOCK_ALIGNMENT = 4
+# Rows requantized at a time: bounds the float32 copy a weight takes while it is rounded again.
+_REQUANTIZE_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -78,3 +91,27 @@ def check_block_count(tensor: CheckpointTensor, window: BlockWindow, block: tupl
                 f"has shape {tuple(tensor.shape)}; {size} {what} in blocks of {block[dim]} (weight_block_size "
                 f"{list(block)}) make {expected}, not {tensor.shape[dim]}"
             )
+
+
+def gemm_block_scales(channels: Fp8Channels) -> torch.Tensor | None:
+    """The float32 `[ceil(out / 128), in / 128]` block scales of a weight whose scales repeat over 128 x 128 blocks
+    from its first row and input, as torch's block-scaled GEMM takes them; None for any other weight (other block
+    sizes, rows starting inside a block, inputs not a multiple of `GEMM_BLOCK * GEMM_BLOCK_ALIGNMENT`)."""
+    if channels.input_group != GEMM_BLOCK or channels.q.shape[1] % (GEMM_BLOCK * GEMM_BLOCK_ALIGNMENT):
+        return None
+    scale = channels.scale.float()
+    blocks = scale[::GEMM_BLOCK]
+    if not torch.equal(blocks.repeat_interleave(GEMM_BLOCK, dim=0)[: scale.shape[0]], scale):
+        return None
+    return blocks.contiguous()
+
+
+def requantize_rows(channels: Fp8Channels) -> Fp8Channels:
+    """The values of a block-wise weight rounded to float8 again with one scale per output row (what a row-wise GEMM
+    takes): within half a float8 step of each value, or of a subnormal step of its row's scale."""
+    slabs = [slice(start, start + _REQUANTIZE_ROWS) for start in range(0, channels.q.shape[0], _REQUANTIZE_ROWS)]
+    parts = [
+        quantize_fp8(replace(channels, q=channels.q[rows], scale=channels.scale[rows]).dequantize()) for rows in slabs
+    ]
+    q, scale = torch.cat([part.q for part in parts]), torch.cat([part.scale for part in parts])
+    return Fp8Channels(q, scale, channels.input_scale, channels.activation_bound)
