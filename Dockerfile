@@ -1,7 +1,11 @@
 # Tandem for NVIDIA GPUs. Build: docker build -t tandem:latest .   (see docs/deployment.md)
 # Stage 1 builds the router (cargo, through maturin) and the locked Python environment with uv;
 # stage 2 is the CUDA runtime with only that environment and its Python.
-ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# The locked torch brings its own CUDA 13.2 libraries as wheels, which run on any driver of CUDA 13.0 (R580 or newer,
+# minor version compatibility). The image's CUDA sets the driver the container runtime demands (NVIDIA_REQUIRE_CUDA),
+# so it is a 13.0 release (13.0.2) rather than 13.2, which would demand a newer driver than the wheels need.
+# launcher/tests/test_install_cuda_match.py keeps its CUDA major equal to the locked torch's.
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13.0.2-runtime-ubuntu24.04
 ARG PYTHON_VERSION=3.12
 
 FROM rust:1-bookworm AS builder

@@ -10,7 +10,10 @@ BUNDLE="$PWD/.gpu-check"
 LIMIT_S=${GPU_CHECK_LIMIT_S:-570}
 
 # Unpacks what scripts/gpu_check_bundle.sh prepared: packages per Python version, tokenizer, router extension,
-# protobuf code, and flash-attn-4 when it was bundled.
+# protobuf code, and flash-attn-4 when it was bundled. The folders an earlier bundle left go first, so that none of
+# their packages outlives the archive that replaces them.
+if [ -f "$BUNDLE/bundle.tar.xz" ]; then rm -rf "$BUNDLE"/site-*; fi
+if [ -f "$BUNDLE/flash-attn-4.tar.xz" ]; then rm -rf "$BUNDLE"/flash-site-* "$BUNDLE"/cuda-bindings-site-*; fi
 for archive in "$BUNDLE/bundle.tar.xz" "$BUNDLE/flash-attn-4.tar.xz"; do
   if [ -f "$archive" ]; then
     "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(filter="data")' "$archive"
@@ -24,7 +27,14 @@ if [ -d "$BUNDLE" ] && [ ! -d "$BUNDLE/site-$python_version" ]; then
 fi
 # The machine's own pytest plugins may not match the bundled pytest.
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+# The bundle's folders come before the machine's packages, so they hold nothing of its torch; the CuTe DSL's
+# cuda-bindings join only where that torch brought none, so they never shadow the machine's own.
 SITES="$BUNDLE/site-$python_version:$BUNDLE/flash-site-$python_version"
+# Folders on PYTHONPATH run no .pth file, so the one that puts the CuTe DSL's `cutlass` on sys.path is done here.
+SITES="$SITES:$BUNDLE/flash-site-$python_version/nvidia_cutlass_dsl/dsl_packages"
+if ! "$PYTHON" -c 'import cuda.bindings' 2>/dev/null; then
+  SITES="$SITES:$BUNDLE/cuda-bindings-site-$python_version"
+fi
 export PYTHONPATH="$PWD/server:$PWD/launcher:$PWD/benchmark:$PWD/router/python:$SITES${PYTHONPATH:+:$PYTHONPATH}"
 # The launcher spawns `tandem-shard` and `tandem-router` from PATH; without an install they are thin wrappers.
 BIN=$(mktemp -d)
@@ -60,4 +70,13 @@ if not torch.cuda.is_available():
 print(f"gpu-check: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, python {sys.version.split()[0]}")
 PY
 
-exec timeout --signal=TERM --kill-after=20 "$LIMIT_S" "$PYTHON" -m tandem_bench.gpu_check "$@"
+# The stack is served and swept once per attention backend: triton, then flash (flash-attn-4) where it imports.
+# An --attention-backends among the arguments overrides this choice.
+backends=(triton flash)
+if ! flash_problem=$("$PYTHON" -c 'import flash_attn.cute' 2>&1); then
+  echo "gpu-check: skipping the flash backend: flash-attn-4 does not import ($(tail -n 1 <<<"$flash_problem"))" >&2
+  backends=(triton)
+fi
+
+exec timeout --signal=TERM --kill-after=20 "$LIMIT_S" "$PYTHON" -m tandem_bench.gpu_check \
+  --attention-backends "${backends[@]}" "$@"

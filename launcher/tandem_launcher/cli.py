@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
+from tandem_launcher.attention_pages import FlashAttn4Probe, choose_block_size, probe_flash_attn_4
 from tandem_launcher.cluster import add_cluster_flags
 from tandem_launcher.config import (
     ATTENTION_BACKENDS,
@@ -21,7 +22,6 @@ from tandem_launcher.config import (
     GENERATION_CONFIG_USES,
     LOG_LEVELS,
     LauncherConfig,
-    choose_block_size,
     is_memory_size,
 )
 from tandem_launcher.flags import FlagAdder, bool_value, key_list
@@ -141,7 +141,11 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add.value("--max-batch-prefill-tokens", int, 512, "tokens one forward pass may carry (longer prompts are chunked)")
     add.value("--max-batch-size", int, 64, "requests one forward pass may carry")
     add.value(
-        "--block-size", int, None, "tokens per KV-cache block; unset: 256 with --attention-backend flash, else 16"
+        "--block-size",
+        int,
+        None,
+        "tokens per KV-cache block; unset on CUDA: 128 where flash-attn-4 serves the GPUs "
+        "(its TMA pages), 256 with --attention-backend flash on flash-attn 2, else 16",
     )
     add.value("--prefix-caching", bool_value, True, "share the KV blocks of common prompt prefixes between requests")
     add.value(
@@ -312,11 +316,15 @@ def _add_execution_flags(add: FlagAdder) -> None:
 
 
 def parse_config(
-    argv: Sequence[str], environ: Mapping[str, str], count_gpus: Callable[[], int] | None = None
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    count_gpus: Callable[[], int] | None = None,
+    flash_attn_4: FlashAttn4Probe | None = None,
 ) -> LauncherConfig:
     """Turns argv and the environment into a validated config; exits with usage on bad input.
 
-    `--device auto` and an unset `--num-shard` are resolved here from the GPUs `count_gpus` reports.
+    `--device auto` and an unset `--num-shard` are resolved here from the GPUs `count_gpus` reports, and an unset
+    `--block-size` from whether flash-attn-4 serves those GPUs (`flash_attn_4`).
     """
     parser = build_parser(environ)
     args = parser.parse_args(list(argv))
@@ -328,16 +336,17 @@ def parse_config(
         values["chat_template"] = Path(values["chat_template"]).expanduser()
     values["api_key"] = tuple(key for given in values["api_key"] for key in key_list(given))
     values["api_key_file"] = tuple(Path(path).expanduser() for path in values["api_key_file"])
-    gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
-    values["device"] = resolve_device(values["device"], gpus)
-    values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus, values["nnodes"])
     if values["cluster_secret_file"] is not None:
         values["cluster_secret_file"] = Path(values["cluster_secret_file"]).expanduser()
     values["worker_addr"] = tuple(address for given in values["worker_addr"] for address in key_list(given))
-    values["block_size"], values["block_size_reason"] = choose_block_size(
-        values["block_size"], values["attention_backend"]
-    )
+    gpus = functools.cache(count_gpus or (lambda: visible_cuda_devices(environ)))
     try:
+        # An NVIDIA GPU that torch cannot use is a configuration error (CudaUnusableError), not a quiet CPU fallback.
+        values["device"] = resolve_device(values["device"], gpus)
+        values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus, values["nnodes"])
+        values["block_size"], values["block_size_reason"] = choose_block_size(
+            values["block_size"], values["attention_backend"], values["device"], flash_attn_4 or probe_flash_attn_4
+        )
         apply_speculative_config(values)
         values["speculative_method"] = choose_speculative_method(
             values["speculative_method"], values["speculative_model"]

@@ -60,6 +60,7 @@ def shard_argv(
         "--kv-cache-dtype", config.kv_cache_dtype,
         "--num-threads", str(threads_per_shard(config.layout.local)),
         "--attention-backend", config.attention_backend,
+        "--block-size", str(config.block_size),
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
         "--packed-gemm-rows", packed_gemm_rows(config),

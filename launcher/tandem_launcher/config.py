@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
+from tandem_launcher.attention_pages import DEFAULT_BLOCK_SIZE
 from tandem_launcher.cluster import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
@@ -33,10 +34,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 GENERATION_CONFIG_USES = ("auto", "none")
 # What `--device auto` becomes once the GPUs are counted.
 RESOLVED_DEVICES = ("cpu", "cuda")
-DEFAULT_BLOCK_SIZE = 16
-# Unless --block-size is set: flash-attn 2 reads the paged KV cache only in blocks of a multiple of 256 tokens
-# (flash-attn-4 reads any size); Tandem's own kernels read any size and waste least at 16.
-BACKEND_BLOCK_SIZES = {"flash": 256}
 ROUTER_START_TIMEOUT_S = 120.0
 # Warmup under --torch-compile compiles every graph steps need: the embedded model's start took 158 s on 2 cores with
 # an empty Inductor cache.
@@ -198,16 +195,6 @@ class LauncherConfig:
     def is_leader(self) -> bool:
         """Node 0 runs the router; the others run only their ranks."""
         return self.node_rank == 0
-
-
-def choose_block_size(block_size: int | None, attention_backend: str) -> tuple[int, str]:
-    """Tokens per KV block and why: the user's --block-size, else what the attention backend can page."""
-    if block_size is not None:
-        return block_size, "--block-size"
-    if attention_backend in BACKEND_BLOCK_SIZES:
-        chosen = BACKEND_BLOCK_SIZES[attention_backend]
-        return chosen, f"--attention-backend {attention_backend} pages the KV cache in multiples of {chosen} tokens"
-    return DEFAULT_BLOCK_SIZE, "the default"
 
 
 def bound_flags(config: LauncherConfig, *, positive: bool) -> dict[str, int]:

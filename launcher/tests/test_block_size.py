@@ -1,45 +1,107 @@
-"""The KV block size: the user's --block-size, else what the attention backend can page (flash: 256), else 16."""
+"""The KV block size: the user's --block-size, else flash-attn-4's TMA page where it serves the GPUs, else 256 for
+a named flash backend on flash-attn 2, else 16."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
+from tandem_launcher import attention_pages
+from tandem_launcher.attention_pages import FlashAttn4Probe, parse_capabilities, probe_flash_attn_4
 from tandem_launcher.cli import parse_config
-from tandem_launcher.commands import router_argv
+from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
+HOPPER = "flash-attn-4 4.0.0 on compute capability 9.0"
 
 
 def one_gpu() -> int:
     return 1
 
 
+def no_gpu() -> int:
+    return 0
+
+
+def serves(reason: str | None) -> FlashAttn4Probe:
+    return lambda: reason
+
+
 @pytest.mark.parametrize(
-    ("argv", "environ", "expected", "reason"),
+    ("argv", "environ", "flash_attn_4", "expected", "reason"),
     [
-        ([], {}, 16, "the default"),
-        (["--attention-backend", "triton"], {}, 16, "the default"),
-        (["--attention-backend", "flash"], {}, 256, "--attention-backend flash pages the KV cache in multiples of 256"),
-        ([], {"ATTENTION_BACKEND": "flash"}, 256, "--attention-backend flash"),
-        (["--attention-backend", "flash", "--block-size", "512"], {}, 512, "--block-size"),
-        (["--attention-backend", "flash"], {"BLOCK_SIZE": "32"}, 32, "--block-size"),
+        ([], {}, None, 16, "the default (flash-attn-4 does not serve these GPUs"),
+        ([], {}, HOPPER, 128, f"{HOPPER} loads pages of 128 tokens with TMA"),
+        (["--attention-backend", "triton"], {}, HOPPER, 16, "the default"),
+        (["--attention-backend", "flash"], {}, HOPPER, 128, HOPPER),
+        (["--attention-backend", "flash"], {}, None, 256, "--attention-backend flash pages the KV cache in multiples"),
+        ([], {"ATTENTION_BACKEND": "flash"}, None, 256, "--attention-backend flash"),
+        (["--attention-backend", "flash", "--block-size", "512"], {}, HOPPER, 512, "--block-size"),
+        (["--attention-backend", "flash"], {"BLOCK_SIZE": "32"}, HOPPER, 32, "--block-size"),
+        (["--device", "cpu"], {}, HOPPER, 16, "the default"),
     ],
 )
-def test_block_size_follows_the_attention_backend_unless_set(
-    argv: list[str], environ: dict[str, str], expected: int, reason: str
+def test_block_size_follows_the_attention_backend_the_shards_will_take_unless_set(
+    argv: list[str], environ: dict[str, str], flash_attn_4: str | None, expected: int, reason: str
 ) -> None:
-    config = parse_config(argv, environ, count_gpus=one_gpu)
+    config = parse_config(argv, environ, count_gpus=one_gpu, flash_attn_4=serves(flash_attn_4))
     assert config.block_size == expected
     assert config.block_size_reason.startswith(reason)
 
 
-def test_the_router_warms_shards_up_with_the_chosen_block_size() -> None:
-    parsed = parse_config(["--attention-backend", "flash"], {}, count_gpus=one_gpu)
+def test_a_machine_without_gpus_never_probes_flash_attn_4() -> None:
+    def probe() -> str | None:
+        raise AssertionError("probed flash-attn-4 for a CPU launch")
+
+    assert parse_config([], {}, count_gpus=no_gpu, flash_attn_4=probe).block_size == 16
+
+
+def test_router_and_shards_page_with_the_chosen_block_size() -> None:
+    parsed = parse_config([], {}, count_gpus=one_gpu, flash_attn_4=serves(HOPPER))
     config = LauncherConfig(**{**parsed.__dict__, "commands": COMMANDS})
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     argv = router_argv(config, model, TokenLimits(max_input_tokens=100, max_total_tokens=200), [Path("/s")])
-    assert argv[argv.index("--block-size") + 1] == "256"
+    assert argv[argv.index("--block-size") + 1] == "128"
+    shard = shard_argv(config, model, 0, Path("/s"), 29500)
+    assert shard[shard.index("--block-size") + 1] == "128"
+
+
+@pytest.mark.parametrize(
+    ("installed", "nvidia_smi", "expected"),
+    [
+        (True, "9.0\n9.0\n", "flash-attn-4 4.0.0b36 on compute capability 9.0"),
+        (True, "10.0\n9.0\n", "flash-attn-4 4.0.0b36 on compute capability 10.0, 9.0"),
+        # One GPU without flash-attn-4 kernels: every shard must page alike, so none takes its pages.
+        (True, "9.0\n8.9\n", None),
+        (True, "8.0\n", None),
+        (True, None, None),
+        (True, "No devices were found\n", None),
+        (False, "9.0\n", None),
+    ],
+)
+def test_flash_attn_4_serves_only_where_it_is_installed_and_every_gpu_has_kernels(
+    monkeypatch: pytest.MonkeyPatch, installed: bool, nvidia_smi: str | None, expected: str | None
+) -> None:
+    def version(name: str) -> str:
+        assert name == "flash-attn-4"
+        if not installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "4.0.0b36"
+
+    monkeypatch.setattr(attention_pages.importlib.metadata, "version", version)
+    commands: list[list[str]] = []
+
+    def run(command: list[str]) -> str | None:
+        commands.append(command)
+        return nvidia_smi
+
+    assert probe_flash_attn_4(run) == expected
+    assert commands in ([], [["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]])
+
+
+def test_capabilities_are_read_from_nvidia_smi_lines_alone() -> None:
+    assert parse_capabilities("9.0\n 8.9 \n\nN/A\n[Not Supported]\n") == ["9.0", "8.9"]

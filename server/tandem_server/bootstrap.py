@@ -196,7 +196,7 @@ def choose_attention_backend(
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
     model_factory(checkpoint.architecture)
-    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype)
+    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype, config.block_size)
     choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
     logger.info("%s", choice.describe())
     return create_backend(choice.name, decode_mirror_memory=decode_mirror_memory)

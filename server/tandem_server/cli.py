@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         "torch on CPU",
     )
     parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV block the router pages with (the launcher passes its own); auto takes flash-attn-4 only "
+        "at its TMA page size",
+    )
+    parser.add_argument(
         "--cuda-memory-fraction", type=float, default=0.9, help="CUDA: share of free device memory for the KV cache"
     )
     parser.add_argument(
@@ -203,6 +210,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         kv_cache_memory=kv_cache_memory,
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
         attention_backend=args.attention_backend,
+        block_size=args.block_size,
         cuda_memory_fraction=args.cuda_memory_fraction,
         cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
         packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),

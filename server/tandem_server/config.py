@@ -66,6 +66,8 @@ class ShardConfig:
     kv_cache_memory: int = 1024**3
     num_threads: int = 1
     attention_backend: str = "auto"
+    # Tokens per KV block the router pages with; None: unknown until Warmup.
+    block_size: int | None = None
     # CUDA only: the KV cache takes this share of the device memory left free after a profiling step.
     cuda_memory_fraction: float = 0.9
     # CUDA only: decode-only batch sizes replayed from captured graphs; empty runs every step eagerly.

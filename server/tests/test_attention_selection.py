@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tandem_server.errors import ConfigError
@@ -19,6 +21,8 @@ BOTH_INSTALLED = PackageProblems(flash_attn=None, triton=None, flash_release=FLA
 NO_FLASH = PackageProblems(flash_attn="flash_attn is not importable (No module named 'flash_attn')", triton=None)
 NEITHER = PackageProblems(flash_attn=NO_FLASH.flash_attn, triton="triton is not importable (No module named 'triton')")
 CUDA_BF16 = AttentionNeeds("cuda", torch.bfloat16, head_dim=128)
+# Pages of flash-attn-4's TMA size, as the launcher picks them when flash-attn-4 serves the GPU.
+CUDA_BF16_TMA_PAGES = AttentionNeeds("cuda", torch.bfloat16, head_dim=128, block_size=128)
 
 
 def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
@@ -29,13 +33,14 @@ def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
 @pytest.mark.parametrize(
     ("packages", "needs", "expected"),
     [
-        (BOTH_INSTALLED, CUDA_BF16, "flash"),
-        (NO_FLASH, CUDA_BF16, "triton"),
+        (BOTH_INSTALLED, CUDA_BF16_TMA_PAGES, "flash"),
+        (BOTH_INSTALLED, CUDA_BF16, "triton"),
+        (NO_FLASH, CUDA_BF16_TMA_PAGES, "triton"),
         (NEITHER, CUDA_BF16, "sdpa"),
         (NEITHER, AttentionNeeds("cuda", torch.bfloat16, 256, logit_softcap=True), "torch"),
         # flash-attn has no float32 kernels and no head size above 256.
-        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.float32, 128), "triton"),
-        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.bfloat16, 512), "triton"),
+        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.float32, 128, block_size=128), "triton"),
+        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.bfloat16, 512, block_size=128), "triton"),
     ],
 )
 def test_auto_on_cuda_takes_the_first_usable_of_flash_triton_sdpa_torch(
@@ -137,14 +142,22 @@ FA2_ONLY = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATT
 FA4 = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_4)
 
 
-def test_auto_passes_over_flash_attn_2_whose_pages_need_256_tokens() -> None:
-    choice = select_backend("auto", CUDA_BF16, FA2_ONLY)
+def test_auto_passes_over_flash_attn_2_for_the_triton_kernel() -> None:
+    choice = select_backend("auto", CUDA_BF16_TMA_PAGES, FA2_ONLY)
     assert choice.name == "triton"
-    assert "flash: flash-attn 2 pages the KV cache only in blocks of a multiple of 256 tokens" in choice.describe()
-    assert "--attention-backend flash takes it, with --block-size 256" in choice.describe()
+    assert "flash: flash-attn 2 has no paged path faster than the Triton kernel" in choice.describe()
     # Named, it is taken: the launcher then picks 256-token blocks.
     assert select_backend("flash", CUDA_BF16, FA2_ONLY).name == "flash"
-    assert select_backend("auto", CUDA_BF16, FA4).name == "flash"
+
+
+@pytest.mark.parametrize("block_size", [None, 16, 256])
+def test_auto_takes_flash_attn_4_only_at_its_tma_page_size(block_size: int | None) -> None:
+    assert select_backend("auto", CUDA_BF16_TMA_PAGES, FA4).name == "flash"
+    choice = select_backend("auto", replace(CUDA_BF16, block_size=block_size), FA4)
+    assert choice.name == "triton"
+    assert f"flash-attn-4 loads pages with TMA only at --block-size 128, not {block_size}" in choice.describe()
+    # Named, flash-attn-4 serves any block size, on its slower path.
+    assert select_backend("flash", replace(CUDA_BF16, block_size=block_size), FA4).name == "flash"
 
 
 def test_model_features_come_from_config_json() -> None:

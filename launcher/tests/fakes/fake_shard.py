@@ -101,7 +101,15 @@ def main() -> int:
     parser.add_argument("--quantize", required=True)
     for flag in ("--grpc-port", "--grpc-host", "--cluster-secret-file"):
         parser.add_argument(flag)
-    for flag in ("--rank", "--local-rank", "--world-size", "--master-port", "--num-threads", "--metrics-port"):
+    for flag in (
+        "--rank",
+        "--local-rank",
+        "--world-size",
+        "--master-port",
+        "--num-threads",
+        "--metrics-port",
+        "--block-size",
+    ):
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--allow-pickle-weights", action="store_true")
     parser.add_argument("--draft-model-path")

@@ -2,8 +2,9 @@
 
 flash-attn 2 (`flash_attn`, a CUDA extension built from source) reads a paged cache through `block_table` only when
 a page holds a multiple of 256 tokens, on Ampere and newer. flash-attn-4 (`flash_attn.cute`, CuTe DSL kernels
-compiled at first use, pure-Python wheels) looks up every key row's page itself (a divmod by the page size), so any
-page size works, on Hopper and Blackwell (compute capability 9.x, 10.x, 11.x).
+compiled at first use, pure-Python wheels) reads any page size on Hopper and Blackwell (compute capability 9.x,
+10.x, 11.x), but only a page of exactly one key tile (128 tokens) is loaded by TMA: any other size looks up every
+key row's page itself (a divmod by the page size) on its slower cp.async path.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class FlashRelease:
     page_multiple: int
     # Compute capability majors the release has kernels for.
     capability_majors: tuple[int, ...]
+    # The page size of the release's fast paged path; None: no page size is faster than another.
+    fast_page_size: int | None = None
 
     def load(self) -> Callable[..., Any]:
         """The release's `flash_attn_varlen_func`."""
@@ -45,7 +48,7 @@ class FlashRelease:
         return f"{self.name} has no kernels for compute capability {capability[0]}.{capability[1]}"
 
 
-FLASH_ATTN_4 = FlashRelease("flash-attn-4", "flash_attn.cute", 1, (9, 10, 11))
+FLASH_ATTN_4 = FlashRelease("flash-attn-4", "flash_attn.cute", 1, (9, 10, 11), fast_page_size=128)
 FLASH_ATTN_2 = FlashRelease("flash-attn 2", "flash_attn", 256, (8, 9, 10, 11, 12))
 # Preference order when both are installed.
 RELEASES = (FLASH_ATTN_4, FLASH_ATTN_2)

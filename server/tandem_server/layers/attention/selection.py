@@ -30,6 +30,8 @@ class AttentionNeeds:
     logit_softcap: bool = False
     # The KV cache's dtype; None: the model's.
     kv_cache_dtype: torch.dtype | None = None
+    # Tokens per KV block the router pages with; None: not known before Warmup.
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,16 @@ class BackendChoice:
 
 
 def needs_from_hf_config(
-    hf: Mapping[str, Any], device: str, dtype: torch.dtype, kv_cache_dtype: torch.dtype | None = None
+    hf: Mapping[str, Any],
+    device: str,
+    dtype: torch.dtype,
+    kv_cache_dtype: torch.dtype | None = None,
+    block_size: int | None = None,
 ) -> AttentionNeeds:
     """The attention features of a checkpoint's config.json that narrow the choice: softcap and head size."""
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
-    return AttentionNeeds(device, dtype, head_dim, hf.get("attn_logit_softcapping") is not None, kv_cache_dtype)
+    softcap = hf.get("attn_logit_softcapping") is not None
+    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size)
 
 
 def detect_package_problems(device: str) -> PackageProblems:
@@ -92,8 +99,8 @@ def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems)
 def _flash_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
     if packages.flash_attn is not None:
         return (
-            f"{packages.flash_attn} (install flash-attn-4 on Hopper or Blackwell, "
-            "or flash-attn 2 with pip install 'tandem-server[cuda]')"
+            f"{packages.flash_attn} (on Hopper or Blackwell: flash-attn-4, pip install 'tandem-server[cuda]'; "
+            "elsewhere flash-attn 2, built from source)"
         )
     if needs.dtype not in FLASH_DTYPES:
         return f"flash-attn supports float16 and bfloat16, not {str(needs.dtype).removeprefix('torch.')}"
@@ -113,22 +120,28 @@ def select_backend(requested: str, needs: AttentionNeeds, packages: PackageProbl
         return BackendChoice(requested)
     skipped = []
     for name in AUTO_ORDER[needs.device]:
-        reason = unusable_reason(name, needs, packages) or _auto_problem(name, packages)
+        reason = unusable_reason(name, needs, packages) or _auto_problem(name, needs, packages)
         if reason is None:
             return BackendChoice(name, tuple(skipped))
         skipped.append((name, reason))
     raise ConfigError("invariant: the torch attention backend is always usable")
 
 
-def _auto_problem(name: str, packages: PackageProblems) -> str | None:
-    # `auto` must serve every --block-size: a release that pages only some block sizes is taken when named.
+def _auto_problem(name: str, needs: AttentionNeeds, packages: PackageProblems) -> str | None:
+    # flash-attn-4 away from its TMA page size runs its slow paged path, and it does not split decode work across
+    # the SMs as the Triton kernel does: `auto` takes flash only at that page size (named, it serves any block size
+    # its release pages).
     release = packages.flash_release
-    if name != "flash" or release is None or release.page_multiple == 1:
+    if name != "flash" or release is None:
         return None
-    return (
-        f"{release.name} pages the KV cache only in blocks of a multiple of {release.page_multiple} tokens "
-        f"(--attention-backend flash takes it, with --block-size {release.page_multiple})"
-    )
+    if release.fast_page_size is None:
+        return f"{release.name} has no paged path faster than the Triton kernel (--attention-backend flash takes it)"
+    if needs.block_size != release.fast_page_size:
+        return (
+            f"{release.name} loads pages with TMA only at --block-size {release.fast_page_size}, not "
+            f"{needs.block_size}; the Triton kernel is faster at other sizes"
+        )
+    return None
 
 
 def _import_problem(module: str) -> str | None:
