@@ -40,7 +40,8 @@ def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
         (NEITHER, AttentionNeeds("cuda", torch.bfloat16, 256, logit_softcap=True), "torch"),
         # flash-attn has no float32 kernels and no head size above 256.
         (BOTH_INSTALLED, AttentionNeeds("cuda", torch.float32, 128, block_size=128), "triton"),
-        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.bfloat16, 512, block_size=128), "triton"),
+        # Neither flash-attn nor the Triton kernel serves head sizes above 256.
+        (BOTH_INSTALLED, AttentionNeeds("cuda", torch.bfloat16, 512, block_size=128), "sdpa"),
     ],
 )
 def test_auto_on_cuda_takes_the_first_usable_of_flash_triton_sdpa_torch(

@@ -34,9 +34,10 @@ def _on_worker(job: Callable[[], Result]) -> Result:
 
 
 def _logged_runner(checkpoint: Path, fake: FakeCuda) -> ModelRunner:
-    """A runner on the fake `cuda:0` whose launches and forward passes mark the stream log."""
+    """A runner on the fake `cuda:0` whose launches and forward passes mark the stream log; decode steps of one and
+    two requests replay captured graphs, as on a GPU by default."""
     model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    options = ExecutionOptions(cuda_memory_fraction=0.5, launch_ahead=True)
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), launch_ahead=True)
     runner = ModelRunner(model, (2,), torch.float32, CUDA, options=options)
     forward, launch = model.forward, runner.launch
 
@@ -106,12 +107,14 @@ def test_each_step_s_draws_leave_the_device_before_the_next_forward_is_queued(
     assert overlapped > 3
     assert "blocking device copy" not in names, "a step's draws were read with a copy that waits for the device"
     launches = _launches(names)
-    sampling = [span for span in launches if "forward" in span]
-    assert len(sampling) >= overlapped
-    for span in sampling:
+    forwards = [span for span in launches if {"forward", "CUDAGraph.replay"} & set(span)]
+    assert len(forwards) >= overlapped
+    assert any("CUDAGraph.replay" in span for span in forwards), "decode steps replayed their graphs"
+    for span in forwards:
         # Queued within its own launch: after its forward pass, before the launch returns, so before the next
         # launch queues its forward pass; the event marks the copy's end for `complete` to wait on.
-        forward, copy = span.index("forward"), span.index("async device copy")
+        forward = next(index for index, name in enumerate(span) if name in ("forward", "CUDAGraph.replay"))
+        copy = span.index("async device copy")
         assert forward < copy < len(span) - span[::-1].index("Event.record") - 1, span
 
 

@@ -74,14 +74,33 @@ def test_triton_kernel_corners_match_torch_backend(corner: str) -> None:
     assert_matches_torch_backend(case, AttentionParams(scale=0.125, sliding_window=200, logit_softcap=20.0))
 
 
-def assert_matches_torch_backend(case: PagedCase, params: AttentionParams) -> None:
+# The tiles of each shared-memory size (triton_kernel.tile_config) at the head sizes where they differ: in float32,
+# key tiles of 64 (head size 128) and 32 (256) keys on sm90, of 32 and 16 on sm89.
+GPU_TILES = {"sm90": (9, 0), "sm89": (8, 9)}
+# (requests, KV heads of 8 query heads) over 16-token pages.
+TILED_STEPS = {"prefill": (LONG_PREFILL, 2), "split-decode": (LONG_DECODE, 4)}
+
+
+@pytest.mark.parametrize("gpu", GPU_TILES)
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("step", TILED_STEPS)
+def test_triton_kernel_tiles_of_every_gpu_match_torch_backend(gpu: str, head_dim: int, step: str) -> None:
+    requests, kv_heads = TILED_STEPS[step]
+    case = paged_case(requests, seed=head_dim, dtype=DTYPE, block_size=16, heads=(8, kv_heads, head_dim))
+    params = AttentionParams(scale=head_dim**-0.5, sliding_window=300, logit_softcap=20.0)
+    assert_matches_torch_backend(case, params, capability=GPU_TILES[gpu])
+
+
+def assert_matches_torch_backend(
+    case: PagedCase, params: AttentionParams, capability: tuple[int, int] | None = None
+) -> None:
     from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
 
     expected, expected_cache = reference_output(case, params)
     cache = LayerCache(case.cache.key.to(DEVICE), case.cache.value.to(DEVICE))
     metadata = case.batch(device=DEVICE).metadata
     query, key, value = (tensor.to(DEVICE) for tensor in (case.query, case.key, case.value))
-    output = TritonAttentionBackend().forward(query, key, value, cache, metadata, params)
+    output = TritonAttentionBackend(capability).forward(query, key, value, cache, metadata, params)
     torch.testing.assert_close(output.float().cpu(), expected.float(), **TOLERANCE)
     torch.testing.assert_close(cache.key.cpu(), expected_cache.key)
     torch.testing.assert_close(cache.value.cpu(), expected_cache.value)

@@ -20,8 +20,12 @@ from typing import TypeVar
 
 import pytest
 
-# Shared memory one block may opt into (bytes): A100 163 KiB, H100/H200 227 KiB.
-SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}
+# Shared memory one block may opt into (bytes), for every architecture Tandem supports (CUDA C++ Programming Guide,
+# compute capabilities): sm80 (A100) 163 KiB; sm86 (A10, A40, RTX 30xx) and sm89 (L4, L40S, RTX 40xx) 99 KiB;
+# sm90 (H100, H200) and sm100 (B200) 227 KiB.
+SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024}
+# The architectures the int4 GEMM's compile test checks.
+SHARED_MEMORY = {arch: SHARED_MEMORY_PER_BLOCK[arch] for arch in (80, 90)}
 KERNEL_CACHE = Path.home() / ".cache" / "tandem" / "triton"
 
 Case = TypeVar("Case")

@@ -18,6 +18,8 @@ BACKEND_CHOICES = ("auto", *BACKEND_NAMES)
 AUTO_ORDER = {"cuda": ("flash", "triton", "sdpa", "torch"), "cpu": ("torch",)}
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256
+# The Triton kernel's tiles are checked to fit every supported GPU's shared memory up to this head size.
+TRITON_MAX_HEAD_DIM = 256
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,14 @@ def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems)
     if needs.device != "cuda":
         return f"{name} needs --device cuda"
     if name == "triton":
-        return packages.triton
+        return _triton_problem(needs, packages)
     return _flash_problem(needs, packages)
+
+
+def _triton_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
+    if needs.head_dim > TRITON_MAX_HEAD_DIM:
+        return f"the Triton kernel supports head sizes up to {TRITON_MAX_HEAD_DIM}, not {needs.head_dim}"
+    return packages.triton
 
 
 def _flash_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:

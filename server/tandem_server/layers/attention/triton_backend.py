@@ -17,8 +17,9 @@ PROGRAMS_PER_SM = 2
 # Below this many keys per split the combine step costs more than the extra parallelism brings.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 16
-# Streaming multiprocessors assumed where the device cannot say (Triton's CPU interpreter).
+# Streaming multiprocessors and compute capability assumed where the device cannot say (Triton's CPU interpreter).
 DEFAULT_SM_COUNT = 132
+DEFAULT_CAPABILITY = (9, 0)
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
@@ -39,7 +40,8 @@ class TritonAttentionBackend(CommonMetadataOnly):
     name = "triton"
     supports_cuda_graphs = True
 
-    def __init__(self) -> None:
+    def __init__(self, capability: tuple[int, int] | None = None) -> None:
+        """`capability` picks the kernel's tiles; None: the compute capability of the device of the first step."""
         # Imported here so a machine without Triton can still import (and select among) the other backends.
         from tandem_server.layers.attention import triton_kernel  # noqa: PLC0415
 
@@ -47,6 +49,7 @@ class TritonAttentionBackend(CommonMetadataOnly):
         # Every layer of a step shares its metadata, so the launch plan is built once per step.
         self._planned: tuple[PagedLayout, LaunchPlan] | None = None
         self._sm_count: int | None = None
+        self._capability = capability
 
     def forward(
         self,
@@ -68,11 +71,14 @@ class TritonAttentionBackend(CommonMetadataOnly):
         kernel = self._kernel
         decode_only = paged.max_query_len == 1
         groups = query.shape[1] // num_kv_heads
-        tile_tokens = kernel.query_tile_tokens(groups, decode_only, query.shape[2], query.dtype)
+        tiles = kernel.tile_config(self._device_capability(query.device), query.dtype, query.shape[2])
+        tile_tokens = kernel.query_tile_tokens(groups, decode_only, tiles)
         if decode_only:
             sm_count = self._streaming_multiprocessors(query.device)
             splits = decode_splits(paged.num_seqs, num_kv_heads, paged.max_seq_len, sm_count)
-            plan = kernel.LaunchPlan(work=None, num_items=paged.num_seqs, tile_tokens=tile_tokens, num_splits=splits)
+            plan = kernel.LaunchPlan(
+                work=None, num_items=paged.num_seqs, tile_tokens=tile_tokens, tiles=tiles, num_splits=splits
+            )
         elif len(set(paged.query_lens)) == 1:
             # Uniform steps (what CUDA graphs replay) need no work list: every sequence has as many tiles.
             tiles_per_seq = -(-paged.query_lens[0] // tile_tokens)
@@ -80,14 +86,21 @@ class TritonAttentionBackend(CommonMetadataOnly):
                 work=None,
                 num_items=paged.num_seqs * tiles_per_seq,
                 tile_tokens=tile_tokens,
+                tiles=tiles,
                 tiles_per_seq=tiles_per_seq,
             )
         else:
-            tiles = query_tiles(paged.query_lens, tile_tokens)
-            work = torch.tensor(tiles, dtype=torch.int32).to(query.device, non_blocking=True)
-            plan = kernel.LaunchPlan(work=work, num_items=len(tiles), tile_tokens=tile_tokens)
+            items = query_tiles(paged.query_lens, tile_tokens)
+            work = torch.tensor(items, dtype=torch.int32).to(query.device, non_blocking=True)
+            plan = kernel.LaunchPlan(work=work, num_items=len(items), tile_tokens=tile_tokens, tiles=tiles)
         self._planned = (paged, plan)
         return plan
+
+    def _device_capability(self, device: torch.device) -> tuple[int, int]:
+        if self._capability is None:
+            on_gpu = device.type == "cuda"
+            self._capability = torch.cuda.get_device_capability(device) if on_gpu else DEFAULT_CAPABILITY
+        return self._capability
 
     def _streaming_multiprocessors(self, device: torch.device) -> int:
         if self._sm_count is None:

@@ -5,7 +5,9 @@ sharing that KV head are stacked into the tile's rows, so each key tile is loade
 (grouped-query attention). Keys are visited in tiles of at most 64 positions whatever the page size: every key
 row finds its own page through the block table, so a tile may span several small pages or part of a large one.
 An online softmax keeps the score matrix out of memory. Decode-only steps with few sequences split each
-sequence's keys across programs (flash-decoding) and combine the partial results in a second kernel.
+sequence's keys across programs (flash-decoding) and combine the partial results in a second kernel. Tile sizes
+and launch options depend on the GPU's shared memory (`tile_config`); the ahead-of-time compile test builds the
+same configurations for every supported architecture.
 """
 
 from __future__ import annotations
@@ -16,16 +18,40 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem_server.errors import ConfigError
 from tandem_server.layers.attention.backend import AttentionParams
 from tandem_server.layers.attention.metadata import PagedLayout
+from tandem_server.layers.attention.selection import TRITON_MAX_HEAD_DIM
 
 # Rows of a prefill tile (query tokens x grouped heads) and keys per K/V tile, at most, whatever the page size.
 KEY_TILE = 64
 # Each of the query, key and value tiles stays within this many bytes, so the kernel and its pipelined loads fit
-# the shared memory of Ampere (163 KiB per block) at every head size and dtype; float32 at head size 256 halves both.
+# the shared memory of sm80 (163 KiB per block) at every head size and dtype; float32 at head size 256 halves both.
 TILE_BYTES = 32 * 1024
+# Compute capabilities whose blocks may opt into 163 KiB (sm80) or 227 KiB (sm90, sm100) of shared memory. Every
+# other GPU gets tiles that fit 99 KiB (sm86, sm89), the least of any GPU from sm80 on: there float32 key and value
+# tiles hold half of TILE_BYTES (full ones need 115,200 bytes at head size 128; bfloat16 ones fit as they are).
+LARGE_SHARED_MEMORY = frozenset({(8, 0), (9, 0), (10, 0)})
+# Triton's own defaults on CUDA, passed explicitly so the compile test builds exactly what is launched.
+NUM_WARPS = 4
+NUM_STAGES = 3
+# The largest head size compiled and checked within shared memory on every supported GPU (test_triton_compile.py);
+# start-up selection passes over the kernel above it.
+MAX_HEAD_DIM = TRITON_MAX_HEAD_DIM
 # tl.dot needs every tile dimension to be at least 16.
 MIN_DOT_DIM = 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """The tiles and launch options of one (GPU, dtype, head size): the same for every step of a model."""
+
+    # Rows of a prefill query tile (query tokens x grouped heads), at most.
+    query_rows: int
+    # Keys per K/V tile.
+    key_rows: int
+    num_warps: int = NUM_WARPS
+    num_stages: int = NUM_STAGES
 
 
 @dataclass(frozen=True)
@@ -37,6 +63,7 @@ class LaunchPlan:
     work: torch.Tensor | None
     num_items: int
     tile_tokens: int
+    tiles: TileConfig
     tiles_per_seq: int = 1
     # Decode-only steps: programs per (sequence, KV head), each over its share of the keys; 1: no split.
     num_splits: int = 1
@@ -245,19 +272,40 @@ def pow2_at_least(value: int, floor: int = MIN_DOT_DIM) -> int:
     return max(floor, triton.next_power_of_2(value))
 
 
-def tile_rows(head_dim: int, dtype: torch.dtype) -> int:
-    """Rows (query rows or keys) of one tile: at most 64, and at most TILE_BYTES of `head_dim`-wide rows."""
+def tile_rows(head_dim: int, dtype: torch.dtype, tile_bytes: int = TILE_BYTES) -> int:
+    """Rows (query rows or keys) of one tile: at most 64, and at most `tile_bytes` of `head_dim`-wide rows."""
     row_bytes = pow2_at_least(head_dim) * torch.empty((), dtype=dtype).element_size()
-    return max(MIN_DOT_DIM, min(KEY_TILE, TILE_BYTES // row_bytes))
+    return max(MIN_DOT_DIM, min(KEY_TILE, tile_bytes // row_bytes))
 
 
-def query_tile_tokens(groups: int, decode_only: bool, head_dim: int, dtype: torch.dtype) -> int:
+def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int) -> TileConfig:
+    """The tiles a GPU of compute `capability` runs for `head_dim`-wide heads in `dtype`; refuses head sizes whose
+    tiles were never checked against shared memory."""
+    if head_dim > MAX_HEAD_DIM:
+        major, minor = capability
+        raise ConfigError(
+            f"the Triton attention kernel has no tiles for head size {head_dim} in "
+            f"{str(dtype).removeprefix('torch.')} on a GPU of compute capability {major}.{minor}: its tiles are "
+            f"checked to fit shared memory up to head size {MAX_HEAD_DIM} (choose another --attention-backend)"
+        )
+    narrow_keys = capability not in LARGE_SHARED_MEMORY and dtype == torch.float32
+    key_bytes = TILE_BYTES // 2 if narrow_keys else TILE_BYTES
+    return TileConfig(query_rows=tile_rows(head_dim, dtype), key_rows=tile_rows(head_dim, dtype, key_bytes))
+
+
+def query_tile_tokens(groups: int, decode_only: bool, tiles: TileConfig) -> int:
     """Query tokens per program: one on decode-only steps, else as many as fill a tile's rows with their groups."""
-    return 1 if decode_only else max(1, tile_rows(head_dim, dtype) // groups)
+    return 1 if decode_only else max(1, tiles.query_rows // groups)
 
 
 def kernel_constants(
-    head_dim: int, groups: int, page: int, tile_tokens: int, params: AttentionParams, dtype: torch.dtype
+    head_dim: int,
+    groups: int,
+    page: int,
+    tile_tokens: int,
+    tiles: TileConfig,
+    params: AttentionParams,
+    dtype: torch.dtype,
 ) -> dict[str, int | bool]:
     """The compile-time constants of one launch (also what the ahead-of-time compile test sweeps)."""
     return {
@@ -265,7 +313,7 @@ def kernel_constants(
         "HEAD_DIM": head_dim,
         "BLOCK_D": pow2_at_least(head_dim),
         "PAGE": page,
-        "BLOCK_N": tile_rows(head_dim, dtype),
+        "BLOCK_N": tiles.key_rows,
         "TILE_TOKENS": tile_tokens,
         "BLOCK_M": pow2_at_least(tile_tokens * groups),
         "USE_SOFTCAP": params.logit_softcap is not None,
@@ -293,14 +341,16 @@ def paged_attention(
             plan.num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=query.device
         )
         lse = torch.empty(plan.num_splits, num_tokens, num_heads, dtype=torch.float32, device=query.device)
-    constants = kernel_constants(head_dim, num_heads // num_kv_heads, page, plan.tile_tokens, params, query.dtype)
+    groups = num_heads // num_kv_heads
+    constants = kernel_constants(head_dim, groups, page, plan.tile_tokens, plan.tiles, params, query.dtype)
     _paged_attention[(plan.num_items, num_kv_heads, plan.num_splits)](
         output, partial, lse, query, key_cache, value_cache, paged.block_tables, paged.query_start_loc,
         paged.seq_lens, plan.work if plan.work is not None else paged.seq_lens,
         params.scale, params.logit_softcap or 1.0, params.sliding_window or 0, plan.num_splits,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         paged.block_tables.stride(0),
-        MIXED=plan.work is not None, TILES_PER_SEQ=plan.tiles_per_seq, SPLIT=split, **constants,
+        MIXED=plan.work is not None, TILES_PER_SEQ=plan.tiles_per_seq, SPLIT=split,
+        num_warps=plan.tiles.num_warps, num_stages=plan.tiles.num_stages, **constants,
     )  # fmt: skip
     if split:
         rows = num_tokens * num_heads
