@@ -7,7 +7,7 @@ import math
 import torch
 from sampling_testing import CPU, batch_of, row_with_history
 from tandem_server.errors import FailureKind
-from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
+from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, seeding
 from tandem_server.sampling.warpers import TopKTopP
 
 
@@ -151,3 +151,16 @@ def test_temperature_top_p_draws_match_the_reference_distribution_by_chi_square(
     chi_square = (((counts[mask] - draws * expected[mask]) ** 2) / (draws * expected[mask])).sum().item()
     # 99.9% quantile of chi-square with (kept - 1) <= 6 degrees of freedom is 22.46; seeds make this fixed.
     assert chi_square < 22.46, (chi_square, counts, expected * draws)
+
+
+def test_hashed_noise_races_follow_the_distribution_and_ignore_the_batch() -> None:
+    # CUDA's noise: every row's keyed hash in one pass; here on the CPU, where the same integer arithmetic runs.
+    probs = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.04, 0.01])
+    draws = 6000
+    pairs = seeding.key_pairs([seeding.mix_seed(9, position) for position in range(draws)])
+    noise = seeding.hashed_noise(pairs, len(probs))
+    torch.testing.assert_close(noise[123:124], seeding.hashed_noise(pairs[123:124], len(probs)), rtol=0, atol=0)
+    counts = torch.bincount((probs / noise).argmax(dim=-1), minlength=len(probs)).float()
+    chi_square = (((counts - draws * probs) ** 2) / (draws * probs)).sum().item()
+    # 99.9% quantile of chi-square with 5 degrees of freedom is 20.52; the keys make this fixed.
+    assert chi_square < 20.52, (chi_square, counts, probs * draws)

@@ -33,11 +33,11 @@ def _on_worker(job: Callable[[], Result]) -> Result:
         return worker.submit(job).result()
 
 
-def _logged_runner(checkpoint: Path, fake: FakeCuda) -> ModelRunner:
+def _logged_runner(checkpoint: Path, fake: FakeCuda, launch_ahead: bool) -> ModelRunner:
     """A runner on the fake `cuda:0` whose launches and forward passes mark the stream log; decode steps of one and
     two requests replay captured graphs, as on a GPU by default."""
     model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), launch_ahead=True)
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), launch_ahead=launch_ahead)
     runner = ModelRunner(model, (2,), torch.float32, CUDA, options=options)
     forward, launch = model.forward, runner.launch
 
@@ -56,23 +56,17 @@ def _logged_runner(checkpoint: Path, fake: FakeCuda) -> ModelRunner:
     return runner
 
 
-def _serve(checkpoint: Path, fake: FakeCuda, requests: list[NewRequest]) -> tuple[dict[int, list[int]], int]:
+def _serve(
+    checkpoint: Path, fake: FakeCuda, requests: list[NewRequest], launch_ahead: bool = True
+) -> tuple[dict[int, list[int]], int]:
     def serve() -> tuple[dict[int, list[int]], int]:
-        runner = _logged_runner(checkpoint, fake)
+        runner = _logged_runner(checkpoint, fake, launch_ahead)
         runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=32, max_batch_requests=4))
         fake.calls.clear()
         driver = PipelinedDriver(runner, requests, blocks_per_request=8)
         return driver.run(), driver.overlapped
 
     return _on_worker(serve)
-
-
-def _cpu_tokens(checkpoint: Path, requests: list[NewRequest]) -> dict[int, list[int]]:
-    """The same requests one step at a time on the CPU, where a launch runs the whole step."""
-    model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    runner = ModelRunner(model, (2,), torch.float32, torch.device("cpu"))
-    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=32, max_batch_requests=4))
-    return PipelinedDriver(runner, requests, blocks_per_request=8).run()
 
 
 def _launches(names: list[str]) -> list[list[str]]:
@@ -126,11 +120,11 @@ def test_a_launch_with_sampled_penalised_and_seeded_rows_neither_copies_from_pag
         new_request(2, [7, 30, 31, 32, 33, 34, 35], max_new_tokens=6, sampling=SEEDED),
         new_request(3, [9, 40, 41], max_new_tokens=5),
     ]
-    expected = _on_worker(lambda: _cpu_tokens(checkpoint, requests))
     fake = FakeCuda(free_bytes=2 * 1024 * 1024)
     fake.install(monkeypatch)
+    one_at_a_time, _ = _serve(checkpoint, fake, requests, launch_ahead=False)
     tokens, overlapped = _serve(checkpoint, fake, requests)
-    assert tokens == expected
+    assert tokens == one_at_a_time
     launches = _launches(fake.names())
     assert overlapped >= len(launches) - 2, "penalised requests launch ahead too"
     for span in launches:

@@ -10,7 +10,7 @@ import torch
 from tandem_server.device_copy import to_device
 from tandem_server.sampling.params import SamplingRow
 from tandem_server.sampling.penalties import PROCESSORS
-from tandem_server.sampling.seeding import uniform_draw
+from tandem_server.sampling.seeding import key_pairs, mix_seed
 from tandem_server.sampling.warpers import WARPERS
 
 LogitsTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -30,8 +30,9 @@ class SamplingBatch:
     warpers: tuple[LogitsTransform, ...]
     # `sampled_rows` on the device, for indexing the logits.
     sampled_index: torch.Tensor
-    # [len(sampled_rows)] float64 on the device: each sampled row's uniform draw from its (seed, position).
-    uniforms: torch.Tensor
+    # Each sampled row's noise key from its (seed, position), and on CUDA the keys' halves on the device.
+    noise_keys: tuple[int, ...]
+    noise_key_pairs: torch.Tensor | None
     device: torch.device
     # [rows, vocab] bool, True where a token may be sampled (grammar rows); None when no row is constrained.
     token_mask: torch.Tensor | None = None
@@ -46,9 +47,9 @@ class SamplingBatch:
         sampled_params = [rows[i].params for i in sampled_rows]
         warpers = tuple(kind(sampled_params, device) for kind in WARPERS if kind.needed(sampled_params))
         sampled_index = to_device(torch.tensor(sampled_rows, dtype=torch.long), device)
-        draws = [uniform_draw(rows[i].params.seed, rows[i].position) for i in sampled_rows]
-        uniforms = to_device(torch.tensor(draws, dtype=torch.float64), device)
-        return cls(tuple(rows), processors, sampled_rows, warpers, sampled_index, uniforms, device, token_mask)
+        keys = tuple(mix_seed(rows[i].params.seed, rows[i].position) for i in sampled_rows)
+        pairs = to_device(key_pairs(list(keys)), device) if device.type == "cuda" else None
+        return cls(tuple(rows), processors, sampled_rows, warpers, sampled_index, keys, pairs, device, token_mask)
 
     @property
     def all_greedy(self) -> bool:

@@ -10,7 +10,7 @@ from tandem_server.device_copy import HostCopy, start_host_copy
 from tandem_server.errors import FailureKind
 from tandem_server.sampling.batch import SamplingBatch
 from tandem_server.sampling.logprobs import TokenLogprobs
-from tandem_server.sampling.seeding import inverse_cdf_draw
+from tandem_server.sampling.seeding import generator_noise, hashed_noise
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Sampler:
             warped = logits[rows]
             for warper in batch.warpers:
                 warped = warper(warped)
-            chosen[rows] = inverse_cdf_draw(warped.softmax(dim=-1), batch.uniforms)
+            chosen[rows] = _draw(warped, batch)
         logprobs = raw_logprobs.gather(1, chosen.unsqueeze(1))
         counts = [row.top_logprobs for row in batch.rows]
         top_k = min(max(counts, default=0), raw_logprobs.shape[-1])
@@ -96,3 +96,13 @@ def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTo
         top_logprobs=alternatives,
         failures={index: _ROW_FAILURES[row[0]] for index, row in enumerate(host) if row[0] != 0.0},
     )
+
+
+def _draw(warped: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    # Exponential race: argmax(p / Exp(1)) picks token i with probability p_i.
+    vocab = warped.shape[-1]
+    if batch.noise_key_pairs is None:
+        noise = generator_noise(list(batch.noise_keys), vocab).to(warped.device)
+    else:
+        noise = hashed_noise(batch.noise_key_pairs, vocab)
+    return (warped.softmax(dim=-1) / noise).argmax(dim=-1)

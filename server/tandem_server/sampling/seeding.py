@@ -1,8 +1,13 @@
 """Random draws that depend only on (request seed, token position), never on the batch.
 
-Each sampled row draws one uniform number on the host from its (seed, position) and picks its token by inverting its
-distribution's cumulative sum at that number. The work queued on the device is the same whatever the number of rows
-(no generator per row), and the uniform numbers are the same on every device and every tensor-parallel rank.
+A sampled row draws Exp(1) noise over the vocabulary and takes argmax(probs / noise) (an exponential race): only a
+genuine near-tie between two tokens' ratios can flip a draw when another batch shape rounds the logits differently.
+The noise comes from a 64-bit key per row, mixed from (seed, position) on the host:
+- on the CPU, a generator per row seeded with the key (a generator costs nothing to launch there);
+- on CUDA, a keyed integer hash of each token's index, computed for every row at once, so the kernels a step queues
+  do not grow with its batch (a generator per row costs several launches each).
+Both are fixed per (seed, position) on their device, so a preempted and recomputed request draws the same tokens, and
+every tensor-parallel rank draws alike.
 """
 
 from __future__ import annotations
@@ -10,8 +15,12 @@ from __future__ import annotations
 import torch
 
 _MASK64 = (1 << 64) - 1
-# A key's top 52 bits plus one half make a float64 uniform number exactly: the largest is 1 - 2**-53.
-_UNIFORM_BITS = 52
+_MASK32 = (1 << 32) - 1
+# Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 arithmetic never overflows.
+_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995)
+_HASH_UNIFORM_BITS = 24
+# Noise is clamped here: a masked token (probability 0) then scores 0, never 0/0 = NaN, which argmax would pick.
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def mix_seed(seed: int, position: int) -> int:
@@ -22,20 +31,37 @@ def mix_seed(seed: int, position: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def uniform_draw(seed: int, position: int) -> float:
-    """A uniform number in (0, 1), never 0 or 1, from (seed, position)."""
-    return ((mix_seed(seed, position) >> (63 - _UNIFORM_BITS)) + 0.5) / (1 << _UNIFORM_BITS)
+def key_pairs(keys: list[int]) -> torch.Tensor:
+    """[rows, 2] int64 on the host: each key's low and high 32 bits, the hash's two round keys."""
+    return torch.tensor([[key & _MASK32, key >> 32] for key in keys], dtype=torch.int64).reshape(-1, 2)
 
 
-def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of `probs` ([rows, vocab]), token i with probability probs[i] / sum(probs): the first
-    token whose cumulative mass exceeds the row's uniform share of its total. A token of probability 0 adds no mass,
-    so it is never the first to exceed anything. The sum is float64, so no rounding moves a boundary by more than a
-    token of probability 1e-12 could."""
-    cumulative = probs.to(torch.float64).cumsum(dim=-1)
-    total = cumulative[:, -1]
-    # Strictly below the total, however the product rounds: some token's cumulative mass always exceeds it.
-    targets = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total))).unsqueeze(1)
-    chosen = torch.searchsorted(cumulative, targets, right=True).squeeze(1)
-    # Only a row without any mass (no finite logit) reaches past the end; its status already marks it failed.
-    return chosen.clamp_max(probs.shape[-1] - 1)
+def generator_noise(keys: list[int], vocab_size: int) -> torch.Tensor:
+    """[rows, vocab] Exp(1) noise on the CPU, one generator per row."""
+    rows = []
+    for key in keys:
+        generator = torch.Generator()
+        generator.manual_seed(key)
+        uniform = torch.rand(vocab_size, generator=generator, dtype=torch.float32)
+        rows.append(-torch.log1p(-uniform))
+    return torch.stack(rows).clamp_min(_TINY) if rows else torch.empty(0, vocab_size)
+
+
+def _mix32(values: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix of values in [0, 2**32), kept in int64 so every shift is a logical one."""
+    for multiplier in _MULTIPLIERS:
+        values = ((values ^ (values >> 16)) * multiplier) & _MASK32
+    return values ^ (values >> 15)
+
+
+def hashed_uniform(pairs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, vocab] float32 uniform draws in (0, 1), never 0 or 1, from each row's key pair (on its device)."""
+    tokens = torch.arange(vocab_size, device=pairs.device, dtype=torch.int64)
+    mixed = _mix32(_mix32(tokens ^ pairs[:, :1]) ^ pairs[:, 1:])
+    top_bits = (mixed >> (32 - _HASH_UNIFORM_BITS)).to(torch.float32)
+    return (top_bits + 0.5) * (1.0 / (1 << _HASH_UNIFORM_BITS))
+
+
+def hashed_noise(pairs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, vocab] Exp(1) noise from each row's key pair, every row in the same few kernels."""
+    return (-torch.log(hashed_uniform(pairs, vocab_size))).clamp_min(_TINY)
