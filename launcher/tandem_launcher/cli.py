@@ -215,7 +215,7 @@ def _add_api_flags(add: FlagAdder) -> None:
     """Which OpenAI behaviours are on: usage chunks, chat templates, generation defaults."""
     add.switch("--always-include-usage", "end every OpenAI stream with a usage chunk")
     add.value("--chat-template", Path, None, "a Jinja chat template file used instead of the model's own")
-    add.switch("--disable-chat-completions", "serve no /v1/chat/completions (lets a model without a template start)")
+    add.switch("--disable-chat-completions", "serve no chat (the chat routes answer 400)")
     add.value(
         "--generation-config",
         str,

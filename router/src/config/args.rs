@@ -156,7 +156,8 @@ pub struct ApiArgs {
     /// A Jinja chat template file used instead of the model's own.
     #[arg(long, env = "CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
-    /// Serve no chat completions: lets a model without a chat template start.
+    /// Serve no chat: /v1/chat/completions, /v1/messages and /v1/responses answer 400. A model
+    /// without a chat template starts either way.
     #[arg(long, env = "DISABLE_CHAT_COMPLETIONS")]
     pub disable_chat_completions: bool,
     /// `auto`: OpenAI requests that leave temperature, top_p, top_k, min_p or

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use axum::extract::Request;
 use axum::http::header;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::error::AuthError;
@@ -25,6 +26,24 @@ pub enum ApiKeyError {
     Malformed { origin: String },
     #[error("the API key files hold no key ({paths})")]
     Empty { paths: String },
+}
+
+/// Names an accepted key without holding it: the key's SHA-256. The same key has the same id
+/// across reloads, so what a key owns stays its own while the key stays accepted.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId([u8; 32]);
+
+impl KeyId {
+    /// The id of `key`.
+    pub fn of(key: &[u8]) -> Self {
+        Self(Sha256::digest(key).into())
+    }
+}
+
+impl std::fmt::Debug for KeyId {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("KeyId(..)")
+    }
 }
 
 /// The accepted keys: those given inline plus those read from files, which `reload` reads
@@ -117,8 +136,8 @@ impl ApiKeys {
     }
 
     /// Checks a request's `Authorization` header, or else its `x-api-key` header (the
-    /// Anthropic clients' way of sending a key).
-    pub fn check(&self, request: &Request) -> Result<(), AuthError> {
+    /// Anthropic clients' way of sending a key); the id of the accepted key.
+    pub fn check(&self, request: &Request) -> Result<KeyId, AuthError> {
         let headers = request.headers();
         let key = match (headers.get(header::AUTHORIZATION), headers.get(X_API_KEY)) {
             (Some(value), _) => {
@@ -136,7 +155,7 @@ impl ApiKeys {
             (None, None) => return Err(AuthError::Missing),
         };
         if self.accepts(key) {
-            Ok(())
+            Ok(KeyId::of(key))
         } else {
             Err(AuthError::Invalid)
         }
@@ -207,6 +226,26 @@ mod tests {
         assert!(!keys.accepts(b"sk-firs"));
         assert!(!keys.accepts(b"sk-first "));
         assert!(!keys.accepts(b""));
+    }
+
+    fn key_id(keys: &ApiKeys, authorization: &str) -> Result<KeyId, AuthError> {
+        let request = Request::builder()
+            .header(header::AUTHORIZATION, authorization)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        keys.check(&request)
+    }
+
+    #[test]
+    fn each_accepted_key_has_its_own_id_which_survives_reloads() {
+        let keys = keys(&["sk-first", "sk-second"]);
+        let first = key_id(&keys, "Bearer sk-first").unwrap();
+        let second = key_id(&keys, "Bearer sk-second").unwrap();
+        assert_ne!(first, second);
+        keys.reload().unwrap();
+        assert_eq!(key_id(&keys, "bearer sk-first").unwrap(), first);
+        assert!(!format!("{first:?}").contains("sk-"));
+        assert!(key_id(&keys, "Bearer sk-third").is_err());
     }
 
     #[test]

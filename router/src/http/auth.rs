@@ -2,28 +2,49 @@
 //! (or `x-api-key: <key>`) when keys are configured; `/health`, `/ready` and `/metrics` stay open for probes and
 //! scrapers.
 
-use axum::extract::{Request, State};
+use std::convert::Infallible;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 
+use super::api_keys::KeyId;
 use super::state::AppState;
 use crate::error::{error_response, Api, AppError};
 
 /// Middleware on every route but the probes: 401 in the route's error shape unless the
-/// request carries an accepted key (no keys configured: everything passes).
+/// request carries an accepted key (no keys configured: everything passes). An accepted key's
+/// id rides along with the request for `Caller`.
 pub async fn require_api_key(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let Some(keys) = &state.api_keys else {
         return next.run(request).await;
     };
     match keys.check(&request) {
-        Ok(()) => next.run(request).await,
+        Ok(key_id) => {
+            request.extensions_mut().insert(key_id);
+            next.run(request).await
+        }
         Err(error) => error_response(
             Api::for_path(request.uri().path()),
             &AppError::Unauthorized(error),
         ),
+    }
+}
+
+/// Who sent a request: the id of the API key it was accepted with; `None` when no keys are
+/// configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(pub Option<KeyId>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(parts.extensions.get::<KeyId>().copied()))
     }
 }

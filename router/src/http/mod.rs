@@ -20,7 +20,7 @@ mod server_info;
 mod sse;
 mod state;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method};

@@ -1,5 +1,7 @@
 //! Start-up: tokenizer, shards, KV cache, scheduler, then the HTTP server until a signal.
 
+#[cfg(test)]
+mod chat_tests;
 mod serving;
 #[cfg(test)]
 mod tests;
@@ -19,8 +21,8 @@ use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
-    chat_template_source, ChatTemplate, GrammarCompiler, ModelFiles, ModelFilesError,
-    SamplingDefaults, TemplateSourceError, Validator,
+    ChatTemplate, ChatUnavailable, GrammarCompiler, ModelFiles, ModelFilesError, SamplingDefaults,
+    TemplateSource, TemplateSourceError, Validator,
 };
 
 /// Why the router could not start or keep serving.
@@ -295,17 +297,22 @@ fn model_sampling_defaults(files: &ModelFiles, config: &RouterConfig) -> Samplin
 }
 
 /// Compiles the chat template and builds the validator and detokenizer from the model files.
+/// A model without a chat template starts: chat uses its family's known template, or is
+/// refused while completions are served.
 fn tokenization(
     files: ModelFiles,
     config: &RouterConfig,
 ) -> Result<(Validator, TokenDecoding), StartupError> {
-    let chat_template = chat_template_source(
-        files.chat_template,
+    let source = TemplateSource::choose(
+        &files,
         config.api.chat_template.as_deref(),
         config.api.chat_completions,
-    )?
-    .map(|source| ChatTemplate::new(source, files.bos_token, files.eos_token))
-    .transpose()?;
+    )?;
+    log_template_source(&source, files.model_type.as_deref());
+    let chat_template = match source.into_text() {
+        Ok(text) => Ok(ChatTemplate::new(text, files.bos_token, files.eos_token)?),
+        Err(reason) => Err(reason),
+    };
     let tokenizer = Arc::new(files.tokenizer);
     let limits = config.validation_limits();
     let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
@@ -313,6 +320,27 @@ fn tokenization(
         .with_max_drafts(config.limits.speculate)
         .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
     Ok((validator, TokenDecoding::new(tokenizer)))
+}
+
+/// Warns when the model's own chat template is missing: chat then runs on a stand-in, or not
+/// at all.
+fn log_template_source(source: &TemplateSource, model_type: Option<&str>) {
+    let model_type = model_type.unwrap_or("unknown");
+    match source {
+        TemplateSource::Fallback(known) => warn!(
+            family = known.family,
+            model_type,
+            "the model has no chat template: chat uses the {} format as a fallback \
+             (--chat-template FILE sets the template)",
+            known.family
+        ),
+        TemplateSource::Unavailable(ChatUnavailable::NoTemplate) => warn!(
+            model_type,
+            "the model has no chat template and none is known for its family: chat requests \
+             are refused until the router starts with --chat-template FILE; completions are served"
+        ),
+        TemplateSource::Given(_) | TemplateSource::Unavailable(ChatUnavailable::Disabled) => {}
+    }
 }
 
 /// How many bodies of `--payload-limit` bytes are tokenized at once, at most.

@@ -6,7 +6,7 @@ use super::*;
 use crate::config::RouterArgs;
 use crate::pb;
 
-fn config(extra: &[&str]) -> RouterConfig {
+pub(super) fn config(extra: &[&str]) -> RouterConfig {
     let mut argv = vec![
         "tandem-router",
         "--shard-uds-path",

@@ -1,5 +1,7 @@
 //! Why a request is refused, naming the offending parameter.
 
+use super::template_source::ChatUnavailable;
+
 /// A request the router refuses, with a message naming the offending parameter.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValidationError {
@@ -55,8 +57,8 @@ pub enum ValidationError {
         max_new_tokens: u32,
         max_total_tokens: usize,
     },
-    #[error("this server serves no chat completions (it runs without a chat template); use /v1/completions or /generate")]
-    NoChatTemplate,
+    #[error(transparent)]
+    NoChat(ChatUnavailable),
     #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
     TooManyPrompts { max: usize, got: usize },
     #[error("chat template error: {0}")]
@@ -89,7 +91,7 @@ impl ValidationError {
         match self {
             Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
             Self::Missing(param) | Self::Empty(param) => Some(param),
-            Self::InvalidRole { .. } | Self::NoChatTemplate | Self::Template(_) => Some("messages"),
+            Self::InvalidRole { .. } | Self::NoChat(_) | Self::Template(_) => Some("messages"),
             Self::TooManyStops { .. } => Some("stop"),
             Self::TooManyPrompts { .. } => Some("prompt"),
             Self::TotalTooLong { param, .. }

@@ -4,6 +4,7 @@ mod bounds;
 mod budget;
 mod chat_template;
 mod error;
+mod family_templates;
 mod grammar;
 mod model_files;
 mod params;
@@ -23,13 +24,14 @@ use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use error::ValidationError;
+pub use family_templates::FamilyTemplate;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
 pub use requested_grammar::{with_json_layout, RequestedGrammar, TgiGrammarSite};
 pub use sampling_defaults::SamplingDefaults;
-pub use template_source::{chat_template_source, TemplateSourceError};
+pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
 use crate::limits::RequestLimits;
 use crate::scheduler::{GenerationRequest, StoppingParams};
@@ -72,7 +74,7 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Validator {
     tokenizer: Arc<Tokenizer>,
-    chat_template: Option<Arc<ChatTemplate>>,
+    chat_template: Result<Arc<ChatTemplate>, ChatUnavailable>,
     limits: Limits,
     request_limits: RequestLimits,
     /// Token ids below this exist in both the tokenizer and the model.
@@ -88,10 +90,11 @@ pub struct Validator {
 }
 
 impl Validator {
-    /// A validator for a model without end-of-sequence ids until `with_eos_token_ids`.
+    /// A validator for a model without end-of-sequence ids until `with_eos_token_ids`; chat
+    /// prompts render with `chat_template`, or are refused for its reason.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
-        chat_template: Option<ChatTemplate>,
+        chat_template: Result<ChatTemplate, ChatUnavailable>,
         limits: Limits,
     ) -> Self {
         Self {
@@ -299,8 +302,8 @@ impl Validator {
                 }
             }
             Prompt::Chat(messages, _) => {
-                if self.chat_template.is_none() {
-                    return Err(ValidationError::NoChatTemplate);
+                if let Err(reason) = &self.chat_template {
+                    return Err(ValidationError::NoChat(*reason));
                 }
                 if messages.is_empty() {
                     return Err(ValidationError::Empty("messages"));
@@ -369,7 +372,7 @@ impl Validator {
                 Prompt::Text(text) => (text, true),
                 Prompt::Tokens(ids) => return Ok(ids),
                 Prompt::Chat(messages, ending) => {
-                    let template = template.ok_or(ValidationError::NoChatTemplate)?;
+                    let template = template.map_err(ValidationError::NoChat)?;
                     (template.render(&messages, ending)?, false)
                 }
             };

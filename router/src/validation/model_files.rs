@@ -1,4 +1,5 @@
-//! Reads what the router needs from a model directory: tokenizer, chat template, special tokens.
+//! Reads what the router needs from a model directory: tokenizer, chat template, special tokens
+//! and the model's family.
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +37,8 @@ pub struct ModelFiles {
     pub eos_token: Option<String>,
     /// The sampling values `generation_config.json` recommends.
     pub sampling_defaults: SamplingDefaults,
+    /// `config.json`'s `model_type` (`llama`, `gemma3_text`, ...): the model's family.
+    pub model_type: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -45,9 +48,14 @@ struct TokenizerConfig {
     eos_token: Option<Value>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+struct ModelConfig {
+    model_type: Option<String>,
+}
+
 impl ModelFiles {
-    /// Loads `tokenizer.json` (required), `tokenizer_config.json`, `chat_template.jinja` and
-    /// `generation_config.json` (all optional) from `dir`.
+    /// Loads `tokenizer.json` (required), `tokenizer_config.json`, `chat_template.jinja`,
+    /// `generation_config.json` and `config.json` (all optional) from `dir`.
     pub fn load(dir: &Path) -> Result<Self, ModelFilesError> {
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer =
@@ -69,12 +77,14 @@ impl ModelFiles {
         };
         let generation: Value =
             read_optional_json(&dir.join("generation_config.json"))?.unwrap_or_default();
+        let model: ModelConfig = read_optional_json(&dir.join("config.json"))?.unwrap_or_default();
         Ok(Self {
             tokenizer,
             chat_template,
             bos_token: config.bos_token.as_ref().and_then(token_content),
             eos_token: config.eos_token.as_ref().and_then(token_content),
             sampling_defaults: SamplingDefaults::from_generation_config(&generation),
+            model_type: model.model_type,
         })
     }
 }
@@ -158,6 +168,19 @@ mod tests {
         assert_eq!(files.eos_token.as_deref(), Some("</s>"));
         assert_eq!(files.chat_template.as_deref(), Some("T"));
         assert_eq!(files.sampling_defaults.temperature, Some(0.6));
+        assert_eq!(files.model_type, None);
+    }
+
+    #[test]
+    fn the_model_type_comes_from_config_json() {
+        let dir = write_model_dir(&json!({}), None);
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}"#,
+        )
+        .unwrap();
+        let files = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(files.model_type.as_deref(), Some("gemma3_text"));
     }
 
     #[test]

@@ -25,6 +25,11 @@ fn byte_to_char(byte: u8) -> char {
 }
 
 pub fn tokenizer_json() -> Value {
+    tokenizer_json_with_special_tokens(&[])
+}
+
+/// The test tokenizer's JSON with `special` added as special tokens, numbered after the merges.
+pub fn tokenizer_json_with_special_tokens(special: &[&str]) -> Value {
     let mut vocab = Map::new();
     for byte in 0..=255u8 {
         vocab.insert(byte_to_char(byte).to_string(), json!(u32::from(byte)));
@@ -45,11 +50,17 @@ pub fn tokenizer_json() -> Value {
         json!({"id": id, "content": content, "single_word": false, "lstrip": false,
                "rstrip": false, "normalized": false, "special": true})
     };
+    let first_special = 258 + u32::try_from(merges.len()).unwrap();
+    let mut added_tokens = vec![added(BOS_ID, "<s>"), added(EOS_ID, "</s>")];
+    for (id, content) in (first_special..).zip(special) {
+        vocab.insert((*content).to_owned(), json!(id));
+        added_tokens.push(added(id, content));
+    }
     json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
-        "added_tokens": [added(BOS_ID, "<s>"), added(EOS_ID, "</s>")],
+        "added_tokens": added_tokens,
         "normalizer": null,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
         "post_processor": {
@@ -72,6 +83,12 @@ pub fn tokenizer_json() -> Value {
 /// The test tokenizer.
 pub fn tokenizer() -> Tokenizer {
     Tokenizer::from_bytes(tokenizer_json().to_string().as_bytes()).unwrap()
+}
+
+/// The test tokenizer knowing `special` as special tokens.
+pub fn tokenizer_with_special_tokens(special: &[&str]) -> Tokenizer {
+    let json = tokenizer_json_with_special_tokens(special).to_string();
+    Tokenizer::from_bytes(json.as_bytes()).unwrap()
 }
 
 /// Token ids of `text` without special tokens.
@@ -101,6 +118,17 @@ pub fn chat_model_dir() -> tempfile::TempDir {
         &json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML_TEMPLATE}),
         None,
     )
+}
+
+/// A model directory without a chat template, like a base model's: a `config.json` naming
+/// `model_type`, and a tokenizer that knows `special` as special tokens.
+pub fn templateless_model_dir(model_type: &str, special: &[&str]) -> tempfile::TempDir {
+    let dir = write_model_dir(&json!({"bos_token": "<s>", "eos_token": "</s>"}), None);
+    let tokenizer = tokenizer_json_with_special_tokens(special);
+    write_file(dir.path(), "tokenizer.json", &tokenizer.to_string());
+    let config = json!({"model_type": model_type});
+    write_file(dir.path(), "config.json", &config.to_string());
+    dir
 }
 
 fn write_file(dir: &Path, name: &str, text: &str) {

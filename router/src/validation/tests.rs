@@ -4,8 +4,11 @@ use super::testing::{self, BOS_ID, CHATML_TEMPLATE};
 use super::*;
 
 fn validator(with_template: bool) -> Validator {
-    let template = with_template
-        .then(|| ChatTemplate::new(CHATML_TEMPLATE.to_owned(), Some("<s>".into()), None).unwrap());
+    let template = if with_template {
+        Ok(ChatTemplate::new(CHATML_TEMPLATE.to_owned(), Some("<s>".into()), None).unwrap())
+    } else {
+        Err(ChatUnavailable::Disabled)
+    };
     Validator::new(
         Arc::new(testing::tokenizer()),
         template,
@@ -132,7 +135,7 @@ async fn chat_without_a_template_is_a_clear_error() {
         )
         .await
         .unwrap_err();
-    assert_eq!(error, ValidationError::NoChatTemplate);
+    assert_eq!(error, ValidationError::NoChat(ChatUnavailable::Disabled));
 }
 
 #[tokio::test]

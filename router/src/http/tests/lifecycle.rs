@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::*;
 use crate::error::RETRY_AFTER_SECS;
 use crate::scheduler::EnginePhase;
+use crate::validation::ChatUnavailable;
 
 /// The scripted fake, in a phase the test chooses.
 struct PhasedBackend {
@@ -43,7 +44,11 @@ fn state_over(inner: Arc<FakeBackend>, phase: EnginePhase) -> AppState {
         max_input_tokens: MAX_INPUT_TOKENS,
         max_total_tokens: MAX_TOTAL_TOKENS,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), None, limits);
+    let validator = Validator::new(
+        Arc::clone(&tokenizer),
+        Err(ChatUnavailable::Disabled),
+        limits,
+    );
     let backend = Arc::new(PhasedBackend {
         inner,
         phase: Mutex::new(phase),

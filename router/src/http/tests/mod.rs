@@ -277,13 +277,24 @@ pub fn test_state(backend: Arc<dyn Backend>, config: HandlerConfig) -> AppState 
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_stop_sequences: 4,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), Some(template), limits)
+    let validator = Validator::new(Arc::clone(&tokenizer), Ok(template), limits)
         .with_request_limits(config.request_limits);
+    state_with_validator(backend, validator, TokenDecoding::new(tokenizer), config)
+}
+
+/// The state over `backend` with a validator and detokenizer built elsewhere (as start-up
+/// builds them).
+pub fn state_with_validator(
+    backend: Arc<dyn Backend>,
+    validator: Validator,
+    decoding: TokenDecoding,
+    config: HandlerConfig,
+) -> AppState {
     let info = server_info_for(&config);
     AppState::new(
         backend,
         Arc::new(validator),
-        Arc::new(TokenDecoding::new(tokenizer)),
+        Arc::new(decoding),
         config,
         info,
         crate::metrics::detached_handle(),

@@ -9,6 +9,7 @@ use super::output::Echo;
 use super::request::{FunctionToolSpec, ResponsesRequest, TextFormat};
 use super::store::ResponseStore;
 use crate::error::AppError;
+use crate::http::api_keys::KeyId;
 use crate::http::openai::SamplingFields;
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
@@ -74,12 +75,13 @@ fn refuse_unsupported(request: &ResponsesRequest) -> Result<(), ValidationError>
     Ok(())
 }
 
-/// Validates a `/v1/responses` body into a generation; an unknown `previous_response_id` is
-/// not found.
+/// Validates a `/v1/responses` body into a generation; a `previous_response_id` that is
+/// unknown, or not `owner`'s to continue, is not found.
 pub fn generation(
     mut request: ResponsesRequest,
     config: &HandlerConfig,
     store: &ResponseStore,
+    owner: Option<KeyId>,
 ) -> Result<Generation, AppError> {
     refuse_unsupported(&request)?;
     let (plan, tools_echo, choice_echo) = tool_plan(&mut request, config.request_limits.max_tools)?;
@@ -100,7 +102,7 @@ pub fn generation(
     }
     let mut conversation = match &request.previous_response_id {
         None => Vec::new(),
-        Some(id) => match store.get(id) {
+        Some(id) => match store.get(id, owner) {
             Some(stored) => stored.conversation.clone(),
             None => {
                 return Err(AppError::NotFound {

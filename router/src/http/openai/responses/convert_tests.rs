@@ -17,7 +17,7 @@ fn request(body: Value) -> ResponsesRequest {
 }
 
 fn converted_with(body: Value, store: &ResponseStore) -> Generation {
-    generation(request(body), &config(), store).expect("valid")
+    generation(request(body), &config(), store, None).expect("valid")
 }
 
 fn converted(body: Value) -> Generation {
@@ -26,7 +26,7 @@ fn converted(body: Value) -> Generation {
 
 /// The parameter a refused body is refused for.
 fn refused_param(body: Value) -> String {
-    match generation(request(body), &config(), &empty_store()).expect_err("refused") {
+    match generation(request(body), &config(), &empty_store(), None).expect_err("refused") {
         AppError::Validation(error) => error.param().expect("names a parameter").to_owned(),
         other => panic!("expected a validation error, got {other:?}"),
     }
@@ -110,6 +110,7 @@ fn a_previous_response_conversation_comes_before_the_new_input() {
     let stored = StoredResponse {
         body: json!({}),
         conversation: earlier.clone(),
+        owner: None,
     };
     store.insert("resp_1".into(), stored).unwrap();
     let body =
@@ -129,7 +130,7 @@ fn a_previous_response_conversation_comes_before_the_new_input() {
 #[test]
 fn an_unknown_previous_response_is_not_found() {
     let body = request(json!({"input": "Hi", "previous_response_id": "resp_gone"}));
-    match generation(body, &config(), &empty_store()) {
+    match generation(body, &config(), &empty_store(), None) {
         Err(AppError::NotFound { id, param, .. }) => {
             assert_eq!(
                 (id.as_str(), param),

@@ -24,7 +24,7 @@ fn draft() -> Draft {
         store: false,
         user: None,
     };
-    Draft::new("m".into(), echo, Vec::new())
+    Draft::new("m".into(), echo, Vec::new(), None)
 }
 
 /// Every event of one response streamed as `pieces`, ended by `finish`.

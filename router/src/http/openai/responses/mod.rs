@@ -24,6 +24,7 @@ use self::events::ResponseEvents;
 use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};
 use self::request::ResponsesRequest;
 use crate::error::{ApiError, AppError, OpenAi, OpenAiErrorBody};
+use crate::http::auth::Caller;
 use crate::http::generation::AdmittedRequest;
 use crate::http::json::ApiJson;
 use crate::http::sse::sse_response;
@@ -75,9 +76,10 @@ pub enum StoredErrorResponses {
     CreateErrorResponses))]
 pub async fn create(
     State(state): State<AppState>,
+    Caller(owner): Caller,
     ApiJson(request, _): ApiJson<ResponsesRequest, OpenAi>,
 ) -> Result<Response, ApiError<OpenAi>> {
-    let generation = convert::generation(request, &state.config, &state.responses)?;
+    let generation = convert::generation(request, &state.config, &state.responses, owner)?;
     let call_required = generation
         .tools
         .as_ref()
@@ -87,6 +89,7 @@ pub async fn create(
         state.config.model_id.clone(),
         generation.echo,
         generation.conversation,
+        owner,
     );
     let admitted =
         AdmittedRequest::start(&state, "responses", generation.prompt, &generation.params).await?;
@@ -182,7 +185,8 @@ fn not_found(id: String) -> AppError {
     }
 }
 
-/// `GET /v1/responses/{response_id}`: a stored response, as it was answered.
+/// `GET /v1/responses/{response_id}`: a stored response, as it was answered, to the key that
+/// created it.
 #[utoipa::path(get, path = "/v1/responses/{response_id}", tag = "OpenAI",
     params(("response_id" = String, Path, description = "The response's `id`")),
     responses(
@@ -190,17 +194,18 @@ fn not_found(id: String) -> AppError {
         StoredErrorResponses))]
 pub async fn retrieve(
     State(state): State<AppState>,
+    Caller(owner): Caller,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError<OpenAi>> {
     refuse_query(query.as_deref())?;
-    match state.responses.get(&id) {
+    match state.responses.get(&id, owner) {
         Some(stored) => Ok(Json(stored.body.clone())),
         None => Err(not_found(id).into()),
     }
 }
 
-/// `DELETE /v1/responses/{response_id}`: forgets a stored response.
+/// `DELETE /v1/responses/{response_id}`: forgets a stored response of the key that created it.
 #[utoipa::path(delete, path = "/v1/responses/{response_id}", tag = "OpenAI",
     params(("response_id" = String, Path, description = "The response's `id`")),
     responses(
@@ -208,9 +213,10 @@ pub async fn retrieve(
         StoredErrorResponses))]
 pub async fn delete(
     State(state): State<AppState>,
+    Caller(owner): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<DeletedResponse>, ApiError<OpenAi>> {
-    if !state.responses.remove(&id) {
+    if !state.responses.remove(&id, owner) {
         return Err(not_found(id).into());
     }
     Ok(Json(DeletedResponse {

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use super::store::{ResponseStore, StoredResponse};
+use crate::http::api_keys::KeyId;
 use crate::stream::Finish;
 use crate::validation::ChatMessage;
 
@@ -187,10 +188,17 @@ pub struct Draft {
     pub echo: Echo,
     /// Earlier turns and this request's input, as chat messages; the output joins them.
     pub conversation: Vec<ChatMessage>,
+    /// The API key the response is stored for.
+    pub owner: Option<KeyId>,
 }
 
 impl Draft {
-    pub fn new(model: String, echo: Echo, conversation: Vec<ChatMessage>) -> Self {
+    pub fn new(
+        model: String,
+        echo: Echo,
+        conversation: Vec<ChatMessage>,
+        owner: Option<KeyId>,
+    ) -> Self {
         let created_at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_secs());
@@ -200,6 +208,7 @@ impl Draft {
             model,
             echo,
             conversation,
+            owner,
         }
     }
 
@@ -236,6 +245,7 @@ impl Draft {
                 body: serde_json::to_value(&body)
                     .expect("invariant: a response object is plain JSON"),
                 conversation,
+                owner: self.owner,
             };
             match store.insert(body.id.clone(), stored) {
                 Ok(evicted) if !evicted.is_empty() => {

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use serde_json::Value;
 
+use crate::http::api_keys::KeyId;
 use crate::validation::ChatMessage;
 
 /// How much the store may keep (`--responses-store-max-entries`, `--responses-store-max-bytes`).
@@ -49,6 +50,9 @@ pub struct StoredResponse {
     /// The conversation the response ends: every earlier input item and output, then its own,
     /// as chat messages. Instructions are not part of it: they do not carry over.
     pub conversation: Vec<ChatMessage>,
+    /// The API key that created the response, alone able to read, delete or continue it;
+    /// `None` when no keys are configured.
+    pub owner: Option<KeyId>,
 }
 
 impl StoredResponse {
@@ -165,18 +169,25 @@ impl ResponseStore {
         Ok(evicted)
     }
 
-    /// The response kept under `id`.
-    pub fn get(&self, id: &str) -> Option<Arc<StoredResponse>> {
+    /// The response kept under `id` for `owner`; another owner's response is as absent as one
+    /// never kept.
+    pub fn get(&self, id: &str, owner: Option<KeyId>) -> Option<Arc<StoredResponse>> {
         self.entries()
             .by_id
             .get(id)
+            .filter(|(stored, _)| stored.owner == owner)
             .map(|(stored, _)| Arc::clone(stored))
     }
 
-    /// Forgets the response kept under `id`; whether there was one.
-    pub fn remove(&self, id: &str) -> bool {
+    /// Forgets the response kept under `id` for `owner`; whether there was one. Another
+    /// owner's response stays.
+    pub fn remove(&self, id: &str, owner: Option<KeyId>) -> bool {
         let mut entries = self.entries();
-        let removed = entries.remove(id).is_some();
+        let owned = entries
+            .by_id
+            .get(id)
+            .is_some_and(|(stored, _)| stored.owner == owner);
+        let removed = owned && entries.remove(id).is_some();
         Self::record(&entries);
         removed
     }
@@ -199,6 +210,7 @@ mod tests {
         StoredResponse {
             body: json!({"text": text}),
             conversation: vec![ChatMessage::new("user", text)],
+            owner: None,
         }
     }
 
@@ -217,6 +229,7 @@ mod tests {
                 tool_call_id: Some("call_1".into()),
                 ..ChatMessage::new("tool", "sunny")
             }],
+            owner: None,
         };
         assert_eq!(
             entry.bytes(),
@@ -230,8 +243,8 @@ mod tests {
         assert_eq!(store.insert("a".into(), stored("1")), Ok(vec![]));
         assert_eq!(store.insert("b".into(), stored("2")), Ok(vec![]));
         assert_eq!(store.insert("c".into(), stored("3")), Ok(vec!["a".into()]));
-        assert!(store.get("a").is_none());
-        assert_eq!(store.get("b").unwrap().conversation[0].content, "2");
+        assert!(store.get("a", None).is_none());
+        assert_eq!(store.get("b", None).unwrap().conversation[0].content, "2");
         assert_eq!(store.usage().0, 2);
     }
 
@@ -247,7 +260,7 @@ mod tests {
         let evicted = store.insert("d".into(), big.clone()).unwrap();
         assert_eq!(evicted, ["a", "b"]);
         assert_eq!(store.usage(), (2, size + big.bytes()));
-        assert!(store.get("c").is_some() && store.get("d").is_some());
+        assert!(store.get("c", None).is_some() && store.get("d", None).is_some());
     }
 
     #[test]
@@ -256,7 +269,7 @@ mod tests {
         store.insert("a".into(), stored("small")).unwrap();
         let huge = stored(&"z".repeat(200));
         assert_eq!(store.insert("b".into(), huge.clone()), Err(huge.bytes()));
-        assert!(store.get("a").is_some() && store.get("b").is_none());
+        assert!(store.get("a", None).is_some() && store.get("b", None).is_none());
         let none = self::store(0, 100);
         assert!(none.insert("a".into(), stored("x")).is_err());
         assert_eq!(none.usage(), (0, 0));
@@ -267,10 +280,27 @@ mod tests {
         let store = store(2, 1 << 20);
         store.insert("a".into(), stored("1")).unwrap();
         store.insert("b".into(), stored("2")).unwrap();
-        assert!(store.remove("a"));
-        assert!(!store.remove("a"));
+        assert!(store.remove("a", None));
+        assert!(!store.remove("a", None));
         assert_eq!(store.usage(), (1, stored("2").bytes()));
         assert_eq!(store.insert("c".into(), stored("3")), Ok(vec![]));
         assert_eq!(store.insert("d".into(), stored("4")), Ok(vec!["b".into()]));
+    }
+
+    #[test]
+    fn another_owners_response_is_neither_read_nor_removed() {
+        let store = store(2, 1 << 20);
+        let (first, second) = (KeyId::of(b"sk-first"), KeyId::of(b"sk-second"));
+        let owned = StoredResponse {
+            owner: Some(first),
+            ..stored("mine")
+        };
+        store.insert("a".into(), owned).unwrap();
+        assert!(store.get("a", Some(second)).is_none());
+        assert!(store.get("a", None).is_none());
+        assert!(!store.remove("a", Some(second)));
+        assert_eq!(store.usage().0, 1);
+        assert!(store.get("a", Some(first)).is_some());
+        assert!(store.remove("a", Some(first)));
     }
 }

@@ -5,11 +5,11 @@ use axum::http::{Request, StatusCode};
 use serde_json::{json, Value};
 
 use super::store::ResponseStoreLimits;
-use crate::http::app;
 use crate::http::tests::{
     get, handler_config, ids, last_prompt, ok_backend, post, send, test_app, test_state,
-    FakeBackend, Script,
+    FakeBackend, Reply, Script,
 };
+use crate::http::{app, ApiKeys};
 use crate::scheduler::FinishReason;
 
 const RESPONSES: &str = "/v1/responses";
@@ -18,7 +18,7 @@ fn answering(text: &str) -> std::sync::Arc<FakeBackend> {
     FakeBackend::new(Script::Tokens(ids(text), FinishReason::Eos))
 }
 
-async fn delete(app: &axum::Router, path: &str) -> crate::http::tests::Reply {
+async fn delete(app: &axum::Router, path: &str) -> Reply {
     send(app, Request::delete(path).body(Body::empty()).unwrap()).await
 }
 
@@ -237,4 +237,64 @@ async fn unsupported_fields_and_query_parameters_are_400_naming_them() {
     assert_openai_error(&query.json(), Some("stream"));
     let missing = post(&app, RESPONSES, r#"{"model": "m"}"#).await;
     assert_openai_error(&missing.json(), Some("input"));
+}
+
+const OWNER_KEY: &str = "sk-owner";
+const OTHER_KEY: &str = "sk-other";
+
+async fn send_as(app: &axum::Router, key: &str, method: &str, path: &str, body: &str) -> Reply {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    send(app, request).await
+}
+
+#[tokio::test]
+async fn a_stored_response_is_unknown_to_every_key_but_the_one_that_created_it() {
+    let keys = ApiKeys::load(&[OWNER_KEY.into(), OTHER_KEY.into()], &[]).unwrap();
+    let state = test_state(answering("Hello!"), handler_config(4)).with_api_keys(keys);
+    let app = app(state);
+    let created = send_as(&app, OWNER_KEY, "POST", RESPONSES, r#"{"input": "Hi"}"#).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    let created = created.json();
+    let path = format!("{RESPONSES}/{}", created["id"].as_str().unwrap());
+    let continuation = json!({"input": "And you?", "previous_response_id": created["id"]});
+    let continuation = continuation.to_string();
+
+    let read = send_as(&app, OTHER_KEY, "GET", &path, "").await;
+    let deleted = send_as(&app, OTHER_KEY, "DELETE", &path, "").await;
+    for reply in [&read, &deleted] {
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+        assert_openai_error(&reply.json(), None);
+    }
+    let continued = send_as(&app, OTHER_KEY, "POST", RESPONSES, &continuation).await;
+    assert_eq!(
+        continued.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        continued.body
+    );
+    assert_openai_error(&continued.json(), Some("previous_response_id"));
+
+    let read_by_owner = send_as(&app, OWNER_KEY, "GET", &path, "").await;
+    assert_eq!(
+        read_by_owner.status,
+        StatusCode::OK,
+        "another key's DELETE kept it"
+    );
+    assert_eq!(read_by_owner.json(), created);
+    let continued = send_as(&app, OWNER_KEY, "POST", RESPONSES, &continuation).await;
+    assert_eq!(continued.status, StatusCode::OK, "{}", continued.body);
+    let deleted_by_owner = send_as(&app, OWNER_KEY, "DELETE", &path, "").await;
+    assert_eq!(deleted_by_owner.status, StatusCode::OK);
+    let gone = send_as(&app, OWNER_KEY, "GET", &path, "").await;
+    assert_eq!(
+        (gone.status, gone.json()),
+        (read.status, read.json()),
+        "another key's answer is exactly the answer for an unknown id"
+    );
 }
