@@ -5,6 +5,7 @@ mod budget;
 mod chat_template;
 mod error;
 mod grammar;
+mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
@@ -12,6 +13,7 @@ pub mod request_rules;
 mod requested_grammar;
 pub mod response_format;
 mod sampling_defaults;
+pub mod serde_wording;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -24,6 +26,7 @@ use tokenizers::Tokenizer;
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use error::ValidationError;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
+pub use grammar_refusal::{GrammarRefusal, GrammarSource};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
@@ -181,17 +184,19 @@ impl Validator {
             });
         }
         let room = self.limits.max_total_tokens.saturating_sub(input_tokens);
-        let max_new_tokens = checked
-            .max_new_tokens
-            .unwrap_or_else(|| u32::try_from(room).unwrap_or(u32::MAX));
-        if usize::try_from(max_new_tokens).map_or(true, |n| n > room) {
-            return Err(ValidationError::TotalTooLong {
-                param: params.max_new_tokens_param,
-                input_tokens,
-                max_new_tokens,
-                max_total_tokens: self.limits.max_total_tokens,
-            });
-        }
+        let max_new_tokens = match checked.max_new_tokens {
+            None => u32::try_from(room).unwrap_or(u32::MAX),
+            Some(asked) => usize::try_from(asked)
+                .ok()
+                .filter(|&n| n <= room)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(ValidationError::TotalTooLong {
+                    param: params.max_new_tokens_param,
+                    input_tokens,
+                    max_new_tokens: asked,
+                    max_total_tokens: self.limits.max_total_tokens,
+                })?,
+        };
         let mut stop_token_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_token_ids.extend(&self.eos_token_ids);
