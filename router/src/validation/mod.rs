@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use error::ValidationError;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
@@ -37,9 +38,9 @@ pub use template_source::{chat_template_source, TemplateSourceError};
 use crate::limits::RequestLimits;
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
-/// Bytes of text tokenized at once unless `with_tokenization_budget` says otherwise: two
-/// prompts of the default payload limit.
-pub const DEFAULT_TOKENIZATION_BUDGET: usize = 4_000_000;
+/// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
+/// otherwise: two `/tokenize` answers for bodies of the default payload limit.
+pub const DEFAULT_TOKENIZATION_BUDGET: usize = 2 * tokenization_peak_bytes(2_000_000);
 
 /// Roles a chat message may have.
 pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -61,6 +62,15 @@ pub enum Prompt {
 pub struct ValidRequest {
     pub request: GenerationRequest,
     pub stop: Vec<String>,
+}
+
+/// `/tokenize`'s tokens: ids with byte offsets into `text`, and the memory reserved for them
+/// and the answer written from them.
+#[derive(Debug)]
+pub struct OffsetTokens {
+    pub text: String,
+    pub tokens: Vec<(u32, (usize, usize))>,
+    pub reservation: TokenizationReservation,
 }
 
 /// Token limits every request must respect.
@@ -117,7 +127,8 @@ impl Validator {
         self
     }
 
-    /// Tokenizes at most `bytes` of text at once; more waits (a larger input runs alone).
+    /// Lets tokenization take at most `bytes` of memory at once (see `tokenization_peak_bytes`); more
+    /// waits, and a larger job runs alone.
     #[must_use]
     pub fn with_tokenization_budget(mut self, bytes: usize) -> Self {
         self.tokenizing = budget::TokenizationBudget::new(bytes);
@@ -324,16 +335,17 @@ impl Validator {
         }
     }
 
-    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, and
-    /// `text` back. Only the ids and offsets outlive the tokenizer's work.
+    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, `text`
+    /// back, and the reservation of the memory the answer takes: the caller holds it until the
+    /// answer written from them is sent. Only the ids and offsets outlive the tokenizer's work.
     pub async fn tokenize_with_offsets(
         &self,
         text: String,
-    ) -> Result<(String, Vec<(u32, (usize, usize))>), ValidationError> {
+    ) -> Result<OffsetTokens, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
-        let reserved = self.tokenizing.reserve(text.len()).await;
+        let peak = tokenization_peak_bytes(text.len());
+        let reservation = self.tokenizing.reserve(peak).await;
         let job = move || {
-            let _reserved = reserved;
             let tokens = tokenizer
                 .encode(text.as_str(), true)
                 .map(|encoding| {
@@ -341,7 +353,11 @@ impl Validator {
                     encoding.get_ids().iter().copied().zip(offsets).collect()
                 })
                 .map_err(|e| ValidationError::Tokenizer(e.to_string()))?;
-            Ok((text, tokens))
+            Ok(OffsetTokens {
+                text,
+                tokens,
+                reservation,
+            })
         };
         tokio::task::spawn_blocking(job)
             .await
@@ -367,7 +383,8 @@ impl Validator {
             Prompt::Text(text) => text.len(),
             Prompt::Chat(messages, _) => messages.iter().map(|m| m.content.len()).sum(),
         };
-        let reserved = self.tokenizing.reserve(text_bytes).await;
+        let peak = tokenization_peak_bytes(text_bytes);
+        let reserved = self.tokenizing.reserve(peak).await;
         let job = move || {
             let _reserved = reserved;
             let (text, add_special_tokens) = match prompt {
