@@ -111,3 +111,21 @@ async fn the_reservation_bounds_what_a_two_megabyte_tokenize_allocates() {
         assert!(peak <= reserved, "{name}: ids peak {peak} over {reserved}");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_holds_its_reservation_until_it_is_dropped() {
+    let text = "hello world".to_owned();
+    let validator =
+        validator(one_token_per_byte()).with_tokenization_budget(tokenization_peak_bytes(11));
+    let first = tokenize_answer(&validator, text.clone())
+        .await
+        .expect("tokenizes");
+    let waiting = std::time::Duration::from_millis(100);
+    let second = tokio::time::timeout(waiting, tokenize_answer(&validator, text.clone())).await;
+    assert!(
+        second.is_err(),
+        "a second answer waits while the first is held"
+    );
+    drop(first);
+    assert!(tokenize_answer(&validator, text).await.is_ok());
+}
