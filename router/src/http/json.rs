@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::state::AppState;
 use crate::error::{ApiError, AppError, Flavor};
+use crate::validation::serde_wording;
 
 /// The request body parsed as `T`; failures render in flavor `F`'s error shape and name
 /// the offending field when there is one.
@@ -64,6 +65,8 @@ fn is_json(headers: &HeaderMap) -> bool {
     kind.eq_ignore_ascii_case("application") && (subtype == "json" || subtype.ends_with("+json"))
 }
 
+/// Parses `body`; a refusal names the field, what it must be and the value as the client
+/// wrote it, in JSON's words rather than Rust's.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
@@ -73,12 +76,42 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
                 .iter()
                 .any(|segment| matches!(segment, serde_path_to_error::Segment::Unknown));
         let param = known.then(|| path.to_string());
+        let inner = error.inner();
+        let literal = number_ending_at(body, inner.line(), inner.column());
+        let plain = serde_wording::plain_with_literal(&inner.to_string(), literal);
         let message = match &param {
-            Some(param) => format!("`{param}`: {}", error.inner()),
-            None => error.inner().to_string(),
+            Some(param) if plain.starts_with("must be ") => format!("`{param}` {plain}"),
+            Some(param) => format!("`{param}`: {plain}"),
+            None if plain.starts_with("must be ") => format!("the body {plain}"),
+            None => plain,
         };
         AppError::InvalidBody { message, param }
     })
+}
+
+/// The number literal that ends at 1-based `line` and `column` of `body`, where serde_json
+/// reports a number it could not use.
+fn number_ending_at(body: &[u8], line: usize, column: usize) -> Option<&str> {
+    let line_start = match line {
+        0 => return None,
+        1 => 0,
+        _ => {
+            body.iter()
+                .enumerate()
+                .filter(|(_, byte)| **byte == b'\n')
+                .nth(line - 2)?
+                .0
+                + 1
+        }
+    };
+    let end = line_start.checked_add(column)?.min(body.len());
+    let head = body.get(line_start..end)?;
+    let start = head
+        .iter()
+        .rposition(|byte| !matches!(byte, b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E'))
+        .map_or(0, |at| at + 1);
+    let literal = std::str::from_utf8(&head[start..]).ok()?;
+    (!literal.is_empty()).then_some(literal)
 }
 
 #[cfg(test)]
@@ -110,10 +143,29 @@ mod tests {
     fn type_errors_name_the_field_path() {
         let (message, param) = error_of(r#"{"n": 1, "nested": {"seed": -1}}"#);
         assert_eq!(param.as_deref(), Some("nested.seed"));
-        assert!(
-            message.starts_with("`nested.seed`: invalid value"),
-            "{message}"
+        assert_eq!(
+            message,
+            "`nested.seed` must be a non-negative integer, got -1 at line 1 column 30"
         );
+    }
+
+    #[test]
+    fn numbers_are_quoted_as_the_client_wrote_them() {
+        for (body, quoted) in [
+            (r#"{"n": 1e12}"#, "got 1e12 "),
+            (
+                "{\n  \"n\": 1,\n  \"nested\": {\"seed\": 2.50}}",
+                "got 2.50 ",
+            ),
+            (r#"{"n": -7E+3}"#, "got -7E+3 "),
+        ] {
+            let (message, _) = error_of(body);
+            assert!(message.contains(quoted), "{message}");
+            assert!(
+                !message.contains("u32") && !message.contains("u64"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

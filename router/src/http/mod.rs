@@ -35,6 +35,7 @@ pub use api_keys::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use connections::serve as serve_connections;
 pub use draining::Draining;
 pub use launch_identity::{read_launch_id, LaunchIdError};
+pub use native::tokenize::{tokenize_answer, TokenizeAnswer};
 pub use openai::responses::store::ResponseStoreLimits;
 pub use server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};

@@ -21,8 +21,8 @@ use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::validation::{
-    ChatTemplate, ChatUnavailable, GrammarCompiler, ModelFiles, ModelFilesError, SamplingDefaults,
-    TemplateSource, TemplateSourceError, Validator,
+    tokenization_peak_bytes, ChatTemplate, ChatUnavailable, GrammarCompiler, ModelFiles,
+    ModelFilesError, SamplingDefaults, TemplateSource, TemplateSourceError, Validator,
 };
 
 /// Why the router could not start or keep serving.
@@ -318,7 +318,9 @@ fn tokenization(
     let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
         .with_request_limits(config.request_limits)
         .with_max_drafts(config.limits.speculate)
-        .with_tokenization_budget(TOKENIZATION_BUDGET_BODIES * config.api.payload_limit);
+        .with_tokenization_budget(
+            TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
+        );
     Ok((validator, TokenDecoding::new(tokenizer)))
 }
 
@@ -343,7 +345,7 @@ fn log_template_source(source: &TemplateSource, model_type: Option<&str>) {
     }
 }
 
-/// How many bodies of `--payload-limit` bytes are tokenized at once, at most.
+/// How many `/tokenize` answers for bodies of `--payload-limit` bytes are worked on at once.
 const TOKENIZATION_BUDGET_BODIES: usize = 2;
 
 /// The grammar engine over the model's vocabulary; without one, grammar requests get a 4xx.

@@ -1,15 +1,32 @@
-//! How much text is rendered and tokenized at once. The tokenizer's working memory is about a
-//! hundred times its input (byte-level BPE keeps per-byte alignments while it merges), so a
-//! few concurrent multi-megabyte prompts could otherwise take gigabytes: each job reserves its
-//! input's size from a shared budget and waits while the budget is spent.
+//! How much tokenization runs at once, counted in the memory it takes. The tokenizer's working
+//! memory is many times its input (byte-level BPE keeps per-byte alignments while it merges;
+//! an encoding keeps ids, type ids, token strings, offsets and masks per token), and
+//! `/tokenize` answers with each token's text and offsets, so a few concurrent multi-megabyte
+//! inputs could otherwise take gigabytes: each job reserves its estimated peak from a shared
+//! budget, waits while the budget is spent, and holds it until what it built is gone.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Memory reserved for a tokenization job and what it built; returned to the budget on drop.
+pub type TokenizationReservation = OwnedSemaphorePermit;
+
 const KIB: usize = 1024;
 
-/// The bytes of text being tokenized at once, at most `bytes` (a larger input takes it all).
+/// Peak bytes allocated per input byte while text is encoded (the encoding's per-byte
+/// alignments and per-token vectors; ~170 measured with one token per byte, the worst case,
+/// ~145 with a real BPE vocabulary), and also a bound on what `/tokenize` keeps afterwards
+/// until its answer is sent: ids with offsets and ~50 bytes of JSON per token.
+/// `router/tests/tokenize_memory.rs` checks the bound.
+const PEAK_BYTES_PER_INPUT_BYTE: usize = 200;
+
+/// An upper bound on the bytes tokenizing `input_bytes` of text allocates at its peak.
+pub const fn peak_bytes(input_bytes: usize) -> usize {
+    input_bytes.saturating_mul(PEAK_BYTES_PER_INPUT_BYTE)
+}
+
+/// The memory tokenization jobs may take at once, at most `bytes` (a larger job takes it all).
 #[derive(Debug, Clone)]
 pub struct TokenizationBudget {
     kib: Arc<Semaphore>,
@@ -25,7 +42,8 @@ impl TokenizationBudget {
         }
     }
 
-    /// Waits until `bytes` of text may be tokenized; the budget returns when the permit drops.
+    /// Waits until a job taking `bytes` of memory may run; the budget returns when the permit
+    /// drops.
     pub async fn reserve(&self, bytes: usize) -> OwnedSemaphorePermit {
         let kib = u32::try_from(bytes.div_ceil(KIB))
             .unwrap_or(u32::MAX)

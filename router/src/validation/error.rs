@@ -1,5 +1,6 @@
 //! Why a request is refused, naming the offending parameter.
 
+use super::grammar_refusal::GrammarRefusal;
 use super::template_source::ChatUnavailable;
 
 /// A request the router refuses, with a message naming the offending parameter.
@@ -50,25 +51,26 @@ pub enum ValidationError {
         input_tokens: usize,
         max_input_tokens: usize,
     },
-    #[error("the prompt has {input_tokens} tokens and `{param}` is {max_new_tokens}: together they must be at most {max_total_tokens} (`max_total_tokens`)")]
+    #[error("the prompt has {input_tokens} tokens and `{param}` is {max_new_tokens}: together they must be at most {max_total_tokens} (`max_total_tokens`), so `{param}` can be at most {}", .max_total_tokens.saturating_sub(*.input_tokens))]
     TotalTooLong {
         param: &'static str,
         input_tokens: usize,
-        max_new_tokens: u32,
+        /// As the client sent it.
+        max_new_tokens: i64,
         max_total_tokens: usize,
     },
     #[error(transparent)]
     NoChat(ChatUnavailable),
     #[error("`prompt` lists {got} prompts but at most {max} are accepted per request")]
     TooManyPrompts { max: usize, got: usize },
-    #[error("chat template error: {0}")]
+    #[error("`messages` cannot be rendered by the model's chat template: {0}")]
     Template(String),
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
-    #[error("`{param}` is not a valid grammar: {message}")]
+    #[error("`{param}`: {refusal}")]
     InvalidGrammar {
         param: &'static str,
-        message: String,
+        refusal: GrammarRefusal,
     },
 }
 

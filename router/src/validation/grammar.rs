@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::error::ValidationError;
+use super::grammar_refusal::{GrammarRefusal, GrammarSource};
 use super::requested_grammar::RequestedGrammar;
 use crate::scheduler::Grammar;
 
@@ -128,25 +129,27 @@ impl GrammarCompiler {
     /// Compiles `requested` and computes its first token mask, on a blocking worker, within
     /// `COMPILE_TIMEOUT`; any failure names the request parameter.
     pub async fn check(&self, requested: &RequestedGrammar) -> Result<(), ValidationError> {
-        let invalid = |message: String| ValidationError::InvalidGrammar {
+        let invalid = |refusal: GrammarRefusal| ValidationError::InvalidGrammar {
             param: requested.param,
-            message,
+            refusal,
         };
+        let source = GrammarSource::of(&requested.grammar);
         let source_len = match &requested.grammar {
             Grammar::JsonSchema(text) | Grammar::Regex(text) | Grammar::Lark(text) => text.len(),
         };
         if source_len > self.max_bytes {
-            return Err(invalid(format!(
-                "it has {source_len} bytes, at most {} are allowed",
-                self.max_bytes
-            )));
+            return Err(invalid(GrammarRefusal::TooLarge {
+                kind: source,
+                got: source_len,
+                max: self.max_bytes,
+            }));
         }
         let deadline = tokio::time::Instant::now() + COMPILE_TIMEOUT;
         let timed_out = || {
-            invalid(format!(
-                "it did not compile within {} ms",
-                COMPILE_TIMEOUT.as_millis()
-            ))
+            invalid(GrammarRefusal::TimedOut {
+                kind: source,
+                ms: COMPILE_TIMEOUT.as_millis(),
+            })
         };
         let slots = Arc::clone(&self.compile_slots).acquire_owned();
         let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, slots).await else {
@@ -160,23 +163,44 @@ impl GrammarCompiler {
             compile(&factory, &grammar, &compiling)
         });
         match tokio::time::timeout_at(deadline, job).await {
-            Err(_) => {
+            // Only a compilation given up on is cancelled.
+            Err(_) | Ok(Ok(Err(Compile::Cancelled))) => {
                 abandon.abandon();
                 Err(timed_out())
             }
-            Ok(Err(join)) => Err(invalid(format!("the grammar compiler failed: {join}"))),
-            Ok(Ok(result)) => result.map_err(invalid),
+            Ok(Err(_panicked)) => Err(invalid(GrammarRefusal::Failed(source))),
+            Ok(Ok(Err(Compile::Refused(refusal)))) => Err(invalid(refusal)),
+            Ok(Ok(Ok(()))) => Ok(()),
         }
     }
 }
 
+impl GrammarSource {
+    fn of(grammar: &Grammar) -> Self {
+        match grammar {
+            Grammar::JsonSchema(_) => Self::JsonSchema,
+            Grammar::Regex(_) => Self::Regex,
+            Grammar::Lark(_) => Self::Lark,
+        }
+    }
+}
+
+/// Why a compilation produced no grammar.
+#[derive(Debug, PartialEq)]
+enum Compile {
+    Refused(GrammarRefusal),
+    Cancelled,
+}
+
 /// Builds the parser (bounded by llguidance's fuel and grammar-size limits) and its first
 /// mask (cancellable through `abandon`): errors that only show lazily surface here too.
-fn compile(factory: &ParserFactory, grammar: &Grammar, abandon: &Abandon) -> Result<(), String> {
+fn compile(factory: &ParserFactory, grammar: &Grammar, abandon: &Abandon) -> Result<(), Compile> {
+    let source = GrammarSource::of(grammar);
+    let refused = |engine: String| Compile::Refused(GrammarRefusal::from_engine(source, &engine));
     let top = match grammar {
         Grammar::JsonSchema(text) => {
-            let schema: Value =
-                serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+            let schema: Value = serde_json::from_str(text)
+                .map_err(|e| Compile::Refused(GrammarRefusal::NotJson(e.to_string())))?;
             TopLevelGrammar::from_json_schema(schema)
         }
         Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
@@ -184,19 +208,20 @@ fn compile(factory: &ParserFactory, grammar: &Grammar, abandon: &Abandon) -> Res
     };
     let parser = factory.create_parser(top);
     if abandon.is_abandoned() {
-        return Err("the compilation was cancelled".to_owned());
+        return Err(Compile::Cancelled);
     }
     let mut matcher = Matcher::new(parser).into_cancellable();
     if let Some(handle) = matcher.cancellation_handle() {
         abandon.watch(handle);
     }
     if let Some(error) = matcher.get_error() {
-        return Err(error);
+        return Err(refused(error));
     }
-    matcher
-        .compute_mask()
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    let mask = matcher.compute_mask();
+    if matcher.is_cancelled() {
+        return Err(Compile::Cancelled);
+    }
+    mask.map(|_| ()).map_err(|e| refused(e.to_string()))
 }
 
 #[cfg(test)]
@@ -221,9 +246,9 @@ mod tests {
 
     async fn message(requested: RequestedGrammar) -> String {
         match compiler().check(&requested).await {
-            Err(ValidationError::InvalidGrammar { param, message }) => {
+            Err(ValidationError::InvalidGrammar { param, refusal }) => {
                 assert_eq!(param, requested.param);
-                message
+                refusal.to_string()
             }
             other => panic!("expected an invalid grammar, got {other:?}"),
         }
@@ -299,7 +324,7 @@ mod tests {
             &Grammar::Regex("[a-z]+".into()),
             &abandon,
         );
-        assert_eq!(error, Err("the compilation was cancelled".to_owned()));
+        assert_eq!(error, Err(Compile::Cancelled));
         let watched = Abandon::default();
         let handle = CancellationHandle::default();
         watched.watch(handle.clone());

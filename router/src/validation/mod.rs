@@ -6,6 +6,7 @@ mod chat_template;
 mod error;
 mod family_templates;
 mod grammar;
+mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
@@ -13,6 +14,7 @@ pub mod request_rules;
 mod requested_grammar;
 pub mod response_format;
 mod sampling_defaults;
+pub mod serde_wording;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -22,10 +24,12 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 pub use error::ValidationError;
 pub use family_templates::FamilyTemplate;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
+pub use grammar_refusal::{GrammarRefusal, GrammarSource};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
@@ -36,9 +40,9 @@ pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 use crate::limits::RequestLimits;
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
-/// Bytes of text tokenized at once unless `with_tokenization_budget` says otherwise: two
-/// prompts of the default payload limit.
-pub const DEFAULT_TOKENIZATION_BUDGET: usize = 4_000_000;
+/// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
+/// otherwise: two `/tokenize` answers for bodies of the default payload limit.
+pub const DEFAULT_TOKENIZATION_BUDGET: usize = 2 * tokenization_peak_bytes(2_000_000);
 
 /// Roles a chat message may have.
 pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -60,6 +64,15 @@ pub enum Prompt {
 pub struct ValidRequest {
     pub request: GenerationRequest,
     pub stop: Vec<String>,
+}
+
+/// `/tokenize`'s tokens: ids with byte offsets into `text`, and the memory reserved for them
+/// and the answer written from them.
+#[derive(Debug)]
+pub struct OffsetTokens {
+    pub text: String,
+    pub tokens: Vec<(u32, (usize, usize))>,
+    pub reservation: TokenizationReservation,
 }
 
 /// Token limits every request must respect.
@@ -117,7 +130,8 @@ impl Validator {
         self
     }
 
-    /// Tokenizes at most `bytes` of text at once; more waits (a larger input runs alone).
+    /// Lets tokenization take at most `bytes` of memory at once (see `tokenization_peak_bytes`); more
+    /// waits, and a larger job runs alone.
     #[must_use]
     pub fn with_tokenization_budget(mut self, bytes: usize) -> Self {
         self.tokenizing = budget::TokenizationBudget::new(bytes);
@@ -184,17 +198,19 @@ impl Validator {
             });
         }
         let room = self.limits.max_total_tokens.saturating_sub(input_tokens);
-        let max_new_tokens = checked
-            .max_new_tokens
-            .unwrap_or_else(|| u32::try_from(room).unwrap_or(u32::MAX));
-        if usize::try_from(max_new_tokens).map_or(true, |n| n > room) {
-            return Err(ValidationError::TotalTooLong {
-                param: params.max_new_tokens_param,
-                input_tokens,
-                max_new_tokens,
-                max_total_tokens: self.limits.max_total_tokens,
-            });
-        }
+        let max_new_tokens = match checked.max_new_tokens {
+            None => u32::try_from(room).unwrap_or(u32::MAX),
+            Some(asked) => usize::try_from(asked)
+                .ok()
+                .filter(|&n| n <= room)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(ValidationError::TotalTooLong {
+                    param: params.max_new_tokens_param,
+                    input_tokens,
+                    max_new_tokens: asked,
+                    max_total_tokens: self.limits.max_total_tokens,
+                })?,
+        };
         let mut stop_token_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_token_ids.extend(&self.eos_token_ids);
@@ -322,16 +338,17 @@ impl Validator {
         }
     }
 
-    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, and
-    /// `text` back. Only the ids and offsets outlive the tokenizer's work.
+    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, `text`
+    /// back, and the reservation of the memory the answer takes: the caller holds it until the
+    /// answer written from them is sent. Only the ids and offsets outlive the tokenizer's work.
     pub async fn tokenize_with_offsets(
         &self,
         text: String,
-    ) -> Result<(String, Vec<(u32, (usize, usize))>), ValidationError> {
+    ) -> Result<OffsetTokens, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
-        let reserved = self.tokenizing.reserve(text.len()).await;
+        let peak = tokenization_peak_bytes(text.len());
+        let reservation = self.tokenizing.reserve(peak).await;
         let job = move || {
-            let _reserved = reserved;
             let tokens = tokenizer
                 .encode(text.as_str(), true)
                 .map(|encoding| {
@@ -339,7 +356,11 @@ impl Validator {
                     encoding.get_ids().iter().copied().zip(offsets).collect()
                 })
                 .map_err(|e| ValidationError::Tokenizer(e.to_string()))?;
-            Ok((text, tokens))
+            Ok(OffsetTokens {
+                text,
+                tokens,
+                reservation,
+            })
         };
         tokio::task::spawn_blocking(job)
             .await
@@ -365,7 +386,8 @@ impl Validator {
             Prompt::Text(text) => text.len(),
             Prompt::Chat(messages, _) => messages.iter().map(|m| m.content.len()).sum(),
         };
-        let reserved = self.tokenizing.reserve(text_bytes).await;
+        let peak = tokenization_peak_bytes(text_bytes);
+        let reserved = self.tokenizing.reserve(peak).await;
         let job = move || {
             let _reserved = reserved;
             let (text, add_special_tokens) = match prompt {

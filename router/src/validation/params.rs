@@ -46,7 +46,8 @@ pub struct GenerationParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckedParams {
     pub sampling: SamplingParams,
-    pub max_new_tokens: Option<u32>,
+    /// At least 1, as the client sent it: only the prompt's length bounds it.
+    pub max_new_tokens: Option<i64>,
     pub min_new_tokens: u32,
     pub stop: Vec<String>,
 }
@@ -75,7 +76,7 @@ pub fn check(
     };
     let max_new_tokens = match params.max_new_tokens {
         None => None,
-        Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        Some(n) if n >= 1 => Some(n),
         Some(n) => {
             return Err(ValidationError::out_of_range(
                 params.max_new_tokens_param,
@@ -91,7 +92,7 @@ pub fn check(
             ValidationError::out_of_range("min_tokens", "a non-negative integer", n)
         })?,
     };
-    if let Some(max) = max_new_tokens.filter(|&max| min_new_tokens > max) {
+    if let Some(max) = max_new_tokens.filter(|&max| i64::from(min_new_tokens) > max) {
         return Err(ValidationError::OutOfRange {
             param: "min_tokens".to_owned(),
             expected: "at most the maximum number of new tokens",

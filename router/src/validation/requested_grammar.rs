@@ -4,6 +4,8 @@
 use serde_json::{json, Value};
 
 use super::error::ValidationError;
+use super::grammar_refusal::GrammarRefusal;
+use super::serde_wording;
 use crate::scheduler::Grammar;
 
 /// JSON output format the router asks of every schema unless the client set its own
@@ -108,7 +110,7 @@ impl RequestedGrammar {
             serde_json::from_value(value).map_err(|error| ValidationError::OutOfRange {
                 param: site.object.to_owned(),
                 expected: TGI_GRAMMAR_FORMS,
-                value: error.to_string(),
+                value: serde_wording::error_text(&error),
             })?;
         let schema = match grammar {
             TgiGrammar::Regex(regex) => {
@@ -121,7 +123,7 @@ impl RequestedGrammar {
             TgiGrammar::Json(Value::String(text)) => {
                 serde_json::from_str(&text).map_err(|error| ValidationError::InvalidGrammar {
                     param: site.value,
-                    message: format!("not valid JSON: {error}"),
+                    refusal: GrammarRefusal::NotJson(error.to_string()),
                 })?
             }
             TgiGrammar::Json(schema) | TgiGrammar::JsonSchema(TgiJsonSchema { schema, .. }) => {

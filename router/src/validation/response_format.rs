@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{RequestedGrammar, TgiGrammarSite, ValidationError};
+use super::{serde_wording, GrammarRefusal, RequestedGrammar, TgiGrammarSite, ValidationError};
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -42,7 +42,7 @@ pub fn grammar(value: Option<Value>) -> Result<Option<RequestedGrammar>, Validat
         serde_json::from_value(value).map_err(|error| ValidationError::OutOfRange {
             param: "response_format".to_owned(),
             expected: OPENAI_OR_TGI_FORMS,
-            value: error.to_string(),
+            value: serde_wording::error_text(&error),
         })?;
     match format {
         ResponseFormat::Text => Ok(None),
@@ -68,7 +68,7 @@ pub fn grammar(value: Option<Value>) -> Result<Option<RequestedGrammar>, Validat
             if !schema.is_object() && !schema.is_boolean() {
                 return Err(ValidationError::InvalidGrammar {
                     param: "response_format.json_schema.schema",
-                    message: "a JSON Schema is an object or a boolean".to_owned(),
+                    refusal: GrammarRefusal::NotASchema,
                 });
             }
             Ok(Some(RequestedGrammar::json_schema(

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{with_json_layout, ChatMessage, RequestedGrammar, ValidationError};
+use super::{serde_wording, with_json_layout, ChatMessage, RequestedGrammar, ValidationError};
 use crate::scheduler::Grammar;
 
 /// One `{"type": "function", "function": {...}}` entry of `tools`.
@@ -88,7 +88,7 @@ pub fn plan(
     for (index, entry) in entries.into_iter().enumerate() {
         let param = format!("tools[{index}]");
         let entry: ToolEntry = serde_json::from_value(entry).map_err(|e| {
-            invalid(param.clone(), "`{\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}`", e)
+            invalid(param.clone(), "`{\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}`", serde_wording::error_text(&e))
         })?;
         if entry.kind != "function" {
             return Err(invalid(format!("{param}.type"), "\"function\"", entry.kind));

@@ -11,11 +11,11 @@ use super::request::{
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
-use crate::validation::request_rules;
 use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, ValidationError,
 };
+use crate::validation::{request_rules, serde_wording};
 
 /// The conversation part shared by both routes' bodies.
 #[derive(Debug)]
@@ -170,8 +170,9 @@ fn turn_messages(
     for (position, block) in blocks.into_iter().enumerate() {
         let param = || format!("messages[{index}].content[{position}]");
         let expected = "a `text`, `tool_use` or `tool_result` block";
-        let block: ContentBlock = serde_json::from_value(block)
-            .map_err(|error| request_rules::out_of_range(&param(), expected, error.to_string()))?;
+        let block: ContentBlock = serde_json::from_value(block).map_err(|error| {
+            request_rules::out_of_range(&param(), expected, serde_wording::error_text(&error))
+        })?;
         match (block, role) {
             (ContentBlock::Text(block), _) => texts.push(block.text),
             (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({

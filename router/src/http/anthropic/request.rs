@@ -129,7 +129,10 @@ pub struct ToolResultBlock {
 
 /// A tool result's text, or its text blocks.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of `{\"type\": \"text\", \"text\": ...}` blocks"
+)]
 pub enum ToolResultContent {
     Text(String),
     Blocks(Vec<TypedTextBlock>),
@@ -137,7 +140,10 @@ pub enum ToolResultContent {
 
 /// The system prompt: text, or text blocks.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of `{\"type\": \"text\", \"text\": ...}` blocks"
+)]
 pub enum SystemPrompt {
     Text(String),
     Blocks(Vec<TypedTextBlock>),

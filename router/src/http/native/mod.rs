@@ -2,7 +2,7 @@
 
 mod request;
 mod response;
-pub(crate) mod tokenize;
+pub mod tokenize;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};

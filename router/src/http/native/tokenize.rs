@@ -1,8 +1,13 @@
 //! `POST /tokenize`: the prompt's tokens as TGI reports them.
 
+use std::convert::Infallible;
+
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::{stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -10,7 +15,9 @@ use utoipa::ToSchema;
 use crate::error::{ApiError, Native, NativeErrorBody};
 use crate::http::json::ApiJson;
 use crate::http::state::AppState;
-use crate::validation::reject_unsupported;
+use crate::validation::{
+    reject_unsupported, OffsetTokens, TokenizationReservation, ValidationError, Validator,
+};
 
 /// `POST /tokenize` body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -49,12 +56,46 @@ pub async fn tokenize(
 ) -> Result<Response, ApiError<Native>> {
     reject_unsupported(&request.extra, &[])?;
     let _permit = state.load_shedder.admit_requests(1)?;
-    let (text, tokens) = state
-        .validator
-        .tokenize_with_offsets(request.inputs)
-        .await?;
-    let body = tokens_json(&text, &tokens);
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    let answer = tokenize_answer(&state.validator, request.inputs).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        answer.into_body(),
+    )
+        .into_response())
+}
+
+/// `/tokenize`'s JSON answer and the tokenization memory reserved for it until it is sent.
+#[derive(Debug)]
+pub struct TokenizeAnswer {
+    pub json: Vec<u8>,
+    reservation: TokenizationReservation,
+}
+
+impl TokenizeAnswer {
+    /// A response body that returns the reservation once it has been sent or dropped.
+    fn into_body(self) -> Body {
+        let Self { json, reservation } = self;
+        let chunk = stream::iter([Ok::<_, Infallible>(Bytes::from(json))]);
+        Body::from_stream(chunk.inspect(move |_| {
+            let _ = &reservation;
+        }))
+    }
+}
+
+/// Tokenizes `inputs` and writes the answer, within the validator's tokenization budget.
+pub async fn tokenize_answer(
+    validator: &Validator,
+    inputs: String,
+) -> Result<TokenizeAnswer, ValidationError> {
+    let OffsetTokens {
+        text,
+        tokens,
+        reservation,
+    } = validator.tokenize_with_offsets(inputs).await?;
+    let json = tokio::task::spawn_blocking(move || tokens_json(&text, &tokens))
+        .await
+        .map_err(|e| ValidationError::Tokenizer(e.to_string()))?;
+    Ok(TokenizeAnswer { json, reservation })
 }
 
 /// The JSON array of `SimpleToken`s, written token by token from byte offsets into `text`.

@@ -40,7 +40,7 @@ pub(crate) use impl_sampling_fields;
 
 /// `stop`: one string or a list of strings.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum StopSpec {
     One(String),
     Many(Vec<String>),

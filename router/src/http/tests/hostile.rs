@@ -81,7 +81,7 @@ async fn malformed_bodies_are_refused_precisely() {
         (
             CHAT,
             "[".repeat(100_000).into_bytes(),
-            "invalid type: sequence",
+            "the body must be an object, got an array",
         ),
         (
             CHAT,
@@ -130,7 +130,7 @@ async fn malformed_bodies_are_refused_precisely() {
             "parameters",
         ),
         (COMPLETIONS, b"".to_vec(), "EOF"),
-        (COMPLETIONS, b"null".to_vec(), "invalid type"),
+        (COMPLETIONS, b"null".to_vec(), "must be an object, got null"),
     ];
     for (path, body, named) in cases {
         assert_refused(&app, path, body, named).await;

@@ -7,6 +7,7 @@ mod bounds;
 mod chat_endings;
 mod connections;
 mod echo_logprobs;
+mod error_messages;
 mod errors;
 mod fuzz;
 mod hostile;

@@ -103,7 +103,10 @@ enum ChatRole {
 
 /// A message's text, or a list of text parts joined by newlines.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of `{\"type\": \"text\", \"text\": ...}` parts"
+)]
 enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),

@@ -80,7 +80,10 @@ pub struct CompletionRequest {
 
 /// `prompt`'s four forms.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string, an array of strings, an array of token ids or an array of token id arrays"
+)]
 enum PromptSpec {
     Text(String),
     Texts(Vec<String>),

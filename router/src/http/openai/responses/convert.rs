@@ -13,6 +13,7 @@ use crate::http::api_keys::KeyId;
 use crate::http::openai::SamplingFields;
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
+use crate::validation::serde_wording;
 use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
@@ -214,9 +215,9 @@ fn grammar(format: TextFormat) -> Result<Option<RequestedGrammar>, ValidationErr
                 expected,
                 value,
             },
-            ValidationError::InvalidGrammar { message, .. } => ValidationError::InvalidGrammar {
+            ValidationError::InvalidGrammar { refusal, .. } => ValidationError::InvalidGrammar {
                 param: "text.format.schema",
-                message,
+                refusal,
             },
             other => other,
         })?;
@@ -295,7 +296,7 @@ fn function_tool(entry: Value, index: usize) -> Result<(Value, Value), Validatio
             param: format!("tools[{index}]"),
             expected:
                 "`{\"type\": \"function\", \"name\", \"description\", \"parameters\", \"strict\"}`",
-            value: error.to_string(),
+            value: serde_wording::error_text(&error),
         })?;
     let mut function = Map::new();
     function.insert("name".into(), json!(tool.name));

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::request::{ContentPart, InputItem};
-use crate::validation::tools;
+use crate::validation::{serde_wording, tools};
 use crate::validation::{ChatMessage, ValidationError};
 
 const ITEM_TYPES: [&str; 3] = ["message", "function_call", "function_call_output"];
@@ -158,7 +158,7 @@ fn parse<T: DeserializeOwned>(
         _ => ValidationError::OutOfRange {
             param: param.to_owned(),
             expected,
-            value: error.to_string(),
+            value: serde_wording::error_text(&error),
         },
     })
 }
