@@ -45,7 +45,7 @@ class DeviceSample:
 
 
 class Sampler:
-    """Stateless; every random draw comes from the row's (seed, position) generator."""
+    """Stateless; every random draw comes from the row's (seed, position) noise key."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampledTokens:
         return self.sample(logits, batch).to_host()
