@@ -36,11 +36,27 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def eager(checkpoint: Path) -> Outcome:
-    runner = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024))
-    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
-    return run(runner, greedy_and_seeded_requests(), drafter=None)
+def _eager_on_fake_cuda(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, draft_model: DraftModel | None = None
+) -> Outcome:
+    """The requests served step by step on the fake CUDA device without graphs: seeded draws use the device's own
+    noise (a keyed hash on CUDA, generators on the CPU), so the graphs' tokens are compared with the same device's."""
+    FakeCuda(free_bytes=16 * 1024 * 1024).install(monkeypatch)
+    options = ExecutionOptions(cuda_memory_fraction=0.5)
+    runner = _runner(checkpoint, torch.device("cuda", 0), options, draft_model)
+
+    def serve() -> Outcome:
+        runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
+        model_drafts = MAX_DRAFTS if draft_model is not None else 0
+        return run(runner, greedy_and_seeded_requests(), drafter=None, model_drafts=model_drafts)
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(serve).result()
+
+
+@pytest.fixture
+def eager(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    return _eager_on_fake_cuda(checkpoint, monkeypatch)
 
 
 def _replayed(
@@ -113,9 +129,7 @@ def test_a_draft_model_replays_its_own_graphs_and_its_drafts_change_no_token(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
 ) -> None:
     draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
-    cpu = _runner(checkpoint, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 * 1024 * 1024), draft_model)
-    cpu.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
-    eager_drafting = run(cpu, greedy_and_seeded_requests(), drafter=None, model_drafts=MAX_DRAFTS)
+    eager_drafting = _eager_on_fake_cuda(checkpoint, monkeypatch, draft_model)
     outcome, replayed, replays = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4, self_drafting=True)
     assert outcome.tokens == eager.tokens == eager_drafting.tokens
     # The same drafts kept as when the draft model runs eagerly.
