@@ -379,8 +379,12 @@ def _kill_a_shard_and_recover(pod: PodHere, prober: Prober, launcher: subprocess
     assert launcher.poll() is None, log_tail()
     assert any(r.status == 503 for r in prober.of("health", "recovering")), "the window /health fails in"
     prober.phase = "recovered"
-    timed = time.monotonic()
     body = {"prompt": "Hi", "max_tokens": 32, "ignore_eos": True}
+    # The first request after the restart pays for cold paths; timed alone it made the drain's stream end before
+    # SIGTERM (and the router with it, so readiness never answered 503).
+    warm = requests.post(f"{pod.base_url}/v1/completions", json=body, timeout=120)
+    assert warm.status_code == 200, warm.text
+    timed = time.monotonic()
     after = requests.post(f"{pod.base_url}/v1/completions", json=body, timeout=120)
     assert after.status_code == 200, after.text
     return max(32, min(600, int(32 / (time.monotonic() - timed) * 4)))
