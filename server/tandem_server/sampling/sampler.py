@@ -101,8 +101,9 @@ def _unpack(host: list[list[float]], counts: list[int], top_k: int) -> SampledTo
 def _draw(warped: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     # Exponential race: argmax(p / Exp(1)) picks token i with probability p_i.
     vocab = warped.shape[-1]
+    # Key pairs exist on CUDA alone; elsewhere the logits are on the CPU, where the generators draw.
     if batch.noise_key_pairs is None:
-        noise = generator_noise(list(batch.noise_keys), vocab).to(warped.device)
+        noise = generator_noise(list(batch.noise_keys), vocab)
     else:
         noise = hashed_noise(batch.noise_key_pairs, vocab)
     return (warped.softmax(dim=-1) / noise).argmax(dim=-1)

@@ -37,14 +37,14 @@ def key_pairs(keys: list[int]) -> torch.Tensor:
 
 
 def generator_noise(keys: list[int], vocab_size: int) -> torch.Tensor:
-    """[rows, vocab] Exp(1) noise on the CPU, one generator per row."""
+    """[rows, vocab] Exp(1) noise on the CPU, one generator per row (at least one row)."""
     rows = []
     for key in keys:
         generator = torch.Generator()
         generator.manual_seed(key)
         uniform = torch.rand(vocab_size, generator=generator, dtype=torch.float32)
         rows.append(-torch.log1p(-uniform))
-    return torch.stack(rows).clamp_min(_TINY) if rows else torch.empty(0, vocab_size)
+    return torch.stack(rows).clamp_min(_TINY)
 
 
 def _mix32(values: torch.Tensor) -> torch.Tensor:
