@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,10 @@ def all_gone(processes: list[psutil.Process]) -> bool:
         except psutil.NoSuchProcess:
             continue
     return True
+
+
+def sse_lines(response: requests.Response) -> Iterator[str]:
+    """The lines of a streamed body. Only CR and LF end one: a token's text may hold U+2028 or U+0085 unescaped
+    inside a JSON event, and `str.splitlines` (behind requests' `decode_unicode`) splits at those too."""
+    for raw in response.iter_lines():
+        yield raw.decode("utf-8")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from tandem_harness import TandemServer, all_gone, model_cache_dir
+from tandem_harness import TandemServer, all_gone, model_cache_dir, sse_lines
 
 FLAGS = ("--kv-cache-memory", "64MiB", "--max-input-tokens", "256", "--max-total-tokens", "512")
 STREAMS = 8
@@ -40,7 +40,7 @@ class Stream(threading.Thread):
         body = {"inputs": PROMPT, "parameters": {"max_new_tokens": self.max_new_tokens}}
         try:
             with requests.post(f"{self.server.base_url}/generate_stream", json=body, stream=True, timeout=300) as reply:
-                for line in reply.iter_lines(decode_unicode=True):
+                for line in sse_lines(reply):
                     if line and line.startswith("data:"):
                         self.events.append(json.loads(line[len("data:") :]))
                         self.started.set()

@@ -8,7 +8,7 @@ from typing import Any
 import conformance
 import pytest
 import requests
-from tandem_harness import TandemServer
+from tandem_harness import TandemServer, sse_lines
 
 QUESTION = [{"role": "user", "content": "List three colours."}]
 
@@ -44,9 +44,7 @@ def test_completion_logprobs_and_stream_chunks_validate(tandem: TandemServer) ->
     assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
     stream_body = {"messages": QUESTION, "max_tokens": 6, "temperature": 0, "logprobs": True, "stream": True}
     with requests.post(f"{tandem.base_url}/v1/chat/completions", json=stream_body, stream=True, timeout=300) as reply:
-        chunks = [
-            json.loads(line[6:]) for line in reply.iter_lines(decode_unicode=True) if line[6:] not in ("", "[DONE]")
-        ]
+        chunks = [json.loads(line[6:]) for line in sse_lines(reply) if line[6:] not in ("", "[DONE]")]
     streamed = [entry for chunk in chunks[1:] for entry in chunk["choices"][0]["logprobs"]["content"]]
     assert len(streamed) == 6
     for chunk in chunks:

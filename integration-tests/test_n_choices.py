@@ -7,7 +7,7 @@ from typing import Any
 
 import conformance
 import requests
-from tandem_harness import TandemServer
+from tandem_harness import TandemServer, sse_lines
 
 BLOCK_SIZE = 16
 PROMPT = (
@@ -73,7 +73,7 @@ def test_streamed_chat_choices_equal_the_non_streamed_ones(tandem: TandemServer)
     usage = None
     with requests.post(f"{tandem.base_url}/v1/chat/completions", json=stream_body, stream=True, timeout=300) as reply:
         assert reply.status_code == 200, reply.text
-        for line in reply.iter_lines(decode_unicode=True):
+        for line in sse_lines(reply):
             if not line or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])

@@ -8,7 +8,7 @@ from typing import Any
 
 import conformance
 import requests
-from tandem_harness import TandemServer
+from tandem_harness import TandemServer, sse_lines
 
 QUESTION = [{"role": "user", "content": "Name a colour."}]
 
@@ -22,7 +22,7 @@ def _post(tandem: TandemServer, path: str, body: dict[str, Any]) -> dict[str, An
 def _stream(tandem: TandemServer, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     with requests.post(f"{tandem.base_url}{path}", json={**body, "stream": True}, stream=True, timeout=300) as reply:
         assert reply.status_code == 200, reply.text
-        events = conformance.sse_events(reply.iter_lines(decode_unicode=True))
+        events = conformance.sse_events(sse_lines(reply))
     assert events[-1] == "[DONE]"
     return [json.loads(event) for event in events[:-1]]
 

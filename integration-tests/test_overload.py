@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 from reference import Reference
-from tandem_harness import TandemServer, embedded_model_dir, model_cache_dir
+from tandem_harness import TandemServer, embedded_model_dir, model_cache_dir, sse_lines
 
 LIMIT = 4
 BURST = 10 * LIMIT
@@ -71,7 +71,7 @@ def stream(server: TandemServer, outcome: Outcome, start: threading.Barrier) -> 
             outcome.answered_after = time.monotonic() - began
             if response.status_code != 200:
                 return
-            for line in response.iter_lines(decode_unicode=True):
+            for line in sse_lines(response):
                 if line and line.startswith("data:"):
                     event = json.loads(line[len("data:") :])
                     if "error" in event:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import requests
-from tandem_harness import TandemServer
+from tandem_harness import TandemServer, sse_lines
 
 STREAM_PROMPT = "Write a short story about a lighthouse keeper and a storm."
 STREAM_TOKENS = 48
@@ -52,7 +52,7 @@ def beside_a_greedy_stream(tandem: TandemServer, hostile: Callable[[], Any]) -> 
         body = {"inputs": STREAM_PROMPT, "parameters": {"max_new_tokens": STREAM_TOKENS}}
         with requests.post(f"{tandem.base_url}/generate_stream", json=body, stream=True, timeout=300) as response:
             assert response.status_code == 200, response.text
-            for line in response.iter_lines(decode_unicode=True):
+            for line in sse_lines(response):
                 if line and line.startswith("data:"):
                     streamed.append(json.loads(line[len("data:") :])["token"]["id"])
                     first_token.set()
@@ -96,7 +96,7 @@ def test_a_streamed_request_failing_deep_into_its_generation_ends_with_an_error_
     def hostile_stream() -> list[str]:
         with requests.post(f"{tandem.base_url}/v1/chat/completions", json=body, stream=True, timeout=120) as response:
             assert response.status_code == 200, response.text
-            return [line[len("data: ") :] for line in response.iter_lines(decode_unicode=True) if line]
+            return [line[len("data: ") :] for line in sse_lines(response) if line]
 
     streamed, events = beside_a_greedy_stream(tandem, hostile_stream)
     assert streamed == alone_output

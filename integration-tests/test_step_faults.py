@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from tandem_harness import TandemServer, model_cache_dir
+from tandem_harness import TandemServer, model_cache_dir, sse_lines
 
 # The probe before the fault takes FAULT_STEP - IN_FLIGHT_MARGIN steps at most, so the fault lands while the
 # in-flight requests (admitted together, each generating far more tokens than the margin) are all decoding.
@@ -31,7 +31,7 @@ def native_stream(base_url: str) -> list[dict[str, Any]]:
     body = {"inputs": "Once upon a time, in a faraway kingdom,", "parameters": {"max_new_tokens": IN_FLIGHT_TOKENS}}
     with requests.post(f"{base_url}/generate_stream", json=body, stream=True, timeout=120) as response:
         assert response.status_code == 200, response.text
-        return [json.loads(line[5:]) for line in response.iter_lines(decode_unicode=True) if line.startswith("data:")]
+        return [json.loads(line[5:]) for line in sse_lines(response) if line.startswith("data:")]
 
 
 def openai_stream(base_url: str) -> list[str]:
@@ -44,7 +44,7 @@ def openai_stream(base_url: str) -> list[str]:
     }
     with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=120) as response:
         assert response.status_code == 200, response.text
-        return [line[5:].strip() for line in response.iter_lines(decode_unicode=True) if line.startswith("data:")]
+        return [line[5:].strip() for line in sse_lines(response) if line.startswith("data:")]
 
 
 def native_generate(base_url: str) -> requests.Response:

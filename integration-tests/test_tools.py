@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 import requests
-from tandem_harness import TandemServer
+from tandem_harness import TandemServer, sse_lines
 
 WEATHER_PARAMETERS = {
     "type": "object",
@@ -95,7 +95,7 @@ def test_streamed_tool_call_arrives_as_deltas_the_sdk_accumulates(tandem: Tandem
             "stream": True}  # fmt: skip
     with requests.post(f"{tandem.base_url}/v1/chat/completions", json=body, stream=True, timeout=300) as reply:
         assert reply.status_code == 200, reply.text
-        payloads = [line[5:].strip() for line in reply.iter_lines(decode_unicode=True) if line.startswith("data:")]
+        payloads = [line[5:].strip() for line in sse_lines(reply) if line.startswith("data:")]
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(payload) for payload in payloads[:-1]]
     for chunk in chunks:

@@ -252,7 +252,8 @@ def stream_completion(base_url: str, tokens: int, sink: list[Any]) -> None:
     generated, finish = None, None
     with requests.post(f"{base_url}/v1/completions", json=body, stream=True, timeout=300) as response:
         sink.append(response.status_code)
-        for line in response.iter_lines(decode_unicode=True):
+        # Lines end at CR or LF only: a token's text may hold U+2028 or U+0085, which `str.splitlines` also splits at.
+        for line in (raw.decode() for raw in response.iter_lines()):
             if line and line.startswith("data:") and line != "data: [DONE]":
                 chunk = json.loads(line[len("data:") :])
                 for choice in chunk.get("choices") or []:

@@ -7,7 +7,6 @@ signal ends a download at once); shards never download. GGUF files and pickle we
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ from tandem_launcher.hub import fetch_file, fetch_snapshot, read_token_file
 from tandem_launcher.hub_cache import cache_state, cached_file
 from tandem_launcher.hub_errors import HubError
 from tandem_launcher.hub_request import HubRequest, hub_cache_dir, hub_offline
+from tandem_launcher.orphan_guard import guarded_argv
 from tandem_launcher.pickle_weights import PickleConversionError, converted_pickle_dir, has_only_pickle_weights
 from tandem_launcher.progress import DownloadProgress
 
@@ -35,9 +35,6 @@ _CHILD_STOP_TIMEOUT_S = 10.0
 # The download child takes its model from argv alone: these variables would fill the flags a source leaves unset (a
 # draft model has neither the served model's --revision nor its --gguf-file) or add a second model to fetch.
 _SOURCE_VARIABLES = ("MODEL_ID", "REVISION", "GGUF_FILE", "SPECULATIVE_MODEL", "SPECULATIVE_MODEL_REVISION")
-_PR_SET_PDEATHSIG = 1
-# Loaded before any fork: the forked download child must only make the one prctl call.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 class ModelResolutionError(Exception):
@@ -282,7 +279,8 @@ def download_in_child(python: str, log_level: str = "info", json_output: bool = 
 
 
 def _run_child(argv: list[str], environ: Mapping[str, str]) -> int:
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=environ, preexec_fn=_die_with_parent)  # noqa: PLW1509
+    # The kernel kills the download child if the launcher dies, even by SIGKILL.
+    child = subprocess.Popen(guarded_argv(argv), stdin=subprocess.DEVNULL, env=environ)
     try:
         return child.wait()
     except BaseException:
@@ -293,12 +291,6 @@ def _run_child(argv: list[str], environ: Mapping[str, str]) -> int:
             child.kill()
             child.wait()
         raise
-
-
-def _die_with_parent() -> None:
-    """In the download child before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def validate_model_dir(path: Path, allow_pickle_weights: bool = False) -> None:

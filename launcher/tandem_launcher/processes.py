@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
+import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
+from tandem_launcher.orphan_guard import guarded_argv
+
 TAIL_LINES = 50
-_PR_SET_PDEATHSIG = 1
-# Loaded before any fork: the forked child must only make the one prctl call.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with_launcher(launcher_pid: int) -> None:
-    """Runs in the child before exec: the kernel SIGKILLs it if the launcher itself dies, even by SIGKILL. A
-    launcher that died before the prctl call left the child to another parent: then it dies at once."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != launcher_pid:
-        signal.raise_signal(signal.SIGKILL)
 
 
 LineSink = Callable[[str, str], None]
@@ -47,10 +35,13 @@ class ChildProcess:
         cls, name: str, argv: Sequence[str], sink: LineSink, environment: Mapping[str, str] | None = None
     ) -> ChildProcess:
         """Starts `argv` in its own session (a Ctrl-C reaches only the launcher; the group can be killed whole), with
-        `environment` instead of the launcher's when given."""
+        `environment` instead of the launcher's when given. The kernel kills it if the launcher dies, even by
+        SIGKILL (see `orphan_guard`)."""
+        if shutil.which(argv[0]) is None:
+            raise ChildStartError(name, argv, FileNotFoundError(f"no such program: {argv[0]}"))
         try:
             process = subprocess.Popen(
-                list(argv),
+                guarded_argv(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -59,8 +50,6 @@ class ChildProcess:
                 bufsize=1,
                 start_new_session=True,
                 env=None if environment is None else dict(environment),
-                # Only a prctl call and a parent check run between fork and exec (see _die_with_launcher).
-                preexec_fn=functools.partial(_die_with_launcher, os.getpid()),  # noqa: PLW1509
             )
         except OSError as error:
             raise ChildStartError(name, argv, error) from error

@@ -15,7 +15,7 @@ from launch_harness import pid_is_alive
 from squatter import Squatter, squatting
 from tandem_launcher import processes
 from tandem_launcher.child_environment import router_environment, shard_environment
-from tandem_launcher.processes import ChildProcess
+from tandem_launcher.processes import ChildProcess, ChildStartError
 from tandem_launcher.runtime_dir import OWNER_FILE_NAME, RuntimeDir, remove_stale_runtime_dirs
 
 LAUNCHER_SECRETS = {
@@ -119,3 +119,32 @@ def test_a_child_whose_launcher_died_before_its_death_signal_was_armed_kills_its
         assert child.poll() == -signal.SIGKILL
     finally:
         child.kill()
+
+
+_FORK_HANDLER_CALLS: list[int] = []
+_RECORD_FORKS = [False]
+
+
+def _record_fork() -> None:
+    if _RECORD_FORKS[0]:
+        _FORK_HANDLER_CALLS.append(os.getpid())
+
+
+os.register_at_fork(before=_record_fork)
+
+
+def test_spawning_a_child_runs_no_fork_handlers_so_other_threads_locks_cannot_hang_it() -> None:
+    """gRPC's fork handler waits for its own threads, and a forked child inherits every other thread's locks held:
+    either can block a start forever. A child started without `preexec_fn` is cloned with `vfork`, which runs none."""
+    _RECORD_FORKS[0] = True
+    try:
+        child = ChildProcess.spawn("quiet", ["true"], lambda _name, _line: None)
+        assert child.wait(10.0) == 0
+    finally:
+        _RECORD_FORKS[0] = False
+    assert _FORK_HANDLER_CALLS == []
+
+
+def test_a_program_that_does_not_exist_fails_the_spawn_with_its_name() -> None:
+    with pytest.raises(ChildStartError, match="no-such-tandem-program"):
+        ChildProcess.spawn("missing", ["no-such-tandem-program"], lambda _name, _line: None)
