@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from metrics_scrape import MetricsTandem
 from reference import Reference
-from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
+from tandem_harness import FLOAT32_WEIGHTS, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.model_resolution import ModelSource, resolve_source
 
@@ -23,10 +23,13 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> 
 
 @pytest.fixture(scope="session")
 def tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    """The default server; the first session converts the embedded model (minutes), later ones reuse it."""
+    """The float32 server, whose greedy tokens and logprobs equal the `transformers` reference's; the first session
+    converts the embedded model (minutes), later ones reuse it. The defaults serve quantized blocks in bfloat16 where
+    the CPU allows, which follow it up to near ties (`test_defaults.py`)."""
     yield from _serve(
         tmp_path_factory,
         "tandem",
+        *FLOAT32_WEIGHTS,
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
@@ -36,10 +39,12 @@ def tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
 
 @pytest.fixture(scope="session")
 def tiny_kv_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    """A KV cache of about 32 blocks of 16 tokens (SmolLM2 needs 46 KB per token), so requests get preempted."""
+    """A KV cache of about 32 blocks of 16 tokens (SmolLM2 needs 46 KB per token in float32), so requests get
+    preempted."""
     yield from _serve(
         tmp_path_factory,
         "tiny-kv",
+        *FLOAT32_WEIGHTS,
         "--kv-cache-memory", "24MiB",
         "--max-input-tokens", "127",
         "--max-total-tokens", "256",

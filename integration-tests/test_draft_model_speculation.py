@@ -11,7 +11,14 @@ from typing import TypeVar
 import pytest
 from reference import Reference
 from speculation import ACCEPTED, DRAFTED
-from tandem_harness import MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, embedded_model_dir, model_cache_dir
+from tandem_harness import (
+    FLOAT32_WEIGHTS,
+    MAX_INPUT_TOKENS,
+    MAX_TOTAL_TOKENS,
+    TandemServer,
+    embedded_model_dir,
+    model_cache_dir,
+)
 from test_speculative_decoding import sampled_ids
 
 T = TypeVar("T")
@@ -24,7 +31,7 @@ def drafting(tmp_path_factory: pytest.TempPathFactory, reference: Reference) -> 
     log_path = tmp_path_factory.mktemp("draft-model") / "launcher.log"
     server = TandemServer.start(
         log_path,
-        "--model-cache-dir", str(model_cache_dir()),
+        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS,
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 import requests
+from near_ties import assert_follows_up_to_near_ties, greedy_tokens
 from tandem_harness import TandemServer, model_cache_dir
 from tandem_server.layers import dense_copies
 
@@ -19,18 +19,13 @@ PROMPTS = (
     "def fibonacci(n):",
     "The capital of France is",
 )
-# Both servers multiply by the same values (the float32 conversion is the blocks' exact dequantization, and the
-# quantized scales are those values' bfloat16 roundings); the quantized GEMMs take and give bfloat16. Measured on 8
-# held-out prompts x 16 tokens: logprobs within 0.07 of float32's until the first departure, departures only where
-# float32's runner-up was within 0.1 of its choice.
-LOGPROB_TOLERANCE = 0.3
-NEAR_TIE = 0.3
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     log_path = tmp_path_factory.mktemp("quantize-gguf") / "launcher.log"
-    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), "--quantize", "gguf")
+    flags = ("--quantize", "gguf", "--quantized-dense-memory", "0")  # the blocks alone, without bfloat16 copies
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *flags)
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -52,28 +47,6 @@ def test_info_reports_each_weights_format_and_their_bytes(tandem: TandemServer, 
     float32 = requests.get(f"{tandem.base_url}/info", timeout=10).json()
     assert "qkv_proj: float32" in float32["model_weights_format"]
     assert float32["model_weight_bytes"] > 5 * served["model_weight_bytes"]
-
-
-def greedy_tokens(server: TandemServer, prompt: str) -> list[dict[str, Any]]:
-    """16 greedy tokens, each with its logprob and the two most likely tokens at its position."""
-    parameters = {"max_new_tokens": 16, "details": True, "top_n_tokens": 2}
-    response = requests.post(
-        f"{server.base_url}/generate", json={"inputs": prompt, "parameters": parameters}, timeout=60
-    )
-    assert response.status_code == 200, response.text
-    details = response.json()["details"]
-    return [{**token, "top": top} for token, top in zip(details["tokens"], details["top_tokens"], strict=True)]
-
-
-def assert_follows_up_to_near_ties(want: list[dict[str, Any]], got: list[dict[str, Any]], what: str) -> None:
-    """`got` has `want`'s tokens (logprobs close) until it departs where `want`'s runner-up was a near-tie."""
-    for expected, actual in zip(want, got, strict=True):
-        if expected["id"] != actual["id"]:
-            top = {token["id"]: token["logprob"] for token in expected["top"]}
-            assert actual["id"] in top, f"{what}: the departing token is not the runner-up"
-            assert expected["logprob"] - top[actual["id"]] < NEAR_TIE, f"{what}: parted at no near-tie"
-            return
-        assert abs(actual["logprob"] - expected["logprob"]) < LOGPROB_TOLERANCE, what
 
 
 def test_quantized_greedy_decoding_follows_float32_up_to_near_ties(

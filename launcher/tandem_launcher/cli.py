@@ -110,7 +110,11 @@ def _add_device_flags(add: FlagAdder) -> None:
     )
     add.value("--device", str, "auto", "device the shards run on; auto: cuda when a GPU is visible", choices=DEVICES)
     add.value(
-        "--dtype", str, "auto", "weights and activations dtype; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES
+        "--dtype",
+        str,
+        "auto",
+        "weights and activations dtype; auto: bfloat16 on CUDA and on CPUs with AMX or AVX-512 BF16, else float32",
+        choices=DTYPES,
     )
 
 
@@ -277,12 +281,13 @@ def _add_execution_flags(add: FlagAdder) -> None:
     add.value(
         "--quantize",
         str,
-        "none",
-        "GEMM weights (none, gguf, int8, int4 or fp8); gguf (CPU): a .gguf model's Q4_0/Q4_1/Q8_0 tensors served as "
-        "they are (the embedded model is one); int8, int4 (CPU): float weights quantized at load, bfloat16 "
-        "activations; fp8 (CPU, CUDA sm89+): float weights as float8 e4m3 per channel, activations per token; none: "
-        "float. An FP8 checkpoint (compressed-tensors, fbgemm_fp8) keeps its float8 layers with none or fp8",
-        choices=QUANTIZE_CHOICES,
+        "auto",
+        "GEMM weights (auto, none, gguf, int8, int4 or fp8); auto: gguf for a GGUF model on CPU (the embedded model "
+        "is one), else none; gguf (CPU): a .gguf model's Q4_0/Q4_1/Q8_0 tensors served as they are; int8, int4 "
+        "(CPU): float weights quantized at load, bfloat16 activations; fp8 (CPU, CUDA sm89+): float weights as "
+        "float8 e4m3 per channel, activations per token; none: float. An FP8 checkpoint (compressed-tensors, "
+        "fbgemm_fp8) keeps its float8 layers with none, auto or fp8",
+        choices=("auto", *QUANTIZE_CHOICES),
     )
     add.value(
         "--decode-mirror-memory",
@@ -295,10 +300,10 @@ def _add_execution_flags(add: FlagAdder) -> None:
     add.value(
         "--quantized-dense-memory",
         _memory_or_auto,
-        "0",
+        None,
         "CPU, quantized weights: memory each shard may use for bfloat16 copies of them, which batches of 6 or more "
-        "rows multiply by instead (faster where the CPU has AMX or AVX-512 BF16); auto: half the available memory, "
-        "split between shards, on such CPUs; default 0: none",
+        "rows multiply by instead; auto: half the available memory, split between shards; 0: none; derived: auto "
+        "where the CPU has AMX or AVX-512 BF16 and activations are bfloat16, else 0",
     )
     add.switch(
         "--torch-compile",

@@ -116,13 +116,14 @@ class LauncherConfig:
     cuda_graphs: str | None = None
     # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
     packed_gemm_rows: str | None = None
-    # GEMM weight format, one of QUANTIZE_CHOICES.
-    quantize: str = "none"
+    # GEMM weight format, one of QUANTIZE_CHOICES or "auto" (see weight_defaults).
+    quantize: str = "auto"
     # Memory for contiguous copies of decoding requests' K/V; None: the shard's default (half the KV cache's) on
     # CPU, 0 on CUDA.
     decode_mirror_memory: str | None = None
-    # Memory for bfloat16 copies of quantized weights, which batches multiply by ("auto": half the available memory).
-    quantized_dense_memory: str = "0"
+    # Memory for bfloat16 copies of quantized weights, which batches multiply by ("auto": half the available memory);
+    # None: chosen from the weights and the CPU (see weight_defaults).
+    quantized_dense_memory: str | None = None
     # CPU: decoder layers' stages around attention compiled with torch.compile.
     torch_compile: bool = False
     attention_backend: str = "auto"
@@ -365,9 +366,9 @@ def _cuda_problems(config: LauncherConfig) -> list[str]:
             problems.append(f"--packed-gemm-rows must be row counts such as 32 or 0, got {config.packed_gemm_rows!r}")
         elif config.device != "cpu" and packed_gemm_rows(config) != "0":
             problems.append("--packed-gemm-rows is a CPU option; use --packed-gemm-rows 0 on CUDA")
-    if config.quantize not in QUANTIZE_CHOICES:
-        problems.append(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
-    elif config.device != "cpu" and config.quantize not in ("none", "int4", "fp8"):
+    if config.quantize not in ("auto", *QUANTIZE_CHOICES):
+        problems.append(f"--quantize must be one of auto, {', '.join(QUANTIZE_CHOICES)}, got {config.quantize!r}")
+    elif config.device != "cpu" and config.quantize not in ("auto", "none", "int4", "fp8"):
         problems.append(f"--quantize {config.quantize} is a CPU option; on CUDA use none, int4 or fp8")
     if config.torch_compile and config.device != "cpu":
         problems.append(TORCH_COMPILE_ON_CUDA)
@@ -378,7 +379,7 @@ def _cpu_memory_problems(config: LauncherConfig) -> list[str]:
     """Memory flags that only a CPU shard uses must say none elsewhere."""
     flags = {
         "--decode-mirror-memory": decode_mirror_memory(config),
-        "--quantized-dense-memory": config.quantized_dense_memory,
+        "--quantized-dense-memory": config.quantized_dense_memory or "0",
     }
     sizes = {} if config.device == "cpu" else flags
     return [f"{flag} is a CPU option; use {flag} 0 on CUDA" for flag, size in sizes.items() if not _is_zero_size(size)]

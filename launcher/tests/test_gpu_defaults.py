@@ -86,19 +86,6 @@ def test_decode_mirror_memory_is_the_shards_default_on_cpu_unless_given() -> Non
         assert shard[shard.index("--decode-mirror-memory") + 1] == expected
 
 
-def test_quantized_dense_memory_is_none_unless_given() -> None:
-    model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
-    for argv, env, expected in (
-        ([], {}, "0"),
-        (["--quantized-dense-memory", "1GiB"], {}, "1GiB"),
-        (["--quantized-dense-memory", " auto"], {}, "auto"),
-        ([], {"QUANTIZED_DENSE_MEMORY": "auto"}, "auto"),
-    ):
-        config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
-        shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
-        assert shard[shard.index("--quantized-dense-memory") + 1] == expected
-
-
 def test_torch_compile_reaches_the_shard_only_when_asked_by_flag_or_env() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for argv, env, expected in (

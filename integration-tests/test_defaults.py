@@ -1,0 +1,58 @@
+"""The server a user gets without flags: the embedded GGUF's own quantized blocks, activations in bfloat16 where the
+CPU multiplies it natively, bfloat16 copies for batches there. The launcher says what it chose and why, and greedy
+output parts from the float32 server's only at near-ties, alone and batched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from near_ties import assert_follows_up_to_near_ties, greedy_tokens
+from tandem_harness import TandemServer, model_cache_dir
+from tandem_launcher.weight_defaults import BFLOAT16_COMPUTE_FLAGS, host_cpu_flags
+
+PROMPTS = (
+    "The three primary colours are",
+    "Write one sentence about the sea:",
+    "def fibonacci(n):",
+    "The capital of France is",
+    "Name three animals that live in the ocean:",
+    "Tell me a fact about the moon:",
+    "Once upon a time",
+)
+BFLOAT16_CPU = bool(host_cpu_flags() & BFLOAT16_COMPUTE_FLAGS)
+
+
+@pytest.fixture(scope="module")
+def defaults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    log_path = tmp_path_factory.mktemp("defaults") / "launcher.log"
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()))
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def test_the_launcher_states_each_default_and_why(defaults: TandemServer) -> None:
+    log = defaults.log_path.read_text(errors="replace")
+    assert "--quantize gguf: the model is a GGUF: its quantized blocks are served as they are" in log, log
+    assert "30 qkv_proj: Q4_1 as int4" in log
+    if BFLOAT16_CPU:
+        assert "--dtype bfloat16: the CPU multiplies bfloat16 natively" in log
+        assert "--quantized-dense-memory auto: bfloat16 copies serve batches" in log
+        assert "bfloat16 copies for batches of 6+ rows: 121 weights" in log
+    else:
+        assert "--dtype float32: the CPU has neither AVX-512 BF16 nor AMX" in log
+        assert "--quantized-dense-memory 0: bfloat16 copies pay only on a CPU with AVX-512 BF16 or AMX" in log
+
+
+def test_default_greedy_output_follows_float32_up_to_near_ties_alone_and_batched(
+    tandem: TandemServer, defaults: TandemServer
+) -> None:
+    want = [greedy_tokens(tandem, prompt) for prompt in PROMPTS]
+    for prompt, expected in zip(PROMPTS, want, strict=True):
+        assert_follows_up_to_near_ties(expected, greedy_tokens(defaults, prompt), prompt)
+    # Seven at once: prompts and decode steps of 6 or more rows multiply by the bfloat16 copies.
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(greedy_tokens, [defaults] * len(PROMPTS), PROMPTS))
+    for prompt, expected, actual in zip(PROMPTS, want, together, strict=True):
+        assert_follows_up_to_near_ties(expected, actual, prompt)
