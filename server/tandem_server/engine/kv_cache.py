@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.layers.attention import LayerCache
+from tandem_server.lazy_zeros import lazy_zeros
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,10 @@ class CacheGeometry:
 
 
 class KVCache:
-    """Blocks 0..num_blocks-1 belong to the router; block `num_blocks` is reserved for health checks."""
+    """Blocks 0..num_blocks-1 belong to the router; block `num_blocks` is reserved for health checks.
+
+    The tensors start zeroed; on the CPU a block's memory becomes resident when the block is first written.
+    """
 
     def __init__(self, geometry: CacheGeometry, num_blocks: int, device: torch.device) -> None:
         self.geometry = geometry
@@ -34,8 +38,8 @@ class KVCache:
         shape = (num_blocks + 1, geometry.block_size, geometry.num_kv_heads, geometry.head_dim)
         self.layers = [
             LayerCache(
-                key=torch.zeros(shape, dtype=geometry.dtype, device=device),
-                value=torch.zeros(shape, dtype=geometry.dtype, device=device),
+                key=lazy_zeros(shape, geometry.dtype, device),
+                value=lazy_zeros(shape, geometry.dtype, device),
             )
             for _ in range(geometry.num_layers)
         ]

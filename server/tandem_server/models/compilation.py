@@ -14,8 +14,6 @@ import functools
 
 import torch
 from torch import nn
-from torch._inductor.cpp_builder import get_cpp_compiler
-from torch._inductor.exc import InvalidCxxCompiler
 
 from tandem_server.errors import ConfigError
 from tandem_server.models.decoder import StagedLayer
@@ -28,6 +26,11 @@ def compile_layers(model: nn.Module) -> int:
 
     Inductor builds its CPU kernels with a C++ compiler at run time: without one, start-up fails here, not at the
     first step."""
+    # Imported here, not at module level: Inductor (and Dynamo, Triton under it) cost a shard that never compiles
+    # about 200 MiB of resident memory.
+    from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415
+    from torch._inductor.exc import InvalidCxxCompiler  # noqa: PLC0415
+
     try:
         get_cpp_compiler()
     except InvalidCxxCompiler as error:

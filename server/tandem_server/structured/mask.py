@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import llguidance.torch
 import torch
 
 from tandem_server.errors import RequestFailedError
@@ -37,7 +36,8 @@ def grammar_token_mask(
     constrained = [(row, matcher) for row, matcher in enumerate(matchers) if matcher is not None]
     if not constrained:
         return GrammarMask()
-    bitmask = llguidance.torch.allocate_token_bitmask(len(constrained), vocab_size)
+    # All bits set: a row a matcher leaves untouched allows every token.
+    bitmask = torch.full((len(constrained), -(-vocab_size // _BITS)), -1, dtype=torch.int32)
     failures: dict[int, RequestFailedError] = {}
     for index, (row, matcher) in enumerate(constrained):
         try:

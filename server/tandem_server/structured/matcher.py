@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 
 import llguidance
-import llguidance.torch
+import llguidance.numpy
 import torch
 
 from tandem_server.errors import FailureKind, RequestFailedError
@@ -31,8 +31,10 @@ class GrammarMatcher:
         return self._matcher.is_stopped()
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Writes the allowed-token bitmask (32 tokens per int32, low bit first) into `bitmask[row]`."""
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        """Writes the allowed-token bitmask (32 tokens per int32, low bit first) into `bitmask[row]` of a CPU tensor."""
+        # Through llguidance's numpy helpers (a view of the same memory): its torch helpers compile a kernel with
+        # torch.compile at import, which loads Dynamo and Inductor into every shard.
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)
         # A matcher that hit an engine limit leaves the row untouched (all allowed): never sample from it.
         if self._matcher.is_error():
             self._fail("the grammar engine stopped (a limit of the grammar engine was reached)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.layers.attention.backend import LayerCache
+from tandem_server.lazy_zeros import lazy_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -158,12 +159,12 @@ class DecodeMirror:
         shape = (rows, capacity, geometry.num_kv_heads, geometry.head_dim)
         self._layers = []  # release the old tensors before allocating the new ones
         # Zeroed, not empty: padding columns are masked out of the softmax, but a NaN bit pattern there would still
-        # poison the weighted sum (0 x NaN).
+        # poison the weighted sum (0 x NaN). Lazily: on the CPU only the positions rows fill become resident.
         if rows and capacity:
             self._layers = [
                 (
-                    torch.zeros(shape, dtype=geometry.dtype, device=self._device),
-                    torch.zeros(shape, dtype=geometry.dtype, device=self._device),
+                    lazy_zeros(shape, geometry.dtype, self._device),
+                    lazy_zeros(shape, geometry.dtype, self._device),
                 )
                 for _ in range(geometry.num_layers)
             ]
