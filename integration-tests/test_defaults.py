@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 from near_ties import assert_follows_up_to_near_ties, greedy_tokens
 from tandem_harness import TandemServer, model_cache_dir
@@ -56,3 +57,20 @@ def test_default_greedy_output_follows_float32_up_to_near_ties_alone_and_batched
         together = list(pool.map(greedy_tokens, [defaults] * len(PROMPTS), PROMPTS))
     for prompt, expected, actual in zip(PROMPTS, want, together, strict=True):
         assert_follows_up_to_near_ties(expected, actual, prompt)
+
+
+# The default shard's resident memory on the embedded model, its 1 GiB KV cache included: the cache and the decode
+# mirror become resident as they fill, and a shard that does not compile loads no compiler.
+SHARD_RSS_LIMIT = int(1.5 * 2**30)
+
+
+def test_the_default_shard_stays_within_its_memory_budget_while_serving(defaults: TandemServer) -> None:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        list(pool.map(greedy_tokens, [defaults] * len(PROMPTS) * 4, PROMPTS * 4))
+    shards = [
+        child
+        for child in psutil.Process(defaults.process.pid).children(recursive=True)
+        if any("tandem-shard" in part for part in child.cmdline()[:2])
+    ]
+    assert len(shards) == 1
+    assert shards[0].memory_info().rss <= SHARD_RSS_LIMIT, f"{shards[0].memory_info().rss / 2**20:.0f} MiB"
