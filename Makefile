@@ -3,7 +3,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/tandem/target
 UV = $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 ARGS ?=
 
-.PHONY: install serve test lint test-rust test-python chart bench bench-overhead gpu-check gpu-check-bundle
+.PHONY: install serve test test-fast lint test-rust test-python chart bench bench-overhead gpu-check gpu-check-bundle
 
 install:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -25,6 +25,10 @@ test-python: install
 	$(UV) run --no-sync pytest --durations=30 server/tests launcher/tests benchmark/tests scripts/tests integration-tests charts/tests
 
 test: lint test-rust test-python
+
+# The unit tier: every Python test not marked e2e or slow (see conftest.py), a few minutes on 2 cores.
+test-fast: install
+	$(UV) run --no-sync pytest -m "not e2e and not slow" server/tests launcher/tests benchmark/tests scripts/tests
 
 # Starts Tandem on a free port, runs the standard suite against its peers (ARGS="--llama-server PATH ..."; about
 # 45 minutes on 2 cores with llama-server) and rewrites the README's benchmark table and chart; results.json and the

@@ -19,6 +19,9 @@ from tandem_launcher.embedded import (
 )
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
 
+# The slow tier (converts the embedded GGUF): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 SMOLLM2_EOS_ID = 2
 
 

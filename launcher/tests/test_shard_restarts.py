@@ -6,7 +6,11 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from launch_harness import pid_is_alive
+
+# The slow tier (waits out restart back-offs and health timeouts): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
 
 # Failing while the router starts is a start-up failure (never restarted); these fail once serving.
 CRASH_AFTER_START_UP = ("--crash-delay", "2")

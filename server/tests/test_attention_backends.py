@@ -18,6 +18,7 @@ PARAMS = {
 STEPS = {"mixed": MIXED_STEP, "decode_only": DECODE_STEP}
 
 
+@pytest.mark.slow
 def test_triton_kernel_matches_torch_backend_under_the_interpreter() -> None:
     """Runs triton_cases.py with TRITON_INTERPRET=1, which must be set before Triton is first imported."""
     pytest.importorskip("triton")

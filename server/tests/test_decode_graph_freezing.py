@@ -18,6 +18,9 @@ from tandem_server.models.compilation import compile_layers
 from tandem_server.weights.quantization import QuantizeMode
 from torch._inductor import config as inductor_config
 
+# The slow tier (compiles graphs with Inductor): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 KV_CACHE_MEMORY = 4 * 1024 * 1024
 

@@ -24,6 +24,9 @@ triton = pytest.importorskip("triton")
 
 from tandem_server.layers import int4_triton  # noqa: E402
 
+# The slow tier (runs Triton kernels in the interpreter): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 CUDA = torch.device("cuda", 0)
 
 

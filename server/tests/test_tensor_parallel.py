@@ -26,6 +26,9 @@ from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+# The slow tier (starts gloo process groups): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 UNEVEN = {"num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 100, "vocab_size": 97}
 VARIANTS: dict[str, dict[str, Any]] = {
     "even-gqa-biased": {"num_key_value_heads": 2, "attention_bias": True, "mlp_bias": True},

@@ -20,6 +20,9 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+# The slow tier (compiles graphs with Inductor): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 # Gemma 3's layer is the other StagedLayer class: norms around both blocks, q/k norms, local and global rotary.
 GEMMA3 = {
     "num_hidden_layers": 2,
