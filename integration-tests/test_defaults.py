@@ -1,5 +1,5 @@
 """The server a user gets without flags: the embedded GGUF's own quantized blocks, activations in bfloat16 where the
-CPU multiplies it natively, bfloat16 copies for batches there. The launcher says what it chose and why, and greedy
+CPU multiplies it natively, bfloat16 copies for batches there. The shard says what it chose and why, and greedy
 output parts from the float32 server's only at near-ties, alone and batched."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import psutil
 import pytest
 from near_ties import assert_follows_up_to_near_ties, greedy_tokens
 from tandem_harness import TandemServer, model_cache_dir
-from tandem_launcher.weight_defaults import BFLOAT16_COMPUTE_FLAGS, host_cpu_flags
+from tandem_server.weight_defaults import cpu_multiplies_bfloat16
 
 PROMPTS = (
     "The three primary colours are",
@@ -22,7 +22,7 @@ PROMPTS = (
     "Tell me a fact about the moon:",
     "Once upon a time",
 )
-BFLOAT16_CPU = bool(host_cpu_flags() & BFLOAT16_COMPUTE_FLAGS)
+BFLOAT16_CPU = cpu_multiplies_bfloat16()
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +33,17 @@ def defaults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]
     assert server.stop() == 0, server.log_tail()
 
 
-def test_the_launcher_states_each_default_and_why(defaults: TandemServer) -> None:
+def test_the_shard_states_each_default_and_why(defaults: TandemServer) -> None:
     log = defaults.log_path.read_text(errors="replace")
     assert "--quantize gguf: the model is a GGUF: its quantized blocks are served as they are" in log, log
     assert "30 qkv_proj: Q4_1 as int4" in log
     if BFLOAT16_CPU:
-        assert "--dtype bfloat16: the CPU multiplies bfloat16 natively" in log
+        assert "--dtype bfloat16: the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)" in log
         assert "--quantized-dense-memory auto: bfloat16 copies serve batches" in log
         assert "bfloat16 copies for batches of 6+ rows: 121 weights" in log
     else:
         assert "--dtype float32: the CPU has neither AVX-512 BF16 nor AMX" in log
-        assert "--quantized-dense-memory 0: bfloat16 copies pay only on a CPU with AVX-512 BF16 or AMX" in log
+        assert "quantized weights get no bfloat16 copies for batches: this CPU has no bfloat16 matrix" in log
 
 
 def test_default_greedy_output_follows_float32_up_to_near_ties_alone_and_batched(

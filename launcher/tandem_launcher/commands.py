@@ -12,7 +12,6 @@ from tandem_launcher.config import LauncherConfig, bound_flags
 from tandem_launcher.device_defaults import cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
-from tandem_launcher.weight_defaults import weight_choices
 
 MASTER_ADDR = "127.0.0.1"
 SHARD_CONNECT_TIMEOUT_S = 30
@@ -45,7 +44,6 @@ def shard_argv(
     """argv of this node's shard of `local_rank` (its global rank follows from the node's); the test-only fault
     flags only when `inject_faults`."""
     rank = config.layout.global_rank(local_rank)
-    weights = {choice.flag: choice.value for choice in weight_choices(config, model.path)}
     argv = [
         *config.commands.shard,
         "--model-path", str(model.path),
@@ -57,7 +55,7 @@ def shard_argv(
         "--master-port", str(master_port),
         "--rendezvous-timeout", str(config.rendezvous_timeout),
         "--device", config.device,
-        "--dtype", weights["--dtype"],
+        "--dtype", config.dtype,
         "--kv-cache-memory", config.kv_cache_memory,
         "--kv-cache-dtype", config.kv_cache_dtype,
         "--num-threads", str(threads_per_shard(config.layout.local)),
@@ -66,9 +64,9 @@ def shard_argv(
         "--cuda-memory-fraction", str(config.cuda_memory_fraction),
         "--cuda-graphs", cuda_graph_sizes(config),
         "--packed-gemm-rows", packed_gemm_rows(config),
-        "--quantize", weights["--quantize"],
+        "--quantize", config.quantize,
         "--decode-mirror-memory", decode_mirror_memory(config),
-        "--quantized-dense-memory", weights["--quantized-dense-memory"],
+        "--quantized-dense-memory", config.quantized_dense_memory or "auto",
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + local_rank if config.shard_metrics_port else 0),

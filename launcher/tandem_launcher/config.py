@@ -116,13 +116,13 @@ class LauncherConfig:
     cuda_graphs: str | None = None
     # Comma-separated GEMM row counts with MKL-prepacked weights, "0" for none; None: 32 on CPU and none on CUDA.
     packed_gemm_rows: str | None = None
-    # GEMM weight format, one of QUANTIZE_CHOICES or "auto" (see weight_defaults).
+    # GEMM weight format, one of QUANTIZE_CHOICES or "auto" (the shard chooses: tandem_server/weight_defaults.py).
     quantize: str = "auto"
     # Memory for contiguous copies of decoding requests' K/V; None: the shard's default (half the KV cache's) on
     # CPU, 0 on CUDA.
     decode_mirror_memory: str | None = None
     # Memory for bfloat16 copies of quantized weights, which batches multiply by ("auto": half the available memory);
-    # None: chosen from the weights and the CPU (see weight_defaults).
+    # None: "auto", which the shard resolves from the weights and the CPU (tandem_server/weight_defaults.py).
     quantized_dense_memory: str | None = None
     # CPU: decoder layers' stages around attention compiled with torch.compile.
     torch_compile: bool = False

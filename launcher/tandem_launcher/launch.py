@@ -14,7 +14,6 @@ from tandem_launcher.signals import (
     raise_on_shutdown_signal,
 )
 from tandem_launcher.supervisor import LaunchPlan, Supervisor
-from tandem_launcher.weight_defaults import weight_choices
 
 
 def launch(config: LauncherConfig) -> int:
@@ -36,8 +35,6 @@ def launch(config: LauncherConfig) -> int:
         return 0
     LOGGER.info("token limits: max input %d, max total %d", limits.max_input_tokens, limits.max_total_tokens)
     LOGGER.info("KV cache blocks of %d tokens (%s)", config.block_size, config.block_size_reason)
-    for choice in weight_choices(config, model.path):
-        LOGGER.info("%s", choice.describe())
     shutdown = ShutdownFlag()
     flag_on_shutdown_signal(shutdown)
     supervisor = Supervisor(LaunchPlan(config, model, limits), shutdown)

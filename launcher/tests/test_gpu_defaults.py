@@ -56,7 +56,7 @@ def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
     assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
     assert argv[argv.index("--packed-gemm-rows") + 1] == "0"
     assert argv[argv.index("--decode-mirror-memory") + 1] == "0"
-    assert argv[argv.index("--quantized-dense-memory") + 1] == "0"
+    assert argv[argv.index("--quantized-dense-memory") + 1] == "auto"  # the shard resolves it: none on CUDA
     from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--cuda-graphs") + 1] == "1,8"

@@ -22,8 +22,6 @@ from tandem_server.config import (
     parse_cuda_graph_sizes,
     parse_decode_mirror_memory,
     parse_packed_gemm_rows,
-    parse_quantized_dense_memory,
-    resolve_dtype,
     resolve_kv_cache_dtype,
 )
 from tandem_server.distributed import shutdown_distributed
@@ -34,6 +32,7 @@ from tandem_server.rpc.cluster_auth import read_cluster_secret
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import TcpListener, serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
+from tandem_server.weight_defaults import AUTO, choose_weight_settings, cpu_multiplies_bfloat16
 from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger("tandem_server")
@@ -115,10 +114,11 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantize",
-        choices=[mode.value for mode in QuantizeMode],
-        default=QuantizeMode.NONE.value,
-        help="GEMM weights: gguf, int8, int4 (CPU): GGUF blocks or float weights quantized at load; fp8 (CPU, CUDA "
-        "sm89+): float8 e4m3 at load; none (default): float. FP8 checkpoints stay float8 with none or fp8",
+        choices=[AUTO, *(mode.value for mode in QuantizeMode)],
+        default=AUTO,
+        help="GEMM weights: auto (default): gguf for a GGUF model on CPU, else none; gguf, int8, int4 (CPU): GGUF "
+        "blocks or float weights quantized at load; fp8 (CPU, CUDA sm89+): float8 e4m3 at load; none: float. FP8 "
+        "checkpoints stay float8 with auto, none or fp8",
     )
     parser.add_argument(
         "--decode-mirror-memory",
@@ -129,10 +129,10 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantized-dense-memory",
-        default="0",
+        default=AUTO,
         help="CPU, quantized weights: memory for bfloat16 copies of them, which batches of 6 or more rows multiply "
-        "by instead, e.g. 1GiB; auto: half the available memory, split between ranks, where the CPU has bfloat16 "
-        "matrix instructions (AMX or AVX-512 BF16), else none; 0 (default): none",
+        "by instead, e.g. 1GiB; auto (default): half the available memory, split between ranks, where the CPU has "
+        "bfloat16 matrix instructions (AMX or AVX-512 BF16), else none; 0: none",
     )
     parser.add_argument(
         "--torch-compile",
@@ -191,6 +191,14 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
     world_size = max(1, args.world_size)
     default_threads = max(1, (os.cpu_count() or 1) // world_size)
     kv_cache_memory = parse_byte_size(args.kv_cache_memory)
+    weights = choose_weight_settings(
+        args.quantize,
+        args.dtype,
+        args.quantized_dense_memory,
+        args.device,
+        args.model_path,
+        cpu_multiplies_bfloat16(),
+    )
     return ShardConfig(
         model_path=args.model_path,
         uds_path=args.uds_path,
@@ -205,7 +213,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         grpc_host=args.grpc_host,
         cluster_secret_file=args.cluster_secret_file,
         device=args.device,
-        dtype=resolve_dtype(args.dtype, args.device),
+        dtype=weights.dtype,
         kv_cache_dtype=resolve_kv_cache_dtype(args.kv_cache_dtype),
         kv_cache_memory=kv_cache_memory,
         num_threads=args.num_threads if args.num_threads is not None else default_threads,
@@ -214,9 +222,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         cuda_memory_fraction=args.cuda_memory_fraction,
         cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
         packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
-        quantize=QuantizeMode(args.quantize),
+        quantize=weights.quantize,
         decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
-        quantized_dense_memory=parse_quantized_dense_memory(args.quantized_dense_memory),
+        quantized_dense_memory=weights.quantized_dense_memory,
+        weight_reasons=weights.reasons,
         torch_compile=args.torch_compile,
         log_level=args.log_level,
         metrics_port=args.metrics_port,

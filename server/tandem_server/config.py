@@ -83,6 +83,8 @@ class ShardConfig:
     # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
     # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
     quantized_dense_memory: int | None = 0
+    # Why `auto` weight flags took their values (weight_defaults.py), logged at load.
+    weight_reasons: tuple[str, ...] = ()
     # CPU only: decoder layers' stages around attention compiled with torch.compile (models/compilation.py).
     torch_compile: bool = False
     log_level: str = "info"

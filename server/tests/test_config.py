@@ -15,6 +15,7 @@ from tandem_server.errors import ConfigError, UnsupportedArchitectureError, Weig
 from tandem_server.layers.attention import create_backend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.registry import model_factory
+from tandem_server.weight_defaults import cpu_multiplies_bfloat16
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,8 @@ def test_byte_size_rejects_unknown_units() -> None:
 
 def test_cli_defaults_and_auto_dtype(tmp_path: Path) -> None:
     config = config_from_args(["--model-path", str(tmp_path), "--uds-path", str(tmp_path / "s.sock")])
-    assert config.dtype == torch.float32 and config.device == "cpu" and config.kv_cache_memory == 2**30
+    cpu_dtype = torch.bfloat16 if cpu_multiplies_bfloat16() else torch.float32
+    assert config.dtype == cpu_dtype and config.device == "cpu" and config.kv_cache_memory == 2**30
     assert config.num_threads >= 1 and config.world_size == 1
     cuda = config_from_args(["--model-path", "m", "--uds-path", "s", "--device", "cuda", "--kv-cache-memory", "2GiB"])
     assert cuda.dtype == torch.bfloat16 and cuda.kv_cache_memory == 2 * 2**30

@@ -211,7 +211,10 @@ def test_fp8_on_cuda_needs_compute_capability_8_9(tmp_path: Path, monkeypatch: p
 
 
 def test_the_shard_serves_an_fp8_checkpoint_and_reports_its_formats_in_info(fp8_checkpoint: Path) -> None:
-    config = config_from_args(["--model-path", str(fp8_checkpoint), "--uds-path", str(fp8_checkpoint / "s.sock")])
+    flags = ["--dtype", "float32"]  # its float layers stay the checkpoint's float32 on any CPU
+    config = config_from_args(
+        ["--model-path", str(fp8_checkpoint), "--uds-path", str(fp8_checkpoint / "s.sock"), *flags]
+    )
     info = load_shard(config).info
     assert "qkv_proj: float8 checkpoint as fp8" in info.weights_format and "lm_head: float32" in info.weights_format
     quantized = load_shard(replace(config, quantize=QuantizeMode.FP8)).info

@@ -54,7 +54,7 @@ def test_attention_over_a_bfloat16_cache_stays_within_bfloat16_rounding_of_float
 
 
 def test_kv_cache_dtype_flag_defaults_to_the_model_dtype() -> None:
-    base = ["--model-path", "m", "--uds-path", "s"]
+    base = ["--model-path", "m", "--uds-path", "s", "--dtype", "float32"]
     default = config_from_args(base)
     assert default.kv_cache_dtype is None and default.cache_dtype == torch.float32
     half = config_from_args([*base, "--kv-cache-dtype", "bfloat16"])
