@@ -136,7 +136,7 @@ def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, 
     tandem = container(rendered["cpu"])
     assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
     config = launcher_config(tandem["args"])
-    assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "float32", "512MiB")
+    assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "auto", "512MiB")
     assert config.kv_cache_dtype == "auto"
     assert "--model-id" not in tandem["args"]
 
