@@ -16,6 +16,7 @@ lint: install
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(UV) run --no-sync ruff check .
+	$(UV) run --no-sync mypy
 	$(UV) run --no-sync python scripts/check_layers.py
 
 test-rust:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -88,7 +89,8 @@ async def measure_batch(session: aiohttp.ClientSession, workload: Workload, batc
         *(_stream(session, workload, _prompt(seed + i, workload.input_len), first_token) for i in range(batch))
     )
     waiter = asyncio.ensure_future(all_started.wait())
-    await asyncio.wait({waiter, streams}, return_when=asyncio.FIRST_COMPLETED)
+    racing: list[asyncio.Future[Any]] = [waiter, streams]
+    await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
     if streams.done() and not all_started.is_set():
         waiter.cancel()
         await streams

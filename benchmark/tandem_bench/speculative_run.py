@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,10 @@ def _generate(server: LaunchedServer, model: str, prompts: list[str], output_len
 
 
 def measure(
-    plain: LaunchedTandem, drafting: LaunchedTandem, peers: list[tuple[str, LaunchedServer]], args: argparse.Namespace
+    plain: LaunchedTandem,
+    drafting: LaunchedTandem,
+    peers: Sequence[tuple[str, LaunchedServer]],
+    args: argparse.Namespace,
 ) -> list[str]:
     """One table row per workload; the servers take turns within each round, the peers after the two Tandems."""
     model = served_model(plain.base_url)

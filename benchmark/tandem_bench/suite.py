@@ -220,8 +220,10 @@ def measure_workload(
 
 
 def _static_baseline(run: SuiteRun, dtype: str) -> StaticBatchResult:
-    d = run.dataset
-    result = run_transformers_static(run.point.concurrency, d.input_len, d.output_len, dtype)
+    d, concurrency = run.dataset, run.point.concurrency
+    if concurrency is None:
+        raise ValueError(f"invariant: {run.workload} runs the static baseline, which needs a concurrency")
+    result = run_transformers_static(concurrency, d.input_len, d.output_len, dtype)
     print(f"transformers static batch: {result}", flush=True)
     return result
 

@@ -96,7 +96,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
         _advance(stages, 1)
         eos_token_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         # transformers refuses to save a model with a GGUF quantizer attached; the weights are already fp32.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers types the attribute as a module
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.config.eos_token_id = eos_token_id

@@ -7,9 +7,13 @@ import json
 import shutil
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tandem_launcher.conversion_cache import converted_once
 from tandem_launcher.hub_files import PICKLE_WEIGHTS, SERVING_FILES
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PickleConversionError(Exception):
@@ -60,7 +64,7 @@ def convert_pickle_checkpoint(source: Path, output: Path) -> None:
         path.chmod(0o644)
 
 
-def _tensors(state: object, path: Path) -> dict[str, object]:
+def _tensors(state: object, path: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors, each with storage of its own (safetensors refuses tensors sharing memory)."""
     import torch  # noqa: PLC0415
 

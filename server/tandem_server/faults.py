@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from tandem_server.engine.launched import LaunchedStep
-    from tandem_server.engine.model_runner import ModelRunner
+    from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
     from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,10 @@ class FaultInjectingRunner:
         self._faults = faults
         # Set by `release`: lets an injected hang end so the process can exit.
         self._released = threading.Event()
+
+    @property
+    def options(self) -> ExecutionOptions:
+        return self._runner.options
 
     @property
     def device(self) -> torch.device:

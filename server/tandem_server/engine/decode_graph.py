@@ -121,7 +121,7 @@ class DecodeGraph:
         One request decodes twice (its first decode fills several mirror positions, its next one), then steps of
         each row count `warmup_rows` names, so each row threshold of the weight formats is crossed."""
         started, steps_before, resident_before = time.perf_counter(), self.steps, _resident_bytes()
-        steps = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
+        steps: list[tuple[tuple[int, int], ...]] = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
         steps += [
             tuple((request, _WARMUP_CONTEXT) for request in range(rows)) for rows in warmup_rows(max_batch_requests)[1:]
         ]

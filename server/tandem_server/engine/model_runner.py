@@ -294,7 +294,7 @@ class ModelRunner:
         gap_ms = timer.ms_since(previous, _FORWARD_END_MARK, _FORWARD_START_MARK) if previous is not None else 0.0
         return StepOutput(
             forward_gap_ms=gap_ms,
-            generations=sampled.generations if sampled else (),
+            generations=tuple(sampled.generations) if sampled else (),
             forward_ms=forward_ms,
             sampling_ms=sampling_ms,
             prepare_ms=prepare_ms,

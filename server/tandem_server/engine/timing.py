@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -38,8 +39,9 @@ class StepTimer:
         """Milliseconds between consecutive marks; waits for the last CUDA event, which the step's result
         transfer has normally completed already."""
         if not self._cuda:
-            return [(end - start) * 1000.0 for start, end in zip(self._marks, self._marks[1:], strict=False)]
-        last = self._marks[-1]
-        assert isinstance(last, torch.cuda.Event)
-        last.synchronize()
-        return [start.elapsed_time(end) for start, end in zip(self._marks, self._marks[1:], strict=False)]
+            seconds = [mark for mark in self._marks if isinstance(mark, float)]
+            return [(end - start) * 1000.0 for start, end in itertools.pairwise(seconds)]
+        # Invariant: a CUDA timer's marks are all events.
+        events = [mark for mark in self._marks if isinstance(mark, torch.cuda.Event)]
+        events[-1].synchronize()
+        return [start.elapsed_time(end) for start, end in itertools.pairwise(events)]

@@ -85,6 +85,8 @@ class StackedColumns(GemmModule):
     checkpoint names the layers.
     """
 
+    bias: torch.Tensor | None
+
     def __init__(self, linears: Sequence[ColumnParallelLinear]) -> None:
         super().__init__()
         # A tuple, not a ModuleList: the layers stay registered where their checkpoint names say.

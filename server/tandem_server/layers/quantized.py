@@ -121,6 +121,10 @@ class Int4TritonWeight:
         out = out.to(x.dtype)
         return out if bias is None else out + bias
 
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Never called: an embedding on CUDA stays dense (`rows_available` is False for this format)."""
+        raise TypeError("invariant: a CUDA int4 weight serves no embedding rows")
+
 
 class Int8GroupsWeight:
     """An int8 weight with a scale per group of 32 inputs (GGUF's Q8_0), exactly: two int4 weights, its high and

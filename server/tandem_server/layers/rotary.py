@@ -109,6 +109,9 @@ class RotaryAngles:
 class RotaryEmbedding(nn.Module):
     """A float32 cos/sin table over every position, from which each step takes its tokens' `RotaryAngles`."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
         inv_freq = inverse_frequencies(rope.rotary_dim(head_dim), rope).to(torch.get_default_device())

@@ -38,6 +38,7 @@ from tandem_server.weights.int4_scheme import Int4Scheme
 from tandem_server.weights.quantization import (
     Fp8Channels,
     Int4Groups,
+    Int8Groups,
     QuantizeMode,
     quantize_fp8,
     quantize_int4,
@@ -138,7 +139,7 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode, device: torch.device)
         if len({type(values) for values in source}) > 1:
             return "mixed GGUF types, dequantized"
         label = "/".join(sorted({block.gguf_type for block in blocks if block}))
-        quantized = quantized_weight(source[0] if len(source) == 1 else type(source[0]).concat(source))
+        quantized = quantized_weight(source[0] if len(source) == 1 else _concat_rows(source))
         if isinstance(module, LMHead) and not rows_available(quantized):
             # A tied embedding looks its rows up in the head's copy; int8 channels always can.
             quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
@@ -202,7 +203,7 @@ def _quantize_embedding(model: nn.Module, embedding: Embedding) -> str:
         quantized = quantized_weight(blocks.unpack())
         if rows_available(quantized):
             embedding.use_quantized(quantized)
-            del embedding.weight.gguf_blocks
+            del embedding.weight.gguf_blocks  # type: ignore[attr-defined]  # the loading tag, no longer needed
             return f"{blocks.gguf_type} as {format_name(quantized)}"
     return str(embedding.weight.dtype).removeprefix("torch.")
 
@@ -217,3 +218,11 @@ def _weight_bytes(model: nn.Module) -> int:
             seen.add(id(weight))
             quantized += weight.nbytes
     return dense + quantized
+
+
+def _concat_rows(parts: list[Int4Groups | Int8Groups]) -> Int4Groups | Int8Groups:
+    """Parts of one GGUF kind (the caller checked) stacked along their output rows."""
+    int4 = [part for part in parts if isinstance(part, Int4Groups)]
+    if len(int4) == len(parts):
+        return Int4Groups.concat(int4)
+    return Int8Groups.concat([part for part in parts if isinstance(part, Int8Groups)])

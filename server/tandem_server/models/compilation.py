@@ -11,6 +11,8 @@ compiles each stage once per shape class (one row; more rows; the weight formats
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +37,7 @@ def compile_layers(model: nn.Module) -> int:
         get_cpp_compiler()
     except InvalidCxxCompiler as error:
         raise ConfigError(f"--torch-compile needs a C++ compiler such as g++ on this machine: {error}") from error
-    compiled: dict[tuple[type, str], object] = {}
+    compiled: dict[tuple[type, str], Callable[..., Any]] = {}
     layers = [module for module in model.modules() if isinstance(module, StagedLayer)]
     for layer in layers:
         for stage in STAGES:

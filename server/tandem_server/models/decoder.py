@@ -18,6 +18,7 @@ from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
+from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
 
@@ -100,7 +101,7 @@ def windows_from_layer_types(hf: dict[str, Any]) -> tuple[int | None, ...] | Non
     window = hf.get("sliding_window")
     if "sliding_attention" in layer_types and not window:
         raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
-    return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
+    return tuple(int(window) if kind == "sliding_attention" and window else None for kind in layer_types)
 
 
 def uniform_layers(hf: dict[str, Any], windows: Sequence[int | None] | None) -> tuple[LayerKind, ...]:
@@ -234,6 +235,9 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layer_factory(args, kind, parallel) for kind in args.layers)
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
 
+    def _rotary_tables(self) -> list[RotaryEmbedding]:
+        return [table for table in self.rotary_tables if isinstance(table, RotaryEmbedding)]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -244,13 +248,13 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
-        angles = [table.angles(positions, hidden.dtype) for table in self.rotary_tables]
+        angles = [table.angles(positions, hidden.dtype) for table in self._rotary_tables()]
         for layer, table, cache in zip(self.layers, self.layer_tables, kv_cache, strict=True):
             hidden = layer(hidden, angles[table], cache, metadata, self.backend)
         return self.norm(hidden)
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(CausalLM):
     """Causal LM over a flat batch of tokens from many requests; logits only for the rows asked."""
 
     def __init__(

@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
-
-import torch
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import UnsupportedArchitectureError
-from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
-from tandem_server.models.config import ModelSpec
+from tandem_server.layers.attention import AttentionBackend
+from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.phi3 import Phi3ForCausalLM
 from tandem_server.models.qwen2 import Qwen2ForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
-from tandem_server.weights.layout import CheckpointLayout
-
-
-class CausalLM(Protocol):
-    """What the engine needs from a model family."""
-
-    spec: ModelSpec
-    # The attention backend every layer attends through; it prepares each step's metadata for them.
-    backend: AttentionBackend
-
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: Sequence[LayerCache],
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor: ...
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
-
-    def checkpoint_layout(self) -> CheckpointLayout: ...
 
 
 class CausalLMFactory(Protocol):

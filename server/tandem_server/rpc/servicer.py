@@ -15,7 +15,7 @@ import torch
 from tandem_server.config import dtype_name
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.launched import LaunchedStep
-from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
 from tandem_server.layers.weight_quantization import QuantizationReport
 from tandem_server.metrics import ShardMetrics
@@ -37,6 +37,9 @@ class ShardRunner(Protocol):
 
     @property
     def device(self) -> torch.device: ...
+
+    @property
+    def options(self) -> ExecutionOptions: ...
 
     def warmup(self, plan: WarmupPlan) -> WarmupResult: ...
 

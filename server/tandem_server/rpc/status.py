@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import grpc
 
@@ -21,9 +21,9 @@ from tandem_server.errors import (
 
 logger = logging.getLogger(__name__)
 
+Servicer = TypeVar("Servicer")
 Request = TypeVar("Request")
 Response = TypeVar("Response")
-Handler = Callable[[object, Request, grpc.aio.ServicerContext], Awaitable[Response]]
 
 _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidStepError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -44,11 +44,13 @@ def status_code_for(error: Exception) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def translate_errors(handler: Handler) -> Handler:
+def translate_errors(
+    handler: Callable[[Servicer, Request, grpc.aio.ServicerContext], Awaitable[Response]],
+) -> Callable[[Servicer, Request, grpc.aio.ServicerContext], Coroutine[Any, Any, Response]]:
     """Wraps an RPC handler so every exception ends the call with its mapped status and message."""
 
     @functools.wraps(handler)
-    async def wrapper(self: object, request: Request, context: grpc.aio.ServicerContext) -> Response:
+    async def wrapper(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> Response:
         try:
             return await handler(self, request, context)
         except Exception as error:
@@ -56,5 +58,6 @@ def translate_errors(handler: Handler) -> Handler:
             if code == grpc.StatusCode.INTERNAL:
                 logger.exception("%s failed", handler.__name__)
             await context.abort(code, str(error) or type(error).__name__)
+            raise  # invariant: abort raises, ending the call; this line is never reached
 
     return wrapper

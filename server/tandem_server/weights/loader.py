@@ -104,7 +104,7 @@ def _attach_gguf_blocks(model_path: Path, layout: CheckpointLayout, params: dict
         for name, tensor in _parameter_tensors(layout, checkpoint_name, blocks):
             param = _parameter(params, checkpoint_name, name)
             with _errors_named(name):
-                param.gguf_blocks = _read_blocks(param, tensor, gguf_type)
+                param.gguf_blocks = _read_blocks(param, tensor, gguf_type)  # type: ignore[attr-defined]  # a loading tag carried on the parameter
             loaded.add(name)
     return loaded
 

@@ -71,7 +71,7 @@ def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:
 def sliced_parameter(shape: tuple[int, ...], part: CheckpointSlice | None) -> nn.Parameter:
     """An uninitialised parameter that loads `part` of its checkpoint tensor (all of it when None)."""
     param = nn.Parameter(torch.empty(shape), requires_grad=False)
-    param.weight_loader = load_full
+    param.weight_loader = load_full  # type: ignore[attr-defined]  # a loading tag carried on the parameter
     if part is not None:
-        param.checkpoint_slice = part
+        param.checkpoint_slice = part  # type: ignore[attr-defined]  # a loading tag carried on the parameter
     return param

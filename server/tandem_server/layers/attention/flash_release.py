@@ -65,7 +65,7 @@ def import_problem(release: FlashRelease) -> str | None:
 
 def choose_release(capability: tuple[int, int]) -> tuple[FlashRelease | None, tuple[str, ...]]:
     """The newest release that imports and has kernels for `capability`, and why each other one does not fit."""
-    problems = []
+    problems: list[str] = []
     for release in RELEASES:
         problem = import_problem(release) or release.capability_problem(capability)
         if problem is None:

@@ -126,7 +126,7 @@ def select_backend(requested: str, needs: AttentionNeeds, packages: PackageProbl
         if reason is not None:
             raise ConfigError(f"--attention-backend {requested} is unavailable: {reason}")
         return BackendChoice(requested)
-    skipped = []
+    skipped: list[tuple[str, str]] = []
     for name in AUTO_ORDER[needs.device]:
         reason = unusable_reason(name, needs, packages) or _auto_problem(name, needs, packages)
         if reason is None:

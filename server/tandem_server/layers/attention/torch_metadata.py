@@ -131,8 +131,9 @@ def _decode_group(
     slots = _mirror_slots(host, [seq for seq, _ in decodes], mirror)
     if slots is not None:
         # Request i of the group must be the one holding mirror row i.
-        order = sorted(range(len(decodes)), key=lambda i: slots[i].row)
-        decodes, slots = [decodes[i] for i in order], [slots[i] for i in order]
+        found = slots
+        order = sorted(range(len(decodes)), key=lambda i: found[i].row)
+        decodes, slots = [decodes[i] for i in order], [found[i] for i in order]
     seqs = [seq for seq, _ in decodes]
     device = common.slot_mapping.device
     context_lens = torch.tensor([host.seq_lens[seq] for seq in seqs], dtype=torch.long)
