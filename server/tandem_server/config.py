@@ -197,10 +197,8 @@ def parse_batch_sizes(text: str, flag: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """`auto` is float32 on CPU and bfloat16 on CUDA."""
-    if name == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
+def resolve_dtype(name: str) -> torch.dtype:
+    """A dtype named by `--dtype`; `auto` is the shard's choice (weight_defaults.py)."""
     return _named_dtype(name, "dtype")
 
 

@@ -65,7 +65,7 @@ def _quantize(value: str, device: str, model_path: Path) -> tuple[QuantizeMode, 
 
 def _dtype(value: str, device: str, bfloat16_cpu: bool) -> tuple[torch.dtype, str]:
     if value != AUTO:
-        return resolve_dtype(value, device), "as given"
+        return resolve_dtype(value), "as given"
     if device != "cpu":
         return torch.bfloat16, "CUDA computes in bfloat16"
     if bfloat16_cpu:
