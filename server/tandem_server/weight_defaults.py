@@ -45,10 +45,11 @@ def choose_weight_settings(
     mode, mode_reason = _quantize(quantize, device, model_path)
     chosen_dtype, dtype_reason = _dtype(dtype, device, bfloat16_cpu)
     memory, memory_reason = _dense_memory(quantized_dense_memory, device, mode)
+    shown_memory = AUTO if memory is None else quantized_dense_memory.strip() if memory else "0"
     reasons = (
         f"--quantize {mode.value}: {mode_reason}",
         f"--dtype {str(chosen_dtype).removeprefix('torch.')}: {dtype_reason}",
-        f"--quantized-dense-memory {quantized_dense_memory if memory is None or memory else 0}: {memory_reason}",
+        f"--quantized-dense-memory {shown_memory}: {memory_reason}",
     )
     return WeightSettings(mode, chosen_dtype, memory, reasons)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -235,9 +235,6 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layer_factory(args, kind, parallel) for kind in args.layers)
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
 
-    def _rotary_tables(self) -> list[RotaryEmbedding]:
-        return [table for table in self.rotary_tables if isinstance(table, RotaryEmbedding)]
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -248,7 +245,7 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
-        angles = [table.angles(positions, hidden.dtype) for table in self._rotary_tables()]
+        angles = [cast(RotaryEmbedding, table).angles(positions, hidden.dtype) for table in self.rotary_tables]
         for layer, table, cache in zip(self.layers, self.layer_tables, kv_cache, strict=True):
             hidden = layer(hidden, angles[table], cache, metadata, self.backend)
         return self.norm(hidden)
