@@ -43,7 +43,7 @@ class LoadedShard:
 def load_shard(config: ShardConfig) -> LoadedShard:
     """Joins the process group, loads the checkpoint for this rank and builds the runner."""
     started = time.perf_counter()
-    for reason in config.weight_reasons:
+    for reason in config.auto_reasons:
         logger.info("%s", reason)
     checkpoint = read_checkpoint_config(config.model_path)
     backend = choose_attention_backend(config, checkpoint, config.decode_mirror_memory)

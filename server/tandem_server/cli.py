@@ -19,11 +19,9 @@ from tandem_server.config import (
     DTYPES,
     ShardConfig,
     parse_byte_size,
-    parse_cuda_graph_sizes,
-    parse_decode_mirror_memory,
-    parse_packed_gemm_rows,
     resolve_kv_cache_dtype,
 )
+from tandem_server.device_defaults import choose_device_settings
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
@@ -81,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cuda-graphs",
-        default=None,
+        default=AUTO,
         help="CUDA: batch sizes whose decode (and draft-verifying) steps are captured as graphs, e.g. 1,2,4,8; 0 "
-        "disables (default: 1,2,...,64 on CUDA)",
+        "disables; auto (default): 1,2,...,64 on CUDA, none on CPU",
     )
     _add_cpu_weight_flags(parser)
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
@@ -108,9 +106,10 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     """How GEMM weights are stored and copied, and the CPU's decode mirror."""
     parser.add_argument(
         "--packed-gemm-rows",
-        default=None,
+        default=AUTO,
         help="CPU: GEMM row counts (decode batch sizes) that get prepacked weights, e.g. 32 or 16,32 (float32: one "
-        "MKL copy per count; bfloat16: one oneDNN copy for any batch up to 256 rows); 0 disables (default: 32 on CPU)",
+        "MKL copy per count; bfloat16: one oneDNN copy for any batch up to 256 rows); 0 disables; auto (default): 32 "
+        "on CPU, none on CUDA",
     )
     parser.add_argument(
         "--quantize",
@@ -122,7 +121,7 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--decode-mirror-memory",
-        default=None,
+        default=AUTO,
         help="CPU: memory for contiguous copies of decoding requests' keys and values, read by decode attention "
         "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables; auto (default): half of "
         "--kv-cache-memory on CPU, 0 on CUDA",
@@ -199,6 +198,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         args.model_path,
         cpu_multiplies_bfloat16(),
     )
+    devices = choose_device_settings(
+        args.cuda_graphs, args.packed_gemm_rows, args.decode_mirror_memory, args.device, kv_cache_memory
+    )
     return ShardConfig(
         model_path=args.model_path,
         uds_path=args.uds_path,
@@ -220,12 +222,12 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         attention_backend=args.attention_backend,
         block_size=args.block_size,
         cuda_memory_fraction=args.cuda_memory_fraction,
-        cuda_graph_sizes=parse_cuda_graph_sizes(args.cuda_graphs, args.device),
-        packed_gemm_rows=parse_packed_gemm_rows(args.packed_gemm_rows, args.device),
+        cuda_graph_sizes=devices.cuda_graph_sizes,
+        packed_gemm_rows=devices.packed_gemm_rows,
         quantize=weights.quantize,
-        decode_mirror_memory=parse_decode_mirror_memory(args.decode_mirror_memory, args.device, kv_cache_memory),
+        decode_mirror_memory=devices.decode_mirror_memory,
         quantized_dense_memory=weights.quantized_dense_memory,
-        weight_reasons=weights.reasons,
+        auto_reasons=weights.reasons + devices.reasons,
         torch_compile=args.torch_compile,
         log_level=args.log_level,
         metrics_port=args.metrics_port,

@@ -14,10 +14,6 @@ from tandem_server.layers.attention.selection import BACKEND_CHOICES
 from tandem_server.weights.quantization import QuantizeMode
 
 ATTENTION_BACKENDS = BACKEND_CHOICES
-# Decode batch sizes captured as CUDA graphs unless --cuda-graphs says otherwise (never on CPU).
-DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-# Batch row counts given prepacked weights unless --packed-gemm-rows says otherwise (CPU float32 and bfloat16).
-DEFAULT_PACKED_GEMM_ROWS = (32,)
 DEVICES = ("cpu", "cuda")
 # int4 runs on CUDA through Tandem's Triton kernel, fp8 through `torch._scaled_mm`; the rest have CPU kernels only.
 _CUDA_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.INT4, QuantizeMode.FP8)
@@ -83,8 +79,9 @@ class ShardConfig:
     # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
     # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
     quantized_dense_memory: int | None = 0
-    # Why `auto` weight flags took their values (weight_defaults.py), logged at load.
-    weight_reasons: tuple[str, ...] = ()
+    # Why the `auto` weight and device flags took their values (weight_defaults.py, device_defaults.py), logged at
+    # load.
+    auto_reasons: tuple[str, ...] = ()
     # CPU only: decoder layers' stages around attention compiled with torch.compile (models/compilation.py).
     torch_compile: bool = False
     log_level: str = "info"
@@ -156,27 +153,6 @@ def parse_byte_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise ConfigError(f"invalid size {text!r}; expected a number with an optional unit such as 512MiB or 2GB")
     return int(float(match.group(1)) * _UNITS[unit])
-
-
-def parse_cuda_graph_sizes(text: str | None, device: str) -> tuple[int, ...]:
-    """`1,2,4` -> (1, 2, 4); `0` or empty disables graphs; None is the device default (off on CPU)."""
-    if text is None:
-        return DEFAULT_CUDA_GRAPH_SIZES if device == "cuda" else ()
-    return parse_batch_sizes(text, "--cuda-graphs")
-
-
-def parse_packed_gemm_rows(text: str | None, device: str) -> tuple[int, ...]:
-    """`16,32` -> (16, 32); `0` or empty packs nothing; None is the device default (off on CUDA)."""
-    if text is None:
-        return DEFAULT_PACKED_GEMM_ROWS if device == "cpu" else ()
-    return parse_batch_sizes(text, "--packed-gemm-rows")
-
-
-def parse_decode_mirror_memory(text: str | None, device: str, kv_cache_memory: int) -> int:
-    """Bytes for the decode mirror; None or `auto` is the device default: half the KV cache's on CPU, none on CUDA."""
-    if text is None or text.strip() == "auto":
-        return kv_cache_memory // 2 if device == "cpu" else 0
-    return parse_byte_size(text)
 
 
 def parse_quantized_dense_memory(text: str) -> int | None:

@@ -22,7 +22,7 @@ from attention_testing import (
     uniform_layout,
 )
 from shard_testing import load_tiny_model, write_tiny_llama
-from tandem_server.config import DEFAULT_CUDA_GRAPH_SIZES
+from tandem_server.device_defaults import DEFAULT_CUDA_GRAPH_SIZES
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.cuda_graphs import StepBuffers, fitting_shape, graph_shapes, token_rows
 from tandem_server.engine.forward import forward_step

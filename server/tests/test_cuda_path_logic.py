@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tandem_server.cli import config_from_args
-from tandem_server.config import DEFAULT_CUDA_GRAPH_SIZES, ShardConfig, parse_cuda_graph_sizes
+from tandem_server.config import ShardConfig, parse_batch_sizes
+from tandem_server.device_defaults import DEFAULT_CUDA_GRAPH_SIZES
 from tandem_server.distributed import rank_device
 from tandem_server.engine.kv_cache import CacheGeometry
 from tandem_server.engine.timing import StepTimer
@@ -43,18 +44,9 @@ def test_no_memory_left_for_the_cache_names_the_flags_to_change() -> None:
         )
 
 
-@pytest.mark.parametrize(
-    ("text", "device", "expected"),
-    [
-        (None, "cuda", DEFAULT_CUDA_GRAPH_SIZES),
-        (None, "cpu", ()),
-        ("0", "cuda", ()),
-        ("", "cuda", ()),
-        ("8, 1,4,4", "cuda", (1, 4, 8)),
-    ],
-)
-def test_cuda_graph_sizes_flag(text: str | None, device: str, expected: tuple[int, ...]) -> None:
-    assert parse_cuda_graph_sizes(text, device) == expected
+@pytest.mark.parametrize(("text", "expected"), [("0", ()), ("", ()), ("8, 1,4,4", (1, 4, 8))])
+def test_cuda_graph_sizes_flag(text: str, expected: tuple[int, ...]) -> None:
+    assert parse_batch_sizes(text, "--cuda-graphs") == expected
 
 
 @pytest.mark.parametrize(

@@ -73,4 +73,4 @@ def test_every_choice_states_its_reason(tmp_path: Path) -> None:
 def test_the_shard_flags_default_to_auto(tmp_path: Path) -> None:
     config = config_from_args(["--model-path", str(gguf_model(tmp_path)), "--uds-path", "/s.sock", "--device", "cpu"])
     assert config.quantize is QuantizeMode.GGUF
-    assert len(config.weight_reasons) == 3
+    assert len(config.auto_reasons) == 6
