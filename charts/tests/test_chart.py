@@ -112,7 +112,7 @@ def test_gpu_value_set_requests_one_gpu_per_shard_and_wires_secrets(rendered: di
         "main",
         8192,
     )
-    assert config.kv_cache_dtype == "bfloat16"
+    assert config.forwarded["kv_cache_dtype"] == "bfloat16"
     secrets = {env["name"]: env["valueFrom"]["secretKeyRef"]["name"] for env in tandem["env"] if "valueFrom" in env}
     assert secrets == {"API_KEY": "tandem-api-key"}  # the Hugging Face token goes to the download only
     (download,) = init_containers(objects)
@@ -136,8 +136,8 @@ def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, 
     tandem = container(rendered["cpu"])
     assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
     config = launcher_config(tandem["args"])
-    assert (config.device, config.dtype, config.kv_cache_memory) == ("cpu", "auto", "512MiB")
-    assert config.kv_cache_dtype == "auto"
+    assert (config.device, config.forwarded["dtype"], config.forwarded["kv_cache_memory"]) == ("cpu", "auto", "512MiB")
+    assert config.forwarded["kv_cache_dtype"] == "auto"
     assert "--model-id" not in tandem["args"]
 
 

@@ -283,8 +283,14 @@ def test_kv_events_are_router_flags_with_their_ports_where_the_router_runs(
 ) -> None:
     tandem = tandem_container(serving_pod(rendered["inference-pool"]))
     config = launcher_config(tandem["args"])
-    assert (config.kv_events_endpoint, config.kv_events_replay_endpoint) == ("tcp://*:5557", "tcp://*:5558")
-    assert (config.kv_events_topic, config.kv_events_hash_seed) == ("kv@$(POD_IP):3000@smollm2", "42")
+    assert (config.forwarded["kv_events_endpoint"], config.forwarded["kv_events_replay_endpoint"]) == (
+        "tcp://*:5557",
+        "tcp://*:5558",
+    )
+    assert (config.forwarded["kv_events_topic"], config.forwarded["kv_events_hash_seed"]) == (
+        "kv@$(POD_IP):3000@smollm2",
+        "42",
+    )
     ports = {port["name"]: port["containerPort"] for port in tandem["ports"]}
     assert (ports["kv-events"], ports["kv-replay"]) == (5557, 5558)
     # Kubernetes substitutes $(POD_IP) in args because the container defines it.
@@ -292,10 +298,13 @@ def test_kv_events_are_router_flags_with_their_ports_where_the_router_runs(
     templates = group_templates(rendered["multi-node"])
     leader = launcher_config(tandem_container(templates["leaderTemplate"])["args"], lws_environment(0))
     worker = launcher_config(tandem_container(templates["workerTemplate"])["args"], lws_environment(1))
-    assert (leader.kv_events_endpoint, leader.kv_events_replay_endpoint) == ("tcp://*:5557", None)
-    assert worker.kv_events_endpoint is None  # a worker runs no router
+    assert (leader.forwarded["kv_events_endpoint"], leader.forwarded["kv_events_replay_endpoint"]) == (
+        "tcp://*:5557",
+        None,
+    )
+    assert worker.forwarded["kv_events_endpoint"] is None  # a worker runs no router
     default = tandem_container(serving_pod(rendered["default"]))
-    assert launcher_config(default["args"]).kv_events_endpoint is None
+    assert launcher_config(default["args"]).forwarded["kv_events_endpoint"] is None
     assert not [port for port in default["ports"] if port["name"].startswith("kv-")]
     assert "POD_IP" not in [env["name"] for env in default["env"]]
 

@@ -8,10 +8,12 @@ import socket
 from pathlib import Path
 
 from tandem_launcher.cluster import worker_addresses
-from tandem_launcher.config import LauncherConfig, bound_flags
-from tandem_launcher.device_defaults import cuda_graph_sizes, decode_mirror_memory, packed_gemm_rows
+from tandem_launcher.config import LauncherConfig
+from tandem_launcher.forwarded import forwarded_argv
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
+from tandem_launcher.router_flags import ROUTER_FLAGS
+from tandem_launcher.shard_flags import SHARD_FLAGS
 
 MASTER_ADDR = "127.0.0.1"
 SHARD_CONNECT_TIMEOUT_S = 30
@@ -41,8 +43,8 @@ def shard_argv(
     master_port: int,
     inject_faults: bool = False,
 ) -> list[str]:
-    """argv of this node's shard of `local_rank` (its global rank follows from the node's); the test-only fault
-    flags only when `inject_faults`."""
+    """argv of this node's shard of `local_rank` (its global rank follows from the node's): the flags the launcher
+    derives, then the forwarded ones (SHARD_FLAGS); the test-only fault flags only when `inject_faults`."""
     rank = config.layout.global_rank(local_rank)
     argv = [
         *config.commands.shard,
@@ -55,22 +57,13 @@ def shard_argv(
         "--master-port", str(master_port),
         "--rendezvous-timeout", str(config.rendezvous_timeout),
         "--device", config.device,
-        "--dtype", config.dtype,
-        "--kv-cache-memory", config.kv_cache_memory,
-        "--kv-cache-dtype", config.kv_cache_dtype,
         "--num-threads", str(threads_per_shard(config.layout.local)),
-        "--attention-backend", config.attention_backend,
         "--block-size", str(config.block_size),
-        "--cuda-memory-fraction", str(config.cuda_memory_fraction),
-        "--cuda-graphs", cuda_graph_sizes(config),
-        "--packed-gemm-rows", packed_gemm_rows(config),
-        "--quantize", config.quantize,
-        "--decode-mirror-memory", decode_mirror_memory(config),
-        "--quantized-dense-memory", config.quantized_dense_memory or "auto",
         "--step-timeout", str(config.step_timeout),
         "--log-level", config.log_level,
         "--metrics-port", str(config.shard_metrics_port + local_rank if config.shard_metrics_port else 0),
         "--metrics-hostname", config.hostname,
+        *forwarded_argv(SHARD_FLAGS, config.forwarded),
     ]  # fmt: skip
     if not config.is_leader and config.cluster_secret_file is not None:
         # A worker node's ranks also serve the leader's router over TCP, to callers with the secret.
@@ -83,8 +76,6 @@ def shard_argv(
         argv += ["--draft-model-path", str(model.draft_path)]
     if config.allow_pickle_weights:
         argv.append("--allow-pickle-weights")
-    if config.torch_compile:
-        argv.append("--torch-compile")
     if inject_faults and config.fault_inject_step_error is not None:
         argv += ["--fault-inject-step-error", config.fault_inject_step_error]
     if inject_faults and config.fault_inject_step_hang is not None:
@@ -102,7 +93,8 @@ def router_argv(
 ) -> list[str]:
     """argv of the router; shard sockets are listed in rank order. API keys are never on it: `key_file` holds
     the `--api-key` values and the user's `--api-key-file`s are passed as they are. The router answers `/health`
-    with the id in `launch_id_file`, so the launcher knows it talks to its own router."""
+    with the id in `launch_id_file`, so the launcher knows it talks to its own router. The flags the launcher
+    derives come first, then the forwarded ones (ROUTER_FLAGS)."""
     argv = [*config.commands.router, "--hostname", config.hostname, "--port", str(config.port)]
     if launch_id_file is not None:
         argv += ["--launch-id-file", str(launch_id_file)]
@@ -110,46 +102,21 @@ def router_argv(
     argv += [
         "--tokenizer-path", str(model.path),
         "--model-id", model.served_name,
-        "--max-concurrent-requests", str(config.max_concurrent_requests),
         "--max-input-tokens", str(limits.max_input_tokens),
         "--max-total-tokens", str(limits.max_total_tokens),
-        "--max-batch-prefill-tokens", str(config.max_batch_prefill_tokens),
-        "--max-batch-size", str(config.max_batch_size),
         "--block-size", str(config.block_size),
-        "--prefix-caching", "true" if config.prefix_caching else "false",
-        "--async-scheduling", "true" if config.async_scheduling else "false",
         "--speculate", str(config.speculate),
         "--speculative-method", config.speculative_method,
         "--speculative-disable-by-batch-size", str(config.speculative_disable_by_batch_size),
         "--shard-connect-timeout", str(SHARD_CONNECT_TIMEOUT_S),
-        "--max-queue-time", str(math.ceil(config.max_queue_time)),
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),
         "--step-timeout", str(math.ceil(config.step_timeout)),
+        *forwarded_argv(ROUTER_FLAGS, config.forwarded),
     ]  # fmt: skip
-    argv += api_argv(config)
-    argv += kv_events_argv(config)
-    if config.max_queued_tokens is not None:
-        argv += ["--max-queued-tokens", str(config.max_queued_tokens)]
     for path in (*([key_file] if key_file else []), *config.api_key_file):
         argv += ["--api-key-file", str(path)]
     if config.json_output:
         argv.append("--json-output")
-    if config.log_requests:
-        argv.append("--log-requests")
-    return argv
-
-
-def kv_events_argv(config: LauncherConfig) -> list[str]:
-    """The router's KV-cache event flags; none while events are off."""
-    if config.kv_events_endpoint is None:
-        return []
-    argv = [
-        "--kv-events-endpoint", config.kv_events_endpoint,
-        "--kv-events-topic", config.kv_events_topic,
-        "--kv-events-hash-seed", config.kv_events_hash_seed,
-    ]  # fmt: skip
-    if config.kv_events_replay_endpoint is not None:
-        argv += ["--kv-events-replay-endpoint", config.kv_events_replay_endpoint]
     return argv
 
 
@@ -165,29 +132,6 @@ def shard_address_argv(config: LauncherConfig, uds_paths: list[Path]) -> list[st
     argv = [word for uri in uris for word in ("--shard-uri", uri)]
     if config.cluster_secret_file is not None:
         argv += ["--cluster-secret-file", str(config.cluster_secret_file)]
-    return argv
-
-
-def api_argv(config: LauncherConfig) -> list[str]:
-    """The router's client-facing API limits and options."""
-    argv = [
-        "--max-stop-sequences", str(config.max_stop_sequences),
-        "--max-top-n-tokens", str(config.max_top_n_tokens),
-        "--max-best-of", str(config.max_best_of),
-        "--max-client-batch-size", str(config.max_client_batch_size),
-        "--payload-limit", str(config.payload_limit),
-        "--generation-config", config.generation_config,
-        "--responses-store-max-entries", str(config.responses_store_max_entries),
-        "--responses-store-max-bytes", str(config.responses_store_max_bytes),
-    ]  # fmt: skip
-    for flag, value in {**bound_flags(config, positive=True), **bound_flags(config, positive=False)}.items():
-        argv += [flag, str(value)]
-    if config.chat_template is not None:
-        argv += ["--chat-template", str(config.chat_template)]
-    if config.always_include_usage:
-        argv.append("--always-include-usage")
-    if config.disable_chat_completions:
-        argv.append("--disable-chat-completions")
     return argv
 
 

@@ -35,7 +35,8 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
         "--generation-config": "auto",
     }
     assert {flag: _value(argv, flag) for flag in expected} == expected
-    assert (config.max_best_of, config.payload_limit, config.chat_template) == (2, 2_000_000, None)
+    forwarded = config.forwarded
+    assert (forwarded["max_best_of"], forwarded["payload_limit"], forwarded["chat_template"]) == (2, 2_000_000, None)
     for absent in ("--always-include-usage", "--disable-chat-completions", "--chat-template"):
         assert absent not in argv
 
@@ -49,9 +50,10 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         "GENERATION_CONFIG": "none",
     }  # fmt: skip
     config = parse_config(argv, environ)
-    assert (config.max_best_of, config.payload_limit, config.max_client_batch_size) == (3, 1000, 8)
-    assert config.always_include_usage and config.disable_chat_completions
-    assert config.chat_template == template
+    forwarded = config.forwarded
+    assert (forwarded["max_best_of"], forwarded["payload_limit"], forwarded["max_client_batch_size"]) == (3, 1000, 8)
+    assert forwarded["always_include_usage"] and forwarded["disable_chat_completions"]
+    assert forwarded["chat_template"] == template
     router = _router_argv(LauncherConfig(**{**vars(config), "commands": COMMANDS}))
     assert _value(router, "--max-best-of") == "3" and _value(router, "--max-stop-sequences") == "6"
     assert _value(router, "--chat-template") == str(template)

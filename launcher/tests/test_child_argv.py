@@ -14,7 +14,7 @@ COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin", "--extra"))
 
 
 def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
-    config = LauncherConfig(num_shard=2, dtype="float32", kv_cache_memory="24MiB", commands=COMMANDS)
+    config = LauncherConfig(num_shard=2, forwarded={"dtype": "float32", "kv_cache_memory": "24MiB"}, commands=COMMANDS)
     argv = shard_argv(config, MODEL, 1, Path("/run/t/shard-1.sock"), 29555)
     assert argv[0] == "shard-bin"
     values = flag_values(argv)
@@ -25,8 +25,8 @@ def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
     assert (values["--device"], values["--dtype"], values["--kv-cache-memory"]) == (["cpu"], ["float32"], ["24MiB"])
     assert values["--num-threads"] == [str(threads_per_shard(2))]
     assert values["--attention-backend"] == ["auto"] and values["--log-level"] == ["info"]
-    assert (values["--cuda-memory-fraction"], values["--cuda-graphs"]) == (["0.9"], ["0"])
-    assert values["--packed-gemm-rows"] == ["32"]
+    assert (values["--cuda-memory-fraction"], values["--cuda-graphs"]) == (["0.9"], ["auto"])
+    assert values["--packed-gemm-rows"] == ["auto"]
     assert values["--decode-mirror-memory"] == ["auto"]
     assert values["--kv-cache-dtype"] == ["auto"]
     assert values["--step-timeout"] == ["120.0"]
@@ -73,14 +73,14 @@ def test_shard_metrics_ports_must_fit_below_65536() -> None:
 
 @pytest.mark.parametrize(("enabled", "word"), [(True, "true"), (False, "false")])
 def test_router_argv_says_whether_prefix_caching_is_on(enabled: bool, word: str) -> None:
-    config = LauncherConfig(prefix_caching=enabled, commands=COMMANDS)
+    config = LauncherConfig(forwarded={"prefix_caching": enabled}, commands=COMMANDS)
     argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
     assert flag_values(argv)["--prefix-caching"] == [word]
 
 
 @pytest.mark.parametrize(("enabled", "word"), [(True, "true"), (False, "false")])
 def test_router_argv_says_whether_scheduling_is_asynchronous(enabled: bool, word: str) -> None:
-    config = LauncherConfig(async_scheduling=enabled, commands=COMMANDS)
+    config = LauncherConfig(forwarded={"async_scheduling": enabled}, commands=COMMANDS)
     argv = router_argv(config, MODEL, TokenLimits(100, 200), [Path("/run/t/shard-0.sock")])
     assert flag_values(argv)["--async-scheduling"] == [word]
 
@@ -95,12 +95,12 @@ def test_router_argv_passes_kv_events_flags_through_only_when_an_endpoint_is_set
     sockets = [Path("/run/t/shard-0.sock")]
     off = router_argv(LauncherConfig(commands=COMMANDS), MODEL, TokenLimits(100, 200), sockets)
     assert not [word for word in off if word.startswith("--kv-events")]
-    config = LauncherConfig(
-        kv_events_endpoint="tcp://*:5557",
-        kv_events_replay_endpoint="tcp://*:5558",
-        kv_events_hash_seed="42",
-        commands=COMMANDS,
-    )
+    events = {
+        "kv_events_endpoint": "tcp://*:5557",
+        "kv_events_replay_endpoint": "tcp://*:5558",
+        "kv_events_hash_seed": "42",
+    }
+    config = LauncherConfig(forwarded=events, commands=COMMANDS)
     values = flag_values(router_argv(config, MODEL, TokenLimits(100, 200), sockets))
     assert values["--kv-events-endpoint"] == ["tcp://*:5557"]
     assert values["--kv-events-replay-endpoint"] == ["tcp://*:5558"]

@@ -47,16 +47,15 @@ def test_cpu_machine_never_counts_gpus_when_device_is_cpu() -> None:
     assert config.device == "cpu"
 
 
-def test_cuda_flags_reach_the_shard_with_device_defaults() -> None:
+def test_cuda_flags_reach_the_shard_with_auto_for_the_shard_to_resolve() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     cuda = parse_config(["--attention-backend", "triton", "--cuda-memory-fraction", "0.8"], {}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**cuda.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--attention-backend") + 1] == "triton"
     assert argv[argv.index("--cuda-memory-fraction") + 1] == "0.8"
-    assert argv[argv.index("--cuda-graphs") + 1] == "1,2,4,8,16,32,64"
-    assert argv[argv.index("--packed-gemm-rows") + 1] == "0"
-    assert argv[argv.index("--decode-mirror-memory") + 1] == "0"
-    assert argv[argv.index("--quantized-dense-memory") + 1] == "auto"  # the shard resolves it: none on CUDA
+    # The shard resolves each by its device (tandem_server/device_defaults.py, weight_defaults.py).
+    for flag in ("--cuda-graphs", "--packed-gemm-rows", "--decode-mirror-memory", "--quantized-dense-memory"):
+        assert argv[argv.index(flag) + 1] == "auto"
     from_env = parse_config([], {"CUDA_GRAPHS": "1, 8", "ATTENTION_BACKEND": "sdpa"}, count_gpus=gpus(1))
     argv = shard_argv(LauncherConfig(**{**from_env.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
     assert argv[argv.index("--cuda-graphs") + 1] == "1,8"
@@ -119,7 +118,6 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--device", "cuda", "--quantize", "int8"], "--quantize int8 is a CPU option; on CUDA use none, int4 or fp8"),
         (["--decode-mirror-memory", "lots"], "--decode-mirror-memory"),
         (["--device", "cuda", "--quantized-dense-memory", "1GiB"], "--quantized-dense-memory is a CPU option"),
-        (["--device", "cuda", "--quantized-dense-memory", "auto"], "--quantized-dense-memory is a CPU option"),
         (["--quantized-dense-memory", "lots"], "--quantized-dense-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
         (["--device", "cuda", "--torch-compile"], "--torch-compile is a CPU option"),

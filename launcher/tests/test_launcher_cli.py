@@ -14,8 +14,9 @@ def test_defaults_serve_the_embedded_model_on_localhost_3000() -> None:
     assert config.model_id == EMBEDDED_MODEL_ID
     assert (config.hostname, config.port, config.num_shard, config.device) == ("127.0.0.1", 3000, 1, "cpu")
     assert (config.max_input_tokens, config.max_total_tokens) == (None, None)
-    assert (config.max_batch_prefill_tokens, config.max_batch_size, config.block_size) == (512, 64, 16)
-    assert config.kv_cache_memory == "1GiB"
+    forwarded = config.forwarded
+    assert (forwarded["max_batch_prefill_tokens"], forwarded["max_batch_size"], config.block_size) == (512, 64, 16)
+    assert forwarded["kv_cache_memory"] == "1GiB"
     assert config.model_cache_dir == Path("~/.cache/tandem/models").expanduser()
     assert config.shard_start_timeout == 300.0
     assert not config.json_output
@@ -30,10 +31,10 @@ def test_flags_use_tgi_names_and_types() -> None:
     ]  # fmt: skip
     config = parse_config(argv, {})
     assert config.model_id == "/models/llama" and config.revision == "abc"
-    assert (config.num_shard, config.dtype, config.port) == (2, "bfloat16", 8080)
+    assert (config.num_shard, config.forwarded["dtype"], config.port) == (2, "bfloat16", 8080)
     assert (config.max_input_tokens, config.max_total_tokens) == (1000, 2000)
-    assert config.kv_cache_memory == "24MiB" and config.json_output
-    assert config.kv_cache_dtype == "bfloat16"
+    assert config.forwarded["kv_cache_memory"] == "24MiB" and config.json_output
+    assert config.forwarded["kv_cache_dtype"] == "bfloat16"
     assert config.model_cache_dir == Path("/tmp/cache")
 
 
@@ -87,5 +88,6 @@ def test_config_is_frozen() -> None:
 
 def test_kv_events_flags_read_their_environment_variables() -> None:
     config = parse_config([], {"KV_EVENTS_ENDPOINT": "tcp://*:5557", "KV_EVENTS_TOPIC": "kv@pod@model"})
-    assert (config.kv_events_endpoint, config.kv_events_topic) == ("tcp://*:5557", "kv@pod@model")
-    assert config.kv_events_replay_endpoint is None
+    events = config.forwarded
+    assert (events["kv_events_endpoint"], events["kv_events_topic"]) == ("tcp://*:5557", "kv@pod@model")
+    assert events["kv_events_replay_endpoint"] is None

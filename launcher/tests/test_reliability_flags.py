@@ -44,7 +44,7 @@ def test_admission_and_step_timeout_flags_reach_the_router() -> None:
     assert values_of(defaults, "--max-queued-tokens") == []
     assert values_of(defaults, "--step-timeout") == ["120"]
     from_env = parse_config([], {"MAX_QUEUED_TOKENS": "4096", "STEP_TIMEOUT": "9"})
-    assert (from_env.max_queued_tokens, from_env.step_timeout) == (4096, 9.0)
+    assert (from_env.forwarded["max_queued_tokens"], from_env.step_timeout) == (4096, 9.0)
 
 
 def test_the_router_start_timeout_leaves_room_for_compiling_at_warmup() -> None:

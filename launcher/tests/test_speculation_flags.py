@@ -57,7 +57,7 @@ def test_a_speculative_model_selects_the_draft_method_unless_a_method_is_given()
 
 def test_a_draft_model_needs_no_prefix_cache() -> None:
     config = parse_config(["--speculate", "2", "--speculative-model", "org/draft", "--prefix-caching", "false"], {})
-    assert (config.speculative_method, config.prefix_caching) == ("draft", False)
+    assert (config.speculative_method, config.forwarded["prefix_caching"]) == ("draft", False)
 
 
 @pytest.mark.parametrize("method", [None, "draft", "draft_model"])

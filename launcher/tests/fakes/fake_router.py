@@ -13,6 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
+from forwarded_flags import add_forwarded_flags
+from tandem_launcher.router_flags import ROUTER_FLAGS
+
 BEHAVIOURS = ("serve", "crash-after-ready", "slow-drain", "slow-warmup")
 SLOW_DRAIN_S = 60.0
 # Like the real router, which binds its port only once the shards are warm.
@@ -56,29 +59,15 @@ def main() -> int:
     for flag in ("--hostname", "--tokenizer-path", "--model-id"):
         parser.add_argument(flag, required=True)
     for flag in (
-        "--port", "--max-concurrent-requests", "--max-input-tokens", "--max-total-tokens",
-        "--max-batch-prefill-tokens", "--max-batch-size", "--block-size", "--shard-connect-timeout",
-        "--max-queue-time", "--graceful-termination-timeout", "--step-timeout", "--max-stop-sequences",
-        "--max-top-n-tokens", "--max-best-of", "--max-client-batch-size", "--payload-limit",
-        "--max-stop-sequence-length", "--max-stop-token-ids", "--max-logit-bias", "--max-tools", "--max-grammar-bytes",
-        "--max-choices", "--max-connections", "--header-read-timeout", "--responses-store-max-entries",
-        "--responses-store-max-bytes",
+        "--port", "--max-input-tokens", "--max-total-tokens", "--block-size", "--shard-connect-timeout",
+        "--graceful-termination-timeout", "--step-timeout", "--speculate", "--speculative-disable-by-batch-size",
     ):  # fmt: skip
         parser.add_argument(flag, type=int, required=True)
-    parser.add_argument("--prefix-caching", choices=("true", "false"), required=True)
-    parser.add_argument("--async-scheduling", choices=("true", "false"), required=True)
-    parser.add_argument("--speculate", type=int, required=True)
     parser.add_argument("--speculative-method", required=True)
-    parser.add_argument("--speculative-disable-by-batch-size", type=int, required=True)
-    parser.add_argument("--generation-config", choices=("auto", "none"), required=True)
     parser.add_argument("--json-output", action="store_true")
-    parser.add_argument("--log-requests", action="store_true")
-    parser.add_argument("--max-queued-tokens", type=int)
     parser.add_argument("--api-key-file", action="append", type=Path, default=[])
-    parser.add_argument("--always-include-usage", action="store_true")
-    parser.add_argument("--disable-chat-completions", action="store_true")
-    parser.add_argument("--chat-template")
     parser.add_argument("--launch-id-file", type=Path)
+    add_forwarded_flags(parser, ROUTER_FLAGS)
     args = parser.parse_args()
     record(args.events, f"router pid {os.getpid()} argv {' '.join(sys.argv[1:])}")
     record(args.events, f"router environment {' '.join(sorted(os.environ))}")

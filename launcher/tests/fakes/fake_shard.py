@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import grpc
+from forwarded_flags import add_forwarded_flags
+from tandem_launcher.shard_flags import SHARD_FLAGS
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 
 BEHAVIOURS = (
@@ -90,15 +92,11 @@ def main() -> int:
     parser.add_argument("--events", type=Path)
     parser.add_argument("--crash-delay", type=float, default=0.5)
     parser.add_argument("--grandchild", action="store_true", help="start a `sleep` child, as a stray helper would")
-    for flag in ("--model-path", "--uds-path", "--master-addr", "--device", "--dtype", "--kv-cache-memory"):
-        parser.add_argument(flag, required=True)
-    for flag in ("--attention-backend", "--log-level", "--metrics-hostname", "--cuda-memory-fraction", "--cuda-graphs"):
-        parser.add_argument(flag, required=True)
-    for flag in ("--packed-gemm-rows", "--decode-mirror-memory", "--quantized-dense-memory", "--kv-cache-dtype"):
+    for flag in ("--model-path", "--uds-path", "--master-addr", "--device", "--log-level", "--metrics-hostname"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--step-timeout", required=True)
     parser.add_argument("--rendezvous-timeout", type=float, required=True)
-    parser.add_argument("--quantize", required=True)
+    add_forwarded_flags(parser, SHARD_FLAGS)
     for flag in ("--grpc-port", "--grpc-host", "--cluster-secret-file"):
         parser.add_argument(flag)
     for flag in (

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem_launcher.config import ChildCommands, LauncherConfig
+from tandem_launcher.config import FORWARDED_FLAGS, ChildCommands, LauncherConfig
 from tandem_launcher.launch import launch
 
 
@@ -17,8 +17,10 @@ def main() -> int:
     if values.get("cluster_secret_file") is not None:
         values["cluster_secret_file"] = Path(values["cluster_secret_file"])
     values["worker_addr"] = tuple(values.get("worker_addr", ()))
+    forwarded = {entry.dest: values.pop(entry.dest) for entry in FORWARDED_FLAGS if entry.dest in values}
     config = LauncherConfig(
         **values,
+        forwarded=forwarded,
         model_cache_dir=model_cache_dir,
         commands=ChildCommands(shard=tuple(commands["shard"]), router=tuple(commands["router"])),
     )
