@@ -11,7 +11,7 @@ from typing import Any
 
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
-from tandem_launcher.forwarded import Child, Forwarded, switch
+from tandem_launcher.forwarded import Check, Child, Forwarded, switch
 
 SHARD = Child.SHARD
 AUTO = "auto"
@@ -55,7 +55,7 @@ def _sizes_word(sizes: str) -> str:
     return "0" if sizes in ("", "0") else sizes
 
 
-def _sizes_check(example: str) -> Any:
+def _sizes_check(example: str) -> Check:
     def check(flag: str, value: str) -> str | None:
         if value.strip() == AUTO or _BATCH_SIZES.match(value) is not None:
             return None
