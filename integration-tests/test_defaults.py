@@ -37,6 +37,9 @@ def test_the_shard_states_each_default_and_why(defaults: TandemServer) -> None:
     log = defaults.log_path.read_text(errors="replace")
     assert "--quantize gguf: the model is a GGUF: its quantized blocks are served as they are" in log, log
     assert "30 qkv_proj: Q4_1 as int4" in log
+    assert "--cuda-graphs 0: a CUDA option" in log
+    assert "--packed-gemm-rows 32: decode batches of up to 32 rows multiply by prepacked weights on CPU" in log
+    assert "--decode-mirror-memory 512MiB: half of --kv-cache-memory" in log
     if BFLOAT16_CPU:
         assert "--dtype bfloat16: the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)" in log
         assert "--quantized-dense-memory auto: bfloat16 copies serve batches" in log
