@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from metrics_scrape import MetricsTandem
 from reference import Reference
-from tandem_harness import FLOAT32_WEIGHTS, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
+from tandem_harness import FLOAT32_EAGER, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
 from tandem_launcher.config import EMBEDDED_MODEL_ID
 from tandem_launcher.model_resolution import ModelSource, resolve_source
 
@@ -29,7 +29,7 @@ def tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     yield from _serve(
         tmp_path_factory,
         "tandem",
-        *FLOAT32_WEIGHTS,
+        *FLOAT32_EAGER,
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
@@ -44,7 +44,7 @@ def tiny_kv_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemS
     yield from _serve(
         tmp_path_factory,
         "tiny-kv",
-        *FLOAT32_WEIGHTS,
+        *FLOAT32_EAGER,
         "--kv-cache-memory", "24MiB",
         "--max-input-tokens", "127",
         "--max-total-tokens", "256",

@@ -25,8 +25,9 @@ STOP_TIMEOUT_S = 120.0
 MAX_INPUT_TOKENS = 1024
 MAX_TOTAL_TOKENS = 2048
 
-# The flags of a server whose weights and activations are the checkpoint's float32, as the reference computes.
-FLOAT32_WEIGHTS = ("--quantize", "none", "--dtype", "float32")
+# The flags of a server whose weights and activations are the checkpoint's float32 and whose steps all run eagerly, as
+# the reference computes.
+FLOAT32_EAGER = ("--quantize", "none", "--dtype", "float32", "--torch-compile", "off")
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import requests
-from tandem_harness import FLOAT32_WEIGHTS, TandemServer, model_cache_dir
+from tandem_harness import FLOAT32_EAGER, TandemServer, model_cache_dir
 
 PROMPTS = (
     "The three primary colours are",
@@ -22,7 +22,7 @@ def bfloat16_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemS
     log_path = tmp_path_factory.mktemp("kv-cache-dtype") / "launcher.log"
     # The same budget as the session's default server, whose cache is float32 like its model.
     flags = ("--kv-cache-memory", "256MiB", "--kv-cache-dtype", "bfloat16")
-    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS, *flags)
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *FLOAT32_EAGER, *flags)
     yield server
     assert server.stop() == 0, server.log_tail()
 

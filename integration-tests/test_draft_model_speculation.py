@@ -12,7 +12,7 @@ import pytest
 from reference import Reference
 from speculation import ACCEPTED, DRAFTED
 from tandem_harness import (
-    FLOAT32_WEIGHTS,
+    FLOAT32_EAGER,
     MAX_INPUT_TOKENS,
     MAX_TOTAL_TOKENS,
     TandemServer,
@@ -31,7 +31,7 @@ def drafting(tmp_path_factory: pytest.TempPathFactory, reference: Reference) -> 
     log_path = tmp_path_factory.mktemp("draft-model") / "launcher.log"
     server = TandemServer.start(
         log_path,
-        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS,
+        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_EAGER,
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 from reference import Reference
-from tandem_harness import FLOAT32_WEIGHTS, TandemServer, embedded_model_dir, model_cache_dir, sse_lines
+from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir, model_cache_dir, sse_lines
 
 LIMIT = 4
 BURST = 10 * LIMIT
@@ -52,7 +52,7 @@ class Outcome:
 def overload_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     log_path = tmp_path_factory.mktemp("overload") / "launcher.log"
     flags = (
-        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS, "--kv-cache-memory", "64MiB",
+        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_EAGER, "--kv-cache-memory", "64MiB",
         "--max-input-tokens", "256", "--max-total-tokens", "512", "--max-concurrent-requests", str(LIMIT),
     )  # fmt: skip
     server = TandemServer.start(log_path, *flags)

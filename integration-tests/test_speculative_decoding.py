@@ -13,7 +13,7 @@ import pytest
 import requests
 from reference import Reference
 from speculation import ACCEPTED, DRAFTED, GROUNDED, REPEAT
-from tandem_harness import FLOAT32_WEIGHTS, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
+from tandem_harness import FLOAT32_EAGER, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ def speculating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServ
     log_path = tmp_path_factory.mktemp("speculating") / "launcher.log"
     server = TandemServer.start(
         log_path,
-        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS,
+        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_EAGER,
         "--kv-cache-memory", "256MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),

@@ -12,7 +12,7 @@ import pytest
 import requests
 from reference import Reference
 from speculation import ACCEPTED, GROUNDED
-from tandem_harness import FLOAT32_WEIGHTS, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
+from tandem_harness import FLOAT32_EAGER, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, model_cache_dir
 
 MAX_NEW_TOKENS = 16
 PROMPTS = (
@@ -30,7 +30,7 @@ def two_shards(tmp_path_factory: pytest.TempPathFactory, tandem: TandemServer) -
     log_path = tmp_path_factory.mktemp("two-shards") / "launcher.log"
     server = TandemServer.start(
         log_path,
-        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_WEIGHTS,
+        "--model-cache-dir", str(model_cache_dir()), *FLOAT32_EAGER,
         "--num-shard", "2",
         "--kv-cache-memory", "128MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),

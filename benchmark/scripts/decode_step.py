@@ -19,7 +19,7 @@ import torch
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.bootstrap import load_shard
-from tandem_server.config import ShardConfig
+from tandem_server.config import CompileMode, ShardConfig
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.sampling.params import SamplingParams
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace) -> dict[str, float | str]:
         kv_cache_memory=256 * 1024**2,
         decode_mirror_memory=128 * 1024**2,
         quantized_dense_memory=0,
-        torch_compile=args.torch_compile,
+        torch_compile=CompileMode.WARMUP if args.torch_compile else CompileMode.OFF,
     )
     runner = load_shard(config).runner
     runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=512, max_batch_requests=32))

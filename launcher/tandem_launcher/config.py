@@ -135,7 +135,8 @@ class LauncherConfig:
         """How long the router may take to warm the shards up and become healthy."""
         if self.router_start_timeout is not None:
             return self.router_start_timeout
-        return COMPILING_ROUTER_START_TIMEOUT_S if self.forwarded["torch_compile"] else ROUTER_START_TIMEOUT_S
+        compiling_at_warmup = self.forwarded["torch_compile"] == "warmup"
+        return COMPILING_ROUTER_START_TIMEOUT_S if compiling_at_warmup else ROUTER_START_TIMEOUT_S
 
     @property
     def is_leader(self) -> bool:

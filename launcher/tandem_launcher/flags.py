@@ -42,6 +42,21 @@ def bool_value(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean (use true/false): {text!r}")
 
 
+COMPILE_MODES = ("auto", "off", "warmup", "background")
+
+
+def compile_mode(text: str) -> str:
+    """A `--torch-compile` mode; a boolean (as `TORCH_COMPILE=true` has always been) means warmup or off."""
+    lowered = text.strip().lower()
+    if lowered in COMPILE_MODES:
+        return lowered
+    if lowered in _TRUE:
+        return "warmup"
+    if lowered in _FALSE:
+        return "off"
+    raise argparse.ArgumentTypeError(f"not one of {', '.join(COMPILE_MODES)} (or true/false): {text!r}")
+
+
 class _AppendOverEnv(argparse.Action):
     """Collects every use of a repeatable flag; the first use replaces the env var's list."""
 

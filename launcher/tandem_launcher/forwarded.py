@@ -70,6 +70,8 @@ class Forwarded:
     only_with: str | None = None
     # A switch: off unless given, passed as the bare flag when on.
     switch: bool = False
+    # The value of the flag given alone, without one; None: the flag takes a value.
+    alone: str | None = None
 
     @property
     def dest(self) -> str:
@@ -93,6 +95,8 @@ def add_forwarded(add: FlagAdder, entries: Iterable[Forwarded]) -> None:
     for entry in entries:
         if entry.switch:
             add.switch(entry.flag, entry.help)
+        elif entry.alone is not None:
+            add.value(entry.flag, entry.kind, entry.default, entry.help, nargs="?", const=entry.alone)
         elif entry.choices is not None:
             add.value(entry.flag, entry.kind, entry.default, entry.help, choices=entry.choices)
         else:

@@ -11,7 +11,8 @@ from typing import Any
 
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
-from tandem_launcher.forwarded import Check, Child, Forwarded, switch
+from tandem_launcher.flags import compile_mode
+from tandem_launcher.forwarded import Check, Child, Forwarded
 
 SHARD = Child.SHARD
 AUTO = "auto"
@@ -132,11 +133,15 @@ EXECUTION = (
         "has AMX or AVX-512 BF16 and activations are bfloat16, else 0",
         check=_memory_check,
     ),
-    switch(
-        "--torch-compile", SHARD,
-        "CPU: compile with torch.compile (Inductor) at start-up: a step of decodes on the decode mirror runs the "
-        "whole forward pass as one graph, other steps each decoder layer's work before and after attention; "
-        "start-up takes longer (one to two minutes for the embedded model on 2 cores, less from Inductor's cache)",
+    Forwarded(
+        "--torch-compile", SHARD, compile_mode, None,
+        "CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
+        "forward pass as one graph. background: those graphs compile beside serving, between steps at the lowest "
+        "CPU priority, each taking over its steps once ready; warmup (the flag alone, or true): they and each "
+        "decoder layer's stages compile before Tandem is ready (one to two minutes for the embedded model on 2 "
+        "cores, less from Inductor's cache); off: every step eager; unset: the shard's auto, background on a CPU "
+        "with a C++ compiler, else off",
+        alone="warmup",
     ),
     Forwarded(
         "--attention-backend", SHARD, str, AUTO,
@@ -159,7 +164,7 @@ def device_problems(device: str, values: Mapping[str, Any]) -> list[str]:
     problems = [_device_message(flag) for flag, fits in off.items() if not fits]
     if device != "cpu" and values["quantize"] not in CUDA_QUANTIZE:
         problems.append(f"--quantize {values['quantize']} is a CPU option; on CUDA use none, int4 or fp8")
-    if device != "cpu" and values["torch_compile"]:
+    if device != "cpu" and values["torch_compile"] in ("warmup", "background"):
         problems.append(TORCH_COMPILE_ON_CUDA)
     return problems
 

@@ -20,7 +20,12 @@ COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 # A value other than the default for each kind of flag; a new kind needs a sample here.
 SAMPLE_BY_KIND = {int: "7", float: "0.5", str: "sample", bool_value: "false", memory_size: "256MiB"}
 SAMPLE_BY_KIND[memory_or_auto] = "256MiB"
-SAMPLES = {"--cuda-graphs": "1,8", "--packed-gemm-rows": "16", "--kv-events-endpoint": "tcp://*:5557"}
+SAMPLES = {
+    "--cuda-graphs": "1,8",
+    "--packed-gemm-rows": "16",
+    "--kv-events-endpoint": "tcp://*:5557",
+    "--torch-compile": "background",
+}
 # Flags only a CUDA shard takes; the rest are given to a CPU launch.
 CUDA_ONLY = ("--cuda-graphs",)
 

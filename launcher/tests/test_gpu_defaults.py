@@ -88,13 +88,24 @@ def test_decode_mirror_memory_is_the_shards_default_on_cpu_unless_given() -> Non
 def test_torch_compile_reaches_the_shard_only_when_asked_by_flag_or_env() -> None:
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     for argv, env, expected in (
-        ([], {}, False),
-        (["--torch-compile"], {}, True),
-        ([], {"TORCH_COMPILE": "true"}, True),
+        ([], {}, None),
+        (["--torch-compile"], {}, "warmup"),
+        (["--torch-compile", "background"], {}, "background"),
+        (["--torch-compile", "off"], {"TORCH_COMPILE": "true"}, "off"),
+        ([], {"TORCH_COMPILE": "true"}, "warmup"),
+        ([], {"TORCH_COMPILE": "false"}, "off"),
+        ([], {"TORCH_COMPILE": "Background"}, "background"),
     ):
         config = parse_config(["--device", "cpu", *argv], env, count_gpus=gpus(0))
         shard = shard_argv(LauncherConfig(**{**config.__dict__, "commands": COMMANDS}), model, 0, Path("/s"), 1)
-        assert ("--torch-compile" in shard) is expected
+        given = shard[shard.index("--torch-compile") + 1] if "--torch-compile" in shard else None
+        assert given == expected, (argv, env)
+
+
+def test_an_unknown_compile_mode_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--torch-compile", "sometimes"], {}, count_gpus=gpus(0))
+    assert "not one of auto, off, warmup, background" in capsys.readouterr().err
 
 
 def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
@@ -121,6 +132,7 @@ def test_any_spelling_of_zero_turns_the_decode_mirror_off_on_cuda() -> None:
         (["--quantized-dense-memory", "lots"], "--quantized-dense-memory"),
         (["--attention-backend", "flashy"], "invalid choice"),
         (["--device", "cuda", "--torch-compile"], "--torch-compile is a CPU option"),
+        (["--device", "cuda", "--torch-compile", "background"], "--torch-compile is a CPU option"),
     ],
 )
 def test_bad_cuda_flags_are_rejected_with_the_flag_named(

@@ -51,6 +51,8 @@ def test_the_router_start_timeout_leaves_room_for_compiling_at_warmup() -> None:
     # The start-up Warmup compiles every graph under --torch-compile: 120 s ended a cold-cache start on 2 cores.
     assert parse_config([], {}).router_start_timeout_s == 120.0
     assert parse_config(["--device", "cpu", "--torch-compile"], {}).router_start_timeout_s == 900.0
+    # A background compile runs after the shards are ready: it needs no longer start-up.
+    assert parse_config(["--device", "cpu", "--torch-compile", "background"], {}).router_start_timeout_s == 120.0
     given = ["--device", "cpu", "--torch-compile", "--router-start-timeout", "30"]
     assert parse_config(given, {}).router_start_timeout_s == 30.0
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.config import ShardConfig, dtype_name
+from tandem_server.config import CompileMode, ShardConfig, dtype_name
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
@@ -19,7 +19,7 @@ from tandem_server.layers.attention.selection import detect_package_problems, ne
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
 from tandem_server.layers.quantized import kernels_unavailable_reason
 from tandem_server.layers.weight_quantization import QuantizationReport, check_int4_checkpoint, quantize_model
-from tandem_server.models.compilation import compile_layers
+from tandem_server.models.compilation import compile_layers, require_cpp_compiler
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
@@ -65,7 +65,8 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     weights = quantize_weights(model, config.quantize)
     copy_quantized_weights(model, config.quantized_dense_memory, config.world_size, weights)
     pack_weights(model, config.packed_gemm_rows, device, config.dtype)
-    if config.torch_compile:
+    if config.torch_compile is CompileMode.WARMUP:
+        require_cpp_compiler()
         logger.info("torch.compile: the stages of %d decoder layers compile at Warmup", compile_layers(model))
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -216,5 +217,5 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         cuda_graph_sizes=graph_sizes,
         kv_cache_dtype=config.cache_dtype,
         launch_ahead=config.launches_ahead,
-        compiled=config.torch_compile,
+        compile_mode=config.torch_compile,
     )

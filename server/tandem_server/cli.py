@@ -13,10 +13,14 @@ from pathlib import Path
 import torch
 
 from tandem_server.bootstrap import LoadedShard, load_shard
+from tandem_server.compile_default import AUTO as COMPILE_AUTO
+from tandem_server.compile_default import CHOICES as COMPILE_CHOICES
+from tandem_server.compile_default import choose_compile_mode, cpp_compiler
 from tandem_server.config import (
     ATTENTION_BACKENDS,
     DEVICES,
     DTYPES,
+    CompileMode,
     ShardConfig,
     parse_byte_size,
     resolve_kv_cache_dtype,
@@ -135,10 +139,14 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--torch-compile",
-        action="store_true",
-        help="CPU: compile with torch.compile (Inductor): a step of decodes on the decode mirror runs the whole "
-        "forward pass as one graph, other steps each decoder layer's work before and after attention; Warmup "
-        "compiles every graph a step can need",
+        nargs="?",
+        const=CompileMode.WARMUP.value,
+        default=COMPILE_AUTO,
+        choices=COMPILE_CHOICES,
+        help="CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
+        "forward pass as one graph. background: those graphs compile beside serving, each taking over its steps "
+        "once ready; warmup (the flag alone): they and each decoder layer's stages compile before the shard is "
+        "ready; off: every step eager; auto (default): background on a CPU with a C++ compiler, else off",
     )
 
 
@@ -201,6 +209,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
     devices = choose_device_settings(
         args.cuda_graphs, args.packed_gemm_rows, args.decode_mirror_memory, args.device, kv_cache_memory
     )
+    compiler = cpp_compiler()
+    compile_mode, compile_reason = choose_compile_mode(args.torch_compile, args.device, compiler)
     return ShardConfig(
         model_path=args.model_path,
         uds_path=args.uds_path,
@@ -227,8 +237,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         quantize=weights.quantize,
         decode_mirror_memory=devices.decode_mirror_memory,
         quantized_dense_memory=weights.quantized_dense_memory,
-        auto_reasons=weights.reasons + devices.reasons,
-        torch_compile=args.torch_compile,
+        auto_reasons=(*weights.reasons, *devices.reasons, compile_reason),
+        torch_compile=compile_mode,
+        cpp_compiler=compiler,
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,
@@ -279,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = None
         if config.metrics_port:
             metrics = ShardMetrics(config.rank, shard.runner.device)
+            metrics.watch_compilation(shard.runner.compilation)
             metrics.serve(config.metrics_port, config.metrics_hostname)
         faulty = inject_faults(shard.runner, config.faults, config.rank)
         servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, model_thread)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -32,6 +33,16 @@ _UNITS = {
     "tib": 1024**4,
 }
 _SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class CompileMode(StrEnum):
+    """`--torch-compile`: when graphs compile, if at all."""
+
+    OFF = "off"
+    # Every graph (decode graphs and layer stages) before Warmup returns: the server is ready once they are.
+    WARMUP = "warmup"
+    # Decode graphs on a thread beside serving, each taking over its steps once compiled; nothing else compiles.
+    BACKGROUND = "background"
 
 
 @dataclass(frozen=True)
@@ -79,11 +90,13 @@ class ShardConfig:
     # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
     # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
     quantized_dense_memory: int | None = 0
-    # Why the `auto` weight and device flags took their values (weight_defaults.py, device_defaults.py), logged at
-    # load.
+    # Why the `auto` weight, device and compile flags took their values (weight_defaults.py, device_defaults.py,
+    # compile_default.py), logged at load.
     auto_reasons: tuple[str, ...] = ()
-    # CPU only: decoder layers' stages around attention compiled with torch.compile (models/compilation.py).
-    torch_compile: bool = False
+    # CPU only: when decode graphs (and, at Warmup, layer stages) compile with torch.compile (models/compilation.py).
+    torch_compile: CompileMode = CompileMode.OFF
+    # The C++ compiler Inductor would run, where one is on PATH (compile_default.py).
+    cpp_compiler: str | None = None
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"
@@ -142,7 +155,9 @@ class ShardConfig:
             raise ConfigError("--decode-mirror-memory is a CPU option; use --decode-mirror-memory 0 on CUDA")
         if self.quantized_dense_memory != 0 and self.device != "cpu":
             raise ConfigError("--quantized-dense-memory is a CPU option; use --quantized-dense-memory 0 on CUDA")
-        if self.torch_compile and self.device != "cpu":
+        if self.torch_compile is CompileMode.BACKGROUND and self.cpp_compiler is None:
+            raise ConfigError("--torch-compile background needs a C++ compiler such as g++ (or CXX) on this machine")
+        if self.torch_compile is not CompileMode.OFF and self.device != "cpu":
             raise ConfigError("--torch-compile is a CPU option; CUDA steps replay CUDA graphs (--cuda-graphs) instead")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector, start_http_server
@@ -36,6 +38,39 @@ class _CudaMemoryCollector(Collector):
         return [allocated, reserved]
 
 
+@dataclass(frozen=True)
+class CompilationState:
+    """What `--torch-compile` has compiled: the decode steps' row counts with a graph, and whether a background
+    compile still runs."""
+
+    compiled_decode_rows: tuple[int, ...]
+    compiling: bool
+
+
+class _CompilationCollector(Collector):
+    """Reads the runner's compiled decode graphs at scrape time."""
+
+    def __init__(self, state: Callable[[], CompilationState], rank: str) -> None:
+        self._state = state
+        self._rank = rank
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        state = self._state()
+        rows = GaugeMetricFamily(
+            "tandem_shard_compiled_decode_rows",
+            "1 for each row count whose decode steps run a compiled graph (steps of counts between two listed ones "
+            "share the larger one's graph)",
+            labels=["rank", "rows"],
+        )
+        for count in state.compiled_decode_rows:
+            rows.add_metric([self._rank, str(count)], 1.0)
+        compiling = GaugeMetricFamily(
+            "tandem_shard_compiling", "1 while decode graphs compile in the background", labels=["rank"]
+        )
+        compiling.add_metric([self._rank], 1.0 if state.compiling else 0.0)
+        return [rows, compiling]
+
+
 class ShardMetrics:
     """One shard's metrics in a private registry, every series labelled with the shard's rank."""
 
@@ -66,6 +101,10 @@ class ShardMetrics:
         for phase in PHASES:
             self._forward.labels(self._rank, phase)
         self._sampling.labels(self._rank)
+
+    def watch_compilation(self, state: Callable[[], CompilationState]) -> None:
+        """Reports `state()` at each scrape."""
+        self.registry.register(_CompilationCollector(state, self._rank))
 
     def kv_cache_allocated(self, num_bytes: int) -> None:
         """Records the KV cache size after a warmup."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tandem_server.config import CompileMode
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
@@ -104,17 +105,19 @@ def make_runner(
     decode_mirror_memory: int | None = None,
     kv_cache_dtype: torch.dtype | None = None,
     draft_path: Path | None = None,
-    compiled: bool = False,
+    compile_mode: CompileMode = CompileMode.OFF,
 ) -> ModelRunner:
     """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
     may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise. With `draft_path`, the
-    checkpoint there proposes drafts; `compiled` compiles the model's layers as --torch-compile does."""
+    checkpoint there proposes drafts; `compile_mode` compiles as --torch-compile does."""
     checkpoint = read_checkpoint_config(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
-    if compiled:
+    if compile_mode is CompileMode.WARMUP:
         compile_layers(model)
-    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, compiled=compiled)
+    options = ExecutionOptions(
+        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, compile_mode=compile_mode
+    )
     draft_model = None
     if draft_path is not None:
         draft = read_checkpoint_config(draft_path)

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_llama
+from tandem_server.config import CompileMode
 from tandem_server.engine.kv_cache import KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
-from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.layers.quantized import kernels_unavailable_reason
 from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.compilation import compile_layers
@@ -39,7 +40,9 @@ def runner_for(path: Path, mode: QuantizeMode, compiled: bool) -> ModelRunner:
     quantize_model(model, mode)
     if compiled:
         compile_layers(model)
-    options = ExecutionOptions(kv_cache_memory=KV_CACHE_MEMORY, compiled=compiled)
+    options = ExecutionOptions(
+        kv_cache_memory=KV_CACHE_MEMORY, compile_mode=CompileMode.WARMUP if compiled else CompileMode.OFF
+    )
     return ModelRunner(model, (), torch.float32, CPU, options)
 
 
@@ -55,9 +58,9 @@ def warm_up_recording_compile_settings(runner: ModelRunner) -> list[tuple[int, b
     warm_step = graph._warm_step
     seen: list[tuple[int, bool, bool]] = []
 
-    def recording(cache: KVCache, rows: Sequence[tuple[int, int]]) -> bool:
+    def recording(cache: KVCache, rows: Sequence[tuple[int, int]], backend: AttentionBackend) -> bool:
         seen.append((len(rows), inductor_config.freezing, inductor_config.max_autotune))
-        return warm_step(cache, rows)
+        return warm_step(cache, rows, backend)
 
     graph._warm_step = recording  # type: ignore[method-assign]
     warm_up(runner)

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from tandem_server.cli import config_from_args
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria
 from tandem_server.errors import ConfigError
-from tandem_server.metrics import ShardMetrics
+from tandem_server.metrics import CompilationState, ShardMetrics
 from tandem_server.sampling import SamplingParams
 
 
@@ -50,6 +50,20 @@ def test_step_timings_and_kv_size_render_with_the_rank_label() -> None:
     assert 'tandem_shard_sampling_duration_seconds_count{rank="1"} 1.0' in text
     assert "tandem_shard_process_resident_memory_bytes" in text
     assert "tandem_shard_device_memory_allocated_bytes" not in text
+
+
+def test_compiled_decode_rows_and_a_running_compile_are_read_at_each_scrape() -> None:
+    metrics = ShardMetrics(rank=0, device=torch.device("cpu"))
+    state = CompilationState((), compiling=True)
+    metrics.watch_compilation(lambda: state)
+    text = generate_latest(metrics.registry).decode()
+    assert 'tandem_shard_compiling{rank="0"} 1.0' in text
+    assert "tandem_shard_compiled_decode_rows{" not in text
+    state = CompilationState((1, 2, 4), compiling=False)
+    text = generate_latest(metrics.registry).decode()
+    assert 'tandem_shard_compiling{rank="0"} 0.0' in text
+    for rows in (1, 2, 4):
+        assert f'tandem_shard_compiled_decode_rows{{rank="0",rows="{rows}"}} 1.0' in text
 
 
 def test_metrics_endpoint_serves_the_registry_over_http() -> None:

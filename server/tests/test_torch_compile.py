@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
-from shard_testing import StepDriver, load_tiny_model, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
-from tandem_server.cli import config_from_args
+from shard_testing import StepDriver, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
+from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
 from tandem_server.layers.gemm import pack_gemm_weights
-from tandem_server.models.compilation import compile_layers, warmup_rows
+from tandem_server.models.compilation import require_cpp_compiler, warmup_rows
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
@@ -90,13 +89,13 @@ def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_
         reference = write_tiny_llama(tmp_path)
     else:
         reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
-    runner = warm_for_reference(make_runner(tmp_path, compiled=True))
+    runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
     after_warmup = compiled_graphs()
     assert runner.decode_graph is not None
     warmup_steps = runner.decode_graph.steps
     # Steps of one request (twice), then of 2, 4 and 8; one graph per size-1 specialisation: one row with one
     # mirror fill, one row with several, several rows (the tiny model's GEMMs have no row thresholds).
-    assert after_warmup > 0 and warmup_steps == 5 and len(forward_graphs(runner)) == 3
+    assert after_warmup > 0 and runner.decode_graph.compiled_rows == (1, 2, 4, 8) and len(forward_graphs(runner)) == 3
     fits = record_graph_fits(runner)
     assert_greedy_matches_generate(tmp_path, reference, f"{family} compiled", runner=runner)
     # A request alone: its first decode fills its whole 9-token prompt into the mirror, more than Warmup's did.
@@ -111,7 +110,7 @@ def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_
 
 def test_after_warmup_a_decode_step_no_graph_fits_runs_eagerly_instead_of_compiling(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
-    runner = warm_for_reference(make_runner(tmp_path, compiled=True))
+    runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
     assert runner.decode_graph is not None
     assert len(forward_graphs(runner)) == 3
     warmup_steps = runner.decode_graph.steps
@@ -127,7 +126,7 @@ def test_two_models_of_one_class_each_decode_through_their_own_graphs(tmp_path: 
     # another MLP width must not run graphs compiled for the first one.
     narrow, wide = tmp_path / "narrow", tmp_path / "wide"
     references = {narrow: write_tiny_llama(narrow), wide: write_tiny_llama(wide, seed=1, intermediate_size=192)}
-    runners = {path: warm_for_reference(make_runner(path, compiled=True)) for path in references}
+    runners = {path: warm_for_reference(make_runner(path, compile_mode=CompileMode.WARMUP)) for path in references}
     for path, runner in runners.items():
         assert len(forward_graphs(runner)) == 3
         assert_greedy_matches_generate(path, references[path], f"compiled {path.name} llama", runner=runner)
@@ -137,7 +136,7 @@ def test_compiled_layers_call_prepacked_gemms_inside_their_graphs(tmp_path: Path
     # The launcher packs float32 GEMM weights for some row counts on every CPU shard (--packed-gemm-rows); Inductor
     # refused to lower a packed GEMM whose weight is a graph input, and Warmup failed.
     reference = write_tiny_llama(tmp_path)
-    runner = make_runner(tmp_path, compiled=True)
+    runner = make_runner(tmp_path, compile_mode=CompileMode.WARMUP)
     assert pack_gemm_weights(runner.model, (2, 4)) > 0
     warm_for_reference(runner)
     assert_greedy_matches_generate(tmp_path, reference, "llama compiled, packed GEMMs", runner=runner)
@@ -149,21 +148,45 @@ def test_warmup_rows_cross_every_power_of_two_up_to_the_limit() -> None:
     assert warmup_rows(100) == (1, 2, 4, 8, 16, 32, 64, 100)
 
 
-def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag(tmp_path: Path) -> None:
-    write_tiny_llama(tmp_path)
-    model = load_tiny_model(tmp_path)
+def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag() -> None:
     # Inductor's own patching: monkeypatch's undo deletes the option, which breaks later compiles in this process.
     with (
         inductor_config.patch({"cpp.cxx": ("tandem-no-such-compiler",)}),
         pytest.raises(ConfigError, match="--torch-compile needs a C\\+\\+ compiler"),
     ):
-        compile_layers(model)
-    assert all(not isinstance(layer.attention_inputs, partial) for layer in model.model.layers)
+        require_cpp_compiler()
 
 
-def test_torch_compile_flag_is_off_by_default_and_refused_on_cuda() -> None:
-    paths = ["--model-path", "m", "--uds-path", "s"]
-    assert not config_from_args(paths).torch_compile
-    assert config_from_args([*paths, "--torch-compile"]).torch_compile
-    with pytest.raises(ConfigError, match="--torch-compile is a CPU option"):
-        config_from_args([*paths, "--device", "cuda", "--torch-compile"])
+def test_a_background_compile_leaves_warmup_at_once_and_its_graphs_take_over_decode_steps(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path)
+    runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
+    compiling, graph = runner.background_compile, runner.decode_graph
+    assert compiling is not None and graph is not None
+    # Warmup compiled nothing: the thread compiles its first graph (seconds) after Warmup returned.
+    assert graph.compiled_rows == ()
+    assert_greedy_matches_generate(tmp_path, reference, "llama, compiling in the background", runner=runner)
+    assert compiling.join(timeout=600) and compiling.error is None
+    assert graph.compiled_rows == (1, 2, 4, 8) and len(forward_graphs(runner)) == 3
+    fits = record_graph_fits(runner)
+    assert_greedy_matches_generate(tmp_path, reference, "llama, compiled in the background", runner=runner)
+    assert fits and all(fits), fits
+
+
+def test_warming_up_again_stops_a_background_compile_first(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path)
+    runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
+    first = runner.background_compile
+    assert first is not None
+    warm_for_reference(runner)
+    assert not first.running and first.error is None
+    assert runner.background_compile is not None and runner.background_compile is not first
+    runner.background_compile.stop()
+
+
+def test_without_a_decode_mirror_nothing_compiles_in_the_background(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path)
+    runner = make_runner(tmp_path, decode_mirror_memory=0, compile_mode=CompileMode.BACKGROUND)
+    warm_for_reference(runner)
+    assert runner.background_compile is None
+    assert_greedy_matches_generate(tmp_path, reference, "llama, no mirror to compile for", runner=runner)
+    assert runner.compilation().compiled_decode_rows == () and not runner.compilation().compiling

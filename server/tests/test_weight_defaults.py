@@ -73,4 +73,5 @@ def test_every_choice_states_its_reason(tmp_path: Path) -> None:
 def test_the_shard_flags_default_to_auto(tmp_path: Path) -> None:
     config = config_from_args(["--model-path", str(gguf_model(tmp_path)), "--uds-path", "/s.sock", "--device", "cpu"])
     assert config.quantize is QuantizeMode.GGUF
-    assert len(config.auto_reasons) == 6
+    # The three weight flags' and the three device flags' reasons, then --torch-compile's (test_compile_default.py).
+    assert len(config.auto_reasons) == 7

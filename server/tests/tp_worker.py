@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tandem_server.config import CompileMode
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed, shutdown_distributed
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
@@ -49,7 +50,9 @@ def generate(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = F
 
 def generation_runner(model: CausalLM, eos_token_ids: tuple[int, ...], compiled: bool = False) -> ModelRunner:
     """A warmed-up CPU runner of `model`, its layers compiled when `compiled`."""
-    options = ExecutionOptions(kv_cache_memory=1 << 20, compiled=compiled)
+    options = ExecutionOptions(
+        kv_cache_memory=1 << 20, compile_mode=CompileMode.WARMUP if compiled else CompileMode.OFF
+    )
     runner = ModelRunner(model, eos_token_ids, torch.float32, torch.device("cpu"), options)
     runner.warmup(WarmupPlan(BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
     return runner

@@ -8,9 +8,10 @@ process on the embedded model (gguf weights, 2 cores, one request), 8.5 ms per s
 
 Every per-step size (rows, context, mirror fills, the mirror's rows and positions) is marked dynamic, so the graphs
 differ where torch specialises sizes of 1 (one row with one fill: steady decode; one row with several: its first
-decode, or a grown mirror) and where a weight format's row threshold picks another GEMM. Warmup compiles them all;
-after it the graph only runs what it compiled (torch's run-only mode), so a step no graph fits runs eagerly rather
-than compiling while requests wait.
+decode, or a grown mirror) and where a weight format's row threshold picks another GEMM. They compile either before
+Warmup returns (`--torch-compile warmup`) or on a thread beside serving (`background`, the CPU default), which runs
+only between steps (`background_compile.py`); serving steps only run what has compiled (torch's run-only mode), so a
+step no graph fits yet runs eagerly rather than compiling while requests wait.
 
 Before each step torch checks the graphs' guards; on the whole model they number thousands, mostly on module
 attributes, and took 0.8 ms of a 9 ms step. The module tree is fixed once the shard has loaded (formats, packed
@@ -33,15 +34,17 @@ import logging
 import os
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from tandem_server.engine.background_compile import BackgroundCompile, StepGate
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.kv_cache import KVCache
-from tandem_server.layers.attention import LayerCache, PreparedStep
+from tandem_server.layers.attention import AttentionBackend, LayerCache, PreparedStep
 from tandem_server.layers.attention.metadata import AttentionMetadata
+from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.layers.attention.torch_decode_mirror import MirroredLayerCache
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
 from tandem_server.layers.dense_copies import has_quantized_gemms
@@ -73,6 +76,8 @@ class DecodeGraph:
         self._freezes_one_row = has_quantized_gemms(model)
         self._marked_mirror: torch.Tensor | None = None
         self.steps = 0
+        # The row counts of the decode steps compiled so far (steps of counts between two of them share a graph).
+        self.compiled_rows: tuple[int, ...] = ()
 
     @staticmethod
     def serves(metadata: AttentionMetadata) -> bool:
@@ -84,6 +89,12 @@ class DecodeGraph:
 
     def forward(self, batch: StepBatch, prepared: PreparedStep) -> torch.Tensor:
         """Final hidden states of a step `serves` accepts; its keys and values land in the cache and the mirror."""
+        self._mark_dynamic(batch, prepared)
+        self.steps += 1
+        return self._run(batch.input_ids, batch.positions, prepared.layers, prepared.metadata)
+
+    def _mark_dynamic(self, batch: StepBatch, prepared: PreparedStep) -> None:
+        """Marks every per-step size of a step `serves` accepts dynamic."""
         metadata = prepared.metadata
         if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None:
             raise TypeError("invariant: the decode graph runs only steps it serves")
@@ -98,8 +109,6 @@ class DecodeGraph:
             torch._dynamo.maybe_mark_dynamic(decode.mirror.sources, 0)
             torch._dynamo.maybe_mark_dynamic(decode.mirror.targets, 0)
         self._mark_mirror(prepared.layers)
-        self.steps += 1
-        return self._run(batch.input_ids, batch.positions, prepared.layers, metadata)
 
     def _mark_mirror(self, layers: Sequence[LayerCache]) -> None:
         # The mirror's tensors live until it regrows: each new set is marked once.
@@ -114,52 +123,91 @@ class DecodeGraph:
         self._marked_mirror = first.mirror_key
 
     def compile_at_warmup(self, cache: KVCache, max_batch_requests: int) -> None:
-        """Runs decode steps of made-up requests in the reserved block through the mirror, compiling each graph
-        decode steps of up to `max_batch_requests` rows need; then the backend forgets them, and from here on no
-        step compiles.
+        """Compiles, before Warmup returns, every graph decode steps of up to `max_batch_requests` rows need; from
+        here on no step compiles."""
+        try:
+            self._compile_steps(cache, max_batch_requests, self._model.backend, lambda: False)
+        finally:
+            self._model.backend.clear()
+            self._run = torch._dynamo.run(self._compiled)
+
+    def compile_in_background(
+        self, cache: KVCache, max_batch_requests: int, gate: StepGate
+    ) -> BackgroundCompile | None:
+        """Starts compiling the graphs `compile_at_warmup` would, on a thread that yields to every step `gate`
+        holds; each graph serves as soon as it is compiled, and steps no graph fits yet run eagerly. None when no
+        step could run a graph: only decodes on the torch backend's decode mirror do.
+
+        The thread places its made-up requests in a decode mirror of its own: the backend's mirror belongs to the
+        steps being served."""
+        served = self._model.backend
+        if not isinstance(served, TorchAttentionBackend) or served.decode_mirror_memory <= 0:
+            logger.info("torch.compile: nothing compiles, since decode graphs need the torch backend's decode mirror")
+            return None
+        backend = TorchAttentionBackend(served.decode_mirror_memory)
+        backend.bind_cache(cache.layers)
+        self._run = torch._dynamo.run(self._compiled)
+
+        def compile_all(should_stop: Callable[[], bool]) -> None:
+            with torch.inference_mode():
+                self._compile_steps(cache, max_batch_requests, backend, should_stop)
+
+        compiling = BackgroundCompile("decode-graph-compile", compile_all, gate)
+        compiling.start()
+        return compiling
+
+    def _compile_steps(
+        self, cache: KVCache, max_batch_requests: int, backend: AttentionBackend, should_stop: Callable[[], bool]
+    ) -> None:
+        """Runs compiling decode steps of made-up requests in the reserved block through `backend`'s mirror.
 
         One request decodes twice (its first decode fills several mirror positions, its next one), then steps of
-        each row count `warmup_rows` names, so each row threshold of the weight formats is crossed."""
-        started, steps_before, resident_before = time.perf_counter(), self.steps, _resident_bytes()
+        each row count `warmup_rows` names, so each row threshold of the weight formats is crossed. Each compiled
+        step's row count joins `compiled_rows`."""
+        started, resident_before = time.perf_counter(), _resident_bytes()
         steps: list[tuple[tuple[int, int], ...]] = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
         steps += [
             tuple((request, _WARMUP_CONTEXT) for request in range(rows)) for rows in warmup_rows(max_batch_requests)[1:]
         ]
-        self._run = self._compiled
-        try:
-            for rows in steps:
-                frozen = self._freezes_one_row and len(rows) == 1
-                with _frozen_autotuned() if frozen else contextlib.nullcontext():
-                    served = self._warm_step(cache, rows)
-                if not served:
-                    logger.info(
-                        "torch.compile: decode steps of %d rows or more run without the decode graph (no "
-                        "decode mirror holds them)",
-                        len(rows),
-                    )
-                    break
-        finally:
-            self._model.backend.clear()
-            self._run = torch._dynamo.run(self._compiled)
-        grown = _difference_mib(resident_before, _resident_bytes())
+        compiled = 0
+        for rows in steps:
+            if should_stop():
+                break
+            frozen = self._freezes_one_row and len(rows) == 1
+            with _frozen_autotuned() if frozen else contextlib.nullcontext():
+                served = self._warm_step(cache, rows, backend)
+            if not served:
+                logger.info(
+                    "torch.compile: decode steps of %d rows or more run without the decode graph (no "
+                    "decode mirror holds them)",
+                    len(rows),
+                )
+                break
+            compiled += 1
+            if len(rows) not in self.compiled_rows:
+                self.compiled_rows = (*self.compiled_rows, len(rows))
         logger.info(
-            "torch.compile: decode-step graphs compiled in %.1fs (%d warm-up steps)%s; the process grew by %s",
+            "torch.compile: decode-step graphs for %s rows compiled in %.1fs (%d warm-up steps)%s; the process grew "
+            "by %s",
+            ", ".join(map(str, self.compiled_rows)) or "no",
             time.perf_counter() - started,
-            self.steps - steps_before,
+            compiled,
             ", one-row graphs with frozen weights and autotuned GEMMs" if self._freezes_one_row else "",
-            grown,
+            _difference_mib(resident_before, _resident_bytes()),
         )
 
-    def _warm_step(self, cache: KVCache, rows: Sequence[tuple[int, int]]) -> bool:
-        """Runs one decode step of (request id, context length) rows; False when the graph would not serve it."""
+    def _warm_step(self, cache: KVCache, rows: Sequence[tuple[int, int]], backend: AttentionBackend) -> bool:
+        """Runs one compiling decode step of (request id, context length) rows; False when the graph would not
+        serve it."""
         # A block per position is more than any context needs; the batch keeps only the blocks it reads.
         blocks = [cache.reserved_block] * max(context_len for _, context_len in rows)
         spans = [ScheduledSpan([0], context_len - 1, blocks, request_id) for request_id, context_len in rows]
         batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
-        prepared = self._model.backend.prepare(batch.metadata, cache.layers)
+        prepared = backend.prepare(batch.metadata, cache.layers)
         if not self.serves(prepared.metadata):
             return False
-        self.forward(batch, prepared)
+        self._mark_dynamic(batch, prepared)
+        self._compiled(batch.input_ids, batch.positions, prepared.layers, prepared.metadata)
         return True
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
 
+from tandem_server.config import CompileMode
 from tandem_server.device_copy import to_device
+from tandem_server.engine.background_compile import BackgroundCompile, StepGate
 from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.engine.cuda_graphs import StepGraphs, drafting_shapes, graph_shapes
 from tandem_server.engine.decode_graph import DecodeGraph
@@ -36,6 +40,7 @@ from tandem_server.engine.warmup import (
 )
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.layers.attention import LayerCache
+from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
@@ -59,14 +64,32 @@ class ExecutionOptions:
     # Launch a step while the one before it is still open (its draws unread), so the host prepares step N+1 while
     # the device runs step N. Pays on an asynchronous device; on the CPU it only delays step N's answer.
     launch_ahead: bool = False
-    # The model's layers run compiled stages (--torch-compile): Warmup runs a step of every row count that compiles
-    # a graph, so no request waits for a compile.
-    compiled: bool = False
+    # --torch-compile: WARMUP compiles the layers' stages and the decode graphs before Warmup returns (a step of
+    # every row count that compiles a graph, so no request waits for a compile); BACKGROUND compiles the decode
+    # graphs beside serving.
+    compile_mode: CompileMode = CompileMode.OFF
 
 
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
 _FORWARD_START_MARK = 1
 _FORWARD_END_MARK = 2
+
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
+
+
+def _holds_gate(
+    method: Callable[Concatenate[ModelRunner, _Params], _Result],
+) -> Callable[Concatenate[ModelRunner, _Params], _Result]:
+    """A runner method during which a background compile pauses."""
+
+    @functools.wraps(method)
+    def gated(runner: ModelRunner, *args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
+        with runner.gate.step():
+            return method(runner, *args, **kwargs)
+
+    return gated
 
 
 @dataclass(frozen=True)
@@ -121,13 +144,17 @@ class ModelRunner:
         self.cache: KVCache | None = None
         self.graphs: StepGraphs | None = None
         # --torch-compile: decode steps on the decode mirror run as one compiled graph.
-        self.decode_graph = DecodeGraph(model) if options.compiled else None
+        self.decode_graph = DecodeGraph(model) if options.compile_mode is not CompileMode.OFF else None
+        # Held by each step, so the background compile runs only between steps.
+        self.gate = StepGate()
+        self.background_compile: BackgroundCompile | None = None
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
         # The latest launched step while its draws are unread; at most one step is open.
         self._open: LaunchedStep | None = None
 
+    @_holds_gate
     @torch.inference_mode()
     def warmup(self, plan: WarmupPlan) -> WarmupResult:
         """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs."""
@@ -144,6 +171,10 @@ class ModelRunner:
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
         shapes = graph_shapes(options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
         limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
+        if self.background_compile is not None:
+            # It compiles into the cache about to be replaced.
+            self.background_compile.stop()
+            self.background_compile = None
         self.requests.clear()
         self._last_forward = None
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
@@ -164,7 +195,7 @@ class ModelRunner:
             num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
         cache = KVCache(geometry, num_blocks, self.device)
         run_reserved_forward(self.model, cache, limits)
-        if options.compiled:
+        if options.compile_mode is CompileMode.WARMUP:
             compile_step_rows(self.model, cache, max_batch_tokens)
         if drafting is not None and draft_geometry is not None:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
@@ -177,12 +208,22 @@ class ModelRunner:
             graphs.capture()
             self.graphs = graphs
         self.model.backend.bind_cache(cache.layers)
-        if self.decode_graph is not None:
+        if self.decode_graph is not None and options.compile_mode is CompileMode.WARMUP:
             self.decode_graph.compile_at_warmup(cache, max_batch_requests)
+        elif self.decode_graph is not None:
+            self.background_compile = self.decode_graph.compile_in_background(cache, max_batch_requests, self.gate)
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
 
+    def compilation(self) -> CompilationState:
+        """What `--torch-compile` has compiled so far; safe to read from any thread."""
+        graph, compiling = self.decode_graph, self.background_compile
+        return CompilationState(
+            graph.compiled_rows if graph is not None else (), compiling is not None and compiling.running
+        )
+
+    @_holds_gate
     @torch.inference_mode()
     def health_check(self) -> None:
         """A one-token forward into the reserved block: proves the model and the cache still work."""
@@ -202,6 +243,7 @@ class ModelRunner:
         """Runs one Step to completion: `launch` then `complete`."""
         return self.complete(self.launch(step))
 
+    @_holds_gate
     @torch.inference_mode()
     def launch(self, step: StepInput) -> LaunchedStep:
         """Applies the Step and queues its forward pass and sampling on the device without reading the results.
@@ -266,6 +308,7 @@ class ModelRunner:
         self._open = launched
         return launched
 
+    @_holds_gate
     @torch.inference_mode()
     def complete(self, launched: LaunchedStep) -> StepOutput:
         """Reads a launched step's draws and applies them; repeated calls return (or raise) the same outcome."""

@@ -23,11 +23,9 @@ from tandem_server.models.decoder import StagedLayer
 STAGES = ("attention_inputs", "after_attention")
 
 
-def compile_layers(model: nn.Module) -> int:
-    """Replaces the stages of every `StagedLayer` in `model` with compiled ones; returns how many layers.
-
-    Inductor builds its CPU kernels with a C++ compiler at run time: without one, start-up fails here, not at the
-    first step."""
+def require_cpp_compiler() -> None:
+    """Inductor builds its CPU kernels with a C++ compiler at run time: without one, start-up fails here, not at the
+    first compile."""
     # Imported here, not at module level: Inductor (and Dynamo, Triton under it) cost a shard that never compiles
     # about 200 MiB of resident memory.
     from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415
@@ -37,6 +35,10 @@ def compile_layers(model: nn.Module) -> int:
         get_cpp_compiler()
     except InvalidCxxCompiler as error:
         raise ConfigError(f"--torch-compile needs a C++ compiler such as g++ on this machine: {error}") from error
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Replaces the stages of every `StagedLayer` in `model` with compiled ones; returns how many layers."""
     compiled: dict[tuple[type, str], Callable[..., Any]] = {}
     layers = [module for module in model.modules() if isinstance(module, StagedLayer)]
     for layer in layers:

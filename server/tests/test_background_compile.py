@@ -1,0 +1,82 @@
+"""The compile thread: it runs only while no step holds the gate, stops when asked, and reports what it raised."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from tandem_server.engine.background_compile import BackgroundCompile, StepGate
+
+
+def _python_calls(count: int, progress: list[int]) -> Callable[[Callable[[], bool]], None]:
+    def noop() -> None:
+        return None
+
+    def work(should_stop: Callable[[], bool]) -> None:
+        for index in range(count):
+            if should_stop():
+                return
+            noop()
+            progress.append(index)
+
+    return work
+
+
+def test_the_work_pauses_at_its_python_calls_while_a_step_holds_the_gate() -> None:
+    gate = StepGate()
+    progress: list[int] = []
+    compiling = BackgroundCompile("test-compile", _python_calls(2_000, progress), gate)
+    with gate.step():
+        compiling.start()
+        time.sleep(0.5)
+        # One call may run per 50 ms pause: about ten in half a second, against thousands when nothing steps.
+        held = len(progress)
+    assert held <= 15, held
+    assert compiling.join(timeout=30)
+    assert len(progress) == 2_000
+    assert compiling.error is None
+
+
+def test_a_nested_step_keeps_the_gate_held_until_the_outer_one_ends() -> None:
+    gate = StepGate()
+    with gate.step():
+        with gate.step():
+            pass
+        assert not gate.wait_idle(0.01)
+    assert gate.wait_idle(0.01)
+
+
+def test_stop_ends_the_work_at_its_next_check() -> None:
+    gate = StepGate()
+    progress: list[int] = []
+    compiling = BackgroundCompile("test-compile", _python_calls(10**9, progress), gate)
+    compiling.start()
+    time.sleep(0.1)
+    compiling.stop()
+    assert not compiling.running
+    assert 0 < len(progress) < 10**9
+
+
+def test_what_the_work_raises_is_kept_and_the_thread_ends() -> None:
+    def failing(should_stop: Callable[[], bool]) -> None:
+        raise RuntimeError("no kernel for this shape")
+
+    compiling = BackgroundCompile("test-compile", failing, StepGate())
+    compiling.start()
+    assert compiling.join(timeout=10)
+    assert isinstance(compiling.error, RuntimeError)
+
+
+def test_the_thread_runs_at_the_lowest_priority() -> None:
+
+    seen: list[int] = []
+
+    def record(should_stop: Callable[[], bool]) -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    compiling = BackgroundCompile("test-compile", record, StepGate())
+    compiling.start()
+    assert compiling.join(timeout=10)
+    assert seen == [19]
