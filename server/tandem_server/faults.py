@@ -16,6 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from tandem_server.errors import ConfigError, ShardError
+from tandem_server.metrics import CompilationState
 
 if TYPE_CHECKING:
     import torch
@@ -122,6 +123,9 @@ class FaultInjectingRunner:
 
     def reset(self) -> None:
         self._runner.reset()
+
+    def compilation(self) -> CompilationState:
+        return self._runner.compilation()
 
     def launch(self, step: StepInput) -> LaunchedStep:
         """The runner's launch, unless this is the Step planned to fail or hang."""

@@ -12,6 +12,7 @@ import pytest
 from shard_testing import make_runner, write_tiny_llama
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.step import WarmupPlan, WarmupResult
+from tandem_server.metrics import CompilationState
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread
@@ -53,6 +54,8 @@ async def exercise(stub: shard_pb2_grpc.ShardServiceStub) -> None:
     assert [g.id for g in first.generations] == [1] and first.generations[0].logprob <= 0
     assert first.generations[0].finish_reason == shard_pb2.FINISH_REASON_UNSPECIFIED
     assert first.forward_ms > 0 and first.prepare_ms > 0
+    # This runner compiles nothing.
+    assert (first.compilation.decode_rows, first.compilation.compiling) == (0, False)
     # The shard's whole handling contains every part it reports.
     assert first.shard_total_ms >= first.prepare_ms + first.forward_ms + first.sampling_ms
 
@@ -141,6 +144,13 @@ def test_grpc_round_trip_over_unix_socket(tmp_path: Path) -> None:
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+def test_compilation_reports_the_largest_compiled_row_count_and_whether_more_compile() -> None:
+    compiling = convert.compilation_to_pb(CompilationState((1, 2, 4), compiling=True))
+    assert (compiling.decode_rows, compiling.compiling) == (4, True)
+    nothing = convert.compilation_to_pb(CompilationState((), compiling=False))
+    assert (nothing.decode_rows, nothing.compiling) == (0, False)
 
 
 def test_warmup_requests_reach_the_runner_with_the_drafts_steps_may_carry() -> None:

@@ -13,6 +13,7 @@ from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
 from tandem_server.layers.gemm import pack_gemm_weights
+from tandem_server.metrics import CompilationState
 from tandem_server.models.compilation import require_cpp_compiler, warmup_rows
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
@@ -163,10 +164,11 @@ def test_a_background_compile_leaves_warmup_at_once_and_its_graphs_take_over_dec
     compiling, graph = runner.background_compile, runner.decode_graph
     assert compiling is not None and graph is not None
     # Warmup compiled nothing: the thread compiles its first graph (seconds) after Warmup returned.
-    assert graph.compiled_rows == ()
+    assert runner.compilation() == CompilationState((), compiling=True)
     assert_greedy_matches_generate(tmp_path, reference, "llama, compiling in the background", runner=runner)
     assert compiling.join(timeout=600) and compiling.error is None
-    assert graph.compiled_rows == (1, 2, 4, 8) and len(forward_graphs(runner)) == 3
+    assert runner.compilation() == CompilationState((1, 2, 4, 8), compiling=False)
+    assert len(forward_graphs(runner)) == 3
     fits = record_graph_fits(runner)
     assert_greedy_matches_generate(tmp_path, reference, "llama, compiled in the background", runner=runner)
     assert fits and all(fits), fits

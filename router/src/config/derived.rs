@@ -105,6 +105,8 @@ impl RouterConfig {
             speculative_model: model.draft_model,
             kv_cache_blocks: num_blocks,
             kv_cache_tokens: num_blocks * limits.block_size,
+            compiled_decode_rows: None,
+            compiling: None,
             router: "tandem-router",
             version: env!("CARGO_PKG_VERSION"),
         }

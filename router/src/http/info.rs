@@ -10,15 +10,20 @@ use utoipa::ToSchema;
 use super::server_info::ServerInfo;
 use super::state::AppState;
 
-/// `GET /info`; the KV size follows the shards' latest Warmup (it may change after a restart).
+/// `GET /info`; the KV size follows the shards' latest Warmup (it may change after a restart), what
+/// has compiled their latest step.
 #[utoipa::path(get, path = "/info", tag = "TGI",
     responses((status = 200, description = "Model, limits and KV cache size", body = ServerInfo)))]
 pub async fn info(State(state): State<AppState>) -> Json<ServerInfo> {
     let mut info = state.info.as_ref().clone();
-    let kv_blocks = state.backend.load().kv_blocks_total;
-    if kv_blocks > 0 {
-        info.kv_cache_blocks = kv_blocks;
-        info.kv_cache_tokens = kv_blocks * info.block_size;
+    let load = state.backend.load();
+    if load.kv_blocks_total > 0 {
+        info.kv_cache_blocks = load.kv_blocks_total;
+        info.kv_cache_tokens = load.kv_blocks_total * info.block_size;
+    }
+    if let Some(compilation) = load.compilation {
+        info.compiled_decode_rows = Some(compilation.decode_rows);
+        info.compiling = Some(compilation.compiling);
     }
     Json(info)
 }

@@ -59,6 +59,12 @@ pub struct ServerInfo {
     pub speculative_model: Option<String>,
     pub kv_cache_blocks: usize,
     pub kv_cache_tokens: usize,
+    /// Decode steps of up to this many rows run a compiled graph (`--torch-compile`; 0: none),
+    /// as of the shards' latest step; null before the first one.
+    pub compiled_decode_rows: Option<u32>,
+    /// Whether the shards still compile decode graphs in the background, as of their latest
+    /// step; null before the first one.
+    pub compiling: Option<bool>,
     pub router: &'static str,
     pub version: &'static str,
 }

@@ -1,5 +1,7 @@
 //! How busy the scheduler is: queue, batch and KV cache occupancy.
 
+use crate::shard::Compilation;
+
 /// A snapshot of the scheduler's load, for `/health`, `/info` and admission.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadSnapshot {
@@ -11,4 +13,6 @@ pub struct LoadSnapshot {
     pub kv_blocks_total: usize,
     /// Blocks caching a prompt prefix, held or idle (idle ones are reclaimable).
     pub kv_blocks_cached: usize,
+    /// What the shards had compiled at their latest step; `None` before the first one.
+    pub compilation: Option<Compilation>,
 }

@@ -111,6 +111,10 @@ pub(super) fn record_load(load: &LoadSnapshot) {
         as_f64(load.kv_blocks_used) / as_f64(load.kv_blocks_total)
     };
     gauge!("tandem_kv_cache_usage_ratio").set(usage);
+    if let Some(compilation) = load.compilation {
+        gauge!("tandem_compiled_decode_rows").set(f64::from(compilation.decode_rows));
+        gauge!("tandem_compiling").set(if compilation.compiling { 1.0 } else { 0.0 });
+    }
     record_model_server_load(load, usage);
 }
 
@@ -256,6 +260,14 @@ fn describe_kv_cache() {
     describe_gauge!("tandem_kv_blocks_used", "KV cache blocks in use");
     describe_gauge!("tandem_kv_blocks_total", "KV cache blocks in the pool");
     describe_gauge!(
+        "tandem_compiled_decode_rows",
+        "Decode steps of up to this many rows run a compiled graph (--torch-compile; 0: none), as of the latest step"
+    );
+    describe_gauge!(
+        "tandem_compiling",
+        "1 while the shards compile decode graphs in the background, as of the latest step"
+    );
+    describe_gauge!(
         "tandem_kv_cache_usage_ratio",
         "Fraction of KV cache blocks in use (0 to 1)"
     );
@@ -282,6 +294,7 @@ mod tests {
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     use super::*;
+    use crate::shard::Compilation;
 
     #[test]
     fn model_server_protocol_gauges_use_the_endpoint_pickers_default_names() {
@@ -310,6 +323,7 @@ mod tests {
                 kv_blocks_used: 20,
                 kv_blocks_total: 80,
                 kv_blocks_cached: 7,
+                compilation: None,
             });
         });
         let text = handle.render();
@@ -341,6 +355,10 @@ mod tests {
                 kv_blocks_used: 25,
                 kv_blocks_total: 100,
                 kv_blocks_cached: 7,
+                compilation: Some(Compilation {
+                    decode_rows: 8,
+                    compiling: true,
+                }),
             });
             record_step_planned(3, 48);
             record_step_done(
@@ -361,6 +379,8 @@ mod tests {
             "tandem_queue_tokens 40",
             "tandem_kv_cache_usage_ratio 0.25",
             "tandem_prefix_cache_blocks 7",
+            "tandem_compiled_decode_rows 8",
+            "tandem_compiling 1",
             "tandem_prefix_cache_hits_tokens_total 0",
             "tandem_batch_tokens_sum 48",
             "tandem_step_forward_duration_seconds_sum 0.015",

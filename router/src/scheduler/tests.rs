@@ -9,7 +9,7 @@ use super::handle::check_capacity;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
-use crate::shard::{RequestFailureKind, SamplingParams, StoppingParams};
+use crate::shard::{Compilation, RequestFailureKind, SamplingParams, StoppingParams};
 
 pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -351,4 +351,26 @@ fn siblings_wait_for_the_leaders_prompt_then_start_after_its_cached_blocks() {
         assert_eq!(tokens_of(sibling), expected);
     }
     assert_eq!(state.load().kv_blocks_used, 0);
+}
+
+#[test]
+fn the_load_reports_what_the_latest_answered_step_had_compiled() {
+    let mut state = SchedulerState::new(config(64, 64));
+    let mut shard = FakeShard::new(4);
+    let _receiver = submit(&mut state, 1, request(4, 8));
+    assert_eq!(state.load().compilation, None);
+    let step = state.schedule().unwrap();
+    let mut answer = shard.step(step);
+    answer.compilation = Compilation {
+        decode_rows: 4,
+        compiling: true,
+    };
+    state.apply(answer);
+    assert_eq!(
+        state.load().compilation,
+        Some(Compilation {
+            decode_rows: 4,
+            compiling: true,
+        })
+    );
 }

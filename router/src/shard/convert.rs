@@ -4,8 +4,9 @@
 use super::sampling::{Grammar, SamplingParams};
 use super::step::{NewRequest, ScheduledSpan, Step};
 use super::step_answer::{
-    FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs, PromptLogprobsChunk,
-    RequestFailure, RequestFailureKind, ShardTimings, StepAnswer, TokenLogprob,
+    Compilation, FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs,
+    PromptLogprobsChunk, RequestFailure, RequestFailureKind, ShardTimings, StepAnswer,
+    TokenLogprob,
 };
 use crate::pb;
 
@@ -192,6 +193,13 @@ impl From<pb::StepResponse> for StepAnswer {
                 total_ms: response.shard_total_ms,
                 forward_gap_ms: response.forward_gap_ms,
             },
+            compilation: response
+                .compilation
+                .map(|compilation| Compilation {
+                    decode_rows: compilation.decode_rows,
+                    compiling: compilation.compiling,
+                })
+                .unwrap_or_default(),
         }
     }
 }

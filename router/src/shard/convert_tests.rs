@@ -184,3 +184,23 @@ fn an_answer_keeps_each_requests_outcome_and_unknown_codes_read_as_none_or_model
     );
     assert_eq!(answer.timings.total_ms, 19.0);
 }
+
+#[test]
+fn an_answer_carries_what_has_compiled_and_a_shard_that_says_nothing_compiled_nothing() {
+    let answer = StepAnswer::from(pb::StepResponse {
+        compilation: Some(pb::Compilation {
+            decode_rows: 32,
+            compiling: false,
+        }),
+        ..pb::StepResponse::default()
+    });
+    assert_eq!(
+        answer.compilation,
+        Compilation {
+            decode_rows: 32,
+            compiling: false,
+        }
+    );
+    let silent = StepAnswer::from(pb::StepResponse::default());
+    assert_eq!(silent.compilation, Compilation::default());
+}

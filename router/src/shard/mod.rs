@@ -19,8 +19,9 @@ pub use fleet::ShardFleet;
 pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
 pub use step::{NewRequest, ScheduledSpan, Step};
 pub use step_answer::{
-    FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs, PromptLogprobsChunk,
-    RequestFailure, RequestFailureKind, ShardTimings, StepAnswer, TokenLogprob,
+    Compilation, FailedRequest, FinishReason, GeneratedToken, Generation, PromptLogprobs,
+    PromptLogprobsChunk, RequestFailure, RequestFailureKind, ShardTimings, StepAnswer,
+    TokenLogprob,
 };
 
 /// The RPCs the step loop sends to the whole shard group; `ShardFleet` fans each out to

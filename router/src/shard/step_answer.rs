@@ -82,6 +82,16 @@ pub struct StepAnswer {
     /// Requests that failed on their own; none of them is in `generations`.
     pub failures: Vec<FailedRequest>,
     pub timings: ShardTimings,
+    /// What the shards' `--torch-compile` has compiled when the step ends.
+    pub compilation: Compilation,
+}
+
+/// Decode steps of up to `decode_rows` rows run a compiled graph (0: none does); `compiling`:
+/// graphs for more still compile in the background.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compilation {
+    pub decode_rows: u32,
+    pub compiling: bool,
 }
 
 /// A token the step generated for request `id`.

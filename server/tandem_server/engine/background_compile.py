@@ -34,21 +34,23 @@ class StepGate:
     def __init__(self) -> None:
         self._idle = threading.Event()
         self._idle.set()
-        self._depth = 0
         self._lock = threading.Lock()
+        # Steps running now; read without the lock by the compile thread at each of its calls, which only needs to
+        # see a step soon after it starts.
+        self.depth = 0
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Held while a step (or Warmup, or a health check) runs on the model thread; re-entrant."""
         with self._lock:
-            self._depth += 1
+            self.depth += 1
             self._idle.clear()
         try:
             yield
         finally:
             with self._lock:
-                self._depth -= 1
-                if self._depth == 0:
+                self.depth -= 1
+                if self.depth == 0:
                     self._idle.set()
 
     def wait_idle(self, timeout: float) -> bool:
@@ -100,8 +102,10 @@ class BackgroundCompile:
             sys.setswitchinterval(previous_interval)
 
     def _yield_to_steps(self, frame: FrameType, event: str, arg: Any) -> None:
-        # Called at each Python call of this thread only; returning None traces no lines inside the call.
-        self._gate.wait_idle(_PAUSE_S)
+        # Called at each Python call of this thread only (millions in a compile, so the common case is one attribute
+        # read); returning None traces no lines inside the call.
+        if self._gate.depth:
+            self._gate.wait_idle(_PAUSE_S)
 
 
 def _lowest_priority() -> None:

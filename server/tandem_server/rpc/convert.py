@@ -15,6 +15,7 @@ from tandem_server.engine.step import (
     WarmupResult,
 )
 from tandem_server.errors import FailureKind
+from tandem_server.metrics import CompilationState
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
@@ -149,6 +150,12 @@ def warmup_plan_from_pb(request: shard_pb2.WarmupRequest) -> WarmupPlan:
         max_drafts=request.max_drafts,
         max_drafting_requests=request.max_drafting_requests,
     )
+
+
+def compilation_to_pb(state: CompilationState) -> shard_pb2.Compilation:
+    """What has compiled: decode steps of up to the largest compiled row count run a graph (Warmup compiles row
+    counts in increasing order, each crossing the weight formats' row thresholds)."""
+    return shard_pb2.Compilation(decode_rows=max(state.compiled_decode_rows, default=0), compiling=state.compiling)
 
 
 def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:

@@ -18,7 +18,7 @@ from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
 from tandem_server.layers.weight_quantization import QuantizationReport
-from tandem_server.metrics import ShardMetrics
+from tandem_server.metrics import CompilationState, ShardMetrics
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread
@@ -50,6 +50,8 @@ class ShardRunner(Protocol):
     def complete(self, launched: LaunchedStep) -> StepOutput: ...
 
     def reset(self) -> None: ...
+
+    def compilation(self) -> CompilationState: ...
 
 
 class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
@@ -119,6 +121,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
             self._metrics.step_done(step.phase, output.forward_ms, output.sampling_ms)
         encoding = time.perf_counter()
         response = convert.step_output_to_pb(output)
+        response.compilation.CopyFrom(convert.compilation_to_pb(self._runner.compilation()))
         # Time queued behind earlier Steps is not this Step's handling.
         response.shard_total_ms = (decode_s + job_s + time.perf_counter() - encoding) * 1000.0
         return response

@@ -242,6 +242,8 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         speculative_model: None,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
+        compiled_decode_rows: None,
+        compiling: None,
         router: "tandem-router",
         version: "0.0.0",
     }

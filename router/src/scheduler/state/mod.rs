@@ -16,7 +16,7 @@ use super::load::LoadSnapshot;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use crate::kv::BlockPool;
-use crate::shard::{FailedRequest, Generation, Step, StepAnswer};
+use crate::shard::{Compilation, FailedRequest, Generation, Step, StepAnswer};
 
 /// What one step may still take.
 struct Budget {
@@ -38,6 +38,8 @@ pub(crate) struct SchedulerState {
     in_flight: VecDeque<u64>,
     next_step_id: u64,
     preemptions: u64,
+    /// What the shards had compiled at their latest answered step.
+    compilation: Option<Compilation>,
 }
 
 impl SchedulerState {
@@ -54,6 +56,7 @@ impl SchedulerState {
             in_flight: VecDeque::new(),
             next_step_id: 0,
             preemptions: 0,
+            compilation: None,
         }
     }
 
@@ -92,6 +95,7 @@ impl SchedulerState {
             kv_blocks_used: self.pool.used(),
             kv_blocks_total: self.pool.total(),
             kv_blocks_cached: self.pool.cached(),
+            compilation: self.compilation,
         }
     }
 
@@ -247,6 +251,7 @@ impl SchedulerState {
             tracing::error!("a step answer arrived with no step in flight");
             return;
         };
+        self.compilation = Some(answer.compilation);
         // Before publishing: a failed request's blocks (non-finite logits may mean non-finite keys and values)
         // never enter the prefix cache.
         self.fail_requests(step_id, answer.failures);
