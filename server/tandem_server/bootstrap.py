@@ -13,21 +13,21 @@ from tandem_server.distributed import GroupAddress, ParallelContext, init_distri
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
-from tandem_server.layers import dense_copies
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
 from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
-from tandem_server.layers.quantized import kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import QuantizationReport, check_int4_checkpoint, quantize_model
 from tandem_server.models.compilation import compile_layers, require_cpp_compiler
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
+from tandem_server.quant import dense_copies
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import QuantizationReport, check_int4_checkpoint, quantize_model
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
 from tandem_server.weights.gguf_format import has_gguf_blocks
-from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger(__name__)
 

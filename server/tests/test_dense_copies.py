@@ -9,16 +9,12 @@ import torch
 import torch.nn.functional as F
 from tandem_server.config import ShardConfig, parse_quantized_dense_memory
 from tandem_server.errors import ConfigError
-from tandem_server.layers import dense_copies
 from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, GemmModule
-from tandem_server.layers.quantized import (
-    Int4Weight,
-    Int8GroupsWeight,
-    Int8Weight,
-    QuantizedWeight,
-    dense_values,
-)
-from tandem_server.weights.quantization import Int4Groups, Int8Groups, quantize_int4, quantize_int8
+from tandem_server.quant import dense_copies
+from tandem_server.quant.int4.weight import Int4Weight
+from tandem_server.quant.int8.weight import Int8GroupsWeight, Int8Weight
+from tandem_server.quant.kernels import QuantizedWeight, dense_values
+from tandem_server.quant.values import Int4Groups, Int8Groups, quantize_int4, quantize_int8
 from torch import nn
 
 pytestmark = pytest.mark.skipif(

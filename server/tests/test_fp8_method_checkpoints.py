@@ -21,10 +21,12 @@ from shard_testing import TINY_SETTINGS, write_tiny_llama
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.quantized import Fp8Weight, kernels_unavailable_reason
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, Fp8Channels, QuantizeMode
+from tandem_server.quant.fp8.weight import Fp8Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import FP8_DTYPE, FP8_MAX, Fp8Channels
 from tp_worker import PROMPT, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 

@@ -15,11 +15,11 @@ from tandem_launcher.embedded import convert_gguf
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.linear import StackedColumns
-from tandem_server.layers.weight_quantization import KEPT_VALUES, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.quantization import QuantizeMode
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import KEPT_VALUES, quantize_model
 
 CPU = torch.device("cpu")
 # AutoFP8 keeps the ignored k_proj float: its q/k/v stack mixes float8 and float parts.

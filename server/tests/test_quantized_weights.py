@@ -29,22 +29,18 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.embedding import LMHead
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.int4_layout import packed_block
-from tandem_server.layers.quantized import (
-    DENSE_MIN_ROWS,
-    Int4Weight,
-    Int8GroupsWeight,
-    Int8Weight,
-    kernels_unavailable_reason,
-    quantized_weight,
-)
-from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.gguf_blocks import GgufBlocks, read_blocks
+from tandem_server.quant.gguf.blocks import GgufBlocks, read_blocks
+from tandem_server.quant.int4.cpu_layout import packed_block
+from tandem_server.quant.int4.weight import DENSE_MIN_ROWS, Int4Weight
+from tandem_server.quant.int8.weight import Int8GroupsWeight, Int8Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason, quantized_weight
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import QuantizationReport, quantize_model
+from tandem_server.quant.values import Int4Groups, Int8Groups, quantize_int4, quantize_int8
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import Int4Groups, Int8Groups, QuantizeMode, quantize_int4, quantize_int8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem_server.layers.quantized import QuantizedWeight
+from tandem_server.quant.kernels import QuantizedWeight
 
 # A batch is padded to a packed row count only when at least this share of the rows is real: below it the padding
 # costs more than packing saves (measured: 20 of 32 rows runs no faster than dense).

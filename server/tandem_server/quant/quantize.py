@@ -22,28 +22,21 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.meta_storage import allocate
-from tandem_server.layers.quantized import (
-    Fp8Weight,
-    Int8Weight,
+from tandem_server.quant.fp8.checkpoint import FP8_VALUES
+from tandem_server.quant.fp8.weight import Fp8Weight
+from tandem_server.quant.gguf.blocks import GgufBlocks
+from tandem_server.quant.int4.checkpoint import INT4_VALUES
+from tandem_server.quant.int4.scheme import Int4Scheme
+from tandem_server.quant.int8.weight import Int8Weight
+from tandem_server.quant.kernels import (
     QuantizedWeight,
     format_name,
     kernels_unavailable_reason,
     quantized_weight,
     rows_available,
 )
-from tandem_server.weights.fp8_checkpoint import FP8_VALUES
-from tandem_server.weights.gguf_blocks import GgufBlocks
-from tandem_server.weights.int4_checkpoint import INT4_VALUES
-from tandem_server.weights.int4_scheme import Int4Scheme
-from tandem_server.weights.quantization import (
-    Fp8Channels,
-    Int4Groups,
-    Int8Groups,
-    QuantizeMode,
-    quantize_fp8,
-    quantize_int4,
-    quantize_int8,
-)
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import Fp8Channels, Int4Groups, Int8Groups, quantize_fp8, quantize_int4, quantize_int8
 
 # The attributes the loader sets on a parameter whose checkpoint values stay quantized, until quantization takes them.
 KEPT_VALUES = ("gguf_blocks", FP8_VALUES, INT4_VALUES)

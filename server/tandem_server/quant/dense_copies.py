@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, DenseCopy, GemmModule, OneDnnPackedWeight
-from tandem_server.layers.quantized import dense_values
+from tandem_server.quant.kernels import dense_values
 
 _MEMINFO = Path("/proc/meminfo")
 _CGROUP_DIR = Path("/sys/fs/cgroup")
