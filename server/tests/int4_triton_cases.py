@@ -16,6 +16,7 @@ import pytest
 import torch
 from int4_testing import awq_config, gptq_config, write_int4_checkpoint
 from shard_testing import load_tiny_model, write_tiny_llama
+from tandem_server.layers.gemm import GemmModule
 from tandem_server.quant import quantize
 from tandem_server.quant.int4 import triton_gemm
 from tandem_server.quant.int4.checkpoint import INT4_VALUES
@@ -176,7 +177,11 @@ def test_a_checkpoint_served_through_the_triton_weight_gives_the_cpu_logits(
     monkeypatch.setattr(quantize, "quantized_weight", triton_weight)
     model = load_tiny_model(checkpoints / name)
     quantize_model(model, QuantizeMode.NONE)
-    kinds = {type(module.quantized) for module in model.modules() if getattr(module, "quantized", None) is not None}
+    kinds = {
+        type(module.weight_format.quantized)
+        for module in model.modules()
+        if isinstance(module, GemmModule) and module.weight_format.quantized is not None
+    }
     assert kinds == {Int4TritonWeight}
     logits = prompt_logits(model)
     assert (logits - expected).abs().max() <= SERVED_RELATIVE * expected.abs().max()

@@ -26,13 +26,13 @@ from int4_testing import (
 )
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_checkpoint, write_tiny_llama
-from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
+from tandem_server.quant.checks import check_quantization
 from tandem_server.quant.int4.checkpoint import INT4_VALUES, Int4Collector
 from tandem_server.quant.int4.packing import Int4Layer, unpack_columns, unpack_rows
 from tandem_server.quant.int4.weight import Int4Weight

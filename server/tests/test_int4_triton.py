@@ -10,7 +10,7 @@ import pytest
 import torch
 from int4_testing import pack_along_rows
 from tandem_server.quant.int4.weight import Int4TritonWeight, Int4Weight
-from tandem_server.quant.kernels import format_name, kernels_unavailable_reason, quantized_weight, rows_available
+from tandem_server.quant.kernels import kernels_unavailable_reason, quantized_weight
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.quant.values import INT4_KERNEL_GROUPS, Int4Groups
 from triton_testing import SHARED_MEMORY, assert_cases_pass_under_the_interpreter, compile_all
@@ -162,7 +162,7 @@ def test_the_triton_weight_keeps_its_scales_in_the_models_dtype_and_serves_no_em
     weight = Int4TritonWeight(_groups(), torch.float32)
     assert weight.scale.dtype == weight.zero.dtype == torch.bfloat16
     assert weight.nbytes == 8 * 32 * 4 + 2 * (2 * 32 * 2)
-    assert not rows_available(weight) and format_name(weight) == "int4"
+    assert not weight.serves_rows and weight.name == "int4"
 
 
 def test_int4_groups_on_the_cpu_keep_torchs_cpu_kernel() -> None:

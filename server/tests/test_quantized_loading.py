@@ -99,7 +99,7 @@ def test_a_stack_mixing_float8_and_float_parts_serves_every_parts_values(checkpo
     stack = next(module for module in model.modules() if isinstance(module, StackedColumns))
     names = ("q_proj", "k_proj", "v_proj")
     expected = torch.cat([values[f"model.layers.0.self_attn.{part}.weight"] for part in names])
-    assert stack.quantized is None
+    assert stack.weight_format.quantized is None
     assert torch.equal(stack.weight, expected)
 
 

@@ -20,7 +20,6 @@ from safetensors import safe_open
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import convert_gguf, converted_model_dir, embedded_gguf
-from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
@@ -32,6 +31,7 @@ from tandem_server.layers.gemm import GemmModule
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
+from tandem_server.quant.checks import check_quantization
 from tandem_server.quant.gguf.blocks import GgufBlocks, read_blocks
 from tandem_server.quant.int4.cpu_layout import packed_block
 from tandem_server.quant.int4.weight import DENSE_MIN_ROWS, Int4Weight

@@ -1,7 +1,9 @@
-"""The quantized weights' kernels by scheme: which form unpacked values take where they live, what each form can
-serve besides its GEMM, and whether a device has the kernels a `--quantize` mode needs.
+"""The quantized weights' kernels by scheme: which form unpacked values take where they live, and whether a device
+has the kernels a `--quantize` mode needs.
 
 Each scheme's weights live in its folder: int4 (`int4/weight.py`), int8 (`int8/weight.py`), fp8 (`fp8/weight.py`).
+Each is a `WeightFormat` (`format.py`) that also says whether it serves embedding rows (`serves_rows`, `rows`) and
+which float values a bfloat16 copy of it holds (`dense_values`).
 """
 
 from __future__ import annotations
@@ -32,41 +34,6 @@ def quantized_weight(
             return Int8GroupsWeight(source)
         return Int8Weight(quantize_int8(source.dequantize()))
     return Int8Weight(source)
-
-
-def rows_available(weight: QuantizedWeight) -> bool:
-    """Whether `weight.rows` can serve embedding lookups (never on CUDA: the embedding there stays dense)."""
-    if isinstance(weight, Int4TritonWeight):
-        return False
-    if isinstance(weight, Int4Weight):
-        return weight.unpackable and weight.input_order is None
-    return isinstance(weight, (Int8Weight, Fp8Weight)) or weight.high.unpackable
-
-
-def dense_values(weight: QuantizedWeight) -> torch.Tensor | None:
-    """The float32 `[out, in]` values a CPU weight multiplies by, input features in the checkpoint's order; None for
-    a weight that cannot unpack (float8, CUDA, an unknown int4 layout)."""
-    if isinstance(weight, Int8Weight):
-        return weight.q.float() * weight.scale.unsqueeze(-1)
-    if isinstance(weight, Int8GroupsWeight):
-        if not weight.high.unpackable:
-            return None
-        return weight.high.dequantize() + weight.low.dequantize()
-    if not isinstance(weight, Int4Weight) or not weight.unpackable:
-        return None
-    values = weight.dequantize()
-    if weight.input_order is None:
-        return values
-    # Column j multiplies input feature input_order[j].
-    ordered = torch.empty_like(values)
-    ordered[:, weight.input_order] = values
-    return ordered
-
-
-def format_name(weight: QuantizedWeight) -> str:
-    names = {Int4Weight: "int4", Int4TritonWeight: "int4", Int8Weight: "int8", Fp8Weight: "fp8"}
-    names[Int8GroupsWeight] = "int8 in groups of 32"
-    return names[type(weight)]
 
 
 def kernels_unavailable_reason(device: torch.device, mode: QuantizeMode) -> str | None:

@@ -43,6 +43,9 @@ class Fp8Weight:
     """A float8 e4m3 weight for `torch._scaled_mm`, multiplied as its `Fp8Recipe` says (by default its device's);
     also serves embedding lookups of its rows."""
 
+    name = "fp8"
+    serves_rows = True
+
     def __init__(self, channels: Fp8Channels, recipe: Fp8Recipe | None = None) -> None:
         self.out_features, self.in_features = channels.q.shape
         if channels.q.is_cuda and (self.out_features % _FP8_CUDA_MULTIPLE or self.in_features % _FP8_CUDA_MULTIPLE):
@@ -70,6 +73,14 @@ class Fp8Weight:
         # CUDA's row-wise scaled GEMM writes bfloat16 or float16 only; on CPU float32.
         self.out_dtype = torch.float32 if self.recipe is Fp8Recipe.RUNS else torch.bfloat16
         self.nbytes = tensor_bytes(self.q) + tensor_bytes(self.scale)
+
+    @property
+    def quantized(self) -> Fp8Weight:
+        return self
+
+    def dense_values(self) -> None:
+        """None: float8 weights get no bfloat16 copy (the float8 GEMM already runs on matrix instructions)."""
+        return None
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.recipe is Fp8Recipe.BLOCK_WISE:

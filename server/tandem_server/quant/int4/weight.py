@@ -32,6 +32,8 @@ class Int4Weight:
     densely, which is faster there; both paths multiply by the same values.
     """
 
+    name = "int4"
+
     def __init__(self, groups: Int4Groups) -> None:
         self.out_features, self.in_features = groups.q.shape
         if self.out_features % INT4_OUT_MULTIPLE:
@@ -48,6 +50,15 @@ class Int4Weight:
         block = packed_block()
         self.layout = None if block is None else PackedLayout(block, self.out_features, self.in_features)
         self.unpackable = self.layout is not None
+
+    @property
+    def quantized(self) -> Int4Weight:
+        return self
+
+    @property
+    def serves_rows(self) -> bool:
+        """Whether `rows` can serve embedding lookups."""
+        return self.unpackable and self.input_order is None
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.input_order is not None:
@@ -67,6 +78,19 @@ class Int4Weight:
         scale = self.scales_and_zeros[..., 0].t().float().contiguous().unsqueeze(-1)
         zero = self.scales_and_zeros[..., 1].t().float().contiguous().unsqueeze(-1)
         return torch.addcmul(zero, q.float() - INT4_MIDPOINT, scale).view(self.out_features, self.in_features)
+
+    def dense_values(self) -> torch.Tensor | None:
+        """The float32 `[out, in]` values the kernel multiplies by, input features in the checkpoint's order; None
+        when this CPU's packing cannot be read back."""
+        if not self.unpackable:
+            return None
+        values = self.dequantize()
+        if self.input_order is None:
+            return values
+        # Column j multiplies input feature input_order[j].
+        ordered = torch.empty_like(values)
+        ordered[:, self.input_order] = values
+        return ordered
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of the weight (an embedding lookup), unpacking only their blocks (only when `unpackable`)."""
@@ -88,6 +112,10 @@ class Int4TritonWeight:
     multiplies by, packed eight to an int32, scales and zeros in bfloat16 or float16 (`dtype`); activations of
     another dtype are cast to it and the output back."""
 
+    name = "int4"
+    # An embedding on CUDA stays dense.
+    serves_rows = False
+
     def __init__(self, groups: Int4Groups, dtype: torch.dtype = ACTIVATION_DTYPE) -> None:
         from tandem_server.quant.int4 import triton_gemm  # noqa: PLC0415  (Triton only when a weight is on CUDA)
 
@@ -101,6 +129,14 @@ class Int4TritonWeight:
         self.zero = groups.zero.t().to(self.dtype).contiguous()
         self.nbytes = tensor_bytes(self.words) + tensor_bytes(self.scale) + tensor_bytes(self.zero)
 
+    @property
+    def quantized(self) -> Int4TritonWeight:
+        return self
+
+    def dense_values(self) -> None:
+        """None: a CUDA weight gets no bfloat16 copy (copies are a CPU path)."""
+        return None
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.input_order is not None:
             x = x.index_select(-1, self.input_order)
@@ -109,7 +145,7 @@ class Int4TritonWeight:
         return out if bias is None else out + bias
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Never called: an embedding on CUDA stays dense (`rows_available` is False for this format)."""
+        """Never called: an embedding on CUDA stays dense (`serves_rows` is False for this format)."""
         raise TypeError("invariant: a CUDA int4 weight serves no embedding rows")
 
 
