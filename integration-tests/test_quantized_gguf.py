@@ -11,7 +11,7 @@ import pytest
 import requests
 from near_ties import assert_follows_up_to_near_ties, greedy_tokens
 from tandem_harness import TandemServer, model_cache_dir
-from tandem_server.layers import dense_copies
+from tandem_server.quant import dense_copies
 
 PROMPTS = (
     "The three primary colours are",

@@ -22,8 +22,8 @@ from tandem_server.bootstrap import load_shard
 from tandem_server.config import CompileMode, ShardConfig
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
+from tandem_server.quant.mode import QuantizeMode
 from tandem_server.sampling.params import SamplingParams
-from tandem_server.weights.quantization import QuantizeMode
 
 BLOCK_SIZE, PROMPT_TOKENS, UNTIMED_STEPS = 16, 40, 5
 

@@ -29,8 +29,8 @@ def fp8_gemm_errors(
     """Per GEMM: the float8 output's relative RMS error against the bfloat16 GEMM on the same inputs."""
     import torch  # noqa: PLC0415  (torch is only needed where the check runs)
     import torch.nn.functional as F  # noqa: PLC0415
-    from tandem_server.layers.quantized import Fp8Weight  # noqa: PLC0415
-    from tandem_server.weights.quantization import quantize_fp8  # noqa: PLC0415
+    from tandem_server.quant.fp8.weight import Fp8Weight  # noqa: PLC0415
+    from tandem_server.quant.values import quantize_fp8  # noqa: PLC0415
 
     generator = torch.Generator(device=device).manual_seed(seed)
     errors = {}

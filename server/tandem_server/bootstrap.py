@@ -13,21 +13,18 @@ from tandem_server.distributed import GroupAddress, ParallelContext, init_distri
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
-from tandem_server.layers import dense_copies
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
-from tandem_server.layers.gemm import pack_gemm_weights, packing_available, packing_summary
-from tandem_server.layers.quantized import kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import QuantizationReport, check_int4_checkpoint, quantize_model
 from tandem_server.models.compilation import compile_layers, require_cpp_compiler
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
+from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.pipeline import WeightPreparation, prepare_weights
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
-from tandem_server.weights.gguf_format import has_gguf_blocks
-from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +59,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.allow_pickle_weights,
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
-    weights = quantize_weights(model, config.quantize)
-    copy_quantized_weights(model, config.quantized_dense_memory, config.world_size, weights)
-    pack_weights(model, config.packed_gemm_rows, device, config.dtype)
+    weights = prepare_weights(model, weight_preparation(config, device))
     if config.torch_compile is CompileMode.WARMUP:
         require_cpp_compiler()
         logger.info("torch.compile: the stages of %d decoder layers compile at Warmup", compile_layers(model))
@@ -125,71 +120,15 @@ def load_draft_model(
     return drafting
 
 
-def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
-    """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
-    check_int4_checkpoint(mode, checkpoint.int4, device)
-    if checkpoint.fp8 is not None:
-        if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
-            raise ConfigError(
-                f"--quantize {mode.value}: {checkpoint.path} is an FP8 checkpoint ({checkpoint.fp8.method}); "
-                "serve it with --quantize none (its float8 layers stay float8) or fp8"
-            )
-        unavailable = kernels_unavailable_reason(device, QuantizeMode.FP8)
-        if unavailable is not None:
-            raise ConfigError(f"FP8 checkpoint ({checkpoint.fp8.method}): {unavailable}")
-    if mode is not QuantizeMode.NONE:
-        unavailable = kernels_unavailable_reason(device, mode)
-        if unavailable is not None:
-            raise ConfigError(f"--quantize {mode.value}: {unavailable}")
-    if mode is QuantizeMode.GGUF and not has_gguf_blocks(checkpoint.path):
-        raise ConfigError(
-            f"--quantize gguf: {checkpoint.path} keeps no GGUF blocks (only a converted .gguf model does)"
-        )
-
-
-def quantize_weights(model: torch.nn.Module, mode: QuantizeMode) -> QuantizationReport:
-    """Turns the GEMM weights into int4/int8/fp8 as `mode` (and an FP8 checkpoint) asks and logs each weight's format
-    and the bytes they take."""
-    started = time.perf_counter()
-    report = quantize_model(model, mode)
-    logger.info("%s (%.1fs)", report.describe(), time.perf_counter() - started)
-    return report
-
-
-def copy_quantized_weights(
-    model: torch.nn.Module, memory: int | None, ranks_on_node: int, report: QuantizationReport
-) -> None:
-    """Gives the quantized GEMMs bfloat16 copies for batches within `memory` bytes (None: `auto`) and adds them to
-    `report`."""
-    if memory == 0 or not dense_copies.has_quantized_gemms(model):
-        return
-    unavailable = dense_copies.unavailable_reason(auto=memory is None)
-    if unavailable is not None:
-        logger.info("quantized weights get no bfloat16 copies for batches: %s", unavailable)
-        return
-    started = time.perf_counter()
-    budget = dense_copies.auto_budget(ranks_on_node) if memory is None else memory
-    copies = dense_copies.add_dense_copies(model, budget)
-    report.formats[f"dense copies: bfloat16 for batches of {dense_copies.DENSE_COPY_MIN_ROWS}+ rows"] += copies.made
-    report.weight_bytes += copies.nbytes
-    logger.info("%s in %.1fs", copies.describe(), time.perf_counter() - started)
-
-
-def pack_weights(model: torch.nn.Module, row_counts: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
-    """Gives the model's GEMMs prepacked weights for `row_counts` where this device and dtype can use them."""
-    if not row_counts:
-        return
-    unavailable = packing_available(device, dtype)
-    if unavailable is not None:
-        logger.info("GEMM weights stay unpacked: %s", unavailable)
-        return
-    started = time.perf_counter()
-    added = pack_gemm_weights(model, row_counts)
-    logger.info(
-        "packed GEMM weights in %.1fs: %s (%.0f MiB)",
-        time.perf_counter() - started,
-        packing_summary(dtype, row_counts),
-        added / 2**20,
+def weight_preparation(config: ShardConfig, device: torch.device) -> WeightPreparation:
+    """What the weight preparation steps read from the shard's flags."""
+    return WeightPreparation(
+        quantize=config.quantize,
+        dense_copy_memory=config.quantized_dense_memory,
+        ranks_on_node=config.world_size,
+        packed_gemm_rows=config.packed_gemm_rows,
+        device=device,
+        dtype=config.dtype,
     )
 
 

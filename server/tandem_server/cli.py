@@ -30,12 +30,12 @@ from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
 from tandem_server.metrics import ShardMetrics
+from tandem_server.quant.mode import QuantizeMode
 from tandem_server.rpc.cluster_auth import read_cluster_secret
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import TcpListener, serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
 from tandem_server.weight_defaults import AUTO, choose_weight_settings, cpu_multiplies_bfloat16
-from tandem_server.weights.quantization import QuantizeMode
 
 logger = logging.getLogger("tandem_server")
 

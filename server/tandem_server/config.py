@@ -12,7 +12,7 @@ import torch
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan
 from tandem_server.layers.attention.selection import BACKEND_CHOICES
-from tandem_server.weights.quantization import QuantizeMode
+from tandem_server.quant.mode import QuantizeMode
 
 ATTENTION_BACKENDS = BACKEND_CHOICES
 DEVICES = ("cpu", "cuda")

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from tandem_server.config import parse_quantized_dense_memory, resolve_dtype
+from tandem_server.quant.mode import QuantizeMode
 from tandem_server.weights.gguf_format import has_gguf_blocks
-from tandem_server.weights.quantization import QuantizeMode
 
 AUTO = "auto"
 

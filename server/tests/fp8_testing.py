@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, QuantizeMode
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import QuantizationReport, quantize_model
+from tandem_server.quant.values import FP8_DTYPE, FP8_MAX
 
 CPU = torch.device("cpu")
 

@@ -16,11 +16,15 @@ import pytest
 import torch
 from int4_testing import awq_config, gptq_config, write_int4_checkpoint
 from shard_testing import load_tiny_model, write_tiny_llama
-from tandem_server.layers import int4_triton, weight_quantization
-from tandem_server.layers.quantized import Int4TritonWeight, Int4Weight, QuantizedWeight
-from tandem_server.layers.weight_quantization import quantize_model
-from tandem_server.weights.int4_checkpoint import INT4_VALUES
-from tandem_server.weights.quantization import Int4Groups, QuantizeMode
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.quant import quantize
+from tandem_server.quant.int4 import triton_gemm
+from tandem_server.quant.int4.checkpoint import INT4_VALUES
+from tandem_server.quant.int4.weight import Int4TritonWeight, Int4Weight
+from tandem_server.quant.kernels import QuantizedWeight
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import quantize_model
+from tandem_server.quant.values import Int4Groups
 from tp_worker import prompt_logits
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -82,9 +86,9 @@ SHAPES = [(40, 1024, 32), (96, 256, 64), (48, 512, 128), (136, 256, 256)]
 def test_the_shapes_reach_split_and_whole_launches() -> None:
     splits = set()
     for out_features, in_features, group_size in SHAPES:
-        config = int4_triton.tile_config(1, group_size)
+        config = triton_gemm.tile_config(1, group_size)
         output_tiles = -(-out_features // config.block_n)
-        splits.add(int4_triton.k_splits(output_tiles, in_features // config.block_k, int4_triton.DEFAULT_SM_COUNT))
+        splits.add(triton_gemm.k_splits(output_tiles, in_features // config.block_k, triton_gemm.DEFAULT_SM_COUNT))
     assert 1 in splits and max(splits) > 1
 
 
@@ -170,10 +174,14 @@ def test_a_checkpoint_served_through_the_triton_weight_gives_the_cpu_logits(
     def triton_weight(source: Int4Groups, dtype: torch.dtype) -> QuantizedWeight:
         return Int4TritonWeight(source, dtype)
 
-    monkeypatch.setattr(weight_quantization, "quantized_weight", triton_weight)
+    monkeypatch.setattr(quantize, "quantized_weight", triton_weight)
     model = load_tiny_model(checkpoints / name)
     quantize_model(model, QuantizeMode.NONE)
-    kinds = {type(module.quantized) for module in model.modules() if getattr(module, "quantized", None) is not None}
+    kinds = {
+        type(module.weight_format.quantized)
+        for module in model.modules()
+        if isinstance(module, GemmModule) and module.weight_format.quantized is not None
+    }
     assert kinds == {Int4TritonWeight}
     logits = prompt_logits(model)
     assert (logits - expected).abs().max() <= SERVED_RELATIVE * expected.abs().max()

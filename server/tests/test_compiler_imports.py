@@ -34,7 +34,7 @@ def test_a_cpu_shard_without_torch_compile_imports_no_compiler(tmp_path: Path) -
     model = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
     arguments = ["--model-path", str(model), "--uds-path", str(tmp_path / "shard.sock"), "--device", "cpu"]
     arguments += ["--dtype", "bfloat16", "--quantize", "gguf", "--quantized-dense-memory", "auto"]
-    arguments += ["--kv-cache-memory", "16MiB", "--num-threads", "1"]
+    arguments += ["--kv-cache-memory", "16MiB", "--num-threads", "1", "--torch-compile", "off"]
     finished = subprocess.run(
         [sys.executable, "-c", PROGRAM, *arguments], capture_output=True, text=True, timeout=300, check=False
     )

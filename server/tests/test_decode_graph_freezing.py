@@ -13,10 +13,10 @@ from tandem_server.engine.kv_cache import KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
-from tandem_server.layers.quantized import kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.compilation import compile_layers
-from tandem_server.weights.quantization import QuantizeMode
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import quantize_model
 from torch._inductor import config as inductor_config
 
 # The slow tier (compiles graphs with Inductor): `make test` runs it, `make test-fast` does not.

@@ -9,16 +9,13 @@ import torch
 import torch.nn.functional as F
 from tandem_server.config import ShardConfig, parse_quantized_dense_memory
 from tandem_server.errors import ConfigError
-from tandem_server.layers import dense_copies
-from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, GemmModule
-from tandem_server.layers.quantized import (
-    Int4Weight,
-    Int8GroupsWeight,
-    Int8Weight,
-    QuantizedWeight,
-    dense_values,
-)
-from tandem_server.weights.quantization import Int4Groups, Int8Groups, quantize_int4, quantize_int8
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.quant import dense_copies
+from tandem_server.quant.dense_copies import DENSE_COPY_MIN_ROWS, DenseCopyFormat
+from tandem_server.quant.int4.weight import Int4Weight
+from tandem_server.quant.int8.weight import Int8GroupsWeight, Int8Weight
+from tandem_server.quant.kernels import QuantizedWeight
+from tandem_server.quant.values import Int4Groups, Int8Groups, quantize_int4, quantize_int8
 from torch import nn
 
 pytestmark = pytest.mark.skipif(
@@ -62,7 +59,7 @@ def _int8_groups(weight: torch.Tensor) -> Int8Groups:
 )
 def test_dense_values_are_what_the_quantized_kernel_multiplies_by(make) -> None:  # type: ignore[no-untyped-def]
     quantized = make(_weight(96, 128))
-    values = dense_values(quantized)
+    values = quantized.dense_values()
     assert values is not None and values.shape == (96, 128)
     x = torch.randn(3, 128)
     _assert_bfloat16_product(quantized.linear(x, None), x, values)
@@ -72,7 +69,7 @@ def test_dense_values_of_an_act_order_weight_follow_the_checkpoints_input_order(
     groups = quantize_int4(_weight(64, 128))
     order = torch.randperm(128, generator=torch.Generator().manual_seed(1))
     quantized = Int4Weight(Int4Groups(groups.q, groups.scale, groups.zero, groups.group_size, order))
-    values = dense_values(quantized)
+    values = quantized.dense_values()
     assert values is not None
     x = torch.randn(2, 128)
     _assert_bfloat16_product(quantized.linear(x, None), x, values)
@@ -92,7 +89,7 @@ def test_batches_from_the_threshold_multiply_by_the_copy_and_smaller_ones_by_the
     assert torch.equal(module.gemm(small, bias), quantized.linear(small, bias))
     after = module.gemm(large, bias)
     assert not torch.equal(after, before)
-    values = dense_values(quantized)
+    values = quantized.dense_values()
     assert values is not None
     _assert_bfloat16_product(after - bias, large, values)
 
@@ -102,10 +99,10 @@ def test_copies_stop_at_the_memory_given() -> None:
     one_copy = 64 * 64 * 2
     made = dense_copies.add_dense_copies(model, budget=2 * one_copy + one_copy // 2)
     assert (made.made, made.left, made.nbytes) == (2, 1, 2 * one_copy)
-    assert [module.dense_copy is not None for module in model] == [True, True, False]
+    assert [isinstance(module.weight_format, DenseCopyFormat) for module in model] == [True, True, False]
     untouched = nn.Sequential(_Gemm(Int4Weight(quantize_int4(_weight(64, 64)))))
     assert dense_copies.add_dense_copies(untouched, budget=0) == dense_copies.DenseCopies(made=0, left=1, nbytes=0)
-    assert untouched[0].dense_copy is None
+    assert untouched[0].weight_format is untouched[0].weight_format.quantized
 
 
 def test_the_memory_flag_takes_a_size_or_auto_and_is_refused_on_cuda() -> None:

@@ -21,10 +21,12 @@ from shard_testing import TINY_SETTINGS, write_tiny_llama
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.quantized import Fp8Weight, kernels_unavailable_reason
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, Fp8Channels, QuantizeMode
+from tandem_server.quant.fp8.weight import Fp8Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import FP8_DTYPE, FP8_MAX, Fp8Channels
 from tp_worker import PROMPT, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 
@@ -89,10 +91,10 @@ def test_autofp8_static_input_scales_are_the_gemms_activation_scales(float_dir: 
     stored = load_file(str(tmp_path / "autofp8" / "model.safetensors"))
     model, _ = load_fp8_checkpoint(tmp_path / "autofp8")
     attention = model.model.layers[0].self_attn
-    assert attention.o_proj.quantized.input_scale == stored["model.layers.0.self_attn.o_proj.input_scale"].item()
+    assert attention.o_proj.weight_format.input_scale == stored["model.layers.0.self_attn.o_proj.input_scale"].item()
     # q, k and v share one input: the largest of their static scales.
     qkv = [stored[f"model.layers.0.self_attn.{role}_proj.input_scale"].item() for role in "qkv"]
-    assert attention.qkv_proj.quantized.input_scale == max(qkv)
+    assert attention.qkv_proj.weight_format.input_scale == max(qkv)
 
 
 def test_autofp8_ignored_layers_stay_float_with_their_values(float_dir: Path, tmp_path: Path) -> None:
@@ -131,8 +133,8 @@ def test_a_fused_tensors_parts_read_the_block_scales_of_their_rows(tmp_path: Pat
     assert report.formats["qkv_proj: float8 checkpoint as fp8"] == 1
     for module, name in ((model.model.layers[0].self_attn.qkv_proj, "self_attn.qkv_proj"),
                          (model.model.layers[0].mlp.gate_up_proj, "mlp.gate_up_proj")):  # fmt: skip
-        rows = torch.arange(module.quantized.out_features)
-        assert torch.equal(module.quantized.rows(rows, torch.float32), values[f"model.layers.0.{name}.weight"])
+        rows = torch.arange(module.weight_format.out_features)
+        assert torch.equal(module.weight_format.rows(rows, torch.float32), values[f"model.layers.0.{name}.weight"])
 
 
 def test_a_rank_whose_inputs_split_a_block_fails_start_up(float_dir: Path, tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fp8_testing import rounded_like_fp8
-from tandem_server.layers.quantized import Fp8Recipe, Fp8Weight, fp8_recipe
-from tandem_server.weights.fp8_blocks import requantize_rows
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, Fp8Channels
+from tandem_server.quant.fp8.blocks import requantize_rows
+from tandem_server.quant.fp8.weight import Fp8Recipe, Fp8Weight, fp8_recipe
+from tandem_server.quant.values import FP8_DTYPE, FP8_MAX, Fp8Channels
 
 CUDA = torch.device("cuda", 0)
 BLOCK = 128

@@ -23,12 +23,15 @@ from fp8_testing import (
 )
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_llama
-from tandem_server.bootstrap import check_quantization, load_shard
+from tandem_server.bootstrap import load_shard
 from tandem_server.cli import config_from_args
 from tandem_server.errors import ConfigError, WeightsError
-from tandem_server.layers.quantized import Fp8Weight, kernels_unavailable_reason
 from tandem_server.models.config import read_checkpoint_config
-from tandem_server.weights.quantization import FP8_DTYPE, FP8_MAX, Fp8Channels, QuantizeMode, quantize_fp8
+from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.fp8.weight import Fp8Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import FP8_DTYPE, FP8_MAX, Fp8Channels, quantize_fp8
 from tp_worker import NEW_TOKENS, PROMPT, generate, prompt_logits
 from transformers import LlamaForCausalLM
 

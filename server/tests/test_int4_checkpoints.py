@@ -26,19 +26,21 @@ from int4_testing import (
 )
 from safetensors.torch import load_file, save_file
 from shard_testing import write_tiny_checkpoint, write_tiny_llama
-from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.quantized import Int4Weight, kernels_unavailable_reason
-from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.int4_checkpoint import INT4_VALUES, Int4Collector
-from tandem_server.weights.int4_packing import Int4Layer, unpack_columns, unpack_rows
+from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.int4.checkpoint import INT4_VALUES, Int4Collector
+from tandem_server.quant.int4.packing import Int4Layer, unpack_columns, unpack_rows
+from tandem_server.quant.int4.weight import Int4Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import quantize_model
+from tandem_server.quant.values import Int4Groups
 from tandem_server.weights.layout import CheckpointLayout
-from tandem_server.weights.quantization import Int4Groups, QuantizeMode
 from tandem_server.weights.safetensors import iterate_tensors
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 from test_tensor_parallel import free_port

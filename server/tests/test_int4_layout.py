@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tandem_server.layers.int4_layout import PackedLayout, packed_block
+from tandem_server.quant.int4.cpu_layout import PackedLayout, packed_block
 
 
 def _values(out_features: int, in_features: int) -> torch.Tensor:

@@ -9,20 +9,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 from int4_testing import pack_along_rows
-from tandem_server.layers.quantized import (
-    Int4TritonWeight,
-    Int4Weight,
-    format_name,
-    kernels_unavailable_reason,
-    quantized_weight,
-    rows_available,
-)
-from tandem_server.weights.quantization import INT4_KERNEL_GROUPS, Int4Groups, QuantizeMode
+from tandem_server.quant.int4.weight import Int4TritonWeight, Int4Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason, quantized_weight
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import INT4_KERNEL_GROUPS, Int4Groups
 from triton_testing import SHARED_MEMORY, assert_cases_pass_under_the_interpreter, compile_all
 
 triton = pytest.importorskip("triton")
 
-from tandem_server.layers import int4_triton  # noqa: E402
+from tandem_server.quant.int4 import triton_gemm  # noqa: E402
 
 # The slow tier (runs Triton kernels in the interpreter): `make test` runs it, `make test-fast` does not.
 pytestmark = pytest.mark.slow
@@ -63,8 +58,8 @@ def compile_case(case: CompileCase) -> int:
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource  # noqa: PLC0415
 
-    config = int4_triton.tile_config(case.rows, case.group_size)
-    output = "fp32" if case.rows <= int4_triton.DECODE_ROWS else case.dtype
+    config = triton_gemm.tile_config(case.rows, case.group_size)
+    output = "fp32" if case.rows <= triton_gemm.DECODE_ROWS else case.dtype
     pointers = {"x_ptr": case.dtype, "words_ptr": "i32", "scale_ptr": case.dtype, "zero_ptr": case.dtype}
     signature = {name: f"*{element}" for name, element in {**pointers, "out_ptr": output}.items()}
     signature |= dict.fromkeys(("rows", "out_features", "in_features", "tiles_per_split"), "i32")
@@ -72,7 +67,7 @@ def compile_case(case: CompileCase) -> int:
     constants["BLOCK_K"] = config.block_k
     signature |= dict.fromkeys(constants, "constexpr")
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    source = ASTSource(int4_triton._int4_gemm, signature, constants)
+    source = ASTSource(triton_gemm._int4_gemm, signature, constants)
     return triton.compile(source, target=GPUTarget("cuda", case.arch, 32), options=options).metadata.shared
 
 
@@ -89,26 +84,26 @@ def test_int4_kernel_compiles_ahead_of_time_within_shared_memory(
 
 
 def test_rows_and_splits_are_never_specialised() -> None:
-    unspecialised = {param.name for param in int4_triton._int4_gemm.params if param.do_not_specialize}
+    unspecialised = {param.name for param in triton_gemm._int4_gemm.params if param.do_not_specialize}
     assert unspecialised == {"rows", "tiles_per_split"}
 
 
 def test_packed_words_are_gptqs_qweight_layout() -> None:
     q = torch.randint(0, 16, (24, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    words = int4_triton.pack(q)
+    words = triton_gemm.pack(q)
     assert words.dtype == torch.int32 and words.shape == (8, 24)
     assert torch.equal(words, pack_along_rows(q.t().long()))
 
 
 def test_packing_refuses_inputs_that_fill_no_whole_word() -> None:
     with pytest.raises(ValueError, match="input features in multiples of 8, this weight has 12"):
-        int4_triton.pack(torch.zeros(16, 12, dtype=torch.uint8))
+        triton_gemm.pack(torch.zeros(16, 12, dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("group_size", INT4_KERNEL_GROUPS)
 @pytest.mark.parametrize("rows", [1, 16, 17, 512])
 def test_each_tile_of_inputs_lies_in_one_group(rows: int, group_size: int) -> None:
-    config = int4_triton.tile_config(rows, group_size)
+    config = triton_gemm.tile_config(rows, group_size)
     assert group_size % config.block_k == 0
     assert min(config.block_m, config.block_n, config.block_k) >= 16
     assert config.block_m == (16 if rows <= 16 else 64)
@@ -125,7 +120,7 @@ def test_each_tile_of_inputs_lies_in_one_group(rows: int, group_size: int) -> No
     ],
 )
 def test_decodes_split_their_inputs_to_fill_the_gpu(output_tiles: int, k_tiles: int, expected: int) -> None:
-    assert int4_triton.k_splits(output_tiles, k_tiles, 132) == expected
+    assert triton_gemm.k_splits(output_tiles, k_tiles, 132) == expected
 
 
 def _operands(in_features: int = 64, group_size: int = 32) -> dict[str, torch.Tensor]:
@@ -155,7 +150,7 @@ def test_the_kernel_refuses_operands_it_cannot_multiply(case: str) -> None:
     changes, group_size, message = BAD_OPERANDS[case]
     operands = {**_operands(), **changes}
     with pytest.raises(ValueError, match=message):
-        int4_triton.int4_gemm(operands["x"], operands["words"], operands["scale"], operands["zero"], group_size)
+        triton_gemm.int4_gemm(operands["x"], operands["words"], operands["scale"], operands["zero"], group_size)
 
 
 def _groups(input_order: torch.Tensor | None = None) -> Int4Groups:
@@ -167,7 +162,7 @@ def test_the_triton_weight_keeps_its_scales_in_the_models_dtype_and_serves_no_em
     weight = Int4TritonWeight(_groups(), torch.float32)
     assert weight.scale.dtype == weight.zero.dtype == torch.bfloat16
     assert weight.nbytes == 8 * 32 * 4 + 2 * (2 * 32 * 2)
-    assert not rows_available(weight) and format_name(weight) == "int4"
+    assert not weight.serves_rows and weight.name == "int4"
 
 
 def test_int4_groups_on_the_cpu_keep_torchs_cpu_kernel() -> None:

@@ -14,18 +14,19 @@ from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
 from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
-from tandem_server.layers.gemm import (
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.layers.linear import RowParallelLinear, StackedColumns
+from tandem_server.models.registry import CausalLM
+from tandem_server.quant.packed import (
     ONEDNN_MAX_ROWS,
-    GemmModule,
     OneDnnPackedWeight,
+    PackedFormat,
     PackedGemm,
     PackedWeight,
     pack_gemm_weights,
     packing_available,
     packing_summary,
 )
-from tandem_server.layers.linear import RowParallelLinear, StackedColumns
-from tandem_server.models.registry import CausalLM
 
 CPU = torch.device("cpu")
 needs_mkl = pytest.mark.skipif(
@@ -80,8 +81,8 @@ def test_small_or_large_batches_fall_back_to_dense() -> None:
 @needs_mkl
 def test_gemm_module_routes_by_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     module = Spy(torch.randn(8, 16))
-    module.pack((32,))
-    assert module.packed is not None
+    pack_gemm_weights(module, (32,))
+    assert isinstance(module.weight_format, PackedFormat)
     calls = _count_calls(monkeypatch, PackedWeight)
     module(torch.randn(4, 16))
     module(torch.randn(28, 16))
@@ -158,9 +159,10 @@ def test_onednn_bfloat16_copy_serves_any_batch_up_to_its_limit_with_dense_number
 @needs_onednn_bf16
 def test_onednn_bfloat16_leaves_prefill_sized_batches_dense() -> None:
     module = Spy(torch.randn(8, 16).bfloat16())
-    module.pack((32,))
-    assert isinstance(module.packed, OneDnnPackedWeight)
-    assert module.packed.fitting_rows(ONEDNN_MAX_ROWS + 1) is None
+    pack_gemm_weights(module, (32,))
+    assert isinstance(module.weight_format, PackedFormat)
+    assert isinstance(module.weight_format.packed, OneDnnPackedWeight)
+    assert module.weight_format.packed.fitting_rows(ONEDNN_MAX_ROWS + 1) is None
     x = torch.randn(ONEDNN_MAX_ROWS + 1, 16).bfloat16()
     assert torch.equal(module(x), F.linear(x, module.weight))
 
@@ -203,7 +205,7 @@ def test_a_compiled_graph_calls_packed_gemms_whose_weights_are_its_inputs(dtype:
     torch._dynamo.reset()
     torch.manual_seed(0)
     module = Spy(torch.randn(48, 40).to(dtype))
-    module.pack((8,))
+    pack_gemm_weights(module, (8,))
     x = torch.randn(8, 40).to(dtype)
 
     def stage(layer: Spy, rows: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,11 @@ from tandem_launcher.embedded import convert_gguf
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.linear import StackedColumns
-from tandem_server.layers.weight_quantization import KEPT_VALUES, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.quantization import QuantizeMode
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import KEPT_VALUES, quantize_model
 
 CPU = torch.device("cpu")
 # AutoFP8 keeps the ignored k_proj float: its q/k/v stack mixes float8 and float parts.
@@ -99,7 +99,7 @@ def test_a_stack_mixing_float8_and_float_parts_serves_every_parts_values(checkpo
     stack = next(module for module in model.modules() if isinstance(module, StackedColumns))
     names = ("q_proj", "k_proj", "v_proj")
     expected = torch.cat([values[f"model.layers.0.self_attn.{part}.weight"] for part in names])
-    assert stack.quantized is None
+    assert stack.weight_format.quantized is None
     assert torch.equal(stack.weight, expected)
 
 

@@ -20,7 +20,6 @@ from safetensors import safe_open
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import convert_gguf, converted_model_dir, embedded_gguf
-from tandem_server.bootstrap import check_quantization
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.batch import ScheduledSpan, build_step_batch
 from tandem_server.engine.forward import forward_step
@@ -29,22 +28,19 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.embedding import LMHead
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.layers.int4_layout import packed_block
-from tandem_server.layers.quantized import (
-    DENSE_MIN_ROWS,
-    Int4Weight,
-    Int8GroupsWeight,
-    Int8Weight,
-    kernels_unavailable_reason,
-    quantized_weight,
-)
-from tandem_server.layers.weight_quantization import QuantizationReport, quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
-from tandem_server.weights.gguf_blocks import GgufBlocks, read_blocks
+from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.gguf.blocks import GgufBlocks, read_blocks
+from tandem_server.quant.int4.cpu_layout import packed_block
+from tandem_server.quant.int4.weight import DENSE_MIN_ROWS, Int4Weight
+from tandem_server.quant.int8.weight import Int8GroupsWeight, Int8Weight
+from tandem_server.quant.kernels import kernels_unavailable_reason, quantized_weight
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import QuantizationReport, quantize_model
+from tandem_server.quant.values import Int4Groups, Int8Groups, quantize_int4, quantize_int8
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import Int4Groups, Int8Groups, QuantizeMode, quantize_int4, quantize_int8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 CPU = torch.device("cpu")

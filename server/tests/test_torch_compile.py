@@ -12,9 +12,9 @@ from shard_testing import StepDriver, make_runner, new_request, write_tiny_check
 from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
-from tandem_server.layers.gemm import pack_gemm_weights
 from tandem_server.metrics import CompilationState
 from tandem_server.models.compilation import require_cpp_compiler, warmup_rows
+from tandem_server.quant.packed import pack_gemm_weights
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config

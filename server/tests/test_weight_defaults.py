@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from tandem_server.cli import config_from_args
+from tandem_server.quant.mode import QuantizeMode
 from tandem_server.weight_defaults import choose_weight_settings
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR
-from tandem_server.weights.quantization import QuantizeMode
 
 
 def gguf_model(tmp_path: Path) -> Path:

@@ -13,14 +13,14 @@ from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import quantize_model
 from tandem_server.sampling import SamplingParams
 from tandem_server.weights.gguf_format import has_gguf_blocks
-from tandem_server.weights.quantization import QuantizeMode
 
 WORLD_SIZE = 2
 BLOCK_SIZE = 4

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.weight_quantization import quantize_model
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
-from tandem_server.weights.quantization import QuantizeMode
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.quantize import quantize_model
 
 
 def resident_bytes() -> int:

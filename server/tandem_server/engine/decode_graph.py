@@ -47,9 +47,9 @@ from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.layers.attention.torch_decode_mirror import MirroredLayerCache
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
-from tandem_server.layers.dense_copies import has_quantized_gemms
 from tandem_server.models.compilation import warmup_rows
 from tandem_server.models.registry import CausalLM
+from tandem_server.quant.dense_copies import has_quantized_gemms
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.gemm import GemmModule, release_storage
 from tandem_server.layers.linear import rank_run
-from tandem_server.layers.quantized import QuantizedWeight
+from tandem_server.quant.kernels import QuantizedWeight
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 _SINGLE_RANK = ParallelContext()

@@ -1,222 +1,44 @@
-"""Weight GEMMs: torch's dense GEMM, or on CPU prepacked weights for decode-sized batches.
-
-A dense GEMM with few rows spends much of its time repacking the weight on every call; packing it once avoids that.
-- float32: MKL's packed GEMM only accepts exactly the row count a weight was packed for, so each packed row count
-  costs one more copy of the weights, and a batch slightly smaller than a packed count is padded up to it.
-- bfloat16: one oneDNN copy (AMX or AVX-512 BF16 kernels), packed for the largest row count given, serves every
-  batch up to `ONEDNN_MAX_ROWS` rows with the same numbers as the dense GEMM.
-"""
+"""The base of every linear layer that multiplies by a weight matrix: its one `WeightFormat` does the GEMM."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tandem_server.layers.quantized import QuantizedWeight
-
-# A batch is padded to a packed row count only when at least this share of the rows is real: below it the padding
-# costs more than packing saves (measured: 20 of 32 rows runs no faster than dense).
-MIN_FILLED_SHARE = 0.75
-# The embedded model's GEMMs with weights read from DRAM, 2 cores: the oneDNN copy is 1.4-1.5x faster than dense
-# bfloat16 at 16-128 rows and 1.2x at 256, but 1.16x slower at 512, where prefill chunks stay on the dense weight.
-ONEDNN_MAX_ROWS = 256
-
-
-# The packed GEMMs as operators of Tandem's own, opaque to torch.compile: Inductor lowers torch's packed GEMMs only
-# with the packed weight as a constant of the graph, never as an input (which the weights of compiled layers are), so
-# a compiled graph calls these as they are. Eager steps call torch's operators directly: the wrapper's dispatch costs
-# a few microseconds a GEMM.
-@torch.library.custom_op("tandem::mkl_packed_linear", mutates_args=())
-def mkl_packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: int
-) -> torch.Tensor:
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, packed_rows)
-
-
-@mkl_packed_linear.register_fake
-def _(
-    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed_rows: int
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], weight.shape[0]))
-
-
-@torch.library.custom_op("tandem::onednn_packed_linear", mutates_args=())
-def onednn_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-@onednn_packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((x.shape[0], packed.shape[0]))
-
-
-class PackedGemm(Protocol):
-    """Prepacked copies of one `[out, in]` weight and the row counts they serve."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def fitting_rows(self, rows: int) -> int | None:
-        """The packed row count a GEMM with `rows` rows runs at, or None to run it dense."""
-
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor: ...
-
-
-class PackedWeight:
-    """MKL-packed float32 copies of one `[out, in]` weight, one per row count in `row_counts`."""
-
-    @staticmethod
-    def unavailable_reason() -> str | None:
-        if not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"):
-            return "this torch build has no MKL"
-        return None
-
-    @staticmethod
-    def summary(row_counts: tuple[int, ...]) -> str:
-        return f"MKL float32 copies for {','.join(map(str, row_counts))}-row batches"
-
-    def __init__(self, weight: torch.Tensor, row_counts: tuple[int, ...]) -> None:
-        self.weight = weight
-        self.copies = {rows: torch.ops.mkl._mkl_reorder_linear_weight(weight, rows) for rows in sorted(row_counts)}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(copy.numel() * copy.element_size() for copy in self.copies.values())
-
-    def fitting_rows(self, rows: int) -> int | None:
-        """The smallest packed row count that holds `rows` with little enough padding, if any."""
-        for packed_rows in self.copies:
-            if packed_rows >= rows:
-                return packed_rows if rows >= MIN_FILLED_SHARE * packed_rows else None
-        return None
-
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
-        rows = x.shape[0]
-        if rows < packed_rows:
-            x = torch.cat([x, x.new_zeros(packed_rows - rows, x.shape[1])])
-        gemm = mkl_packed_linear if torch.compiler.is_compiling() else torch.ops.mkl._mkl_linear
-        out = gemm(x, self.copies[packed_rows], self.weight, bias, packed_rows)
-        return out[:rows]
-
-
-class OneDnnPackedWeight:
-    """One oneDNN-packed bfloat16 copy of an `[out, in]` weight, for any batch of up to `ONEDNN_MAX_ROWS` rows."""
-
-    @staticmethod
-    def unavailable_reason() -> str | None:
-        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-            return "this CPU or torch build has no oneDNN bfloat16 kernels"
-        return None
-
-    @staticmethod
-    def summary(row_counts: tuple[int, ...]) -> str:
-        return f"one oneDNN bfloat16 copy for batches of up to {ONEDNN_MAX_ROWS} rows"
-
-    def __init__(self, weight: torch.Tensor, row_counts: tuple[int, ...]) -> None:
-        self.copy = torch.ops.mkldnn._reorder_linear_weight(weight, max(row_counts))
-        self.nbytes = weight.numel() * weight.element_size()
-
-    def fitting_rows(self, rows: int) -> int | None:
-        return rows if rows <= ONEDNN_MAX_ROWS else None
-
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, packed_rows: int) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return onednn_packed_linear(x, self.copy, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.copy, bias, "none", [], "")
-
-
-# How a CPU weight of each dtype is packed; other dtypes stay dense.
-PACKING_BY_DTYPE: dict[torch.dtype, type[PackedWeight] | type[OneDnnPackedWeight]] = {
-    torch.float32: PackedWeight,
-    torch.bfloat16: OneDnnPackedWeight,
-}
-
-
-def packing_available(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None when prepacked GEMMs can run here, else why not."""
-    packing = PACKING_BY_DTYPE.get(dtype)
-    if device.type != "cpu" or packing is None:
-        return "prepacked GEMMs are a CPU float32 or bfloat16 path"
-    return packing.unavailable_reason()
-
-
-def packing_summary(dtype: torch.dtype, row_counts: tuple[int, ...]) -> str:
-    """What packing for `row_counts` builds in `dtype`, for the start-up log."""
-    return PACKING_BY_DTYPE[dtype].summary(row_counts)
-
-
-class DenseCopy:
-    """A oneDNN-packed bfloat16 copy of a quantized weight's values, in the weight's input order, for GEMMs of at
-    least `DENSE_COPY_MIN_ROWS` rows: there the bfloat16 matrix instructions outrun the weight-only kernels, which
-    multiply one activation row at a time. The copy rounds each value to bfloat16."""
-
-    def __init__(self, values: torch.Tensor) -> None:
-        self.packed = OneDnnPackedWeight(values.to(torch.bfloat16), (ONEDNN_MAX_ROWS,))
-        self.nbytes = self.packed.nbytes
-
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        out = self.packed.linear(x.to(torch.bfloat16), None, x.shape[0]).to(x.dtype)
-        return out if bias is None else out + bias
-
-
-# Measured on 2 AMX cores, every GEMM of the embedded model's 30 layers and LM head with distinct weights: the int4
-# kernels took 29 / 48 / 48 / 73 / 254 ms at 4 / 6 / 8 / 12 / 32 rows, the bfloat16 copies 32 / 36 / 33 / 46 / 66 ms.
-DENSE_COPY_MIN_ROWS = 6
+from tandem_server.quant.format import DenseFormat, WeightFormat
+from tandem_server.quant.kernels import QuantizedWeight
 
 
 class GemmModule(nn.Module):
-    """A module whose forward multiplies by `self.weight`; `pack` gives it prepacked copies for some row counts.
-
-    A quantized module multiplies by `quantized` instead, and its float weight is released (emptied); a
-    `dense_copy` of it, when given, serves GEMMs of `DENSE_COPY_MIN_ROWS` rows or more.
-    """
+    """A module whose forward multiplies by its weight through `weight_format`: dense (`weight` itself) until the
+    weights are prepared (`quant/pipeline.py`), which may swap in another format."""
 
     weight: torch.Tensor
-    packed: PackedGemm | None = None
-    quantized: QuantizedWeight | None = None
-    dense_copy: DenseCopy | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight_format: WeightFormat = DenseFormat(self)
 
     def weight_parts(self) -> list[torch.Tensor]:
         """The parameters whose rows make up `weight`, in order (one, unless layers are stacked)."""
         return [self.weight]
 
+    def use_format(self, weight_format: WeightFormat) -> None:
+        """Multiplies by `weight_format` from now on."""
+        self.weight_format = weight_format
+
     def use_quantized(self, quantized: QuantizedWeight) -> None:
         """Multiplies by `quantized` from now on and releases the float weight's memory."""
-        self.quantized = quantized
-        self.packed = None
+        self.use_format(quantized)
         for tensor in [*self.weight_parts(), self.weight]:
             release_storage(tensor)
 
-    def pack(self, row_counts: tuple[int, ...]) -> int:
-        """Packs the weight for `row_counts` in the way its dtype allows; returns the bytes the copies take."""
-        if self.quantized is not None:
-            return 0
-        packed = PACKING_BY_DTYPE[self.weight.dtype](self.weight, row_counts)
-        self.packed = packed
-        return packed.nbytes
-
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """`x @ weight.T + bias` for 2-D `x`, through the quantized weight or a packed copy that fits the rows."""
-        if self.quantized is not None:
-            if self.dense_copy is not None and x.shape[0] >= DENSE_COPY_MIN_ROWS:
-                return self.dense_copy.linear(x, bias)
-            return self.quantized.linear(x, bias)
-        if self.packed is not None:
-            packed_rows = self.packed.fitting_rows(x.shape[0])
-            if packed_rows is not None:
-                return self.packed.linear(x, bias, packed_rows)
-        return F.linear(x, self.weight, bias)
+        """`x @ weight.T + bias` for 2-D `x`."""
+        return self.weight_format.linear(x, bias)
 
 
 def release_storage(tensor: torch.Tensor) -> None:
     """Empties `tensor` in place, freeing its memory; one on meta has none, and an empty view of it will do (torch
     refuses a new meta tensor made under inference mode as the data of one made outside it)."""
     tensor.data = tensor.data[:0] if tensor.is_meta else tensor.data.new_empty(0)
-
-
-def pack_gemm_weights(model: nn.Module, row_counts: tuple[int, ...]) -> int:
-    """Packs every GEMM weight of `model` for `row_counts`; returns the bytes added."""
-    return sum(module.pack(row_counts) for module in model.modules() if isinstance(module, GemmModule))

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem_server.errors import ConfigError
-from tandem_server.weights.fp8_scheme import Fp8Scheme, checkpoint_fp8_scheme
-from tandem_server.weights.int4_scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
+from tandem_server.quant.fp8.scheme import Fp8Scheme, checkpoint_fp8_scheme
+from tandem_server.quant.int4.scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
 
 
 @dataclass(frozen=True)

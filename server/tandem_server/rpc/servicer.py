@@ -17,8 +17,8 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
-from tandem_server.layers.weight_quantization import QuantizationReport
 from tandem_server.metrics import CompilationState, ShardMetrics
+from tandem_server.quant.quantize import QuantizationReport
 from tandem_server.rpc import convert
 from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread

@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from tandem_server.errors import WeightsError
-from tandem_server.weights.fp8_checkpoint import Fp8Collector, float8_problem
-from tandem_server.weights.fp8_scheme import Fp8Scheme
-from tandem_server.weights.gguf_blocks import GgufBlocks, iterate_block_tensors, read_blocks
-from tandem_server.weights.int4_checkpoint import QWEIGHT, Int4Collector
-from tandem_server.weights.int4_scheme import Int4Scheme
+from tandem_server.quant.fp8.checkpoint import Fp8Collector, float8_problem
+from tandem_server.quant.fp8.scheme import Fp8Scheme
+from tandem_server.quant.gguf.blocks import GgufBlocks, iterate_block_tensors, read_blocks
+from tandem_server.quant.int4.checkpoint import QWEIGHT, Int4Collector
+from tandem_server.quant.int4.scheme import Int4Scheme
+from tandem_server.quant.values import FP8_DTYPE
 from tandem_server.weights.layout import CheckpointLayout
 from tandem_server.weights.pickled import iterate_pickled_tensors
-from tandem_server.weights.quantization import FP8_DTYPE
 from tandem_server.weights.safetensors import iterate_tensors, tensor_dtypes
 from tandem_server.weights.slicing import CheckpointTensor, load_full
 

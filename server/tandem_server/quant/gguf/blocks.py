@@ -1,4 +1,4 @@
-"""GGUF quantized tensors kept as their raw blocks (layout in `gguf_format`): decoding, exact dequantization,
+"""GGUF quantized tensors kept as their raw blocks (layout in `weights/gguf_format.py`): decoding, exact dequantization,
 per-rank slicing."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tandem_server.quant.values import INT4_MIDPOINT, Int4Groups, Int8Groups
 from tandem_server.weights.gguf_format import BLOCK_BYTES, BLOCK_VALUES, GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from tandem_server.weights.quantization import INT4_MIDPOINT, Int4Groups, Int8Groups
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 

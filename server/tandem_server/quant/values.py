@@ -10,7 +10,6 @@ weights.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 
 import torch
@@ -23,19 +22,6 @@ INT4_OUT_MULTIPLE = 16
 INT4_MIDPOINT = 8
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
-
-
-class QuantizeMode(enum.Enum):
-    """How the shard stores GEMM weights: float, the checkpoint's GGUF blocks, or quantized at load.
-
-    An FP8 checkpoint's float8 weights stay float8 whatever the mode; the mode decides its float weights.
-    """
-
-    NONE = "none"
-    GGUF = "gguf"
-    INT8 = "int8"
-    INT4 = "int4"
-    FP8 = "fp8"
 
 
 @dataclass(frozen=True)
@@ -194,6 +180,10 @@ class Fp8Channels:
             max(bounds) if bounds else None,
             groups.pop(),
         )
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def quantize_fp8(weight: torch.Tensor) -> Fp8Channels:

@@ -2,24 +2,55 @@
 multiply by (`--quantized-dense-memory`): single streams keep reading the few bytes of the quantized weights, batches
 and prefill chunks get the bfloat16 matrix instructions.
 
-Copies are made in the model's module order while they fit the memory given; a weight past that keeps its quantized
-kernel at every batch size.
+A layer with a copy multiplies by a `DenseCopyFormat`, which dispatches by row count between the quantized weight
+and its copy. Copies are made in the model's module order while they fit the memory given; a weight past that keeps
+its quantized kernel at every batch size.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from tandem_server.layers.gemm import DENSE_COPY_MIN_ROWS, DenseCopy, GemmModule, OneDnnPackedWeight
-from tandem_server.layers.quantized import dense_values
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.quant.kernels import QuantizedWeight
+from tandem_server.quant.packed import ONEDNN_MAX_ROWS, OneDnnPackedWeight
 
 _MEMINFO = Path("/proc/meminfo")
 _CGROUP_DIR = Path("/sys/fs/cgroup")
+# Measured on 2 AMX cores, every GEMM of the embedded model's 30 layers and LM head with distinct weights: the int4
+# kernels took 29 / 48 / 48 / 73 / 254 ms at 4 / 6 / 8 / 12 / 32 rows, the bfloat16 copies 32 / 36 / 33 / 46 / 66 ms.
+DENSE_COPY_MIN_ROWS = 6
+
+
+class DenseCopyFormat:
+    """A quantized weight with a oneDNN-packed bfloat16 copy of its values, in the weight's input order: GEMMs of at
+    least `DENSE_COPY_MIN_ROWS` rows multiply by the copy, where the bfloat16 matrix instructions outrun the
+    weight-only kernels (which multiply one activation row at a time), smaller ones by the quantized weight. The copy
+    rounds each value to bfloat16."""
+
+    def __init__(self, quantized: QuantizedWeight, values: torch.Tensor) -> None:
+        self.quantized = quantized
+        self.copy = OneDnnPackedWeight(values.to(torch.bfloat16), (ONEDNN_MAX_ROWS,))
+
+    @property
+    def name(self) -> str:
+        return f"{self.quantized.name}, a bfloat16 copy for batches of {DENSE_COPY_MIN_ROWS}+ rows"
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes + self.copy.nbytes
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.shape[0] < DENSE_COPY_MIN_ROWS:
+            return self.quantized.linear(x, bias)
+        out = self.copy.linear(x.to(torch.bfloat16), None, x.shape[0]).to(x.dtype)
+        return out if bias is None else out + bias
 
 
 @dataclass(frozen=True)
@@ -83,22 +114,27 @@ def _cgroup_headroom() -> int | None:
 
 
 def has_quantized_gemms(model: nn.Module) -> bool:
-    return any(isinstance(module, GemmModule) and module.quantized is not None for module in model.modules())
+    return any(True for _ in quantized_gemms(model))
+
+
+def quantized_gemms(model: nn.Module) -> Iterator[tuple[GemmModule, QuantizedWeight]]:
+    """Each GEMM module of `model` that multiplies by a quantized weight, with that weight."""
+    for module in model.modules():
+        if isinstance(module, GemmModule) and module.weight_format.quantized is not None:
+            yield module, module.weight_format.quantized
 
 
 @torch.inference_mode()
 def add_dense_copies(model: nn.Module, budget: int) -> DenseCopies:
     """Gives each quantized CPU GEMM of `model` a bfloat16 copy while their bytes stay within `budget`."""
     made = left = nbytes = 0
-    for module in model.modules():
-        if not isinstance(module, GemmModule) or module.quantized is None:
-            continue
-        values = dense_values(module.quantized)
+    for module, quantized in quantized_gemms(model):
+        values = quantized.dense_values()
         size = 0 if values is None else values.numel() * torch.bfloat16.itemsize
         if values is None or nbytes + size > budget:
             left += 1
             continue
-        module.dense_copy = DenseCopy(values)
+        module.use_format(DenseCopyFormat(quantized, values))
         made += 1
         nbytes += size
     return DenseCopies(made, left, nbytes)

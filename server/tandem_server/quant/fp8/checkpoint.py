@@ -4,7 +4,7 @@ A float8 weight is sliced like any weight. A per-channel `weight_scale` follows 
 layer reads the rows it keeps, a row-parallel one (split along the inputs) keeps every row's scale; a fused tensor's
 scales split with its rows. A per-tensor scale is replicated (to every rank and every part of a fused tensor), and
 becomes per channel. A block-wise `weight_scale_inv` is widened to one scale per row and run of inputs
-(`fp8_blocks`). Scales are checked against their weights once everything is read.
+(`blocks`). Scales are checked against their weights once everything is read.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tandem_server.weights.fp8_blocks import block_window, check_block_count, row_scales
-from tandem_server.weights.fp8_scheme import Fp8Scheme
+from tandem_server.quant.fp8.blocks import block_window, check_block_count, row_scales
+from tandem_server.quant.fp8.scheme import Fp8Scheme
+from tandem_server.quant.values import FP8_DTYPE, Fp8Channels
 from tandem_server.weights.layout import CheckpointLayout
-from tandem_server.weights.quantization import FP8_DTYPE, Fp8Channels
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 WEIGHT_SCALE = "weight_scale"

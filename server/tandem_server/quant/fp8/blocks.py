@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from tandem_server.weights.quantization import Fp8Channels, quantize_fp8
+from tandem_server.quant.values import Fp8Channels, quantize_fp8
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 # torch's block-scaled float8 GEMM takes weight scales per 128 x 128 block and activation scales per 1 x 128 inputs.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tandem_server.weights.int4_packing import (
+from tandem_server.quant.int4.packing import (
     NIBBLES,
     Int4Layer,
     act_order,
@@ -25,9 +25,9 @@ from tandem_server.weights.int4_packing import (
     unpack_columns,
     unpack_rows,
 )
-from tandem_server.weights.int4_scheme import Int4Scheme
+from tandem_server.quant.int4.scheme import Int4Scheme
+from tandem_server.quant.values import Int4Groups
 from tandem_server.weights.layout import CheckpointLayout
-from tandem_server.weights.quantization import Int4Groups
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 
 QWEIGHT, QZEROS, SCALES, G_IDX = "qweight", "qzeros", "scales", "g_idx"

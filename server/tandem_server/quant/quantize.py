@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -22,28 +23,14 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.meta_storage import allocate
-from tandem_server.layers.quantized import (
-    Fp8Weight,
-    Int8Weight,
-    QuantizedWeight,
-    format_name,
-    kernels_unavailable_reason,
-    quantized_weight,
-    rows_available,
-)
-from tandem_server.weights.fp8_checkpoint import FP8_VALUES
-from tandem_server.weights.gguf_blocks import GgufBlocks
-from tandem_server.weights.int4_checkpoint import INT4_VALUES
-from tandem_server.weights.int4_scheme import Int4Scheme
-from tandem_server.weights.quantization import (
-    Fp8Channels,
-    Int4Groups,
-    Int8Groups,
-    QuantizeMode,
-    quantize_fp8,
-    quantize_int4,
-    quantize_int8,
-)
+from tandem_server.quant.fp8.checkpoint import FP8_VALUES
+from tandem_server.quant.fp8.weight import Fp8Weight
+from tandem_server.quant.gguf.blocks import GgufBlocks
+from tandem_server.quant.int4.checkpoint import INT4_VALUES
+from tandem_server.quant.int8.weight import Int8Weight
+from tandem_server.quant.kernels import QuantizedWeight, quantized_weight
+from tandem_server.quant.mode import QuantizeMode
+from tandem_server.quant.values import Fp8Channels, Int4Groups, Int8Groups, quantize_fp8, quantize_int4, quantize_int8
 
 # The attributes the loader sets on a parameter whose checkpoint values stay quantized, until quantization takes them.
 KEPT_VALUES = ("gguf_blocks", FP8_VALUES, INT4_VALUES)
@@ -111,21 +98,6 @@ def _return_freed_memory() -> None:
         pass
 
 
-def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device: torch.device) -> None:
-    """Refuses, before anything loads, a GPTQ or AWQ checkpoint with another `--quantize`, or on a device the int4
-    kernel does not run on."""
-    if scheme is None:
-        return
-    what = f"{scheme.method.upper()} int4 checkpoint"
-    if mode is not QuantizeMode.NONE:
-        raise ConfigError(
-            f"--quantize {mode.value}: {what}s are served with --quantize none (their int4 layers stay int4)"
-        )
-    unavailable = kernels_unavailable_reason(device, QuantizeMode.INT4)
-    if unavailable is not None:
-        raise ConfigError(f"{what}: {unavailable}")
-
-
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode, device: torch.device) -> str:
     parts = module.weight_parts()
     served = _serve_checkpoint_values(module, parts, device)
@@ -133,24 +105,24 @@ def _quantize_gemm(module: GemmModule, mode: QuantizeMode, device: torch.device)
         return served
     blocks: list[GgufBlocks | None] = [getattr(part, "gguf_blocks", None) for part in parts]
     if mode is QuantizeMode.NONE or (mode is QuantizeMode.GGUF and not all(blocks)):
-        return str(module.weight.dtype).removeprefix("torch.")
+        return module.weight_format.name
     if mode is QuantizeMode.GGUF:
         source = [block.unpack() for block in blocks if block]
         if len({type(values) for values in source}) > 1:
             return "mixed GGUF types, dequantized"
         label = "/".join(sorted({block.gguf_type for block in blocks if block}))
         quantized = quantized_weight(source[0] if len(source) == 1 else _concat_rows(source))
-        if isinstance(module, LMHead) and not rows_available(quantized):
+        if isinstance(module, LMHead) and not quantized.serves_rows:
             # A tied embedding looks its rows up in the head's copy; int8 channels always can.
             quantized = Int8Weight(quantize_int8(torch.cat([values.dequantize() for values in source])))
     elif isinstance(module, LMHead) and mode is QuantizeMode.INT4 and device.type == "cuda":
         # int4's LM head is int8 per row, which has no CUDA kernel here: it stays float (and a tied embedding too).
-        return str(module.weight.dtype).removeprefix("torch.")
+        return module.weight_format.name
     else:
         label = "float"
         quantized = _quantize_float(module, mode)
     _use(module, quantized)
-    return f"{label} as {format_name(quantized)}"
+    return f"{label} as {quantized.name}"
 
 
 def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor], device: torch.device) -> str | None:
@@ -195,29 +167,34 @@ def _use(module: GemmModule, quantized: QuantizedWeight) -> None:
 def _quantize_embedding(model: nn.Module, embedding: Embedding) -> str:
     """Shares a tied LM head's quantized copy, or keeps a GGUF embedding's blocks; else it stays float."""
     head = next((m for m in model.modules() if isinstance(m, LMHead) and m.weight is embedding.weight), None)
-    if head is not None and head.quantized is not None:
-        embedding.use_quantized(head.quantized)
-        return f"{format_name(head.quantized)}, shared with the tied LM head"
+    shared = None if head is None else head.weight_format.quantized
+    if shared is not None:
+        embedding.use_quantized(shared)
+        return f"{shared.name}, shared with the tied LM head"
     blocks: GgufBlocks | None = getattr(embedding.weight, "gguf_blocks", None)
     if blocks is not None:
         quantized = quantized_weight(blocks.unpack())
-        if rows_available(quantized):
+        if quantized.serves_rows:
             embedding.use_quantized(quantized)
             del embedding.weight.gguf_blocks  # type: ignore[attr-defined]  # the loading tag, no longer needed
-            return f"{blocks.gguf_type} as {format_name(quantized)}"
+            return f"{blocks.gguf_type} as {quantized.name}"
     return str(embedding.weight.dtype).removeprefix("torch.")
 
 
 def _weight_bytes(model: nn.Module) -> int:
+    """The parameters' bytes and each quantized weight's once (a tied embedding shares its head's)."""
     dense = sum(param.numel() * param.element_size() for param in model.parameters())
-    seen: set[int] = set()
-    quantized = 0
+    quantized = {id(weight): weight.nbytes for weight in _quantized_weights(model)}
+    return dense + sum(quantized.values())
+
+
+def _quantized_weights(model: nn.Module) -> Iterator[QuantizedWeight]:
     for module in model.modules():
-        weight = getattr(module, "quantized", None)
-        if weight is not None and id(weight) not in seen:
-            seen.add(id(weight))
-            quantized += weight.nbytes
-    return dense + quantized
+        weight = module.weight_format.quantized if isinstance(module, GemmModule) else None
+        if isinstance(module, Embedding):
+            weight = module.quantized
+        if weight is not None:
+            yield weight
 
 
 def _concat_rows(parts: list[Int4Groups | Int8Groups]) -> Int4Groups | Int8Groups:

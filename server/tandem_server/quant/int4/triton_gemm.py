@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tandem_server.weights.quantization import INT4_KERNEL_GROUPS, INT4_MIDPOINT
+from tandem_server.quant.values import INT4_KERNEL_GROUPS, INT4_MIDPOINT
 
 NIBBLES = 8
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.weights.quantization import INT4_KERNEL_GROUPS, INT4_MIDPOINT, INT4_OUT_MULTIPLE, Int4Groups
+from tandem_server.quant.values import INT4_KERNEL_GROUPS, INT4_MIDPOINT, INT4_OUT_MULTIPLE, Int4Groups
 
 NIBBLES = 8
 # AWQ's gemm packing: nibble i of an int32 holds column AWQ_NIBBLE_ORDER[i] of its eight output columns.

@@ -1,0 +1,1 @@
+"""int4 groupwise weights: the CPU and CUDA kernels, and GPTQ and AWQ checkpoints."""
