@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use super::response::{stop_reason, tool_use_id};
-use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
+use crate::tools::{route_text, ChoiceOutput, DeltaBody};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

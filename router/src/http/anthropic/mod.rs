@@ -16,13 +16,13 @@ use serde_json::Value;
 use self::events::MessageEvents;
 use self::request::{CountTokensRequest, MessagesRequest};
 use self::response::{message_id, output_blocks, stop_reason, Message, MessageUsage, TokenCount};
-use super::generation::AdmittedRequest;
-use super::json::ApiJson;
-use super::sse::sse_response;
-use super::state::AppState;
 use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
+use crate::generation::AdmittedRequest;
+use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::sse_response;
 use crate::stream::StreamError;
-use crate::validation::tools::ToolChoice;
+use crate::tools::ToolChoice;
 
 /// The error answers of the Anthropic routes.
 #[derive(utoipa::IntoResponses)]
@@ -62,8 +62,13 @@ pub async fn messages(
         .tools
         .as_ref()
         .is_some_and(|plan| plan.choice != ToolChoice::Auto);
-    let admitted =
-        AdmittedRequest::start(&state, "messages", generation.prompt, &generation.params).await?;
+    let admitted = AdmittedRequest::start(
+        state.engine(),
+        "messages",
+        generation.prompt,
+        &generation.params,
+    )
+    .await?;
     let id = message_id();
     let model = state.config.model_id.clone();
     let renderer = MessageEvents::new(tools_callable, call_required);

@@ -11,13 +11,13 @@ use axum::Json;
 use request::GenerateRequest;
 use response::{BestOfSequence, GenerateResponse, StreamDetails, StreamResponse};
 
-use super::generation::{collect_siblings, AdmittedRequest};
-use super::json::ApiJson;
-use super::sse::{json_event, sse_response};
-use super::state::AppState;
 use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };
+use crate::generation::{collect_siblings, AdmittedRequest};
+use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::{json_event, sse_response};
 use crate::validation::request_rules;
 use response::{answer, top_tokens};
 
@@ -58,9 +58,14 @@ async fn generate_whole(
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.config)?;
-    let generations =
-        AdmittedRequest::start_siblings(&state, "generate", prompt, &params, options.best_of)
-            .await?;
+    let generations = AdmittedRequest::start_siblings(
+        state.engine(),
+        "generate",
+        prompt,
+        &params,
+        options.best_of,
+    )
+    .await?;
     let mut candidates = collect_siblings(generations).await?;
     let best = candidates
         .iter()
@@ -108,7 +113,8 @@ async fn stream_tokens(
     let (prompt, params, options) = request.into_parts(&state.config)?;
     let use_generate = " on /generate_stream: use /generate";
     request_rules::refuse_feature(options.best_of > 1, "best_of", use_generate)?;
-    let mut generation = AdmittedRequest::start(&state, "generate_stream", prompt, &params).await?;
+    let mut generation =
+        AdmittedRequest::start(state.engine(), "generate_stream", prompt, &params).await?;
     let events = async_stream::stream! {
         let mut text = options.full_text_prefix.unwrap_or_default();
         loop {

@@ -8,7 +8,6 @@ mod envelope;
 mod fields;
 mod logprobs;
 pub mod responses;
-pub(super) mod tool_calls;
 
 use axum::response::Response;
 use futures::StreamExt;
@@ -17,9 +16,9 @@ pub use envelope::{finish_reason, ChunkBuilder, ResponseMeta, Usage};
 use fields::impl_sampling_fields;
 pub use fields::{SamplingFields, StopSpec, StreamOptions};
 
-use super::generation::AdmittedRequest;
-use super::sse::{done_event, json_event, sse_response};
 use crate::error::{error_event, Api};
+use crate::generation::AdmittedRequest;
+use crate::http::transport::sse::{done_event, json_event, sse_response};
 
 /// Streams the choices' `generations` as OpenAI chunks, interleaved as tokens arrive and
 /// ending with `data: [DONE]`; an error in any choice becomes an error event followed by

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
 use crate::error::{error_body, Api, AppError};
-use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
+use crate::tools::{route_text, ChoiceOutput, DeltaBody};
 
 /// Renders one response's events; every method returns the events to send, in order.
 #[derive(Debug)]

@@ -24,12 +24,12 @@ use self::events::ResponseEvents;
 use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};
 use self::request::ResponsesRequest;
 use crate::error::{ApiError, AppError, OpenAi, OpenAiErrorBody};
-use crate::http::auth::Caller;
-use crate::http::generation::AdmittedRequest;
-use crate::http::json::ApiJson;
-use crate::http::sse::sse_response;
+use crate::generation::AdmittedRequest;
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
-use crate::validation::tools::ToolChoice;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::sse_response;
+use crate::tools::ToolChoice;
 use crate::validation::ValidationError;
 
 /// The error answers of `POST /v1/responses`.
@@ -91,8 +91,13 @@ pub async fn create(
         generation.conversation,
         owner,
     );
-    let admitted =
-        AdmittedRequest::start(&state, "responses", generation.prompt, &generation.params).await?;
+    let admitted = AdmittedRequest::start(
+        state.engine(),
+        "responses",
+        generation.prompt,
+        &generation.params,
+    )
+    .await?;
     let store = Arc::clone(&state.responses);
     if generation.stream {
         return Ok(stream_response(admitted, renderer, draft, store));
