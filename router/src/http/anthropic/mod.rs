@@ -20,8 +20,8 @@ use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, Ap
 use crate::generation::AdmittedRequest;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
-use crate::http::transport::sse::sse_response;
-use crate::stream::StreamError;
+use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
+use crate::stream::{StreamError, TextDelta};
 use crate::tools::ToolChoice;
 
 /// The error answers of the Anthropic routes.
@@ -73,7 +73,14 @@ pub async fn messages(
     let model = state.config.model_id.clone();
     let renderer = MessageEvents::new(tools_callable, call_required);
     if generation.stream {
-        return Ok(stream_message(admitted, renderer, id, model));
+        let input_tokens = admitted.input_tokens;
+        let surface = MessageStream {
+            renderer,
+            id,
+            model,
+            input_tokens,
+        };
+        return Ok(stream_generations(vec![admitted], surface));
     }
     let input_tokens = admitted.input_tokens;
     let mut deltas = Box::pin(admitted.into_deltas(0));
@@ -114,40 +121,36 @@ fn named_event(payload: &Value) -> Event {
     Event::default().event(name).data(payload.to_string())
 }
 
-/// Streams the message's events as tokens arrive; an error ends the stream with an `error`
-/// event.
-fn stream_message(
-    admitted: AdmittedRequest,
-    mut renderer: MessageEvents,
+/// Anthropic's message stream: `message_start`, then the message's blocks as tokens arrive
+/// (`MessageEvents`), ending with `message_delta` and `message_stop`; an error ends it with an
+/// `error` event.
+struct MessageStream {
+    renderer: MessageEvents,
     id: String,
     model: String,
-) -> Response {
-    let start = MessageEvents::start(&id, &model, admitted.input_tokens);
-    let mut deltas = Box::pin(admitted.into_deltas(0));
-    let events = async_stream::stream! {
-        yield named_event(&start);
-        while let Some(sibling) = deltas.next().await {
-            match sibling.delta {
-                Ok(delta) => {
-                    for payload in renderer.text(delta.token.text) {
-                        yield named_event(&payload);
-                    }
-                    if let Some(finish) = delta.finish {
-                        let closing = renderer.finish(finish, delta.stop_sequence, sibling.generated_tokens);
-                        for payload in closing {
-                            yield named_event(&payload);
-                        }
-                        return;
-                    }
-                }
-                Err(error) => {
-                    yield error_event(Api::Anthropic, &error);
-                    return;
-                }
-            }
+    input_tokens: usize,
+}
+
+impl SurfaceEvents for MessageStream {
+    fn opening(&mut self) -> Vec<Event> {
+        let start = MessageEvents::start(&self.id, &self.model, self.input_tokens);
+        vec![named_event(&start)]
+    }
+
+    fn delta(&mut self, _index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
+        let mut payloads = self.renderer.text(delta.token.text);
+        if let Some(finish) = delta.finish {
+            let closing = self
+                .renderer
+                .finish(finish, delta.stop_sequence, generated_tokens);
+            payloads.extend(closing);
         }
-    };
-    sse_response(events)
+        payloads.iter().map(named_event).collect()
+    }
+
+    fn error(&mut self, error: &AppError) -> Vec<Event> {
+        vec![error_event(Api::Anthropic, error)]
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: the tokens the conversation (system prompt and tool
