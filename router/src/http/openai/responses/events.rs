@@ -4,7 +4,7 @@
 //! `response.output_text.delta`s, `response.output_text.done`, `response.content_part.done`
 //! for a message; `response.function_call_arguments.delta`s and `.done` for a call) and
 //! `response.output_item.done`, then `response.completed` (or `response.incomplete`).
-//! Text is routed through the chat route's tool call scanner when tools may be called.
+//! Text is routed through the tool-call scanner (`crate::tools`) when tools may be called.
 
 use serde_json::{json, Value};
 
