@@ -20,6 +20,7 @@ use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, Ap
 use crate::generation::AdmittedRequest;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::typed_event;
 use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
 use crate::stream::{StreamError, TextDelta};
 use crate::tools::ToolChoice;
@@ -112,13 +113,9 @@ pub async fn messages(
     Err(AppError::Stream(StreamError::Incomplete).into())
 }
 
-/// An event named by its payload's `type`, as Anthropic clients dispatch on the name.
+/// An event named by its payload's `type`.
 fn named_event(payload: &Value) -> Event {
-    let name = payload
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("message_delta");
-    Event::default().event(name).data(payload.to_string())
+    typed_event(payload, "message_delta")
 }
 
 /// Anthropic's message stream: `message_start`, then the message's blocks as tokens arrive

@@ -27,6 +27,7 @@ use crate::generation::AdmittedRequest;
 use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::typed_event;
 use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
 use crate::stream::TextDelta;
 use crate::tools::ToolChoice;
@@ -118,13 +119,9 @@ pub async fn create(
     Ok(Json(body).into_response())
 }
 
-/// An event named by its payload's `type`, as the Responses API sends it.
+/// An event named by its payload's `type`.
 fn named_event(payload: &Value) -> Event {
-    let name = payload
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("error");
-    Event::default().event(name).data(payload.to_string())
+    typed_event(payload, "error")
 }
 
 /// The Responses API's stream (`ResponseEvents`): `response.created` and
