@@ -60,7 +60,7 @@ pub struct AppState {
     /// Whether request and response bodies are logged (`--log-requests`).
     pub(super) log_requests: bool,
     /// Requests and queued tokens in flight; beyond the limits a request gets 429.
-    pub(crate) load_shedder: LoadShedder,
+    pub(super) load_shedder: LoadShedder,
     /// Keys the protected routes require; `None`: no authentication.
     pub(super) api_keys: Option<ApiKeys>,
     /// The deep health probe every `/health?deep=true` shares.
