@@ -8,6 +8,7 @@ pub mod pb {
 
 pub mod config;
 pub mod error;
+pub mod generation;
 pub mod http;
 pub mod kv;
 pub mod limits;
@@ -16,6 +17,7 @@ pub mod scheduler;
 pub mod server;
 pub mod shard;
 pub mod stream;
+pub mod tools;
 pub mod validation;
 
 #[cfg(feature = "python")]

@@ -1,44 +1,40 @@
-//! The axum application: routes, request ids, body limit (the shared state is `state`).
+//! The axum application: routes, request ids, body limit. The folders read by kind:
+//! `middleware/` (API keys, draining, request logs, the launch id), `ops/` (health,
+//! readiness, info, metrics, the API description), `transport/` (the accept loop, JSON bodies,
+//! server-sent events and the one streaming driver every surface renders through), and one
+//! folder per API surface mapping its requests and responses (`openai/`, `anthropic/`,
+//! `native/`). The shared state is `state`; generation itself is `crate::generation`.
 
 mod anthropic;
-mod api_keys;
-mod auth;
-mod connections;
-mod deep_health;
-mod draining;
-mod generation;
-mod info;
-mod json;
-mod launch_identity;
-mod lifecycle;
-mod load_shedding;
+mod middleware;
 mod native;
 mod openai;
-mod openapi;
-mod request_log;
-mod server_info;
-mod sse;
+mod ops;
 mod state;
 #[cfg(test)]
 pub(crate) mod tests;
+mod transport;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method};
-use axum::middleware::{self, Next};
+use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::Response;
 use axum::Router;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use api_keys::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
-pub use connections::serve as serve_connections;
-pub use draining::Draining;
-pub use launch_identity::{read_launch_id, LaunchIdError};
+pub use middleware::api_keys::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
+pub use middleware::draining::Draining;
+pub use middleware::launch_identity::{read_launch_id, LaunchIdError};
 pub use native::tokenize::{tokenize_answer, TokenizeAnswer};
 pub use openai::responses::store::ResponseStoreLimits;
-pub use server_info::{ServerInfo, VALIDATION_WORKERS};
+pub use ops::server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};
+pub use transport::connections::serve as serve_connections;
+
+use middleware::{auth, launch_identity, request_log, serving};
+use ops::{info, lifecycle, openapi};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -57,15 +53,13 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(anthropic::count_tokens))
         .routes(routes!(openai::responses::create))
         .routes(routes!(native::tokenize::tokenize))
-        .route_layer(middleware::from_fn_with_state(
+        .route_layer(from_fn_with_state(
             state.clone(),
-            lifecycle::admit_when_serving,
+            serving::admit_when_serving,
         ));
     if state.log_requests {
-        inference = inference.route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            request_log::log_bodies,
-        ));
+        inference =
+            inference.route_layer(from_fn_with_state(state.clone(), request_log::log_bodies));
     }
     let protected = OpenApiRouter::new()
         .merge(inference)
@@ -75,13 +69,10 @@ pub fn app(state: AppState) -> Router {
         ))
         .routes(routes!(info::models))
         .routes(routes!(info::info))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_api_key,
-        ));
+        .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
     let health = OpenApiRouter::new()
         .routes(routes!(lifecycle::health))
-        .route_layer(middleware::from_fn_with_state(
+        .route_layer(from_fn_with_state(
             state.clone(),
             launch_identity::answer_with_launch_id,
         ));
@@ -94,7 +85,7 @@ pub fn app(state: AppState) -> Router {
     routes
         .merge(openapi::docs(&spec))
         .layer(DefaultBodyLimit::max(state.config.payload_limit))
-        .layer(middleware::from_fn(request_span))
+        .layer(from_fn(request_span))
         .with_state(state)
 }
 

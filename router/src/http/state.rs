@@ -6,12 +6,12 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use super::api_keys::ApiKeys;
-use super::deep_health::DeepProbe;
-use super::draining::Draining;
-use super::load_shedding::LoadShedder;
+use super::middleware::api_keys::ApiKeys;
+use super::middleware::draining::Draining;
 use super::openai::responses::store::{ResponseStore, ResponseStoreLimits};
-use super::server_info::ServerInfo;
+use super::ops::deep_health::DeepProbe;
+use super::ops::server_info::ServerInfo;
+use crate::generation::{Engine, LoadShedder};
 use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
@@ -128,6 +128,16 @@ impl AppState {
     pub fn with_request_logging(mut self, enabled: bool) -> Self {
         self.log_requests = enabled;
         self
+    }
+
+    /// What starting a generation needs from this state.
+    pub fn engine(&self) -> Engine<'_> {
+        Engine {
+            validator: &self.validator,
+            admission: &self.load_shedder,
+            backend: self.backend.as_ref(),
+            decoding: &self.decoding,
+        }
     }
 
     /// Requests admitted and not yet finished (streams included).

@@ -18,7 +18,6 @@ pub mod serde_wording;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
-pub mod tools;
 
 use std::sync::Arc;
 

@@ -11,7 +11,7 @@ use super::request::{
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
-use crate::validation::tools::{self, ToolPlan};
+use crate::tools::{self, ToolPlan};
 use crate::validation::{
     reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, ValidationError,
 };

@@ -1,13 +1,13 @@
 //! Anthropic's stream events for one message: `message_start`, then each content block as
 //! `content_block_start`, `content_block_delta`s (`text_delta` or `input_json_delta`) and
 //! `content_block_stop`, then `message_delta` (stop reason and usage) and `message_stop`.
-//! Text is routed through the chat route's tool call scanner when tools may be called.
+//! Text is routed through the tool-call scanner (`crate::tools`) when tools may be called.
 
 use serde_json::{json, Value};
 
 use super::response::{stop_reason, tool_use_id};
-use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
+use crate::tools::{route_text, ChoiceOutput, DeltaBody};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

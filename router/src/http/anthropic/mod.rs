@@ -16,13 +16,14 @@ use serde_json::Value;
 use self::events::MessageEvents;
 use self::request::{CountTokensRequest, MessagesRequest};
 use self::response::{message_id, output_blocks, stop_reason, Message, MessageUsage, TokenCount};
-use super::generation::AdmittedRequest;
-use super::json::ApiJson;
-use super::sse::sse_response;
-use super::state::AppState;
 use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
-use crate::stream::StreamError;
-use crate::validation::tools::ToolChoice;
+use crate::generation::AdmittedRequest;
+use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::typed_event;
+use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
+use crate::stream::{StreamError, TextDelta};
+use crate::tools::ToolChoice;
 
 /// The error answers of the Anthropic routes.
 #[derive(utoipa::IntoResponses)]
@@ -62,13 +63,25 @@ pub async fn messages(
         .tools
         .as_ref()
         .is_some_and(|plan| plan.choice != ToolChoice::Auto);
-    let admitted =
-        AdmittedRequest::start(&state, "messages", generation.prompt, &generation.params).await?;
+    let admitted = AdmittedRequest::start(
+        state.engine(),
+        "messages",
+        generation.prompt,
+        &generation.params,
+    )
+    .await?;
     let id = message_id();
     let model = state.config.model_id.clone();
     let renderer = MessageEvents::new(tools_callable, call_required);
     if generation.stream {
-        return Ok(stream_message(admitted, renderer, id, model));
+        let input_tokens = admitted.input_tokens;
+        let surface = MessageStream {
+            renderer,
+            id,
+            model,
+            input_tokens,
+        };
+        return Ok(stream_generations(vec![admitted], surface));
     }
     let input_tokens = admitted.input_tokens;
     let mut deltas = Box::pin(admitted.into_deltas(0));
@@ -100,49 +113,41 @@ pub async fn messages(
     Err(AppError::Stream(StreamError::Incomplete).into())
 }
 
-/// An event named by its payload's `type`, as Anthropic clients dispatch on the name.
+/// An event named by its payload's `type`.
 fn named_event(payload: &Value) -> Event {
-    let name = payload
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("message_delta");
-    Event::default().event(name).data(payload.to_string())
+    typed_event(payload, "message_delta")
 }
 
-/// Streams the message's events as tokens arrive; an error ends the stream with an `error`
-/// event.
-fn stream_message(
-    admitted: AdmittedRequest,
-    mut renderer: MessageEvents,
+/// Anthropic's message stream: `message_start`, then the message's blocks as tokens arrive
+/// (`MessageEvents`), ending with `message_delta` and `message_stop`; an error ends it with an
+/// `error` event.
+struct MessageStream {
+    renderer: MessageEvents,
     id: String,
     model: String,
-) -> Response {
-    let start = MessageEvents::start(&id, &model, admitted.input_tokens);
-    let mut deltas = Box::pin(admitted.into_deltas(0));
-    let events = async_stream::stream! {
-        yield named_event(&start);
-        while let Some(sibling) = deltas.next().await {
-            match sibling.delta {
-                Ok(delta) => {
-                    for payload in renderer.text(delta.token.text) {
-                        yield named_event(&payload);
-                    }
-                    if let Some(finish) = delta.finish {
-                        let closing = renderer.finish(finish, delta.stop_sequence, sibling.generated_tokens);
-                        for payload in closing {
-                            yield named_event(&payload);
-                        }
-                        return;
-                    }
-                }
-                Err(error) => {
-                    yield error_event(Api::Anthropic, &error);
-                    return;
-                }
-            }
+    input_tokens: usize,
+}
+
+impl SurfaceEvents for MessageStream {
+    fn opening(&mut self) -> Vec<Event> {
+        let start = MessageEvents::start(&self.id, &self.model, self.input_tokens);
+        vec![named_event(&start)]
+    }
+
+    fn delta(&mut self, _index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
+        let mut payloads = self.renderer.text(delta.token.text);
+        if let Some(finish) = delta.finish {
+            let closing = self
+                .renderer
+                .finish(finish, delta.stop_sequence, generated_tokens);
+            payloads.extend(closing);
         }
-    };
-    sse_response(events)
+        payloads.iter().map(named_event).collect()
+    }
+
+    fn error(&mut self, error: &AppError) -> Vec<Event> {
+        vec![error_event(Api::Anthropic, error)]
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: the tokens the conversation (system prompt and tool

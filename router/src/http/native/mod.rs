@@ -4,20 +4,25 @@ mod request;
 mod response;
 pub mod tokenize;
 
+use std::sync::Arc;
+
 use axum::extract::State;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use request::GenerateRequest;
 use response::{BestOfSequence, GenerateResponse, StreamDetails, StreamResponse};
 
-use super::generation::{collect_siblings, AdmittedRequest};
-use super::json::ApiJson;
-use super::sse::{json_event, sse_response};
-use super::state::AppState;
 use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };
+use crate::generation::{collect_siblings, AdmittedRequest};
+use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::json_event;
+use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
+use crate::stream::{TextDelta, TokenDecoding};
 use crate::validation::request_rules;
 use response::{answer, top_tokens};
 
@@ -58,9 +63,14 @@ async fn generate_whole(
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.config)?;
-    let generations =
-        AdmittedRequest::start_siblings(&state, "generate", prompt, &params, options.best_of)
-            .await?;
+    let generations = AdmittedRequest::start_siblings(
+        state.engine(),
+        "generate",
+        prompt,
+        &params,
+        options.best_of,
+    )
+    .await?;
     let mut candidates = collect_siblings(generations).await?;
     let best = candidates
         .iter()
@@ -108,38 +118,49 @@ async fn stream_tokens(
     let (prompt, params, options) = request.into_parts(&state.config)?;
     let use_generate = " on /generate_stream: use /generate";
     request_rules::refuse_feature(options.best_of > 1, "best_of", use_generate)?;
-    let mut generation = AdmittedRequest::start(&state, "generate_stream", prompt, &params).await?;
-    let events = async_stream::stream! {
-        let mut text = options.full_text_prefix.unwrap_or_default();
-        loop {
-            let error = match generation.next().await {
-                Some(Ok(delta)) => {
-                    text.push_str(&delta.token.text);
-                    let index = generation.generated_tokens();
-                    let details = delta.finish.map(|finish| StreamDetails {
-                        finish_reason: finish.into(),
-                        generated_tokens: index,
-                        seed: generation.seed,
-                        input_length: generation.input_tokens,
-                    });
-                    let last = details.is_some();
-                    let generated_text = last.then(|| std::mem::take(&mut text));
-                    let top_tokens = top_tokens(&delta.token.top_logprobs, &state.decoding);
-                    let token = delta.token.into();
-                    yield json_event(&StreamResponse { index, token, top_tokens, generated_text, details });
-                    if last {
-                        generation.succeed();
-                        return;
-                    }
-                    continue;
-                }
-                Some(Err(error)) => error,
-                None => AppError::Stream(crate::stream::StreamError::Incomplete),
-            };
-            yield error_event(Api::Native, &error);
-            generation.fail(&error);
-            return;
-        }
+    let generation =
+        AdmittedRequest::start(state.engine(), "generate_stream", prompt, &params).await?;
+    let surface = TokenStream {
+        text: options.full_text_prefix.unwrap_or_default(),
+        seed: generation.seed,
+        input_tokens: generation.input_tokens,
+        decoding: Arc::clone(&state.decoding),
     };
-    Ok(sse_response(events))
+    Ok(stream_generations(vec![generation], surface))
+}
+
+/// TGI's token stream: one `StreamResponse` per token, the last one carrying the full text
+/// and details; an error ends it with an error event (no end marker).
+struct TokenStream {
+    /// The text so far (after the prompt, with `return_full_text`).
+    text: String,
+    seed: u64,
+    input_tokens: usize,
+    decoding: Arc<TokenDecoding>,
+}
+
+impl SurfaceEvents for TokenStream {
+    fn delta(&mut self, _index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
+        self.text.push_str(&delta.token.text);
+        let details = delta.finish.map(|finish| StreamDetails {
+            finish_reason: finish.into(),
+            generated_tokens,
+            seed: self.seed,
+            input_length: self.input_tokens,
+        });
+        let generated_text = details.is_some().then(|| std::mem::take(&mut self.text));
+        let top_tokens = top_tokens(&delta.token.top_logprobs, &self.decoding);
+        let event = StreamResponse {
+            index: generated_tokens,
+            token: delta.token.into(),
+            top_tokens,
+            generated_text,
+            details,
+        };
+        vec![json_event(&event)]
+    }
+
+    fn error(&mut self, error: &AppError) -> Vec<Event> {
+        vec![error_event(Api::Native, error)]
+    }
 }

@@ -4,7 +4,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::request::ResponseOptions;
-use crate::http::generation::Completed;
+use crate::generation::Completed;
 use crate::scheduler::{PromptLogprobs, TokenLogprob};
 use crate::stream::{Finish, TokenDecoding, TokenText};
 

@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Native, NativeErrorBody};
-use crate::http::json::ApiJson;
 use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
 use crate::validation::{
     reject_unsupported, OffsetTokens, TokenizationReservation, ValidationError, Validator,
 };

@@ -1,5 +1,5 @@
-//! OpenAI-compatible routes and the streaming driver they share; their common request fields
-//! are in `fields.rs`, the envelope every response shares in `envelope.rs`.
+//! OpenAI-compatible routes and the chunk stream they share; their common request fields are
+//! in `fields.rs`, the envelope every response shares in `envelope.rs`.
 
 pub mod chat;
 mod chunks;
@@ -8,69 +8,79 @@ mod envelope;
 mod fields;
 mod logprobs;
 pub mod responses;
-pub(super) mod tool_calls;
 
+use axum::response::sse::Event;
 use axum::response::Response;
-use futures::StreamExt;
 
 pub use envelope::{finish_reason, ChunkBuilder, ResponseMeta, Usage};
 use fields::impl_sampling_fields;
 pub use fields::{SamplingFields, StopSpec, StreamOptions};
 
-use super::generation::AdmittedRequest;
-use super::sse::{done_event, json_event, sse_response};
-use crate::error::{error_event, Api};
+use crate::error::{error_event, Api, AppError};
+use crate::generation::AdmittedRequest;
+use crate::http::transport::sse::{done_event, json_event};
+use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
+use crate::scheduler::PromptLogprobs;
+use crate::stream::TextDelta;
 
-/// Streams the choices' `generations` as OpenAI chunks, interleaved as tokens arrive and
-/// ending with `data: [DONE]`; an error in any choice becomes an error event followed by
-/// `[DONE]` and cancels the other choices. `usage_prompt_tokens`: send a usage chunk last,
-/// counting that many prompt tokens.
+/// Streams the choices' `generations` as OpenAI chunks (see `ChunkStream`).
+/// `usage_prompt_tokens`: send a usage chunk last, counting that many prompt tokens.
 pub fn stream_chunks(
     generations: Vec<AdmittedRequest>,
-    mut chunks: impl ChunkBuilder,
+    chunks: impl ChunkBuilder,
     usage_prompt_tokens: Option<usize>,
 ) -> Response {
-    let count = generations.len();
-    let mut choices = futures::stream::select_all(
-        generations
-            .into_iter()
-            .enumerate()
-            .map(|(index, generation)| Box::pin(generation.into_deltas(index))),
-    );
-    let events = async_stream::stream! {
-        for index in 0..count {
-            if let Some(opening) = chunks.opening(index) {
-                yield json_event(&opening);
-            }
-        }
-        let mut completion_tokens = 0;
-        while let Some(sibling) = choices.next().await {
-            if let Some(prompt) = sibling.prompt_logprobs.as_ref() {
-                if let Some(chunk) = chunks.prompt(sibling.index, prompt) {
-                    yield json_event(&chunk);
-                }
-            }
-            match sibling.delta {
-                Ok(delta) => {
-                    let finish = delta.finish.map(finish_reason);
-                    if let Some(chunk) = chunks.token(sibling.index, delta.token, finish) {
-                        yield json_event(&chunk);
-                    }
-                    if finish.is_some() {
-                        completion_tokens += sibling.generated_tokens;
-                    }
-                }
-                Err(error) => {
-                    yield error_event(Api::OpenAi, &error);
-                    yield done_event();
-                    return;
-                }
-            }
-        }
-        if let Some(prompt_tokens) = usage_prompt_tokens {
-            yield json_event(&chunks.usage(Usage::new(prompt_tokens, completion_tokens)));
-        }
-        yield done_event();
+    let surface = ChunkStream {
+        chunks,
+        choices: generations.len(),
+        usage_prompt_tokens,
+        completion_tokens: 0,
     };
-    sse_response(events)
+    stream_generations(generations, surface)
+}
+
+/// The OpenAI stream of one route's chunks: every choice's chunks as `data:` events,
+/// interleaved as tokens arrive, then the usage chunk when asked for, then `data: [DONE]`;
+/// an error in any choice becomes an error event followed by `[DONE]`.
+struct ChunkStream<C> {
+    chunks: C,
+    choices: usize,
+    usage_prompt_tokens: Option<usize>,
+    /// Tokens of the choices finished so far.
+    completion_tokens: usize,
+}
+
+impl<C: ChunkBuilder> SurfaceEvents for ChunkStream<C> {
+    fn opening(&mut self) -> Vec<Event> {
+        (0..self.choices)
+            .filter_map(|index| self.chunks.opening(index))
+            .map(|chunk| json_event(&chunk))
+            .collect()
+    }
+
+    fn prompt(&mut self, index: usize, prompt: &PromptLogprobs) -> Vec<Event> {
+        let chunk = self.chunks.prompt(index, prompt);
+        chunk.iter().map(json_event).collect()
+    }
+
+    fn delta(&mut self, index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
+        let finish = delta.finish.map(finish_reason);
+        if finish.is_some() {
+            self.completion_tokens += generated_tokens;
+        }
+        let chunk = self.chunks.token(index, delta.token, finish);
+        chunk.iter().map(json_event).collect()
+    }
+
+    fn closing(&mut self) -> Vec<Event> {
+        let usage = self.usage_prompt_tokens.map(|prompt_tokens| {
+            let usage = Usage::new(prompt_tokens, self.completion_tokens);
+            json_event(&self.chunks.usage(usage))
+        });
+        usage.into_iter().chain([done_event()]).collect()
+    }
+
+    fn error(&mut self, error: &AppError) -> Vec<Event> {
+        vec![error_event(Api::OpenAi, error), done_event()]
+    }
 }

@@ -8,7 +8,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::http::connections::serve;
+use crate::http::transport::connections::serve;
 use crate::limits::ConnectionLimits;
 
 const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nHost: tandem\r\n\r\n";

@@ -6,7 +6,7 @@ use tower::ServiceExt;
 
 use super::{handler_config, ok_backend, test_state};
 use crate::http::app;
-use crate::http::launch_identity::LAUNCH_ID_HEADER;
+use crate::http::middleware::launch_identity::LAUNCH_ID_HEADER;
 
 async fn launch_id_header(app: &axum::Router, path: &str) -> Option<String> {
     let request = Request::get(path).body(Body::empty()).unwrap();

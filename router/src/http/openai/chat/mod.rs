@@ -18,10 +18,10 @@ pub use streaming::ChatChunks;
 use super::chunks::ChatChunk;
 use super::{stream_chunks, ResponseMeta, StreamOptions};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
-use crate::http::generation::{collect_siblings, AdmittedRequest};
-use crate::http::json::ApiJson;
+use crate::generation::{collect_siblings, AdmittedRequest};
 use crate::http::state::AppState;
-use crate::validation::tools::ToolPlan;
+use crate::http::transport::json::ApiJson;
+use crate::tools::ToolPlan;
 
 /// `POST /v1/chat/completions`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest, responses(
@@ -42,7 +42,7 @@ pub async fn completions(
     let config = &state.config;
     let plan = request.into_plan(&config.request_limits, &config.default_sampling)?;
     let generations = AdmittedRequest::start_siblings(
-        &state,
+        state.engine(),
         "chat_completions",
         plan.prompt,
         &plan.params,

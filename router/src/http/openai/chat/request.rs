@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
 use crate::limits::RequestLimits;
 use crate::scheduler::LogprobOptions;
-use crate::validation::tools::{self, ToolPlan};
+use crate::tools::{self, ToolPlan};
 use crate::validation::{
     check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
     Prompt, SamplingDefaults, ValidationError,

@@ -4,11 +4,11 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::http::generation::Completed;
+use crate::generation::Completed;
 use crate::http::openai::logprobs::chat_logprobs;
-use crate::http::openai::tool_calls::{self, ToolCall};
 use crate::http::openai::{finish_reason, ResponseMeta, Usage};
 use crate::stream::TokenDecoding;
+use crate::tools::{self, ToolCall};
 
 /// A chat completion.
 #[derive(Debug, Serialize, ToSchema)]
@@ -87,11 +87,7 @@ impl ChatCompletion {
 
 /// Moves a calls document out of `content` into `tool_calls` (finish reason `tool_calls`).
 fn with_tool_calls(mut choice: ChatChoice) -> ChatChoice {
-    let parsed = choice
-        .message
-        .content
-        .as_deref()
-        .and_then(tool_calls::parse);
+    let parsed = choice.message.content.as_deref().and_then(tools::parse);
     if let Some(calls) = parsed.filter(|calls| !calls.is_empty()) {
         if choice.finish_reason == "stop" {
             choice.finish_reason = "tool_calls";

@@ -7,9 +7,9 @@ use serde_json::Value;
 use crate::http::openai::chunks::{chat_chunk, ChatChunkChoice, ChatDelta};
 use crate::http::openai::envelope::{ChunkBuilder, ResponseMeta, Usage};
 use crate::http::openai::logprobs::chat_logprobs;
-use crate::http::openai::tool_calls::{ChoiceOutput, DeltaBody};
 use crate::stream::{TokenDecoding, TokenText};
-use crate::validation::tools::{ToolChoice, ToolPlan};
+use crate::tools::{ChoiceOutput, DeltaBody};
+use crate::tools::{ToolChoice, ToolPlan};
 
 /// Chunks of `object: "chat.completion.chunk"`; the first one announces the role.
 /// With `logprobs`, every token gets a chunk, even one that releases no text.

@@ -18,9 +18,9 @@ use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
 use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
-use crate::http::generation::{collect_siblings, AdmittedRequest, Completed};
-use crate::http::json::ApiJson;
+use crate::generation::{collect_siblings, AdmittedRequest, Completed};
 use crate::http::state::AppState;
+use crate::http::transport::json::ApiJson;
 use crate::scheduler::PromptLogprobs;
 use crate::stream::{Finish, TokenDecoding, TokenText};
 use crate::validation::request_rules;
@@ -175,9 +175,14 @@ pub async fn completions(
     let (n, best_of) = (plan.choices.n, plan.choices.best_of);
     let mut per_prompt = Vec::with_capacity(plan.prompts.len());
     for prompt in plan.prompts {
-        let generations =
-            AdmittedRequest::start_siblings(&state, "completions", prompt, &plan.params, best_of)
-                .await?;
+        let generations = AdmittedRequest::start_siblings(
+            state.engine(),
+            "completions",
+            prompt,
+            &plan.params,
+            best_of,
+        )
+        .await?;
         per_prompt.push(generations);
     }
     let prompt_tokens = per_prompt

@@ -9,12 +9,12 @@ use super::output::Echo;
 use super::request::{FunctionToolSpec, ResponsesRequest, TextFormat};
 use super::store::ResponseStore;
 use crate::error::AppError;
-use crate::http::api_keys::KeyId;
+use crate::http::middleware::api_keys::KeyId;
 use crate::http::openai::SamplingFields;
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
+use crate::tools::{self, ToolPlan};
 use crate::validation::serde_wording;
-use crate::validation::tools::{self, ToolPlan};
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
     RequestedGrammar, ValidationError,

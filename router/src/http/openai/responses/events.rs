@@ -4,14 +4,14 @@
 //! `response.output_text.delta`s, `response.output_text.done`, `response.content_part.done`
 //! for a message; `response.function_call_arguments.delta`s and `.done` for a call) and
 //! `response.output_item.done`, then `response.completed` (or `response.incomplete`).
-//! Text is routed through the chat route's tool call scanner when tools may be called.
+//! Text is routed through the tool-call scanner (`crate::tools`) when tools may be called.
 
 use serde_json::{json, Value};
 
 use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
 use crate::error::{error_body, Api, AppError};
-use crate::http::openai::tool_calls::{route_text, ChoiceOutput, DeltaBody};
 use crate::stream::Finish;
+use crate::tools::{route_text, ChoiceOutput, DeltaBody};
 
 /// Renders one response's events; every method returns the events to send, in order.
 #[derive(Debug)]

@@ -6,7 +6,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::request::{ContentPart, InputItem};
-use crate::validation::{serde_wording, tools};
+use crate::tools;
+use crate::validation::serde_wording;
 use crate::validation::{ChatMessage, ValidationError};
 
 const ITEM_TYPES: [&str; 3] = ["message", "function_call", "function_call_output"];

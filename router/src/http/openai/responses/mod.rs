@@ -15,7 +15,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::StreamExt;
 use serde_json::Value;
 
 use self::store::ResponseStore;
@@ -24,12 +23,14 @@ use self::events::ResponseEvents;
 use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};
 use self::request::ResponsesRequest;
 use crate::error::{ApiError, AppError, OpenAi, OpenAiErrorBody};
-use crate::http::auth::Caller;
-use crate::http::generation::AdmittedRequest;
-use crate::http::json::ApiJson;
-use crate::http::sse::sse_response;
+use crate::generation::AdmittedRequest;
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
-use crate::validation::tools::ToolChoice;
+use crate::http::transport::json::ApiJson;
+use crate::http::transport::sse::typed_event;
+use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
+use crate::stream::TextDelta;
+use crate::tools::ToolChoice;
 use crate::validation::ValidationError;
 
 /// The error answers of `POST /v1/responses`.
@@ -91,11 +92,23 @@ pub async fn create(
         generation.conversation,
         owner,
     );
-    let admitted =
-        AdmittedRequest::start(&state, "responses", generation.prompt, &generation.params).await?;
+    let admitted = AdmittedRequest::start(
+        state.engine(),
+        "responses",
+        generation.prompt,
+        &generation.params,
+    )
+    .await?;
     let store = Arc::clone(&state.responses);
     if generation.stream {
-        return Ok(stream_response(admitted, renderer, draft, store));
+        let surface = ResponseStream {
+            renderer,
+            input_tokens: admitted.input_tokens,
+            draft: Some(draft),
+            store,
+            text: String::new(),
+        };
+        return Ok(stream_generations(vec![admitted], surface));
     }
     let completed = admitted.collect().await?;
     let mut renderer = renderer;
@@ -106,57 +119,53 @@ pub async fn create(
     Ok(Json(body).into_response())
 }
 
-/// An event named by its payload's `type`, as the Responses API sends it.
+/// An event named by its payload's `type`.
 fn named_event(payload: &Value) -> Event {
-    let name = payload
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("error");
-    Event::default().event(name).data(payload.to_string())
+    typed_event(payload, "error")
 }
 
-/// Streams the response's events as tokens arrive; an error ends the stream with an `error`
-/// event. The response is stored once it finishes.
-fn stream_response(
-    admitted: AdmittedRequest,
-    mut renderer: ResponseEvents,
-    draft: Draft,
+/// The Responses API's stream (`ResponseEvents`): `response.created` and
+/// `response.in_progress`, the output items' events as tokens arrive, then
+/// `response.completed` or `response.incomplete`, once the response is stored; an error ends
+/// it with an `error` event.
+struct ResponseStream {
+    renderer: ResponseEvents,
+    /// Taken when the response finishes.
+    draft: Option<Draft>,
     store: Arc<ResponseStore>,
-) -> Response {
-    let input_tokens = admitted.input_tokens;
-    let mut deltas = Box::pin(admitted.into_deltas(0));
-    let opening = renderer.start(&draft.in_progress());
-    let events = async_stream::stream! {
-        for payload in opening {
-            yield named_event(&payload);
-        }
-        let mut text = String::new();
-        while let Some(sibling) = deltas.next().await {
-            match sibling.delta {
-                Ok(delta) => {
-                    text.push_str(&delta.token.text);
-                    for payload in renderer.text(delta.token.text) {
-                        yield named_event(&payload);
-                    }
-                    if let Some(finish) = delta.finish {
-                        let (closing, output) = renderer.finish(finish);
-                        for payload in closing {
-                            yield named_event(&payload);
-                        }
-                        let usage = ResponseUsage::new(input_tokens, sibling.generated_tokens);
-                        let body = draft.finish(output, finish, usage, text, &store);
-                        yield named_event(&renderer.end(&body));
-                        return;
-                    }
-                }
-                Err(error) => {
-                    yield named_event(&renderer.error(&error));
-                    return;
-                }
+    input_tokens: usize,
+    /// The generated text so far.
+    text: String,
+}
+
+impl SurfaceEvents for ResponseStream {
+    fn opening(&mut self) -> Vec<Event> {
+        let Some(draft) = &self.draft else {
+            return Vec::new();
+        };
+        let opening = self.renderer.start(&draft.in_progress());
+        opening.iter().map(named_event).collect()
+    }
+
+    fn delta(&mut self, _index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
+        self.text.push_str(&delta.token.text);
+        let mut payloads = self.renderer.text(delta.token.text);
+        if let Some(finish) = delta.finish {
+            let (closing, output) = self.renderer.finish(finish);
+            payloads.extend(closing);
+            if let Some(draft) = self.draft.take() {
+                let usage = ResponseUsage::new(self.input_tokens, generated_tokens);
+                let text = std::mem::take(&mut self.text);
+                let body = draft.finish(output, finish, usage, text, &self.store);
+                payloads.push(self.renderer.end(&body));
             }
         }
-    };
-    sse_response(events)
+        payloads.iter().map(named_event).collect()
+    }
+
+    fn error(&mut self, error: &AppError) -> Vec<Event> {
+        vec![named_event(&self.renderer.error(error))]
+    }
 }
 
 /// Query parameters of `GET /v1/responses/{response_id}` are not served (no `stream`,

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use super::store::{ResponseStore, StoredResponse};
-use crate::http::api_keys::KeyId;
+use crate::http::middleware::api_keys::KeyId;
 use crate::stream::Finish;
 use crate::validation::ChatMessage;
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use serde_json::Value;
 
-use crate::http::api_keys::KeyId;
+use crate::http::middleware::api_keys::KeyId;
 use crate::validation::ChatMessage;
 
 /// How much the store may keep (`--responses-store-max-entries`, `--responses-store-max-bytes`).

@@ -11,8 +11,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::state::AppState;
 use crate::error::{ApiError, AppError, Flavor};
+use crate::http::state::AppState;
 use crate::validation::serde_wording;
 
 /// The request body parsed as `T`; failures render in flavor `F`'s error shape and name

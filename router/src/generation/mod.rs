@@ -1,16 +1,30 @@
-//! One generation as every route runs it: validate, admit, submit, then read text deltas.
+//! One generation as every API surface runs it: validate, admit (`admission.rs`), submit,
+//! then read text deltas. Nothing here knows HTTP; the surfaces map requests into a prompt and
+//! parameters and map the deltas into their responses.
+
+mod admission;
 
 use std::sync::Arc;
 
 use futures::Stream;
 
-use super::load_shedding::AdmissionTicket;
-use super::state::AppState;
+pub use admission::{AdmissionTicket, LoadShedder};
+
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
-use crate::scheduler::PromptLogprobs;
-use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenText};
-use crate::validation::{GenerationParams, Prompt};
+use crate::scheduler::{Backend, PromptLogprobs};
+use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenDecoding, TokenText};
+use crate::validation::{GenerationParams, Prompt, Validator};
+
+/// What starting a generation needs: the validator, the admission limits, the scheduler and
+/// the token decoding.
+#[derive(Clone, Copy)]
+pub struct Engine<'a> {
+    pub validator: &'a Validator,
+    pub admission: &'a LoadShedder,
+    pub backend: &'a dyn Backend,
+    pub decoding: &'a Arc<TokenDecoding>,
+}
 
 /// A request validated, admitted and queued in the scheduler; reading it yields its text.
 /// Dropping it cancels the request, releases what its admission holds and records it as
@@ -75,12 +89,12 @@ struct Submitted {
 impl AdmittedRequest {
     /// Validates the request, admits it (429 when the server is full) and submits it.
     pub async fn start(
-        state: &AppState,
+        engine: Engine<'_>,
         route: &'static str,
         prompt: Prompt,
         params: &GenerationParams,
     ) -> Result<Self, AppError> {
-        let mut generations = Self::start_siblings(state, route, prompt, params, 1).await?;
+        let mut generations = Self::start_siblings(engine, route, prompt, params, 1).await?;
         Ok(generations
             .pop()
             .expect("invariant: one generation per requested sibling"))
@@ -90,7 +104,7 @@ impl AdmittedRequest {
     /// counts as a request against the admission limit; sibling `i` samples with seed
     /// `seed + i`, so a seeded request is reproducible choice by choice.
     pub async fn start_siblings(
-        state: &AppState,
+        engine: Engine<'_>,
         route: &'static str,
         prompt: Prompt,
         params: &GenerationParams,
@@ -98,7 +112,7 @@ impl AdmittedRequest {
     ) -> Result<Vec<Self>, AppError> {
         let metrics: Vec<RequestMetrics> =
             (0..count).map(|_| RequestMetrics::start(route)).collect();
-        match Self::submit(state, prompt, params, count).await {
+        match Self::submit(engine, prompt, params, count).await {
             Ok(submitted) => {
                 let Submitted {
                     texts,
@@ -134,15 +148,15 @@ impl AdmittedRequest {
     }
 
     async fn submit(
-        state: &AppState,
+        engine: Engine<'_>,
         prompt: Prompt,
         params: &GenerationParams,
         count: usize,
     ) -> Result<Submitted, AppError> {
-        let valid = state.validator.validate(prompt, params).await?;
+        let valid = engine.validator.validate(prompt, params).await?;
         let queued_tokens =
             valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
-        let tickets = state.load_shedder.admit(count, queued_tokens)?;
+        let tickets = engine.admission.admit(count, queued_tokens)?;
         let input_ids = valid.request.input_ids.clone();
         let seed = valid.request.sampling.seed;
         let requests = (0u64..)
@@ -153,14 +167,14 @@ impl AdmittedRequest {
                 request
             })
             .collect();
-        let texts = state
+        let texts = engine
             .backend
             .submit_siblings(requests)?
             .into_iter()
             .map(|events| {
                 TextStream::new(
                     events,
-                    Arc::clone(&state.decoding),
+                    Arc::clone(engine.decoding),
                     &input_ids,
                     valid.stop.clone(),
                 )

@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::server_info::ServerInfo;
-use super::state::AppState;
+use crate::http::state::AppState;
 
 /// `GET /info`; the KV size follows the shards' latest Warmup (it may change after a restart), what
 /// has compiled their latest step.

@@ -1,44 +1,16 @@
-//! The serving lifecycle as HTTP sees it: liveness (`/health`), readiness (`/ready`), and
-//! refusing inference requests with 503 + `Retry-After` while draining or recovering.
+//! The serving lifecycle as HTTP sees it: liveness (`/health`) and readiness (`/ready`).
 
-use axum::extract::{Query, Request, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::state::AppState;
-use crate::error::{error_response, Api, AppError};
+use crate::error::AppError;
+use crate::http::middleware::serving::refusal;
+use crate::http::state::AppState;
 use crate::scheduler::{EnginePhase, SchedulerError};
-
-/// Why a new inference request is refused right now, if it is.
-fn refusal(state: &AppState) -> Option<SchedulerError> {
-    if state.draining.is_set() {
-        Some(SchedulerError::ShuttingDown)
-    } else if state.backend.phase() == EnginePhase::Recovering {
-        Some(SchedulerError::Recovering)
-    } else {
-        None
-    }
-}
-
-/// Middleware on the inference routes: 503 with `Retry-After`, in the route's error shape,
-/// while the server drains or the shards restart.
-pub async fn admit_when_serving(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match refusal(&state) {
-        None => next.run(request).await,
-        Some(error) => error_response(
-            Api::for_path(request.uri().path()),
-            &AppError::Scheduler(error),
-        ),
-    }
-}
 
 /// `/health`'s body.
 #[derive(Debug, Serialize, ToSchema)]

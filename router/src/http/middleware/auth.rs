@@ -10,8 +10,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::api_keys::KeyId;
-use super::state::AppState;
 use crate::error::{error_response, Api, AppError};
+use crate::http::state::AppState;
 
 /// Middleware on every route but the probes: 401 in the route's error shape unless the
 /// request carries an accepted key (no keys configured: everything passes). An accepted key's

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use utoipa::openapi::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
-use super::state::AppState;
 use crate::error::Api;
+use crate::http::state::AppState;
 
 /// Where the document is served.
 pub const SPEC_PATH: &str = "/openapi.json";

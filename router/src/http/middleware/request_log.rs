@@ -7,8 +7,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 
-use super::state::AppState;
 use crate::error::{error_response, Api, AppError};
+use crate::http::state::AppState;
 
 /// Logs the request body, then the response body once it has been sent in full (streams too).
 /// A body over the payload limit is answered 413 here, as the handler would.

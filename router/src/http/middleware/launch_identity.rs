@@ -9,7 +9,7 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::state::AppState;
+use crate::http::state::AppState;
 
 pub const LAUNCH_ID_HEADER: &str = "x-tandem-launch-id";
 /// Longer than any id the launcher writes; a bigger file is not a launch id.

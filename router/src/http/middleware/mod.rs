@@ -1,0 +1,10 @@
+//! Middleware and what it reads: API keys and the callers they name, the draining flag and the
+//! refusal of inference requests while not serving, request body logging, the launch id on
+//! `/health`.
+
+pub mod api_keys;
+pub mod auth;
+pub mod draining;
+pub mod launch_identity;
+pub mod request_log;
+pub mod serving;
