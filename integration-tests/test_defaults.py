@@ -4,11 +4,14 @@ output parts from the float32 server's only at near-ties, alone and batched."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psutil
 import pytest
+import requests
 from near_ties import assert_follows_up_to_near_ties, greedy_tokens
 from tandem_harness import TandemServer, model_cache_dir
 from tandem_server.weight_defaults import cpu_multiplies_bfloat16
@@ -77,3 +80,34 @@ def test_the_default_shard_stays_within_its_memory_budget_while_serving(defaults
     ]
     assert len(shards) == 1
     assert shards[0].memory_info().rss <= SHARD_RSS_LIMIT, f"{shards[0].memory_info().rss / 2**20:.0f} MiB"
+
+
+# The embedded model's decode graphs took 450 s to compile beside other work on 2 loaded cores.
+COMPILE_TIMEOUT_S = 900.0
+
+
+def _info_after_a_step(server: TandemServer) -> dict[str, Any]:
+    # /info reports what has compiled as of the shards' latest step.
+    greedy_tokens(server, PROMPTS[0])
+    response = requests.get(f"{server.base_url}/info", timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_decode_graphs_compile_in_the_background_and_take_over_with_the_same_output(
+    tandem: TandemServer, defaults: TandemServer
+) -> None:
+    deadline = time.monotonic() + COMPILE_TIMEOUT_S
+    info = _info_after_a_step(defaults)
+    while info["compiling"]:
+        assert time.monotonic() < deadline, f"still compiling after {COMPILE_TIMEOUT_S:.0f}s: {info}"
+        time.sleep(5.0)
+        info = _info_after_a_step(defaults)
+    log = defaults.log_path.read_text(errors="replace")
+    assert "--torch-compile background: decode graphs compile beside serving" in log
+    assert "torch.compile: decode-step graphs for 1, 2, 4, 8" in log, defaults.log_tail()
+    assert "background failed" not in log
+    # Every decode step a default router schedules (up to its batch size) now runs a compiled graph.
+    assert info["compiled_decode_rows"] >= info["max_batch_size"], info
+    for prompt in PROMPTS:
+        assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(defaults, prompt), prompt)

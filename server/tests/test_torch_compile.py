@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -10,8 +10,10 @@ import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
 from shard_testing import StepDriver, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
 from tandem_server.config import CompileMode
+from tandem_server.engine.kv_cache import KVCache
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.layers.attention import AttentionBackend
 from tandem_server.metrics import CompilationState
 from tandem_server.models.compilation import require_cpp_compiler, warmup_rows
 from tandem_server.quant.packed import pack_gemm_weights
@@ -192,3 +194,24 @@ def test_without_a_decode_mirror_nothing_compiles_in_the_background(tmp_path: Pa
     assert runner.background_compile is None
     assert_greedy_matches_generate(tmp_path, reference, "llama, no mirror to compile for", runner=runner)
     assert runner.compilation().compiled_decode_rows == () and not runner.compilation().compiling
+
+
+def test_a_row_count_counts_as_compiled_once_all_its_steps_have_and_warmup_counts_afresh(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path)
+    runner = make_runner(tmp_path, compile_mode=CompileMode.WARMUP)
+    graph = runner.decode_graph
+    assert graph is not None
+    seen: list[tuple[int, ...]] = []
+    warm_step = graph._warm_step
+
+    def recording(cache: KVCache, rows: Sequence[tuple[int, int]], backend: AttentionBackend) -> bool:
+        seen.append(graph.compiled_rows)
+        return warm_step(cache, rows, backend)
+
+    graph._warm_step = recording  # type: ignore[method-assign]
+    warm_for_reference(runner)
+    # One row compiles twice (its first decode fills several mirror positions, the next one) before it serves.
+    assert seen == [(), (), (1,), (1, 2), (1, 2, 4)]
+    assert graph.compiled_rows == (1, 2, 4, 8)
+    warm_for_reference(runner)
+    assert graph.compiled_rows == (1, 2, 4, 8)

@@ -162,15 +162,16 @@ class DecodeGraph:
         """Runs compiling decode steps of made-up requests in the reserved block through `backend`'s mirror.
 
         One request decodes twice (its first decode fills several mirror positions, its next one), then steps of
-        each row count `warmup_rows` names, so each row threshold of the weight formats is crossed. Each compiled
-        step's row count joins `compiled_rows`."""
+        each row count `warmup_rows` names, so each row threshold of the weight formats is crossed. `compiled_rows`
+        starts empty and gains each row count once its steps have compiled."""
         started, resident_before = time.perf_counter(), _resident_bytes()
         steps: list[tuple[tuple[int, int], ...]] = [((0, _WARMUP_CONTEXT),), ((0, _WARMUP_CONTEXT + 1),)]
         steps += [
             tuple((request, _WARMUP_CONTEXT) for request in range(rows)) for rows in warmup_rows(max_batch_requests)[1:]
         ]
         compiled = 0
-        for rows in steps:
+        self.compiled_rows = ()
+        for index, rows in enumerate(steps):
             if should_stop():
                 break
             frozen = self._freezes_one_row and len(rows) == 1
@@ -184,7 +185,8 @@ class DecodeGraph:
                 )
                 break
             compiled += 1
-            if len(rows) not in self.compiled_rows:
+            # A row count serves once its last step (one row has two: several mirror fills, then one) compiled.
+            if index + 1 == len(steps) or len(steps[index + 1]) != len(rows):
                 self.compiled_rows = (*self.compiled_rows, len(rows))
         logger.info(
             "torch.compile: decode-step graphs for %s rows compiled in %.1fs (%d warm-up steps)%s; the process grew "
