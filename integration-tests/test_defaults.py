@@ -65,23 +65,6 @@ def test_default_greedy_output_follows_float32_up_to_near_ties_alone_and_batched
         assert_follows_up_to_near_ties(expected, actual, prompt)
 
 
-# The default shard's resident memory on the embedded model, its 1 GiB KV cache included: the cache and the decode
-# mirror become resident as they fill, and a shard that does not compile loads no compiler.
-SHARD_RSS_LIMIT = int(1.5 * 2**30)
-
-
-def test_the_default_shard_stays_within_its_memory_budget_while_serving(defaults: TandemServer) -> None:
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        list(pool.map(greedy_tokens, [defaults] * len(PROMPTS) * 4, PROMPTS * 4))
-    shards = [
-        child
-        for child in psutil.Process(defaults.process.pid).children(recursive=True)
-        if any("tandem-shard" in part for part in child.cmdline()[:2])
-    ]
-    assert len(shards) == 1
-    assert shards[0].memory_info().rss <= SHARD_RSS_LIMIT, f"{shards[0].memory_info().rss / 2**20:.0f} MiB"
-
-
 # The embedded model's decode graphs took 450 s to compile beside other work on 2 loaded cores.
 COMPILE_TIMEOUT_S = 900.0
 
@@ -111,3 +94,22 @@ def test_decode_graphs_compile_in_the_background_and_take_over_with_the_same_out
     assert info["compiled_decode_rows"] >= info["max_batch_size"], info
     for prompt in PROMPTS:
         assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(defaults, prompt), prompt)
+
+
+# The default shard's resident memory on the embedded model once its decode graphs have compiled, its 1 GiB KV cache
+# included: the cache and the decode mirror become resident as they fill. Measured 1,954 MiB after a benchmark
+# (1,477 MiB with --torch-compile off): Inductor's imports add about 170 MiB and the compiled graphs about 310 MiB.
+SHARD_RSS_LIMIT = int(2.0 * 2**30)
+
+
+def test_the_default_shard_stays_within_its_memory_budget_while_serving_compiled(defaults: TandemServer) -> None:
+    # Runs after the background compile finished (the test above waits for it).
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        list(pool.map(greedy_tokens, [defaults] * len(PROMPTS) * 4, PROMPTS * 4))
+    shards = [
+        child
+        for child in psutil.Process(defaults.process.pid).children(recursive=True)
+        if any("tandem-shard" in part for part in child.cmdline()[:2])
+    ]
+    assert len(shards) == 1
+    assert shards[0].memory_info().rss <= SHARD_RSS_LIMIT, f"{shards[0].memory_info().rss / 2**20:.0f} MiB"
