@@ -59,6 +59,28 @@ def test_stop_ends_the_work_at_its_next_check() -> None:
     assert 0 < len(progress) < 10**9
 
 
+def test_stop_inside_a_step_lets_the_work_run_unpaused_to_its_next_check() -> None:
+    # A second Warmup holds the gate while it stops the compile: the work must not keep pausing for it.
+    gate = StepGate()
+    progress: list[int] = []
+
+    calls = _python_calls(2_000, progress)
+
+    def one_long_graph(should_stop: Callable[[], bool]) -> None:
+        # Checks only when done, as a compile checks only between graphs.
+        calls(lambda: False)
+        should_stop()
+
+    compiling = BackgroundCompile("test-compile", one_long_graph, gate)
+    with gate.step():
+        compiling.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        compiling.stop()
+        assert time.monotonic() - started < 5.0
+    assert not compiling.running and len(progress) == 2_000
+
+
 def test_what_the_work_raises_is_kept_and_the_thread_ends() -> None:
     def failing(should_stop: Callable[[], bool]) -> None:
         raise RuntimeError("no kernel for this shape")

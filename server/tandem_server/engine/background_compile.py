@@ -65,6 +65,8 @@ class BackgroundCompile:
         self._work = work
         self._gate = gate
         self._stop = threading.Event()
+        # `_stop` as a plain attribute, read at each of the thread's calls.
+        self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -76,7 +78,9 @@ class BackgroundCompile:
         return self._thread.is_alive()
 
     def stop(self) -> None:
-        """Asks the work to stop at its next check, then waits for it (a graph being compiled finishes first)."""
+        """Asks the work to stop at its next check, then waits for it. A graph being compiled finishes first, without
+        pausing for the steps (the caller may be one, holding the gate)."""
+        self._stopping = True
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -104,7 +108,7 @@ class BackgroundCompile:
     def _yield_to_steps(self, frame: FrameType, event: str, arg: Any) -> None:
         # Called at each Python call of this thread only (millions in a compile, so the common case is one attribute
         # read); returning None traces no lines inside the call.
-        if self._gate.depth:
+        if self._gate.depth and not self._stopping:
             self._gate.wait_idle(_PAUSE_S)
 
 
