@@ -137,10 +137,10 @@ EXECUTION = (
         "--torch-compile", SHARD, compile_mode, None,
         "CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
         "forward pass as one graph. background: those graphs compile beside serving, between steps at the lowest "
-        "CPU priority, each taking over its steps once ready; warmup (the flag alone, or true): they and each "
-        "decoder layer's stages compile before Tandem is ready (one to two minutes for the embedded model on 2 "
-        "cores, less from Inductor's cache); off: every step eager; unset: the shard's auto, background on a CPU "
-        "with a C++ compiler, else off",
+        "CPU priority, each taking over its steps once ready (opt-in: a step during one of Inductor's torch.fx "
+        "traces can fail, so send traffic once /info reads compiling false); warmup (the flag alone, or true): "
+        "they and each decoder layer's stages compile before Tandem is ready (one to two minutes for the embedded "
+        "model on 2 cores, less from Inductor's cache); off: every step eager; unset: the shard's auto, off",
         alone="warmup",
     ),
     Forwarded(

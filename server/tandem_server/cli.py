@@ -145,8 +145,9 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
         choices=COMPILE_CHOICES,
         help="CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
         "forward pass as one graph. background: those graphs compile beside serving, each taking over its steps "
-        "once ready; warmup (the flag alone): they and each decoder layer's stages compile before the shard is "
-        "ready; off: every step eager; auto (default): background on a CPU with a C++ compiler, else off",
+        "once ready (opt-in: a step during one of Inductor's torch.fx traces can fail); warmup (the flag alone): "
+        "they and each decoder layer's stages compile before the shard is ready; off and auto (default): every "
+        "step eager",
     )
 
 

@@ -1,7 +1,9 @@
-"""The shard's `--torch-compile auto`: decode graphs compile beside serving on CPUs with a C++ compiler.
+"""The shard's `--torch-compile auto`: every step eager, for now.
 
-Inductor builds CPU kernels with a C++ compiler at run time, so a machine without one serves eagerly. CUDA steps
-replay CUDA graphs instead. A value the user gave is kept as given.
+`background` (decode graphs compiled beside serving) stays opt-in until it is safe beside eager steps: Inductor's
+passes trace with `torch.fx`, which patches `torch.nn.Module.__call__` for every thread while it traces, and an
+eager step on the model thread during such a trace fails. CUDA steps replay CUDA graphs instead. A value the user
+gave is kept as given.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def choose_compile_mode(value: str, device: str, compiler: str | None) -> tuple[
         return CompileMode.OFF, "--torch-compile off: CUDA steps replay CUDA graphs (--cuda-graphs) instead"
     if compiler is None:
         return CompileMode.OFF, "--torch-compile off: no C++ compiler (g++ or CXX) for Inductor's CPU kernels"
-    return CompileMode.BACKGROUND, (
-        f"--torch-compile background: decode graphs compile beside serving with {compiler}, between steps and at "
-        "the lowest CPU priority; each serves its steps once ready, and steps run eagerly until then"
+    return CompileMode.OFF, (
+        "--torch-compile off: compiling is opt-in (background compiles decode graphs beside serving, warmup before "
+        "the shard is ready)"
     )

@@ -1,4 +1,4 @@
-"""`--torch-compile`: auto compiles decode graphs in the background on CPUs with a C++ compiler, and nowhere else."""
+"""`--torch-compile`: auto keeps every step eager, a given mode is kept, and compiling is refused where it cannot."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from tandem_server.errors import ConfigError
 PATHS = ["--model-path", "m", "--uds-path", "s"]
 
 
-def test_auto_compiles_in_the_background_on_a_cpu_with_a_cpp_compiler() -> None:
+def test_auto_is_off_on_a_cpu_with_a_cpp_compiler_too() -> None:
+    # Background compiling races torch.fx's global patching with eager steps (compile_default.py): opt-in for now.
     mode, reason = choose_compile_mode("auto", "cpu", "/usr/bin/g++")
-    assert mode is CompileMode.BACKGROUND
-    assert reason.startswith("--torch-compile background:") and "/usr/bin/g++" in reason
+    assert mode is CompileMode.OFF
+    assert reason.startswith("--torch-compile off: compiling is opt-in")
 
 
 def test_auto_is_off_without_a_compiler_and_on_cuda() -> None:

@@ -9,7 +9,7 @@ process on the embedded model (gguf weights, 2 cores, one request), 8.5 ms per s
 Every per-step size (rows, context, mirror fills, the mirror's rows and positions) is marked dynamic, so the graphs
 differ where torch specialises sizes of 1 (one row with one fill: steady decode; one row with several: its first
 decode, or a grown mirror) and where a weight format's row threshold picks another GEMM. They compile either before
-Warmup returns (`--torch-compile warmup`) or on a thread beside serving (`background`, the CPU default), which runs
+Warmup returns (`--torch-compile warmup`) or on a thread beside serving (`background`, opt-in), which runs
 only between steps (`background_compile.py`); serving steps only run what has compiled (torch's run-only mode), so a
 step no graph fits yet runs eagerly rather than compiling while requests wait.
 
