@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import torch
+
 from tandem_server.engine.background_compile import BackgroundCompile, StepGate
 
 
@@ -102,3 +104,70 @@ def test_the_thread_runs_at_the_lowest_priority() -> None:
     compiling.start()
     assert compiling.join(timeout=10)
     assert seen == [19]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_step_waits_for_a_torch_fx_trace_in_the_compile_thread() -> None:
+    # torch.fx patches nn.Module.__call__ for every thread while it traces; an eager step in that window fails.
+    gate = StepGate()
+    inside_trace = threading.Event()
+
+    class SlowToTrace(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside_trace.set()
+            time.sleep(0.5)
+            return x + 1
+
+    def trace(should_stop: Callable[[], bool]) -> None:
+        torch.fx.symbolic_trace(SlowToTrace())
+
+    compiling = BackgroundCompile("test-compile", trace, gate)
+    compiling.start()
+    assert inside_trace.wait(timeout=10)
+    with gate.step():
+        # The gate was taken only once the trace had ended (without the wait this call fails inside the tracer).
+        assert not torch.fx._symbolic_trace.is_fx_tracing()
+        _Block()(torch.ones(1, 4))
+    assert compiling.join(timeout=10) and compiling.error is None
+
+
+def test_a_trace_waits_for_the_running_step() -> None:
+    gate = StepGate()
+    traced: list[float] = []
+
+    def trace(should_stop: Callable[[], bool]) -> None:
+        torch.fx.symbolic_trace(_Block())
+        traced.append(time.monotonic())
+
+    compiling = BackgroundCompile("test-compile", trace, gate)
+    with gate.step():
+        compiling.start()
+        time.sleep(0.3)
+        step_ended = time.monotonic()
+        assert not traced
+        _Block()(torch.ones(1, 4))
+    assert compiling.join(timeout=10) and compiling.error is None
+    assert traced[0] >= step_ended
+
+
+def test_stopping_from_inside_a_step_lets_a_waiting_trace_run() -> None:
+    # A second Warmup holds the gate while it stops the compile: a trace waiting for the gate must not deadlock it.
+    gate = StepGate()
+
+    def trace(should_stop: Callable[[], bool]) -> None:
+        torch.fx.symbolic_trace(_Block())
+
+    compiling = BackgroundCompile("test-compile", trace, gate)
+    with gate.step():
+        compiling.start()
+        time.sleep(0.2)
+        compiling.stop()
+    assert not compiling.running and compiling.error is None

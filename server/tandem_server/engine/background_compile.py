@@ -19,43 +19,68 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 # The longest the compile thread waits for a step to end before it runs one more Python call.
 _PAUSE_S = 0.05
+# The function that patches `nn.Module.__call__` (and `__getattr__`) process-wide while it traces a graph.
+_FX_TRACE = torch.fx.Tracer.trace.__code__
 # The interpreter's switch interval while a compile runs: a step asking for the lock waits at most this long.
 _SWITCH_INTERVAL_S = 0.0005
 
 
 class StepGate:
-    """Whether a step is running: the model thread holds it for each step, the compile thread waits while it is
-    held."""
+    """Whether a step is running, and whether the compile thread is inside a torch.fx trace: never both at once.
+
+    The model thread holds `step` for each step and the compile thread waits while it is held; the compile thread
+    holds `trace` while torch.fx traces, which patches `nn.Module.__call__` for every thread (an eager step would
+    run through the tracer and fail), and a step starting then waits for the trace to end.
+    """
 
     def __init__(self) -> None:
-        self._idle = threading.Event()
-        self._idle.set()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         # Steps running now; read without the lock by the compile thread at each of its calls, which only needs to
         # see a step soon after it starts.
         self.depth = 0
+        # torch.fx traces the compile thread is inside (they nest).
+        self._traces = 0
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Held while a step (or Warmup, or a health check) runs on the model thread; re-entrant."""
-        with self._lock:
+        with self._changed:
+            # Invariant: while a step runs no trace starts, so a nested step never waits here.
+            self._changed.wait_for(lambda: self._traces == 0)
             self.depth += 1
-            self._idle.clear()
         try:
             yield
         finally:
-            with self._lock:
+            with self._changed:
                 self.depth -= 1
-                if self.depth == 0:
-                    self._idle.set()
+                self._changed.notify_all()
+
+    def enter_trace(self, unless: Callable[[], bool]) -> bool:
+        """Waits for the running step to end, then holds steps back until `exit_trace`; True once held. Gives up
+        (False, nothing held) as soon as `unless()` holds: a step stopping the compile waits for it to end."""
+        with self._changed:
+            while self.depth and not unless():
+                self._changed.wait(_PAUSE_S)
+            if self.depth:
+                return False
+            self._traces += 1
+            return True
+
+    def exit_trace(self) -> None:
+        with self._changed:
+            self._traces -= 1
+            self._changed.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits up to `timeout` seconds for no step to run; True when none does."""
-        return self._idle.wait(timeout)
+        with self._changed:
+            return self._changed.wait_for(lambda: self.depth == 0, timeout)
 
 
 class BackgroundCompile:
@@ -105,11 +130,28 @@ class BackgroundCompile:
             sys.settrace(None)
             sys.setswitchinterval(previous_interval)
 
-    def _yield_to_steps(self, frame: FrameType, event: str, arg: Any) -> None:
+    def _yield_to_steps(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
         # Called at each Python call of this thread only (millions in a compile, so the common case is one attribute
-        # read); returning None traces no lines inside the call.
+        # read and a comparison); returning None traces no lines inside the call.
+        if frame.f_code is _FX_TRACE:
+            return self._hold_steps_back(frame)
         if self._gate.depth and not self._stopping:
             self._gate.wait_idle(_PAUSE_S)
+        return None
+
+    def _hold_steps_back(self, frame: FrameType) -> Callable[..., Any] | None:
+        """Holds steps back for one torch.fx trace: the returned local tracer sees its frame return (normally or by
+        an exception) and lets them go."""
+        if not self._gate.enter_trace(unless=lambda: self._stopping):
+            return None
+
+        def on_return(traced: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
+            if event == "return" and traced is frame:
+                self._gate.exit_trace()
+                return None
+            return on_return
+
+        return on_return
 
 
 def _lowest_priority() -> None:
