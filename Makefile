@@ -18,6 +18,7 @@ lint: install
 	$(UV) run --no-sync ruff check .
 	$(UV) run --no-sync mypy
 	$(UV) run --no-sync python scripts/check_layers.py
+	$(UV) run --no-sync lint-imports
 
 test-rust:
 	cargo test --workspace

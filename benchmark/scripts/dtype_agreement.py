@@ -19,9 +19,9 @@ from tandem_bench.words import WORDS
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, embedded_gguf
 from tandem_server.distributed import ParallelContext
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model

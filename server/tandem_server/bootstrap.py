@@ -13,9 +13,9 @@ from tandem_server.distributed import GroupAddress, ParallelContext, init_distri
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.execution.compiled_layers import compile_layers, require_cpp_compiler
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
-from tandem_server.models.compilation import compile_layers, require_cpp_compiler
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
@@ -115,7 +115,7 @@ def load_draft_model(
             f"--draft-model-path {checkpoint.path}: it holds {own.max_position_embeddings} positions, the model "
             f"{spec.max_position_embeddings}; a draft model must hold every position the model does"
         )
-    drafting = DraftModel(draft, checkpoint.architecture, config.cache_dtype)
+    drafting = DraftModel(draft, checkpoint.architecture, config.cache_dtype, device)
     logger.info("loaded draft model %s in %.1fs", drafting.describe(), time.perf_counter() - started)
     return drafting
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.engine.cuda_graphs import token_rows
+from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
+from tandem_server.execution.cuda_graphs import token_rows
 from tandem_server.layers.attention import (
     AttentionMetadata,
     AttentionParams,

@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.engine.step import WarmupPlan
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.compiled_layers import compile_layers
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
-from tandem_server.models.compilation import compile_layers
 
 # float32 on CPU: differences come only from summation order.
 LOGITS_ATOL = 1e-4

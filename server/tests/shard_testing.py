@@ -20,8 +20,11 @@ from tandem_server.engine.step import (
     StoppingCriteria,
     WarmupPlan,
 )
+from tandem_server.execution.background_compile import BackgroundCompile
+from tandem_server.execution.compiled_decode import CompiledExecutor, DecodeGraph
+from tandem_server.execution.compiled_layers import compile_layers
+from tandem_server.execution.cuda_graphs import CudaGraphExecutor, StepGraphs
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
-from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -121,7 +124,7 @@ def make_runner(
     draft_model = None
     if draft_path is not None:
         draft = read_checkpoint_config(draft_path)
-        draft_model = DraftModel(load_tiny_model(draft_path), draft.architecture, kv_cache_dtype or torch.float32)
+        draft_model = DraftModel(load_tiny_model(draft_path), draft.architecture, kv_cache_dtype or torch.float32, CPU)
     return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, draft_model=draft_model)
 
 
@@ -223,3 +226,21 @@ def staggered_decodes(
     ]
     done = StepDriver(runner, runner.cache.num_blocks, chunk_size=5).run(requests)
     return done, logits
+
+
+def decode_graph(runner: ModelRunner) -> DecodeGraph | None:
+    """The runner's compiled decode graph, under --torch-compile."""
+    compiled = runner.execution.executor(CompiledExecutor)
+    return compiled.graph if compiled is not None else None
+
+
+def background_compile(runner: ModelRunner) -> BackgroundCompile | None:
+    """The runner's background compile, while one was started at the latest Warmup."""
+    compiled = runner.execution.executor(CompiledExecutor)
+    return compiled.background if compiled is not None else None
+
+
+def step_graphs(runner: ModelRunner) -> StepGraphs | None:
+    """The runner's captured CUDA graphs."""
+    executor = runner.execution.executor(CudaGraphExecutor)
+    return executor.graphs if executor is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import torch
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
 from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
 

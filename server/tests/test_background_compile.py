@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable
 
 import torch
-
-from tandem_server.engine.background_compile import BackgroundCompile, StepGate
+from tandem_server.execution.background_compile import BackgroundCompile, StepGate
 
 
 def _python_calls(count: int, progress: list[int]) -> Callable[[Callable[[], bool]], None]:

@@ -23,10 +23,10 @@ from attention_testing import (
 )
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.device_defaults import DEFAULT_CUDA_GRAPH_SIZES
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.cuda_graphs import StepBuffers, fitting_shape, graph_shapes, token_rows
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.cuda_graphs import StepBuffers, fitting_shape, graph_shapes, token_rows
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import (
     AttentionParams,
     SdpaAttentionBackend,

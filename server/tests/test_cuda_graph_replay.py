@@ -11,14 +11,15 @@ import pytest
 import torch
 from draft_testing import BLOCK_SIZE, Outcome, greedy_and_seeded_requests, oracle, run
 from fake_cuda import FakeCuda
-from shard_testing import load_tiny_model, write_tiny_llama
-from tandem_server.engine.batch import StepBatch
+from shard_testing import load_tiny_model, step_graphs, write_tiny_llama
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
+from tandem_server.execution.batch import StepBatch
 from tandem_server.layers.attention import SdpaAttentionBackend
 
 MAX_DRAFTS = 4
+CUDA = torch.device("cuda", 0)
 
 
 def _runner(
@@ -43,7 +44,7 @@ def _eager_on_fake_cuda(
     noise (a keyed hash on CUDA, generators on the CPU), so the graphs' tokens are compared with the same device's."""
     FakeCuda(free_bytes=16 * 1024 * 1024).install(monkeypatch)
     options = ExecutionOptions(cuda_memory_fraction=0.5)
-    runner = _runner(checkpoint, torch.device("cuda", 0), options, draft_model)
+    runner = _runner(checkpoint, CUDA, options, draft_model)
 
     def serve() -> Outcome:
         runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=4))
@@ -74,8 +75,10 @@ def _replayed(
     options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2, 4))
     draft_model = None
     if self_drafting:
-        draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
-    runner = _runner(checkpoint, torch.device("cuda", 0), options, draft_model)
+        draft_model = DraftModel(
+            load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32, CUDA
+        )
+    runner = _runner(checkpoint, CUDA, options, draft_model)
     requests = greedy_and_seeded_requests()
     prompts = {request.id: len(request.token_ids) for request in requests}
     # For each replayed step: whether it verified drafts.
@@ -85,14 +88,13 @@ def _replayed(
         # On a worker thread, as the model thread runs it: the fake places that thread's CUDA tensors on the CPU.
         plan = WarmupPlan(BLOCK_SIZE, 64, 4, max_drafts=MAX_DRAFTS, max_drafting_requests=max_drafting_requests)
         runner.warmup(plan)
-        graphs = runner.graphs
+        graphs = step_graphs(runner)
         assert graphs is not None
         run_graph = graphs.run
 
-        def recorded(batch: StepBatch) -> torch.Tensor | None:
+        def recorded(batch: StepBatch) -> torch.Tensor:
             hidden = run_graph(batch)
-            if hidden is not None:
-                replayed.append(batch.metadata.paged.max_query_len > 1)
+            replayed.append(batch.metadata.paged.max_query_len > 1)
             return hidden
 
         graphs.run = recorded  # type: ignore[method-assign]
@@ -128,7 +130,7 @@ def test_without_verifying_graphs_drafted_steps_run_eagerly_with_the_same_tokens
 def test_a_draft_model_replays_its_own_graphs_and_its_drafts_change_no_token(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch, eager: Outcome
 ) -> None:
-    draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32)
+    draft_model = DraftModel(load_tiny_model(checkpoint, backend=SdpaAttentionBackend()), "llama", torch.float32, CUDA)
     eager_drafting = _eager_on_fake_cuda(checkpoint, monkeypatch, draft_model)
     outcome, replayed, replays = _replayed(checkpoint, monkeypatch, eager, max_drafting_requests=4, self_drafting=True)
     assert outcome.tokens == eager.tokens == eager_drafting.tokens

@@ -15,7 +15,7 @@ from draft_testing import BLOCK_SIZE as DRAFT_BLOCK_SIZE
 from draft_testing import greedy_and_seeded_requests, oracle
 from draft_testing import run as run_drafting
 from reference_checks import BLOCK_SIZE, Target, assert_mixed_steps_match_logits
-from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_request, write_tiny_llama
+from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_request, step_graphs, write_tiny_llama
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import create_backend
@@ -69,7 +69,7 @@ def test_graph_replayed_decode_generates_the_same_tokens_as_eager(tmp_path: Path
         # A small cache keeps the driver's shuffled free-block list short.
         runner = cuda_runner(tmp_path, backend, sizes, memory_fraction=0.001)
         runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=64, max_batch_requests=8))
-        assert (runner.graphs is not None) == bool(sizes)
+        assert (step_graphs(runner) is not None) == bool(sizes)
         driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=5, seed=3)
         outputs.append(driver.run([new_request(i, p, 12) for i, p in enumerate(prompts)]))
     assert outputs[0] == outputs[1]
@@ -85,7 +85,8 @@ def test_graph_replayed_verifying_steps_generate_the_same_tokens_as_eager(tmp_pa
     reference = run_drafting(plain, requests, drafter=None)
     graphed = cuda_runner(tmp_path, backend, (1, 2, 4), memory_fraction=0.001)
     graphed.warmup(WarmupPlan(DRAFT_BLOCK_SIZE, 64, 4, max_drafts=4, max_drafting_requests=4))
-    assert graphed.graphs is not None and any(shape.tokens_per_row == 5 for shape in graphed.graphs.shapes)
+    graphs = step_graphs(graphed)
+    assert graphs is not None and any(shape.tokens_per_row == 5 for shape in graphs.shapes)
     drafted = run_drafting(graphed, requests, drafter=oracle(reference.tokens, prompts, wrong_every=2))
     assert drafted.tokens == reference.tokens
     assert 0 < drafted.accepted < drafted.drafted

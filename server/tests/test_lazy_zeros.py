@@ -6,7 +6,7 @@ import gc
 from pathlib import Path
 
 import torch
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import LayerCache
 from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
 from tandem_server.lazy_zeros import lazy_zeros

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.cli import config_from_args
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.linear import RowParallelLinear, StackedColumns
 from tandem_server.models.registry import CausalLM

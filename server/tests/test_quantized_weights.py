@@ -21,10 +21,10 @@ from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR
 from tandem_launcher.embedded import convert_gguf, converted_model_dir, embedded_gguf
 from tandem_server.distributed import ParallelContext
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import ConfigError
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.embedding import LMHead
 from tandem_server.layers.gemm import GemmModule

@@ -8,14 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
-from shard_testing import StepDriver, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
+from shard_testing import (
+    StepDriver,
+    background_compile,
+    decode_graph,
+    make_runner,
+    new_request,
+    write_tiny_checkpoint,
+    write_tiny_llama,
+)
 from tandem_server.config import CompileMode
-from tandem_server.engine.kv_cache import KVCache
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.execution.compiled_layers import require_cpp_compiler, warmup_rows
+from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.metrics import CompilationState
-from tandem_server.models.compilation import require_cpp_compiler, warmup_rows
 from tandem_server.quant.packed import pack_gemm_weights
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
@@ -53,13 +61,13 @@ def compiled_graphs() -> int:
 
 def forward_graphs(runner: ModelRunner) -> list[object]:
     """The compiled graphs of the runner's model's whole forward pass (its decode graphs)."""
-    assert runner.decode_graph is not None
-    return _debug_get_cache_entry_list(runner.decode_graph.code)
+    assert decode_graph(runner) is not None
+    return _debug_get_cache_entry_list(decode_graph(runner).code)
 
 
 def record_graph_fits(runner: ModelRunner) -> list[bool]:
     """Whether each decode-graph step from now on fits one of the compiled graphs (passes its guards)."""
-    graph = runner.decode_graph
+    graph = decode_graph(runner)
     assert graph is not None
     fits: list[bool] = []
     run = graph._run
@@ -94,11 +102,11 @@ def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_
         reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
     after_warmup = compiled_graphs()
-    assert runner.decode_graph is not None
-    warmup_steps = runner.decode_graph.steps
+    assert decode_graph(runner) is not None
+    warmup_steps = decode_graph(runner).steps
     # Steps of one request (twice), then of 2, 4 and 8; one graph per size-1 specialisation: one row with one
     # mirror fill, one row with several, several rows (the tiny model's GEMMs have no row thresholds).
-    assert after_warmup > 0 and runner.decode_graph.compiled_rows == (1, 2, 4, 8) and len(forward_graphs(runner)) == 3
+    assert after_warmup > 0 and decode_graph(runner).compiled_rows == (1, 2, 4, 8) and len(forward_graphs(runner)) == 3
     fits = record_graph_fits(runner)
     assert_greedy_matches_generate(tmp_path, reference, f"{family} compiled", runner=runner)
     # A request alone: its first decode fills its whole 9-token prompt into the mirror, more than Warmup's did.
@@ -108,19 +116,19 @@ def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_
     assert fits and all(fits), fits
     # The steps where every request decoded (the others carry prompt chunks) ran through the decode graphs Warmup
     # compiled.
-    assert runner.decode_graph.steps > warmup_steps
+    assert decode_graph(runner).steps > warmup_steps
 
 
 def test_after_warmup_a_decode_step_no_graph_fits_runs_eagerly_instead_of_compiling(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
-    assert runner.decode_graph is not None
+    assert decode_graph(runner) is not None
     assert len(forward_graphs(runner)) == 3
-    warmup_steps = runner.decode_graph.steps
+    warmup_steps = decode_graph(runner).steps
     # Every compiled graph dropped: no decode step finds one that fits, and none may compile while requests wait.
     torch._dynamo.reset()
     assert_greedy_matches_generate(tmp_path, reference, "llama, decode graphs dropped", runner=runner)
-    assert runner.decode_graph.steps > warmup_steps
+    assert decode_graph(runner).steps > warmup_steps
     assert forward_graphs(runner) == []
 
 
@@ -163,7 +171,7 @@ def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag() ->
 def test_a_background_compile_leaves_warmup_at_once_and_its_graphs_take_over_decode_steps(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
-    compiling, graph = runner.background_compile, runner.decode_graph
+    compiling, graph = background_compile(runner), decode_graph(runner)
     assert compiling is not None and graph is not None
     # Warmup compiled nothing: the thread compiles its first graph (seconds) after Warmup returned.
     assert runner.compilation() == CompilationState((), compiling=True)
@@ -180,19 +188,19 @@ def test_a_background_compile_leaves_warmup_at_once_and_its_graphs_take_over_dec
 def test_warming_up_again_stops_a_background_compile_first(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
-    first = runner.background_compile
+    first = background_compile(runner)
     assert first is not None
     warm_for_reference(runner)
     assert not first.running and first.error is None
-    assert runner.background_compile is not None and runner.background_compile is not first
-    runner.background_compile.stop()
+    assert background_compile(runner) is not None and background_compile(runner) is not first
+    background_compile(runner).stop()
 
 
 def test_without_a_decode_mirror_nothing_compiles_in_the_background(tmp_path: Path) -> None:
     reference = write_tiny_llama(tmp_path)
     runner = make_runner(tmp_path, decode_mirror_memory=0, compile_mode=CompileMode.BACKGROUND)
     warm_for_reference(runner)
-    assert runner.background_compile is None
+    assert background_compile(runner) is None
     assert_greedy_matches_generate(tmp_path, reference, "llama, no mirror to compile for", runner=runner)
     assert runner.compilation().compiled_decode_rows == () and not runner.compilation().compiling
 
@@ -200,7 +208,7 @@ def test_without_a_decode_mirror_nothing_compiles_in_the_background(tmp_path: Pa
 def test_a_row_count_counts_as_compiled_once_all_its_steps_have_and_warmup_counts_afresh(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path)
     runner = make_runner(tmp_path, compile_mode=CompileMode.WARMUP)
-    graph = runner.decode_graph
+    graph = decode_graph(runner)
     assert graph is not None
     seen: list[tuple[int, ...]] = []
     warm_step = graph._warm_step

@@ -7,13 +7,14 @@ from pathlib import Path
 import torch
 from tandem_server.config import CompileMode
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed, shutdown_distributed
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, StoppingCriteria, WarmupPlan
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.compiled_decode import CompiledExecutor
+from tandem_server.execution.compiled_layers import compile_layers
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.models.compilation import compile_layers
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -99,7 +100,7 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
         "num_kv_heads": model.spec.num_kv_heads,
         "logits": logits,
         "tokens": decode_two_requests(runner),
-        "decode_graph_steps": runner.decode_graph.steps if runner.decode_graph is not None else 0,
+        "decode_graph_steps": compiled.graph.steps if (compiled := runner.execution.executor(CompiledExecutor)) else 0,
     }
 
 

@@ -1,1 +1,1 @@
-"""The execution engine: request state, step tensors, the paged KV cache, the model runner."""
+"""The execution engine: request state, the model runner, Warmup and the draft model."""

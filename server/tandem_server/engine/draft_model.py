@@ -7,13 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.cuda_graphs import StepGraphs
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.requests import RequestState
 from tandem_server.errors import NotWarmedUpError
-from tandem_server.layers.attention import UniformShape
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.chain import Execution
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.models.registry import CausalLM
 
 
@@ -52,13 +51,13 @@ class DraftModel:
     they hold can change a request's tokens.
     """
 
-    def __init__(self, model: CausalLM, architecture: str, cache_dtype: torch.dtype) -> None:
+    def __init__(self, model: CausalLM, architecture: str, cache_dtype: torch.dtype, device: torch.device) -> None:
         self.model = model
         self.architecture = architecture
         self.cache_dtype = cache_dtype
         self.cache: KVCache | None = None
-        # CUDA: the passes captured as graphs over `cache`, from Warmup on.
-        self.graphs: StepGraphs | None = None
+        # CUDA: the plan's shapes replay as graphs over `cache`, from Warmup on.
+        self.execution = Execution.build(model, device)
         # Bounds the tokens of one catch-up forward pass, like the router bounds a step's.
         self._max_forward_tokens = 1
         self._written: dict[int, _Written] = {}
@@ -72,29 +71,24 @@ class DraftModel:
         spec = self.model.spec
         return CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
 
-    def bind(self, cache: KVCache, max_forward_tokens: int) -> None:
-        """Drafts into `cache` from now on; nothing written before counts."""
+    def bind(self, cache: KVCache, plan: ExecutionPlan) -> None:
+        """Drafts into `cache` from now on, in forward passes of at most the plan's tokens; nothing written before
+        counts."""
         self._written.clear()
-        self.graphs = None
-        self.model.backend.bind_cache(cache.layers)
+        self.cache = None
+        self.execution.prepare(cache, plan)
         self.cache = cache
-        self._max_forward_tokens = max(1, max_forward_tokens)
-
-    def capture_graphs(self, shapes: Sequence[UniformShape], device: torch.device) -> None:
-        """Replays this model's passes that `shapes` hold from CUDA graphs over the bound cache."""
-        graphs = StepGraphs(self.model, self._require_cache(), shapes, device)
-        graphs.capture()
-        self.graphs = graphs
+        self._max_forward_tokens = max(1, plan.max_batch_tokens)
 
     def forget(self, request_ids: Iterable[int]) -> None:
         ids = list(request_ids)
         for request_id in ids:
             self._written.pop(request_id, None)
-        self.model.backend.forget(ids)
+        self.execution.forget(ids)
 
     def clear(self) -> None:
         self._written.clear()
-        self.model.backend.clear()
+        self.execution.clear()
 
     def propose(self, rows: Sequence[DraftRow]) -> dict[int, tuple[int, ...]]:
         """`row.count` greedy drafts after each row's last token, by request id.
@@ -162,9 +156,7 @@ class DraftModel:
         """The most likely token after each span, once its keys and values are written."""
         cache = self._require_cache()
         batch = build_step_batch(spans, cache.block_size, cache.layers[0].key.device)
-        hidden = self.graphs.run(batch) if self.graphs is not None else None
-        if hidden is None:
-            hidden = forward_step(self.model, batch, cache.layers)
+        hidden = self.execution.forward(batch, cache.layers)
         rows = torch.tensor(batch.last_rows, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
 

@@ -11,14 +11,8 @@ import torch
 
 from tandem_server.config import CompileMode
 from tandem_server.device_copy import to_device
-from tandem_server.engine.background_compile import BackgroundCompile, StepGate
-from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.engine.cuda_graphs import StepGraphs, drafting_shapes, graph_shapes
-from tandem_server.engine.decode_graph import DecodeGraph
 from tandem_server.engine.draft_model import DraftModel, DraftRow
 from tandem_server.engine.draws import apply_draws
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.engine.launched import DraftedRow, LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
@@ -33,13 +27,15 @@ from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import (
     WarmupLimits,
     blocks_for_budget,
-    compile_step_rows,
     profile_cuda_budget,
-    profile_graph_bytes,
     run_reserved_forward,
 )
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
-from tandem_server.layers.attention import LayerCache
+from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
+from tandem_server.execution.chain import Execution
+from tandem_server.execution.cuda_graphs import drafting_shapes, graph_shapes, profile_graph_bytes
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
@@ -86,7 +82,7 @@ def _holds_gate(
 
     @functools.wraps(method)
     def gated(runner: ModelRunner, *args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
-        with runner.gate.step():
+        with runner.execution.step():
             return method(runner, *args, **kwargs)
 
     return gated
@@ -142,12 +138,7 @@ class ModelRunner:
         self.options = options
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
-        self.graphs: StepGraphs | None = None
-        # --torch-compile: decode steps on the decode mirror run as one compiled graph.
-        self.decode_graph = DecodeGraph(model) if options.compile_mode is not CompileMode.OFF else None
-        # Held by each step, so the background compile runs only between steps.
-        self.gate = StepGate()
-        self.background_compile: BackgroundCompile | None = None
+        self.execution = Execution.build(model, device, options.compile_mode)
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
@@ -171,16 +162,13 @@ class ModelRunner:
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
         shapes = graph_shapes(options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
         limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
-        if self.background_compile is not None:
-            # It compiles into the cache about to be replaced.
-            self.background_compile.stop()
-            self.background_compile = None
+        # A background compile compiles into the cache about to be replaced.
+        self.execution.stop()
         self.requests.clear()
         self._last_forward = None
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
         self._open = None
         self.cache = None
-        self.graphs = None
         drafting = self.draft_model
         # A block holds the draft model's keys and values beside the model's: the router's block ids address both.
         draft_geometry = drafting.geometry(block_size) if drafting is not None else None
@@ -195,33 +183,18 @@ class ModelRunner:
             num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
         cache = KVCache(geometry, num_blocks, self.device)
         run_reserved_forward(self.model, cache, limits)
-        if options.compile_mode is CompileMode.WARMUP:
-            compile_step_rows(self.model, cache, max_batch_tokens)
         if drafting is not None and draft_geometry is not None:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)
-            drafting.bind(draft_cache, max_batch_tokens)
-            if draft_shapes:
-                drafting.capture_graphs(draft_shapes, self.device)
-        if shapes:
-            graphs = StepGraphs(self.model, cache, shapes, self.device)
-            graphs.capture()
-            self.graphs = graphs
-        self.model.backend.bind_cache(cache.layers)
-        if self.decode_graph is not None and options.compile_mode is CompileMode.WARMUP:
-            self.decode_graph.compile_at_warmup(cache, max_batch_requests)
-        elif self.decode_graph is not None:
-            self.background_compile = self.decode_graph.compile_in_background(cache, max_batch_requests, self.gate)
+            drafting.bind(draft_cache, ExecutionPlan(max_batch_tokens, max_batch_requests, draft_shapes))
+        self.execution.prepare(cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes))
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
 
     def compilation(self) -> CompilationState:
         """What `--torch-compile` has compiled so far; safe to read from any thread."""
-        graph, compiling = self.decode_graph, self.background_compile
-        return CompilationState(
-            graph.compiled_rows if graph is not None else (), compiling is not None and compiling.running
-        )
+        return self.execution.compilation()
 
     @_holds_gate
     @torch.inference_mode()
@@ -235,7 +208,7 @@ class ModelRunner:
         self._last_forward = None
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
         self._open = None
-        self.model.backend.clear()
+        self.execution.clear()
         if self.draft_model is not None:
             self.draft_model.clear()
 
@@ -263,7 +236,7 @@ class ModelRunner:
         applied = self.requests.apply(step, limits)
         plan = applied.plan
         forgotten = [*step.finished, *(request.id for request in step.new_requests)]
-        self.model.backend.forget(forgotten)
+        self.execution.forget(forgotten)
         if self.draft_model is not None:
             self.draft_model.forget(forgotten)
         if not plan:
@@ -287,9 +260,7 @@ class ModelRunner:
         sampling = self._sampling_batch(draws.rows, open_step) if draws.rows else None
         sample_rows = to_device(torch.tensor(draws.hidden_rows, dtype=torch.long), self.device)
         timer.mark()
-        hidden = self.graphs.run(batch) if self.graphs is not None else None
-        if hidden is None:
-            hidden = self._forward(batch, cache.layers)
+        hidden = self.execution.forward(batch, cache.layers)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens
@@ -378,14 +349,6 @@ class ModelRunner:
             batch.input_ids[to_device(torch.tensor(targets, dtype=torch.long), self.device)] = open_step.sampled_ids()[
                 index
             ]
-
-    def _forward(self, batch: StepBatch, layers: list[LayerCache]) -> torch.Tensor:
-        try:
-            return forward_step(self.model, batch, layers, self.decode_graph)
-        except BaseException:
-            # A layer may have stopped halfway through what the backend keeps between steps: nothing kept is whole.
-            self.model.backend.clear()
-            raise
 
     def _prompt_logprobs(
         self, plan: list[tuple[RequestState, int]], last_rows: Sequence[int], hidden: torch.Tensor

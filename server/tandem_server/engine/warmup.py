@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
 
-from tandem_server.engine.batch import ScheduledSpan, build_step_batch
-from tandem_server.engine.cuda_graphs import StepGraphs
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import CacheGeometry, KVCache
 from tandem_server.errors import CacheBudgetError
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.cuda_graphs import profile_graph_bytes
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import UniformShape
-from tandem_server.models.compilation import warmup_rows
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
@@ -92,36 +90,6 @@ def profile_cuda_budget(model: CausalLM, geometry: CacheGeometry, limits: Warmup
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
     return cuda_cache_budget(free, step_peak, limits.cuda_memory_fraction, graph_bytes)
-
-
-def profile_graph_bytes(
-    model: CausalLM, geometry: CacheGeometry, shapes: tuple[UniformShape, ...], device: torch.device
-) -> int:
-    """Device memory the graphs hold: the largest shape of each width (smaller ones share their pool) captured
-    into a two-block cache, measured, then released."""
-    if not shapes:
-        return 0
-    largest = {shape.tokens_per_row: shape for shape in sorted(shapes, key=lambda shape: shape.rows)}
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved(device)
-    probe = KVCache(geometry, 1, device)
-    graphs = StepGraphs(model, probe, tuple(largest.values()), device)
-    graphs.capture()
-    torch.cuda.synchronize(device)
-    held = torch.cuda.memory_reserved(device) - before - probe.nbytes
-    del graphs, probe
-    torch.cuda.empty_cache()
-    return max(0, held)
-
-
-def compile_step_rows(model: CausalLM, cache: KVCache, max_batch_tokens: int) -> None:
-    """Runs a reserved step of each row count `warmup_rows` names, compiling what a model with compiled stages
-    needs for steps of up to `max_batch_tokens` rows; logs how long it took."""
-    started = time.perf_counter()
-    rows = warmup_rows(max_batch_tokens)
-    for num_tokens in rows:
-        run_reserved_forward(model, cache, WarmupLimits(num_tokens, 1))
-    logger.info("compiled steps of %s rows in %.1fs", ", ".join(map(str, rows)), time.perf_counter() - started)
 
 
 def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) -> None:

@@ -167,7 +167,7 @@ class GatedMLP(nn.Module):
 class StagedLayer(nn.Module):
     """A decoder layer in two stages around the attention backend: `attention_inputs` (everything before attention
     reads the cache) and `after_attention` (everything after). The stages see only tensors and this layer's weights,
-    so `torch.compile` can compile each once for every layer of a class (`models/compilation.py`)."""
+    so `torch.compile` can compile each once for every layer of a class (`execution/compiled_layers.py`)."""
 
     self_attn: DecoderAttention
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.backend import AttentionBackend, AttentionParams, LayerCache, PreparedStep
+from tandem_server.layers.attention.backend import (
+    AttentionBackend,
+    AttentionParams,
+    KeepsStepState,
+    LayerCache,
+    PreparedStep,
+)
 from tandem_server.layers.attention.metadata import AttentionMetadata, HostLayout, PagedLayout, start_offsets
 from tandem_server.layers.attention.sdpa_backend import SdpaAttentionBackend
 from tandem_server.layers.attention.selection import BACKEND_CHOICES, BACKEND_NAMES
@@ -38,6 +44,7 @@ __all__ = [
     "AttentionMetadata",
     "AttentionParams",
     "HostLayout",
+    "KeepsStepState",
     "LayerCache",
     "PagedLayout",
     "PreparedStep",

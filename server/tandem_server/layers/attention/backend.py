@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -41,28 +41,16 @@ class PreparedStep:
 class AttentionBackend(Protocol):
     """Computes attention for a mixed step of prompt chunks and decode tokens.
 
-    A backend builds whatever it reads beyond the common metadata in `prepare`, once per step, and owns any state it
-    keeps between steps; the engine only tells it when requests end and when the cache is replaced.
+    A backend builds whatever it reads beyond the common metadata in `prepare`, once per step. One that keeps state
+    between steps implements `KeepsStepState` too.
     """
 
     name: str
     # True when a decode-only step runs with fixed shapes and no host sync, so it can be captured in a CUDA graph.
     supports_cuda_graphs: bool
 
-    def bind_cache(self, layers: Sequence[LayerCache]) -> None:
-        """Called once the KV cache is allocated, before any step runs on it."""
-        ...
-
     def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
         """This backend's metadata and layer caches for one step, built from the common metadata."""
-        ...
-
-    def forget(self, request_ids: Iterable[int]) -> None:
-        """Drops what is kept for requests that finished, were preempted, or arrive anew under a known id."""
-        ...
-
-    def clear(self) -> None:
-        """Drops everything kept for any request (after a reset or a failed step)."""
         ...
 
     def forward(
@@ -78,21 +66,26 @@ class AttentionBackend(Protocol):
         ...
 
 
-class Stateless:
-    """The lifecycle of a backend that keeps nothing between steps: no per-layer state, nothing per request."""
+@runtime_checkable
+class KeepsStepState(Protocol):
+    """A backend that keeps state between steps (the torch backend's decode mirror); the execution layer tells it
+    when the cache is replaced and when requests end."""
 
     def bind_cache(self, layers: Sequence[LayerCache]) -> None:
-        """Nothing to size: the backend keeps no per-layer state."""
+        """Called once the KV cache is allocated, before any step runs on it."""
+        ...
 
     def forget(self, request_ids: Iterable[int]) -> None:
-        """Nothing is kept per request."""
+        """Drops what is kept for requests that finished, were preempted, or arrive anew under a known id."""
+        ...
 
     def clear(self) -> None:
-        """Nothing is kept per request."""
+        """Drops everything kept for any request (after a reset or a failed step)."""
+        ...
 
 
-class CommonMetadataOnly(Stateless):
-    """A stateless backend that reads only the common metadata."""
+class CommonMetadataOnly:
+    """A backend that reads only the common metadata."""
 
     def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
         """The common metadata and the paged layers as they are."""

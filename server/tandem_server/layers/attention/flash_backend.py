@@ -18,7 +18,6 @@ from tandem_server.layers.attention.backend import (
     AttentionParams,
     LayerCache,
     PreparedStep,
-    Stateless,
     write_step_kv,
 )
 from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
@@ -33,7 +32,7 @@ class FlashAttentionMetadata(AttentionMetadata):
     key_start_loc: torch.Tensor | None = None
 
 
-class FlashAttentionBackend(Stateless):
+class FlashAttentionBackend:
     """Mixed prefill/decode steps in one paged varlen call; causal masks align to each sequence's end."""
 
     name = "flash"

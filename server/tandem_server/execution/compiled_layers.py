@@ -11,6 +11,8 @@ compiles each stage once per shape class (one row; more rows; the weight formats
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,13 @@ import torch
 from torch import nn
 
 from tandem_server.errors import ConfigError
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import KVCache
 from tandem_server.models.decoder import StagedLayer
+from tandem_server.models.registry import CausalLM
+
+logger = logging.getLogger(__name__)
 
 STAGES = ("attention_inputs", "after_attention")
 
@@ -61,3 +69,18 @@ def warmup_rows(max_batch_tokens: int) -> tuple[int, ...]:
     while rows[-1] * 2 < max_batch_tokens:
         rows.append(rows[-1] * 2)
     return (*rows, max_batch_tokens) if max_batch_tokens > 1 else (1,)
+
+
+def warm_compiled_layers(model: CausalLM, cache: KVCache, max_batch_tokens: int) -> None:
+    """Runs a step of each row count `warmup_rows` names into the reserved block, compiling every stage graph a
+    model with compiled stages needs for steps of up to `max_batch_tokens` rows; logs how long it took."""
+    started = time.perf_counter()
+    rows = warmup_rows(max_batch_tokens)
+    device = cache.layers[0].key.device
+    for row_count in rows:
+        num_tokens = min(row_count, model.spec.max_position_embeddings)
+        # Every position wraps into the reserved block, so real blocks are never touched.
+        blocks = [cache.reserved_block] * -(-num_tokens // cache.block_size)
+        batch = build_step_batch([ScheduledSpan([0] * num_tokens, 0, blocks)], cache.block_size, device)
+        forward_step(model, batch, cache.layers)
+    logger.info("compiled steps of %s rows in %.1fs", ", ".join(map(str, rows)), time.perf_counter() - started)

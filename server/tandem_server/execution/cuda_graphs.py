@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.device_copy import to_device
-from tandem_server.engine.batch import StepBatch
-from tandem_server.engine.forward import forward_step
-from tandem_server.engine.kv_cache import KVCache
+from tandem_server.execution.batch import StepBatch
+from tandem_server.execution.eager import forward_step
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
 from tandem_server.layers.attention import StaticStepMetadata, UniformShape
 from tandem_server.models.registry import CausalLM
 
@@ -126,7 +127,7 @@ class StepGraphs:
         self._cache = cache
         self._device = device
         self._buffers = StepBuffers.allocate(self.shapes, model.spec.max_position_embeddings, cache, device)
-        self._graphs: dict[UniformShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[UniformShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # Capture and replay run on this rank's own stream (never torch's process-wide capture stream, which
         # lives on whichever device first asked for it).
         self._stream = torch.cuda.Stream(device)
@@ -144,19 +145,23 @@ class StepGraphs:
             with torch.cuda.graph(graph, pool=pool, stream=self._stream):
                 hidden = forward_step(self._model, batch, self._cache.layers)
             pool = graph.pool()
-            self._graphs[shape] = (graph, hidden)
+            self.graphs[shape] = (graph, hidden)
         described = ", ".join(f"{shape.rows}x{shape.tokens_per_row}" for shape in self.shapes)
         logger.info("captured CUDA graphs for steps of (requests x tokens each) %s", described)
 
-    def run(self, batch: StepBatch) -> torch.Tensor | None:
-        """Hidden states of the step's tokens, in its order, from the smallest graph that holds it; None when none
-        does."""
+    def holds(self, batch: StepBatch) -> bool:
+        """Whether a captured shape holds the step."""
+        paged = batch.metadata.paged
+        return fitting_shape(self.shapes, paged.num_seqs, paged.max_query_len) is not None
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """Hidden states of the step's tokens, in its order, from the smallest graph that holds it (see `holds`)."""
         paged = batch.metadata.paged
         shape = fitting_shape(self.shapes, paged.num_seqs, paged.max_query_len)
         if shape is None:
-            return None
+            raise ValueError("no captured graph holds this step")
         rows = self._buffers.fill(batch, shape)
-        graph, hidden = self._graphs[shape]
+        graph, hidden = self.graphs[shape]
         with self._on_own_stream():
             graph.replay()
         if rows is None:
@@ -171,3 +176,54 @@ class StepGraphs:
         with torch.cuda.stream(self._stream):
             yield
         current.wait_stream(self._stream)
+
+
+class CudaGraphExecutor:
+    """Replays the captured graph of the smallest shape that holds a step; steps none holds run otherwise."""
+
+    name = "cuda-graphs"
+
+    def __init__(self, model: CausalLM, device: torch.device) -> None:
+        self._model = model
+        self._device = device
+        # The graphs captured at the latest Warmup; None before it, or when it named no shape.
+        self.graphs: StepGraphs | None = None
+
+    def prepare(self, cache: KVCache, plan: ExecutionPlan) -> None:
+        """Captures a graph of every shape the plan names, over `cache`."""
+        self.graphs = None
+        if plan.graph_shapes:
+            graphs = StepGraphs(self._model, cache, plan.graph_shapes, self._device)
+            graphs.capture()
+            self.graphs = graphs
+
+    def serves(self, step: PlannedStep) -> bool:
+        return self.graphs is not None and self.graphs.holds(step.batch)
+
+    def run(self, step: PlannedStep) -> torch.Tensor:
+        if self.graphs is None:
+            raise RuntimeError("invariant: only steps a captured graph holds run here")
+        return self.graphs.run(step.batch)
+
+    def stop(self) -> None:
+        """Nothing runs beside the steps."""
+
+
+def profile_graph_bytes(
+    model: CausalLM, geometry: CacheGeometry, shapes: tuple[UniformShape, ...], device: torch.device
+) -> int:
+    """Device memory the graphs hold: the largest shape of each width (smaller ones share their pool) captured
+    into a two-block cache, measured, then released."""
+    if not shapes:
+        return 0
+    largest = {shape.tokens_per_row: shape for shape in sorted(shapes, key=lambda shape: shape.rows)}
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    probe = KVCache(geometry, 1, device)
+    graphs = StepGraphs(model, probe, tuple(largest.values()), device)
+    graphs.capture()
+    torch.cuda.synchronize(device)
+    held = torch.cuda.memory_reserved(device) - before - probe.nbytes
+    del graphs, probe
+    torch.cuda.empty_cache()
+    return max(0, held)

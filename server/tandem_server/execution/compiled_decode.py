@@ -39,15 +39,18 @@ from pathlib import Path
 
 import torch
 
-from tandem_server.engine.background_compile import BackgroundCompile, StepGate
-from tandem_server.engine.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.engine.kv_cache import KVCache
-from tandem_server.layers.attention import AttentionBackend, LayerCache, PreparedStep
+from tandem_server.config import CompileMode
+from tandem_server.execution.background_compile import BackgroundCompile, StepGate
+from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
+from tandem_server.execution.compiled_layers import warm_compiled_layers, warmup_rows
+from tandem_server.execution.kv_cache import KVCache
+from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
+from tandem_server.layers.attention import AttentionBackend, KeepsStepState, LayerCache, PreparedStep
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.layers.attention.torch_decode_mirror import MirroredLayerCache
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
-from tandem_server.models.compilation import warmup_rows
+from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.quant.dense_copies import has_quantized_gemms
 
@@ -125,10 +128,13 @@ class DecodeGraph:
     def compile_at_warmup(self, cache: KVCache, max_batch_requests: int) -> None:
         """Compiles, before Warmup returns, every graph decode steps of up to `max_batch_requests` rows need; from
         here on no step compiles."""
+        backend = self._model.backend
         try:
-            self._compile_steps(cache, max_batch_requests, self._model.backend, lambda: False)
+            self._compile_steps(cache, max_batch_requests, backend, lambda: False)
         finally:
-            self._model.backend.clear()
+            # The made-up requests leave nothing in the served backend's decode mirror.
+            if isinstance(backend, KeepsStepState):
+                backend.clear()
             self._run = torch._dynamo.run(self._compiled)
 
     def compile_in_background(
@@ -211,6 +217,46 @@ class DecodeGraph:
         self._mark_dynamic(batch, prepared)
         self._compiled(batch.input_ids, batch.positions, prepared.layers, prepared.metadata)
         return True
+
+
+class CompiledExecutor:
+    """`--torch-compile`: runs the decode steps a compiled graph serves. At Warmup (`warmup`) the layer stages and
+    the decode graphs compile before it returns; `background` starts the decode graphs' compile beside serving."""
+
+    name = "compiled-decode"
+
+    def __init__(self, model: CausalLM, mode: CompileMode, gate: StepGate) -> None:
+        if mode is CompileMode.OFF:
+            raise ValueError("invariant: nothing compiles with --torch-compile off")
+        self._model = model
+        self._mode = mode
+        self._gate = gate
+        self.graph = DecodeGraph(model)
+        self.background: BackgroundCompile | None = None
+
+    def prepare(self, cache: KVCache, plan: ExecutionPlan) -> None:
+        self.stop()
+        if self._mode is CompileMode.WARMUP:
+            warm_compiled_layers(self._model, cache, plan.max_batch_tokens)
+            self.graph.compile_at_warmup(cache, plan.max_batch_requests)
+        else:
+            self.background = self.graph.compile_in_background(cache, plan.max_batch_requests, self._gate)
+
+    def serves(self, step: PlannedStep) -> bool:
+        return self.graph.serves(step.prepared.metadata)
+
+    def run(self, step: PlannedStep) -> torch.Tensor:
+        return self.graph.forward(step.batch, step.prepared)
+
+    def stop(self) -> None:
+        """Stops a background compile: it compiles into the cache about to be replaced."""
+        if self.background is not None:
+            self.background.stop()
+            self.background = None
+
+    def compilation(self) -> CompilationState:
+        background = self.background
+        return CompilationState(self.graph.compiled_rows, background is not None and background.running)
 
 
 def _frozen_autotuned() -> contextlib.AbstractContextManager[None]:

@@ -1,0 +1,100 @@
+"""A model's execution: its executors, tried in order for each step, and the attention backend's state between
+steps. The engine reaches the executors and the backend's lifecycle only through `Execution`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
+
+import torch
+
+from tandem_server.config import CompileMode
+from tandem_server.execution.background_compile import StepGate
+from tandem_server.execution.batch import StepBatch
+from tandem_server.execution.compiled_decode import CompiledExecutor
+from tandem_server.execution.cuda_graphs import CudaGraphExecutor
+from tandem_server.execution.eager import EagerExecutor
+from tandem_server.execution.kv_cache import KVCache
+from tandem_server.execution.protocol import ExecutionPlan, PlannedStep, StepExecutor
+from tandem_server.layers.attention import KeepsStepState, LayerCache
+from tandem_server.metrics import CompilationState
+from tandem_server.models.registry import CausalLM
+
+_Executor = TypeVar("_Executor")
+
+
+class Execution:
+    """Runs a model's steps through the first executor that serves each; the last one serves every step."""
+
+    def __init__(self, model: CausalLM, executors: Sequence[StepExecutor], gate: StepGate) -> None:
+        if not executors or not isinstance(executors[-1], EagerExecutor):
+            raise ValueError("invariant: eager execution comes last, so every step has an executor")
+        self._model = model
+        self.executors = tuple(executors)
+        # Held by each step, so a background compile runs only between steps.
+        self.gate = gate
+
+    @classmethod
+    def build(cls, model: CausalLM, device: torch.device, compile_mode: CompileMode = CompileMode.OFF) -> Execution:
+        """CUDA graphs on CUDA, then the compiled decode graphs under --torch-compile, then eager."""
+        gate = StepGate()
+        executors: list[StepExecutor] = []
+        if device.type == "cuda":
+            executors.append(CudaGraphExecutor(model, device))
+        if compile_mode is not CompileMode.OFF:
+            executors.append(CompiledExecutor(model, compile_mode, gate))
+        executors.append(EagerExecutor(model))
+        return cls(model, executors, gate)
+
+    def prepare(self, cache: KVCache, plan: ExecutionPlan) -> None:
+        """Binds the backend's state and every executor to a new cache (what ran beside the old one stops first)."""
+        self.stop()
+        backend = self._model.backend
+        if isinstance(backend, KeepsStepState):
+            backend.bind_cache(cache.layers)
+        for executor in self.executors:
+            executor.prepare(cache, plan)
+
+    def forward(self, batch: StepBatch, layers: Sequence[LayerCache]) -> torch.Tensor:
+        """The step's final hidden states, from the first executor that serves it."""
+        step = PlannedStep(batch, layers, self._model.backend)
+        try:
+            executor = next(executor for executor in self.executors if executor.serves(step))
+            return executor.run(step)
+        except BaseException:
+            # A layer may have stopped halfway through what the backend keeps between steps: nothing kept is whole.
+            self.clear()
+            raise
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Drops what the backend keeps for requests that ended, were preempted, or arrive anew under a known id."""
+        backend = self._model.backend
+        if isinstance(backend, KeepsStepState):
+            backend.forget(request_ids)
+
+    def clear(self) -> None:
+        """Drops everything the backend keeps for any request."""
+        backend = self._model.backend
+        if isinstance(backend, KeepsStepState):
+            backend.clear()
+
+    def stop(self) -> None:
+        """Ends what any executor runs beside the steps."""
+        for executor in self.executors:
+            executor.stop()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Held while a step, Warmup or a health check runs: a background compile waits for it."""
+        with self.gate.step():
+            yield
+
+    def executor(self, kind: type[_Executor]) -> _Executor | None:
+        """The executor of class `kind`, when this execution runs one."""
+        return next((executor for executor in self.executors if isinstance(executor, kind)), None)
+
+    def compilation(self) -> CompilationState:
+        """What --torch-compile has compiled so far; safe to read from any thread."""
+        compiled = self.executor(CompiledExecutor)
+        return compiled.compilation() if compiled is not None else CompilationState((), False)
