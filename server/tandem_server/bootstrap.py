@@ -15,7 +15,7 @@ from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
 from tandem_server.execution.compiled_layers import compile_layers, require_cpp_compiler
 from tandem_server.layers.attention import AttentionBackend, create_backend
-from tandem_server.layers.attention.selection import detect_package_problems, needs_from_hf_config, select_backend
+from tandem_server.layers.attention.selection import detect_packages, needs_from_hf_config, select_backend
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM, model_factory
@@ -139,7 +139,7 @@ def choose_attention_backend(
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
     model_factory(checkpoint.architecture)
     needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype, config.block_size)
-    choice = select_backend(config.attention_backend, needs, detect_package_problems(config.device))
+    choice = select_backend(config.attention_backend, needs, detect_packages(config.device))
     logger.info("%s", choice.describe())
     return create_backend(choice.name, decode_mirror_memory=decode_mirror_memory)
 

@@ -29,6 +29,7 @@ from tandem_server.device_defaults import choose_device_settings
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
+from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.metrics import ShardMetrics
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.rpc.cluster_auth import read_cluster_secret
@@ -68,8 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--attention-backend",
         default="auto",
-        help=f"one of: {', '.join(ATTENTION_BACKENDS)}; auto: the first usable of flash, triton, sdpa, torch on CUDA, "
-        "torch on CPU",
+        help=f"one of: {', '.join(ATTENTION_BACKENDS)}; auto: {ATTENTION_REGISTRY.describe_auto()}",
     )
     parser.add_argument(
         "--block-size",

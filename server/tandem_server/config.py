@@ -11,10 +11,10 @@ import torch
 
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan
-from tandem_server.layers.attention.selection import BACKEND_CHOICES
+from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.quant.mode import QuantizeMode
 
-ATTENTION_BACKENDS = BACKEND_CHOICES
+ATTENTION_BACKENDS = ATTENTION_REGISTRY.choices
 DEVICES = ("cpu", "cuda")
 # int4 runs on CUDA through Tandem's Triton kernel, fp8 through `torch._scaled_mm`; the rest have CPU kernels only.
 _CUDA_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.INT4, QuantizeMode.FP8)

@@ -7,19 +7,22 @@ from dataclasses import replace
 import pytest
 import torch
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import create_backend, flash_release, selection
-from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
+from tandem_server.interfaces import attention as interface
+from tandem_server.interfaces.attention import PackageRelease, choose_release
+from tandem_server.interfaces.attention_registry import FLASH_ATTN_2, FLASH_ATTN_4, FLASH_CAPABILITIES, TRITON
+from tandem_server.layers.attention import create_backend
 from tandem_server.layers.attention.selection import (
     AttentionNeeds,
-    PackageProblems,
-    detect_package_problems,
+    ProbedPackages,
+    detect_packages,
     needs_from_hf_config,
     select_backend,
 )
 
-BOTH_INSTALLED = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_4)
-NO_FLASH = PackageProblems(flash_attn="flash_attn is not importable (No module named 'flash_attn')", triton=None)
-NEITHER = PackageProblems(flash_attn=NO_FLASH.flash_attn, triton="triton is not importable (No module named 'triton')")
+NO_FLASH_ATTN = "flash_attn is not importable (No module named 'flash_attn')"
+BOTH_INSTALLED = ProbedPackages({"flash": FLASH_ATTN_4, "triton": TRITON})
+NO_FLASH = ProbedPackages({"flash": NO_FLASH_ATTN, "triton": TRITON})
+NEITHER = ProbedPackages({"flash": NO_FLASH_ATTN, "triton": "triton is not importable (No module named 'triton')"})
 CUDA_BF16 = AttentionNeeds("cuda", torch.bfloat16, head_dim=128)
 # Pages of flash-attn-4's TMA size, as the launcher picks them when flash-attn-4 serves the GPU.
 CUDA_BF16_TMA_PAGES = AttentionNeeds("cuda", torch.bfloat16, head_dim=128, block_size=128)
@@ -27,7 +30,7 @@ CUDA_BF16_TMA_PAGES = AttentionNeeds("cuda", torch.bfloat16, head_dim=128, block
 
 def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
     needs = AttentionNeeds("cpu", torch.float32, head_dim=64)
-    assert select_backend("auto", needs, detect_package_problems("cpu")).name == "torch"
+    assert select_backend("auto", needs, detect_packages("cpu")).name == "torch"
 
 
 @pytest.mark.parametrize(
@@ -45,7 +48,7 @@ def test_auto_on_cpu_is_torch_without_probing_packages() -> None:
     ],
 )
 def test_auto_on_cuda_takes_the_first_usable_of_flash_triton_sdpa_torch(
-    packages: PackageProblems, needs: AttentionNeeds, expected: str
+    packages: ProbedPackages, needs: AttentionNeeds, expected: str
 ) -> None:
     assert select_backend("auto", needs, packages).name == expected
 
@@ -71,7 +74,7 @@ def test_auto_choice_explains_what_it_passed_over() -> None:
     ],
 )
 def test_a_requested_backend_that_cannot_run_is_a_startup_error(
-    requested: str, needs: AttentionNeeds, packages: PackageProblems, message: str
+    requested: str, needs: AttentionNeeds, packages: ProbedPackages, message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         select_backend(requested, needs, packages)
@@ -79,7 +82,7 @@ def test_a_requested_backend_that_cannot_run_is_a_startup_error(
 
 @pytest.mark.parametrize("name", ["torch", "sdpa"])
 def test_cpu_backends_are_chosen_when_asked(name: str) -> None:
-    choice = select_backend(name, AttentionNeeds("cpu", torch.float32, 64), detect_package_problems("cpu"))
+    choice = select_backend(name, AttentionNeeds("cpu", torch.float32, 64), detect_packages("cpu"))
     assert choice.name == name and create_backend(name).name == name
 
 
@@ -92,15 +95,14 @@ def test_missing_package_is_reported_with_the_import_error(monkeypatch: pytest.M
             raise ImportError(f"No module named {name!r}")
         return object()
 
-    monkeypatch.setattr(flash_release.importlib, "import_module", import_module)
-    monkeypatch.setattr(selection.importlib, "import_module", import_module)
+    monkeypatch.setattr(interface.importlib, "import_module", import_module)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    problems = detect_package_problems("cuda")
-    assert problems.flash_attn == (
+    problems = detect_packages("cuda")
+    assert problems.found["flash"] == (
         "flash_attn.cute is not importable (No module named 'flash_attn.cute'); "
         "flash_attn is not importable (No module named 'flash_attn')"
     )
-    assert problems.triton is None and problems.flash_release is None
+    assert problems.release("triton") == TRITON and problems.release("flash") is None
     assert imported == ["flash_attn.cute", "flash_attn", "triton"]
     assert select_backend("auto", CUDA_BF16, problems).name == "triton"
 
@@ -125,22 +127,22 @@ class VarlenModule:
     ],
 )
 def test_the_flash_backend_drives_the_newest_release_with_kernels_for_the_gpu(
-    monkeypatch: pytest.MonkeyPatch, installed: set[str], capability: tuple[int, int], release: FlashRelease | None
+    monkeypatch: pytest.MonkeyPatch, installed: set[str], capability: tuple[int, int], release: PackageRelease | None
 ) -> None:
     def import_module(name: str) -> object:
         if name not in installed:
             raise ImportError(f"No module named {name!r}")
         return VarlenModule
 
-    monkeypatch.setattr(flash_release.importlib, "import_module", import_module)
-    chosen, problems = choose_release(capability)
+    monkeypatch.setattr(interface.importlib, "import_module", import_module)
+    chosen, problems = choose_release(FLASH_CAPABILITIES.releases, capability)
     assert chosen == release
     if release is None:
         assert problems[0] == "flash-attn-4 has no kernels for compute capability 8.9"
 
 
-FA2_ONLY = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_2)
-FA4 = PackageProblems(flash_attn=None, triton=None, flash_release=FLASH_ATTN_4)
+FA2_ONLY = ProbedPackages({"flash": FLASH_ATTN_2, "triton": TRITON})
+FA4 = ProbedPackages({"flash": FLASH_ATTN_4, "triton": TRITON})
 
 
 def test_auto_passes_over_flash_attn_2_for_the_triton_kernel() -> None:
@@ -165,7 +167,9 @@ def test_model_features_come_from_config_json() -> None:
     gemma = {"hidden_size": 640, "num_attention_heads": 4, "head_dim": 256, "attn_logit_softcapping": 50.0}
     gemma |= {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}
     needs = needs_from_hf_config(gemma, "cuda", torch.bfloat16)
-    assert (needs.head_dim, needs.logit_softcap) == (256, True)
+    assert (needs.head_dim, needs.logit_softcap, needs.sliding_window) == (256, True, True)
     qwen = {"hidden_size": 896, "num_attention_heads": 14, "sliding_window": 4096, "use_sliding_window": False}
     needs = needs_from_hf_config(qwen, "cpu", torch.float32)
-    assert (needs.head_dim, needs.logit_softcap) == (64, False)
+    assert (needs.head_dim, needs.logit_softcap, needs.sliding_window) == (64, False, False)
+    mistral = {"hidden_size": 4096, "num_attention_heads": 32, "sliding_window": 4096}
+    assert needs_from_hf_config(mistral, "cuda", torch.bfloat16).sliding_window

@@ -19,7 +19,7 @@ from shard_testing import CHECKPOINT_VARIANTS, StepDriver, load_tiny_model, new_
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
 from tandem_server.layers.attention import create_backend
-from tandem_server.layers.attention.selection import AttentionNeeds, detect_package_problems, unusable_reason
+from tandem_server.layers.attention.selection import BACKEND_NAMES, AttentionNeeds, detect_packages, unusable_reason
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -30,8 +30,8 @@ def usable_backends() -> list[str]:
     if not torch.cuda.is_available():
         return []
     needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=16)
-    packages = detect_package_problems("cuda")
-    return [name for name in ("torch", "sdpa", "triton", "flash") if unusable_reason(name, needs, packages) is None]
+    packages = detect_packages("cuda")
+    return [name for name in BACKEND_NAMES if unusable_reason(name, needs, packages) is None]
 
 
 @pytest.mark.parametrize("backend", usable_backends())

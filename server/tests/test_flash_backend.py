@@ -21,9 +21,10 @@ from attention_testing import (
 )
 from flash_contract import FlashContractError
 from tandem_server.errors import ConfigError
+from tandem_server.interfaces.attention import PackageRelease
+from tandem_server.interfaces.attention_registry import FLASH_ATTN_2, FLASH_ATTN_4
 from tandem_server.layers.attention import AttentionParams, UniformShape
 from tandem_server.layers.attention.flash_backend import FlashAttentionBackend, FlashAttentionMetadata
-from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease
 
 STAND_INS = Path(__file__).with_name("flash_stand_ins")
 RELEASES = {
@@ -47,7 +48,7 @@ def _forget_flash_modules() -> None:
 
 
 @pytest.fixture(params=sorted(RELEASES))
-def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlashRelease]:
+def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[PackageRelease]:
     """The release whose stand-in is importable as `flash_attn` (2) or `flash_attn.cute` (4) for one test."""
     flash_release, root = RELEASES[request.param]
     _forget_flash_modules()
@@ -56,7 +57,7 @@ def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     _forget_flash_modules()
 
 
-def _pageable(release: FlashRelease, block_size: int) -> bool:
+def _pageable(release: PackageRelease, block_size: int) -> bool:
     return release.page_problem(block_size) is None
 
 
@@ -68,7 +69,7 @@ def _pageable(release: FlashRelease, block_size: int) -> bool:
 )
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("params", PARAMS)
-def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: int, step: str, params: str) -> None:
+def test_flash_backend_matches_torch_backend(release: PackageRelease, block_size: int, step: str, params: str) -> None:
     case = paged_case(STEPS[step], seed=len(params), dtype=torch.bfloat16, block_size=block_size)
     expected, expected_cache = reference_output(case, PARAMS[params])
     cache = case.fresh_cache()
@@ -80,7 +81,7 @@ def test_flash_backend_matches_torch_backend(release: FlashRelease, block_size: 
     torch.testing.assert_close(cache.key, expected_cache.key.to(torch.bfloat16))
 
 
-def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: FlashRelease) -> None:
+def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: PackageRelease) -> None:
     case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=16)
     backend = FlashAttentionBackend(release)
     metadata = case.batch().metadata
@@ -98,7 +99,7 @@ def test_flash_attn_2_refuses_small_pages_naming_the_block_size_to_use(release: 
     ("step", "shape"), [(DECODE_STEP, UniformShape(8, 1)), (DRAFTED_STEP, UniformShape(4, 5))], ids=["decode", "verify"]
 )
 def test_padded_graph_batches_attend_like_the_unpadded_step(
-    release: FlashRelease, step: tuple[tuple[int, int], ...], shape: UniformShape
+    release: PackageRelease, step: tuple[tuple[int, int], ...], shape: UniformShape
 ) -> None:
     block_size = 256 if release is FLASH_ATTN_2 else 16
     case = paged_case(step, seed=5, dtype=torch.bfloat16, block_size=block_size)
@@ -114,7 +115,7 @@ def test_padded_graph_batches_attend_like_the_unpadded_step(
 
 
 @pytest.mark.parametrize("release", ["flash-attn-2"], indirect=True)
-def test_flash_attn_2_key_offsets_sum_the_padded_graph_rows_too(release: FlashRelease) -> None:
+def test_flash_attn_2_key_offsets_sum_the_padded_graph_rows_too(release: PackageRelease) -> None:
     case = paged_case(DECODE_STEP, seed=5, dtype=torch.bfloat16, block_size=256)
     laid_out = uniform_layout(case, UniformShape(8, 1), max_positions=4 * 256)
     metadata = FlashAttentionBackend(release).prepare(laid_out.metadata, [case.cache]).metadata
@@ -123,7 +124,7 @@ def test_flash_attn_2_key_offsets_sum_the_padded_graph_rows_too(release: FlashRe
     assert metadata.key_start_loc.dtype == torch.int32
 
 
-def test_stand_ins_refuse_what_upstream_refuses(release: FlashRelease) -> None:
+def test_stand_ins_refuse_what_upstream_refuses(release: PackageRelease) -> None:
     """The stand-ins are only worth their passing tests if they fail where the real kernels do."""
     block_size = 256 if release is FLASH_ATTN_2 else 16
     case = paged_case(MIXED_STEP, dtype=torch.bfloat16, block_size=block_size)

@@ -10,7 +10,8 @@ from shard_testing import make_runner, staggered_decodes, warmed, write_tiny_lla
 from tandem_server.cli import config_from_args
 from tandem_server.config import resolve_kv_cache_dtype
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.selection import AttentionNeeds, PackageProblems, select_backend
+from tandem_server.interfaces.attention_registry import FLASH_ATTN_4, TRITON
+from tandem_server.layers.attention.selection import AttentionNeeds, ProbedPackages, select_backend
 
 KV_MEMORY = 1 << 20
 
@@ -67,7 +68,7 @@ def test_kv_cache_dtype_flag_defaults_to_the_model_dtype() -> None:
 
 
 def test_a_cache_dtype_other_than_the_models_needs_the_torch_backend() -> None:
-    packages = PackageProblems(flash_attn=None, triton=None)
+    packages = ProbedPackages({"flash": FLASH_ATTN_4, "triton": TRITON})
     needs = AttentionNeeds("cuda", torch.bfloat16, 64, kv_cache_dtype=torch.float16)
     choice = select_backend("auto", needs, packages)
     assert choice.name == "torch"
@@ -75,5 +76,5 @@ def test_a_cache_dtype_other_than_the_models_needs_the_torch_backend() -> None:
     assert all("--kv-cache-dtype" in reason for _, reason in choice.skipped)
     with pytest.raises(ConfigError, match=r"--attention-backend flash is unavailable: .*--kv-cache-dtype"):
         select_backend("flash", needs, packages)
-    same = AttentionNeeds("cuda", torch.bfloat16, 64, kv_cache_dtype=torch.bfloat16)
+    same = AttentionNeeds("cuda", torch.bfloat16, 64, kv_cache_dtype=torch.bfloat16, block_size=128)
     assert select_backend("auto", same, packages).name == "flash"

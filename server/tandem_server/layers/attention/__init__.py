@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tandem_server.errors import ConfigError
+from tandem_server.interfaces.attention import BackendSettings
+from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.layers.attention.backend import (
     AttentionBackend,
     AttentionParams,
@@ -18,23 +19,12 @@ from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
 def create_backend(name: str, decode_mirror_memory: int = 0) -> AttentionBackend:
-    """A new instance of the backend `name`; flash and triton import their optional packages here.
+    """A new instance of the registered backend `name`; flash and triton import their optional packages here.
 
     `decode_mirror_memory` is the `torch` backend's budget for its decode mirror; the other backends need none.
     """
-    if name == "torch":
-        return TorchAttentionBackend(decode_mirror_memory)
-    if name == "sdpa":
-        return SdpaAttentionBackend()
-    if name == "triton":
-        from tandem_server.layers.attention.triton_backend import TritonAttentionBackend  # noqa: PLC0415
-
-        return TritonAttentionBackend()
-    if name == "flash":
-        from tandem_server.layers.attention.flash_backend import FlashAttentionBackend  # noqa: PLC0415
-
-        return FlashAttentionBackend()
-    raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(BACKEND_NAMES)}")
+    backend: AttentionBackend = ATTENTION_REGISTRY.create(name, BackendSettings(decode_mirror_memory))
+    return backend
 
 
 __all__ = [

@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from tandem_server.errors import ConfigError
+from tandem_server.interfaces.attention import BackendSettings, PackageRelease, choose_release
+from tandem_server.interfaces.attention_registry import FLASH_ATTN_2, FLASH_ATTN_4, FLASH_CAPABILITIES
 from tandem_server.layers.attention.backend import (
     AttentionParams,
     LayerCache,
     PreparedStep,
     write_step_kv,
 )
-from tandem_server.layers.attention.flash_release import FLASH_ATTN_2, FLASH_ATTN_4, FlashRelease, choose_release
 from tandem_server.layers.attention.metadata import AttentionMetadata
 
 
@@ -36,16 +37,22 @@ class FlashAttentionBackend:
     """Mixed prefill/decode steps in one paged varlen call; causal masks align to each sequence's end."""
 
     name = "flash"
+    capabilities = FLASH_CAPABILITIES
     # Every call reads only device tensors plus host bounds that are fixed for a captured batch size.
-    supports_cuda_graphs = True
+    supports_cuda_graphs = FLASH_CAPABILITIES.cuda_graphs
 
-    def __init__(self, release: FlashRelease | None = None) -> None:
+    def __init__(self, release: PackageRelease | None = None) -> None:
         if release is None:
-            release, problems = choose_release(torch.cuda.get_device_capability())
+            release, problems = choose_release(FLASH_CAPABILITIES.releases, torch.cuda.get_device_capability())
             if release is None:
                 raise ConfigError(f"no usable FlashAttention release: {'; '.join(problems)}")
         self.release = release
         self._attend = _ATTEND[release.name](release.load())
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> FlashAttentionBackend:
+        """The newest release with kernels for this GPU; it reads none of the settings."""
+        return cls()
 
     def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
         """For flash-attn 2, the key offsets, summed on the device so a captured graph sums them again at every
@@ -71,7 +78,7 @@ class FlashAttentionBackend:
         block_size = cache.key.shape[1]
         problem = self.release.page_problem(block_size)
         if problem is not None:
-            raise ConfigError(f"{problem}; start with --block-size {self.release.page_multiple}")
+            raise ConfigError(f"{problem}; start with --block-size {self.release.pages.multiple}")
         write_step_kv(cache, key, value, metadata.slot_mapping)
         return self._attend(query, cache, metadata, params)
 

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from tandem_server.device_copy import to_device
+from tandem_server.interfaces.attention import BackendSettings
+from tandem_server.interfaces.attention_registry import SDPA_CAPABILITIES
 from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout, start_offsets
 
@@ -15,7 +17,13 @@ class SdpaAttentionBackend(CommonMetadataOnly):
     one per prompt chunk, unpadded; a mixed step never pads a decode to a prompt chunk's query length."""
 
     name = "sdpa"
-    supports_cuda_graphs = False
+    capabilities = SDPA_CAPABILITIES
+    supports_cuda_graphs = SDPA_CAPABILITIES.cuda_graphs
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> SdpaAttentionBackend:
+        """The backend; it reads none of the settings."""
+        return cls()
 
     def forward(
         self,

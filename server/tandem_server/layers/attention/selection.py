@@ -1,8 +1,8 @@
-"""Chooses the attention backend once at start-up from the device, installed packages and the model's features."""
+"""Chooses the attention backend once at start-up: each registered backend's capabilities against the model, the
+device and the optional packages installed."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,21 +10,22 @@ from typing import Any
 import torch
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention.flash_release import FlashRelease, choose_release
+from tandem_server.interfaces.attention import (
+    AUTO,
+    BackendCapabilities,
+    BackendRegistry,
+    PackageRelease,
+    choose_release,
+)
+from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 
-BACKEND_NAMES = ("torch", "sdpa", "triton", "flash")
-BACKEND_CHOICES = ("auto", *BACKEND_NAMES)
-# `auto` takes the first usable backend in this order.
-AUTO_ORDER = {"cuda": ("flash", "triton", "sdpa", "torch"), "cpu": ("torch",)}
-FLASH_DTYPES = (torch.float16, torch.bfloat16)
-FLASH_MAX_HEAD_DIM = 256
-# The Triton kernel's tiles are checked to fit every supported GPU's shared memory up to this head size.
-TRITON_MAX_HEAD_DIM = 256
+BACKEND_NAMES = ATTENTION_REGISTRY.names
+BACKEND_CHOICES = ATTENTION_REGISTRY.choices
 
 
 @dataclass(frozen=True)
 class AttentionNeeds:
-    """What the model and device ask of an attention backend (every backend handles sliding windows)."""
+    """What the model and device ask of an attention backend."""
 
     device: str
     dtype: torch.dtype
@@ -34,16 +35,23 @@ class AttentionNeeds:
     kv_cache_dtype: torch.dtype | None = None
     # Tokens per KV block the router pages with; None: not known before Warmup.
     block_size: int | None = None
+    sliding_window: bool = False
 
 
 @dataclass(frozen=True)
-class PackageProblems:
-    """Why an optional package cannot be used (None: it imports fine)."""
+class ProbedPackages:
+    """What probing each backend's optional package found: the release it drives, or why none is usable.
 
-    flash_attn: str | None
-    triton: str | None
-    # The FlashAttention release the flash backend drives on this GPU; None when `flash_attn` says why none.
-    flash_release: FlashRelease | None = None
+    A backend that needs a package and has no entry here was not probed (it cannot run on the device), and is
+    unusable.
+    """
+
+    found: Mapping[str, PackageRelease | str] = field(default_factory=dict)
+
+    def release(self, name: str) -> PackageRelease | None:
+        """The release backend `name` drives, when its probe found one."""
+        found = self.found.get(name)
+        return found if isinstance(found, PackageRelease) else None
 
 
 @dataclass(frozen=True)
@@ -68,93 +76,113 @@ def needs_from_hf_config(
     kv_cache_dtype: torch.dtype | None = None,
     block_size: int | None = None,
 ) -> AttentionNeeds:
-    """The attention features of a checkpoint's config.json that narrow the choice: softcap and head size."""
+    """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows."""
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
     softcap = hf.get("attn_logit_softcapping") is not None
-    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size)
+    # A window applies where layer_types names sliding layers, else wherever one is set and not switched off (Qwen2's
+    # `use_sliding_window`); this errs towards asking for windows.
+    layer_types = hf.get("layer_types") or ()
+    windows = "sliding_attention" in layer_types or (
+        bool(hf.get("sliding_window")) and hf.get("use_sliding_window") is not False
+    )
+    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows)
 
 
-def detect_package_problems(device: str) -> PackageProblems:
-    """Imports FlashAttention and Triton only on CUDA; on CPU neither is usable anyway."""
-    if device != "cuda":
-        return PackageProblems(flash_attn="needs --device cuda", triton="needs --device cuda")
-    release, problems = choose_release(torch.cuda.get_device_capability())
-    flash_problem = None if release is not None else "; ".join(problems)
-    return PackageProblems(flash_attn=flash_problem, triton=_import_problem("triton"), flash_release=release)
+def detect_packages(device: str, registry: BackendRegistry = ATTENTION_REGISTRY) -> ProbedPackages:
+    """Probes the optional packages of the backends that run on `device`, in `auto`'s order (importing them)."""
+    auto_order = registry.auto_order(device)
+    order = (*auto_order, *(name for name in registry.names if name not in auto_order))
+    probed = [name for name in order if _needs_probing(registry.capabilities(name), device)]
+    if not probed:
+        return ProbedPackages()
+    capability = torch.cuda.get_device_capability() if device == "cuda" else None
+    found: dict[str, PackageRelease | str] = {}
+    for name in probed:
+        release, problems = choose_release(registry.capabilities(name).releases, capability)
+        found[name] = release if release is not None else "; ".join(problems)
+    return ProbedPackages(found)
 
 
-def unusable_reason(name: str, needs: AttentionNeeds, packages: PackageProblems) -> str | None:
+def _needs_probing(capabilities: BackendCapabilities, device: str) -> bool:
+    return bool(capabilities.releases) and device in capabilities.devices
+
+
+def unusable_reason(
+    name: str, needs: AttentionNeeds, packages: ProbedPackages, registry: BackendRegistry = ATTENTION_REGISTRY
+) -> str | None:
     """Why backend `name` cannot serve this model on this device, or None when it can."""
-    if name == "torch":
-        return None
-    if needs.kv_cache_dtype not in (None, needs.dtype):
-        return "it keeps the KV cache in the model's dtype only (--kv-cache-dtype needs the torch backend)"
-    if name == "sdpa":
-        return "torch SDPA cannot apply attention logit softcapping" if needs.logit_softcap else None
-    if needs.device != "cuda":
-        return f"{name} needs --device cuda"
-    if name == "triton":
-        return _triton_problem(needs, packages)
-    return _flash_problem(needs, packages)
+    capabilities = registry.capabilities(name)
+    if needs.kv_cache_dtype not in (None, needs.dtype) and not capabilities.other_kv_cache_dtype:
+        readers = " or ".join(other for other in registry.names if registry.capabilities(other).other_kv_cache_dtype)
+        return f"it keeps the KV cache in the model's dtype only (--kv-cache-dtype needs the {readers} backend)"
+    if needs.device not in capabilities.devices:
+        return f"{name} needs --device {' or '.join(capabilities.devices)}"
+    return _model_problem(capabilities, needs) or _package_problem(name, capabilities, packages)
 
 
-def _triton_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
-    if needs.head_dim > TRITON_MAX_HEAD_DIM:
-        return f"the Triton kernel supports head sizes up to {TRITON_MAX_HEAD_DIM}, not {needs.head_dim}"
-    return packages.triton
-
-
-def _flash_problem(needs: AttentionNeeds, packages: PackageProblems) -> str | None:
-    if packages.flash_attn is not None:
-        return (
-            f"{packages.flash_attn} (on Hopper or Blackwell: flash-attn-4, pip install 'tandem-server[cuda]'; "
-            "elsewhere flash-attn 2, built from source)"
-        )
-    if needs.dtype not in FLASH_DTYPES:
-        return f"flash-attn supports float16 and bfloat16, not {str(needs.dtype).removeprefix('torch.')}"
-    if needs.head_dim > FLASH_MAX_HEAD_DIM or needs.head_dim % 8:
-        return f"flash-attn supports head sizes up to {FLASH_MAX_HEAD_DIM} in steps of 8, not {needs.head_dim}"
+def _model_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -> str | None:
+    kernel = capabilities.kernel
+    dtype = str(needs.dtype).removeprefix("torch.")
+    if capabilities.dtypes and dtype not in capabilities.dtypes:
+        return f"{kernel} supports {' and '.join(capabilities.dtypes)}, not {dtype}"
+    largest, multiple = capabilities.max_head_size, capabilities.head_size_multiple
+    if (largest is not None and needs.head_dim > largest) or needs.head_dim % multiple:
+        up_to = f" up to {largest}" if largest is not None else ""
+        steps = f" in steps of {multiple}" if multiple > 1 else ""
+        return f"{kernel} supports head sizes{up_to}{steps}, not {needs.head_dim}"
+    if needs.logit_softcap and not capabilities.logit_softcap:
+        return f"{kernel} cannot apply attention logit softcapping"
+    if needs.sliding_window and not capabilities.sliding_window:
+        return f"{kernel} cannot apply sliding windows"
     return None
 
 
-def select_backend(requested: str, needs: AttentionNeeds, packages: PackageProblems) -> BackendChoice:
+def _package_problem(name: str, capabilities: BackendCapabilities, packages: ProbedPackages) -> str | None:
+    if not capabilities.releases:
+        return None
+    found = packages.found.get(name)
+    if found is None:
+        modules = " or ".join(release.module for release in capabilities.releases)
+        return f"{modules} was not probed"
+    if isinstance(found, PackageRelease):
+        return None
+    return f"{found} ({capabilities.install_hint})" if capabilities.install_hint else found
+
+
+def select_backend(
+    requested: str, needs: AttentionNeeds, packages: ProbedPackages, registry: BackendRegistry = ATTENTION_REGISTRY
+) -> BackendChoice:
     """`auto` picks the first usable backend for the device; a named backend that cannot run is an error."""
-    if requested not in BACKEND_CHOICES:
-        raise ConfigError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKEND_CHOICES)}")
-    if requested != "auto":
-        reason = unusable_reason(requested, needs, packages)
+    if requested not in registry.choices:
+        raise ConfigError(f"unknown attention backend {requested!r}; choose one of {', '.join(registry.choices)}")
+    if requested != AUTO:
+        reason = unusable_reason(requested, needs, packages, registry)
         if reason is not None:
             raise ConfigError(f"--attention-backend {requested} is unavailable: {reason}")
         return BackendChoice(requested)
     skipped: list[tuple[str, str]] = []
-    for name in AUTO_ORDER[needs.device]:
-        reason = unusable_reason(name, needs, packages) or _auto_problem(name, needs, packages)
+    for name in registry.auto_order(needs.device):
+        reason = unusable_reason(name, needs, packages, registry) or _auto_problem(name, needs, packages, registry)
         if reason is None:
             return BackendChoice(name, tuple(skipped))
         skipped.append((name, reason))
-    raise ConfigError("invariant: the torch attention backend is always usable")
+    passed_over = "; ".join(f"{name}: {reason}" for name, reason in skipped)
+    raise ConfigError(f"no attention backend serves this model on {needs.device} (passed over {passed_over})")
 
 
-def _auto_problem(name: str, needs: AttentionNeeds, packages: PackageProblems) -> str | None:
-    # flash-attn-4 away from its TMA page size runs its slow paged path, and it does not split decode work across
-    # the SMs as the Triton kernel does: `auto` takes flash only at that page size (named, it serves any block size
-    # its release pages).
-    release = packages.flash_release
-    if name != "flash" or release is None:
+def _auto_problem(name: str, needs: AttentionNeeds, packages: ProbedPackages, registry: BackendRegistry) -> str | None:
+    # A backend whose release pages fast at one size only is `auto`'s choice at that size alone: elsewhere the kernel
+    # it names is faster (named, the backend serves every size its release reads).
+    faster = registry.capabilities(name).auto_only_at_fast_pages_over
+    release = packages.release(name)
+    if faster is None or release is None:
         return None
-    if release.fast_page_size is None:
-        return f"{release.name} has no paged path faster than the Triton kernel (--attention-backend flash takes it)"
-    if needs.block_size != release.fast_page_size:
+    fast = release.pages.fast
+    if fast is None:
+        return f"{release.name} has no paged path faster than {faster} (--attention-backend {name} takes it)"
+    if needs.block_size != fast:
         return (
-            f"{release.name} loads pages with TMA only at --block-size {release.fast_page_size}, not "
-            f"{needs.block_size}; the Triton kernel is faster at other sizes"
+            f"{release.name} loads pages with {release.pages.fast_loads} only at --block-size {fast}, not "
+            f"{needs.block_size}; {faster} is faster at other sizes"
         )
-    return None
-
-
-def _import_problem(module: str) -> str | None:
-    try:
-        importlib.import_module(module)
-    except ImportError as error:
-        return f"{module} is not importable ({error})"
     return None

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from tandem_server.interfaces.attention import BackendSettings
+from tandem_server.interfaces.attention_registry import TORCH_CAPABILITIES
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
@@ -63,7 +65,13 @@ class TorchAttentionBackend:
     """
 
     name = "torch"
-    supports_cuda_graphs = False
+    capabilities = TORCH_CAPABILITIES
+    supports_cuda_graphs = TORCH_CAPABILITIES.cuda_graphs
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> TorchAttentionBackend:
+        """The backend with the decode mirror budget the settings give."""
+        return cls(settings.decode_mirror_memory)
 
     def __init__(self, decode_mirror_memory: int = 0) -> None:
         self.gather_buffers = GatherBuffers()

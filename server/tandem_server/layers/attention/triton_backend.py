@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tandem_server.interfaces.attention import BackendSettings
+from tandem_server.interfaces.attention_registry import TRITON_CAPABILITIES
 from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
 
@@ -38,7 +40,8 @@ class TritonAttentionBackend(CommonMetadataOnly):
     """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap; split-KV decoding."""
 
     name = "triton"
-    supports_cuda_graphs = True
+    capabilities = TRITON_CAPABILITIES
+    supports_cuda_graphs = TRITON_CAPABILITIES.cuda_graphs
 
     def __init__(self, capability: tuple[int, int] | None = None) -> None:
         """`capability` picks the kernel's tiles; None: the compute capability of the device of the first step."""
@@ -50,6 +53,11 @@ class TritonAttentionBackend(CommonMetadataOnly):
         self._planned: tuple[PagedLayout, LaunchPlan] | None = None
         self._sm_count: int | None = None
         self._capability = capability
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> TritonAttentionBackend:
+        """Tiles for the device of the first step; it reads none of the settings."""
+        return cls()
 
     def forward(
         self,

@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from tandem_server.errors import ConfigError
+from tandem_server.interfaces.attention_registry import TRITON_MAX_HEAD_SIZE
 from tandem_server.layers.attention.backend import AttentionParams
 from tandem_server.layers.attention.metadata import PagedLayout
-from tandem_server.layers.attention.selection import TRITON_MAX_HEAD_DIM
 
 # Rows of a prefill tile (query tokens x grouped heads) and keys per K/V tile, at most, whatever the page size.
 KEY_TILE = 64
@@ -37,7 +37,7 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 # The largest head size compiled and checked within shared memory on every supported GPU (test_triton_compile.py);
 # start-up selection passes over the kernel above it.
-MAX_HEAD_DIM = TRITON_MAX_HEAD_DIM
+MAX_HEAD_DIM = TRITON_MAX_HEAD_SIZE
 # tl.dot needs every tile dimension to be at least 16.
 MIN_DOT_DIM = 16
 
