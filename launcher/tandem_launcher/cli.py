@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tandem_launcher.attention_pages import FlashAttn4Probe, choose_block_size, probe_flash_attn_4
+from tandem_launcher.attention_pages import ReleaseProbe, choose_block_size, describe_block_sizes, probe_release
 from tandem_launcher.cluster import add_cluster_flags
 from tandem_launcher.config import (
     DEFAULT_MODEL_CACHE_DIR,
@@ -96,13 +96,7 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add_forwarded(add, SCHEDULING)
     add.value("--max-input-tokens", int, None, "longest prompt in tokens; derived: max-total-tokens - 1")
     add.value("--max-total-tokens", int, None, "prompt + generated tokens per request; derived: min(positions, 4096)")
-    add.value(
-        "--block-size",
-        int,
-        None,
-        "tokens per KV-cache block; unset on CUDA: 128 where flash-attn-4 serves the GPUs "
-        "(its TMA pages), 256 with --attention-backend flash on flash-attn 2, else 16",
-    )
+    add.value("--block-size", int, None, f"tokens per KV-cache block; {describe_block_sizes()}")
     add_speculation_flags(add)
 
 
@@ -155,12 +149,12 @@ def parse_config(
     argv: Sequence[str],
     environ: Mapping[str, str],
     count_gpus: Callable[[], int] | None = None,
-    flash_attn_4: FlashAttn4Probe | None = None,
+    release_probe: ReleaseProbe | None = None,
 ) -> LauncherConfig:
     """Turns argv and the environment into a validated config; exits with usage on bad input.
 
     `--device auto` and an unset `--num-shard` are resolved here from the GPUs `count_gpus` reports, and an unset
-    `--block-size` from whether flash-attn-4 serves those GPUs (`flash_attn_4`).
+    `--block-size` from whether a release with a fast page size (flash-attn-4) serves those GPUs (`release_probe`).
     """
     parser = build_parser(environ)
     args = parser.parse_args(list(argv))
@@ -179,7 +173,7 @@ def parse_config(
         values["device"] = resolve_device(values["device"], gpus)
         values["num_shard"] = resolve_num_shard(values["num_shard"], values["device"], gpus, values["nnodes"])
         values["block_size"], values["block_size_reason"] = choose_block_size(
-            values["block_size"], values["attention_backend"], values["device"], flash_attn_4 or probe_flash_attn_4
+            values["block_size"], values["attention_backend"], values["device"], release_probe or probe_release
         )
         apply_speculative_config(values)
         values["speculative_method"] = choose_speculative_method(

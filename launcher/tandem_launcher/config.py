@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem_launcher.attention_pages import DEFAULT_BLOCK_SIZE
+from tandem_server.interfaces.attention import DEFAULT_BLOCK_SIZE
+
 from tandem_launcher.cluster import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
 from tandem_launcher.flags import compile_mode
@@ -17,8 +18,6 @@ from tandem_launcher.forwarded import Check, Child, Forwarded
 SHARD = Child.SHARD
 AUTO = "auto"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# The shard's --attention-backend choices (tandem_server.layers.attention.selection.BACKEND_CHOICES).
-ATTENTION_BACKENDS = ("auto", "torch", "sdpa", "triton", "flash")
 # Weight formats the CUDA shard multiplies by; the others have CPU kernels only.
 CUDA_QUANTIZE = ("auto", "none", "int4", "fp8")
 TORCH_COMPILE_ON_CUDA = "--torch-compile is a CPU option; CUDA steps replay CUDA graphs (--cuda-graphs) instead"
@@ -145,8 +144,8 @@ EXECUTION = (
     ),
     Forwarded(
         "--attention-backend", SHARD, str, AUTO,
-        "attention kernels; auto: the first usable of flash, triton, sdpa, torch on CUDA, torch on CPU",
-        choices=ATTENTION_BACKENDS,
+        f"attention kernels; auto: {ATTENTION_REGISTRY.describe_auto()}",
+        choices=ATTENTION_REGISTRY.choices,
     ),
 )  # fmt: skip
 

@@ -1,5 +1,5 @@
 """The KV block size: the user's --block-size, else flash-attn-4's TMA page where it serves the GPUs, else 256 for
-a named flash backend on flash-attn 2, else 16."""
+a named flash backend on flash-attn 2, else 16: the page sizes every registered backend declares."""
 
 from __future__ import annotations
 
@@ -8,12 +8,20 @@ from pathlib import Path
 
 import pytest
 from tandem_launcher import attention_pages
-from tandem_launcher.attention_pages import FlashAttn4Probe, parse_capabilities, probe_flash_attn_4
+from tandem_launcher.attention_pages import ReleaseProbe, choose_block_size, parse_capabilities, probe_release
 from tandem_launcher.cli import parse_config
 from tandem_launcher.commands import router_argv, shard_argv
 from tandem_launcher.config import ChildCommands, LauncherConfig
 from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
+from tandem_server.interfaces.attention import (
+    BackendCapabilities,
+    BackendRegistry,
+    PackageRelease,
+    PageSizes,
+    RegisteredBackend,
+)
+from tandem_server.interfaces.attention_registry import FLASH_ATTN_4
 
 COMMANDS = ChildCommands(shard=("shard-bin",), router=("router-bin",))
 HOPPER = "flash-attn-4 4.0.0 on compute capability 9.0"
@@ -27,8 +35,14 @@ def no_gpu() -> int:
     return 0
 
 
-def serves(reason: str | None) -> FlashAttn4Probe:
-    return lambda: reason
+def serves(reason: str | None) -> ReleaseProbe:
+    """flash-attn-4 serves the GPUs for `reason`, or not at all for None."""
+
+    def probe(release: PackageRelease) -> str | None:
+        assert release == FLASH_ATTN_4, "only a release with a fast page size is probed"
+        return reason
+
+    return probe
 
 
 @pytest.mark.parametrize(
@@ -48,26 +62,73 @@ def serves(reason: str | None) -> FlashAttn4Probe:
 def test_block_size_follows_the_attention_backend_the_shards_will_take_unless_set(
     argv: list[str], environ: dict[str, str], flash_attn_4: str | None, expected: int, reason: str
 ) -> None:
-    config = parse_config(argv, environ, count_gpus=one_gpu, flash_attn_4=serves(flash_attn_4))
+    config = parse_config(argv, environ, count_gpus=one_gpu, release_probe=serves(flash_attn_4))
     assert config.block_size == expected
     assert config.block_size_reason.startswith(reason)
 
 
 def test_a_machine_without_gpus_never_probes_flash_attn_4() -> None:
-    def probe() -> str | None:
-        raise AssertionError("probed flash-attn-4 for a CPU launch")
+    def probe(release: PackageRelease) -> str | None:
+        raise AssertionError(f"probed {release.name} for a CPU launch")
 
-    assert parse_config([], {}, count_gpus=no_gpu, flash_attn_4=probe).block_size == 16
+    assert parse_config([], {}, count_gpus=no_gpu, release_probe=probe).block_size == 16
 
 
 def test_router_and_shards_page_with_the_chosen_block_size() -> None:
-    parsed = parse_config([], {}, count_gpus=one_gpu, flash_attn_4=serves(HOPPER))
+    parsed = parse_config([], {}, count_gpus=one_gpu, release_probe=serves(HOPPER))
     config = LauncherConfig(**{**parsed.__dict__, "commands": COMMANDS})
     model = ResolvedModel(path=Path("/models/m"), served_name="m", max_position_embeddings=None)
     argv = router_argv(config, model, TokenLimits(max_input_tokens=100, max_total_tokens=200), [Path("/s")])
     assert argv[argv.index("--block-size") + 1] == "128"
     shard = shard_argv(config, model, 0, Path("/s"), 29500)
     assert shard[shard.index("--block-size") + 1] == "128"
+
+
+FAST_PAGES = PackageRelease("fastattn", "fastattn", distribution="fastattn", pages=PageSizes(fast=64, fast_loads="TMA"))
+WIDE_PAGES = PackageRelease("wideattn", "wideattn", distribution="wideattn", pages=PageSizes(multiple=96))
+# A registered backend `auto` tries first on CUDA, at its fast page size only, then one that pages in multiples of 96.
+REGISTRY = BackendRegistry(
+    (
+        RegisteredBackend(
+            "fast",
+            "fast:Backend",
+            BackendCapabilities(
+                kernel="the fast kernel",
+                devices=("cuda",),
+                releases=(FAST_PAGES,),
+                auto_priority={"cuda": 1},
+                auto_only_at_fast_pages_over="the wide kernel",
+            ),
+        ),
+        RegisteredBackend(
+            "wide",
+            "wide:Backend",
+            BackendCapabilities(
+                kernel="the wide kernel", devices=("cuda",), releases=(WIDE_PAGES,), auto_priority={"cuda": 2}
+            ),
+        ),
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "serving", "expected", "reason"),
+    [
+        ("auto", "fastattn on compute capability 9.0", 64, "fastattn on compute capability 9.0 loads pages of 64"),
+        ("auto", None, 96, "wide pages the KV cache in multiples of 96"),
+        ("wide", None, 96, "--attention-backend wide pages the KV cache in multiples of 96"),
+        ("fast", None, 16, "the default"),
+    ],
+)
+def test_block_size_follows_whatever_backends_are_registered(
+    backend: str, serving: str | None, expected: int, reason: str
+) -> None:
+    def probe(release: PackageRelease) -> str | None:
+        assert release == FAST_PAGES, "only a release with a fast page size is probed"
+        return serving
+
+    block_size, why = choose_block_size(None, backend, "cuda", probe, REGISTRY)
+    assert (block_size, why[: len(reason)]) == (expected, reason)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +160,7 @@ def test_flash_attn_4_serves_only_where_it_is_installed_and_every_gpu_has_kernel
         commands.append(command)
         return nvidia_smi
 
-    assert probe_flash_attn_4(run) == expected
+    assert probe_release(FLASH_ATTN_4, run) == expected
     assert commands in ([], [["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]])
 
 
