@@ -1,9 +1,9 @@
-"""The shard's `--torch-compile auto`: every step eager, for now.
+"""The shard's `--torch-compile auto`: on the CPU, the one-row decode graphs compile in the background.
 
-`background` (decode graphs compiled beside serving) stays opt-in until it is safe beside eager steps: Inductor's
-passes trace with `torch.fx`, which patches `torch.nn.Module.__call__` for every thread while it traces, and an
-eager step on the model thread during such a trace fails. CUDA steps replay CUDA graphs instead. A value the user
-gave is kept as given.
+The server is ready as soon as eager steps run; single streams' decode steps move to their compiled graph once it is
+built (about a minute on 2 cores), and every other step stays eager. A step never overlaps one of Inductor's
+`torch.fx` traces (`execution/background_compile.py`). Without a C++ compiler nothing compiles, and CUDA steps
+replay CUDA graphs instead. A value the user gave is kept as given.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ def choose_compile_mode(value: str, device: str, compiler: str | None) -> tuple[
         return CompileMode.OFF, "--torch-compile off: CUDA steps replay CUDA graphs (--cuda-graphs) instead"
     if compiler is None:
         return CompileMode.OFF, "--torch-compile off: no C++ compiler (g++ or CXX) for Inductor's CPU kernels"
-    return CompileMode.OFF, (
-        "--torch-compile off: compiling is opt-in (background compiles decode graphs beside serving, warmup before "
-        "the shard is ready)"
+    return CompileMode.BACKGROUND, (
+        "--torch-compile background: single streams' decode graphs compile beside serving and take over once ready"
     )

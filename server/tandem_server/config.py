@@ -93,7 +93,8 @@ class ShardConfig:
     # Why the `auto` weight, device and compile flags took their values (weight_defaults.py, device_defaults.py,
     # compile_default.py), logged at load.
     auto_reasons: tuple[str, ...] = ()
-    # CPU only: when decode graphs (and, at Warmup, layer stages) compile with torch.compile (execution/compiled_layers.py).
+    # CPU only: when decode graphs (and, at Warmup, layer stages) compile with torch.compile
+    # (execution/compiled_decode.py, execution/compiled_layers.py).
     torch_compile: CompileMode = CompileMode.OFF
     # The C++ compiler Inductor would run, where one is on PATH (compile_default.py).
     cpp_compiler: str | None = None

@@ -1,4 +1,5 @@
-"""`--torch-compile`: auto keeps every step eager, a given mode is kept, and compiling is refused where it cannot."""
+"""`--torch-compile`: auto compiles in the background on a CPU with a C++ compiler, a given mode is kept, and
+compiling is refused where it cannot."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from tandem_server.errors import ConfigError
 PATHS = ["--model-path", "m", "--uds-path", "s"]
 
 
-def test_auto_is_off_on_a_cpu_with_a_cpp_compiler_too() -> None:
-    # Background compiling races torch.fx's global patching with eager steps (compile_default.py): opt-in for now.
+def test_auto_compiles_in_the_background_on_a_cpu_with_a_cpp_compiler() -> None:
     mode, reason = choose_compile_mode("auto", "cpu", "/usr/bin/g++")
-    assert mode is CompileMode.OFF
-    assert reason.startswith("--torch-compile off: compiling is opt-in")
+    assert mode is CompileMode.BACKGROUND
+    assert reason.startswith("--torch-compile background: single streams' decode graphs compile beside serving")
 
 
 def test_auto_is_off_without_a_compiler_and_on_cuda() -> None:

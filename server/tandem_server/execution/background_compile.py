@@ -6,6 +6,12 @@ model (2 cores, gguf weights), a decode step took 27.9 ms beside a busy Python t
 compile thread pauses at its next Python call whenever a step runs (`StepGate`), and runs at the lowest CPU priority,
 which the C++ compiler processes it starts inherit. The pause waits at most `_PAUSE_S` at a time: a lock the paused
 thread holds (an import, a logging handler) can delay a step by that much, never deadlock it.
+
+One part of a compile must not overlap a step at all: while `torch.fx` traces a graph (Inductor's passes do, many
+times per compile) it patches `nn.Module.__call__` and `__getattr__` for every thread, and an eager step's module
+calls would run through the tracer and fail. The compile thread's call hook sees each trace start: it waits for the
+running step to end and holds new steps back until the trace returns (`StepGate.enter_trace`); traces take
+milliseconds to a few seconds.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ take (a stack mixing block types, or quantized and float parts) is dequantized i
 
 from __future__ import annotations
 
-import ctypes
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from tandem_server.errors import ConfigError
+from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.meta_storage import allocate
@@ -77,7 +77,7 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
                 param.data.copy_(kept.dequantize())
                 delattr(param, attribute)
     report.weight_bytes = _weight_bytes(model)
-    _return_freed_memory()
+    return_freed_memory()
     return report
 
 
@@ -88,14 +88,6 @@ def _float_device(model: nn.Module) -> torch.device:
 
 def _keeps_values(param: nn.Parameter) -> bool:
     return any(hasattr(param, attribute) for attribute in KEPT_VALUES)
-
-
-def _return_freed_memory() -> None:
-    """Hands the released float weights' pages back to the system (glibc keeps freed heap memory otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator decides
-        pass
 
 
 def _quantize_gemm(module: GemmModule, mode: QuantizeMode, device: torch.device) -> str:
