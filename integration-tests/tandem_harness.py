@@ -45,9 +45,13 @@ class TandemServer:
     log_path: Path
 
     @classmethod
-    def start(cls, log_path: Path, *flags: str) -> TandemServer:
+    def start(cls, log_path: Path, *flags: str, compile_in_background: bool = False) -> TandemServer:
+        """A server with `flags`. Its steps all run eagerly unless the flags name a --torch-compile mode or
+        `compile_in_background` keeps the CPU default (a background compile beside every suite's servers would
+        load the machine the suites share)."""
         port = free_port()
-        argv = [str(LAUNCHER), "--hostname", "127.0.0.1", "--port", str(port), *flags]
+        eager = () if compile_in_background or "--torch-compile" in flags else ("--torch-compile", "off")
+        argv = [str(LAUNCHER), "--hostname", "127.0.0.1", "--port", str(port), *flags, *eager]
         with log_path.open("wb") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         server = cls(process, f"http://127.0.0.1:{port}", log_path)

@@ -32,7 +32,7 @@ BFLOAT16_CPU = cpu_multiplies_bfloat16()
 @pytest.fixture(scope="module")
 def defaults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     log_path = tmp_path_factory.mktemp("defaults") / "launcher.log"
-    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()))
+    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), compile_in_background=True)
     yield server
     assert server.stop() == 0, server.log_tail()
 

@@ -65,7 +65,9 @@ def node_ports(directory: Path) -> NodePorts:
 
 
 def start_worker(ports: NodePorts, log_path: Path) -> subprocess.Popen[bytes]:
+    # Eager, as the leader's harness runs it (tandem_harness.TandemServer.start).
     argv = [str(LAUNCHER), "--hostname", "127.0.0.1", "--port", str(free_port()), *ports.flags(1)]
+    argv += ["--torch-compile", "off"]
     with log_path.open("wb") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -83,3 +84,38 @@ class LaunchedTandem(LaunchedServer):
     def __init__(self, log_path: Path, launcher_args: list[str] | None = None) -> None:
         super().__init__(log_path)
         self.args = [sys.executable, "-m", "tandem_launcher", "--port", str(self.port), *(launcher_args or [])]
+
+    def __enter__(self) -> LaunchedTandem:
+        started = time.monotonic()
+        super().__enter__()
+        # Measured once its background compile has finished: the steady state users get a minute after start.
+        deadline = started + self.ready_timeout_s
+        waited = False
+        while compiling(self.base_url):
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} still compiled after {self.ready_timeout_s:.0f}s: {self.log_path}")
+            waited = True
+            time.sleep(2.0)
+        if waited:
+            print(f"{self.name}: background compile done {time.monotonic() - started:.0f}s after start", flush=True)
+        return self
+
+
+def compiling(base_url: str) -> bool:
+    """Whether Tandem's shards still compile in the background, as `/info` reports after one step (which this
+    sends: the shards report their compile state with each step)."""
+    request = urllib.request.Request(
+        f"{base_url}/generate",
+        data=json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 1}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        response.read()
+    return bool(_info(base_url).get("compiling"))
+
+
+def _info(base_url: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"{base_url}/info", timeout=10) as response:
+        info: dict[str, object] = json.loads(response.read())
+    return info
