@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tandem_server.weight_defaults import cpu_multiplies_bfloat16
+
 from tandem_bench.cli import parse_server
 from tandem_bench.client import Endpoint
 from tandem_bench.datasets import DatasetConfig
@@ -234,7 +236,7 @@ def _start_servers(
     """The Tandems (the one at `base_url`, then the variants), the peers (running ones, llama-server), and the
     precision each multiplies in (None where no roofline figure fits)."""
     tandems = [Endpoint(name="tandem", base_url=base_url)]
-    precisions: dict[str, str | None] = {"tandem": "float32"}
+    precisions: dict[str, str | None] = {"tandem": _precision(TANDEM_ARGS) if args.base_url is None else None}
     for variant in args.tandem_variant:
         label, _, extra = variant.partition("=")
         log = args.output_dir / f"launcher-{label}.log"
@@ -260,12 +262,16 @@ def _start_peers(args: argparse.Namespace, servers: ExitStack) -> tuple[list[End
 
 
 def _precision(launcher_args: list[str]) -> str | None:
-    """The precision a Tandem launched with these arguments multiplies in on CPU (float32 unless --dtype says);
-    None for quantized weights, whose kernels have no roofline figure."""
-    if _flag_value(launcher_args, "--quantize", "none") != "none":
+    """The precision a Tandem serving the embedded model with these arguments multiplies in on this CPU; None for
+    quantized weights, whose kernels have no roofline figure (the embedded model is a GGUF, so `--quantize auto`
+    serves its quantized blocks)."""
+    if _flag_value(launcher_args, "--quantize", "auto") != "none":
         return None
-    dtype = _flag_value(launcher_args, "--dtype", "float32")
-    return {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16"}.get(dtype)
+    dtype = _flag_value(launcher_args, "--dtype", "auto")
+    if dtype == "auto":
+        # The shard's own choice (weight_defaults.py).
+        return "bfloat16" if cpu_multiplies_bfloat16() else "float32"
+    return {"float32": "float32", "bfloat16": "bfloat16"}.get(dtype)
 
 
 def _flag_value(launcher_args: list[str], flag: str, default: str) -> str:
@@ -280,7 +286,7 @@ def _cache_off_rows(output_dir: Path, measured: list[MeasuredRow], show: bool) -
         for run in (run for run in STANDARD_SUITE if run.cache_off):
             baseline = next(row.baseline for row in measured if row.workload == run.workload)
             (record,) = run_row(run, [endpoint], show_progress=show)
-            rows.append(MeasuredRow(run.workload, record, baseline))
+            rows.append(MeasuredRow(run.workload, record, baseline, _precision(CACHE_OFF_ARGS)))
     return rows
 
 

@@ -25,6 +25,7 @@ from tandem_bench.roofline import Roofline, model_matmuls
 from tandem_bench.runner import BenchConfig, RunRecord, run_benchmark, warm_up
 from tandem_bench.suite import STANDARD_SUITE, equivalent_command
 from tandem_bench.suite_report import MeasuredRow, readme_block
+from tandem_server.weight_defaults import cpu_multiplies_bfloat16
 
 
 def _compare(fast: Script, slow: Script) -> list[RunRecord]:
@@ -285,8 +286,11 @@ def test_the_suite_measures_every_workload_and_rewrites_the_readme(
 
 
 def test_a_variant_multiplies_in_its_dtype_unless_its_weights_are_quantized() -> None:
-    assert suite._precision([]) == "float32"
-    assert suite._precision(["--dtype", "bfloat16", "--kv-cache-memory", "3GiB"]) == "bfloat16"
+    # The embedded model is a GGUF: the defaults serve its quantized blocks.
+    assert suite._precision([]) is None
+    assert suite._precision(["--quantize", "none"]) == ("bfloat16" if cpu_multiplies_bfloat16() else "float32")
+    assert suite._precision(["--quantize", "none", "--dtype", "float32"]) == "float32"
+    assert suite._precision(["--quantize", "none", "--dtype", "bfloat16", "--kv-cache-memory", "3GiB"]) == "bfloat16"
     assert suite._precision(["--quantize", "none", "--dtype", "bfloat16"]) == "bfloat16"
     # Quantized kernels have no roofline figure: no MFU rather than one against the float32 peak.
     assert suite._precision(["--quantize", "gguf"]) is None

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.config import CompileMode, ShardConfig, dtype_name
+from tandem_server.config import ShardConfig, dtype_name
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
-from tandem_server.execution.compiled_layers import compile_layers, require_cpp_compiler
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_packages, needs_from_hf_config, select_backend
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
@@ -60,9 +59,6 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
     weights = prepare_weights(model, weight_preparation(config, device))
-    if config.torch_compile is CompileMode.WARMUP:
-        require_cpp_compiler()
-        logger.info("torch.compile: the stages of %d decoder layers compile at Warmup", compile_layers(model))
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids

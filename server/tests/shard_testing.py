@@ -22,7 +22,6 @@ from tandem_server.engine.step import (
 )
 from tandem_server.execution.background_compile import BackgroundCompile
 from tandem_server.execution.compiled_decode import CompiledExecutor, DecodeGraph
-from tandem_server.execution.compiled_layers import compile_layers
 from tandem_server.execution.cuda_graphs import CudaGraphExecutor, StepGraphs
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
@@ -116,8 +115,6 @@ def make_runner(
     checkpoint = read_checkpoint_config(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
-    if compile_mode is CompileMode.WARMUP:
-        compile_layers(model)
     options = ExecutionOptions(
         kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, compile_mode=compile_mode
     )

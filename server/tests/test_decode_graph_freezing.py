@@ -11,7 +11,6 @@ from shard_testing import StepDriver, decode_graph, load_tiny_model, new_request
 from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
-from tandem_server.execution.compiled_layers import compile_layers
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.quant.kernels import kernels_unavailable_reason
@@ -38,8 +37,6 @@ def runner_for(path: Path, mode: QuantizeMode, compiled: bool) -> ModelRunner:
     up."""
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=KV_CACHE_MEMORY // 2))
     quantize_model(model, mode)
-    if compiled:
-        compile_layers(model)
     options = ExecutionOptions(
         kv_cache_memory=KV_CACHE_MEMORY, compile_mode=CompileMode.WARMUP if compiled else CompileMode.OFF
     )

@@ -43,7 +43,12 @@ import torch
 from tandem_server.config import CompileMode
 from tandem_server.execution.background_compile import BackgroundCompile, StepGate
 from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
-from tandem_server.execution.compiled_layers import warm_compiled_layers, warmup_rows
+from tandem_server.execution.compiled_layers import (
+    compile_layers,
+    require_cpp_compiler,
+    warm_compiled_layers,
+    warmup_rows,
+)
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
 from tandem_server.freed_memory import return_freed_memory
@@ -238,6 +243,9 @@ class CompiledExecutor:
         self._model = model
         self._mode = mode
         self._gate = gate
+        if mode is CompileMode.WARMUP:
+            require_cpp_compiler()
+            logger.info("torch.compile: the stages of %d decoder layers compile at Warmup", compile_layers(model))
         self.graph = DecodeGraph(model)
         self.background: BackgroundCompile | None = None
 
