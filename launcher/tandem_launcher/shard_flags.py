@@ -90,7 +90,9 @@ EXECUTION = (
     Forwarded(
         "--kv-cache-dtype", SHARD, str, AUTO,
         "dtype of the KV cache, in which attention computes; auto: the model's --dtype; bfloat16 under a float32 "
-        "model holds twice the tokens per byte (needs the torch attention backend, the CPU one)",
+        "model holds twice the tokens per byte (needs the "
+        + " or ".join(ATTENTION_REGISTRY.names_with(lambda capabilities: capabilities.other_kv_cache_dtype))
+        + " attention backend)",
         choices=DTYPES,
     ),
     Forwarded(

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", *DTYPES),
         default="auto",
         help="dtype of the KV cache, in which attention computes; auto: the model's dtype (other dtypes need the "
-        "torch attention backend)",
+        f"{' or '.join(ATTENTION_REGISTRY.names_with(lambda capabilities: capabilities.other_kv_cache_dtype))} "
+        "attention backend)",
     )
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB, 2GiB, 1GB")
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")

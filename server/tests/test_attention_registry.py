@@ -148,3 +148,8 @@ def test_a_backend_is_built_from_its_registered_class_with_the_shards_settings()
     assert isinstance(REGISTRY.create("fake", BackendSettings()), SdpaAttentionBackend)
     torch_backend = REGISTRY.create("torch", BackendSettings(decode_mirror_memory=1 << 20))
     assert isinstance(torch_backend, TorchAttentionBackend) and torch_backend.decode_mirror_memory == 1 << 20
+
+
+def test_the_backends_keeping_another_kv_cache_dtype_are_read_from_their_capabilities() -> None:
+    assert ATTENTION_REGISTRY.names_with(lambda capabilities: capabilities.other_kv_cache_dtype) == ("torch",)
+    assert ATTENTION_REGISTRY.names_with(lambda capabilities: capabilities.cuda_graphs) == ("triton", "flash")

@@ -7,7 +7,7 @@ importing torch or any kernel package, for the backend names and the KV block si
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -180,6 +180,10 @@ class BackendRegistry:
     def capabilities(self, name: str) -> BackendCapabilities:
         """What backend `name` serves."""
         return self.entry(name).capabilities
+
+    def names_with(self, feature: Callable[[BackendCapabilities], bool]) -> tuple[str, ...]:
+        """The backends whose capabilities have `feature`, in registration order."""
+        return tuple(name for name, entry in self._backends.items() if feature(entry.capabilities))
 
     def auto_order(self, device: str) -> tuple[str, ...]:
         """The backends `auto` tries on `device`, first to last."""
