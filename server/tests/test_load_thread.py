@@ -16,7 +16,9 @@ from tandem_server.errors import ConfigError
 
 
 def _config(model_dir: Path) -> ShardConfig:
-    return cli.config_from_args(["--model-path", str(model_dir), "--uds-path", str(model_dir / "s.sock")])
+    # Eager: a background compile would outlive the test (conftest.py).
+    args = ["--model-path", str(model_dir), "--uds-path", str(model_dir / "s.sock"), "--torch-compile", "off"]
+    return cli.config_from_args(args)
 
 
 def test_the_shard_loads_on_the_thread_that_runs_its_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
