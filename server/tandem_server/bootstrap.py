@@ -17,6 +17,7 @@ from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_packages, needs_from_hf_config, select_backend
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
+from tandem_server.models.parameter_counts import parameter_counts
 from tandem_server.models.registry import CausalLM, model_factory
 from tandem_server.quant.checks import check_quantization
 from tandem_server.quant.mode import QuantizeMode
@@ -58,6 +59,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.allow_pickle_weights,
         gguf_blocks=config.quantize is QuantizeMode.GGUF,
     )
+    counts = parameter_counts(model)
     weights = prepare_weights(model, weight_preparation(config, device))
     options = execution_options(config, backend)
     grammar_compiler = GrammarCompiler.from_model_dir(
@@ -74,13 +76,14 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         draft_model,
     )
     logger.info(
-        "loaded %s (%s on %s, KV cache in %s, rank %d/%d) in %.1fs",
+        "loaded %s (%s on %s, KV cache in %s; rank %d/%d holds %s) in %.1fs",
         checkpoint.architecture,
         dtype_name(config.dtype),
         device,
         dtype_name(config.cache_dtype),
         parallel.rank,
         parallel.world_size,
+        counts.describe(),
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel, weights))

@@ -72,8 +72,24 @@ class RowParallelLinear(GemmModule):
         self.bias = sliced_parameter((out_features,), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.parallel.all_reduce(self.gemm(x, None))
+        out = self.parallel.all_reduce(self.partial_sum(x))
         return out if self.bias is None else out + self.bias
+
+    def partial_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the output, before the sum over ranks and without the bias: for a block that sums
+        several such terms first and reduces once."""
+        return self.gemm(x, None)
+
+
+class ReplicatedLinear(nn.Module):
+    """A small linear layer every rank holds whole (an MoE router, a shared expert's gate), without bias."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = sliced_parameter((out_features, in_features), None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
 
 
 class StackedColumns(GemmModule):

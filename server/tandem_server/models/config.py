@@ -24,6 +24,8 @@ class CheckpointConfig:
     fp8: Fp8Scheme | None = None
     # The GPTQ/AWQ packing config.json's `quantization_config` declares; None unless it is an int4 checkpoint.
     int4: Int4Scheme | None = None
+    # Routed experts per MoE layer; 0 for a dense model.
+    num_experts: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,13 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         eos_token_ids=eos,
         fp8=None if int4 is not None else checkpoint_fp8_scheme(hf),
         int4=int4,
+        num_experts=num_experts(hf),
     )
+
+
+def num_experts(hf: dict[str, Any]) -> int:
+    """Routed experts per MoE layer as config.json spells them (`num_local_experts` or `num_experts`); 0: dense."""
+    return int(hf.get("num_local_experts") or hf.get("num_experts") or 0)
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -16,6 +16,8 @@ from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, 
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
+from tandem_server.layers.mlp import GatedMLP
+from tandem_server.layers.moe import MoeArgs, SparseMoeBlock
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
@@ -24,14 +26,20 @@ from tandem_server.weights.layout import CheckpointLayout
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 QueryKeyValue = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+MOE_EAGER_ONLY = (
+    "its mixture-of-experts layers size each expert's GEMM by how many tokens the router sent it, a shape known only "
+    "while the step runs"
+)
 
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What differs between layers of one model: the rotary table and the sliding window."""
+    """What differs between layers of one model: the rotary table, the sliding window, and whether the feed-forward
+    is the model's mixture-of-experts block rather than a dense MLP."""
 
     rope: RopeConfig
     sliding_window: int | None = None
+    sparse_mlp: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class DecoderArgs:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    # OLMoE: the q/k norms span the whole query and key projections rather than each head.
+    qk_norm_over_projection: bool = False
     # Gemma: norms scale by (1 + weight), embeddings are multiplied by sqrt(hidden_size).
     norm_unit_offset: bool = False
     embedding_scale: float | None = None
@@ -61,6 +71,8 @@ class DecoderArgs:
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     layout: CheckpointLayout = field(default_factory=CheckpointLayout)
+    # The MoE block of the layers whose kind says `sparse_mlp`.
+    moe: MoeArgs | None = None
 
     @property
     def num_layers(self) -> int:
@@ -128,7 +140,15 @@ class DecoderAttention(nn.Module):
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, args.norm_unit_offset)
+        if args.qk_norm_over_projection:
+            if parallel.world_size > 1:
+                raise ConfigError(
+                    "q/k norms over the whole projection (OLMoE) need every head on one rank; use --num-shard 1"
+                )
+            self.q_norm = RMSNorm(q_size, args.rms_norm_eps, args.norm_unit_offset)
+            self.k_norm = RMSNorm(kv_size, args.rms_norm_eps, args.norm_unit_offset)
         self.qk_norm = args.qk_norm
+        self.qk_norm_over_projection = args.qk_norm_over_projection
         scale = args.query_scale if args.query_scale is not None else args.head_dim**-0.5
         self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap)
 
@@ -136,6 +156,8 @@ class DecoderAttention(nn.Module):
         """The attention inputs of normalised `hidden`: rotated queries and keys `[tokens, heads, head_dim]`, values."""
         tokens = hidden.shape[0]
         query, key, value = self.qkv_proj(hidden)
+        if self.qk_norm_over_projection:
+            query, key = self.q_norm(query), self.k_norm(key)
         query = query.view(tokens, self.num_heads, self.head_dim)
         key = key.view(tokens, self.num_kv_heads, self.head_dim)
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
@@ -146,22 +168,6 @@ class DecoderAttention(nn.Module):
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         """The output projection of the attended heads `[tokens, heads, head_dim]`."""
         return self.o_proj(attended.reshape(attended.shape[0], self.num_heads * self.head_dim))
-
-
-class GatedMLP(nn.Module):
-    """Gated feed-forward: down(act(gate(x)) * up(x))."""
-
-    def __init__(self, args: DecoderArgs, parallel: ParallelContext) -> None:
-        super().__init__()
-        self.gate_proj = ColumnParallelLinear(args.hidden_size, args.intermediate_size, args.mlp_bias, parallel)
-        self.up_proj = ColumnParallelLinear(args.hidden_size, args.intermediate_size, args.mlp_bias, parallel)
-        self.down_proj = RowParallelLinear(args.intermediate_size, args.hidden_size, args.mlp_bias, parallel)
-        self.act = activation(args.hidden_act)
-        self.gate_up_proj = StackedColumns((self.gate_proj, self.up_proj))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(hidden)
-        return self.down_proj(self.act(gate) * up)
 
 
 class StagedLayer(nn.Module):
@@ -200,7 +206,7 @@ class DecoderLayer(StagedLayer):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
         self.self_attn = DecoderAttention(args, kind, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.norm_unit_offset)
-        self.mlp = GatedMLP(args, parallel)
+        self.mlp = feed_forward(args, kind, parallel)
 
     def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
         return self.self_attn.project(self.input_layernorm(hidden), rotation)
@@ -208,6 +214,20 @@ class DecoderLayer(StagedLayer):
     def after_attention(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self.self_attn.output(attended)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def dense_mlp(args: DecoderArgs, parallel: ParallelContext) -> GatedMLP:
+    """The dense gated MLP of `args`' sizes."""
+    return GatedMLP(args.hidden_size, args.intermediate_size, args.mlp_bias, args.hidden_act, parallel)
+
+
+def feed_forward(args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> nn.Module:
+    """The layer's feed-forward: the model's MoE block where `kind` says so, else the dense MLP."""
+    if not kind.sparse_mlp:
+        return dense_mlp(args, parallel)
+    if args.moe is None:
+        raise ValueError("invariant: a family that marks sparse layers gives their MoE block")
+    return SparseMoeBlock(args.hidden_size, args.moe, args.hidden_act, parallel)
 
 
 LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], StagedLayer]
@@ -274,6 +294,8 @@ class DecoderForCausalLM(CausalLM):
             head_dim=args.head_dim,
             max_position_embeddings=args.max_position_embeddings,
         )
+        if any(kind.sparse_mlp for kind in args.layers):
+            self.eager_only = MOE_EAGER_ONLY
 
     def forward(
         self,
@@ -296,4 +318,4 @@ class DecoderForCausalLM(CausalLM):
         layout = self.args.layout
         if not self.args.tie_word_embeddings:
             return layout
-        return CheckpointLayout(skipped=layout.skipped | {"lm_head.weight"}, fused=layout.fused)
+        return replace(layout, skipped=layout.skipped | {"lm_head.weight"})

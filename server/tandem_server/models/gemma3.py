@@ -16,11 +16,11 @@ from tandem_server.models.decoder import (
     DecoderArgs,
     DecoderAttention,
     DecoderForCausalLM,
-    GatedMLP,
     LayerKind,
     QueryKeyValue,
     StagedLayer,
     common_sizes,
+    dense_mlp,
     windows_from_layer_types,
 )
 
@@ -88,7 +88,7 @@ class Gemma3DecoderLayer(StagedLayer):
         self.self_attn = DecoderAttention(args, kind, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
-        self.mlp = GatedMLP(args, parallel)
+        self.mlp = dense_mlp(args, parallel)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, unit_offset=True)
 
     def attention_inputs(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:

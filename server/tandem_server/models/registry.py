@@ -10,9 +10,13 @@ from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
+from tandem_server.models.mixtral import MixtralForCausalLM
+from tandem_server.models.olmoe import OlmoeForCausalLM
 from tandem_server.models.phi3 import Phi3ForCausalLM
 from tandem_server.models.qwen2 import Qwen2ForCausalLM
+from tandem_server.models.qwen2_moe import Qwen2MoeForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
+from tandem_server.models.qwen3_moe import Qwen3MoeForCausalLM
 
 
 class CausalLMFactory(Protocol):
@@ -25,9 +29,13 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -14,6 +14,7 @@ from tandem_server.weights.gguf_format import has_gguf_blocks
 
 def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
     """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
+    check_expert_weights(mode, checkpoint)
     check_int4_checkpoint(mode, checkpoint.int4, device)
     if checkpoint.fp8 is not None:
         if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
@@ -47,3 +48,17 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
     unavailable = kernels_unavailable_reason(device, QuantizeMode.INT4)
     if unavailable is not None:
         raise ConfigError(f"{what}: {unavailable}")
+
+
+def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig) -> None:
+    """Refuses quantized weights for a mixture-of-experts model: its experts are stacked 3-D weights that no
+    quantized format holds, and quantizing only its attention and dense layers would serve a model between two
+    precisions."""
+    if not checkpoint.num_experts:
+        return
+    what = f"{checkpoint.architecture} is a mixture-of-experts model, whose stacked expert weights are served float"
+    if mode is not QuantizeMode.NONE:
+        raise ConfigError(f"--quantize {mode.value}: {what} only; use --quantize none")
+    for scheme in (checkpoint.fp8, checkpoint.int4):
+        if scheme is not None:
+            raise ConfigError(f"{checkpoint.path} is a {scheme.method} checkpoint, but {what} only; give a float one")

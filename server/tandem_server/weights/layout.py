@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,14 +19,40 @@ class FusedTensor:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """Checkpoint names in which the regular expression `pattern` matches name the parameter `re.sub` gives."""
+
+    pattern: str
+    replacement: str
+
+
+@dataclass(frozen=True)
+class ExpertStack:
+    """A checkpoint tensor `[experts, rows, columns]` (named by its suffix) holding one matrix per expert, each the
+    parts stacked along its rows in equal shares: transformers' own `gate_up_proj` and `down_proj` of an experts
+    module. Each part's suffix names its expert's parameter with `{expert}`."""
+
+    suffix: str
+    num_experts: int
+    parts: tuple[str, ...]
+
+    def names(self, prefix: str) -> list[str]:
+        return [prefix + part.format(expert=e) for e in range(self.num_experts) for part in self.parts]
+
+
+@dataclass(frozen=True)
 class CheckpointLayout:
-    """Tensors to skip (a tied head's duplicate) and fused tensors to split before per-rank slicing."""
+    """Tensors to skip (a tied head's duplicate), names to rewrite, and fused tensors and expert stacks to split
+    before per-rank slicing; a name is rewritten first, then skipped or split."""
 
     skipped: frozenset[str] = frozenset()
     fused: tuple[FusedTensor, ...] = field(default=())
+    renamed: tuple[Renamed, ...] = field(default=())
+    expert_stacks: tuple[ExpertStack, ...] = field(default=())
 
     def parameter_tensors(self, name: str, tensor: CheckpointTensor) -> Iterator[tuple[str, CheckpointTensor]]:
         """The `(parameter name, unread tensor)` pairs that checkpoint tensor `name` supplies."""
+        name = self._renamed(name)
         if name in self.skipped:
             return
         for fused in self.fused:
@@ -33,26 +60,41 @@ class CheckpointLayout:
                 prefix = name[: -len(fused.suffix)]
                 yield from _split(prefix, fused, tensor, name)
                 return
+        for stack in self.expert_stacks:
+            if name.endswith(stack.suffix):
+                yield from _split_experts(name[: -len(stack.suffix)], stack, tensor, name)
+                return
         yield name, tensor
 
     def parameter_names(self, name: str) -> list[str]:
         """The parameters checkpoint tensor `name` supplies, in stacking order (several for a fused tensor)."""
+        name = self._renamed(name)
         if name in self.skipped:
             return []
         for fused in self.fused:
             if name.endswith(fused.suffix):
                 return [name[: -len(fused.suffix)] + suffix for suffix, _ in fused.parts]
+        for stack in self.expert_stacks:
+            if name.endswith(stack.suffix):
+                return stack.names(name[: -len(stack.suffix)])
         return [name]
 
     def parameter_offsets(self, name: str) -> list[tuple[str, int]]:
-        """The parameters checkpoint tensor `name` supplies, each with its first row in that tensor."""
+        """The parameters checkpoint tensor `name` supplies, each with its first row in that tensor (fused tensors;
+        an expert stack's parts are not rows of one matrix, and quantized checkpoints of experts are refused)."""
+        renamed = self._renamed(name)
         for fused in self.fused:
-            if name.endswith(fused.suffix) and name not in self.skipped:
+            if renamed.endswith(fused.suffix) and renamed not in self.skipped:
                 offsets = [0]
                 for _, rows in fused.parts[:-1]:
                     offsets.append(offsets[-1] + rows)
                 return list(zip(self.parameter_names(name), offsets, strict=True))
         return [(param, 0) for param in self.parameter_names(name)]
+
+    def _renamed(self, name: str) -> str:
+        for rule in self.renamed:
+            name = re.sub(rule.pattern, rule.replacement, name)
+        return name
 
 
 def _split(
@@ -65,3 +107,19 @@ def _split(
     for suffix, size in fused.parts:
         yield prefix + suffix, tensor.narrow(0, offset, size)
         offset += size
+
+
+def _split_experts(
+    prefix: str, stack: ExpertStack, tensor: CheckpointTensor, name: str
+) -> Iterator[tuple[str, CheckpointTensor]]:
+    shape = tuple(tensor.shape)
+    if len(shape) != 3 or shape[0] != stack.num_experts or shape[1] % len(stack.parts):
+        raise ValueError(
+            f"{name}: expert stack has shape {shape}, expected [{stack.num_experts}, rows, columns] with rows a "
+            f"multiple of {len(stack.parts)}"
+        )
+    rows = shape[1] // len(stack.parts)
+    for expert in range(stack.num_experts):
+        matrix = tensor.select(expert)
+        for index, part in enumerate(stack.parts):
+            yield prefix + part.format(expert=expert), matrix.narrow(0, index * rows, rows)

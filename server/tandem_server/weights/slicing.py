@@ -32,11 +32,16 @@ class CheckpointSlice:
 
 
 class CheckpointTensor:
-    """An unread checkpoint tensor, or a window of its rows (a fused tensor's part); reads only what is asked."""
+    """An unread checkpoint tensor, one entry of its first dimension (an expert of a stacked expert tensor), or a
+    window of rows (a fused tensor's part) of either; reads only what is asked."""
 
-    def __init__(self, source: LazyTensor, row_offset: int = 0, rows: int | None = None) -> None:
+    def __init__(
+        self, source: LazyTensor, row_offset: int = 0, rows: int | None = None, leading: tuple[int, ...] = ()
+    ) -> None:
         self._source = source
-        full_shape = list(source.get_shape())
+        # Fixed indices of the source's first dimensions; `shape` and reads cover the dimensions after them.
+        self._leading = leading
+        full_shape = list(source.get_shape())[len(leading) :]
         self._row_offset = row_offset
         if full_shape:
             full_shape[0] = full_shape[0] - row_offset if rows is None else rows
@@ -46,7 +51,13 @@ class CheckpointTensor:
         """Rows `[start, start + length)`, still unread (only dim 0 can be narrowed)."""
         if dim != 0 or not 0 <= start <= start + length <= self.shape[0]:
             raise ValueError(f"cannot narrow dim {dim} to [{start}, {start + length}) of shape {tuple(self.shape)}")
-        return CheckpointTensor(self._source, self._row_offset + start, length)
+        return CheckpointTensor(self._source, self._row_offset + start, length, self._leading)
+
+    def select(self, index: int) -> CheckpointTensor:
+        """Entry `index` of the first dimension, still unread (only of a tensor not yet narrowed)."""
+        if self._row_offset or not self.shape or not 0 <= index < self.shape[0]:
+            raise ValueError(f"cannot select entry {index} of shape {tuple(self.shape)}")
+        return CheckpointTensor(self._source, leading=(*self._leading, index))
 
     def read(self, part: CheckpointSlice | None = None) -> torch.Tensor:
         """Materialises `part` of this tensor (all of it when None) and nothing else."""
@@ -58,7 +69,9 @@ class CheckpointTensor:
             bounds[part.dim] = (part.start, part.stop)
         if ndim:
             bounds[0] = (bounds[0][0] + self._row_offset, bounds[0][1] + self._row_offset)
-        return self._source[tuple(slice(start, stop) for start, stop in bounds)]
+        index = tuple(slice(i, i + 1) for i in self._leading) + tuple(slice(start, stop) for start, stop in bounds)
+        values = self._source[index]
+        return values.reshape(values.shape[len(self._leading) :]) if self._leading else values
 
 
 def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:

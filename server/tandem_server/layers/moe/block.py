@@ -1,0 +1,54 @@
+"""A sparse mixture-of-experts feed-forward block: the router, the routed experts and an optional shared expert."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tandem_server.distributed import ParallelContext
+from tandem_server.layers.linear import ReplicatedLinear
+from tandem_server.layers.mlp import GatedMLP
+from tandem_server.layers.moe.experts import RoutedExperts
+from tandem_server.layers.moe.routing import RouterConfig, TopKRouter
+
+
+@dataclass(frozen=True)
+class MoeArgs:
+    """A family's MoE block: its router, each routed expert's intermediate size, and Qwen2-MoE's shared expert (an
+    always-on gated MLP scaled by `sigmoid(shared_expert_gate(x))`; 0: none)."""
+
+    router: RouterConfig
+    intermediate_size: int
+    shared_intermediate_size: int = 0
+
+
+class SparseMoeBlock(nn.Module):
+    """Routes each token to its top-k experts and sums their weighted outputs (plus the gated shared expert's).
+
+    The routed experts' and the shared expert's partial sums are added on each rank first: the block's one
+    all-reduce sums both over ranks."""
+
+    def __init__(self, hidden_size: int, moe: MoeArgs, hidden_act: str, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.top_k = moe.router.top_k
+        self.gate = TopKRouter(hidden_size, moe.router)
+        self.experts = RoutedExperts(moe.router.num_experts, hidden_size, moe.intermediate_size, hidden_act, parallel)
+        self.shared_expert: GatedMLP | None = None
+        if moe.shared_intermediate_size:
+            self.shared_expert = GatedMLP(hidden_size, moe.shared_intermediate_size, False, hidden_act, parallel)
+            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.experts(hidden, self.gate.route(hidden))
+        if self.shared_expert is not None:
+            # sigmoid(gate) scales every rank's term alike, so scaling before the sum over ranks is exact.
+            out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert.partial_sum(hidden)
+        return self.parallel.all_reduce(out)
+
+    def inactive_parameter_count(self) -> int:
+        """Elements of this rank's expert weights a token does not read: all but its top-k experts'."""
+        experts = self.experts
+        return experts.parameter_count() * (experts.num_experts - self.top_k) // experts.num_experts
