@@ -28,7 +28,7 @@ from tandem_server.quant.packed import pack_gemm_weights
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 # The slow tier (compiles graphs with Inductor): `make test` runs it, `make test-fast` does not.
 pytestmark = pytest.mark.slow
@@ -45,6 +45,24 @@ GEMMA3 = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
     },
 }
+
+# Mixture-of-experts layers (routed top-3 of 5 experts and a gated shared expert) beside a dense one: the dispatch's
+# shapes follow the token count alone, so their graphs compile once per row class like the dense layers'.
+QWEN2_MOE = {
+    "num_experts": 5,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 40,
+    "mlp_only_layers": [1],
+}
+
+
+def write_family(path: Path, family: str) -> PreTrainedModel:
+    if family == "llama":
+        return write_tiny_llama(path)
+    if family == "gemma3":
+        return write_tiny_checkpoint(path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
+    return write_tiny_checkpoint(path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
 
 
 @pytest.fixture(autouse=True)
@@ -90,18 +108,16 @@ def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None
     assert compiled_graphs() > 0
 
 
-def test_compiled_gemma3_layers_match_transformers_logits(tmp_path: Path) -> None:
-    reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
-    assert_mixed_steps_match_logits(tmp_path, reference, "gemma3 compiled", Target(compiled=True))
+@pytest.mark.parametrize("family", ["gemma3", "qwen2-moe"])
+def test_compiled_layers_of_other_layouts_match_transformers_logits(tmp_path: Path, family: str) -> None:
+    reference = write_family(tmp_path, family)
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{family} compiled", Target(compiled=True))
     assert compiled_graphs() > 0
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen2-moe"])
 def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_path: Path, family: str) -> None:
-    if family == "llama":
-        reference = write_tiny_llama(tmp_path)
-    else:
-        reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
+    reference = write_family(tmp_path, family)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
     after_warmup = compiled_graphs()
     assert decode_graph(runner) is not None
@@ -170,10 +186,12 @@ def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag() ->
         require_cpp_compiler()
 
 
+# `--torch-compile auto` on the CPU is `background`.
+@pytest.mark.parametrize("family", ["llama", "qwen2-moe"])
 def test_a_background_compile_serves_beside_steps_and_its_one_row_graphs_take_over_single_streams(
-    tmp_path: Path,
+    tmp_path: Path, family: str
 ) -> None:
-    reference = write_tiny_llama(tmp_path)
+    reference = write_family(tmp_path, family)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
     compiling, graph = background_compile(runner), decode_graph(runner)
     assert compiling is not None and graph is not None
@@ -183,13 +201,13 @@ def test_a_background_compile_serves_beside_steps_and_its_one_row_graphs_take_ov
     # reference tokens every time.
     rounds_during_compile = 0
     while compiling.running:
-        assert_greedy_matches_generate(tmp_path, reference, "llama, beside a background compile", runner=runner)
+        assert_greedy_matches_generate(tmp_path, reference, f"{family}, beside a background compile", runner=runner)
         rounds_during_compile += 1
     assert rounds_during_compile > 0
     assert compiling.join(timeout=600) and compiling.error is None
     assert runner.compilation() == CompilationState((1,), compiling=False)
     fits = record_graph_fits(runner)
-    assert_greedy_matches_generate(tmp_path, reference, "llama, compiled in the background", runner=runner)
+    assert_greedy_matches_generate(tmp_path, reference, f"{family}, compiled in the background", runner=runner)
     # A request alone, then: a single stream's decode steps run its graph; batched ones run eagerly, as run-only
     # mode does when none fits.
     StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=16).run([new_request(50, list(range(3, 12)), 6)])

@@ -4,7 +4,6 @@ steps. The engine reaches the executors and the backend's lifecycle only through
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -24,8 +23,6 @@ from tandem_server.models.registry import CausalLM
 
 _Executor = TypeVar("_Executor")
 
-logger = logging.getLogger(__name__)
-
 
 class Execution:
     """Runs a model's steps through the first executor that serves each; the last one serves every step."""
@@ -40,14 +37,9 @@ class Execution:
 
     @classmethod
     def build(cls, model: CausalLM, device: torch.device, compile_mode: CompileMode = CompileMode.OFF) -> Execution:
-        """CUDA graphs on CUDA, then the compiled decode graphs under --torch-compile, then eager; only eager for a
-        model that says its steps cannot be compiled."""
+        """CUDA graphs on CUDA, then the compiled decode graphs under --torch-compile, then eager."""
         gate = StepGate()
         executors: list[StepExecutor] = []
-        if model.eager_only is not None:
-            if device.type == "cuda" or compile_mode is not CompileMode.OFF:
-                logger.info("CUDA graphs and torch.compile off: every step runs eagerly, since %s", model.eager_only)
-            return cls(model, [EagerExecutor(model)], gate)
         if device.type == "cuda":
             executors.append(CudaGraphExecutor(model, device))
         if compile_mode is not CompileMode.OFF:

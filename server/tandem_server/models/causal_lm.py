@@ -19,8 +19,6 @@ class CausalLM(nn.Module):
     spec: ModelSpec
     # The attention backend every layer attends through; it prepares each step's metadata for them.
     backend: AttentionBackend
-    # Why the model's steps run only eagerly (no torch.compile graph, no CUDA graph); None when they may be compiled.
-    eager_only: str | None = None
 
     def forward(
         self,

@@ -26,10 +26,6 @@ from tandem_server.weights.layout import CheckpointLayout
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 QueryKeyValue = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-MOE_EAGER_ONLY = (
-    "its mixture-of-experts layers size each expert's GEMM by how many tokens the router sent it, a shape known only "
-    "while the step runs"
-)
 
 
 @dataclass(frozen=True)
@@ -294,8 +290,6 @@ class DecoderForCausalLM(CausalLM):
             head_dim=args.head_dim,
             max_position_embeddings=args.max_position_embeddings,
         )
-        if any(kind.sparse_mlp for kind in args.layers):
-            self.eager_only = MOE_EAGER_ONLY
 
     def forward(
         self,

@@ -59,19 +59,15 @@ class ExpertGroups:
     # Each sorted pair's index among the `[tokens * top_k]` flattened pairs, and its token.
     order: torch.Tensor
     tokens: torch.Tensor
-    # `(expert, start, stop)` of every expert that received a pair: its pairs are `[start, stop)` of the sorted ones.
-    runs: tuple[tuple[int, int, int], ...]
+    # int32 `[experts]`: where each expert's run of sorted pairs ends (an expert without pairs has an empty run).
+    ends: torch.Tensor
 
 
 def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
-    """Sorts the pairs of `experts` `[tokens, top_k]` by expert; the counts are read once on the host."""
+    """Sorts the pairs of `experts` `[tokens, top_k]` by expert. Every shape follows from the token count alone and
+    nothing is read on the host, so the grouping compiles and captures like the rest of a step."""
     flat = experts.reshape(-1)
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    runs = []
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            runs.append((expert, start, start + count))
-            start += count
-    return ExpertGroups(order, order // experts.shape[1], tuple(runs))
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return ExpertGroups(order, order // experts.shape[1], counts.cumsum(0, dtype=torch.int32))
