@@ -76,6 +76,8 @@ def write_tiny_checkpoint(
     torch.manual_seed(seed)
     config = config_class(**{**TINY_SETTINGS, **overrides})
     config._attn_implementation = "eager"
+    # Experts one GEMM pair at a time (transformers' loop), not through the grouped GEMM Tandem's experts call.
+    config._experts_implementation = "eager"
     reference = model_class(config).eval()
     with torch.no_grad():
         for name, param in reference.named_parameters():

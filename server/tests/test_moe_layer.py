@@ -15,7 +15,7 @@ from shard_testing import load_tiny_model, write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, WeightsError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.moe import RouterConfig
+from tandem_server.layers.moe import MoeArgs, RouterConfig, SparseMoeBlock
 from tandem_server.layers.moe.experts import RoutedExperts
 from tandem_server.layers.moe.routing import Routing, TopKRouter, group_by_expert
 from tandem_server.models.config import read_checkpoint_config
@@ -209,3 +209,20 @@ def test_qwen_moe_layer_options_outside_the_model_are_config_errors(
     hf = {**config.hf, **overrides}
     with pytest.raises(ConfigError, match=message):
         load_model(dataclasses.replace(config, hf=hf), torch.float32, CPU, ParallelContext(), TorchAttentionBackend())
+
+
+def test_a_block_on_several_ranks_reduces_once_with_its_shared_expert(monkeypatch: pytest.MonkeyPatch) -> None:
+    reduced: list[tuple[int, ...]] = []
+
+    def recording(self: ParallelContext, tensor: torch.Tensor) -> torch.Tensor:
+        reduced.append(tuple(tensor.shape))
+        return tensor
+
+    monkeypatch.setattr(ParallelContext, "all_reduce", recording)
+    moe = MoeArgs(RouterConfig(EXPERTS, 2, False), INTERMEDIATE, shared_intermediate_size=16)
+    block = SparseMoeBlock(HIDDEN, moe, "silu", ParallelContext(0, 2))
+    for param in block.parameters():
+        torch.nn.init.normal_(param)
+    with torch.no_grad():
+        block(torch.randn(3, HIDDEN))
+    assert reduced == [(3, HIDDEN)]

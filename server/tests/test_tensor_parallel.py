@@ -24,7 +24,18 @@ from tandem_server.models.loader import load_model
 from tandem_server.weights import loader as weights_loader
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
-from transformers import Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 # The slow tier (starts gloo process groups): `make test` runs it, `make test-fast` does not.
 pytestmark = pytest.mark.slow
@@ -37,7 +48,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # --torch-compile: each rank compiles its own shapes, and the row-parallel sums run inside compiled stages.
     f"{COMPILED_PREFIX}uneven-groups": {**UNEVEN, "hidden_size": 48, "tie_word_embeddings": False},
 }
-FAMILY_VARIANTS = ("qwen3", "phi3-fused", "gguf-q4_0", "fp8-channel", "fp8-phi3-tensor")
+FAMILY_VARIANTS = (
+    "qwen3",
+    "phi3-fused",
+    "gguf-q4_0",
+    "fp8-channel",
+    "fp8-phi3-tensor",
+    "mixtral-moe",
+    "qwen3-moe-uneven",
+    "qwen2-moe-shared",
+)
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
     "gguf-q4_0": (1, 1),
@@ -49,6 +69,9 @@ EXPECTED_KV_HEADS = {
     "phi3-fused": (2, 1),
     "fp8-channel": (2, 1),
     "fp8-phi3-tensor": (2, 1),
+    "mixtral-moe": (1, 1),
+    "qwen3-moe-uneven": (1, 1),
+    "qwen2-moe-shared": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -178,7 +201,27 @@ def _checkpoints(root: Path) -> list[Path]:
         ("phi3-fused", "fp8-phi3-tensor", "compressed-tensors-tensor"),
     ):
         write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
+    _moe_checkpoints(root, small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
+
+
+def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
+    """Each rank holds its share of every expert's intermediate features (uneven for Qwen3-MoE: 50 + 49, each padded
+    to the grouped GEMM's alignment) and sums the routed and shared experts in the block's one all-reduce."""
+    sizes = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    configs = {
+        "mixtral-moe": (MixtralForCausalLM, MixtralConfig(**small, **sizes, intermediate_size=96, num_local_experts=5,
+                                                          num_experts_per_tok=2)),
+        "qwen3-moe-uneven": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**small, **sizes, head_dim=16, num_experts=7,
+                                                                 num_experts_per_tok=3, moe_intermediate_size=99,
+                                                                 norm_topk_prob=True, mlp_only_layers=[0])),
+        "qwen2-moe-shared": (Qwen2MoeForCausalLM, Qwen2MoeConfig(**small, **sizes, num_experts=4, num_experts_per_tok=2,
+                                                                 moe_intermediate_size=32,
+                                                                 shared_expert_intermediate_size=48)),
+    }  # fmt: skip
+    for name, (model_class, config) in configs.items():
+        torch.manual_seed(0)
+        model_class(config).eval().save_pretrained(root / name)
 
 
 def _weight_names(checkpoint: Path) -> list[str]:
