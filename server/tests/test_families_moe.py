@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits
+from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits
 from safetensors.torch import save_file
 from shard_testing import write_tiny_checkpoint
 from transformers import (
@@ -92,3 +92,10 @@ def test_stacked_expert_checkpoints_load_like_per_expert_ones(tmp_path: Path, fa
     (tmp_path / "model.safetensors").unlink()
     save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(tmp_path / "model.safetensors"))
     assert_mixed_steps_match_logits(tmp_path, reference, family)
+
+
+@pytest.mark.parametrize("family", ["mixtral-top2", "qwen2-moe-shared-dense-layer"])
+def test_bfloat16_steps_stay_within_the_references_own_bfloat16_error(tmp_path: Path, family: str) -> None:
+    # bfloat16 is the CPU shard's default dtype where the CPU multiplies it natively.
+    reference = write_family(tmp_path, family)
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{family} bfloat16", Target(dtype=torch.bfloat16))
