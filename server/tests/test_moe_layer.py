@@ -76,7 +76,9 @@ def test_dispatch_equals_each_token_through_its_chosen_experts() -> None:
 
 def test_per_expert_parameters_are_views_of_the_stacks() -> None:
     experts = filled_experts()
-    # 6 intermediate features padded to 8.
+    # 6 intermediate features padded to 8 with zeros.
+    assert not experts.gate_up[:, INTERMEDIATE:8].any() and not experts.gate_up[:, 8 + INTERMEDIATE :].any()
+    assert not experts.down[:, :, INTERMEDIATE:].any()
     experts[2].up_proj.weight.fill_(7.0)
     assert torch.equal(experts.gate_up[2, 8 : 8 + INTERMEDIATE], torch.full((INTERMEDIATE, HIDDEN), 7.0))
     experts[4].down_proj.weight.fill_(3.0)

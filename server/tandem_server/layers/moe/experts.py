@@ -76,8 +76,10 @@ class RoutedExperts(nn.ModuleList):
         self.num_experts = num_experts
         self.num_weights = num_experts * 3 * local * hidden_size
         self.act: Activation = activation(hidden_act)
-        self.register_buffer("gate_up", torch.zeros(num_experts, 2 * padded, hidden_size), persistent=False)
-        self.register_buffer("down", torch.zeros(num_experts, hidden_size, padded), persistent=False)
+        self.register_buffer("gate_up", torch.empty(num_experts, 2 * padded, hidden_size), persistent=False)
+        self.register_buffer("down", torch.empty(num_experts, hidden_size, padded), persistent=False)
+        for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
+            padding.zero_()
         rows, columns = CheckpointSlice.of(0, run), CheckpointSlice.of(1, run)
         for e in range(num_experts):
             gate = ExpertProjection(self.gate_up[e, :local], rows)
