@@ -57,6 +57,7 @@ FAMILY_VARIANTS = (
     "mixtral-moe",
     "qwen3-moe-uneven",
     "qwen2-moe-shared",
+    f"{COMPILED_PREFIX}qwen3-moe-uneven",
 )
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
@@ -72,6 +73,7 @@ EXPECTED_KV_HEADS = {
     "mixtral-moe": (1, 1),
     "qwen3-moe-uneven": (1, 1),
     "qwen2-moe-shared": (1, 1),
+    f"{COMPILED_PREFIX}qwen3-moe-uneven": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -219,6 +221,8 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
                                                                  moe_intermediate_size=32,
                                                                  shared_expert_intermediate_size=48)),
     }  # fmt: skip
+    # --torch-compile: the MoE blocks' dispatch and all-reduce inside each rank's compiled stages and decode graphs.
+    configs[f"{COMPILED_PREFIX}qwen3-moe-uneven"] = configs["qwen3-moe-uneven"]
     for name, (model_class, config) in configs.items():
         torch.manual_seed(0)
         model_class(config).eval().save_pretrained(root / name)
@@ -254,14 +258,15 @@ def test_two_gloo_ranks_match_single_process_logits_and_greedy_tokens(
     assert ranks[0][variant]["tokens"] == ranks[1][variant]["tokens"]
 
 
+@pytest.mark.parametrize("variant", ["uneven-groups", "qwen3-moe-uneven"])
 def test_compiled_ranks_give_the_eager_single_process_logits(
-    world_size_runs: tuple[dict[str, Any], list[dict[str, Any]]],
+    variant: str, world_size_runs: tuple[dict[str, Any], list[dict[str, Any]]]
 ) -> None:
     # Both checkpoints hold the same weights (the same seed and settings).
     single, ranks = world_size_runs
-    eager = single["uneven-groups"]
+    eager = single[variant]
     for result in ranks:
-        compiled = result[f"{COMPILED_PREFIX}uneven-groups"]
+        compiled = result[f"{COMPILED_PREFIX}{variant}"]
         torch.testing.assert_close(compiled["logits"], eager["logits"])
         assert compiled["tokens"][1] == eager["tokens"][1]
         # Both requests decoding together ran as whole-step graphs, the row-parallel sums inside them (4 steps at
