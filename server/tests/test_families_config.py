@@ -11,12 +11,11 @@ from shard_testing import write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, UnsupportedArchitectureError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.rotary import RopeConfig
+from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.gemma3 import gemma3_args
 from tandem_server.models.llama import llama_args
 from tandem_server.models.loader import load_model
-from tandem_server.models.phi3 import phi3_args
 from tandem_server.models.qwen2 import qwen2_args
 from tandem_server.models.registry import model_factory
 from transformers import Phi3Config, Phi3ForCausalLM
@@ -49,8 +48,23 @@ def test_every_family_is_registered_and_unknown_ones_list_them() -> None:
 
 
 def test_unknown_rope_type_names_it_and_lists_supported() -> None:
-    with pytest.raises(ConfigError, match=r"unsupported rope scaling 'longrope'; supported: default, linear, llama3"):
-        phi3_args({**BASE, "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}})
+    supported = "default, linear, llama3, yarn, longrope, dynamic"
+    with pytest.raises(ConfigError, match=rf"unsupported rope scaling 'mrope'; supported: {supported}"):
+        llama_args({**BASE, "rope_scaling": {"rope_type": "mrope", "mrope_section": [2, 1, 1]}})
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "unknown"),
+    [
+        ({"rope_type": "default", "mrope_section": [2, 1, 1]}, "'mrope_section'"),
+        ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "'low_freq_factor'"),
+        ({"rope_type": "yarn", "factor": 4.0, "short_factor": [1.0], "finetuned": True}, "'finetuned', 'short_factor'"),
+    ],
+)
+def test_rope_options_its_type_does_not_read_are_named(rope_scaling: dict[str, Any], unknown: str) -> None:
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    with pytest.raises(ConfigError, match=rf"unsupported {rope_type} rope options \[{unknown}\]; {rope_type} reads: "):
+        llama_args({**BASE, "rope_scaling": rope_scaling})
 
 
 def test_unsupported_activation_names_it_and_lists_supported() -> None:

@@ -12,6 +12,8 @@ from shard_testing import write_tiny_checkpoint
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Phi3Config,
@@ -24,6 +26,8 @@ from transformers import (
 
 # Windows are shorter than the test sequences (up to 24 positions), so they change every later token.
 WINDOW = 4
+# A pretraining context the test sequences run past, so that scaled rotary tables matter.
+ORIGINAL_CONTEXT = 8
 
 FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     "qwen2-tied-sliding-upper-layers": (
@@ -75,6 +79,19 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
         Phi3Config,
         Phi3ForCausalLM,
         {"sliding_window": WINDOW, "partial_rotary_factor": 0.5, "tie_word_embeddings": False},
+    ),
+    "llama-yarn": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": ORIGINAL_CONTEXT,
+                "beta_fast": 4.0,
+            }
+        },
     ),
     "mistral-sliding": (
         MistralConfig,

@@ -17,7 +17,8 @@ from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
+from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
