@@ -104,6 +104,10 @@ class RopeConfig:
                 raise ConfigError(f"longrope {name} has {len(factors)} values; the heads rotate {pairs} pairs")
 
 
+# A layer without rotary position embedding (NoPE) rotates none of its dimensions.
+NO_ROTATION = RopeConfig(partial_rotary_factor=0.0)
+
+
 def _original_context(config: dict[str, Any], params: dict[str, Any], rope_type: str, max_positions: int) -> int:
     """transformers' rule: a top-level `original_max_position_embeddings` (Phi-3) wins over the rope options' own,
     and without either the context is max_position_embeddings; dynamic grows past max_position_embeddings."""
