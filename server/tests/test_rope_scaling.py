@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from reference_checks import ReferenceLogits, assert_greedy_matches_generate, assert_mixed_steps_match_logits
+from shard_testing import write_tiny_checkpoint
 from tandem_server.errors import ConfigError
 from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.layers.rotary import RotaryEmbedding
 from tandem_server.models.phi3 import phi3_args
-from transformers import LlamaConfig, Phi3Config, PretrainedConfig
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
@@ -119,3 +123,67 @@ def test_phi3_su_rope_is_longrope() -> None:
     config = {**SIZES, "vocab_size": 32, "intermediate_size": 32, "num_hidden_layers": 1}
     config["rope_scaling"] = {"type": "su", "short_factor": SHORT_FACTORS, "long_factor": LONG_FACTORS}
     assert phi3_args(config).layers[0].rope.rope_type == "longrope"
+
+
+# Decoding past the original context: tables that depend on position.
+POSITION_DEPENDENT: dict[str, tuple[type, type, Callable[[int], dict[str, Any]]]] = {
+    "phi3-longrope": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        lambda original: {
+            "original_max_position_embeddings": original,
+            "partial_rotary_factor": 0.5,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": SHORT_FACTORS[:4],
+                "long_factor": LONG_FACTORS[:4],
+            },
+        },
+    ),
+    "llama-dynamic": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        lambda original: {
+            "max_position_embeddings": original,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+        },
+    ),
+}
+
+
+def decoded_logits(original: int) -> ReferenceLogits:
+    """transformers' logits as generation computes them: a prompt within the original context, then one token per
+    forward pass (the position-dependent tables follow each pass's length, and its cache keeps earlier keys)."""
+
+    def logits(reference: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+        prompt = min(len(ids), original - 1)
+        cache = DynamicCache()
+        rows = [reference(torch.tensor([ids[:prompt]]), cache=cache, use_cache=True).logits[0]]
+        for token in ids[prompt:]:
+            rows.append(reference(torch.tensor([[token]]), cache=cache, use_cache=True).logits[0])
+        return torch.cat(rows)
+
+    return logits
+
+
+@pytest.mark.parametrize("family", sorted(POSITION_DEPENDENT))
+def test_logits_match_transformers_decoding_past_the_original_context(tmp_path: Path, family: str) -> None:
+    config_class, model_class, overrides = POSITION_DEPENDENT[family]
+    original = 8
+    reference = write_tiny_checkpoint(tmp_path, config_class, model_class, **overrides(original))
+    assert_mixed_steps_match_logits(tmp_path, reference, family, reference_logits=decoded_logits(original))
+
+
+# Phi-3's `generate` recomputes the whole sequence with the long factors once it outgrows the original context; the
+# paged cache keeps the short rotation of earlier positions, so Phi-3's generation here stays within its original
+# context while dynamic's passes it (the prompts hold up to 14 tokens, the outputs 10 more).
+GENERATION_ORIGINAL_CONTEXT = {"phi3-longrope": 32, "llama-dynamic": 16}
+
+
+@pytest.mark.parametrize("family", sorted(POSITION_DEPENDENT))
+def test_greedy_generation_matches_generate(tmp_path: Path, family: str) -> None:
+    config_class, model_class, overrides = POSITION_DEPENDENT[family]
+    original = GENERATION_ORIGINAL_CONTEXT[family]
+    reference = write_tiny_checkpoint(tmp_path, config_class, model_class, **overrides(original))
+    assert_greedy_matches_generate(tmp_path, reference, family, eos_token_id=2)
