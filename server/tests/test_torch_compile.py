@@ -25,6 +25,7 @@ from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.metrics import CompilationState
 from tandem_server.quant.packed import pack_gemm_weights
+from test_families_numerics import write_family
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
@@ -93,6 +94,23 @@ def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None
 def test_compiled_gemma3_layers_match_transformers_logits(tmp_path: Path) -> None:
     reference = write_tiny_checkpoint(tmp_path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
     assert_mixed_steps_match_logits(tmp_path, reference, "gemma3 compiled", Target(compiled=True))
+    assert compiled_graphs() > 0
+
+
+# Layer variants of their own: NoPE layers beside rotating ones, interleaved partial rotary with post-norms, query and
+# key norms over the whole projection, scaled residual branches.
+@pytest.mark.parametrize(
+    "family",
+    [
+        "smollm3-nope-list-sliding-yarn",
+        "glm4-interleaved-partial-rotary",
+        "olmo3-full-width-qk-norm-sliding-yarn",
+        "granite-multipliers",
+    ],
+)
+def test_compiled_layers_of_newer_families_match_transformers_logits(tmp_path: Path, family: str) -> None:
+    reference = write_family(tmp_path, family)
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{family} compiled", Target(compiled=True))
     assert compiled_graphs() > 0
 
 

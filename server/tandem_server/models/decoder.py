@@ -11,13 +11,15 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
+from tandem_server.interfaces.context import served_positions
 from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
+from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
@@ -80,7 +82,7 @@ def common_sizes(hf: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads": int(hf.get("num_key_value_heads") or num_heads),
         "head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads),
         "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-        "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+        "max_position_embeddings": served_positions(hf, int(hf.get("max_position_embeddings", 2048))),
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "hidden_act": hidden_act,
     }
