@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -30,9 +31,22 @@ BFLOAT16_CPU = cpu_multiplies_bfloat16()
 
 
 @pytest.fixture(scope="module")
-def defaults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compile cache of this module's servers: empty until the first one has built its package."""
+    return tmp_path_factory.mktemp("compiled")
+
+
+@pytest.fixture(scope="module")
+def defaults(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> Iterator[TandemServer]:
     log_path = tmp_path_factory.mktemp("defaults") / "launcher.log"
-    server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), compile_in_background=True)
+    server = TandemServer.start(
+        log_path,
+        "--model-cache-dir",
+        str(model_cache_dir()),
+        "--compile-cache-dir",
+        str(compile_cache),
+        compile_in_background=True,
+    )
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -44,7 +58,7 @@ def test_the_shard_states_each_default_and_why(defaults: TandemServer) -> None:
     assert "--cuda-graphs 0: a CUDA option" in log
     assert "--packed-gemm-rows 32: decode batches of up to 32 rows multiply by prepacked weights on CPU" in log
     assert "--decode-mirror-memory 512MiB: half of --kv-cache-memory" in log
-    assert "--torch-compile background: single streams' decode graphs compile beside serving" in log
+    assert "--torch-compile background: single streams' decode steps move to a graph compiled ahead of time" in log
     if BFLOAT16_CPU:
         assert "--dtype bfloat16: the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)" in log
         assert "--quantized-dense-memory auto: bfloat16 copies serve batches" in log
@@ -71,6 +85,16 @@ def test_default_greedy_output_follows_float32_up_to_near_ties_alone_and_batched
 COMPILE_TIMEOUT_S = 900.0
 
 
+def _info_once_compiled(server: TandemServer) -> dict[str, Any]:
+    deadline = time.monotonic() + COMPILE_TIMEOUT_S
+    info = _info_after_a_step(server)
+    while info["compiling"]:
+        assert time.monotonic() < deadline, f"still compiling after {COMPILE_TIMEOUT_S:.0f}s: {info}"
+        time.sleep(5.0)
+        info = _info_after_a_step(server)
+    return info
+
+
 def _info_after_a_step(server: TandemServer) -> dict[str, Any]:
     # /info reports what has compiled as of the shards' latest step.
     greedy_tokens(server, PROMPTS[0])
@@ -83,16 +107,10 @@ def _info_after_a_step(server: TandemServer) -> dict[str, Any]:
 def test_single_stream_graphs_compile_in_the_background_and_take_over_with_the_same_output(
     tandem: TandemServer, defaults: TandemServer
 ) -> None:
-    # The greedy test above ran its steps beside the compile, through every torch.fx trace it made.
-    deadline = time.monotonic() + COMPILE_TIMEOUT_S
-    info = _info_after_a_step(defaults)
-    while info["compiling"]:
-        assert time.monotonic() < deadline, f"still compiling after {COMPILE_TIMEOUT_S:.0f}s: {info}"
-        time.sleep(5.0)
-        info = _info_after_a_step(defaults)
+    # The greedy test above ran its steps beside the child process building the package.
+    info = _info_once_compiled(defaults)
     log = defaults.log_path.read_text(errors="replace")
-    assert "torch.compile: decode-step graphs for 1 rows compiled" in log, defaults.log_tail()
-    assert "background failed" not in log
+    assert "decode package: built and loaded" in log, defaults.log_tail()
     assert info["compiled_decode_rows"] == 1, info
     for prompt in PROMPTS:
         assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(defaults, prompt), prompt)
@@ -115,3 +133,27 @@ def test_the_default_shard_stays_within_its_memory_budget_while_serving(defaults
     ]
     assert len(shards) == 1
     assert shards[0].memory_info().rss <= SHARD_RSS_LIMIT, f"{shards[0].memory_info().rss / 2**20:.0f} MiB"
+
+
+def test_a_restart_loads_the_compiled_package_from_the_cache(
+    defaults: TandemServer, compile_cache: Path, tmp_path: Path
+) -> None:
+    # Runs after the first server built its package (the test above waits for it).
+    server = TandemServer.start(
+        tmp_path / "launcher.log",
+        "--model-cache-dir",
+        str(model_cache_dir()),
+        "--compile-cache-dir",
+        str(compile_cache),
+        compile_in_background=True,
+    )
+    try:
+        info = _info_once_compiled(server)
+        log = server.log_path.read_text(errors="replace")
+        assert "decode package: loaded" in log and "decode package: building" not in log, server.log_tail()
+        assert info["compiled_decode_rows"] == 1, info
+        # The same package over the same weights: the same tokens.
+        for prompt in PROMPTS[:3]:
+            assert greedy_tokens(server, prompt) == greedy_tokens(defaults, prompt), prompt
+    finally:
+        assert server.stop() == 0, server.log_tail()

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tandem_server.interfaces.context import served_positions
+
 from tandem_launcher.config import EMBEDDED_MODEL_ID, LauncherConfig
 from tandem_launcher.embedded import GgufConversionError, converted_model_dir, embedded_gguf, user_gguf
 from tandem_launcher.hub import fetch_file, fetch_snapshot, read_token_file
@@ -311,7 +313,7 @@ def validate_model_dir(path: Path, allow_pickle_weights: bool = False) -> None:
 
 
 def read_max_positions(path: Path) -> int | None:
-    """The context length declared in config.json (or its text_config), if any."""
+    """The context length declared in config.json (or its text_config), if any, as the shard serves it."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -320,5 +322,5 @@ def read_max_positions(path: Path) -> int | None:
         for key in _POSITION_KEYS:
             value = section.get(key)
             if isinstance(value, int) and value > 0:
-                return value
+                return served_positions(section, value)
     return None

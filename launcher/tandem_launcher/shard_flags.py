@@ -136,13 +136,19 @@ EXECUTION = (
     ),
     Forwarded(
         "--torch-compile", SHARD, compile_mode, None,
-        "CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
-        "forward pass as one graph. background: those graphs compile beside serving, between steps at the lowest "
-        "CPU priority, each taking over its steps once ready (opt-in: a step during one of Inductor's torch.fx "
-        "traces can fail, so send traffic once /info reads compiling false); warmup (the flag alone, or true): "
-        "they and each decoder layer's stages compile before Tandem is ready (one to two minutes for the embedded "
-        "model on 2 cores, less from Inductor's cache); off: every step eager; unset: the shard's auto, off",
+        "CPU: compile the forward pass of decode steps on the decode mirror into one graph (Inductor). "
+        "background: a single stream's decode steps run a graph compiled ahead of time (AOTInductor) by a child "
+        "process at the lowest CPU priority and kept in --compile-cache-dir, taking over once loaded (about a "
+        "minute for the embedded model on 2 cores, under a second from the cache); with several shards, each "
+        "compiles on a thread between steps instead; warmup (the flag alone, or true): the graphs of every batch "
+        "size and each decoder layer's stages compile before Tandem is ready; off: every step eager; unset: the "
+        "shard's auto, background on CPU where a C++ compiler is found, else off",
         alone="warmup",
+    ),
+    Forwarded(
+        "--compile-cache-dir", SHARD, str, None,
+        "where --torch-compile background keeps its compiled decode graphs across restarts (one file per model, "
+        "weight flags, torch version and CPU); unset: the shard's ~/.cache/tandem/compiled",
     ),
     Forwarded(
         "--attention-backend", SHARD, str, AUTO,

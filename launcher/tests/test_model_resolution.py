@@ -29,6 +29,12 @@ def test_context_length_is_read_from_a_nested_text_config(model_dir: Path, tmp_p
     assert resolve_model(str(model_dir), None, tmp_path).max_position_embeddings == 32768
 
 
+def test_dynamic_rope_scaling_serves_factor_times_the_declared_context(model_dir: Path, tmp_path: Path) -> None:
+    dynamic = {"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    (model_dir / "config.json").write_text(json.dumps(dynamic))
+    assert resolve_model(str(model_dir), None, tmp_path).max_position_embeddings == 8192
+
+
 def test_a_missing_path_is_reported_as_such(tmp_path: Path) -> None:
     with pytest.raises(ModelResolutionError, match="no such model directory"):
         resolve_model(str(tmp_path / "absent"), None, tmp_path)

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.config import ShardConfig, dtype_name
+from tandem_server.config import CompileMode, ShardConfig, dtype_name
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError
+from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_packages, needs_from_hf_config, select_backend
+from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.parameter_counts import parameter_counts
@@ -156,4 +158,25 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         kv_cache_dtype=config.cache_dtype,
         launch_ahead=config.launches_ahead,
         compile_mode=config.torch_compile,
+        decode_package=decode_package_spec(config, backend),
+    )
+
+
+def decode_package_spec(config: ShardConfig, backend: AttentionBackend) -> DecodePackageSpec | None:
+    """How a child process builds `background`'s decode package: one CPU rank whose decodes run on the torch
+    backend's decode mirror. None elsewhere (several ranks compile on a thread; other backends compile nothing)."""
+    if config.torch_compile is not CompileMode.BACKGROUND or config.world_size != 1 or config.device != "cpu":
+        return None
+    if not isinstance(backend, TorchAttentionBackend) or backend.decode_mirror_memory <= 0:
+        return None
+    return DecodePackageSpec(
+        model_path=str(config.model_path),
+        dtype=dtype_name(config.dtype),
+        kv_cache_dtype=dtype_name(config.cache_dtype),
+        quantize=config.quantize.value,
+        dense_copy_memory=config.quantized_dense_memory,
+        packed_gemm_rows=config.packed_gemm_rows,
+        allow_pickle_weights=config.allow_pickle_weights,
+        num_threads=config.num_threads,
+        cache_dir=str(config.compile_cache_dir),
     )

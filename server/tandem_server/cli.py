@@ -18,6 +18,7 @@ from tandem_server.compile_default import CHOICES as COMPILE_CHOICES
 from tandem_server.compile_default import choose_compile_mode, cpp_compiler
 from tandem_server.config import (
     ATTENTION_BACKENDS,
+    DEFAULT_COMPILE_CACHE_DIR,
     DEVICES,
     DTYPES,
     CompileMode,
@@ -144,11 +145,18 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
         const=CompileMode.WARMUP.value,
         default=COMPILE_AUTO,
         choices=COMPILE_CHOICES,
-        help="CPU: compile with torch.compile (Inductor), so a step of decodes on the decode mirror runs the whole "
-        "forward pass as one graph. background: those graphs compile beside serving, each taking over its steps "
-        "once ready (opt-in: a step during one of Inductor's torch.fx traces can fail); warmup (the flag alone): "
-        "they and each decoder layer's stages compile before the shard is ready; off and auto (default): every "
-        "step eager",
+        help="CPU: compile the forward pass of decode steps on the decode mirror into one graph (Inductor). "
+        "background: a single stream's decode steps run a graph compiled ahead of time in a child process and kept "
+        "in --compile-cache-dir (on several ranks: compiled on a thread beside serving), taking over once ready; "
+        "warmup (the flag alone): the graphs of every row count and each decoder layer's stages compile before the "
+        "shard is ready; off: every step eager; auto (default): background on CPU where a C++ compiler is found, "
+        "else off",
+    )
+    parser.add_argument(
+        "--compile-cache-dir",
+        type=Path,
+        default=DEFAULT_COMPILE_CACHE_DIR,
+        help="where --torch-compile background keeps its compiled decode graphs across restarts",
     )
 
 
@@ -242,6 +250,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         auto_reasons=(*weights.reasons, *devices.reasons, compile_reason),
         torch_compile=compile_mode,
         cpp_compiler=compiler,
+        compile_cache_dir=args.compile_cache_dir.expanduser(),
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,

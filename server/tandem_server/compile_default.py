@@ -1,9 +1,9 @@
 """The shard's `--torch-compile auto`: on the CPU, the one-row decode graphs compile in the background.
 
 The server is ready as soon as eager steps run; single streams' decode steps move to their compiled graph once it is
-built (about a minute on 2 cores), and every other step stays eager. A step never overlaps one of Inductor's
-`torch.fx` traces (`execution/background_compile.py`). Without a C++ compiler nothing compiles, and CUDA steps
-replay CUDA graphs instead. A value the user gave is kept as given.
+built by a child process (about a minute on 2 cores; `execution/decode_package_executor.py`) or loaded from the
+compile cache, and every other step stays eager. Without a C++ compiler nothing compiles, and CUDA steps replay CUDA
+graphs instead. A value the user gave is kept as given.
 """
 
 from __future__ import annotations
@@ -31,5 +31,6 @@ def choose_compile_mode(value: str, device: str, compiler: str | None) -> tuple[
     if compiler is None:
         return CompileMode.OFF, "--torch-compile off: no C++ compiler (g++ or CXX) for Inductor's CPU kernels"
     return CompileMode.BACKGROUND, (
-        "--torch-compile background: single streams' decode graphs compile beside serving and take over once ready"
+        "--torch-compile background: single streams' decode steps move to a graph compiled ahead of time, once it is "
+        "built beside serving or loaded from --compile-cache-dir"
     )

@@ -18,6 +18,7 @@ ATTENTION_BACKENDS = ATTENTION_REGISTRY.choices
 DEVICES = ("cpu", "cuda")
 # int4 runs on CUDA through Tandem's Triton kernel, fp8 through `torch._scaled_mm`; the rest have CPU kernels only.
 _CUDA_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.INT4, QuantizeMode.FP8)
+DEFAULT_COMPILE_CACHE_DIR = Path.home() / ".cache" / "tandem" / "compiled"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _UNITS = {
@@ -98,6 +99,8 @@ class ShardConfig:
     torch_compile: CompileMode = CompileMode.OFF
     # The C++ compiler Inductor would run, where one is on PATH (compile_default.py).
     cpp_compiler: str | None = None
+    # Where `background` keeps the decode packages it builds (execution/decode_package.py), across restarts.
+    compile_cache_dir: Path = DEFAULT_COMPILE_CACHE_DIR
     log_level: str = "info"
     metrics_port: int = 0
     metrics_hostname: str = "127.0.0.1"

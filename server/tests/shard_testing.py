@@ -23,6 +23,7 @@ from tandem_server.engine.step import (
 from tandem_server.execution.background_compile import BackgroundCompile
 from tandem_server.execution.compiled_decode import CompiledExecutor, DecodeGraph
 from tandem_server.execution.cuda_graphs import CudaGraphExecutor, StepGraphs
+from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.layers.attention import AttentionBackend, TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
@@ -110,15 +111,20 @@ def make_runner(
     kv_cache_dtype: torch.dtype | None = None,
     draft_path: Path | None = None,
     compile_mode: CompileMode = CompileMode.OFF,
+    decode_package: DecodePackageSpec | None = None,
 ) -> ModelRunner:
     """A float32 CPU runner over the checkpoint at `path`, not yet warmed up; as on a CPU shard, the decode mirror
     may take half as much memory as the KV cache unless `decode_mirror_memory` says otherwise. With `draft_path`, the
-    checkpoint there proposes drafts; `compile_mode` compiles as --torch-compile does."""
+    checkpoint there proposes drafts; `compile_mode` compiles as --torch-compile does (`background` through the
+    `decode_package` given)."""
     checkpoint = read_checkpoint_config(path)
     mirror_memory = kv_cache_memory // 2 if decode_mirror_memory is None else decode_mirror_memory
     model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror_memory))
     options = ExecutionOptions(
-        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, compile_mode=compile_mode
+        kv_cache_memory=kv_cache_memory,
+        kv_cache_dtype=kv_cache_dtype,
+        compile_mode=compile_mode,
+        decode_package=decode_package,
     )
     draft_model = None
     if draft_path is not None:

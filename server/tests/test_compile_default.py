@@ -15,7 +15,7 @@ PATHS = ["--model-path", "m", "--uds-path", "s"]
 def test_auto_compiles_in_the_background_on_a_cpu_with_a_cpp_compiler() -> None:
     mode, reason = choose_compile_mode("auto", "cpu", "/usr/bin/g++")
     assert mode is CompileMode.BACKGROUND
-    assert reason.startswith("--torch-compile background: single streams' decode graphs compile beside serving")
+    assert reason.startswith("--torch-compile background: single streams' decode steps move to a graph compiled ahead")
 
 
 def test_auto_is_off_without_a_compiler_and_on_cuda() -> None:

@@ -11,14 +11,16 @@ from shard_testing import write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, UnsupportedArchitectureError
 from tandem_server.layers.attention import TorchAttentionBackend
-from tandem_server.layers.rotary import RopeConfig
+from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.gemma3 import gemma3_args
+from tandem_server.models.glm4 import glm4_args
 from tandem_server.models.llama import llama_args
 from tandem_server.models.loader import load_model
-from tandem_server.models.phi3 import phi3_args
+from tandem_server.models.olmo3 import Olmo3ForCausalLM, olmo3_args
 from tandem_server.models.qwen2 import qwen2_args
 from tandem_server.models.registry import model_factory
+from tandem_server.models.smollm3 import smollm3_args
 from transformers import Phi3Config, Phi3ForCausalLM
 
 BASE: dict[str, Any] = {
@@ -32,11 +34,15 @@ BASE: dict[str, Any] = {
 
 FAMILIES = [
     "Gemma3ForCausalLM",
+    "Glm4ForCausalLM",
+    "GraniteForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Olmo3ForCausalLM",
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "SmolLM3ForCausalLM",
 ]
 
 
@@ -49,8 +55,23 @@ def test_every_family_is_registered_and_unknown_ones_list_them() -> None:
 
 
 def test_unknown_rope_type_names_it_and_lists_supported() -> None:
-    with pytest.raises(ConfigError, match=r"unsupported rope scaling 'longrope'; supported: default, linear, llama3"):
-        phi3_args({**BASE, "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}})
+    supported = "default, linear, llama3, yarn, longrope, dynamic"
+    with pytest.raises(ConfigError, match=rf"unsupported rope scaling 'mrope'; supported: {supported}"):
+        llama_args({**BASE, "rope_scaling": {"rope_type": "mrope", "mrope_section": [2, 1, 1]}})
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "unknown"),
+    [
+        ({"rope_type": "default", "mrope_section": [2, 1, 1]}, "'mrope_section'"),
+        ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "'low_freq_factor'"),
+        ({"rope_type": "yarn", "factor": 4.0, "short_factor": [1.0], "finetuned": True}, "'finetuned', 'short_factor'"),
+    ],
+)
+def test_rope_options_its_type_does_not_read_are_named(rope_scaling: dict[str, Any], unknown: str) -> None:
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    with pytest.raises(ConfigError, match=rf"unsupported {rope_type} rope options \[{unknown}\]; {rope_type} reads: "):
+        llama_args({**BASE, "rope_scaling": rope_scaling})
 
 
 def test_unsupported_activation_names_it_and_lists_supported() -> None:
@@ -109,3 +130,34 @@ def test_phi3_fused_tensors_are_split_before_each_rank_takes_its_heads(tmp_path:
     torch.testing.assert_close(attention.v_proj.weight, fused_qkv[96 + 16 : 96 + 32], atol=0, rtol=0)
     torch.testing.assert_close(mlp.gate_proj.weight, fused_gate_up[64:128], atol=0, rtol=0)
     torch.testing.assert_close(mlp.up_proj.weight, fused_gate_up[128 + 64 : 256], atol=0, rtol=0)
+
+
+def test_smollm3_without_layer_types_makes_every_fourth_layer_nope_and_slides_only_there() -> None:
+    hub = {**BASE, "num_hidden_layers": 8, "use_sliding_window": True, "sliding_window": 16}
+    args = smollm3_args(hub)
+    assert [kind.rope.rotary_dim(8) for kind in args.layers] == [8, 8, 8, 0] * 2
+    assert [kind.sliding_window for kind in args.layers] == [None, None, None, 16] * 2
+    assert args.layers[0].rope.theta == 2_000_000.0 and args.tie_word_embeddings
+    with pytest.raises(ConfigError, match="no_rope_layers lists 3 layers, num_hidden_layers is 4"):
+        smollm3_args({**BASE, "no_rope_layers": [1, 1, 0]})
+
+
+def test_olmo3_hub_config_scales_only_full_attention_layers_and_slides_three_in_four() -> None:
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192, "attention_factor": 1.2}
+    hub = {**BASE, "max_position_embeddings": 65536, "rope_theta": 500_000.0, "rope_scaling": yarn}
+    args = olmo3_args(hub)
+    assert [kind.sliding_window for kind in args.layers] == [4096, 4096, 4096, None]
+    assert [kind.rope.rope_type for kind in args.layers] == ["default"] * 3 + ["yarn"]
+    assert {kind.rope.theta for kind in args.layers} == {500_000.0}
+    assert args.layers[3].rope.attention_factor == 1.2
+
+
+def test_olmo3_refuses_tensor_parallelism_naming_its_full_width_norms() -> None:
+    with pytest.raises(ConfigError, match=r"normalises queries and keys over all heads at once.*this group has 2"):
+        Olmo3ForCausalLM(BASE, ParallelContext(0, 2), TorchAttentionBackend())
+
+
+def test_glm4_hub_config_rotates_half_of_each_head_in_interleaved_pairs() -> None:
+    args = glm4_args({**BASE, "head_dim": 8})
+    assert {(kind.rope.rotary_dim(8), kind.rope.interleaved) for kind in args.layers} == {(4, True)}
+    assert args.qkv_bias and not args.o_bias

@@ -12,18 +12,30 @@ from shard_testing import write_tiny_checkpoint
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Glm4Config,
+    Glm4ForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 # Windows are shorter than the test sequences (up to 24 positions), so they change every later token.
 WINDOW = 4
+# A pretraining context the test sequences run past, so that scaled rotary tables matter.
+ORIGINAL_CONTEXT = 8
 
 FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     "qwen2-tied-sliding-upper-layers": (
@@ -75,6 +87,71 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
         Phi3Config,
         Phi3ForCausalLM,
         {"sliding_window": WINDOW, "partial_rotary_factor": 0.5, "tie_word_embeddings": False},
+    ),
+    "llama-yarn": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": ORIGINAL_CONTEXT,
+                "beta_fast": 4.0,
+            }
+        },
+    ),
+    "smollm3-nope-every-second-layer": (
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+        {"no_rope_layer_interval": 2, "tie_word_embeddings": True},
+    ),
+    "smollm3-nope-list-sliding-yarn": (
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+        {
+            "num_hidden_layers": 3,
+            "no_rope_layers": [1, 0, 1],
+            "use_sliding_window": True,
+            "sliding_window": WINDOW,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 2.0,
+                "original_max_position_embeddings": ORIGINAL_CONTEXT,
+            },
+        },
+    ),
+    "granite-multipliers": (
+        GraniteConfig,
+        GraniteForCausalLM,
+        {
+            "embedding_multiplier": 3.0,
+            "residual_multiplier": 0.4,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 2.5,
+            "attention_bias": True,
+        },
+    ),
+    "glm4-interleaved-partial-rotary": (Glm4Config, Glm4ForCausalLM, {"head_dim": 16, "num_key_value_heads": 1}),
+    "olmo3-full-width-qk-norm-sliding-yarn": (
+        Olmo3Config,
+        Olmo3ForCausalLM,
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "sliding_window": WINDOW,
+            "rope_parameters": {
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": ORIGINAL_CONTEXT,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+        },
     ),
     "mistral-sliding": (
         MistralConfig,

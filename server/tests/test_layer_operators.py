@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryEmbedding
+from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryEmbedding
 
 HEAD_DIM, MAX_POSITIONS = 64, 512
 

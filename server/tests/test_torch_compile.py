@@ -25,6 +25,7 @@ from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.metrics import CompilationState
 from tandem_server.quant.packed import pack_gemm_weights
+from test_families_numerics import write_family
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
@@ -57,12 +58,15 @@ QWEN2_MOE = {
 }
 
 
-def write_family(path: Path, family: str) -> PreTrainedModel:
+def write_checkpoint(path: Path, family: str) -> PreTrainedModel:
+    """Llama, Gemma 3 and Qwen2-MoE as set up here; any other family as its numerics test writes it."""
     if family == "llama":
         return write_tiny_llama(path)
     if family == "gemma3":
         return write_tiny_checkpoint(path, Gemma3TextConfig, Gemma3ForCausalLM, **GEMMA3)
-    return write_tiny_checkpoint(path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
+    if family == "qwen2-moe":
+        return write_tiny_checkpoint(path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
+    return write_family(path, family)
 
 
 @pytest.fixture(autouse=True)
@@ -110,6 +114,23 @@ def test_compiled_llama_layers_match_transformers_logits(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen2-moe"])
 def test_compiled_layers_of_other_layouts_match_transformers_logits(tmp_path: Path, family: str) -> None:
+    reference = write_checkpoint(tmp_path, family)
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{family} compiled", Target(compiled=True))
+    assert compiled_graphs() > 0
+
+
+# Layer variants of their own: NoPE layers beside rotating ones, interleaved partial rotary with post-norms, query and
+# key norms over the whole projection, scaled residual branches.
+@pytest.mark.parametrize(
+    "family",
+    [
+        "smollm3-nope-list-sliding-yarn",
+        "glm4-interleaved-partial-rotary",
+        "olmo3-full-width-qk-norm-sliding-yarn",
+        "granite-multipliers",
+    ],
+)
+def test_compiled_layers_of_newer_families_match_transformers_logits(tmp_path: Path, family: str) -> None:
     reference = write_family(tmp_path, family)
     assert_mixed_steps_match_logits(tmp_path, reference, f"{family} compiled", Target(compiled=True))
     assert compiled_graphs() > 0
@@ -117,7 +138,7 @@ def test_compiled_layers_of_other_layouts_match_transformers_logits(tmp_path: Pa
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "qwen2-moe"])
 def test_warmup_compiles_every_graph_that_staggered_greedy_generation_needs(tmp_path: Path, family: str) -> None:
-    reference = write_family(tmp_path, family)
+    reference = write_checkpoint(tmp_path, family)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.WARMUP))
     after_warmup = compiled_graphs()
     assert decode_graph(runner) is not None
@@ -191,7 +212,7 @@ def test_compiling_without_a_cpp_compiler_fails_at_start_up_naming_the_flag() ->
 def test_a_background_compile_serves_beside_steps_and_its_one_row_graphs_take_over_single_streams(
     tmp_path: Path, family: str
 ) -> None:
-    reference = write_family(tmp_path, family)
+    reference = write_checkpoint(tmp_path, family)
     runner = warm_for_reference(make_runner(tmp_path, compile_mode=CompileMode.BACKGROUND))
     compiling, graph = background_compile(runner), decode_graph(runner)
     assert compiling is not None and graph is not None

@@ -34,6 +34,7 @@ from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.execution.chain import Execution
 from tandem_server.execution.cuda_graphs import drafting_shapes, graph_shapes, profile_graph_bytes
+from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.metrics import CompilationState
@@ -64,6 +65,9 @@ class ExecutionOptions:
     # every row count that compiles a graph, so no request waits for a compile); BACKGROUND compiles the decode
     # graphs beside serving.
     compile_mode: CompileMode = CompileMode.OFF
+    # BACKGROUND on one CPU rank: how a child process loads the model to build its decode package; None compiles on
+    # a thread beside serving instead.
+    decode_package: DecodePackageSpec | None = None
 
 
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
@@ -138,7 +142,7 @@ class ModelRunner:
         self.options = options
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
-        self.execution = Execution.build(model, device, options.compile_mode)
+        self.execution = Execution.build(model, device, options.compile_mode, options.decode_package)
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None

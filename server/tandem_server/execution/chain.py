@@ -14,6 +14,8 @@ from tandem_server.execution.background_compile import StepGate
 from tandem_server.execution.batch import StepBatch
 from tandem_server.execution.compiled_decode import CompiledExecutor
 from tandem_server.execution.cuda_graphs import CudaGraphExecutor
+from tandem_server.execution.decode_package import DecodePackageSpec
+from tandem_server.execution.decode_package_executor import DecodePackageExecutor
 from tandem_server.execution.eager import EagerExecutor
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep, StepExecutor
@@ -36,13 +38,22 @@ class Execution:
         self.gate = gate
 
     @classmethod
-    def build(cls, model: CausalLM, device: torch.device, compile_mode: CompileMode = CompileMode.OFF) -> Execution:
-        """CUDA graphs on CUDA, then the compiled decode graphs under --torch-compile, then eager."""
+    def build(
+        cls,
+        model: CausalLM,
+        device: torch.device,
+        compile_mode: CompileMode = CompileMode.OFF,
+        decode_package: DecodePackageSpec | None = None,
+    ) -> Execution:
+        """CUDA graphs on CUDA, then under --torch-compile the decode package (`background` with a package spec) or
+        the in-process compiled decode graphs, then eager."""
         gate = StepGate()
         executors: list[StepExecutor] = []
         if device.type == "cuda":
             executors.append(CudaGraphExecutor(model, device))
-        if compile_mode is not CompileMode.OFF:
+        if compile_mode is CompileMode.BACKGROUND and decode_package is not None:
+            executors.append(DecodePackageExecutor(model, decode_package))
+        elif compile_mode is not CompileMode.OFF:
             executors.append(CompiledExecutor(model, compile_mode, gate))
         executors.append(EagerExecutor(model))
         return cls(model, executors, gate)
@@ -96,5 +107,5 @@ class Execution:
 
     def compilation(self) -> CompilationState:
         """What --torch-compile has compiled so far; safe to read from any thread."""
-        compiled = self.executor(CompiledExecutor)
+        compiled = self.executor(CompiledExecutor) or self.executor(DecodePackageExecutor)
         return compiled.compilation() if compiled is not None else CompilationState((), False)

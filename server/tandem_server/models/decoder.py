@@ -11,6 +11,7 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
+from tandem_server.interfaces.context import served_positions
 from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
 from tandem_server.layers.embedding import Embedding, LMHead
@@ -19,7 +20,8 @@ from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear,
 from tandem_server.layers.mlp import GatedMLP
 from tandem_server.layers.moe import MoeArgs, SparseMoeBlock
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryAngles, RotaryEmbedding
+from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
@@ -57,7 +59,7 @@ class DecoderArgs:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
-    # OLMoE: the q/k norms span the whole query and key projections rather than each head.
+    # OLMoE, OLMo 3: the q/k norms span the whole query and key projections rather than each head.
     qk_norm_over_projection: bool = False
     # Gemma: norms scale by (1 + weight), embeddings are multiplied by sqrt(hidden_size).
     norm_unit_offset: bool = False
@@ -88,7 +90,7 @@ def common_sizes(hf: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads": int(hf.get("num_key_value_heads") or num_heads),
         "head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads),
         "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-        "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+        "max_position_embeddings": served_positions(hf, int(hf.get("max_position_embeddings", 2048))),
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "hidden_act": hidden_act,
     }
@@ -139,7 +141,8 @@ class DecoderAttention(nn.Module):
         if args.qk_norm_over_projection:
             if parallel.world_size > 1:
                 raise ConfigError(
-                    "q/k norms over the whole projection (OLMoE) need every head on one rank; use --num-shard 1"
+                    "this model normalises queries and keys over all heads at once, which tensor parallelism splits "
+                    f"across ranks; serve it on one rank (this group has {parallel.world_size})"
                 )
             self.q_norm = RMSNorm(q_size, args.rms_norm_eps, args.norm_unit_offset)
             self.k_norm = RMSNorm(kv_size, args.rms_norm_eps, args.norm_unit_offset)

@@ -11,7 +11,8 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.layers.norm import RMSNorm
-from tandem_server.layers.rotary import RopeConfig, RotaryAngles
+from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryAngles
 from tandem_server.models.decoder import (
     DecoderArgs,
     DecoderAttention,
@@ -68,9 +69,13 @@ def _ropes(hf: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
     # layers and rope_local_base_freq (unscaled) for local ones.
     nested = hf.get("rope_parameters") or {}
     if isinstance(nested.get("full_attention"), dict) or isinstance(nested.get("sliding_attention"), dict):
-        global_hf = {"rope_parameters": {"rope_theta": GLOBAL_ROPE_THETA, **nested.get("full_attention", {})}}
-        local_hf = {"rope_parameters": {"rope_theta": LOCAL_ROPE_THETA, **nested.get("sliding_attention", {})}}
-        return RopeConfig.from_hf(global_hf), RopeConfig.from_hf(local_hf)
+        context = {"max_position_embeddings": hf.get("max_position_embeddings")}
+        global_params = {"rope_theta": GLOBAL_ROPE_THETA, **nested.get("full_attention", {})}
+        local_params = {"rope_theta": LOCAL_ROPE_THETA, **nested.get("sliding_attention", {})}
+        return (
+            RopeConfig.from_hf({**context, "rope_parameters": global_params}),
+            RopeConfig.from_hf({**context, "rope_parameters": local_params}),
+        )
     global_rope = RopeConfig.from_hf({"rope_theta": GLOBAL_ROPE_THETA, **hf})
     return global_rope, RopeConfig(theta=float(hf.get("rope_local_base_freq", LOCAL_ROPE_THETA)))
 

@@ -9,6 +9,8 @@ from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.decoder import DecoderArgs, DecoderForCausalLM, common_sizes, uniform_layers
 from tandem_server.weights.layout import CheckpointLayout, FusedTensor
 
+LONGROPE_ALIASES = ("su", "yarn")
+
 
 def phi3_args(hf: dict[str, Any]) -> DecoderArgs:
     """Phi-3's sizes; a configured `sliding_window` applies to every layer."""
@@ -36,7 +38,17 @@ def phi3_args(hf: dict[str, Any]) -> DecoderArgs:
     )
     window = hf.get("sliding_window")
     windows = (int(window),) * int(hf["num_hidden_layers"]) if window else None
-    return DecoderArgs(**sizes, layers=uniform_layers(hf, windows), layout=layout)
+    return DecoderArgs(**sizes, layers=uniform_layers(_longrope_spelled_out(hf), windows), layout=layout)
+
+
+def _longrope_spelled_out(hf: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's config reads its older names of longrope (`su`, and `yarn` in some 128k checkpoints) as longrope."""
+    spelled = dict(hf)
+    for key in ("rope_scaling", "rope_parameters"):
+        params = hf.get(key) or {}
+        if params.get("rope_type", params.get("type")) in LONGROPE_ALIASES:
+            spelled[key] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "longrope"}
+    return spelled
 
 
 class Phi3ForCausalLM(DecoderForCausalLM):

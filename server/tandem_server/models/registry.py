@@ -9,14 +9,18 @@ from tandem_server.errors import UnsupportedArchitectureError
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
+from tandem_server.models.glm4 import Glm4ForCausalLM
+from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
+from tandem_server.models.olmo3 import Olmo3ForCausalLM
 from tandem_server.models.olmoe import OlmoeForCausalLM
 from tandem_server.models.phi3 import Phi3ForCausalLM
 from tandem_server.models.qwen2 import Qwen2ForCausalLM
 from tandem_server.models.qwen2_moe import Qwen2MoeForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
 from tandem_server.models.qwen3_moe import Qwen3MoeForCausalLM
+from tandem_server.models.smollm3 import SmolLM3ForCausalLM
 
 
 class CausalLMFactory(Protocol):
@@ -27,15 +31,19 @@ class CausalLMFactory(Protocol):
 
 MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

@@ -1,0 +1,96 @@
+"""The one-row decode program compiled ahead of time (AOTInductor) into a package in a persistent cache.
+
+A package is built by a child process (`decode_package_build.py`) from the same checkpoint and weight flags as the
+shard, so the shard never imports Inductor and never traces while it serves. It is named by a key over everything
+that decides its code and its frozen weights: the checkpoint's files, the weight and cache flags, this package's
+sources, torch's version and the CPU's instruction set. A shard that finds its package loads it in a fraction of a
+second; any change of those gives another name, so a stale package is never loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tandem_server
+from tandem_server.execution.decode_program import input_count
+
+# The file a loaded package's model is stored under inside the package (AOTInductor's default).
+_MODEL_NAME = "model"
+_SOURCE_ROOT = Path(tandem_server.__file__).parent
+
+
+@dataclass(frozen=True)
+class DecodePackageSpec:
+    """What a child process needs to load the shard's model as the shard did, and where packages are cached."""
+
+    model_path: str
+    dtype: str
+    kv_cache_dtype: str
+    quantize: str
+    # `--quantized-dense-memory` in bytes; None: auto.
+    dense_copy_memory: int | None
+    packed_gemm_rows: tuple[int, ...]
+    allow_pickle_weights: bool
+    num_threads: int
+    cache_dir: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DecodePackageSpec:
+        fields = json.loads(text)
+        fields["packed_gemm_rows"] = tuple(fields["packed_gemm_rows"])
+        return cls(**fields)
+
+    def package_path(self) -> Path:
+        """Where this spec's package lives in the cache."""
+        return Path(self.cache_dir) / f"decode-{package_key(self)[:32]}.pt2"
+
+
+def package_key(spec: DecodePackageSpec) -> str:
+    """A digest of everything that decides a package's code and frozen weights (threads and the cache's place do
+    not)."""
+    digest = hashlib.sha256()
+    flags = dataclasses.asdict(spec)
+    del flags["num_threads"], flags["cache_dir"]
+    digest.update(json.dumps(flags, sort_keys=True).encode())
+    digest.update(f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}".encode())
+    _digest_checkpoint(digest, Path(spec.model_path))
+    for source in sorted(_SOURCE_ROOT.rglob("*.py")):
+        digest.update(str(source.relative_to(_SOURCE_ROOT)).encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def _digest_checkpoint(digest: Any, model_path: Path) -> None:
+    # Files by name, size and modification time: reading gigabytes of weights would cost more than the compile saves.
+    for path in sorted(model_path.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.relative_to(model_path)} {stat.st_size} {stat.st_mtime_ns}".encode())
+
+
+class DecodePackage:
+    """A loaded package: runs the decode program on a step's flat inputs (`decode_program.flat_inputs`).
+
+    Loading goes through torch's C++ loader directly, so the shard imports none of Inductor's Python."""
+
+    def __init__(self, path: Path, num_layers: int) -> None:
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL_NAME, False, 1, -1)
+        self._inputs = input_count(num_layers)
+        self.path = path
+
+    def run(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """The program's final hidden states; the step's keys and values land in the caches it was given."""
+        if len(inputs) != self._inputs:
+            raise ValueError(f"invariant: the decode program takes {self._inputs} tensors, got {len(inputs)}")
+        (hidden,) = self._loader.run(inputs)
+        return hidden

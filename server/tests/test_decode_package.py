@@ -1,0 +1,107 @@
+"""--torch-compile background on one CPU rank: the one-row decode program, built ahead of time by a child process into
+a cached package, serves single streams' steady decode steps with the reference's tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from reference_checks import assert_greedy_matches_generate, warm_for_reference
+from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
+from tandem_server.config import CompileMode
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.execution.decode_package import DecodePackageSpec
+from tandem_server.execution.decode_package_executor import DecodePackageExecutor
+from tandem_server.metrics import CompilationState
+
+# The slow tier (a child process compiles with Inductor): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
+BUILD_TIMEOUT_S = 600
+
+
+def package_spec(model_dir: Path, cache_dir: Path, **overrides: object) -> DecodePackageSpec:
+    spec = DecodePackageSpec(
+        model_path=str(model_dir),
+        dtype="float32",
+        kv_cache_dtype="float32",
+        quantize="none",
+        dense_copy_memory=0,
+        packed_gemm_rows=(),
+        allow_pickle_weights=False,
+        num_threads=2,
+        cache_dir=str(cache_dir),
+    )
+    return dataclasses.replace(spec, **overrides)
+
+
+def package_runner(model_dir: Path, spec: DecodePackageSpec) -> tuple[ModelRunner, DecodePackageExecutor]:
+    runner = warm_for_reference(make_runner(model_dir, compile_mode=CompileMode.BACKGROUND, decode_package=spec))
+    executor = runner.execution.executor(DecodePackageExecutor)
+    assert executor is not None
+    return runner, executor
+
+
+def single_stream_tokens(runner: ModelRunner, prompt: list[int], max_new_tokens: int) -> list[int]:
+    assert runner.cache is not None
+    driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=16)
+    return driver.run([new_request(90, prompt, max_new_tokens)])[90]
+
+
+def reference_tokens(reference: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        output = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)  # type: ignore[operator]
+    return output[0, len(prompt) :].tolist()
+
+
+def test_a_package_built_beside_serving_takes_over_single_streams_with_the_reference_tokens(tmp_path: Path) -> None:
+    model_dir, cache_dir = tmp_path / "model", tmp_path / "compiled"
+    reference = write_tiny_llama(model_dir)
+    runner, executor = package_runner(model_dir, package_spec(model_dir, cache_dir))
+    # Warmup returned before the build: steps run eagerly beside it.
+    assert runner.compilation() == CompilationState((), compiling=True)
+    assert_greedy_matches_generate(model_dir, reference, "llama, beside the package build", runner=runner)
+    assert executor.wait(BUILD_TIMEOUT_S), executor.failure
+    assert executor.built is True and runner.compilation() == CompilationState((1,), compiling=False)
+
+    prompt = [5, 17, 33, 2, 71, 9]
+    assert single_stream_tokens(runner, prompt, 12) == reference_tokens(reference, prompt, 12)
+    # Each decode after the first (which fills the request's mirror row) ran the package.
+    assert executor.steps == 12 - 2
+    assert_greedy_matches_generate(model_dir, reference, "llama, batched beside the package", runner=runner)
+
+
+def test_a_second_shard_loads_the_cached_package_and_another_flag_builds_another(tmp_path: Path) -> None:
+    model_dir, cache_dir = tmp_path / "model", tmp_path / "compiled"
+    reference = write_tiny_llama(model_dir)
+    spec = package_spec(model_dir, cache_dir)
+    _, first = package_runner(model_dir, spec)
+    assert first.wait(BUILD_TIMEOUT_S), first.failure
+    package = spec.package_path()
+    built_at = package.stat().st_mtime_ns
+
+    runner, second = package_runner(model_dir, dataclasses.replace(spec, num_threads=1))
+    assert second.wait(BUILD_TIMEOUT_S) and second.built is False
+    assert package.stat().st_mtime_ns == built_at
+    prompt = [8, 8, 40, 3]
+    assert single_stream_tokens(runner, prompt, 8) == reference_tokens(reference, prompt, 8)
+    assert second.steps == 8 - 2
+
+    other = dataclasses.replace(spec, kv_cache_dtype="bfloat16")
+    assert other.package_path() != package
+
+
+def test_a_failed_build_leaves_steps_eager_and_names_its_log(tmp_path: Path) -> None:
+    model_dir, cache_dir = tmp_path / "model", tmp_path / "compiled"
+    reference = write_tiny_llama(model_dir)
+    spec = package_spec(model_dir, cache_dir, dtype="float12")
+    runner, executor = package_runner(model_dir, spec)
+    assert not executor.wait(BUILD_TIMEOUT_S)
+    assert executor.failure is not None
+    assert "exited with status 1" in executor.failure and "float12" in executor.failure
+    assert str(spec.package_path().with_suffix(".log")) in executor.failure
+    assert runner.compilation() == CompilationState((), compiling=False)
+    assert_greedy_matches_generate(model_dir, reference, "llama, after a failed build", runner=runner)
+    assert executor.steps == 0
