@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from reference_checks import assert_greedy_matches_generate, warm_for_reference
-from shard_testing import StepDriver, make_runner, new_request, write_tiny_llama
+from shard_testing import StepDriver, make_runner, new_request, write_tiny_checkpoint, write_tiny_llama
 from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.decode_package_executor import DecodePackageExecutor
 from tandem_server.metrics import CompilationState
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 # The slow tier (a child process compiles with Inductor): `make test` runs it, `make test-fast` does not.
 pytestmark = pytest.mark.slow
@@ -56,13 +57,31 @@ def reference_tokens(reference: torch.nn.Module, prompt: list[int], max_new_toke
     return output[0, len(prompt) :].tolist()
 
 
-def test_a_package_built_beside_serving_takes_over_single_streams_with_the_reference_tokens(tmp_path: Path) -> None:
+# Qwen3-MoE: the experts' dispatch (sort, grouped GEMMs, scatter-add) exports with the rest of the one-row step, its
+# shapes fixed by the row count alone; a dense first layer beside sparse ones.
+QWEN3_MOE = {
+    "num_experts": 5,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 40,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [0],
+    "head_dim": 16,
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3-moe"])
+def test_a_package_built_beside_serving_takes_over_single_streams_with_the_reference_tokens(
+    tmp_path: Path, family: str
+) -> None:
     model_dir, cache_dir = tmp_path / "model", tmp_path / "compiled"
-    reference = write_tiny_llama(model_dir)
+    if family == "llama":
+        reference = write_tiny_llama(model_dir)
+    else:
+        reference = write_tiny_checkpoint(model_dir, Qwen3MoeConfig, Qwen3MoeForCausalLM, **QWEN3_MOE)
     runner, executor = package_runner(model_dir, package_spec(model_dir, cache_dir))
     # Warmup returned before the build: steps run eagerly beside it.
     assert runner.compilation() == CompilationState((), compiling=True)
-    assert_greedy_matches_generate(model_dir, reference, "llama, beside the package build", runner=runner)
+    assert_greedy_matches_generate(model_dir, reference, f"{family}, beside the package build", runner=runner)
     assert executor.wait(BUILD_TIMEOUT_S), executor.failure
     assert executor.built is True and runner.compilation() == CompilationState((1,), compiling=False)
 
@@ -70,7 +89,7 @@ def test_a_package_built_beside_serving_takes_over_single_streams_with_the_refer
     assert single_stream_tokens(runner, prompt, 12) == reference_tokens(reference, prompt, 12)
     # Each decode after the first (which fills the request's mirror row) ran the package.
     assert executor.steps == 12 - 2
-    assert_greedy_matches_generate(model_dir, reference, "llama, batched beside the package", runner=runner)
+    assert_greedy_matches_generate(model_dir, reference, f"{family}, batched beside the package", runner=runner)
 
 
 def test_a_second_shard_loads_the_cached_package_and_another_flag_builds_another(tmp_path: Path) -> None:
