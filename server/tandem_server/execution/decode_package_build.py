@@ -50,6 +50,14 @@ _MIRROR_MEMORY = 16 * 2**20
 # The made-up request's context when its step is exported: past the first decode, inside one block.
 _EXAMPLE_CONTEXT = 6
 _PR_SET_PDEATHSIG = 1
+# Frozen weights and autotuned GEMMs; the weights go in a file of their own beside the library, which the loader
+# reads into memory: inside the library they would stay resident twice, as its mapped pages and as the tensors.
+_INDUCTOR_CONFIGS = {
+    "freezing": True,
+    "max_autotune": True,
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "binary_blob",
+}
 
 
 def build_package(spec: DecodePackageSpec, output: Path) -> None:
@@ -76,7 +84,7 @@ def build_package(spec: DecodePackageSpec, output: Path) -> None:
     logger.info("exported the decode program in %.1fs", time.perf_counter() - started)
     partial = output.with_name(f"{output.stem}.{os.getpid()}.partial.pt2")
     torch._inductor.aoti_compile_and_package(
-        exported, package_path=str(partial), inductor_configs={"freezing": True, "max_autotune": True}
+        exported, package_path=str(partial), inductor_configs=_INDUCTOR_CONFIGS
     )
     partial.replace(output)
     logger.info("built %s in %.1fs", output, time.perf_counter() - started)
