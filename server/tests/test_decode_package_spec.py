@@ -10,7 +10,7 @@ import pytest
 import torch
 from tandem_server.bootstrap import decode_package_spec
 from tandem_server.config import CompileMode, ShardConfig
-from tandem_server.execution.decode_package import DecodePackageSpec, package_key
+from tandem_server.execution.decode_package import DecodePackageSpec, package_key, prune_cache
 from tandem_server.layers.attention import create_backend
 from tandem_server.quant.mode import QuantizeMode
 
@@ -107,3 +107,19 @@ def test_the_package_name_follows_the_weights_and_flags_but_not_threads_or_the_c
     os.utime(weights, ns=(1, 1))
     assert package_key(spec) != key
     assert spec.package_path().parent == tmp_path / "compiled"
+
+
+def test_a_used_package_is_kept_with_the_most_recently_used_others_and_the_rest_are_removed(tmp_path: Path) -> None:
+    packages = [tmp_path / f"decode-{index}.pt2" for index in range(6)]
+    for age, package in enumerate(packages):
+        package.write_bytes(b"package")
+        package.with_suffix(".log").write_text("log")
+        os.utime(package, ns=(age, age))
+    unrelated = tmp_path / "notes.txt"
+    unrelated.write_text("kept")
+    # The oldest package is the one loaded now: it becomes the most recently used.
+    removed = prune_cache(packages[0], keep=2)
+    assert sorted(removed) == sorted(packages[1:4])
+    assert sorted(tmp_path.glob("decode-*.pt2")) == sorted([packages[0], packages[4], packages[5]])
+    assert not packages[1].with_suffix(".log").exists() and packages[5].with_suffix(".log").exists()
+    assert unrelated.exists()

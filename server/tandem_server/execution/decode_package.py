@@ -23,6 +23,10 @@ from tandem_server.execution.decode_program import input_count
 
 # The file a loaded package's model is stored under inside the package (AOTInductor's default).
 _MODEL_NAME = "model"
+_PACKAGE_GLOB = "decode-*.pt2"
+# Packages a cache keeps besides the one just used: the most recently used ones (each is about the size of the
+# quantized weights, and every change of model, flag, source or torch names a new one).
+KEPT_PACKAGES = 3
 _SOURCE_ROOT = Path(tandem_server.__file__).parent
 
 
@@ -76,6 +80,22 @@ def _digest_checkpoint(digest: Any, model_path: Path) -> None:
         if path.is_file():
             stat = path.stat()
             digest.update(f"{path.relative_to(model_path)} {stat.st_size} {stat.st_mtime_ns}".encode())
+
+
+def prune_cache(used: Path, keep: int = KEPT_PACKAGES) -> list[Path]:
+    """Marks `used` as just used and deletes all but the `keep` most recently used other packages (with their build
+    logs) beside it; the deleted packages. A shard that loaded one of them has its own copy."""
+    used.touch()
+    others = sorted(
+        (path for path in used.parent.glob(_PACKAGE_GLOB) if path != used),
+        key=lambda path: path.stat().st_mtime_ns,
+        reverse=True,
+    )
+    stale = others[keep:]
+    for path in stale:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".log").unlink(missing_ok=True)
+    return stale
 
 
 class DecodePackage:

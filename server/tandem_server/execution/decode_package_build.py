@@ -83,9 +83,7 @@ def build_package(spec: DecodePackageSpec, output: Path) -> None:
         )
     logger.info("exported the decode program in %.1fs", time.perf_counter() - started)
     partial = output.with_name(f"{output.stem}.{os.getpid()}.partial.pt2")
-    torch._inductor.aoti_compile_and_package(
-        exported, package_path=str(partial), inductor_configs=_INDUCTOR_CONFIGS
-    )
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(partial), inductor_configs=_INDUCTOR_CONFIGS)
     partial.replace(output)
     logger.info("built %s in %.1fs", output, time.perf_counter() - started)
 

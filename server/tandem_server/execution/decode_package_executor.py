@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tandem_server.execution.decode_package import DecodePackage, DecodePackageSpec
+from tandem_server.execution.decode_package import KEPT_PACKAGES, DecodePackage, DecodePackageSpec, prune_cache
 from tandem_server.execution.decode_program import flat_inputs, is_steady_single_decode, program_arguments
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
@@ -91,6 +91,8 @@ class DecodePackageExecutor:
                 _build(self._spec, path)
             self._package = DecodePackage(path, self._model.spec.num_layers)
             self.built = built
+            for stale in prune_cache(path):
+                logger.info("decode package: removed %s, the least recently used beyond %d", stale, KEPT_PACKAGES)
         except Exception as error:
             self.failure = str(error)
             logger.warning("decode package: %s; single streams' decode steps stay eager", error)
