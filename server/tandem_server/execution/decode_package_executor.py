@@ -1,5 +1,5 @@
 """`--torch-compile background` on a single CPU rank: single streams' steady decode steps run the decode package
-(`decode_package.py`) once it is loaded, and every other step runs on.
+(`decode_package.py`) once it is loaded, and every other step runs eagerly.
 
 At the first Warmup a thread loads the package from the cache, or first has a child process build it (about a
 minute for the embedded model on 2 cores, at the lowest CPU priority) and then loads it. Steps run eagerly until
