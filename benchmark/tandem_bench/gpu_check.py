@@ -39,6 +39,7 @@ CUDA_TESTS = [
     "server/tests/test_cuda_numerics.py",
     "server/tests/triton_cases.py",
     "server/tests/int4_triton_cases.py",
+    "server/tests/moe_triton_cases.py",
     "server/tests/test_attention_backends.py",
     "server/tests/test_attention_selection.py",
     "server/tests/test_cuda_path_logic.py",
@@ -73,8 +74,8 @@ class CheckReport:
 def run_cuda_tests(report: CheckReport, timeout_s: float) -> None:
     """Phase 1: pytest over the CUDA and attention test files, output streamed to the console."""
     started = time.monotonic()
-    # triton_cases.py and int4_triton_cases.py run their kernels on the GPU itself, so their CPU-interpreter twins
-    # are left out here.
+    # triton_cases.py, int4_triton_cases.py and moe_triton_cases.py run their kernels on the GPU itself, so their
+    # CPU-interpreter twins are left out here.
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "not under_the_interpreter"]
     command += CUDA_TESTS
     try:

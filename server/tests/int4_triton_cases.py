@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from int4_testing import awq_config, gptq_config, write_int4_checkpoint
@@ -26,6 +25,7 @@ from tandem_server.quant.mode import QuantizeMode
 from tandem_server.quant.quantize import quantize_model
 from tandem_server.quant.values import Int4Groups
 from tp_worker import prompt_logits
+from triton_testing import widen_bfloat16_dots
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ON_CUDA = torch.cuda.is_available() and not INTERPRETED
@@ -37,27 +37,8 @@ if not ON_CUDA and not INTERPRETED:
     pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 
-def _widen_bfloat16_dots() -> None:
-    from triton import language as tl  # noqa: PLC0415
-    from triton.runtime import interpreter  # noqa: PLC0415
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widened(operand: interpreter.TensorHandle) -> interpreter.TensorHandle:
-        if operand.dtype.scalar != tl.bfloat16:
-            return operand
-        # bfloat16 is the top half of a float32.
-        bits = operand.data.astype(np.uint32) << np.uint32(16)
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
-    def create_dot(self: object, a: object, b: object, *rest: object) -> object:
-        return original(self, widened(a), widened(b), *rest)
-
-    interpreter.InterpreterBuilder.create_dot = create_dot
-
-
 if INTERPRETED:
-    _widen_bfloat16_dots()
+    widen_bfloat16_dots()
 
 
 def random_groups(out_features: int, in_features: int, group_size: int, act_order: bool, seed: int) -> Int4Groups:

@@ -50,3 +50,24 @@ def assert_cases_pass_under_the_interpreter(cases_file: str) -> None:
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+
+
+def widen_bfloat16_dots() -> None:
+    """Makes the interpreter multiply bfloat16 tiles as the float32 values they are (see `int4_triton_cases`)."""
+    import numpy as np  # noqa: PLC0415
+    from triton import language as tl  # noqa: PLC0415
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widened(operand: interpreter.TensorHandle) -> interpreter.TensorHandle:
+        if operand.dtype.scalar != tl.bfloat16:
+            return operand
+        # bfloat16 is the top half of a float32.
+        bits = operand.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self: object, a: object, b: object, *rest: object) -> object:
+        return original(self, widened(a), widened(b), *rest)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot

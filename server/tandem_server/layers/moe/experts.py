@@ -13,9 +13,14 @@ them back onto their tokens. No shape depends on the routing and nothing syncs w
 On the CPU torch's grouped GEMM is a loop over the experts inside one operator: up to 32 tokens it measured as fast
 as a Python loop over the chosen experts, and 2-20 times faster than batched GEMMs over padded groups; on 256-token
 bfloat16 steps the loop was 1.2-1.7 times faster (docs/models.md).
+
+On a CUDA device SiLU experts run through Tandem's fused Triton kernels instead (`triton_grouped`), when Triton is
+installed; other activations, and every other device, keep the grouped GEMM.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,8 @@ from tandem_server.layers.linear import rank_run
 from tandem_server.layers.moe.routing import Routing, group_by_expert
 from tandem_server.weights.slicing import CheckpointSlice, load_full
 
+# The activations the fused CUDA kernel computes (`silu(gate) * up`).
+FUSED_ACTIVATIONS = ("silu", "swish")
 # Elements every row stride of a grouped GEMM's operands must be a multiple of (16 bytes of 16-bit values).
 GROUPED_GEMM_ALIGNMENT = 8
 
@@ -76,6 +83,7 @@ class RoutedExperts(nn.ModuleList):
         self.num_experts = num_experts
         self.num_weights = num_experts * 3 * local * hidden_size
         self.act: Activation = activation(hidden_act)
+        self.fused_on_cuda = hidden_act in FUSED_ACTIVATIONS and importlib.util.find_spec("triton") is not None
         self.register_buffer("gate_up", torch.empty(num_experts, 2 * padded, hidden_size), persistent=False)
         self.register_buffer("down", torch.empty(num_experts, hidden_size, padded), persistent=False)
         for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
@@ -89,6 +97,12 @@ class RoutedExperts(nn.ModuleList):
     def forward(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Each token's chosen experts' outputs, weighted and summed `[tokens, hidden]`; on several ranks, this
         rank's term of that sum."""
+        if self.fused_on_cuda and hidden.device.type == "cuda":
+            return fused_experts_on_cuda(hidden, routing, self.gate_up, self.down)
+        return self.grouped_mm(hidden, routing)
+
+    def grouped_mm(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """The dispatch through torch's grouped GEMM, on any device."""
         groups = group_by_expert(routing.experts, self.num_experts)
         rows = hidden[groups.tokens]
         gate_up = F.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=groups.ends)
@@ -100,3 +114,12 @@ class RoutedExperts(nn.ModuleList):
     def parameter_count(self) -> int:
         """Elements of this rank's expert weights (the padding aside)."""
         return self.num_weights
+
+
+def fused_experts_on_cuda(
+    hidden: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """The experts through the fused Triton kernels, imported on first use so CPU installs need no Triton."""
+    from tandem_server.layers.moe import triton_grouped  # noqa: PLC0415
+
+    return triton_grouped.fused_experts(hidden, routing, gate_up, down)
