@@ -1,8 +1,9 @@
 """The `transformers` static-batching baseline: one `generate` call over a batch of equal-length prompts.
 
 Run: uv run --no-sync python benchmark/scripts/transformers_static.py [--batch 32] [--input-len 50] [--output-len 128]
-[--dtype float32|bfloat16]. The model is the embedded SmolLM2 checkpoint the launcher converts, greedy, every sequence
-generating exactly --output-len tokens; prints output tokens/s and the mean decode step as JSON.
+[--dtype float32|bfloat16] [--model-dir DIR]. The model is the embedded SmolLM2 checkpoint the launcher converts unless
+--model-dir names another, greedy, every sequence generating exactly --output-len tokens; prints output tokens/s and
+the mean decode step as JSON.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--model-dir", default=None, help="a transformers checkpoint (default: the embedded model)")
     args = parser.parse_args()
-    model_dir = converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
+    model_dir = args.model_dir or converted_model_dir(embedded_gguf(), DEFAULT_MODEL_CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
     ids = prompts(args.batch, args.input_len, tokenizer, args.seed)

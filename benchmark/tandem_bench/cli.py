@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tandem_bench import hostile_run, overhead_run, quantized_run, soak_run, speculative_run
+from tandem_bench import hostile_run, moe_run, overhead_run, quantized_run, soak_run, speculative_run
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench soak --help`: a long run at half capacity with cancellations, watching memory and KV usage; "
         "`tandem-bench hostile --help`: what floods of hostile requests cost a concurrent stream and the router's "
         "memory; `tandem-bench speculative --help`: single-stream speed with and without speculative decoding; "
-        "`tandem-bench quantized --help`: the embedded GGUF served float32 and quantized, side by side.",
+        "`tandem-bench quantized --help`: the embedded GGUF served float32 and quantized, side by side; "
+        "`tandem-bench moe --help`: a tiny mixture-of-experts model at 32 streams against transformers static "
+        "batching.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -169,6 +171,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "hostile": hostile_run.main,
     "speculative": speculative_run.main,
     "quantized": quantized_run.main,
+    "moe": moe_run.main,
 }
 
 

@@ -75,10 +75,15 @@ class StaticBatchResult:
         )
 
 
-def run_transformers_static(batch: int, input_len: int, output_len: int, dtype: str = "float32") -> StaticBatchResult:
-    """Runs the baseline script in its own process, so its torch threads never share a process with the suite's."""
+def run_transformers_static(
+    batch: int, input_len: int, output_len: int, dtype: str = "float32", model_dir: Path | None = None
+) -> StaticBatchResult:
+    """Runs the baseline script in its own process, so its torch threads never share a process with the suite's;
+    on the embedded model unless `model_dir` names another checkpoint."""
     command = [sys.executable, str(TRANSFORMERS_SCRIPT), "--batch", str(batch)]
     command += ["--input-len", str(input_len), "--output-len", str(output_len), "--dtype", dtype]
+    if model_dir is not None:
+        command += ["--model-dir", str(model_dir)]
     completed = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     return StaticBatchResult(

@@ -302,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.metrics_port:
             metrics = ShardMetrics(config.rank, shard.runner.device)
             metrics.watch_compilation(shard.runner.compilation)
+            if shard.runner.expert_tokens:
+                metrics.watch_expert_tokens(shard.runner.expert_tokens.read)
             metrics.serve(config.metrics_port, config.metrics_hostname)
         faulty = inject_faults(shard.runner, config.faults, config.rank)
         servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, model_thread)

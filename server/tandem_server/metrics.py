@@ -1,4 +1,5 @@
-"""The shard's own Prometheus endpoint: process and device memory, KV cache size, forward time by phase."""
+"""The shard's own Prometheus endpoint: process and device memory, KV cache size, forward time by phase, and an
+MoE model's expert load."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from tandem_server.expert_metrics import ExpertTokens, ExpertTokensCollector
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +108,10 @@ class ShardMetrics:
     def watch_compilation(self, state: Callable[[], CompilationState]) -> None:
         """Reports `state()` at each scrape."""
         self.registry.register(_CompilationCollector(state, self._rank))
+
+    def watch_expert_tokens(self, read: Callable[[], ExpertTokens]) -> None:
+        """Reports the MoE layers' routed tokens that `read()` returns at each scrape (MoE models only)."""
+        self.registry.register(ExpertTokensCollector(read, self._rank))
 
     def kv_cache_allocated(self, num_bytes: int) -> None:
         """Records the KV cache size after a warmup."""

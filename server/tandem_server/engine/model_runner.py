@@ -37,6 +37,7 @@ from tandem_server.execution.cuda_graphs import drafting_shapes, graph_shapes, p
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan
+from tandem_server.layers.moe.expert_tokens import ExpertTokenCounters
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
@@ -143,6 +144,7 @@ class ModelRunner:
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.execution = Execution.build(model, device, options.compile_mode, options.decode_package)
+        self.expert_tokens = ExpertTokenCounters(model)
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
         self._last_forward: StepTimer | None = None
@@ -153,6 +155,10 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, plan: WarmupPlan) -> WarmupResult:
         """Sizes and allocates the cache, runs one full-size step into the reserved block, captures graphs."""
+        with self.expert_tokens.excluded():
+            return self._warmup(plan)
+
+    def _warmup(self, plan: WarmupPlan) -> WarmupResult:
         block_size, max_batch_tokens, max_batch_requests = (
             plan.block_size,
             plan.max_batch_tokens,
@@ -204,7 +210,8 @@ class ModelRunner:
     @torch.inference_mode()
     def health_check(self) -> None:
         """A one-token forward into the reserved block: proves the model and the cache still work."""
-        run_reserved_forward(self.model, self._require_cache(), WarmupLimits(1, 1))
+        with self.expert_tokens.excluded():
+            run_reserved_forward(self.model, self._require_cache(), WarmupLimits(1, 1))
 
     def reset(self) -> None:
         """Forgets every request; the cache's contents become garbage the router no longer references."""

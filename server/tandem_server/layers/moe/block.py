@@ -28,7 +28,11 @@ class SparseMoeBlock(nn.Module):
     """Routes each token to its top-k experts and sums their weighted outputs (plus the gated shared expert's).
 
     The routed experts' and the shared expert's partial sums are added on each rank first: the block's one
-    all-reduce sums both over ranks."""
+    all-reduce sums both over ranks. `expert_tokens` counts the token-expert pairs each expert received, on the
+    device and without a host read, so eager steps, compiled graphs and CUDA graph replays all count; the exported
+    decode package (`torch.export`) leaves the count out, as its graph holds no state of the shard."""
+
+    expert_tokens: torch.Tensor
 
     def __init__(self, hidden_size: int, moe: MoeArgs, hidden_act: str, parallel: ParallelContext) -> None:
         super().__init__()
@@ -40,9 +44,14 @@ class SparseMoeBlock(nn.Module):
         if moe.shared_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, moe.shared_intermediate_size, False, hidden_act, parallel)
             self.shared_expert_gate = ReplicatedLinear(hidden_size, 1)
+        self.register_buffer("expert_tokens", torch.zeros(moe.router.num_experts, dtype=torch.int64), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.experts(hidden, self.gate.route(hidden))
+        routing = self.gate.route(hidden)
+        if not torch.compiler.is_exporting():
+            chosen = routing.experts.reshape(-1)
+            self.expert_tokens.index_add_(0, chosen, torch.ones_like(chosen))
+        out = self.experts(hidden, routing)
         if self.shared_expert is not None:
             # sigmoid(gate) scales every rank's term alike, so scaling before the sum over ranks is exact.
             out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert.partial_sum(hidden)
