@@ -22,6 +22,8 @@ from tandem_launcher.model_resolution import ModelSource, resolve_source
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
 FIRST_START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 120.0
+# What the launcher logs once it considers start-up over (supervisor.py).
+LAUNCHER_READY = "Tandem is ready at"
 MAX_INPUT_TOKENS = 1024
 MAX_TOTAL_TOKENS = 2048
 
@@ -62,15 +64,18 @@ class TandemServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def wait_until_healthy(self, timeout: float) -> None:
+        """Until the router answers /health and the launcher has said it is ready: start-up ends there for the
+        launcher, which treats a child that dies before it (a test killing a shard, say) as a failed start."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tandem-launcher exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
-                if requests.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
+                healthy = requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
             except requests.ConnectionError:
-                pass
+                healthy = False
+            if healthy and LAUNCHER_READY in self.log_path.read_text(errors="replace"):
+                return
             time.sleep(0.5)
         self.process.kill()
         raise RuntimeError(f"tandem-launcher not healthy after {timeout:g}s:\n{self.log_tail()}")
