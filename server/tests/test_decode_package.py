@@ -84,6 +84,9 @@ def test_a_package_built_beside_serving_takes_over_single_streams_with_the_refer
     assert_greedy_matches_generate(model_dir, reference, f"{family}, beside the package build", runner=runner)
     assert executor.wait(BUILD_TIMEOUT_S), executor.failure
     assert executor.built is True and runner.compilation() == CompilationState((1,), compiling=False)
+    # The loader's unpacked copy is gone once loaded: nothing of it stays behind when the shard exits.
+    extracted = [path for path in Path("/proc/self/maps").read_text().split() if "aotinductor_" in path]
+    assert extracted and not any(Path(path).exists() for path in extracted), extracted
 
     prompt = [5, 17, 33, 2, 71, 9]
     assert single_stream_tokens(runner, prompt, 12) == reference_tokens(reference, prompt, 12)

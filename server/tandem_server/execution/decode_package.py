@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from tandem_server.execution.decode_program import input_count
 # The file a loaded package's model is stored under inside the package (AOTInductor's default).
 _MODEL_NAME = "model"
 _PACKAGE_GLOB = "decode-*.pt2"
+# The loader's temporary directories are named `aotinductor_XXXXXX`.
+_EXTRACTION_PREFIX = "aotinductor_"
+_PROCESS_MAPS = Path("/proc/self/maps")
 # Packages a cache keeps besides the one just used: the most recently used ones (each is about the size of the
 # quantized weights, and every change of model, flag, source or torch names a new one).
 KEPT_PACKAGES = 3
@@ -98,6 +102,30 @@ def prune_cache(used: Path, keep: int = KEPT_PACKAGES) -> list[Path]:
     return stale
 
 
+def remove_extracted_packages() -> list[Path]:
+    """Deletes the directories the loader extracted this process's loaded packages into; the removed ones.
+
+    The loader unpacks each package into a temporary directory that it removes only when it is destroyed, which a
+    shard's exit does not wait for: every restart would leave a copy of the package behind. Once loaded, the library
+    is mapped and the weights are in memory, so the files are no longer read (a mapped file outlives its name)."""
+    removed = []
+    for library in sorted(_mapped_extracted_files()):
+        directory = next((parent for parent in library.parents if parent.name.startswith(_EXTRACTION_PREFIX)), None)
+        if directory is not None and directory.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
+
+
+def _mapped_extracted_files() -> set[Path]:
+    try:
+        maps = _PROCESS_MAPS.read_text()
+    except OSError:
+        return set()
+    fields = (line.split(maxsplit=5) for line in maps.splitlines())
+    return {Path(field[5]) for field in fields if len(field) == 6 and _EXTRACTION_PREFIX in field[5]}
+
+
 class DecodePackage:
     """A loaded package: runs the decode program on a step's flat inputs (`decode_program.flat_inputs`).
 
@@ -107,6 +135,7 @@ class DecodePackage:
         self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL_NAME, False, 1, -1)
         self._inputs = input_count(num_layers)
         self.path = path
+        remove_extracted_packages()
 
     def run(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         """The program's final hidden states; the step's keys and values land in the caches it was given."""
