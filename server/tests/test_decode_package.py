@@ -14,6 +14,7 @@ from tandem_server.config import CompileMode
 from tandem_server.engine.model_runner import ModelRunner
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.decode_package_executor import DecodePackageExecutor
+from tandem_server.execution.package_constants import model_tensors
 from tandem_server.metrics import CompilationState
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -51,6 +52,24 @@ def single_stream_tokens(runner: ModelRunner, prompt: list[int], max_new_tokens:
     return driver.run([new_request(90, prompt, max_new_tokens)])[90]
 
 
+def assert_no_weight_resident_twice(
+    model: torch.nn.Module, constants: dict[str, torch.Tensor], every_weight_shared: bool
+) -> None:
+    """Each package constant that equals a model tensor is that tensor (its storage), not a copy of it."""
+    weights = list(model_tensors(model))
+    addresses = {tensor.data_ptr() for tensor in weights}
+    copies = [name for name, constant in constants.items() if constant.data_ptr() not in addresses]
+    assert len(copies) < len(constants), "no constant is a model tensor"
+    for name in copies:
+        constant = constants[name]
+        twins = [
+            w for w in weights if w.dtype == constant.dtype and w.shape == constant.shape and torch.equal(w, constant)
+        ]
+        assert not twins, f"{name} is a copy of a model tensor"
+        # A one-row dense model's program reads its weights as they are: only scalars are the package's own.
+        assert not every_weight_shared or constant.numel() == 1, f"{name} {tuple(constant.shape)} is not shared"
+
+
 def reference_tokens(reference: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         output = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)  # type: ignore[operator]
@@ -84,9 +103,13 @@ def test_a_package_built_beside_serving_takes_over_single_streams_with_the_refer
     assert_greedy_matches_generate(model_dir, reference, f"{family}, beside the package build", runner=runner)
     assert executor.wait(BUILD_TIMEOUT_S), executor.failure
     assert executor.built is True and runner.compilation() == CompilationState((1,), compiling=False)
-    # The loader's unpacked copy is gone once loaded: nothing of it stays behind when the shard exits.
-    extracted = [path for path in Path("/proc/self/maps").read_text().split() if "aotinductor_" in path]
+    # The unpacked copy is gone once loaded: nothing of it stays behind when the shard exits.
+    extracted = [path for path in Path("/proc/self/maps").read_text().split() if "tandem-decode-package-" in path]
     assert extracted and not any(Path(path).exists() for path in extracted), extracted
+    # The package reads the model's own weights: none is resident twice.
+    package = executor.package
+    assert package is not None
+    assert_no_weight_resident_twice(runner.model, package.constants(), every_weight_shared=family == "llama")
 
     prompt = [5, 17, 33, 2, 71, 9]
     assert single_stream_tokens(runner, prompt, 12) == reference_tokens(reference, prompt, 12)

@@ -37,6 +37,7 @@ from tandem_server.execution.cuda_graphs import drafting_shapes, graph_shapes, p
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan
+from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.moe.expert_tokens import ExpertTokenCounters
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
@@ -200,6 +201,8 @@ class ModelRunner:
         self.execution.prepare(cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes))
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
+        # The full-size step's activations are freed by now; their pages go back rather than stay for reuse.
+        return_freed_memory()
         return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
 
     def compilation(self) -> CompilationState:

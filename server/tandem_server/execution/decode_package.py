@@ -12,22 +12,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 import tandem_server
 from tandem_server.execution.decode_program import input_count
+from tandem_server.execution.package_constants import load_sharing_model
 
-# The file a loaded package's model is stored under inside the package (AOTInductor's default).
+# The name a package's model is stored under inside the package (AOTInductor's default).
 _MODEL_NAME = "model"
 _PACKAGE_GLOB = "decode-*.pt2"
-# The loader's temporary directories are named `aotinductor_XXXXXX`.
-_EXTRACTION_PREFIX = "aotinductor_"
-_PROCESS_MAPS = Path("/proc/self/maps")
 # Packages a cache keeps besides the one just used: the most recently used ones (each is about the size of the
 # quantized weights, and every change of model, flag, source or torch names a new one).
 KEPT_PACKAGES = 3
@@ -102,44 +102,45 @@ def prune_cache(used: Path, keep: int = KEPT_PACKAGES) -> list[Path]:
     return stale
 
 
-def remove_extracted_packages() -> list[Path]:
-    """Deletes the directories the loader extracted this process's loaded packages into; the removed ones.
-
-    The loader unpacks each package into a temporary directory that it removes only when it is destroyed, which a
-    shard's exit does not wait for: every restart would leave a copy of the package behind. Once loaded, the library
-    is mapped and the weights are in memory, so the files are no longer read (a mapped file outlives its name)."""
-    removed = []
-    for library in sorted(_mapped_extracted_files()):
-        directory = next((parent for parent in library.parents if parent.name.startswith(_EXTRACTION_PREFIX)), None)
-        if directory is not None and directory.exists():
-            shutil.rmtree(directory, ignore_errors=True)
-            removed.append(directory)
-    return removed
-
-
-def _mapped_extracted_files() -> set[Path]:
-    try:
-        maps = _PROCESS_MAPS.read_text()
-    except OSError:
-        return set()
-    fields = (line.split(maxsplit=5) for line in maps.splitlines())
-    return {Path(field[5]) for field in fields if len(field) == 6 and _EXTRACTION_PREFIX in field[5]}
-
-
 class DecodePackage:
     """A loaded package: runs the decode program on a step's flat inputs (`decode_program.flat_inputs`).
 
-    Loading goes through torch's C++ loader directly, so the shard imports none of Inductor's Python."""
+    Loading goes through torch's C++ runner directly, so the shard imports none of Inductor's Python. The package is
+    unpacked into a temporary directory that is gone once the library is loaded (a mapped file outlives its name), and
+    its weights are the eager model's own tensors wherever they are equal (`package_constants.py`)."""
 
-    def __init__(self, path: Path, num_layers: int) -> None:
-        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _MODEL_NAME, False, 1, -1)
+    def __init__(self, path: Path, model: nn.Module, num_layers: int) -> None:
+        with tempfile.TemporaryDirectory(prefix="tandem-decode-package-") as unpacked:
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(unpacked)
+            library = _only(Path(unpacked), f"*/data/aotinductor/{_MODEL_NAME}/*.wrapper.so")
+            weights = _only(Path(unpacked), f"*/data/aotinductor/{_MODEL_NAME}/*.wrapper_weights.blob")
+            constants = load_sharing_model(library, weights, model)
+            # The runner that takes its constants as given (bound, not in torch's stubs) never reads the blob.
+            self._runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1, constants.tensors)  # type: ignore[call-arg]
         self._inputs = input_count(num_layers)
         self.path = path
-        remove_extracted_packages()
+        self.shared_bytes = constants.shared_bytes
+        self.copied_bytes = constants.copied_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         """The program's final hidden states; the step's keys and values land in the caches it was given."""
         if len(inputs) != self._inputs:
             raise ValueError(f"invariant: the decode program takes {self._inputs} tensors, got {len(inputs)}")
-        (hidden,) = self._loader.run(inputs)
+        (hidden,) = self._runner.run(inputs)
         return hidden
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        """The tensors the program reads its weights from, by the package's names for them."""
+        return self._runner.extract_constants_map(False)
+
+
+def _only(root: Path, pattern: str) -> Path:
+    matches = list(root.glob(pattern))
+    if len(matches) != 1:
+        raise DecodePackageFormatError(f"a decode package holds one {pattern}, this one {len(matches)}")
+    return matches[0]
+
+
+class DecodePackageFormatError(RuntimeError):
+    """The package's files are not laid out as the builder writes them."""

@@ -24,6 +24,7 @@ from tandem_server.execution.decode_package import KEPT_PACKAGES, DecodePackage,
 from tandem_server.execution.decode_program import flat_inputs, is_steady_single_decode, program_arguments
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
+from tandem_server.freed_memory import return_freed_memory
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 
@@ -57,6 +58,11 @@ class DecodePackageExecutor:
             self._loading = threading.Thread(target=self._obtain, name="decode-package", daemon=True)
             self._loading.start()
 
+    @property
+    def package(self) -> DecodePackage | None:
+        """The loaded package; None until it is loaded."""
+        return self._package
+
     def serves(self, step: PlannedStep) -> bool:
         return self._package is not None and is_steady_single_decode(step.batch, step.prepared.metadata)
 
@@ -89,7 +95,9 @@ class DecodePackageExecutor:
             built = not path.exists()
             if built:
                 _build(self._spec, path)
-            self._package = DecodePackage(path, self._model.spec.num_layers)
+            self._package = DecodePackage(path, self._model, self._model.spec.num_layers)
+            # The package's own copy of the weights, read to find their twins in the model, is freed by now.
+            return_freed_memory()
             self.built = built
             for stale in prune_cache(path):
                 logger.info("decode package: removed %s, the least recently used beyond %d", stale, KEPT_PACKAGES)
@@ -98,10 +106,13 @@ class DecodePackageExecutor:
             logger.warning("decode package: %s; single streams' decode steps stay eager", error)
             return
         logger.info(
-            "decode package: %s %s in %.1fs; single streams' steady decode steps run it",
+            "decode package: %s %s in %.1fs (weights: %.1f MiB shared with the model, %.1f MiB its own); single "
+            "streams' steady decode steps run it",
             "built and loaded" if built else "loaded",
             path,
             time.perf_counter() - started,
+            self._package.shared_bytes / 2**20,
+            self._package.copied_bytes / 2**20,
         )
 
 
