@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,13 @@ def write_tiny_checkpoint(
     config_class: type[PretrainedConfig],
     model_class: type[PreTrainedModel],
     seed: int = 0,
+    randomize: Callable[[PreTrainedModel], None] | None = None,
     **overrides: Any,
 ) -> PreTrainedModel:
     """Saves a small random model of `model_class` (safetensors) into `path` and returns it as the reference.
 
-    Norm weights are randomised too (their init is constant), so a norm loaded wrongly cannot go unnoticed.
+    Norm weights are randomised too (their init is constant), so a norm loaded wrongly cannot go unnoticed;
+    `randomize` changes any other tensor whose init would hide a mistake before the model is saved.
     """
     torch.manual_seed(seed)
     config = config_class(**{**TINY_SETTINGS, **overrides})
@@ -84,6 +87,8 @@ def write_tiny_checkpoint(
         for name, param in reference.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.2)
+        if randomize is not None:
+            randomize(reference)
     reference.save_pretrained(path)
     return reference
 

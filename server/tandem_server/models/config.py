@@ -66,8 +66,9 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
 
 
 def num_experts(hf: dict[str, Any]) -> int:
-    """Routed experts per MoE layer as config.json spells them (`num_local_experts` or `num_experts`); 0: dense."""
-    return int(hf.get("num_local_experts") or hf.get("num_experts") or 0)
+    """Routed experts per MoE layer as config.json spells them (`num_local_experts`, `num_experts` or
+    `n_routed_experts`); 0: dense."""
+    return int(hf.get("num_local_experts") or hf.get("num_experts") or hf.get("n_routed_experts") or 0)
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

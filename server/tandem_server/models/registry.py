@@ -10,6 +10,7 @@ from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.glm4 import Glm4ForCausalLM
+from tandem_server.models.glm4_moe import Glm4MoeForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
@@ -32,6 +33,7 @@ class CausalLMFactory(Protocol):
 MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,

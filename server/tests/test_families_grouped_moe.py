@@ -1,0 +1,117 @@
+"""GLM-4.5 matches transformers over the paged cache: logits of mixed steps and greedy tokens, with grouped sigmoid
+routing whose correction bias and group mask change which experts are chosen, shared experts, and dense first
+layers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits
+from safetensors.torch import save_file
+from shard_testing import load_tiny_model, write_tiny_checkpoint
+from tandem_server.layers.moe.routing import GroupedTopKRouter
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, PreTrainedModel
+
+GROUPED_ROUTING = {
+    "n_routed_experts": 8,
+    "n_group": 4,
+    "topk_group": 2,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 24,
+    "routed_scaling_factor": 2.5,
+}
+FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
+    # Two shared experts, q/k norms and biases, one dense layer before two sparse ones, renormalised weights.
+    "glm4-moe-grouped": (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        {
+            **GROUPED_ROUTING,
+            "num_hidden_layers": 3,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+            "use_qk_norm": True,
+            "attention_bias": True,
+        },
+    ),
+    # Weights left as the scores are (norm_topk_prob off), a quarter of each head rotating, two dense layers.
+    "glm4-moe-unnormalised": (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        {
+            **GROUPED_ROUTING,
+            "num_hidden_layers": 3,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 2,
+            "norm_topk_prob": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        },
+    ),
+}
+# Scale of the random correction biases: comparable to the spread of sigmoid scores, so they change selections.
+CORRECTION_BIAS_SCALE = 0.3
+
+
+def randomize_correction_biases(model: PreTrainedModel) -> None:
+    """Random per-expert correction biases (their init is zero, which would hide a router that ignores them)."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn_like(buffer) * CORRECTION_BIAS_SCALE)
+
+
+def write_family(path: Path, family: str) -> torch.nn.Module:
+    config_class, model_class, overrides = FAMILIES[family]
+    return write_tiny_checkpoint(path, config_class, model_class, randomize=randomize_correction_biases, **overrides)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mixed_steps_match_transformers_logits(tmp_path: Path, family: str) -> None:
+    reference = write_family(tmp_path, family)
+    assert_mixed_steps_match_logits(tmp_path, reference, family)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_generation_matches_transformers_generate(tmp_path: Path, family: str) -> None:
+    reference = write_family(tmp_path, family)
+    assert_greedy_matches_generate(tmp_path, reference, family, eos_token_id=2)
+
+
+def _plain_top_k(router: GroupedTopKRouter, hidden: torch.Tensor, biased: bool) -> list[tuple[int, ...]]:
+    scores = torch.sigmoid(hidden.float() @ router.weight.T)
+    if biased:
+        scores = scores + router.e_score_correction_bias
+    return [tuple(sorted(row)) for row in scores.topk(router.config.top_k, dim=-1)[1].tolist()]
+
+
+def _differing(first: list[tuple[int, ...]], second: list[tuple[int, ...]]) -> int:
+    return sum(a != b for a, b in zip(first, second, strict=True))
+
+
+def test_the_correction_bias_and_the_group_mask_each_change_the_chosen_experts(tmp_path: Path) -> None:
+    # The reference checks above can only catch a router that ignores the bias or the groups if these models route
+    # differently with them: here, on random hidden states, both change the choice of many tokens.
+    write_family(tmp_path, "glm4-moe-grouped")
+    model = load_tiny_model(tmp_path)
+    router = next(module for module in model.modules() if isinstance(module, GroupedTopKRouter))
+    hidden = torch.randn(256, router.weight.shape[1])
+    chosen = [tuple(sorted(row)) for row in router.route(hidden).experts.tolist()]
+    # A quarter of the tokens or more choose differently without either.
+    assert _differing(chosen, _plain_top_k(router, hidden, biased=False)) > 64
+    assert _differing(chosen, _plain_top_k(router, hidden, biased=True)) > 64
+
+
+def test_multi_token_prediction_layers_in_the_checkpoint_are_not_loaded(tmp_path: Path) -> None:
+    # Published GLM-4.5 and DeepSeek-V3 checkpoints append `num_nextn_predict_layers` prediction layers after the
+    # decoder's, numbered on from it; serving never runs them.
+    reference = write_family(tmp_path, "glm4-moe-grouped")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1
+    state = {name: tensor.contiguous() for name, tensor in reference.state_dict().items()}
+    state["model.layers.3.eh_proj.weight"] = torch.randn(64, 128)
+    state["model.layers.3.mlp.experts.0.up_proj.weight"] = torch.randn(24, 64)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert_mixed_steps_match_logits(tmp_path, reference, "glm4-moe with a prediction layer")
