@@ -64,6 +64,18 @@ TINY_SETTINGS: dict[str, Any] = {
 }
 
 
+# Scale of random routing correction biases: comparable to the spread of sigmoid scores, so they change selections.
+CORRECTION_BIAS_SCALE = 0.3
+
+
+def randomize_correction_biases(model: PreTrainedModel) -> None:
+    """Random per-expert routing correction biases (grouped routing's init is zero, which would hide a router that
+    ignores them)."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn_like(buffer) * CORRECTION_BIAS_SCALE)
+
+
 def write_tiny_checkpoint(
     path: Path,
     config_class: type[PretrainedConfig],

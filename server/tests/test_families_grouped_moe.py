@@ -1,6 +1,6 @@
-"""GLM-4.5 matches transformers over the paged cache: logits of mixed steps and greedy tokens, with grouped sigmoid
-routing whose correction bias and group mask change which experts are chosen, shared experts, and dense first
-layers."""
+"""GLM-4.5 and DeepSeek-V3 match transformers over the paged cache: logits of mixed steps and greedy tokens, with
+grouped sigmoid routing whose correction bias and group mask change which experts are chosen, shared experts, dense
+first layers and (DeepSeek-V3) multi-head latent attention with and without a compressed query, with YaRN."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ import pytest
 import torch
 from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits
 from safetensors.torch import save_file
-from shard_testing import load_tiny_model, write_tiny_checkpoint
+from shard_testing import load_tiny_model, randomize_correction_biases, write_tiny_checkpoint
 from tandem_server.layers.moe.routing import GroupedTopKRouter
-from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, PreTrainedModel
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+)
 
 GROUPED_ROUTING = {
     "n_routed_experts": 8,
@@ -23,6 +28,15 @@ GROUPED_ROUTING = {
     "num_experts_per_tok": 3,
     "moe_intermediate_size": 24,
     "routed_scaling_factor": 2.5,
+}
+# MLA's sizes all differ, so a mixed-up dimension cannot pass.
+LATENT_ATTENTION = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 12,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 10,
+    "n_shared_experts": 1,
 }
 FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     # Two shared experts, q/k norms and biases, one dense layer before two sparse ones, renormalised weights.
@@ -51,16 +65,39 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         },
     ),
+    # A compressed query, interleaved rotary pairs, a dense first layer.
+    "deepseek-v3-mla": (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        {**GROUPED_ROUTING, **LATENT_ATTENTION, "num_hidden_layers": 3, "q_lora_rank": 32, "first_k_dense_replace": 1},
+    ),
+    # Queries straight from q_proj (Kimi K2 keeps q_lora_rank; DeepSeek-V2-Lite's form), rotate-half pairs, YaRN of
+    # factor 4 whose mscale_all_dim changes the softmax scale, unnormalised weights, two dense layers.
+    "deepseek-v3-mla-yarn": (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        {
+            **GROUPED_ROUTING,
+            **LATENT_ATTENTION,
+            "num_hidden_layers": 3,
+            "q_lora_rank": None,
+            "first_k_dense_replace": 2,
+            "norm_topk_prob": False,
+            "rope_interleave": False,
+            "attention_bias": True,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            },
+        },
+    ),
 }
-# Scale of the random correction biases: comparable to the spread of sigmoid scores, so they change selections.
-CORRECTION_BIAS_SCALE = 0.3
-
-
-def randomize_correction_biases(model: PreTrainedModel) -> None:
-    """Random per-expert correction biases (their init is zero, which would hide a router that ignores them)."""
-    for name, buffer in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            buffer.copy_(torch.randn_like(buffer) * CORRECTION_BIAS_SCALE)
 
 
 def write_family(path: Path, family: str) -> torch.nn.Module:

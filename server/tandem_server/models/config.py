@@ -37,6 +37,9 @@ class ModelSpec:
     num_kv_heads: int
     head_dim: int
     max_position_embeddings: int
+    # Multi-head latent attention: each layer caches one `head_dim`-wide row per token (a single "kv head") whose first
+    # `latent_dim` features are the compressed latent and the rest the rotary key. None: keys and values per kv head.
+    latent_dim: int | None = None
 
 
 def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
