@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits
+from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits
 from safetensors.torch import save_file
 from shard_testing import load_tiny_model, randomize_correction_biases, write_tiny_checkpoint
 from tandem_server.layers.moe.routing import GroupedTopKRouter
@@ -115,6 +115,17 @@ def test_mixed_steps_match_transformers_logits(tmp_path: Path, family: str) -> N
 def test_greedy_generation_matches_transformers_generate(tmp_path: Path, family: str) -> None:
     reference = write_family(tmp_path, family)
     assert_greedy_matches_generate(tmp_path, reference, family, eos_token_id=2)
+
+
+@pytest.mark.parametrize("family", ["glm4-moe-grouped", "deepseek-v3-mla"])
+def test_bfloat16_steps_stay_within_the_references_own_bfloat16_error(tmp_path: Path, family: str) -> None:
+    # The routers' weights and correction biases stay float32, as the reference keeps them; the latent cache holds
+    # bfloat16 rows.
+    reference = write_family(tmp_path, family)
+    routers = [m for m in load_tiny_model(tmp_path, dtype=torch.bfloat16).modules() if isinstance(m, GroupedTopKRouter)]
+    assert routers
+    assert all(p.dtype == torch.float32 for router in routers for p in router.parameters())
+    assert_mixed_steps_match_logits(tmp_path, reference, f"{family} bfloat16", Target(dtype=torch.bfloat16))
 
 
 def _plain_top_k(router: GroupedTopKRouter, hidden: torch.Tensor, biased: bool) -> list[tuple[int, ...]]:

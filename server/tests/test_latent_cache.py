@@ -1,5 +1,5 @@
 """Multi-head latent attention's paged cache: one row of latent and rotary key per token and layer, sized so at
-Warmup, and served only by the attention backend that reads it."""
+Warmup, served only by the attention backend that reads it, and read back by prefix-cache hits and recomputes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from shard_testing import CPU, load_tiny_model, make_runner, write_tiny_checkpoint
+from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, write_tiny_checkpoint
 from tandem_server.config import CompileMode
-from tandem_server.engine.step import WarmupPlan
+from tandem_server.engine.model_runner import ModelRunner
+from tandem_server.engine.step import ScheduledRequest, StepInput, WarmupPlan
 from tandem_server.errors import ConfigError
 from tandem_server.execution.chain import Execution
 from tandem_server.execution.eager import EagerExecutor
@@ -24,6 +25,7 @@ from tandem_server.layers.attention.selection import (
     needs_from_hf_config,
     select_backend,
 )
+from tandem_server.sampling import SamplingParams
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 KV_LORA_RANK = 16
@@ -116,3 +118,51 @@ def test_latent_caches_run_every_step_eagerly_under_torch_compile(tmp_path: Path
     write_mla(tmp_path)
     execution = Execution.build(load_tiny_model(tmp_path), CPU, mode)
     assert [type(executor) for executor in execution.executors] == [EagerExecutor]
+
+
+PROMPT = [5, 17, 33, 8, 61, 12, 40, 9, 71, 23]
+NEW_TOKENS = 6
+
+
+def _greedy(runner: ModelRunner, request_id: int, blocks: tuple[int, ...], cached: int) -> list[int]:
+    """Greedy tokens of PROMPT for a request whose first `cached` tokens' latents are in its blocks already."""
+    request = new_request(request_id, PROMPT, max_new_tokens=NEW_TOKENS)
+    step = StepInput(
+        new_requests=(request,), scheduled=(ScheduledRequest(request_id, len(PROMPT) - cached, blocks, cached),)
+    )
+    tokens: list[int] = []
+    while True:
+        generation = runner.step(step).generations[0]
+        tokens.append(generation.token_id)
+        if generation.finish_reason is not None:
+            return tokens
+        step = StepInput(scheduled=(ScheduledRequest(request_id, 1, (), len(PROMPT) + len(tokens) - 1),))
+
+
+def test_a_prefix_cache_hit_decodes_from_latents_another_request_wrote(tmp_path: Path) -> None:
+    write_mla(tmp_path)
+    runner = make_runner(tmp_path)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=32, max_batch_requests=4))
+    fresh = _greedy(runner, 1, (0, 1, 2, 3), cached=0)
+    assert _greedy(runner, 2, (4, 5, 6, 7), cached=0) == fresh
+    # Request 3 starts after the 8 tokens request 2 left in blocks 4 and 5, as the router's prefix cache hands them.
+    assert _greedy(runner, 3, (4, 5, 8, 9), cached=8) == fresh
+
+
+def test_a_preempted_request_recomputes_its_latents_and_resumes_with_the_same_tokens(tmp_path: Path) -> None:
+    write_mla(tmp_path)
+    runner = make_runner(tmp_path)
+    runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=32, max_batch_requests=4))
+    sampling = SamplingParams(temperature=1.0, top_k=20, seed=42)
+    uninterrupted = StepDriver(runner, runner.cache.num_blocks, chunk_size=4).run(
+        [new_request(1, PROMPT, max_new_tokens=8, sampling=sampling)]
+    )[1]
+    partial = StepDriver(runner, runner.cache.num_blocks, chunk_size=4, seed=1)
+    partial.step([new_request(2, PROMPT, max_new_tokens=8, sampling=sampling)])
+    while len(partial.tracked[2].generated) < 3:
+        partial.step([])
+    generated = partial.tracked.pop(2).generated
+    runner.step(StepInput(finished=(2,)))
+    recompute = new_request(3, PROMPT + generated, max_new_tokens=8, sampling=sampling, num_output_tokens=3)
+    resumed = StepDriver(runner, runner.cache.num_blocks, chunk_size=16, seed=2).run([recompute])[3]
+    assert generated + resumed == uninterrupted
