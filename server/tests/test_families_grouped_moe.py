@@ -14,6 +14,7 @@ from reference_checks import Target, assert_greedy_matches_generate, assert_mixe
 from safetensors.torch import save_file
 from shard_testing import load_tiny_model, randomize_correction_biases, write_tiny_checkpoint
 from tandem_server.layers.moe.routing import GroupedTopKRouter
+from tandem_server.models import deepseek_v3, glm4_moe
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
@@ -163,3 +164,15 @@ def test_multi_token_prediction_layers_in_the_checkpoint_are_not_loaded(tmp_path
     state["model.layers.3.mlp.experts.0.up_proj.weight"] = torch.randn(24, 64)
     save_file(state, str(tmp_path / "model.safetensors"))
     assert_mixed_steps_match_logits(tmp_path, reference, "glm4-moe with a prediction layer")
+
+
+@pytest.mark.parametrize(
+    ("defaults", "config_class"),
+    [(glm4_moe.CONFIG_DEFAULTS, Glm4MoeConfig), (deepseek_v3.CONFIG_DEFAULTS, DeepseekV3Config)],
+)
+def test_options_config_json_leaves_out_take_transformers_defaults(
+    defaults: dict[str, Any], config_class: type
+) -> None:
+    written = config_class().to_dict()
+    rope = written.get("rope_parameters") or {}
+    assert {key: written.get(key, rope.get(key)) for key in defaults} == defaults

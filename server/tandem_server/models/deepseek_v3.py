@@ -29,11 +29,29 @@ from tandem_server.models.moe_config import (
 )
 from tandem_server.weights.layout import CheckpointLayout
 
+# transformers' defaults for the options config.json may leave out.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rope_interleave": True,
+    "n_group": 8,
+    "topk_group": 4,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "num_nextn_predict_layers": 1,
+}
+
 
 def latent_attention_args(hf: dict[str, Any], rope: RopeConfig) -> LatentAttentionArgs:
-    """The MLA sizes; the softmax scale is `qk_head_dim ** -0.5`, times YaRN's `mscale(factor, mscale_all_dim)`
-    squared when the rope scaling names `mscale_all_dim` (transformers' rule)."""
-    q_lora_rank = hf.get("q_lora_rank")
+    """The MLA sizes (`hf` with CONFIG_DEFAULTS filled in); the softmax scale is `qk_head_dim ** -0.5`, times
+    YaRN's `mscale(factor, mscale_all_dim)` squared when the rope scaling names `mscale_all_dim` (transformers'
+    rule)."""
+    q_lora_rank = hf["q_lora_rank"]
     nope, rope_dim = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
     scale = (nope + rope_dim) ** -0.5
     mscale_all_dim = _rope_parameters(hf).get("mscale_all_dim")
@@ -57,9 +75,10 @@ def _rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def deepseek_v3_args(hf: dict[str, Any]) -> DecoderArgs:
-    """The decoder's sizes: its rotary table covers `qk_rope_head_dim` (interleaved pairs unless `rope_interleave`
-    is off), and the per-head sizes of the cache are MLA's own (`LatentAttentionArgs`)."""
-    rope = replace(RopeConfig.from_hf(hf), interleaved=bool(hf.get("rope_interleave", True)))
+    """The decoder's sizes (`hf` with CONFIG_DEFAULTS filled in): its rotary table covers `qk_rope_head_dim`
+    (interleaved pairs unless `rope_interleave` is off), and the per-head sizes of the cache are MLA's own
+    (`LatentAttentionArgs`)."""
+    rope = replace(RopeConfig.from_hf(hf), interleaved=bool(hf["rope_interleave"]))
     layers = (LayerKind(rope),) * int(hf["num_hidden_layers"])
     return DecoderArgs(
         **{**common_sizes(hf), "head_dim": int(hf["qk_rope_head_dim"])},
@@ -105,8 +124,9 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                 f"multi-head latent attention (MLA) runs on the torch attention backend; the {backend.name} backend "
                 "has no MLA kernel (--attention-backend torch)"
             )
-        args = deepseek_v3_args(hf_config)
-        attention = latent_attention_args(hf_config, args.layers[0].rope)
+        hf = {**CONFIG_DEFAULTS, **hf_config}
+        args = deepseek_v3_args(hf)
+        attention = latent_attention_args(hf, args.layers[0].rope)
 
         def layer(args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> LatentDecoderLayer:
             return LatentDecoderLayer(args, kind, parallel, attention)

@@ -19,13 +19,24 @@ from tandem_server.models.moe_config import (
 )
 from tandem_server.weights.layout import CheckpointLayout
 
-DEFAULT_PARTIAL_ROTARY_FACTOR = 0.5
+# transformers' defaults for the options config.json may leave out.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "partial_rotary_factor": 0.5,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 1,
+}
 
 
-def glm4_moe_args(hf: dict[str, Any]) -> DecoderArgs:
+def glm4_moe_args(config: dict[str, Any]) -> DecoderArgs:
     """GLM-4.5's options: `attention_bias` covers q/k/v only; half of each head rotates unless the rope parameters
     say otherwise; `use_qk_norm` normalises each head's queries and keys."""
-    rope = RopeConfig.from_hf({"partial_rotary_factor": DEFAULT_PARTIAL_ROTARY_FACTOR, **hf})
+    hf = {**CONFIG_DEFAULTS, **config}
+    rope = RopeConfig.from_hf(hf)
     layers = (LayerKind(rope),) * int(hf["num_hidden_layers"])
     return DecoderArgs(
         **common_sizes(hf),

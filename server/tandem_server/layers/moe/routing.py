@@ -109,7 +109,7 @@ class GroupedTopKRouter(nn.Module):
         scores = torch.sigmoid(F.linear(hidden.float(), self.weight))
         biased = scores + self.e_score_correction_bias
         tokens, groups = hidden.shape[0], self.grouped.num_groups
-        by_group = biased.view(tokens, groups, -1)
+        by_group = biased.view(tokens, groups, self.config.num_experts // groups)
         group_scores = by_group.topk(EXPERTS_RANKING_A_GROUP, dim=-1)[0].sum(dim=-1)
         chosen_groups = group_scores.topk(self.grouped.top_groups, dim=-1, sorted=False)[1]
         group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_groups, True)
