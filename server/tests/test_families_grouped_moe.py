@@ -13,8 +13,12 @@ import torch
 from reference_checks import Target, assert_greedy_matches_generate, assert_mixed_steps_match_logits
 from safetensors.torch import save_file
 from shard_testing import load_tiny_model, randomize_correction_biases, write_tiny_checkpoint
+from tandem_server.errors import ConfigError
 from tandem_server.layers.moe.routing import GroupedTopKRouter
 from tandem_server.models import deepseek_v3, glm4_moe
+from tandem_server.models.config import read_checkpoint_config
+from tandem_server.quant.checks import check_expert_weights
+from tandem_server.quant.mode import QuantizeMode
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
@@ -176,3 +180,12 @@ def test_options_config_json_leaves_out_take_transformers_defaults(
     written = config_class().to_dict()
     rope = written.get("rope_parameters") or {}
     assert {key: written.get(key, rope.get(key)) for key in defaults} == defaults
+
+
+def test_quantized_weights_are_refused_for_grouped_moe_models_as_for_every_moe_family(tmp_path: Path) -> None:
+    # config.json spells their expert count `n_routed_experts`; read as 0, the check would let --quantize through.
+    write_family(tmp_path, "deepseek-v3-mla")
+    checkpoint = read_checkpoint_config(tmp_path)
+    assert checkpoint.num_experts == 8
+    with pytest.raises(ConfigError, match="mixture-of-experts model"):
+        check_expert_weights(QuantizeMode.INT8, checkpoint)
