@@ -74,7 +74,7 @@ def test_kv_bytes_per_token_are_the_latent_and_rotary_key_of_each_layer(tmp_path
         assert isinstance(layer, LatentLayerCache)
         assert tuple(layer.key.shape[1:]) == (cache.block_size, 1, KV_LORA_RANK + QK_ROPE_HEAD_DIM)
         assert layer.value.data_ptr() == layer.key.data_ptr()
-        assert layer.latent_dim == KV_LORA_RANK
+        assert layer.value.shape[-1] == KV_LORA_RANK
 
 
 def test_a_latent_block_is_sized_as_one_row_per_token_and_layer() -> None:

@@ -21,10 +21,6 @@ class LatentLayerCache(LayerCache):
         """The layer cache over `rows` `[blocks, block_size, 1, latent_dim + rope_dim]`."""
         return cls(key=rows, value=rows[..., :latent_dim])
 
-    @property
-    def latent_dim(self) -> int:
-        return self.value.shape[-1]
-
     def flat_rows(self) -> torch.Tensor:
         """Every slot's row `[slots, latent_dim + rope_dim]` (slot = block * block_size + offset), as a view."""
         return self.key.view(-1, self.key.shape[-1])
