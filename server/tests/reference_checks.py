@@ -96,7 +96,7 @@ def assert_mixed_steps_match_logits(
     bounds = target.bounds(reference, sequences)
 
     spec = model.spec
-    geometry = CacheGeometry(spec.num_layers, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim, target.dtype)
+    geometry = CacheGeometry.of(spec, BLOCK_SIZE, target.dtype)
     cache = KVCache(geometry, num_blocks=24, device=target.device)
     shuffled = list(range(24))
     rng.shuffle(shuffled)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,16 +64,30 @@ TINY_SETTINGS: dict[str, Any] = {
 }
 
 
+# Scale of random routing correction biases: comparable to the spread of sigmoid scores, so they change selections.
+CORRECTION_BIAS_SCALE = 0.3
+
+
+def randomize_correction_biases(model: PreTrainedModel) -> None:
+    """Random per-expert routing correction biases (grouped routing's init is zero, which would hide a router that
+    ignores them)."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.randn_like(buffer) * CORRECTION_BIAS_SCALE)
+
+
 def write_tiny_checkpoint(
     path: Path,
     config_class: type[PretrainedConfig],
     model_class: type[PreTrainedModel],
     seed: int = 0,
+    randomize: Callable[[PreTrainedModel], None] | None = None,
     **overrides: Any,
 ) -> PreTrainedModel:
     """Saves a small random model of `model_class` (safetensors) into `path` and returns it as the reference.
 
-    Norm weights are randomised too (their init is constant), so a norm loaded wrongly cannot go unnoticed.
+    Norm weights are randomised too (their init is constant), so a norm loaded wrongly cannot go unnoticed;
+    `randomize` changes any other tensor whose init would hide a mistake before the model is saved.
     """
     torch.manual_seed(seed)
     config = config_class(**{**TINY_SETTINGS, **overrides})
@@ -84,6 +99,8 @@ def write_tiny_checkpoint(
         for name, param in reference.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.2)
+        if randomize is not None:
+            randomize(reference)
     reference.save_pretrained(path)
     return reference
 

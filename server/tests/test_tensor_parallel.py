@@ -13,7 +13,7 @@ from fp8_testing import write_fp8_checkpoint
 from gguf_testing import write_tiny_llama_gguf
 from safetensors import safe_open
 from safetensors.torch import save_file
-from shard_testing import write_tiny_llama
+from shard_testing import randomize_correction_biases, write_tiny_llama
 from tandem_launcher.embedded import convert_gguf
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
@@ -25,6 +25,10 @@ from tandem_server.weights import loader as weights_loader
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
 from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Phi3Config,
@@ -58,6 +62,8 @@ FAMILY_VARIANTS = (
     "qwen3-moe-uneven",
     "qwen2-moe-shared",
     f"{COMPILED_PREFIX}qwen3-moe-uneven",
+    "glm4-moe-grouped",
+    "deepseek-v3-mla",
 )
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
@@ -74,6 +80,9 @@ EXPECTED_KV_HEADS = {
     "qwen3-moe-uneven": (1, 1),
     "qwen2-moe-shared": (1, 1),
     f"{COMPILED_PREFIX}qwen3-moe-uneven": (1, 1),
+    "glm4-moe-grouped": (1, 1),
+    # Each rank's cache holds the whole latent: one row per token, whatever its heads.
+    "deepseek-v3-mla": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -221,11 +230,33 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
                                                                  moe_intermediate_size=32,
                                                                  shared_expert_intermediate_size=48)),
     }  # fmt: skip
+    # Grouped routing with a router and correction bias whole on every rank; MLA splits its heads and keeps the latent
+    # projections whole.
+    grouped = {
+        **small,
+        **sizes,
+        "intermediate_size": 96,
+        "n_routed_experts": 8,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 36,
+        "routed_scaling_factor": 2.5,
+    }
+    configs["glm4-moe-grouped"] = (Glm4MoeForCausalLM, Glm4MoeConfig(**grouped, n_shared_experts=2))
+    latent = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10}
+    configs["deepseek-v3-mla"] = (
+        DeepseekV3ForCausalLM,
+        DeepseekV3Config(**{**grouped, "num_key_value_heads": 4}, **latent, n_shared_experts=1),
+    )
     # --torch-compile: the MoE blocks' dispatch and all-reduce inside each rank's compiled stages and decode graphs.
     configs[f"{COMPILED_PREFIX}qwen3-moe-uneven"] = configs["qwen3-moe-uneven"]
     for name, (model_class, config) in configs.items():
         torch.manual_seed(0)
-        model_class(config).eval().save_pretrained(root / name)
+        model = model_class(config).eval()
+        with torch.no_grad():
+            randomize_correction_biases(model)
+        model.save_pretrained(root / name)
 
 
 def _weight_names(checkpoint: Path) -> list[str]:

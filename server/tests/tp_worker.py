@@ -36,9 +36,7 @@ COMPILED_PREFIX = "compiled-"
 @torch.inference_mode()
 def prompt_logits(model: CausalLM) -> torch.Tensor:
     """Logits of every prompt position, computed through a paged cache with non-contiguous blocks."""
-    geometry = CacheGeometry(
-        model.spec.num_layers, BLOCK_SIZE, model.spec.num_kv_heads, model.spec.head_dim, torch.float32
-    )
+    geometry = CacheGeometry.of(model.spec, BLOCK_SIZE, torch.float32)
     cache = KVCache(geometry, num_blocks=4, device=torch.device("cpu"))
     batch = build_step_batch([ScheduledSpan(PROMPT, 0, [2, 0, 3])], BLOCK_SIZE, torch.device("cpu"))
     return model.compute_logits(forward_step(model, batch, cache.layers))

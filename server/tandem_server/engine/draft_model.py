@@ -69,7 +69,7 @@ class DraftModel:
 
     def geometry(self, block_size: int) -> CacheGeometry:
         spec = self.model.spec
-        return CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
+        return CacheGeometry.of(spec, block_size, self.cache_dtype)
 
     def bind(self, cache: KVCache, plan: ExecutionPlan) -> None:
         """Drafts into `cache` from now on, in forward passes of at most the plan's tokens; nothing written before

@@ -168,7 +168,7 @@ class ModelRunner:
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
-        geometry = CacheGeometry(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, self.cache_dtype)
+        geometry = CacheGeometry.of(spec, block_size, self.cache_dtype)
         options = self.options
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
         shapes = graph_shapes(options.cuda_graph_sizes, plan.max_drafts, drafting_requests)

@@ -4,6 +4,7 @@ steps. The engine reaches the executors and the backend's lifecycle only through
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -22,6 +23,8 @@ from tandem_server.execution.protocol import ExecutionPlan, PlannedStep, StepExe
 from tandem_server.layers.attention import KeepsStepState, LayerCache
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
+
+logger = logging.getLogger(__name__)
 
 _Executor = TypeVar("_Executor")
 
@@ -51,6 +54,10 @@ class Execution:
         executors: list[StepExecutor] = []
         if device.type == "cuda":
             executors.append(CudaGraphExecutor(model, device))
+        if compile_mode is not CompileMode.OFF and model.spec.latent_dim is not None:
+            # The compiled graphs run steady decodes on the decode mirror, which latent caches do not keep.
+            logger.info("--torch-compile off: multi-head latent attention decodes eagerly from its latent cache")
+            compile_mode = CompileMode.OFF
         if compile_mode is CompileMode.BACKGROUND and decode_package is not None:
             executors.append(DecodePackageExecutor(model, decode_package))
         elif compile_mode is not CompileMode.OFF:

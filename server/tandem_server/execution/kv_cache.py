@@ -1,4 +1,5 @@
-"""The paged KV cache: per layer, key and value tensors `[num_blocks + 1, block_size, kv_heads, head_dim]`."""
+"""The paged KV cache: per layer, key and value tensors `[num_blocks + 1, block_size, kv_heads, head_dim]`, or for
+multi-head latent attention one tensor of latent and rotary-key rows `[num_blocks + 1, block_size, 1, head_dim]`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem_server.layers.attention import LayerCache
+from tandem_server.layers.attention.latent_cache import LatentLayerCache
 from tandem_server.lazy_zeros import lazy_zeros
+from tandem_server.models.config import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -19,11 +22,27 @@ class CacheGeometry:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    # Set for a multi-head latent attention model (`ModelSpec.latent_dim`): one row per token, no separate values.
+    latent_dim: int | None = None
+
+    @classmethod
+    def of(cls, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> CacheGeometry:
+        """The geometry of `spec`'s cache in blocks of `block_size` tokens kept in `dtype`."""
+        return cls(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype, spec.latent_dim)
+
+    @property
+    def tensors_per_layer(self) -> int:
+        return 1 if self.latent_dim is not None else 2
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes in the cache, all layers together."""
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return self.tensors_per_layer * self.num_layers * self.num_kv_heads * self.head_dim * element_size
 
     @property
     def bytes_per_block(self) -> int:
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element_size
+        return self.block_size * self.bytes_per_token
 
 
 class KVCache:
@@ -36,11 +55,14 @@ class KVCache:
         self.geometry = geometry
         self.num_blocks = num_blocks
         shape = (num_blocks + 1, geometry.block_size, geometry.num_kv_heads, geometry.head_dim)
-        self.layers = [
+        latent_dim = geometry.latent_dim
+        self.layers: list[LayerCache] = [
             LayerCache(
                 key=lazy_zeros(shape, geometry.dtype, device),
                 value=lazy_zeros(shape, geometry.dtype, device),
             )
+            if latent_dim is None
+            else LatentLayerCache.of(lazy_zeros(shape, geometry.dtype, device), latent_dim)
             for _ in range(geometry.num_layers)
         ]
 

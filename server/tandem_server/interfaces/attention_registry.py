@@ -44,6 +44,7 @@ TORCH_CAPABILITIES = BackendCapabilities(
     kernel="the torch backend",
     devices=("cuda", "cpu"),
     other_kv_cache_dtype=True,
+    latent_attention=True,
     auto_priority={"cuda": 40, "cpu": 40},
 )
 SDPA_CAPABILITIES = BackendCapabilities(

@@ -37,6 +37,9 @@ class ModelSpec:
     num_kv_heads: int
     head_dim: int
     max_position_embeddings: int
+    # Multi-head latent attention: each layer caches one `head_dim`-wide row per token (a single "kv head") whose first
+    # `latent_dim` features are the compressed latent and the rest the rotary key. None: keys and values per kv head.
+    latent_dim: int | None = None
 
 
 def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
@@ -66,8 +69,9 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
 
 
 def num_experts(hf: dict[str, Any]) -> int:
-    """Routed experts per MoE layer as config.json spells them (`num_local_experts` or `num_experts`); 0: dense."""
-    return int(hf.get("num_local_experts") or hf.get("num_experts") or 0)
+    """Routed experts per MoE layer as config.json spells them (`num_local_experts`, `num_experts` or
+    `n_routed_experts`); 0: dense."""
+    return int(hf.get("num_local_experts") or hf.get("num_experts") or hf.get("n_routed_experts") or 0)
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

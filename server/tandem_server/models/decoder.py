@@ -229,7 +229,9 @@ def feed_forward(args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) 
     return SparseMoeBlock(args.hidden_size, args.moe, args.hidden_act, parallel)
 
 
-LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], StagedLayer]
+# A layer called as `layer(hidden, rotation, cache, metadata, backend)`: a `StagedLayer`, or a layer whose attention
+# is not the backend's (multi-head latent attention).
+LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], nn.Module]
 
 
 class DecoderModel(nn.Module):

@@ -7,7 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from tandem_server.errors import ConfigError
-from tandem_server.layers.moe import RouterConfig
+from tandem_server.layers.moe import MoeArgs, RouterConfig
+from tandem_server.layers.moe.routing import GroupedTopK
 from tandem_server.models.config import num_experts
 from tandem_server.models.decoder import LayerKind
 from tandem_server.weights.layout import ExpertStack
@@ -49,3 +50,32 @@ def stacked_experts(hf: dict[str, Any]) -> tuple[ExpertStack, ...]:
         ExpertStack("mlp.experts.gate_up_proj", experts, (expert + "gate_proj.weight", expert + "up_proj.weight")),
         ExpertStack("mlp.experts.down_proj", experts, (expert + "down_proj.weight",)),
     )
+
+
+def grouped_moe_args(hf: dict[str, Any]) -> MoeArgs:
+    """DeepSeek-V3's and GLM-4.5's MoE block: the grouped sigmoid router (`n_group`, `topk_group`,
+    `routed_scaling_factor`, `norm_topk_prob`) and `n_shared_experts` always-on shared experts; `hf` has the family's
+    defaults filled in."""
+    grouped = GroupedTopK(int(hf["n_group"]), int(hf["topk_group"]), float(hf["routed_scaling_factor"]))
+    experts = num_experts(hf)
+    if experts < 1:
+        raise ConfigError(f"{hf['architectures'][0]} needs n_routed_experts of at least 1")
+    router = RouterConfig(experts, int(hf["num_experts_per_tok"]), bool(hf["norm_topk_prob"]), grouped)
+    intermediate = int(hf["moe_intermediate_size"])
+    shared = intermediate * int(hf["n_shared_experts"] or 0)
+    return MoeArgs(router, intermediate, shared_experts_intermediate_size=shared)
+
+
+def after_first_dense(hf: dict[str, Any]) -> tuple[bool, ...]:
+    """DeepSeek-V3's and GLM-4.5's rule: the first `first_k_dense_replace` layers are dense, the rest sparse."""
+    num_layers = int(hf["num_hidden_layers"])
+    first_sparse = int(hf["first_k_dense_replace"] or 0)
+    return tuple(layer >= first_sparse for layer in range(num_layers))
+
+
+def prediction_layer_prefixes(hf: dict[str, Any]) -> tuple[str, ...]:
+    """The checkpoint names of the multi-token prediction layers published checkpoints append after the decoder
+    (`num_nextn_predict_layers` of them, numbered from `num_hidden_layers`), which serving never runs."""
+    num_layers = int(hf["num_hidden_layers"])
+    extra = int(hf["num_nextn_predict_layers"] or 0)
+    return tuple(f"model.layers.{layer}." for layer in range(num_layers, num_layers + extra))

@@ -8,8 +8,10 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import UnsupportedArchitectureError
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.causal_lm import CausalLM
+from tandem_server.models.deepseek_v3 import DeepseekV3ForCausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.glm4 import Glm4ForCausalLM
+from tandem_server.models.glm4_moe import Glm4MoeForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
@@ -30,8 +32,10 @@ class CausalLMFactory(Protocol):
 
 
 MODEL_FAMILIES: dict[str, CausalLMFactory] = {
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,

@@ -42,10 +42,12 @@ class ExpertStack:
 
 @dataclass(frozen=True)
 class CheckpointLayout:
-    """Tensors to skip (a tied head's duplicate), names to rewrite, and fused tensors and expert stacks to split
-    before per-rank slicing; a name is rewritten first, then skipped or split."""
+    """Tensors to skip (a tied head's duplicate; every tensor under a skipped prefix, such as the multi-token
+    prediction layers served models never run), names to rewrite, and fused tensors and expert stacks to split before
+    per-rank slicing; a name is rewritten first, then skipped or split."""
 
     skipped: frozenset[str] = frozenset()
+    skipped_prefixes: tuple[str, ...] = ()
     fused: tuple[FusedTensor, ...] = field(default=())
     renamed: tuple[Renamed, ...] = field(default=())
     expert_stacks: tuple[ExpertStack, ...] = field(default=())
@@ -53,7 +55,7 @@ class CheckpointLayout:
     def parameter_tensors(self, name: str, tensor: CheckpointTensor) -> Iterator[tuple[str, CheckpointTensor]]:
         """The `(parameter name, unread tensor)` pairs that checkpoint tensor `name` supplies."""
         name = self._renamed(name)
-        if name in self.skipped:
+        if self._skips(name):
             return
         for fused in self.fused:
             if name.endswith(fused.suffix):
@@ -69,7 +71,7 @@ class CheckpointLayout:
     def parameter_names(self, name: str) -> list[str]:
         """The parameters checkpoint tensor `name` supplies, in stacking order (several for a fused tensor)."""
         name = self._renamed(name)
-        if name in self.skipped:
+        if self._skips(name):
             return []
         for fused in self.fused:
             if name.endswith(fused.suffix):
@@ -84,12 +86,15 @@ class CheckpointLayout:
         an expert stack's parts are not rows of one matrix, and quantized checkpoints of experts are refused)."""
         renamed = self._renamed(name)
         for fused in self.fused:
-            if renamed.endswith(fused.suffix) and renamed not in self.skipped:
+            if renamed.endswith(fused.suffix) and not self._skips(renamed):
                 offsets = [0]
                 for _, rows in fused.parts[:-1]:
                     offsets.append(offsets[-1] + rows)
                 return list(zip(self.parameter_names(name), offsets, strict=True))
         return [(param, 0) for param in self.parameter_names(name)]
+
+    def _skips(self, name: str) -> bool:
+        return name in self.skipped or name.startswith(self.skipped_prefixes)
 
     def _renamed(self, name: str) -> str:
         for rule in self.renamed:

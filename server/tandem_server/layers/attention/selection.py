@@ -36,6 +36,8 @@ class AttentionNeeds:
     # Tokens per KV block the router pages with; None: not known before Warmup.
     block_size: int | None = None
     sliding_window: bool = False
+    # Multi-head latent attention (DeepSeek-V3's MLA): the cache holds a latent per token, not per-head K and V.
+    latent_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def needs_from_hf_config(
     windows = "sliding_attention" in layer_types or (
         bool(hf.get("sliding_window")) and hf.get("use_sliding_window") is not False
     )
-    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows)
+    latent = hf.get("kv_lora_rank") is not None
+    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, latent)
 
 
 def detect_packages(device: str, registry: BackendRegistry = ATTENTION_REGISTRY) -> ProbedPackages:
@@ -134,6 +137,8 @@ def _model_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -> 
         return f"{kernel} cannot apply attention logit softcapping"
     if needs.sliding_window and not capabilities.sliding_window:
         return f"{kernel} cannot apply sliding windows"
+    if needs.latent_attention and not capabilities.latent_attention:
+        return f"{kernel} has no multi-head latent attention (MLA) path"
     return None
 
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tandem_server.interfaces.attention import BackendSettings
 from tandem_server.interfaces.attention_registry import TORCH_CAPABILITIES
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep, write_step_kv
+from tandem_server.layers.attention.latent_cache import LatentLayerCache
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
 from tandem_server.layers.attention.torch_metadata import (
@@ -79,9 +80,10 @@ class TorchAttentionBackend:
         self.mirror: DecodeMirror | None = None
 
     def bind_cache(self, layers: Sequence[LayerCache]) -> None:
-        """A fresh mirror for the new cache's layers when the budget allows one."""
+        """A fresh mirror for the new cache's layers when the budget allows one; latent (MLA) caches decode from
+        their blocks, as their attention reads the slot lists alone."""
         self.mirror = None
-        if self.decode_mirror_memory > 0 and layers:
+        if self.decode_mirror_memory > 0 and layers and not isinstance(layers[0], LatentLayerCache):
             device = layers[0].key.device
             self.mirror = DecodeMirror(MirrorGeometry.of(layers), self.decode_mirror_memory, device)
 

@@ -11,17 +11,19 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.layers.linear import ReplicatedLinear
 from tandem_server.layers.mlp import GatedMLP
 from tandem_server.layers.moe.experts import RoutedExperts
-from tandem_server.layers.moe.routing import RouterConfig, TopKRouter
+from tandem_server.layers.moe.routing import RouterConfig, build_router
 
 
 @dataclass(frozen=True)
 class MoeArgs:
     """A family's MoE block: its router, each routed expert's intermediate size, and Qwen2-MoE's shared expert (an
-    always-on gated MLP scaled by `sigmoid(shared_expert_gate(x))`; 0: none)."""
+    always-on gated MLP scaled by `sigmoid(shared_expert_gate(x))`; 0: none) or DeepSeek-V3's and GLM-4.5's shared
+    experts (one always-on MLP of `n_shared_experts` experts' width, added unscaled; 0: none)."""
 
     router: RouterConfig
     intermediate_size: int
     shared_intermediate_size: int = 0
+    shared_experts_intermediate_size: int = 0
 
 
 class SparseMoeBlock(nn.Module):
@@ -38,12 +40,16 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.parallel = parallel
         self.top_k = moe.router.top_k
-        self.gate = TopKRouter(hidden_size, moe.router)
+        self.gate = build_router(hidden_size, moe.router)
         self.experts = RoutedExperts(moe.router.num_experts, hidden_size, moe.intermediate_size, hidden_act, parallel)
         self.shared_expert: GatedMLP | None = None
         if moe.shared_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, moe.shared_intermediate_size, False, hidden_act, parallel)
             self.shared_expert_gate = ReplicatedLinear(hidden_size, 1)
+        self.shared_experts: GatedMLP | None = None
+        if moe.shared_experts_intermediate_size:
+            shared_size = moe.shared_experts_intermediate_size
+            self.shared_experts = GatedMLP(hidden_size, shared_size, False, hidden_act, parallel)
         self.register_buffer("expert_tokens", torch.zeros(moe.router.num_experts, dtype=torch.int64), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -55,6 +61,8 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None:
             # sigmoid(gate) scales every rank's term alike, so scaling before the sum over ranks is exact.
             out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert.partial_sum(hidden)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts.partial_sum(hidden)
         return self.parallel.all_reduce(out)
 
     def inactive_parameter_count(self) -> int:

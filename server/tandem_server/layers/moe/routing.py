@@ -5,25 +5,64 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.linear import ReplicatedLinear
+from tandem_server.weights.slicing import load_full
+
+# Experts of each group whose scores rank the group (transformers' constant for grouped top-k).
+EXPERTS_RANKING_A_GROUP = 2
+# Keeps a renormalisation by a zero sum finite, as the reference adds it.
+NORMALIZE_EPSILON = 1e-20
+
+
+@dataclass(frozen=True)
+class GroupedTopK:
+    """DeepSeek-V3's and GLM-4.5's selection (`noaux_tc`): sigmoid scores, each expert's plus a correction bias,
+    choose the `top_groups` of `num_groups` equal groups whose best two experts score highest, then the top k experts
+    inside them. The bias only chooses: the weights are the chosen experts' unbiased scores (renormalised when the
+    router says so), times `scaling_factor`."""
+
+    num_groups: int
+    top_groups: int
+    scaling_factor: float = 1.0
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     """A softmax router: probabilities over all experts, the `top_k` largest kept, renormalised to sum to one when
-    `normalize_top_k` (Mixtral always; Qwen-MoE and OLMoE per `norm_topk_prob`)."""
+    `normalize_top_k` (Mixtral always; Qwen-MoE and OLMoE per `norm_topk_prob`). With `grouped`, the grouped sigmoid
+    selection instead."""
 
     num_experts: int
     top_k: int
     normalize_top_k: bool
+    grouped: GroupedTopK | None = None
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok is {self.top_k} with {self.num_experts} experts; each token needs between 1 "
                 "and that many experts"
+            )
+        grouped = self.grouped
+        if grouped is None:
+            return
+        if grouped.num_groups < 1 or self.num_experts % grouped.num_groups:
+            raise ConfigError(f"n_group {grouped.num_groups} does not divide {self.num_experts} experts evenly")
+        if not 1 <= grouped.top_groups <= grouped.num_groups:
+            raise ConfigError(f"topk_group is {grouped.top_groups}; it must be between 1 and n_group")
+        per_group = self.num_experts // grouped.num_groups
+        if per_group < EXPERTS_RANKING_A_GROUP:
+            raise ConfigError(
+                f"{per_group} experts per group; grouped routing ranks each group by its best {EXPERTS_RANKING_A_GROUP}"
+            )
+        if self.top_k > grouped.top_groups * per_group:
+            raise ConfigError(
+                f"num_experts_per_tok {self.top_k} exceeds the {grouped.top_groups * per_group} experts of the "
+                f"topk_group {grouped.top_groups} groups a token may use"
             )
 
 
@@ -50,6 +89,47 @@ class TopKRouter(ReplicatedLinear):
         if self.config.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return Routing(experts, weights.to(hidden.dtype))
+
+
+class GroupedTopKRouter(nn.Module):
+    """The grouped sigmoid router; its weight and correction bias stay float32 whatever the model's dtype, as the
+    reference keeps them, and the scores are computed in float32."""
+
+    def __init__(self, hidden_size: int, config: RouterConfig) -> None:
+        super().__init__()
+        if config.grouped is None:
+            raise ValueError("invariant: a grouped router is built from a grouped config")
+        self.config = config
+        self.grouped = config.grouped
+        self.weight = _float32_parameter((config.num_experts, hidden_size))
+        self.e_score_correction_bias = _float32_parameter((config.num_experts,))
+
+    def route(self, hidden: torch.Tensor) -> Routing:
+        """The top k of the biased scores within the best groups, weighted by their unbiased scores."""
+        scores = torch.sigmoid(F.linear(hidden.float(), self.weight))
+        biased = scores + self.e_score_correction_bias
+        tokens, groups = hidden.shape[0], self.grouped.num_groups
+        by_group = biased.view(tokens, groups, self.config.num_experts // groups)
+        group_scores = by_group.topk(EXPERTS_RANKING_A_GROUP, dim=-1)[0].sum(dim=-1)
+        chosen_groups = group_scores.topk(self.grouped.top_groups, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_groups, True)
+        eligible = biased.masked_fill(~group_mask.unsqueeze(-1).expand_as(by_group).reshape(tokens, -1), -torch.inf)
+        experts = eligible.topk(self.config.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, experts)
+        if self.config.normalize_top_k:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + NORMALIZE_EPSILON)
+        return Routing(experts, (weights * self.grouped.scaling_factor).to(hidden.dtype))
+
+
+def _float32_parameter(shape: tuple[int, ...]) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(shape, dtype=torch.float32), requires_grad=False)
+    param.weight_loader = load_full  # type: ignore[attr-defined]  # a loading tag carried on the parameter
+    return param
+
+
+def build_router(hidden_size: int, config: RouterConfig) -> TopKRouter | GroupedTopKRouter:
+    """The router `config` describes: softmax top-k, or the grouped sigmoid selection."""
+    return TopKRouter(hidden_size, config) if config.grouped is None else GroupedTopKRouter(hidden_size, config)
 
 
 @dataclass(frozen=True)
