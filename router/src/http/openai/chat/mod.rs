@@ -21,7 +21,6 @@ use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest};
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
-use crate::tools::ToolPlan;
 
 /// `POST /v1/chat/completions`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest, responses(
@@ -40,7 +39,11 @@ pub async fn completions(
         StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
     let config = &state.config;
-    let plan = request.into_plan(&config.request_limits, &config.default_sampling)?;
+    let plan = request.into_plan(
+        &config.request_limits,
+        &config.default_sampling,
+        config.tool_format,
+    )?;
     let generations = AdmittedRequest::start_siblings(
         state.engine(),
         "chat_completions",
@@ -61,7 +64,7 @@ pub async fn completions(
         ));
     }
     let completed = collect_siblings(generations).await?;
-    let may_call_tools = plan.tool_plan.as_ref().is_some_and(ToolPlan::may_call);
-    let body = ChatCompletion::new(meta, completed, decoding.as_deref(), may_call_tools);
+    let callable = plan.tool_plan.as_ref().filter(|tools| tools.may_call());
+    let body = ChatCompletion::new(meta, completed, decoding.as_deref(), callable);
     Ok(Json(body).into_response())
 }
