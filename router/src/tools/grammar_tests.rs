@@ -69,7 +69,7 @@ fn hermes_auto_is_free_text_until_the_trigger_then_a_forced_call() {
     ));
     assert!(accepts(&auto, &hermes("now", "{}")));
     assert!(
-        !accepts(&auto, "Let me check.<tool_call>\n{\"name\": \"rm\""),
+        !accepts(&auto, &format!("Let me check.{}", hermes("rm", "{}"))),
         "undeclared name"
     );
     assert!(!accepts(

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: the request body (`request.rs`), the whole completion
 //! (`response.rs`) and the streamed chunks (`streaming.rs`), joined by the handler here.
 
+mod render;
 mod request;
 mod response;
 mod streaming;
@@ -11,6 +12,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+pub use render::render_chat_request;
 pub use request::ChatRequest;
 pub use response::ChatCompletion;
 pub use streaming::ChatChunks;
