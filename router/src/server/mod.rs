@@ -5,6 +5,8 @@ mod chat_tests;
 mod serving;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tool_format_tests;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
