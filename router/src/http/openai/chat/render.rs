@@ -14,8 +14,8 @@ pub fn render_chat_request(
     eos_token: Option<String>,
     body: &str,
 ) -> Result<String, String> {
-    let template_text = template.to_owned();
-    let chat = ChatTemplate::new(template_text, bos_token, eos_token).map_err(|e| e.to_string())?;
+    let chat =
+        ChatTemplate::new(template.to_owned(), bos_token, eos_token).map_err(|e| e.to_string())?;
     let request: ChatRequest = serde_json::from_str(body).map_err(|e| e.to_string())?;
     let format = ToolFormat::text(ToolFamily::of_template(template));
     let plan = request
