@@ -24,13 +24,13 @@ test-rust:
 	cargo test --workspace
 
 test-python: install
-	$(UV) run --no-sync pytest --durations=30 server/tests launcher/tests benchmark/tests scripts/tests integration-tests charts/tests
+	$(UV) run --no-sync pytest --durations=30 server/tests launcher/tests benchmark/tests scripts/tests router/python/tests integration-tests charts/tests
 
 test: lint test-rust test-python
 
 # The unit tier: every Python test not marked e2e or slow (see conftest.py), a few minutes on 2 cores.
 test-fast: install
-	$(UV) run --no-sync pytest -m "not e2e and not slow" server/tests launcher/tests benchmark/tests scripts/tests
+	$(UV) run --no-sync pytest -m "not e2e and not slow" server/tests launcher/tests benchmark/tests scripts/tests router/python/tests
 
 # Starts Tandem on a free port, runs the standard suite against its peers (ARGS="--llama-server PATH ..."; about
 # 45 minutes on 2 cores with llama-server) and rewrites the README's benchmark table and chart; results.json and the

@@ -80,7 +80,7 @@ class Forwarded:
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value` (an env var's value escapes argparse's choices), or None."""
-        if self.choices is not None and value not in self.choices:
+        if self.choices is not None and value is not None and value not in self.choices:
             return f"{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
         return None if self.check is None else self.check(self.flag, value)
 

@@ -21,6 +21,8 @@ from tandem_launcher.forwarded import (
 ROUTER = Child.ROUTER
 # Whether the model's generation_config.json sets OpenAI requests' sampling defaults.
 GENERATION_CONFIG_USES = ("auto", "none")
+# vLLM's parser names for the tool-call syntaxes the router speaks, and Tandem's own.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "tandem")
 
 
 def _readable_file(flag: str, value: Any) -> str | None:
@@ -132,6 +134,12 @@ API = (
         check=_readable_file,
     ),
     switch("--disable-chat-completions", ROUTER, "serve no chat (the chat routes answer 400)"),
+    Forwarded(
+        "--tool-call-parser", ROUTER, str, None,
+        "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]) or tandem (Tandem's own, "
+        "taught in a system message); unset: the one the model's chat template writes",
+        choices=TOOL_CALL_PARSERS,
+    ),
     Forwarded(
         "--generation-config", ROUTER, str, "auto",
         "auto: OpenAI requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset use the values "

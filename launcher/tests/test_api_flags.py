@@ -37,14 +37,15 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
     assert {flag: _value(argv, flag) for flag in expected} == expected
     forwarded = config.forwarded
     assert (forwarded["max_best_of"], forwarded["payload_limit"], forwarded["chat_template"]) == (2, 2_000_000, None)
-    for absent in ("--always-include-usage", "--disable-chat-completions", "--chat-template"):
+    for absent in ("--always-include-usage", "--disable-chat-completions", "--chat-template", "--tool-call-parser"):
         assert absent not in argv
 
 
 def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     template = tmp_path / "chat.jinja"
     template.write_text("{{ messages[0].content }}")
-    argv = ["--max-best-of", "3", "--payload-limit", "1000", "--always-include-usage", "--chat-template", str(template)]
+    argv = ["--max-best-of", "3", "--payload-limit", "1000", "--always-include-usage", "--chat-template", str(template),
+            "--tool-call-parser", "llama3_json"]  # fmt: skip
     environ = {
         "MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6",
         "GENERATION_CONFIG": "none",
@@ -59,6 +60,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     assert _value(router, "--chat-template") == str(template)
     assert "--always-include-usage" in router and "--disable-chat-completions" in router
     assert _value(router, "--generation-config") == "none"
+    assert _value(router, "--tool-call-parser") == "llama3_json"
 
 
 @pytest.mark.parametrize(
@@ -71,6 +73,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         (["--speculate", "-1"], "--speculate must not be negative"),
         (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
         (["--generation-config", "vllm"], "--generation-config"),
+        (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
     ],
 )
 def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

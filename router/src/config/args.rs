@@ -9,6 +9,7 @@ use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
+use crate::tools::ToolCallParser;
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
 #[derive(Debug, Clone, Parser)]
@@ -156,6 +157,10 @@ pub struct ApiArgs {
     /// A Jinja chat template file used instead of the model's own.
     #[arg(long, env = "CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// The tool-call syntax (vLLM's parser names): hermes, llama3_json, mistral, or tandem
+    /// (Tandem's own, taught in a system message). Unset: the one the chat template writes.
+    #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
+    pub tool_call_parser: Option<ToolCallParser>,
     /// Serve no chat: /v1/chat/completions, /v1/messages and /v1/responses answer 400. A model
     /// without a chat template starts either way.
     #[arg(long, env = "DISABLE_CHAT_COMPLETIONS")]

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::RouterConfig;
 use crate::http::{HandlerConfig, ServerInfo, VALIDATION_WORKERS};
 use crate::scheduler::SchedulerConfig;
+use crate::tools::ToolFormat;
 use crate::validation::{self, SamplingDefaults};
 
 /// The served model as the shards describe it, for `/info`.
@@ -48,8 +49,12 @@ impl RouterConfig {
     }
 
     /// What the handlers enforce and apply; OpenAI requests sample with `default_sampling`
-    /// where they set nothing.
-    pub fn handler_config(&self, default_sampling: SamplingDefaults) -> HandlerConfig {
+    /// where they set nothing, and tool calls are in `tool_format`.
+    pub fn handler_config(
+        &self,
+        default_sampling: SamplingDefaults,
+        tool_format: ToolFormat,
+    ) -> HandlerConfig {
         HandlerConfig {
             model_id: self.model_id.clone(),
             max_concurrent_requests: self.limits.max_concurrent_requests,
@@ -64,6 +69,7 @@ impl RouterConfig {
             started_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |elapsed| elapsed.as_secs()),
+            tool_format,
         }
     }
 

@@ -17,6 +17,7 @@ use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
+use crate::tools::ToolCallParser;
 
 /// Flags that cannot work together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,6 +92,8 @@ pub struct ApiConfig {
     pub payload_limit: usize,
     pub always_include_usage: bool,
     pub chat_template: Option<PathBuf>,
+    /// `--tool-call-parser`; `None`: the syntax the chat template writes.
+    pub tool_call_parser: Option<ToolCallParser>,
     pub chat_completions: bool,
     /// Whether `generation_config.json`'s sampling values are OpenAI requests' defaults.
     pub model_sampling_defaults: bool,
@@ -222,6 +225,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 payload_limit: args.api.payload_limit,
                 always_include_usage: args.api.always_include_usage,
                 chat_template: args.api.chat_template,
+                tool_call_parser: args.api.tool_call_parser,
                 chat_completions: !args.api.disable_chat_completions,
                 model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
                 responses_store: args.api.responses_store,

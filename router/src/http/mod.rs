@@ -28,6 +28,7 @@ pub use middleware::api_keys::{reload_api_keys_on_sighup, ApiKeyError, ApiKeys};
 pub use middleware::draining::Draining;
 pub use middleware::launch_identity::{read_launch_id, LaunchIdError};
 pub use native::tokenize::{tokenize_answer, TokenizeAnswer};
+pub use openai::chat::render_chat_request;
 pub use openai::responses::store::ResponseStoreLimits;
 pub use ops::server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};

@@ -15,6 +15,7 @@ use crate::generation::{Engine, LoadShedder};
 use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
+use crate::tools::ToolFormat;
 use crate::validation::{SamplingDefaults, Validator};
 
 /// What the handlers enforce and apply. `/info` reports the same values in its own body
@@ -43,6 +44,8 @@ pub struct HandlerConfig {
     pub default_sampling: SamplingDefaults,
     /// Seconds since the Unix epoch when the router started; `created` of `/v1/models`.
     pub started_at: u64,
+    /// The syntax tool calls are rendered, constrained and parsed in.
+    pub tool_format: ToolFormat,
 }
 
 /// What every handler shares.

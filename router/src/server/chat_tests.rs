@@ -43,7 +43,7 @@ fn chats() -> [(&'static str, Value); 3] {
 /// The app over the model in `dir`, its validator built by start-up under `flags`.
 fn started(dir: &TempDir, flags: &[&str]) -> (axum::Router, Arc<FakeBackend>) {
     let files = ModelFiles::load(dir.path()).unwrap();
-    let (validator, decoding) =
+    let (validator, decoding, _) =
         tokenization(files, &config(flags)).expect("a model without a chat template starts");
     let backend = FakeBackend::new(Script::Tokens(ids("ok"), FinishReason::Length));
     let state = state_with_validator(backend.clone(), validator, decoding, handler_config(4));

@@ -5,6 +5,8 @@ mod chat_tests;
 mod serving;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tool_format_tests;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::kv::{self, events::PublisherError};
 use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
+use crate::tools::ToolFormat;
 use crate::validation::{
     tokenization_peak_bytes, ChatTemplate, ChatUnavailable, GrammarCompiler, ModelFiles,
     ModelFilesError, SamplingDefaults, TemplateSource, TemplateSourceError, Validator,
@@ -97,7 +100,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     );
     let vocab = files.tokenizer.get_vocab_size(true);
     let sampling_defaults = model_sampling_defaults(&files, &config);
-    let (validator, decoding) = tokenization(files, &config)?;
+    let (validator, decoding, tool_format) = tokenization(files, &config)?;
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
@@ -121,7 +124,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         backend,
         Arc::new(validator),
         Arc::new(decoding),
-        config.handler_config(sampling_defaults),
+        config.handler_config(sampling_defaults, tool_format),
         info,
         metrics,
     )
@@ -296,20 +299,31 @@ fn model_sampling_defaults(files: &ModelFiles, config: &RouterConfig) -> Samplin
     recommended
 }
 
-/// Compiles the chat template and builds the validator and detokenizer from the model files.
-/// A model without a chat template starts: chat uses its family's known template, or is
-/// refused while completions are served.
+/// Compiles the chat template and builds the validator and detokenizer from the model files,
+/// and picks the tool-call syntax. A model without a chat template starts: chat uses its
+/// family's known template, or is refused while completions are served.
 fn tokenization(
     files: ModelFiles,
     config: &RouterConfig,
-) -> Result<(Validator, TokenDecoding), StartupError> {
+) -> Result<(Validator, TokenDecoding, ToolFormat), StartupError> {
     let source = TemplateSource::choose(
         &files,
         config.api.chat_template.as_deref(),
         config.api.chat_completions,
     )?;
     log_template_source(&source, files.model_type.as_deref());
-    let chat_template = match source.into_text() {
+    let text = source.into_text();
+    let tool_format = ToolFormat::choose(
+        config.api.tool_call_parser,
+        text.as_deref().ok(),
+        &files.tokenizer,
+    );
+    info!(
+        parser = tool_format.family.parser_name(),
+        "tool calls use the {} syntax (--tool-call-parser sets another)",
+        tool_format.family.parser_name()
+    );
+    let chat_template = match text {
         Ok(text) => Ok(ChatTemplate::new(text, files.bos_token, files.eos_token)?),
         Err(reason) => Err(reason),
     };
@@ -321,7 +335,7 @@ fn tokenization(
         .with_tokenization_budget(
             TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
         );
-    Ok((validator, TokenDecoding::new(tokenizer)))
+    Ok((validator, TokenDecoding::new(tokenizer), tool_format))
 }
 
 /// Warns when the model's own chat template is missing: chat then runs on a stand-in, or not

@@ -1,13 +1,16 @@
-//! Tool calls out of generated text: the whole document at the end, or `tool_calls` deltas
-//! while it streams (first the call's id and name, then its arguments in fragments).
+//! Call objects out of generated text as `tool_calls` deltas: first a call's id and name,
+//! then its arguments in fragments.
 //!
-//! The grammar (`plan.rs`) fixes the layout (`{"tool_calls": [{"name": "f", "arguments":
-//! {...}}, ...]}` with `", "` and `": "` separators, names as declared), so the scanner only
-//! tracks where it is in that layout and the nesting of the arguments object.
+//! Every family writes a call as `{"name": "f", "<arguments key>": {...}}` with `", "` and
+//! `": "` separators and names as declared (the grammar fixes the layout), whatever wraps the
+//! calls (Tandem's document, Hermes tags, Mistral's list), so the scanner only tracks where it
+//! is in a call object and the nesting of the arguments. Work is constant per character.
 
 use serde::Serialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
+
+use super::format::ToolFamily;
 
 /// One call as the response carries it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -25,35 +28,17 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// A fresh call id in OpenAI's `call_...` form.
-pub fn call_id() -> String {
-    format!("call_{}", uuid::Uuid::new_v4().simple())
-}
-
-/// The calls in a finished output, or `None` when the output is not a calls document.
-pub fn parse(text: &str) -> Option<Vec<ToolCall>> {
-    if !text.starts_with('{') {
-        return None;
+/// A fresh call id: OpenAI's `call_...` form, or the 9 letters and digits Mistral's
+/// template requires of the ids it renders back.
+pub fn call_id(family: ToolFamily) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    match family {
+        ToolFamily::Mistral => random[..9].to_owned(),
+        _ => format!("call_{random}"),
     }
-    let document: Value = serde_json::from_str(text).ok()?;
-    let calls = document.get("tool_calls")?.as_array()?;
-    calls
-        .iter()
-        .map(|call| {
-            Some(ToolCall {
-                id: call_id(),
-                kind: "function",
-                function: FunctionCall {
-                    name: call.get("name")?.as_str()?.to_owned(),
-                    arguments: call.get("arguments")?.to_string(),
-                },
-            })
-        })
-        .collect()
 }
 
 const NAME_OPENING: &str = "{\"name\": \"";
-const ARGUMENTS_OPENING: &str = ", \"arguments\": ";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
@@ -69,27 +54,31 @@ enum Phase {
     },
 }
 
-/// Turns streamed text of a calls document into OpenAI `tool_calls` delta entries.
+/// Turns streamed text of call objects into OpenAI `tool_calls` delta entries.
 #[derive(Debug)]
 pub struct ToolCallStream {
+    family: ToolFamily,
+    /// `, "<arguments key>": `, the landmark before a call's arguments.
+    arguments_opening: String,
     phase: Phase,
-    /// Text seen since the phase began, while looking for the next landmark.
+    /// The last characters seen while looking for the next landmark, never longer than it.
     pending: String,
     /// Calls announced so far; the current one is `count - 1`.
     count: usize,
 }
 
-impl Default for ToolCallStream {
-    fn default() -> Self {
+impl ToolCallStream {
+    /// A scanner for `family`'s call objects.
+    pub fn new(family: ToolFamily) -> Self {
         Self {
+            family,
+            arguments_opening: format!(", \"{}\": ", family.arguments_key()),
             phase: Phase::SeekName,
             pending: String::new(),
             count: 0,
         }
     }
-}
 
-impl ToolCallStream {
     /// How many calls were announced (a finished document with none is not a call).
     pub fn count(&self) -> usize {
         self.count
@@ -110,7 +99,7 @@ impl ToolCallStream {
     fn step(&mut self, c: char, arguments: &mut String, deltas: &mut Vec<Value>) {
         match &mut self.phase {
             Phase::SeekName => {
-                self.pending.push(c);
+                push_bounded(&mut self.pending, c, NAME_OPENING.len());
                 if self.pending.ends_with(NAME_OPENING) {
                     self.pending.clear();
                     self.phase = Phase::Name(String::new());
@@ -119,7 +108,7 @@ impl ToolCallStream {
             Phase::Name(name) if c == '"' => {
                 let name = std::mem::take(name);
                 deltas.push(
-                    json!({"index": self.count, "id": call_id(), "type": "function",
+                    json!({"index": self.count, "id": call_id(self.family), "type": "function",
                                    "function": {"name": name, "arguments": ""}}),
                 );
                 self.count += 1;
@@ -127,8 +116,8 @@ impl ToolCallStream {
             }
             Phase::Name(name) => name.push(c),
             Phase::SeekArguments => {
-                self.pending.push(c);
-                if self.pending.ends_with(ARGUMENTS_OPENING) {
+                push_bounded(&mut self.pending, c, self.arguments_opening.len());
+                if self.pending.ends_with(self.arguments_opening.as_str()) {
                     self.pending.clear();
                     self.phase = Phase::Arguments {
                         depth: 0,
@@ -176,71 +165,11 @@ impl ToolCallStream {
     }
 }
 
-/// One choice's streamed output when tools may be called: undecided until the first
-/// character (`auto`), then plain content or a calls document.
-#[derive(Debug)]
-pub enum ChoiceOutput {
-    Undecided,
-    Content,
-    Calls(ToolCallStream),
-}
-
-/// What one piece of streamed text becomes in a chunk's `delta`.
-#[derive(Debug, PartialEq)]
-pub enum DeltaBody {
-    Nothing,
-    Content(String),
-    ToolCalls(Vec<Value>),
-}
-
-/// Routes `text` through `output` when the request may call tools, else to plain content.
-pub fn route_text(output: Option<&mut ChoiceOutput>, text: String) -> DeltaBody {
-    match output {
-        Some(output) => output.push(text),
-        None if text.is_empty() => DeltaBody::Nothing,
-        None => DeltaBody::Content(text),
-    }
-}
-
-impl ChoiceOutput {
-    /// `Calls` from the start when a call is required, else undecided.
-    pub fn new(call_required: bool) -> Self {
-        if call_required {
-            Self::Calls(ToolCallStream::default())
-        } else {
-            Self::Undecided
-        }
-    }
-
-    /// Routes `text` to content or to call deltas.
-    pub fn push(&mut self, text: String) -> DeltaBody {
-        if let Self::Undecided = self {
-            match text.chars().next() {
-                None => return DeltaBody::Nothing,
-                Some('{') => *self = Self::Calls(ToolCallStream::default()),
-                Some(_) => *self = Self::Content,
-            }
-        }
-        match self {
-            Self::Calls(stream) => {
-                let deltas = stream.push(&text);
-                if deltas.is_empty() {
-                    DeltaBody::Nothing
-                } else {
-                    DeltaBody::ToolCalls(deltas)
-                }
-            }
-            _ if text.is_empty() => DeltaBody::Nothing,
-            _ => DeltaBody::Content(text),
-        }
-    }
-
-    /// `tool_calls` when the output ended normally as a document with calls.
-    pub fn finish_reason(&self, finish: &'static str) -> &'static str {
-        match self {
-            Self::Calls(stream) if finish == "stop" && stream.count() > 0 => "tool_calls",
-            _ => finish,
-        }
+/// Appends `c`, then drops whole characters from the front past `limit` bytes.
+fn push_bounded(text: &mut String, c: char, limit: usize) {
+    text.push(c);
+    while text.len() > limit {
+        text.remove(0);
     }
 }
 

@@ -1,17 +1,22 @@
-//! Function tools, planned and parsed in one place: `plan.rs` validates a request's tools and
-//! tool choice and derives the preamble and the grammar that make every call well-formed;
-//! `calls.rs` reads the calls back out of what the grammar let the model write, whole or
-//! while it streams.
+//! Function tools, planned and parsed in one place, in the syntax the served model was tuned
+//! on: `format.rs` picks the family's syntax at start-up; `plan.rs` validates a request's
+//! tools and tool choice; `grammar.rs` derives the grammar that makes every call well-formed
+//! in that syntax; `history.rs` writes past calls back for the template; `calls.rs` and
+//! `output.rs` read calls out of what the grammar let the model write, whole or streaming.
 //!
-//! Calls are one JSON document, `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`,
-//! whose arguments follow each tool's schema. `required` and a named choice constrain the
-//! whole output to it; `auto` lets the output be either that document or plain text not
-//! starting with `{`, so the first character decides and any model works.
+//! Families with a native syntax (Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral
+//! `[TOOL_CALLS]`) see the tools through their chat template's `tools`; other models are
+//! taught Tandem's `{"tool_calls": [...]}` document in a system message.
 
 mod calls;
+mod format;
+mod grammar;
+mod history;
+mod output;
 mod plan;
 
-pub use calls::{
-    call_id, parse, route_text, ChoiceOutput, DeltaBody, FunctionCall, ToolCall, ToolCallStream,
-};
-pub use plan::{history_calls, plan, FunctionTool, ToolChoice, ToolPlan};
+pub use calls::{FunctionCall, ToolCall};
+pub use format::{ToolCallParser, ToolFamily, ToolFormat};
+pub use history::{history, HistoryCalls};
+pub use output::{parse_output, route_text, ChoiceOutput, DeltaBody, ParsedOutput};
+pub use plan::{plan, FunctionTool, ToolChoice, ToolPlan};

@@ -4,10 +4,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::scheduler::Grammar;
-use crate::validation::{
-    serde_wording, with_json_layout, ChatMessage, RequestedGrammar, ValidationError,
-};
+use super::format::ToolFormat;
+use crate::validation::{serde_wording, ChatMessage, ValidationError};
 
 /// One `{"type": "function", "function": {...}}` entry of `tools`.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +14,8 @@ pub struct FunctionTool {
     pub description: Option<String>,
     /// A JSON Schema for the arguments object.
     pub parameters: Value,
+    /// The entry as the client wrote it, for the chat template's `tools`.
+    pub definition: Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +52,8 @@ pub struct ToolPlan {
     pub tools: Vec<FunctionTool>,
     pub choice: ToolChoice,
     pub parallel: bool,
+    /// The syntax calls are rendered, constrained and parsed in (Tandem's own by default).
+    pub format: ToolFormat,
 }
 
 fn invalid(param: String, expected: &'static str, value: impl ToString) -> ValidationError {
@@ -84,6 +86,7 @@ pub fn plan(
     let mut tools = Vec::with_capacity(entries.len());
     for (index, entry) in entries.into_iter().enumerate() {
         let param = format!("tools[{index}]");
+        let definition = entry.clone();
         let entry: ToolEntry = serde_json::from_value(entry).map_err(|e| {
             invalid(param.clone(), "`{\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}`", serde_wording::error_text(&e))
         })?;
@@ -113,6 +116,7 @@ pub fn plan(
             name,
             description: entry.function.description,
             parameters,
+            definition,
         });
     }
     let parallel = match parallel {
@@ -125,6 +129,7 @@ pub fn plan(
         tools,
         choice,
         parallel,
+        format: ToolFormat::default(),
     }))
 }
 
@@ -173,52 +178,37 @@ impl ToolPlan {
         self.choice != ToolChoice::None
     }
 
-    /// The calls document's schema: one call, or several when parallel calls are allowed.
-    fn calls_schema(&self) -> Value {
-        let callable = self.tools.iter().filter(|tool| match &self.choice {
+    /// The plan with calls in `format`.
+    #[must_use]
+    pub fn with_format(mut self, format: ToolFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The tools the model may call: all of them, or the one a named choice names.
+    pub fn callable(&self) -> impl Iterator<Item = &FunctionTool> {
+        self.tools.iter().filter(|tool| match &self.choice {
             ToolChoice::Named(name) => &tool.name == name,
             _ => true,
-        });
-        let variants: Vec<Value> = callable
-            .map(|tool| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
-        let single = !self.parallel || matches!(self.choice, ToolChoice::Named(_));
-        let mut calls = json!({"type": "array", "items": {"anyOf": variants}, "minItems": 1});
-        if single {
-            calls["maxItems"] = json!(1);
-        }
-        json!({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"], "additionalProperties": false})
+        })
     }
 
-    /// The grammar the output must follow; `None` when the model may not call tools.
-    pub fn grammar(&self) -> Option<RequestedGrammar> {
-        match self.choice {
-            ToolChoice::None => None,
-            ToolChoice::Required | ToolChoice::Named(_) => {
-                Some(RequestedGrammar::json_schema(self.calls_schema(), "tools"))
-            }
-            ToolChoice::Auto => {
-                let schema = with_json_layout(self.calls_schema());
-                // Plain text must not start with `{` or a blank, so the first character decides.
-                let lark = format!("start: calls | text\ncalls: %json {schema}\ntext: TEXT\nTEXT: /[^{{\\s][\\s\\S]*/\n");
-                Some(RequestedGrammar {
-                    grammar: Grammar::Lark(lark),
-                    param: "tools",
-                })
-            }
-        }
+    /// Whether one output may hold several calls (not for a named choice).
+    pub fn allows_several(&self) -> bool {
+        self.parallel && !matches!(self.choice, ToolChoice::Named(_))
     }
 
-    /// A system message describing the tools and the call format; `None` for `"none"`.
+    /// The chat template's `tools`: the declared entries, when the family renders them
+    /// itself and the model may call them.
+    pub fn template_tools(&self) -> Option<Value> {
+        let shown = self.format.family.is_native() && self.may_call();
+        shown.then(|| Value::Array(self.tools.iter().map(|t| t.definition.clone()).collect()))
+    }
+
+    /// A system message describing the tools and Tandem's call format; `None` for `"none"`
+    /// and for families whose template shows the tools itself.
     pub fn preamble(&self) -> Option<ChatMessage> {
-        if !self.may_call() {
+        if !self.may_call() || self.format.family.is_native() {
             return None;
         }
         let listing: Vec<String> = self
@@ -246,31 +236,6 @@ impl ToolPlan {
             ),
         ))
     }
-}
-
-/// An assistant history message's `tool_calls`, written in the call format the model is
-/// shown, so the conversation renders through any chat template.
-pub fn history_calls(tool_calls: Value, param: &str) -> Result<String, ValidationError> {
-    let expected = "an array of {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}} with `arguments` a JSON object as a string";
-    let Value::Array(entries) = tool_calls else {
-        return Err(invalid(param.to_owned(), expected, tool_calls));
-    };
-    let mut calls = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let name = entry.pointer("/function/name").and_then(Value::as_str);
-        let arguments = entry
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
-            .and_then(|text| serde_json::from_str::<Value>(text).ok());
-        match (name, arguments) {
-            (Some(name), Some(arguments)) => calls.push(format!(
-                "{{\"name\": {}, \"arguments\": {arguments}}}",
-                json!(name)
-            )),
-            _ => return Err(invalid(param.to_owned(), expected, entry)),
-        }
-    }
-    Ok(format!("{{\"tool_calls\": [{}]}}", calls.join(", ")))
 }
 
 #[cfg(test)]

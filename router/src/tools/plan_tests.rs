@@ -1,4 +1,6 @@
 use super::*;
+use crate::scheduler::Grammar;
+use crate::validation::RequestedGrammar;
 
 fn weather() -> Value {
     json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -100,20 +102,4 @@ fn malformed_tools_and_choices_name_their_parameter() {
     assert_eq!(param_of(twice, None), "tools[1].function.name");
     let error = plan(Some(weather()), None, Some(json!("yes"))).expect_err("invalid");
     assert_eq!(error.param(), Some("parallel_tool_calls"));
-}
-
-#[test]
-fn history_calls_render_in_the_call_format_and_reject_broken_arguments() {
-    let calls = json!([{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]);
-    assert_eq!(
-        history_calls(calls, "m").unwrap(),
-        r#"{"tool_calls": [{"name": "now", "arguments": {}}]}"#
-    );
-    let broken = json!([{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{"}}]);
-    assert_eq!(
-        history_calls(broken, "messages[1].tool_calls")
-            .unwrap_err()
-            .param(),
-        Some("messages[1].tool_calls")
-    );
 }

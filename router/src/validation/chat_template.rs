@@ -2,8 +2,10 @@
 
 use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::error::ValidationError;
+use super::template_json::tojson;
 
 const TEMPLATE_NAME: &str = "chat";
 
@@ -16,6 +18,9 @@ pub struct ChatMessage {
     pub name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant's calls, for templates that render them (`tools::history`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
 }
 
 impl ChatMessage {
@@ -26,8 +31,18 @@ impl ChatMessage {
             content: content.into(),
             name: None,
             tool_call_id: None,
+            tool_calls: None,
         }
     }
+}
+
+/// What a chat prompt hands the template besides its messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateExtras {
+    /// The template's `tools` (none when absent, as `transformers` passes them).
+    pub tools: Option<Value>,
+    /// `chat_template_kwargs`, already held to the allow-list: more template variables.
+    pub kwargs: Map<String, Value>,
 }
 
 /// How the rendered conversation ends.
@@ -85,9 +100,12 @@ pub struct ChatTemplate {
 #[derive(Serialize)]
 struct TemplateInput<'a> {
     messages: &'a [ChatMessage],
+    tools: Option<&'a Value>,
     add_generation_prompt: bool,
     bos_token: &'a str,
     eos_token: &'a str,
+    #[serde(flatten)]
+    kwargs: &'a Map<String, Value>,
 }
 
 impl ChatTemplate {
@@ -103,6 +121,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source)?;
         Ok(Self {
             env,
@@ -116,6 +135,7 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         ending: ChatEnding,
+        extras: &TemplateExtras,
     ) -> Result<String, ValidationError> {
         let template = self
             .env
@@ -123,6 +143,8 @@ impl ChatTemplate {
             .map_err(|e| ValidationError::Template(e.to_string()))?;
         let input = TemplateInput {
             messages,
+            tools: extras.tools.as_ref(),
+            kwargs: &extras.kwargs,
             add_generation_prompt: ending == ChatEnding::GenerationPrompt,
             bos_token: &self.bos_token,
             eos_token: &self.eos_token,
@@ -170,6 +192,7 @@ mod tests {
                     ChatMessage::new("user", "Hi"),
                 ],
                 ChatEnding::GenerationPrompt,
+                &TemplateExtras::default(),
             )
             .unwrap();
         assert_eq!(rendered, "<|system|>Be brief.\n<|user|>Hi\n<|assistant|>");
@@ -182,6 +205,7 @@ mod tests {
             .render(
                 &[ChatMessage::new("user", "x")],
                 ChatEnding::GenerationPrompt,
+                &TemplateExtras::default(),
             )
             .unwrap();
         assert_eq!(rendered, "<s>\n  x</s>\n");
@@ -194,6 +218,7 @@ mod tests {
             .render(
                 &[ChatMessage::new("assistant", "x")],
                 ChatEnding::GenerationPrompt,
+                &TemplateExtras::default(),
             )
             .unwrap_err();
         assert!(
@@ -211,15 +236,20 @@ mod tests {
             ChatMessage::new("assistant", "1, 2, "),
         ];
         let chat = template(CHATML_TEMPLATE);
-        let open = chat.render(&messages, ChatEnding::ContinueFinal).unwrap();
+        let none = TemplateExtras::default();
+        let open = chat
+            .render(&messages, ChatEnding::ContinueFinal, &none)
+            .unwrap();
         assert_eq!(open, "<|user|>Count\n<|assistant|>1, 2,");
-        let closed = chat.render(&messages, ChatEnding::Closed).unwrap();
+        let closed = chat.render(&messages, ChatEnding::Closed, &none).unwrap();
         assert_eq!(closed, "<|user|>Count\n<|assistant|>1, 2,\n");
         let empty = [
             ChatMessage::new("user", "Hi"),
             ChatMessage::new("assistant", ""),
         ];
-        let error = chat.render(&empty, ChatEnding::ContinueFinal).unwrap_err();
+        let error = chat
+            .render(&empty, ChatEnding::ContinueFinal, &none)
+            .unwrap_err();
         assert!(error.to_string().contains("final message"), "{error}");
     }
 

@@ -91,13 +91,17 @@ pub fn family_template(model_type: &str, tokenizer: &Tokenizer) -> Option<Family
 mod tests {
     use super::*;
     use crate::validation::testing::tokenizer_with_special_tokens;
-    use crate::validation::{ChatEnding, ChatMessage, ChatTemplate};
+    use crate::validation::{ChatEnding, ChatMessage, ChatTemplate, TemplateExtras};
 
     fn render(known: FamilyTemplate, messages: &[ChatMessage]) -> String {
         let template =
             ChatTemplate::new(known.source.to_owned(), Some("<bos>".into()), None).unwrap();
         template
-            .render(messages, ChatEnding::GenerationPrompt)
+            .render(
+                messages,
+                ChatEnding::GenerationPrompt,
+                &TemplateExtras::default(),
+            )
             .unwrap()
     }
 

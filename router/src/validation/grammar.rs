@@ -175,6 +175,25 @@ impl GrammarCompiler {
     }
 }
 
+#[cfg(test)]
+impl GrammarCompiler {
+    /// Whether `grammar` lets a model write exactly `tokens` and then end.
+    pub fn accepts(&self, grammar: &Grammar, tokens: &[u32]) -> bool {
+        let top = match grammar {
+            Grammar::JsonSchema(text) => {
+                TopLevelGrammar::from_json_schema(serde_json::from_str(text).expect("JSON"))
+            }
+            Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
+            Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let mut matcher = Matcher::new(self.factory.create_parser(top));
+        assert_eq!(matcher.get_error(), None, "the grammar compiles");
+        matcher.validate_tokens(tokens).ok() == Some(tokens.len())
+            && matcher.consume_tokens(tokens).is_ok()
+            && matcher.is_accepting().unwrap_or(false)
+    }
+}
+
 impl GrammarSource {
     fn of(grammar: &Grammar) -> Self {
         match grammar {

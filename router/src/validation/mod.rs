@@ -15,6 +15,8 @@ mod requested_grammar;
 pub mod response_format;
 mod sampling_defaults;
 pub mod serde_wording;
+mod template_json;
+mod template_kwargs;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -24,7 +26,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
-pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate};
+pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate, TemplateExtras};
 pub use error::ValidationError;
 pub use family_templates::FamilyTemplate;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
@@ -34,6 +36,7 @@ pub use params::{check_choices, check_count, reject_unsupported, GenerationParam
 pub use processors::ProcessorParams;
 pub use requested_grammar::{with_json_layout, RequestedGrammar, TgiGrammarSite};
 pub use sampling_defaults::SamplingDefaults;
+pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
 use crate::limits::RequestLimits;
@@ -55,7 +58,7 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// A conversation rendered by the chat template; the rendering already holds any special
     /// tokens, so it is tokenized without adding more.
-    Chat(Vec<ChatMessage>, ChatEnding),
+    Chat(Vec<ChatMessage>, ChatEnding, TemplateExtras),
 }
 
 /// A request ready for the scheduler, plus what the HTTP layer reports back.
@@ -316,7 +319,7 @@ impl Validator {
                     None => Ok(()),
                 }
             }
-            Prompt::Chat(messages, _) => {
+            Prompt::Chat(messages, ..) => {
                 if let Err(reason) = &self.chat_template {
                     return Err(ValidationError::NoChat(*reason));
                 }
@@ -383,7 +386,7 @@ impl Validator {
         let text_bytes = match &prompt {
             Prompt::Tokens(ids) => ids.len(),
             Prompt::Text(text) => text.len(),
-            Prompt::Chat(messages, _) => messages.iter().map(|m| m.content.len()).sum(),
+            Prompt::Chat(messages, ..) => messages.iter().map(|m| m.content.len()).sum(),
         };
         let peak = tokenization_peak_bytes(text_bytes);
         let reserved = self.tokenizing.reserve(peak).await;
@@ -392,9 +395,9 @@ impl Validator {
             let (text, add_special_tokens) = match prompt {
                 Prompt::Text(text) => (text, true),
                 Prompt::Tokens(ids) => return Ok(ids),
-                Prompt::Chat(messages, ending) => {
+                Prompt::Chat(messages, ending, extras) => {
                     let template = template.map_err(ValidationError::NoChat)?;
-                    (template.render(&messages, ending)?, false)
+                    (template.render(&messages, ending, &extras)?, false)
                 }
             };
             tokenizer

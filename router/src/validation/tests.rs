@@ -44,7 +44,11 @@ async fn chat_prompts_are_rendered_then_tokenized_without_extra_special_tokens()
     let messages = vec![ChatMessage::new("user", "hi")];
     let valid = validator(true)
         .validate(
-            Prompt::Chat(messages, ChatEnding::GenerationPrompt),
+            Prompt::Chat(
+                messages,
+                ChatEnding::GenerationPrompt,
+                TemplateExtras::default(),
+            ),
             &params(),
         )
         .await
@@ -99,7 +103,11 @@ async fn empty_prompt_and_empty_messages_are_rejected() {
     assert_eq!(error, ValidationError::Empty("prompt"));
     let error = validator
         .validate(
-            Prompt::Chat(vec![], ChatEnding::GenerationPrompt),
+            Prompt::Chat(
+                vec![],
+                ChatEnding::GenerationPrompt,
+                TemplateExtras::default(),
+            ),
             &params(),
         )
         .await
@@ -115,7 +123,11 @@ async fn unknown_roles_are_rejected_with_their_index() {
     ];
     let error = validator(true)
         .validate(
-            Prompt::Chat(messages, ChatEnding::GenerationPrompt),
+            Prompt::Chat(
+                messages,
+                ChatEnding::GenerationPrompt,
+                TemplateExtras::default(),
+            ),
             &params(),
         )
         .await
@@ -130,6 +142,7 @@ async fn chat_without_a_template_is_a_clear_error() {
             Prompt::Chat(
                 vec![ChatMessage::new("user", "a")],
                 ChatEnding::GenerationPrompt,
+                TemplateExtras::default(),
             ),
             &params(),
         )

@@ -11,9 +11,10 @@ use super::request::{
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
-use crate::tools::{self, ToolPlan};
+use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
 use crate::validation::{
-    reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, ValidationError,
+    reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, TemplateExtras,
+    ValidationError,
 };
 use crate::validation::{request_rules, serde_wording};
 
@@ -57,7 +58,11 @@ pub fn generation(
         tools: request.tools.take(),
         tool_choice: request.tool_choice.take(),
     };
-    let (prompt, plan) = prompt(conversation, config.request_limits.max_tools)?;
+    let (prompt, plan) = prompt(
+        conversation,
+        config.request_limits.max_tools,
+        config.tool_format,
+    )?;
     let sampling = SamplingFields {
         temperature: request.temperature,
         top_p: request.top_p,
@@ -94,16 +99,24 @@ pub fn counted_prompt(
         tools: request.tools,
         tool_choice: request.tool_choice,
     };
-    Ok(prompt(conversation, config.request_limits.max_tools)?.0)
+    Ok(prompt(
+        conversation,
+        config.request_limits.max_tools,
+        config.tool_format,
+    )?
+    .0)
 }
 
-/// The chat prompt (the tool preamble joined to the system prompt) and the tool plan. A
-/// conversation ending with an assistant turn is continued (a prefilled answer).
+/// The chat prompt (the tool preamble joined to the system prompt, or the tools in the
+/// template's `tools`) and the tool plan, with calls in `format`. A conversation ending with
+/// an assistant turn is continued (a prefilled answer).
 pub fn prompt(
     conversation: Conversation,
     max_tools: usize,
+    format: ToolFormat,
 ) -> Result<(Prompt, Option<ToolPlan>), ValidationError> {
-    let plan = tool_plan(conversation.tools, conversation.tool_choice, max_tools)?;
+    let plan = tool_plan(conversation.tools, conversation.tool_choice, max_tools)?
+        .map(|plan| plan.with_format(format));
     let turns = request_rules::required("messages", conversation.messages)?;
     let mut messages = Vec::with_capacity(turns.len() + 1);
     let system = match conversation.system {
@@ -122,13 +135,17 @@ pub fn prompt(
         (None, None) => {}
     }
     for (index, turn) in turns.into_iter().enumerate() {
-        turn_messages(turn, index, &mut messages)?;
+        turn_messages(turn, index, format, &mut messages)?;
     }
     let ending = match messages.last() {
         Some(last) if last.role == "assistant" => ChatEnding::ContinueFinal,
         _ => ChatEnding::GenerationPrompt,
     };
-    Ok((Prompt::Chat(messages, ending), plan))
+    let extras = TemplateExtras {
+        tools: plan.as_ref().and_then(ToolPlan::template_tools),
+        ..TemplateExtras::default()
+    };
+    Ok((Prompt::Chat(messages, ending, extras), plan))
 }
 
 fn join_texts(blocks: Vec<TypedTextBlock>) -> String {
@@ -141,6 +158,7 @@ fn join_texts(blocks: Vec<TypedTextBlock>) -> String {
 fn turn_messages(
     turn: InputMessage,
     index: usize,
+    format: ToolFormat,
     messages: &mut Vec<ChatMessage>,
 ) -> Result<(), ValidationError> {
     let role = turn.role.as_str();
@@ -201,12 +219,19 @@ fn turn_messages(
             }
         }
     }
+    let mut tool_calls = None;
     if !calls.is_empty() {
         let param = format!("messages[{index}].content");
-        texts.push(tools::history_calls(Value::Array(calls), &param)?);
+        match tools::history(format.family, Value::Array(calls), &param)? {
+            HistoryCalls::Text(text) => texts.push(text),
+            HistoryCalls::Native(calls) => tool_calls = Some(calls),
+        }
     }
-    if !texts.is_empty() || messages.len() == first {
-        messages.push(ChatMessage::new(role, texts.join("\n")));
+    if !texts.is_empty() || tool_calls.is_some() || messages.len() == first {
+        messages.push(ChatMessage {
+            tool_calls,
+            ..ChatMessage::new(role, texts.join("\n"))
+        });
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ fn refused(body: Value) -> ValidationError {
 
 fn chat(generation: &Generation) -> (&[ChatMessage], ChatEnding) {
     match &generation.prompt {
-        Prompt::Chat(messages, ending) => (messages, *ending),
+        Prompt::Chat(messages, ending, _) => (messages, *ending),
         other => panic!("expected a chat prompt, got {other:?}"),
     }
 }
@@ -203,7 +203,7 @@ fn counted_prompts_include_the_tool_preamble_and_refuse_generation_fields() {
     let body = json!({"model": "m", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Hi"}]});
     let request: CountTokensRequest = serde_json::from_value(body).unwrap();
     match counted_prompt(request, &config()).expect("valid") {
-        Prompt::Chat(messages, _) => assert!(messages[0].content.contains(WEATHER)),
+        Prompt::Chat(messages, ..) => assert!(messages[0].content.contains(WEATHER)),
         other => panic!("expected a chat prompt, got {other:?}"),
     }
     let body = json!({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]});

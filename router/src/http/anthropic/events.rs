@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::response::{stop_reason, tool_use_id};
 use crate::stream::Finish;
-use crate::tools::{route_text, ChoiceOutput, DeltaBody};
+use crate::tools::{route_text, ChoiceOutput, ToolFamily};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +31,19 @@ impl MessageEvents {
     /// `call_required`: the output is a calls document from its first character.
     pub fn new(tools_callable: bool, call_required: bool) -> Self {
         Self {
-            tool_output: tools_callable.then(|| ChoiceOutput::new(call_required)),
+            tool_output: tools_callable
+                .then(|| ChoiceOutput::new(ToolFamily::Tandem, call_required)),
             open: None,
             index: 0,
             called_tools: false,
         }
+    }
+
+    /// Reads calls in `family`'s syntax (Tandem's unless set).
+    #[must_use]
+    pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
+        self.tool_output = self.tool_output.map(|output| output.in_family(family));
+        self
     }
 
     /// `message_start`, carrying the message with no content yet.
@@ -50,27 +58,23 @@ impl MessageEvents {
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
-        let body = route_text(self.tool_output.as_mut(), text);
-        match body {
-            DeltaBody::Nothing => {}
-            DeltaBody::Content(text) => {
-                if self.open != Some(OpenBlock::Text) {
-                    self.close(&mut events);
-                    self.open(
-                        OpenBlock::Text,
-                        json!({"type": "text", "text": ""}),
-                        &mut events,
-                    );
-                }
-                events.push(self.delta(json!({"type": "text_delta", "text": text})));
-            }
-            DeltaBody::ToolCalls(calls) => {
-                for call in calls {
-                    self.call_delta(&call, &mut events);
-                }
-            }
-        }
+        let (content, calls) = route_text(self.tool_output.as_mut(), text).into_parts();
+        self.release(content, calls, &mut events);
         events
+    }
+
+    /// Events for `text`, then for the `calls` delta entries.
+    fn release(&mut self, text: String, calls: Vec<Value>, events: &mut Vec<Value>) {
+        if !text.is_empty() {
+            if self.open != Some(OpenBlock::Text) {
+                self.close(events);
+                self.open(OpenBlock::Text, json!({"type": "text", "text": ""}), events);
+            }
+            events.push(self.delta(json!({"type": "text_delta", "text": text})));
+        }
+        for call in calls {
+            self.call_delta(&call, events);
+        }
     }
 
     /// One entry of the scanner's OpenAI-shaped `tool_calls` deltas: an entry with an `id`
@@ -96,6 +100,10 @@ impl MessageEvents {
         output_tokens: usize,
     ) -> Vec<Value> {
         let mut events = Vec::new();
+        if let Some(held) = self.tool_output.as_mut().map(ChoiceOutput::finish) {
+            let (text, calls) = held.into_parts();
+            self.release(text, calls, &mut events);
+        }
         self.close(&mut events);
         let stop_sequence = stop_sequence.filter(|_| finish == Finish::StopSequence);
         events.push(json!({"type": "message_delta",

@@ -131,3 +131,46 @@ fn message_start_carries_an_empty_assistant_message_and_input_usage() {
         json!({"input_tokens": 9, "output_tokens": 0})
     );
 }
+
+#[test]
+fn hermes_text_then_a_call_split_across_pieces_becomes_a_text_block_then_a_tool_use_block() {
+    let pieces = [
+        "Let me check.<tool",
+        "_call>\n{\"name\": \"a\", \"arguments\": ",
+        "{\"x\": 1}}\n</tool_call>",
+    ];
+    let renderer = MessageEvents::new(true, false).with_tool_family(ToolFamily::Hermes);
+    let events = render(renderer, &pieces, Finish::EosToken);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Let me check.");
+    let starts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[1]["content_block"]["name"], "a");
+    let input: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["partial_json"].as_str())
+        .collect();
+    assert_eq!(input, r#"{"x": 1}"#);
+    let delta = events
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap();
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+}
+
+#[test]
+fn a_held_back_partial_trigger_is_released_as_text_when_the_message_ends() {
+    let renderer = MessageEvents::new(true, false).with_tool_family(ToolFamily::Hermes);
+    let events = render(renderer, &["a <tool_c"], Finish::EosToken);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "a <tool_c");
+}

@@ -72,7 +72,8 @@ pub async fn messages(
     .await?;
     let id = message_id();
     let model = state.config.model_id.clone();
-    let renderer = MessageEvents::new(tools_callable, call_required);
+    let renderer = MessageEvents::new(tools_callable, call_required)
+        .with_tool_family(state.config.tool_format.family);
     if generation.stream {
         let input_tokens = admitted.input_tokens;
         let surface = MessageStream {
@@ -90,7 +91,7 @@ pub async fn messages(
         let delta = sibling.delta?;
         text.push_str(&delta.token.text);
         if let Some(finish) = delta.finish {
-            let content = output_blocks(text, tools_callable);
+            let content = output_blocks(text, generation.tools.as_ref());
             let called_tools = content
                 .iter()
                 .any(|block| matches!(block, response::OutputBlock::ToolUse { .. }));

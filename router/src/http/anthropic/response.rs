@@ -5,6 +5,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::stream::Finish;
+use crate::tools::{parse_output, ParsedOutput, ToolPlan};
 
 /// A generated message.
 #[derive(Debug, Serialize, ToSchema)]
@@ -74,36 +75,27 @@ pub fn stop_reason(finish: Finish, called_tools: bool) -> &'static str {
     }
 }
 
-/// The blocks of a finished output: tool calls when tools may be called and the output is
-/// a calls document, else its text (none when empty).
-pub fn output_blocks(text: String, tools_callable: bool) -> Vec<OutputBlock> {
-    if tools_callable {
-        if let Some(calls) = parse_calls(&text) {
-            return calls;
-        }
-    }
-    if text.is_empty() {
-        Vec::new()
-    } else {
-        vec![OutputBlock::Text { text }]
-    }
-}
-
-/// The `tool_use` blocks of a calls document (`{"tool_calls": [{"name", "arguments"}]}`).
-fn parse_calls(text: &str) -> Option<Vec<OutputBlock>> {
-    let document: Value = serde_json::from_str(text).ok()?;
-    let calls = document.get("tool_calls")?.as_array()?;
-    let blocks: Option<Vec<OutputBlock>> = calls
-        .iter()
-        .map(|call| {
-            Some(OutputBlock::ToolUse {
-                id: tool_use_id(),
-                name: call.get("name")?.as_str()?.to_owned(),
-                input: call.get("arguments")?.clone(),
-            })
-        })
-        .collect();
-    blocks.filter(|blocks| !blocks.is_empty())
+/// The blocks of a finished output: its text (none when empty), then its calls as
+/// `tool_use` blocks when tools may be called (`callable`).
+pub fn output_blocks(text: String, callable: Option<&ToolPlan>) -> Vec<OutputBlock> {
+    let parsed = match callable {
+        Some(plan) => parse_output(plan, &text),
+        None => ParsedOutput {
+            content: Some(text),
+            calls: Vec::new(),
+        },
+    };
+    let text = parsed
+        .content
+        .filter(|text| !text.is_empty())
+        .map(|text| OutputBlock::Text { text });
+    let calls = parsed.calls.into_iter().map(|call| OutputBlock::ToolUse {
+        id: tool_use_id(),
+        name: call.function.name,
+        // Complete calls only: `parse_output` keeps an output with broken arguments as text.
+        input: serde_json::from_str(&call.function.arguments).unwrap_or_default(),
+    });
+    text.into_iter().chain(calls).collect()
 }
 
 #[cfg(test)]
@@ -116,7 +108,12 @@ mod tests {
     fn a_calls_document_becomes_tool_use_blocks_only_when_tools_are_callable() {
         let document =
             r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#;
-        let blocks = output_blocks(document.to_owned(), true);
+        let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+        let plan = crate::tools::plan(Some(tools), None, None)
+            .unwrap()
+            .unwrap();
+        let callable = Some(&plan);
+        let blocks = output_blocks(document.to_owned(), callable);
         match blocks.as_slice() {
             [OutputBlock::ToolUse { id, name, input }] => {
                 assert!(id.starts_with("toolu_"));
@@ -126,14 +123,14 @@ mod tests {
             other => panic!("expected one tool_use block, got {other:?}"),
         }
         assert_eq!(
-            output_blocks(document.to_owned(), false),
+            output_blocks(document.to_owned(), None),
             vec![OutputBlock::Text {
                 text: document.to_owned()
             }]
         );
-        assert!(output_blocks(String::new(), true).is_empty());
+        assert!(output_blocks(String::new(), callable).is_empty());
         assert_eq!(
-            output_blocks("Sunny.".into(), true),
+            output_blocks("Sunny.".into(), callable),
             vec![OutputBlock::Text {
                 text: "Sunny.".into()
             }]

@@ -36,6 +36,7 @@ use crate::scheduler::{
     LoadSnapshot, SchedulerError, TokenLogprob,
 };
 use crate::stream::TokenDecoding;
+use crate::tools::ToolFormat;
 use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, SamplingDefaults, Validator};
 
 pub const MODEL_ID: &str = "test-model";
@@ -204,6 +205,7 @@ pub fn handler_config(max_concurrent_requests: usize) -> HandlerConfig {
         request_limits: RequestLimits::default(),
         default_sampling: SamplingDefaults::default(),
         started_at: 1,
+        tool_format: ToolFormat::default(),
     }
 }
 

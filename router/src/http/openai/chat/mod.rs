@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: the request body (`request.rs`), the whole completion
 //! (`response.rs`) and the streamed chunks (`streaming.rs`), joined by the handler here.
 
+mod render;
 mod request;
 mod response;
 mod streaming;
@@ -11,6 +12,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+pub use render::render_chat_request;
 pub use request::ChatRequest;
 pub use response::ChatCompletion;
 pub use streaming::ChatChunks;
@@ -21,7 +23,6 @@ use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest};
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
-use crate::tools::ToolPlan;
 
 /// `POST /v1/chat/completions`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "OpenAI", request_body = ChatRequest, responses(
@@ -40,7 +41,11 @@ pub async fn completions(
         StreamOptions::usage_wanted(request.stream_options, state.config.always_include_usage);
     let with_logprobs = request.logprobs == Some(true);
     let config = &state.config;
-    let plan = request.into_plan(&config.request_limits, &config.default_sampling)?;
+    let plan = request.into_plan(
+        &config.request_limits,
+        &config.default_sampling,
+        config.tool_format,
+    )?;
     let generations = AdmittedRequest::start_siblings(
         state.engine(),
         "chat_completions",
@@ -61,7 +66,7 @@ pub async fn completions(
         ));
     }
     let completed = collect_siblings(generations).await?;
-    let may_call_tools = plan.tool_plan.as_ref().is_some_and(ToolPlan::may_call);
-    let body = ChatCompletion::new(meta, completed, decoding.as_deref(), may_call_tools);
+    let callable = plan.tool_plan.as_ref().filter(|tools| tools.may_call());
+    let body = ChatCompletion::new(meta, completed, decoding.as_deref(), callable);
     Ok(Json(body).into_response())
 }

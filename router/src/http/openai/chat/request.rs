@@ -9,10 +9,10 @@ use utoipa::ToSchema;
 use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
 use crate::limits::RequestLimits;
 use crate::scheduler::LogprobOptions;
-use crate::tools::{self, ToolPlan};
+use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, ChatEnding, ChatMessage, GenerationParams,
-    Prompt, SamplingDefaults, ValidationError,
+    check_choices, check_count, reject_unsupported, template_kwargs, ChatEnding, ChatMessage,
+    GenerationParams, Prompt, SamplingDefaults, TemplateExtras, ValidationError,
 };
 use crate::validation::{request_rules, response_format};
 
@@ -132,7 +132,12 @@ pub struct ChatPlan {
 
 impl RequestMessage {
     /// Flattens text parts (joined by newlines); other part types are not supported yet.
-    fn into_chat_message(mut self, index: usize) -> Result<ChatMessage, ValidationError> {
+    /// Assistant calls are shown to the model in the format it is asked to call in.
+    fn into_chat_message(
+        mut self,
+        index: usize,
+        format: ToolFormat,
+    ) -> Result<ChatMessage, ValidationError> {
         let calls = self
             .extra
             .remove("tool_calls")
@@ -147,18 +152,21 @@ impl RequestMessage {
                 parts.into_iter().map(|part| (part.kind, part.text)),
             )?,
         };
-        // Assistant calls are shown to the model in the format it is asked to call in.
-        let content = match calls {
-            Some(calls) if content.is_empty() => {
-                tools::history_calls(calls, &format!("messages[{index}].tool_calls"))?
-            }
-            _ => content,
+        let param = format!("messages[{index}].tool_calls");
+        let history = calls
+            .map(|calls| tools::history(format.family, calls, &param))
+            .transpose()?;
+        let (content, tool_calls) = match history {
+            Some(HistoryCalls::Text(text)) if content.is_empty() => (text, None),
+            Some(HistoryCalls::Native(calls)) => (content, Some(calls)),
+            _ => (content, None),
         };
         Ok(ChatMessage {
             role: self.role,
             content,
             name: self.name,
             tool_call_id: self.tool_call_id,
+            tool_calls,
         })
     }
 }
@@ -167,38 +175,46 @@ impl_sampling_fields!(ChatRequest);
 
 impl ChatRequest {
     /// The tool plan from `tools`, `tool_choice` and `parallel_tool_calls`, within `max_tools`.
-    fn tool_plan(&mut self, max_tools: usize) -> Result<Option<ToolPlan>, ValidationError> {
+    fn tool_plan(
+        &mut self,
+        max_tools: usize,
+        format: ToolFormat,
+    ) -> Result<Option<ToolPlan>, ValidationError> {
         let tools = self.extra.remove("tools");
         if let Some(Value::Array(entries)) = &tools {
             request_rules::check_list_len("tools", entries.len(), max_tools)?;
         }
-        tools::plan(
+        let plan = tools::plan(
             tools,
             self.extra.remove("tool_choice"),
             self.extra.remove("parallel_tool_calls"),
-        )
+        )?;
+        Ok(plan.map(|plan| plan.with_format(format)))
     }
 
     /// The conversation as chat messages; `messages` is required.
-    fn chat_messages(&mut self) -> Result<Vec<ChatMessage>, ValidationError> {
+    fn chat_messages(&mut self, format: ToolFormat) -> Result<Vec<ChatMessage>, ValidationError> {
         request_rules::required("messages", self.messages.take())?
             .into_iter()
             .enumerate()
-            .map(|(index, message)| message.into_chat_message(index))
+            .map(|(index, message)| message.into_chat_message(index, format))
             .collect()
     }
 
-    /// The prompt, the parameters, the number of choices and the tool plan.
+    /// The prompt, the parameters, the number of choices and the tool plan, with tool calls
+    /// in `format`.
     pub fn into_plan(
         mut self,
         limits: &RequestLimits,
         defaults: &SamplingDefaults,
+        format: ToolFormat,
     ) -> Result<ChatPlan, ValidationError> {
         let response_format = self.extra.remove("response_format");
-        let tool_plan = self.tool_plan(limits.max_tools)?;
+        let tool_plan = self.tool_plan(limits.max_tools, format)?;
+        let kwargs = template_kwargs(self.extra.remove("chat_template_kwargs"))?;
         reject_unsupported(&self.extra, &[])?;
         let n = check_choices("n", self.n, limits.max_choices)?;
-        let mut messages = self.chat_messages()?;
+        let mut messages = self.chat_messages(format)?;
         let ending = ChatEnding::from_flags(
             self.add_generation_prompt,
             self.continue_final_message,
@@ -222,8 +238,12 @@ impl ChatRequest {
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
             apply_tool_plan(plan, &mut params, &mut messages)?;
         }
+        let extras = TemplateExtras {
+            tools: tool_plan.as_ref().and_then(ToolPlan::template_tools),
+            kwargs,
+        };
         Ok(ChatPlan {
-            prompt: Prompt::Chat(messages, ending),
+            prompt: Prompt::Chat(messages, ending, extras),
             params,
             n,
             tool_plan,

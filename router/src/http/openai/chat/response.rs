@@ -8,7 +8,7 @@ use crate::generation::Completed;
 use crate::http::openai::logprobs::chat_logprobs;
 use crate::http::openai::{finish_reason, ResponseMeta, Usage};
 use crate::stream::TokenDecoding;
-use crate::tools::{self, ToolCall};
+use crate::tools::{parse_output, ToolCall, ToolPlan};
 
 /// A chat completion.
 #[derive(Debug, Serialize, ToSchema)]
@@ -46,13 +46,13 @@ struct AssistantMessage {
 }
 
 impl ChatCompletion {
-    /// The completion of every choice; with `may_call_tools`, a choice's calls document
-    /// becomes its `tool_calls`.
+    /// The completion of every choice; with tools the model may call (`callable`), a
+    /// choice's calls become its `tool_calls`.
     pub fn new(
         meta: ResponseMeta,
         completed: Vec<Completed>,
         decoding: Option<&TokenDecoding>,
-        may_call_tools: bool,
+        callable: Option<&ToolPlan>,
     ) -> Self {
         let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
         let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
@@ -70,9 +70,11 @@ impl ChatCompletion {
                     refusal: None,
                 },
             });
-        let choices = match may_call_tools {
-            true => choices.map(with_tool_calls).collect(),
-            false => choices.collect(),
+        let choices = match callable {
+            Some(plan) => choices
+                .map(|choice| with_tool_calls(choice, plan))
+                .collect(),
+            None => choices.collect(),
         };
         ChatCompletion {
             id: meta.id,
@@ -85,15 +87,17 @@ impl ChatCompletion {
     }
 }
 
-/// Moves a calls document out of `content` into `tool_calls` (finish reason `tool_calls`).
-fn with_tool_calls(mut choice: ChatChoice) -> ChatChoice {
-    let parsed = choice.message.content.as_deref().and_then(tools::parse);
-    if let Some(calls) = parsed.filter(|calls| !calls.is_empty()) {
+/// Moves calls out of `content` into `tool_calls` (finish reason `tool_calls`); text before
+/// them stays the content.
+fn with_tool_calls(mut choice: ChatChoice, plan: &ToolPlan) -> ChatChoice {
+    let text = choice.message.content.take().unwrap_or_default();
+    let parsed = parse_output(plan, &text);
+    if !parsed.calls.is_empty() {
         if choice.finish_reason == "stop" {
             choice.finish_reason = "tool_calls";
         }
-        choice.message.content = None;
-        choice.message.tool_calls = Some(calls);
+        choice.message.tool_calls = Some(parsed.calls);
     }
+    choice.message.content = parsed.content;
     choice
 }

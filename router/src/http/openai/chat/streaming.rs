@@ -8,8 +8,7 @@ use crate::http::openai::chunks::{chat_chunk, ChatChunkChoice, ChatDelta};
 use crate::http::openai::envelope::{ChunkBuilder, ResponseMeta, Usage};
 use crate::http::openai::logprobs::chat_logprobs;
 use crate::stream::{TokenDecoding, TokenText};
-use crate::tools::{ChoiceOutput, DeltaBody};
-use crate::tools::{ToolChoice, ToolPlan};
+use crate::tools::{ChoiceOutput, DeltaBody, ToolPlan};
 
 /// Chunks of `object: "chat.completion.chunk"`; the first one announces the role.
 /// With `logprobs`, every token gets a chunk, even one that releases no text.
@@ -28,10 +27,9 @@ impl ChatChunks {
         tool_plan: Option<&ToolPlan>,
         n: usize,
     ) -> Self {
-        let tool_outputs = tool_plan.filter(|plan| plan.may_call()).map(|plan| {
-            let required = plan.choice != ToolChoice::Auto;
-            (0..n).map(|_| ChoiceOutput::new(required)).collect()
-        });
+        let tool_outputs = tool_plan
+            .filter(|plan| plan.may_call())
+            .map(|plan| (0..n).map(|_| ChoiceOutput::for_plan(plan)).collect());
         ChatChunks {
             meta,
             logprobs,
@@ -68,7 +66,10 @@ impl ChunkBuilder for ChatChunks {
             .and_then(|outputs| outputs.get_mut(index))
         {
             Some(output) => {
-                let body = output.push(token.text.clone());
+                let mut body = output.push(token.text.clone());
+                if finish.is_some() {
+                    body = body.followed_by(output.finish());
+                }
                 (body, finish.map(|finish| output.finish_reason(finish)))
             }
             None if token.text.is_empty() => (DeltaBody::Nothing, finish),
@@ -88,6 +89,11 @@ impl ChunkBuilder for ChatChunks {
                 ..ChatDelta::default()
             },
             DeltaBody::ToolCalls(calls) => ChatDelta {
+                tool_calls: Some(calls),
+                ..ChatDelta::default()
+            },
+            DeltaBody::ContentThenCalls(text, calls) => ChatDelta {
+                content: Some(text),
                 tool_calls: Some(calls),
                 ..ChatDelta::default()
             },

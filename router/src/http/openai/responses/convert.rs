@@ -17,7 +17,7 @@ use crate::tools::{self, ToolPlan};
 use crate::validation::serde_wording;
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
-    RequestedGrammar, ValidationError,
+    RequestedGrammar, TemplateExtras, ValidationError,
 };
 
 /// What a responses request generates from.
@@ -86,6 +86,7 @@ pub fn generation(
 ) -> Result<Generation, AppError> {
     refuse_unsupported(&request)?;
     let (plan, tools_echo, choice_echo) = tool_plan(&mut request, config.request_limits.max_tools)?;
+    let plan = plan.map(|plan| plan.with_format(config.tool_format));
     let format = request.text.take().and_then(|text| text.format);
     let text_echo = json!({"format": format_echo(format.as_ref())});
     let mut params = sampling(&request, config);
@@ -118,7 +119,7 @@ pub fn generation(
         .input
         .take()
         .ok_or(ValidationError::Missing("input"))?;
-    conversation.extend(input::messages(input)?);
+    conversation.extend(input::messages(input, config.tool_format.family)?);
     let prompt = prompt(
         request.instructions.as_deref(),
         plan.as_ref(),
@@ -186,7 +187,11 @@ fn prompt(
         messages.push(ChatMessage::new("system", system.join("\n\n")));
     }
     messages.extend_from_slice(conversation);
-    Prompt::Chat(messages, ChatEnding::GenerationPrompt)
+    let extras = TemplateExtras {
+        tools: plan.and_then(ToolPlan::template_tools),
+        ..TemplateExtras::default()
+    };
+    Prompt::Chat(messages, ChatEnding::GenerationPrompt, extras)
 }
 
 /// `text.format` as the chat route's `response_format`, its errors named as this body names

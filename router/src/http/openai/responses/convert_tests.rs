@@ -34,7 +34,7 @@ fn refused_param(body: Value) -> String {
 
 fn messages(generation: &Generation) -> &[ChatMessage] {
     match &generation.prompt {
-        Prompt::Chat(messages, ChatEnding::GenerationPrompt) => messages,
+        Prompt::Chat(messages, ChatEnding::GenerationPrompt, _) => messages,
         other => panic!("expected a chat prompt asking for a new turn, got {other:?}"),
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
 use crate::error::{error_body, Api, AppError};
 use crate::stream::Finish;
-use crate::tools::{route_text, ChoiceOutput, DeltaBody};
+use crate::tools::{route_text, ChoiceOutput, ToolFamily};
 
 /// Renders one response's events; every method returns the events to send, in order.
 #[derive(Debug)]
@@ -29,10 +29,18 @@ impl ResponseEvents {
     pub fn new(tools_callable: bool, call_required: bool) -> Self {
         Self {
             sequence: 0,
-            tool_output: tools_callable.then(|| ChoiceOutput::new(call_required)),
+            tool_output: tools_callable
+                .then(|| ChoiceOutput::new(ToolFamily::Tandem, call_required)),
             items: Vec::new(),
             open: false,
         }
+    }
+
+    /// Reads calls in `family`'s syntax (Tandem's unless set).
+    #[must_use]
+    pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
+        self.tool_output = self.tool_output.map(|output| output.in_family(family));
+        self
     }
 
     /// `payload` numbered as the next event.
@@ -53,27 +61,27 @@ impl ResponseEvents {
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
-        let body = route_text(self.tool_output.as_mut(), text);
-        match body {
-            DeltaBody::Nothing => {}
-            DeltaBody::Content(text) => {
-                if !matches!(self.open_item(), Some(OutputItem::Message { .. })) {
-                    self.close("completed", &mut events);
-                    self.open_message(&mut events);
-                }
-                if let Some((item_id, output_index)) = self.push_text(&text) {
-                    events.push(self.event(json!({"type": "response.output_text.delta",
-                        "item_id": item_id, "output_index": output_index, "content_index": 0,
-                        "delta": text, "logprobs": []})));
-                }
+        let (content, calls) = route_text(self.tool_output.as_mut(), text).into_parts();
+        self.release(&content, calls, &mut events);
+        events
+    }
+
+    /// Events for `text`, then for the `calls` delta entries.
+    fn release(&mut self, text: &str, calls: Vec<Value>, events: &mut Vec<Value>) {
+        if !text.is_empty() {
+            if !matches!(self.open_item(), Some(OutputItem::Message { .. })) {
+                self.close("completed", events);
+                self.open_message(events);
             }
-            DeltaBody::ToolCalls(calls) => {
-                for call in calls {
-                    self.call_delta(&call, &mut events);
-                }
+            if let Some((item_id, output_index)) = self.push_text(text) {
+                events.push(self.event(json!({"type": "response.output_text.delta",
+                    "item_id": item_id, "output_index": output_index, "content_index": 0,
+                    "delta": text, "logprobs": []})));
             }
         }
-        events
+        for call in calls {
+            self.call_delta(&call, events);
+        }
     }
 
     fn open_item(&mut self) -> Option<&mut OutputItem> {
@@ -208,6 +216,10 @@ impl ResponseEvents {
     /// output; items are `incomplete` when the length limit ended the response.
     pub fn finish(&mut self, finish: Finish) -> (Vec<Value>, Vec<OutputItem>) {
         let mut events = Vec::new();
+        if let Some(held) = self.tool_output.as_mut().map(ChoiceOutput::finish) {
+            let (text, calls) = held.into_parts();
+            self.release(&text, calls, &mut events);
+        }
         if self.items.is_empty() {
             self.open_message(&mut events);
         }

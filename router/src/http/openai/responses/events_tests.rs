@@ -197,3 +197,23 @@ fn an_error_event_carries_the_openai_error_and_the_next_number() {
     assert_eq!(event["code"], "server_error");
     assert!(event["message"].as_str().unwrap().contains("boom"));
 }
+
+#[test]
+fn a_hermes_call_after_text_is_a_message_then_a_function_call_item() {
+    let pieces = [
+        "Checking.<tool_c",
+        "all>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+    ];
+    let mut renderer = ResponseEvents::new(true, false).with_tool_family(ToolFamily::Hermes);
+    let events = streamed(&mut renderer, &pieces, Finish::EosToken);
+    let done: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[0]["item"]["type"], "message");
+    assert_eq!(done[0]["item"]["content"][0]["text"], "Checking.");
+    assert_eq!(done[1]["item"]["type"], "function_call");
+    assert_eq!(done[1]["item"]["name"], "now");
+    assert_eq!(done[1]["item"]["arguments"], "{}");
+}

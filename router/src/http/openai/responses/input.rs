@@ -6,15 +6,15 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::request::{ContentPart, InputItem};
-use crate::tools;
+use crate::tools::{self, HistoryCalls, ToolFamily};
 use crate::validation::serde_wording;
 use crate::validation::{ChatMessage, ValidationError};
 
 const ITEM_TYPES: [&str; 3] = ["message", "function_call", "function_call_output"];
 const PART_TYPES: [&str; 2] = ["input_text", "output_text"];
 
-/// The chat messages of `input`: text is one user message.
-pub fn messages(input: Value) -> Result<Vec<ChatMessage>, ValidationError> {
+/// The chat messages of `input`: text is one user message; calls are written for `family`.
+pub fn messages(input: Value, family: ToolFamily) -> Result<Vec<ChatMessage>, ValidationError> {
     let items = match input {
         Value::String(text) => return Ok(vec![ChatMessage::new("user", text)]),
         Value::Array(items) => items,
@@ -27,7 +27,10 @@ pub fn messages(input: Value) -> Result<Vec<ChatMessage>, ValidationError> {
         }
     };
     let mut messages = Vec::with_capacity(items.len());
-    let mut calls = PendingCalls::default();
+    let mut calls = PendingCalls {
+        family,
+        ..PendingCalls::default()
+    };
     for (index, item) in items.into_iter().enumerate() {
         match parse_item(item, index)? {
             InputItem::FunctionCall(call) => calls.push(
@@ -58,6 +61,7 @@ pub fn messages(input: Value) -> Result<Vec<ChatMessage>, ValidationError> {
 /// Function calls in a row, written as one assistant message once the row ends.
 #[derive(Debug, Default)]
 struct PendingCalls {
+    family: ToolFamily,
     first_index: usize,
     calls: Vec<Value>,
 }
@@ -76,10 +80,13 @@ impl PendingCalls {
         }
         let calls = Value::Array(std::mem::take(&mut self.calls));
         let param = format!("input[{}].arguments", self.first_index);
-        messages.push(ChatMessage::new(
-            "assistant",
-            tools::history_calls(calls, &param)?,
-        ));
+        messages.push(match tools::history(self.family, calls, &param)? {
+            HistoryCalls::Text(text) => ChatMessage::new("assistant", text),
+            HistoryCalls::Native(calls) => ChatMessage {
+                tool_calls: Some(calls),
+                ..ChatMessage::new("assistant", "")
+            },
+        });
         Ok(())
     }
 }

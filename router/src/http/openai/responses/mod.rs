@@ -85,7 +85,8 @@ pub async fn create(
         .tools
         .as_ref()
         .is_some_and(|plan| plan.choice != ToolChoice::Auto);
-    let renderer = ResponseEvents::new(generation.tools.is_some(), call_required);
+    let renderer = ResponseEvents::new(generation.tools.is_some(), call_required)
+        .with_tool_family(state.config.tool_format.family);
     let draft = Draft::new(
         state.config.model_id.clone(),
         generation.echo,

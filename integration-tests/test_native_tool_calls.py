@@ -1,0 +1,126 @@
+"""Tool calls in a model family's own syntax through the real stack: a random-weight Qwen2 with the Hermes-style
+(Qwen2.5) chat template. The router picks the syntax from the template, renders the tools through it, and the grammar
+alone makes every sampled call a declared function with arguments valid under its schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import requests
+from tandem_harness import MAX_TOTAL_TOKENS, TandemServer, embedded_model_dir, sse_lines
+
+QWEN25_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/qwen2.5.jinja"
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    },
+    "required": ["city", "unit", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 12}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": schema}}
+         for name, schema in SCHEMAS.items()]  # fmt: skip
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+REQUESTS = 50
+
+
+@pytest.fixture(scope="module")
+def hermes_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Qwen2 speaking the embedded model's tokenizer."""
+    import torch  # noqa: PLC0415
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: PLC0415
+
+    embedded = embedded_model_dir()
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    model_dir = tmp_path_factory.mktemp("qwen2-hermes")
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=embedded_config["vocab_size"], bos_token_id=embedded_config["bos_token_id"],
+        eos_token_id=embedded_config["eos_token_id"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_TOTAL_TOKENS,
+        initializer_range=0.2, tie_word_embeddings=True,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).symlink_to(embedded / name)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def hermes(hermes_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    log_path = tmp_path_factory.mktemp("hermes") / "launcher.log"
+    server = TandemServer.start(
+        log_path, "--model-id", str(hermes_model), "--chat-template", str(QWEN25_TEMPLATE),
+        "--kv-cache-memory", "64MiB", "--dtype", "float32", "--quantize", "none",
+    )  # fmt: skip
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def _body(seed: int, **fields: Any) -> dict[str, Any]:
+    return {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+            "temperature": 1.0, "seed": seed, "max_tokens": 200, **fields}  # fmt: skip
+
+
+def _complete(server: TandemServer, seed: int) -> dict[str, Any]:
+    reply = requests.post(f"{server.base_url}/v1/chat/completions", json=_body(seed), timeout=300)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_the_model_chooses_the_hermes_syntax_and_sees_the_tools_through_its_template(hermes: TandemServer) -> None:
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    assert "tool calls use the hermes syntax" in hermes.log_path.read_text()
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    expected = tokenizer.apply_chat_template(
+        ASK, tools=TOOLS, chat_template=QWEN25_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=True,
+        return_dict=True,
+    )["input_ids"]  # fmt: skip
+    assert _complete(hermes, 0)["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_every_sampled_required_call_is_a_declared_function_with_schema_valid_arguments(hermes: TandemServer) -> None:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        completions = list(pool.map(lambda seed: _complete(hermes, seed), range(REQUESTS)))
+    names = set()
+    for completion in completions:
+        choice = completion["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["content"] is None
+        [call] = choice["message"]["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        name = call["function"]["name"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+        names.add(name)
+    assert names <= set(SCHEMAS)
+    assert len({json.dumps(c["choices"][0]["message"]["tool_calls"][0]["function"]) for c in completions}) > 1
+
+
+def test_a_streamed_call_rebuilds_the_same_call_as_the_whole_answer(hermes: TandemServer) -> None:
+    whole = _complete(hermes, 7)["choices"][0]["message"]["tool_calls"][0]["function"]
+    body = _body(7, stream=True)
+    with requests.post(f"{hermes.base_url}/v1/chat/completions", json=body, stream=True, timeout=300) as reply:
+        events = [line.removeprefix("data: ") for line in sse_lines(reply) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    deltas = [call for chunk in chunks for call in chunk["choices"][0]["delta"].get("tool_calls") or []]
+    assert [delta["function"]["name"] for delta in deltas if "id" in delta] == [whole["name"]]
+    arguments = "".join(delta["function"]["arguments"] for delta in deltas if "id" not in delta)
+    assert json.loads(arguments) == json.loads(whole["arguments"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -1,0 +1,93 @@
+//! The `tojson` filter as `transformers` defines it for chat templates (Python's
+//! `json.dumps` with `ensure_ascii=False`): `", "` and `": "` between items, keys in the
+//! order given, `indent` for a multi-line layout. Templates write tool schemas and call
+//! arguments with it, so the model sees exactly the text it was tuned on.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Error, ErrorKind};
+use serde_json::Value as Json;
+
+/// `value | tojson` or `value | tojson(indent=N)`.
+pub fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match indent {
+        Some(indent) => Some(indent),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write(value: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
+    match value {
+        Json::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                separate(index, indent, depth + 1, out);
+                write(item, indent, depth + 1, out);
+            }
+            close(indent, depth, ']', out);
+        }
+        Json::Object(fields) if !fields.is_empty() => {
+            out.push('{');
+            for (index, (key, item)) in fields.iter().enumerate() {
+                separate(index, indent, depth + 1, out);
+                out.push_str(&Json::from(key.as_str()).to_string());
+                out.push_str(": ");
+                write(item, indent, depth + 1, out);
+            }
+            close(indent, depth, '}', out);
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// What goes before item `index`: `", "` inline, a comma and a new indented line otherwise.
+fn separate(index: usize, indent: Option<usize>, depth: usize, out: &mut String) {
+    match indent {
+        None if index > 0 => out.push_str(", "),
+        None => {}
+        Some(width) => {
+            if index > 0 {
+                out.push(',');
+            }
+            out.push('\n');
+            out.push_str(&" ".repeat(width * depth));
+        }
+    }
+}
+
+fn close(indent: Option<usize>, depth: usize, bracket: char, out: &mut String) {
+    if let Some(width) = indent {
+        out.push('\n');
+        out.push_str(&" ".repeat(width * depth));
+    }
+    out.push(bracket);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dumps(value: serde_json::Value, indent: Option<usize>) -> String {
+        let mut out = String::new();
+        write(&value, indent, 0, &mut out);
+        out
+    }
+
+    #[test]
+    fn layout_and_key_order_follow_python_json_dumps() {
+        let value = serde_json::json!({"z": [1, 2.5, "é\n"], "a": {}, "m": {"k": null}});
+        assert_eq!(
+            dumps(value.clone(), None),
+            r#"{"z": [1, 2.5, "é\n"], "a": {}, "m": {"k": null}}"#
+        );
+        assert_eq!(
+            dumps(value, Some(2)),
+            "{\n  \"z\": [\n    1,\n    2.5,\n    \"é\\n\"\n  ],\n  \"a\": {},\n  \"m\": {\n    \"k\": null\n  }\n}"
+        );
+    }
+}
