@@ -44,6 +44,7 @@ TORCH_CAPABILITIES = BackendCapabilities(
     kernel="the torch backend",
     devices=("cuda", "cpu"),
     other_kv_cache_dtype=True,
+    attention_sinks=True,
     auto_priority={"cuda": 40, "cpu": 40},
 )
 SDPA_CAPABILITIES = BackendCapabilities(
@@ -56,6 +57,7 @@ TRITON_CAPABILITIES = BackendCapabilities(
     kernel="the Triton kernel",
     devices=("cuda",),
     max_head_size=TRITON_MAX_HEAD_SIZE,
+    attention_sinks=True,
     cuda_graphs=True,
     releases=(TRITON,),
     auto_priority={"cuda": 20},

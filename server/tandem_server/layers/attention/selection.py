@@ -36,6 +36,8 @@ class AttentionNeeds:
     # Tokens per KV block the router pages with; None: not known before Warmup.
     block_size: int | None = None
     sliding_window: bool = False
+    # The model adds a learned sink per head to its attention softmax (gpt-oss).
+    attention_sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,10 @@ def needs_from_hf_config(
     dtype: torch.dtype,
     kv_cache_dtype: torch.dtype | None = None,
     block_size: int | None = None,
+    attention_sinks: bool = False,
 ) -> AttentionNeeds:
-    """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows."""
+    """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows;
+    whether the family adds attention sinks is the model registry's to say (config.json does not)."""
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
     softcap = hf.get("attn_logit_softcapping") is not None
     # A window applies where layer_types names sliding layers, else wherever one is set and not switched off (Qwen2's
@@ -85,7 +89,7 @@ def needs_from_hf_config(
     windows = "sliding_attention" in layer_types or (
         bool(hf.get("sliding_window")) and hf.get("use_sliding_window") is not False
     )
-    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows)
+    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, attention_sinks)
 
 
 def detect_packages(device: str, registry: BackendRegistry = ATTENTION_REGISTRY) -> ProbedPackages:
@@ -134,6 +138,8 @@ def _model_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -> 
         return f"{kernel} cannot apply attention logit softcapping"
     if needs.sliding_window and not capabilities.sliding_window:
         return f"{kernel} cannot apply sliding windows"
+    if needs.attention_sinks and not capabilities.attention_sinks:
+        return f"{kernel} cannot add attention sinks"
     return None
 
 
