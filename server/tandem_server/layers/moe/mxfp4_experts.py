@@ -7,8 +7,8 @@ intermediate features is a run of gate/up rows and of whole down blocks, so rank
 
 Dispatch sorts the pairs by expert like the float experts, then multiplies each expert that received rows by its own
 weights, dequantized for that one multiplication: experts no token chose are never unpacked, and at most one expert's
-float weights exist at a time. Which experts received rows is read on the host, so the layer runs eagerly (a compiled
-step breaks its graph around it); the CPU has no transfer to wait for.
+float weights exist at a time. Which experts received rows is read on the host (the CPU has no transfer to wait for),
+inside an operator of Tandem's own that compiled steps call as one node of their graphs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tandem_server.errors import ConfigError
 from tandem_server.layers.moe.routing import ExpertGroups
-from tandem_server.layers.moe.swiglu_experts import ClampedSwiGLUExperts, ExpertShape
+from tandem_server.layers.moe.swiglu_experts import ClampedSwiGLU, ClampedSwiGLUExperts, ExpertShape
 from tandem_server.quant.mxfp4.format import BLOCK_BYTES, BLOCK_VALUES, dequantize, pair_values
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
@@ -46,17 +46,56 @@ class Mxfp4SwiGLUExperts(ClampedSwiGLUExperts):
 
     def project(self, rows: torch.Tensor, groups: ExpertGroups, sorted_experts: torch.Tensor) -> torch.Tensor:
         """Each row's expert output (its down bias included on rank 0), one chosen expert at a time."""
-        outputs = rows.new_empty(rows.shape[0], self.down_proj_bias.shape[1])
-        start = 0
-        for expert, end in enumerate(groups.ends.tolist()):
-            if end > start:
-                outputs[start:end] = self._expert(expert, rows[start:end])
-            start = end
-        return outputs
+        weights = [
+            self.gate_up_proj_blocks,
+            self.gate_up_proj_scales,
+            self.gate_up_proj_bias,
+            self.down_proj_blocks,
+            self.down_proj_scales,
+            self.down_proj_bias,
+        ]
+        glu = self.glu
+        return mxfp4_swiglu_experts(
+            rows, groups.ends, weights, self.pair_values, glu.alpha, glu.limit, self.adds_down_bias
+        )
 
-    def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        values = self.pair_values
-        gate_up = dequantize(self.gate_up_proj_blocks[expert], self.gate_up_proj_scales[expert], values)
-        activated = self.glu(F.linear(rows, gate_up, self.gate_up_proj_bias[expert]))
-        down = dequantize(self.down_proj_blocks[expert], self.down_proj_scales[expert], values)
-        return F.linear(activated, down, self.down_proj_bias[expert] if self.adds_down_bias else None)
+
+# Tandem's own operator, opaque to torch.compile: a compiled step calls it as one node of its graph, instead of
+# tracing a loop that depends on which experts received rows.
+@torch.library.custom_op("tandem::mxfp4_swiglu_experts", mutates_args=())
+def mxfp4_swiglu_experts(
+    rows: torch.Tensor,
+    ends: torch.Tensor,
+    weights: list[torch.Tensor],
+    values: torch.Tensor,
+    alpha: float,
+    limit: float,
+    adds_down_bias: bool,
+) -> torch.Tensor:
+    """The outputs of `rows` sorted by expert (expert e's run ends at `ends[e]`), for `weights` the gate/up blocks,
+    scales and bias then the down blocks, scales and bias of every expert."""
+    gate_up_blocks, gate_up_scales, gate_up_bias, down_blocks, down_scales, down_bias = weights
+    glu = ClampedSwiGLU(alpha, limit)
+    outputs = rows.new_empty(rows.shape[0], down_bias.shape[1])
+    start = 0
+    for expert, end in enumerate(ends.tolist()):
+        if end > start:
+            gate_up = dequantize(gate_up_blocks[expert], gate_up_scales[expert], values)
+            activated = glu(F.linear(rows[start:end], gate_up, gate_up_bias[expert]))
+            down = dequantize(down_blocks[expert], down_scales[expert], values)
+            outputs[start:end] = F.linear(activated, down, down_bias[expert] if adds_down_bias else None)
+        start = end
+    return outputs
+
+
+@mxfp4_swiglu_experts.register_fake
+def _(
+    rows: torch.Tensor,
+    ends: torch.Tensor,
+    weights: list[torch.Tensor],
+    values: torch.Tensor,
+    alpha: float,
+    limit: float,
+    adds_down_bias: bool,
+) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], weights[-1].shape[1])

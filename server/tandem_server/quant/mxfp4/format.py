@@ -35,10 +35,11 @@ def is_mxfp4(quantization_config: dict[str, Any]) -> bool:
 def pair_values(dtype: torch.dtype) -> torch.Tensor:
     """`[65536, 4]` on the CPU: the four values two consecutive packed bytes hold, indexed by the bytes read as one
     little-endian 16-bit integer (the first byte low), each byte's low nibble first. Shared by every caller."""
-    codes = torch.arange(256)
-    table = torch.tensor(E2M1_VALUES, dtype=dtype)
+    cpu = torch.device("cpu")
+    codes = torch.arange(256, device=cpu)
+    table = torch.tensor(E2M1_VALUES, dtype=dtype, device=cpu)
     byte_values = torch.stack((table[codes & 0x0F], table[codes >> 4]), dim=-1)
-    pairs = torch.arange(65536)
+    pairs = torch.arange(65536, device=cpu)
     return torch.cat((byte_values[pairs & 0xFF], byte_values[pairs >> 8]), dim=-1)
 
 
