@@ -20,7 +20,7 @@ from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.parameter_counts import parameter_counts
-from tandem_server.models.registry import CausalLM, model_factory
+from tandem_server.models.registry import ATTENTION_SINK_FAMILIES, CausalLM, model_factory
 from tandem_server.quant.checks import check_quantization
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.quant.pipeline import WeightPreparation, prepare_weights
@@ -139,7 +139,14 @@ def choose_attention_backend(
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
     model_factory(checkpoint.architecture)
-    needs = needs_from_hf_config(checkpoint.hf, config.device, config.dtype, config.kv_cache_dtype, config.block_size)
+    needs = needs_from_hf_config(
+        checkpoint.hf,
+        config.device,
+        config.dtype,
+        config.kv_cache_dtype,
+        config.block_size,
+        attention_sinks=checkpoint.architecture in ATTENTION_SINK_FAMILIES,
+    )
     choice = select_backend(config.attention_backend, needs, detect_packages(config.device))
     logger.info("%s", choice.describe())
     return create_backend(choice.name, decode_mirror_memory=decode_mirror_memory)

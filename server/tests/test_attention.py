@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from tandem_server.execution.batch import ScheduledSpan, build_step_batch
 from tandem_server.layers.attention import AttentionParams, LayerCache, TorchAttentionBackend
@@ -14,18 +15,30 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 32
 REQUESTS = [(0, 6), (5, 4), (7, 1), (0, 1), (9, 1), (3, 2)]
 
 
-def naive_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """query [n, H, D] at positions start.., keys/values [start + n, KVH, D]; causal, GQA by repetition."""
+def naive_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """query [n, H, D] at positions start.., keys/values [start + n, KVH, D]; causal, GQA by repetition; each head's
+    sink, when given, is one more score in its softmax whose weight multiplies nothing."""
     groups = HEADS // KV_HEADS
     keys = keys.repeat_interleave(groups, dim=1)
     values = values.repeat_interleave(groups, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query, keys) / HEAD_DIM**0.5
     query_pos = torch.arange(start, start + query.shape[0]).unsqueeze(1)
     scores = scores.masked_fill(torch.arange(keys.shape[0]).unsqueeze(0) > query_pos, float("-inf"))
+    if sinks is not None:
+        sink_scores = sinks.view(HEADS, 1, 1).expand(HEADS, query.shape[0], 1)
+        weights = torch.cat((scores, sink_scores), dim=-1).softmax(dim=-1)[..., :-1]
+        return torch.einsum("hqk,khd->qhd", weights, values)
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
 
 
-def test_paged_attention_matches_naive_reference_for_mixed_step() -> None:
+# Sinks of both signs and sizes: large ones take most of a row's weight, so ignoring them changes every output.
+SINKS = torch.tensor([2.0, -1.0, 0.5, 3.0])
+
+
+@pytest.mark.parametrize("sinks", [None, SINKS], ids=["plain", "sinks"])
+def test_paged_attention_matches_naive_reference_for_mixed_step(sinks: torch.Tensor | None) -> None:
     torch.manual_seed(0)
     rng = random.Random(0)
     shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
@@ -50,13 +63,16 @@ def test_paged_attention_matches_naive_reference_for_mixed_step() -> None:
     metadata = TorchAttentionBackend().prepare(batch.metadata, [cache]).metadata
     step_keys = torch.cat([k[s:] for k, (s, _) in zip(full_keys, REQUESTS, strict=True)])
     step_values = torch.cat([v[s:] for v, (s, _) in zip(full_values, REQUESTS, strict=True)])
-    params = AttentionParams(scale=HEAD_DIM**-0.5)
+    params = AttentionParams(scale=HEAD_DIM**-0.5, sinks=sinks)
     output = TorchAttentionBackend().forward(torch.cat(queries), step_keys, step_values, cache, metadata, params)
 
     row = 0
     for (start, count), query, keys, values in zip(REQUESTS, queries, full_keys, full_values, strict=True):
-        expected = naive_attention(query, keys, values, start)
+        expected = naive_attention(query, keys, values, start, sinks)
         torch.testing.assert_close(output[row : row + count], expected, atol=1e-5, rtol=1e-5)
+        if sinks is not None:
+            without_sinks = naive_attention(query, keys, values, start)
+            assert (output[row : row + count] - without_sinks).abs().max() > 0.05
         row += count
     assert isinstance(metadata, TorchAttentionMetadata)
     assert metadata.decode is not None and len(metadata.decode.query_rows) == 3

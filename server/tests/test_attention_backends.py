@@ -67,6 +67,15 @@ def test_sdpa_backend_refuses_softcap_instead_of_ignoring_it() -> None:
         )
 
 
+def test_sdpa_backend_refuses_attention_sinks_instead_of_ignoring_them() -> None:
+    case = paged_case(DECODE_STEP)
+    params = AttentionParams(scale=HEAD_DIM**-0.5, sinks=torch.zeros(8))
+    with pytest.raises(ValueError, match="attention sinks"):
+        SdpaAttentionBackend().forward(
+            case.query, case.key, case.value, case.fresh_cache(), case.batch().metadata, params
+        )
+
+
 def test_common_metadata_holds_every_token_and_the_torch_backend_adds_only_its_slot_lists() -> None:
     case = paged_case(MIXED_STEP)
     batch, prepared = case.batch(), case.torch_metadata()

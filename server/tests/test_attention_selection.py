@@ -70,6 +70,8 @@ def test_auto_choice_explains_what_it_passed_over() -> None:
         ("triton", CUDA_BF16, NEITHER, "triton is not importable"),
         ("flash", AttentionNeeds("cuda", torch.float32, 64), BOTH_INSTALLED, "float16 and bfloat16, not float32"),
         ("sdpa", AttentionNeeds("cpu", torch.float32, 64, logit_softcap=True), BOTH_INSTALLED, "softcapping"),
+        ("sdpa", AttentionNeeds("cpu", torch.float32, 64, attention_sinks=True), BOTH_INSTALLED, "attention sinks"),
+        ("flash", replace(CUDA_BF16_TMA_PAGES, attention_sinks=True), BOTH_INSTALLED, "flash-attn cannot add"),
         ("flashy", CUDA_BF16, BOTH_INSTALLED, "unknown attention backend 'flashy'"),
     ],
 )
@@ -173,3 +175,13 @@ def test_model_features_come_from_config_json() -> None:
     assert (needs.head_dim, needs.logit_softcap, needs.sliding_window) == (64, False, False)
     mistral = {"hidden_size": 4096, "num_attention_heads": 32, "sliding_window": 4096}
     assert needs_from_hf_config(mistral, "cuda", torch.bfloat16).sliding_window
+
+
+def test_a_model_with_attention_sinks_gets_only_a_backend_that_adds_them() -> None:
+    sinks = replace(CUDA_BF16_TMA_PAGES, attention_sinks=True)
+    choice = select_backend("auto", sinks, BOTH_INSTALLED)
+    assert choice.name == "triton"
+    assert "flash: flash-attn cannot add attention sinks" in choice.describe()
+    # Without Triton, torch SDPA is passed over too.
+    assert select_backend("auto", sinks, NEITHER).name == "torch"
+    assert select_backend("auto", replace(sinks, device="cpu"), detect_packages("cpu")).name == "torch"

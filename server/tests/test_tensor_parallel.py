@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from fp8_testing import write_fp8_checkpoint
 from gguf_testing import write_tiny_llama_gguf
+from gpt_oss_testing import write_gpt_oss, write_gpt_oss_mxfp4
 from safetensors import safe_open
 from safetensors.torch import save_file
 from shard_testing import randomize_correction_biases, write_tiny_llama
@@ -64,6 +65,8 @@ FAMILY_VARIANTS = (
     f"{COMPILED_PREFIX}qwen3-moe-uneven",
     "glm4-moe-grouped",
     "deepseek-v3-mla",
+    "gpt-oss",
+    "gpt-oss-mxfp4",
 )
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
@@ -83,6 +86,8 @@ EXPECTED_KV_HEADS = {
     "glm4-moe-grouped": (1, 1),
     # Each rank's cache holds the whole latent: one row per token, whatever its heads.
     "deepseek-v3-mla": (1, 1),
+    "gpt-oss": (1, 1),
+    "gpt-oss-mxfp4": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -257,6 +262,10 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
         with torch.no_grad():
             randomize_correction_biases(model)
         model.save_pretrained(root / name)
+    # Each rank's heads read their sinks; each rank's experts their share of every feature's interleaved gate/up
+    # columns and bias, the down bias added by rank 0 alone; MXFP4 ranks split the features in whole 32-value blocks.
+    write_gpt_oss(root / "gpt-oss")
+    write_gpt_oss_mxfp4(root / "gpt-oss-mxfp4")
 
 
 def _weight_names(checkpoint: Path) -> list[str]:

@@ -39,6 +39,8 @@ HEAD_DIMS = (64, 128, 256)
 PAGES = (16, 64, 128, 256)
 GROUPS = (1, 4, 7, 8)
 WINDOW_AND_SOFTCAP = AttentionParams(scale=0.1, sliding_window=4096, logit_softcap=30.0)
+# gpt-oss's layers: windows and a sink per head.
+WINDOW_AND_SINKS = AttentionParams(scale=0.125, sliding_window=128, sinks=torch.zeros(64))
 _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FLOAT_ARGS = ("scale", "softcap")
 _FLOAT32_POINTERS = ("partial_ptr", "lse_ptr")
@@ -55,6 +57,7 @@ class CompileCase:
     dtype: torch.dtype = torch.bfloat16
     # Above 1: a uniform step (a captured verifying graph's) whose sequences span this many query tiles each.
     tiles_per_seq: int = 1
+    sinks: bool = False
 
     @property
     def capability(self) -> tuple[int, int]:
@@ -67,7 +70,12 @@ class CompileCase:
     @property
     def name(self) -> str:
         kind = "split-decode" if self.decode else "prefill" if self.tiles_per_seq == 1 else "uniform"
-        return f"sm{self.arch}-d{self.head_dim}-page{self.page}-g{self.groups}-{kind}-{_TYPE_NAMES[self.dtype]}"
+        sinks = "-sinks" if self.sinks else ""
+        return f"sm{self.arch}-d{self.head_dim}-page{self.page}-g{self.groups}-{kind}-{_TYPE_NAMES[self.dtype]}{sinks}"
+
+    @property
+    def params(self) -> AttentionParams:
+        return WINDOW_AND_SINKS if self.sinks else WINDOW_AND_SOFTCAP
 
 
 def compile_matrix() -> list[CompileCase]:
@@ -78,6 +86,8 @@ def compile_matrix() -> list[CompileCase]:
             page, groups = PAGES[index % len(PAGES)], GROUPS[index // 2 % len(GROUPS)]
             cases.append(CompileCase(arch, head_dim, page, groups, decode, dtype))
         cases.append(CompileCase(arch, 128, 16, 8, decode=False, tiles_per_seq=2))
+        # gpt-oss's shapes (head size 64, 8 query heads per KV head) with sinks, prefill and split decode.
+        cases.extend(CompileCase(arch, 64, 16, 8, decode, sinks=True) for decode in (False, True))
     return cases
 
 
@@ -107,7 +117,7 @@ def compile_case(case: CompileCase) -> list[int]:
     tiles = case.tiles
     tile_tokens = triton_kernel.query_tile_tokens(case.groups, case.decode, tiles)
     constants = triton_kernel.kernel_constants(
-        case.head_dim, case.groups, case.page, tile_tokens, tiles, WINDOW_AND_SOFTCAP, case.dtype
+        case.head_dim, case.groups, case.page, tile_tokens, tiles, case.params, case.dtype
     )
     uniform = case.tiles_per_seq > 1
     constants |= {"MIXED": not (case.decode or uniform), "TILES_PER_SEQ": case.tiles_per_seq, "SPLIT": case.decode}

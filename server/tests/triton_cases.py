@@ -28,11 +28,15 @@ DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float32
 # bfloat16 keeps 8 mantissa bits; the reference runs in float32 on the same bfloat16 inputs.
 TOLERANCE = {"atol": 2e-2, "rtol": 2e-2} if ON_CUDA else {"atol": 2e-5, "rtol": 2e-5}
+# One per query head of attention_testing's cases (8): large ones take most of a row's weight.
+SINKS = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0, -4.0, 1.5, 6.0])
 PARAMS = {
     "causal": AttentionParams(scale=HEAD_DIM**-0.5),
     "sliding_window": AttentionParams(scale=HEAD_DIM**-0.5, sliding_window=5),
     "softcap": AttentionParams(scale=0.3, logit_softcap=2.5),
     "window_and_softcap": AttentionParams(scale=0.3, sliding_window=3, logit_softcap=2.5),
+    "sinks": AttentionParams(scale=HEAD_DIM**-0.5, sinks=SINKS),
+    "window_and_sinks": AttentionParams(scale=HEAD_DIM**-0.5, sliding_window=5, sinks=SINKS),
 }
 STEPS = {"mixed": MIXED_STEP, "decode_only": DECODE_STEP}
 
@@ -59,6 +63,18 @@ CORNERS = {
     "groups7-page256-split-decode": (LONG_DECODE, 256, (7, 1, 64)),
     "groups1-page16-split-decode": (LONG_DECODE, 16, (2, 2, 64)),
 }
+
+
+def test_triton_kernel_adds_each_heads_sink_once_across_decode_splits() -> None:
+    from tandem_server.layers.attention.triton_backend import DEFAULT_SM_COUNT, decode_splits  # noqa: PLC0415
+
+    case = paged_case(LONG_DECODE, seed=19, dtype=DTYPE, block_size=16, heads=(8, 2, 64))
+    assert decode_splits(len(LONG_DECODE), 2, 521, DEFAULT_SM_COUNT) > 1
+    params = AttentionParams(scale=0.125, sliding_window=300, sinks=SINKS)
+    assert_matches_torch_backend(case, params)
+    without_sinks, _ = reference_output(case, replace(params, sinks=None))
+    with_sinks, _ = reference_output(case, params)
+    assert (with_sinks - without_sinks).abs().max() > 0.05
 
 
 @pytest.mark.parametrize("corner", CORNERS)
@@ -100,10 +116,15 @@ def assert_matches_torch_backend(
     cache = LayerCache(case.cache.key.to(DEVICE), case.cache.value.to(DEVICE))
     metadata = case.batch(device=DEVICE).metadata
     query, key, value = (tensor.to(DEVICE) for tensor in (case.query, case.key, case.value))
-    output = TritonAttentionBackend(capability).forward(query, key, value, cache, metadata, params)
+    output = TritonAttentionBackend(capability).forward(query, key, value, cache, metadata, on_device(params))
     torch.testing.assert_close(output.float().cpu(), expected.float(), **TOLERANCE)
     torch.testing.assert_close(cache.key.cpu(), expected_cache.key)
     torch.testing.assert_close(cache.value.cpu(), expected_cache.value)
+
+
+def on_device(params: AttentionParams) -> AttentionParams:
+    """`params` with the sinks (kept on the CPU for the torch backend's reference) in the kernel's device and dtype."""
+    return params if params.sinks is None else replace(params, sinks=params.sinks.to(DEVICE, DTYPE))
 
 
 def test_uniform_steps_spanning_several_query_tiles_need_no_work_list() -> None:

@@ -104,6 +104,8 @@ class BackendCapabilities:
     sliding_window: bool = True
     # True when it attends over multi-head latent attention's (MLA's) latent cache.
     latent_attention: bool = False
+    # True when it adds a learned sink per head to the softmax's denominator (`AttentionParams.sinks`).
+    attention_sinks: bool = False
     # True when a decode-only step runs with fixed shapes and no host sync, so it can be captured in a CUDA graph.
     cuda_graphs: bool = False
     # The block sizes it reads; a backend that drives a package release reads the sizes that release declares.

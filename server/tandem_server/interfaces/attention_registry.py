@@ -45,6 +45,7 @@ TORCH_CAPABILITIES = BackendCapabilities(
     devices=("cuda", "cpu"),
     other_kv_cache_dtype=True,
     latent_attention=True,
+    attention_sinks=True,
     auto_priority={"cuda": 40, "cpu": 40},
 )
 SDPA_CAPABILITIES = BackendCapabilities(
@@ -57,6 +58,7 @@ TRITON_CAPABILITIES = BackendCapabilities(
     kernel="the Triton kernel",
     devices=("cuda",),
     max_head_size=TRITON_MAX_HEAD_SIZE,
+    attention_sinks=True,
     cuda_graphs=True,
     releases=(TRITON,),
     auto_priority={"cuda": 20},

@@ -10,6 +10,7 @@ from typing import Any
 from tandem_server.errors import ConfigError
 from tandem_server.quant.fp8.scheme import Fp8Scheme, checkpoint_fp8_scheme
 from tandem_server.quant.int4.scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
+from tandem_server.quant.mxfp4.format import is_mxfp4
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class CheckpointConfig:
     int4: Int4Scheme | None = None
     # Routed experts per MoE layer; 0 for a dense model.
     num_experts: int = 0
+    # The expert weights are MXFP4 blocks (`quant_method: mxfp4`, gpt-oss), which the family's experts hold packed.
+    mxfp4: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,16 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         eos += tuple(i for i in _as_ids(json.loads(generation_file.read_text()).get("eos_token_id")) if i not in eos)
     quantization = hf.get("quantization_config") or {}
     int4 = checkpoint_int4_scheme(quantization) if quantization.get("quant_method") in INT4_METHODS else None
+    mxfp4 = is_mxfp4(quantization)
     return CheckpointConfig(
         path=model_path,
         hf=hf,
         architecture=architectures[0],
         eos_token_ids=eos,
-        fp8=None if int4 is not None else checkpoint_fp8_scheme(hf),
+        fp8=None if int4 is not None or mxfp4 else checkpoint_fp8_scheme(hf),
         int4=int4,
         num_experts=num_experts(hf),
+        mxfp4=mxfp4,
     )
 
 

@@ -25,6 +25,7 @@ from tandem_server.layers.rotary import RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
+from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 QueryKeyValue = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -68,6 +69,8 @@ class DecoderArgs:
     query_scale: float | None = None
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
+    # gpt-oss: a learned logit per query head (`self_attn.sinks`) joins every attention softmax's denominator.
+    attention_sinks: bool = False
     layout: CheckpointLayout = field(default_factory=CheckpointLayout)
     # The MoE block of the layers whose kind says `sparse_mlp`.
     moe: MoeArgs | None = None
@@ -149,7 +152,11 @@ class DecoderAttention(nn.Module):
         self.qk_norm = args.qk_norm
         self.qk_norm_over_projection = args.qk_norm_over_projection
         scale = args.query_scale if args.query_scale is not None else args.head_dim**-0.5
-        self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap)
+        sinks = None
+        if args.attention_sinks:
+            self.sinks = sliced_parameter((heads.num_heads,), CheckpointSlice.of(0, heads.query_heads))
+            sinks = self.sinks
+        self.params = AttentionParams(scale, kind.sliding_window, args.attn_logit_softcap, sinks)
 
     def project(self, hidden: torch.Tensor, rotation: RotaryAngles) -> QueryKeyValue:
         """The attention inputs of normalised `hidden`: rotated queries and keys `[tokens, heads, head_dim]`, values."""

@@ -7,8 +7,10 @@ from contextlib import nullcontext
 import torch
 
 from tandem_server.distributed import ParallelContext
+from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.layers.meta_storage import UninitialisedOnMeta, allocate
+from tandem_server.layers.moe.mxfp4_experts import Mxfp4SwiGLUExperts
 from tandem_server.models.config import CheckpointConfig
 from tandem_server.models.registry import CausalLM, model_factory
 from tandem_server.weights.loader import load_weights, quantized_parameters
@@ -38,6 +40,8 @@ def load_model(
             model = factory(checkpoint.hf, parallel, backend)
     finally:
         torch.set_default_dtype(previous_dtype)
+    if checkpoint.mxfp4 and not any(isinstance(module, Mxfp4SwiGLUExperts) for module in model.modules()):
+        raise ConfigError(f"{checkpoint.path}: MXFP4 weights are served only as gpt-oss's experts, not in this model")
     layout = model.checkpoint_layout()
     if quantized:
         params = dict(model.named_parameters(remove_duplicate=False))

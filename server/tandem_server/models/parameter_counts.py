@@ -23,9 +23,12 @@ class ParameterCounts:
 
 
 def parameter_counts(model: nn.Module) -> ParameterCounts:
-    """Counts `model`'s parameters as loaded, before any are quantized (a tied head's weight counts once)."""
-    total = sum(param.numel() for param in model.parameters())
+    """Counts `model`'s parameters as loaded, before any are quantized (a tied head's weight counts once); experts
+    count the weights they hold, which packed ones (MXFP4) hold in fewer elements."""
     blocks = [module for module in model.modules() if isinstance(module, SparseMoeBlock)]
+    stored = sum(param.numel() for block in blocks for param in block.experts.parameters())
+    experts = sum(block.experts.parameter_count() for block in blocks)
+    total = sum(param.numel() for param in model.parameters()) - stored + experts
     inactive = sum(block.inactive_parameter_count() for block in blocks)
     return ParameterCounts(total, total - inactive)
 

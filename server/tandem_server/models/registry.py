@@ -12,6 +12,7 @@ from tandem_server.models.deepseek_v3 import DeepseekV3ForCausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
 from tandem_server.models.glm4 import Glm4ForCausalLM
 from tandem_server.models.glm4_moe import Glm4MoeForCausalLM
+from tandem_server.models.gpt_oss import GptOssForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
@@ -36,6 +37,7 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
@@ -49,6 +51,9 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
+
+# The families whose attention adds a learned sink per head: start-up passes over backends that cannot add one.
+ATTENTION_SINK_FAMILIES = frozenset({"GptOssForCausalLM"})
 
 
 def model_factory(architecture: str) -> CausalLMFactory:

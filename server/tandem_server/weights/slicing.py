@@ -81,9 +81,12 @@ def load_full(param: nn.Parameter, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
-def sliced_parameter(shape: tuple[int, ...], part: CheckpointSlice | None) -> nn.Parameter:
-    """An uninitialised parameter that loads `part` of its checkpoint tensor (all of it when None)."""
-    param = nn.Parameter(torch.empty(shape), requires_grad=False)
+def sliced_parameter(
+    shape: tuple[int, ...], part: CheckpointSlice | None, dtype: torch.dtype | None = None
+) -> nn.Parameter:
+    """An uninitialised parameter (of the default dtype unless given) that loads `part` of its checkpoint tensor
+    (all of it when None)."""
+    param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     param.weight_loader = load_full  # type: ignore[attr-defined]  # a loading tag carried on the parameter
     if part is not None:
         param.checkpoint_slice = part  # type: ignore[attr-defined]  # a loading tag carried on the parameter

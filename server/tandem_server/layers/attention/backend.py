@@ -13,13 +13,16 @@ from tandem_server.layers.attention.metadata import AttentionMetadata
 
 @dataclass(frozen=True)
 class AttentionParams:
-    """One layer's attention settings: score scale, sliding window and score soft-capping."""
+    """One layer's attention settings: score scale, sliding window, score soft-capping and attention sinks."""
 
     scale: float
     # A query at position p sees keys at positions (p - sliding_window, p]; None means every earlier position.
     sliding_window: int | None = None
     # Scores become tanh(score / cap) * cap before the softmax when set.
     logit_softcap: float | None = None
+    # `[heads]` of this rank, when set: one learned logit per query head that joins every softmax's denominator as a
+    # key whose value is zero (gpt-oss), so a row's weights sum to less than one.
+    sinks: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ class FlashAttentionBackend:
         params: AttentionParams,
     ) -> torch.Tensor:
         """Writes the step's K/V, then attends through the block tables."""
+        if params.sinks is not None:
+            raise ValueError("the flash attention backend cannot add attention sinks")
         block_size = cache.key.shape[1]
         problem = self.release.page_problem(block_size)
         if problem is not None:

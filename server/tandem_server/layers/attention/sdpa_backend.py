@@ -37,6 +37,8 @@ class SdpaAttentionBackend(CommonMetadataOnly):
         """Writes the step's K/V, gathers each sequence's context from its blocks and attends group by group."""
         if params.logit_softcap is not None:
             raise ValueError("the sdpa attention backend cannot apply a logit softcap")
+        if params.sinks is not None:
+            raise ValueError("the sdpa attention backend cannot add attention sinks")
         write_step_kv(cache, key, value, metadata.slot_mapping)
         paged = metadata.paged
         groups = _query_groups(paged.query_lens)

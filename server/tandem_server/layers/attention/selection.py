@@ -38,6 +38,8 @@ class AttentionNeeds:
     sliding_window: bool = False
     # Multi-head latent attention (DeepSeek-V3's MLA): the cache holds a latent per token, not per-head K and V.
     latent_attention: bool = False
+    # The model adds a learned sink per head to its attention softmax (gpt-oss).
+    attention_sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,10 @@ def needs_from_hf_config(
     dtype: torch.dtype,
     kv_cache_dtype: torch.dtype | None = None,
     block_size: int | None = None,
+    attention_sinks: bool = False,
 ) -> AttentionNeeds:
-    """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows."""
+    """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows;
+    whether the family adds attention sinks is the model registry's to say (config.json does not)."""
     head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
     softcap = hf.get("attn_logit_softcapping") is not None
     # A window applies where layer_types names sliding layers, else wherever one is set and not switched off (Qwen2's
@@ -88,7 +92,9 @@ def needs_from_hf_config(
         bool(hf.get("sliding_window")) and hf.get("use_sliding_window") is not False
     )
     latent = hf.get("kv_lora_rank") is not None
-    return AttentionNeeds(device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, latent)
+    return AttentionNeeds(
+        device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, latent, attention_sinks
+    )
 
 
 def detect_packages(device: str, registry: BackendRegistry = ATTENTION_REGISTRY) -> ProbedPackages:
@@ -133,13 +139,17 @@ def _model_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -> 
         up_to = f" up to {largest}" if largest is not None else ""
         steps = f" in steps of {multiple}" if multiple > 1 else ""
         return f"{kernel} supports head sizes{up_to}{steps}, not {needs.head_dim}"
-    if needs.logit_softcap and not capabilities.logit_softcap:
-        return f"{kernel} cannot apply attention logit softcapping"
-    if needs.sliding_window and not capabilities.sliding_window:
-        return f"{kernel} cannot apply sliding windows"
-    if needs.latent_attention and not capabilities.latent_attention:
-        return f"{kernel} has no multi-head latent attention (MLA) path"
-    return None
+    return _feature_problem(capabilities, needs)
+
+
+def _feature_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -> str | None:
+    lacking = (
+        (needs.logit_softcap and not capabilities.logit_softcap, "cannot apply attention logit softcapping"),
+        (needs.sliding_window and not capabilities.sliding_window, "cannot apply sliding windows"),
+        (needs.latent_attention and not capabilities.latent_attention, "has no multi-head latent attention (MLA) path"),
+        (needs.attention_sinks and not capabilities.attention_sinks, "cannot add attention sinks"),
+    )
+    return next((f"{capabilities.kernel} {reason}" for missing, reason in lacking if missing), None)
 
 
 def _package_problem(name: str, capabilities: BackendCapabilities, packages: ProbedPackages) -> str | None:

@@ -214,10 +214,10 @@ def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
 ) -> torch.Tensor:
     # q [batch, heads, q_len, dim]; k/v [batch, kv_heads, k_len, dim]; grouped heads share a kv head.
-    if params.logit_softcap is not None:
+    if _needs_scores(params):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return _softcapped_attention(q, k, v, mask, params.scale, params.logit_softcap)
+        return _attention_over_scores(q, k, v, mask, params)
     # enable_gqa reads each kv head in place for its group of query heads instead of materialising copies.
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=mask is None, scale=params.scale, enable_gqa=q.shape[1] != k.shape[1]
@@ -228,7 +228,7 @@ def _attend_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, params: AttentionParams
 ) -> torch.Tensor:
     # q [requests, heads, dim]; k/v [requests, kv_heads, keys, dim]; mask [requests, 1, 1, keys].
-    if params.logit_softcap is not None:
+    if _needs_scores(params):
         return _attend(q.unsqueeze(2), k, v, mask, params).squeeze(2)
     # The query heads of one KV group become that group's query rows (they share the request's position, so the
     # mask is the same for each): SDPA reads every KV head once per group, 1.9x faster than enable_gqa at batch 32 on
@@ -240,12 +240,25 @@ def _attend_decode(
     return attended.reshape(requests, heads, dim)
 
 
-def _softcapped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, cap: float
+def _needs_scores(params: AttentionParams) -> bool:
+    # SDPA can neither cap scores nor add a sink to the softmax's denominator.
+    return params.logit_softcap is not None or params.sinks is not None
+
+
+def _attention_over_scores(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, params: AttentionParams
 ) -> torch.Tensor:
-    # SDPA cannot cap scores, so this path materialises them; the softmax runs in float32.
-    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+    # The scores materialised, capped when asked; the softmax runs in float32 over them and each head's sink, whose
+    # weight is then dropped (its value is zero).
+    scores = q @ k.transpose(-1, -2) * params.scale
+    cap = params.logit_softcap
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.float().softmax(dim=-1).to(v.dtype) @ v
+    scores = scores.float().masked_fill(~mask, float("-inf"))
+    if params.sinks is None:
+        return scores.softmax(dim=-1).to(v.dtype) @ v
+    sinks = params.sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = torch.cat((scores, sinks), dim=-1).softmax(dim=-1)[..., :-1]
+    return weights.to(v.dtype) @ v

@@ -5,7 +5,8 @@ sharing that KV head are stacked into the tile's rows, so each key tile is loade
 (grouped-query attention). Keys are visited in tiles of at most 64 positions whatever the page size: every key
 row finds its own page through the block table, so a tile may span several small pages or part of a large one.
 An online softmax keeps the score matrix out of memory. Decode-only steps with few sequences split each
-sequence's keys across programs (flash-decoding) and combine the partial results in a second kernel. Tile sizes
+sequence's keys across programs (flash-decoding) and combine the partial results in a second kernel. A head's
+attention sink (gpt-oss) enters the online softmax as one more key of zero value, in the first split only. Tile sizes
 and launch options depend on the GPU's shared memory (`tile_config`); the ahead-of-time compile test builds the
 same configurations for every supported architecture.
 """
@@ -137,6 +138,16 @@ def _attend_rows(  # noqa: PLR0913, PLR0917  (device helper: arguments are regis
 
 
 @triton.jit
+def _with_sink(acc, running_max, running_sum, sink):
+    """The online softmax's state once the sink logit joins it as a key whose value is zero."""
+    new_max = tl.maximum(running_max, sink)
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    correction = tl.exp(running_max - safe_max)
+    running_sum = running_sum * correction + tl.exp(sink - safe_max)
+    return acc * correction[:, None], new_max, running_sum
+
+
+@triton.jit
 def _key_range(  # noqa: PLR0913, PLR0917  (inlined into the kernel: its values, not a call contract)
     first_query_position,
     tile,
@@ -173,6 +184,7 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
     query_start_loc_ptr,
     seq_lens_ptr,
     work_ptr,
+    sinks_ptr,
     scale,
     softcap,
     window,
@@ -192,6 +204,7 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
     BLOCK_M: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     MIXED: tl.constexpr,
     TILES_PER_SEQ: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -229,6 +242,11 @@ def _paged_attention(  # noqa: PLR0913, PLR0917  (a kernel's signature is its la
         key_hi, scale, softcap, window, stride_cache_block, stride_cache_slot, stride_cache_head,
         HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, BLOCK_M, USE_SOFTCAP, USE_WINDOW, IEEE,
     )  # fmt: skip
+    if USE_SINKS:
+        # Splits partition the keys; the sink counts once, in the first.
+        sink = tl.load(sinks_ptr + head, mask=row_valid, other=float("-inf")).to(tl.float32)
+        sink = tl.where(split == 0, sink, float("-inf"))
+        acc, running_max, running_sum = _with_sink(acc, running_max, running_sum, sink)
     out = acc / tl.where(running_sum == 0.0, 1.0, running_sum)[:, None]
     if SPLIT:
         # Partial results [split, token, head, dim] and their log-sum-exp [split, token, head], combined later.
@@ -318,6 +336,7 @@ def kernel_constants(
         "BLOCK_M": pow2_at_least(tile_tokens * groups),
         "USE_SOFTCAP": params.logit_softcap is not None,
         "USE_WINDOW": params.sliding_window is not None,
+        "USE_SINKS": params.sinks is not None,
         "IEEE": dtype == torch.float32,
     }
 
@@ -346,7 +365,8 @@ def paged_attention(
     _paged_attention[(plan.num_items, num_kv_heads, plan.num_splits)](
         output, partial, lse, query, key_cache, value_cache, paged.block_tables, paged.query_start_loc,
         paged.seq_lens, plan.work if plan.work is not None else paged.seq_lens,
-        params.scale, params.logit_softcap or 1.0, params.sliding_window or 0, plan.num_splits,
+        params.sinks if params.sinks is not None else query, params.scale, params.logit_softcap or 1.0,
+        params.sliding_window or 0, plan.num_splits,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         paged.block_tables.stride(0),
         MIXED=plan.work is not None, TILES_PER_SEQ=plan.tiles_per_seq, SPLIT=split,

@@ -11,7 +11,11 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.layers.linear import ReplicatedLinear
 from tandem_server.layers.mlp import GatedMLP
 from tandem_server.layers.moe.experts import RoutedExperts
-from tandem_server.layers.moe.routing import RouterConfig, build_router
+from tandem_server.layers.moe.logit_router import TopKLogitsRouter
+from tandem_server.layers.moe.mxfp4_experts import Mxfp4SwiGLUExperts
+from tandem_server.layers.moe.routing import GroupedTopKRouter, RouterConfig, TopKRouter, build_router
+from tandem_server.layers.moe.swiglu_experts import ClampedSwiGLU, ClampedSwiGLUExperts, expert_shape
+from tandem_server.quant.mxfp4.format import BLOCK_VALUES
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,11 @@ class MoeArgs:
     intermediate_size: int
     shared_intermediate_size: int = 0
     shared_experts_intermediate_size: int = 0
+    # gpt-oss: the router has a bias and softmaxes its top-k logits among themselves.
+    router_over_top_logits: bool = False
+    # gpt-oss: biased experts around this activation instead of `hidden_act`'s, their weights MXFP4 with `mxfp4`.
+    clamped_swiglu: ClampedSwiGLU | None = None
+    mxfp4: bool = False
 
 
 class SparseMoeBlock(nn.Module):
@@ -40,8 +49,12 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.parallel = parallel
         self.top_k = moe.router.top_k
-        self.gate = build_router(hidden_size, moe.router)
-        self.experts = RoutedExperts(moe.router.num_experts, hidden_size, moe.intermediate_size, hidden_act, parallel)
+        self.gate: TopKRouter | GroupedTopKRouter | TopKLogitsRouter = (
+            TopKLogitsRouter(hidden_size, moe.router)
+            if moe.router_over_top_logits
+            else build_router(hidden_size, moe.router)
+        )
+        self.experts = routed_experts(hidden_size, moe, hidden_act, parallel)
         self.shared_expert: GatedMLP | None = None
         if moe.shared_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, moe.shared_intermediate_size, False, hidden_act, parallel)
@@ -69,3 +82,17 @@ class SparseMoeBlock(nn.Module):
         """Elements of this rank's expert weights a token does not read: all but its top-k experts'."""
         experts = self.experts
         return experts.parameter_count() * (experts.num_experts - self.top_k) // experts.num_experts
+
+
+def routed_experts(
+    hidden_size: int, moe: MoeArgs, hidden_act: str, parallel: ParallelContext
+) -> RoutedExperts | ClampedSwiGLUExperts:
+    """The block's routed experts: `hidden_act`-gated ones, or biased clamped-SwiGLU ones in float or MXFP4."""
+    experts = moe.router.num_experts
+    if moe.clamped_swiglu is None:
+        return RoutedExperts(experts, hidden_size, moe.intermediate_size, hidden_act, parallel)
+    if moe.mxfp4:
+        shape = expert_shape(experts, hidden_size, moe.intermediate_size, parallel, BLOCK_VALUES)
+        return Mxfp4SwiGLUExperts(shape, moe.clamped_swiglu, parallel)
+    shape = expert_shape(experts, hidden_size, moe.intermediate_size, parallel)
+    return ClampedSwiGLUExperts(shape, moe.clamped_swiglu, parallel)

@@ -59,7 +59,7 @@ def checkpoint_fp8_scheme(hf: dict[str, Any]) -> Fp8Scheme | None:
         return _fp8(config)
     raise ConfigError(
         f"quantization_config: quant_method {method!r} is not supported; Tandem serves FP8 checkpoints "
-        "(compressed-tensors, fbgemm_fp8, fp8) and int4 ones (gptq, awq)"
+        "(compressed-tensors, fbgemm_fp8, fp8), int4 ones (gptq, awq) and gpt-oss's MXFP4 experts (mxfp4)"
     )
 
 
