@@ -88,6 +88,9 @@ struct TemplateInput<'a> {
     add_generation_prompt: bool,
     bos_token: &'a str,
     eos_token: &'a str,
+    /// Reasoning templates' switch (Qwen3); left undefined unless the request sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enable_thinking: Option<bool>,
 }
 
 impl ChatTemplate {
@@ -117,6 +120,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         ending: ChatEnding,
     ) -> Result<String, ValidationError> {
+        self.render_with_thinking(messages, ending, None)
+    }
+
+    /// Renders the conversation with the template's `enable_thinking` set to `thinking`.
+    pub fn render_with_thinking(
+        &self,
+        messages: &[ChatMessage],
+        ending: ChatEnding,
+        thinking: Option<bool>,
+    ) -> Result<String, ValidationError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -126,6 +139,7 @@ impl ChatTemplate {
             add_generation_prompt: ending == ChatEnding::GenerationPrompt,
             bos_token: &self.bos_token,
             eos_token: &self.eos_token,
+            enable_thinking: thinking,
         };
         let rendered = template.render(input).map_err(|e| {
             let message = match e.kind() {

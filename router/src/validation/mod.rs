@@ -10,6 +10,7 @@ mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
+mod reasoning;
 pub mod request_rules;
 mod requested_grammar;
 pub mod response_format;
@@ -37,6 +38,7 @@ pub use sampling_defaults::SamplingDefaults;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
 use crate::limits::RequestLimits;
+use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
@@ -63,6 +65,8 @@ pub enum Prompt {
 pub struct ValidRequest {
     pub request: GenerationRequest,
     pub stop: Vec<String>,
+    /// Splits each choice's output into reasoning and answer; `None` for other models.
+    pub reasoning: Option<ReasoningSplitter>,
 }
 
 /// `/tokenize`'s tokens: ids with byte offsets into `text`, and the memory reserved for them
@@ -99,6 +103,8 @@ pub struct Validator {
     tokenizing: budget::TokenizationBudget,
     /// The server's `--speculate`: the most drafts per step a request may ask for.
     max_drafts: u32,
+    /// The reasoning format of chat output; `None`: output is not split.
+    reasoning: Option<ReasoningParser>,
 }
 
 impl Validator {
@@ -119,6 +125,7 @@ impl Validator {
             grammars: None,
             tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
             max_drafts: 0,
+            reasoning: None,
         }
     }
 
@@ -185,7 +192,9 @@ impl Validator {
             .speculate
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
             .transpose()?;
-        let mut input_ids = self.tokenize(prompt).await?;
+        let reasoning = self.reasoning_for(&prompt);
+        let thinking = reasoning.and_then(|parser| params.reasoning.template_switch(parser));
+        let mut input_ids = self.tokenize(prompt, thinking).await?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
             input_ids.drain(..input_ids.len() - keep);
         }
@@ -226,16 +235,18 @@ impl Validator {
             min_new_tokens: checked.min_new_tokens,
             stop_token_ids,
         };
+        let reasoning = self.reasoning_plan(reasoning, &input_ids, params).await?;
         Ok(ValidRequest {
             request: GenerationRequest {
                 input_ids,
                 sampling: checked.sampling,
                 stopping,
                 logprobs: params.logprobs,
-                grammar: params.grammar.as_ref().map(|g| g.grammar.clone()),
+                grammar: reasoning.grammar.map(|g| g.grammar),
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
             },
             stop: checked.stop,
+            reasoning: reasoning.splitter,
         })
     }
 
@@ -369,11 +380,16 @@ impl Validator {
     /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
     pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
         self.check_prompt(&prompt)?;
-        Ok(self.tokenize(prompt).await?.len())
+        Ok(self.tokenize(prompt, None).await?.len())
     }
 
-    /// Renders and tokenizes on the blocking pool: both can take milliseconds on long prompts.
-    async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
+    /// Renders (with the template's `enable_thinking` when `thinking` is set) and tokenizes on
+    /// the blocking pool: both can take milliseconds on long prompts.
+    async fn tokenize(
+        &self,
+        prompt: Prompt,
+        thinking: Option<bool>,
+    ) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
         let template = self.chat_template.clone();
         let prompt = match prompt {
@@ -394,7 +410,8 @@ impl Validator {
                 Prompt::Tokens(ids) => return Ok(ids),
                 Prompt::Chat(messages, ending) => {
                     let template = template.map_err(ValidationError::NoChat)?;
-                    (template.render(&messages, ending)?, false)
+                    let rendered = template.render_with_thinking(&messages, ending, thinking)?;
+                    (rendered, false)
                 }
             };
             tokenizer

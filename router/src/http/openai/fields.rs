@@ -4,6 +4,7 @@
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{GenerationParams, ProcessorParams, SamplingDefaults};
 
@@ -110,6 +111,7 @@ impl SamplingFields {
             truncate: None,
             grammar: None,
             speculate: self.speculate,
+            reasoning: ReasoningRequest::default(),
         }
     }
 }

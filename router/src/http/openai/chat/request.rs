@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
 use crate::limits::RequestLimits;
+use crate::reasoning::{ReasoningEffort, ReasoningRequest};
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
 use crate::validation::{
@@ -72,6 +73,10 @@ pub struct ChatRequest {
     add_generation_prompt: Option<bool>,
     /// Continue the last message, an assistant's, instead of starting a new one.
     continue_final_message: Option<bool>,
+    /// A reasoning model's effort: `none` switches reasoning off, `minimal`, `low` and
+    /// `medium` bound it to 256, 1024 and 4096 tokens, `high` leaves it unbounded. Other
+    /// models ignore it.
+    reasoning_effort: Option<String>,
     #[serde(flatten)]
     #[schema(ignore)]
     extra: Map<String, Value>,
@@ -219,6 +224,7 @@ impl ChatRequest {
             .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
+        params.reasoning = reasoning_request(self.reasoning_effort.as_deref())?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
             apply_tool_plan(plan, &mut params, &mut messages)?;
         }
@@ -229,6 +235,20 @@ impl ChatRequest {
             tool_plan,
         })
     }
+}
+
+/// The reasoning `reasoning_effort` asks for; the model's default without it.
+fn reasoning_request(effort: Option<&str>) -> Result<ReasoningRequest, ValidationError> {
+    let Some(effort) = effort else {
+        return Ok(ReasoningRequest::default());
+    };
+    ReasoningEffort::parse(effort)
+        .map(|effort| effort.request("reasoning_effort"))
+        .ok_or_else(|| ValidationError::OutOfRange {
+            param: "reasoning_effort".to_owned(),
+            expected: ReasoningEffort::NAMES,
+            value: format!("{effort:?}"),
+        })
 }
 
 /// Constrains the generation to the plan's calls and describes the tools in the system message.
