@@ -21,6 +21,8 @@ from tandem_launcher.forwarded import (
 ROUTER = Child.ROUTER
 # Whether the model's generation_config.json sets OpenAI requests' sampling defaults.
 GENERATION_CONFIG_USES = ("auto", "none")
+# How chat output splits into reasoning and answer (vLLM's parser names; auto: from the chat template's markers).
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")
 
 
 def _readable_file(flag: str, value: Any) -> str | None:
@@ -137,6 +139,12 @@ API = (
         "auto: OpenAI requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset use the values "
         "the model's generation_config.json recommends (with do_sample: true); none: the OpenAI defaults",
         choices=GENERATION_CONFIG_USES,
+    ),
+    Forwarded(
+        "--reasoning-parser", ROUTER, str, "auto",
+        "how chat output splits into reasoning and answer: auto reads the chat template's <think> markers and the "
+        "model type; deepseek_r1 and qwen3 name a format; none never splits",
+        choices=REASONING_PARSERS,
     ),
     Forwarded(
         "--responses-store-max-entries", ROUTER, int, 1024,

@@ -33,6 +33,7 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
         "--max-client-batch-size": "4",
         "--payload-limit": "2000000",
         "--generation-config": "auto",
+        "--reasoning-parser": "auto",
     }
     assert {flag: _value(argv, flag) for flag in expected} == expected
     forwarded = config.forwarded
@@ -47,7 +48,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     argv = ["--max-best-of", "3", "--payload-limit", "1000", "--always-include-usage", "--chat-template", str(template)]
     environ = {
         "MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6",
-        "GENERATION_CONFIG": "none",
+        "GENERATION_CONFIG": "none", "REASONING_PARSER": "qwen3",
     }  # fmt: skip
     config = parse_config(argv, environ)
     forwarded = config.forwarded
@@ -59,6 +60,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     assert _value(router, "--chat-template") == str(template)
     assert "--always-include-usage" in router and "--disable-chat-completions" in router
     assert _value(router, "--generation-config") == "none"
+    assert _value(router, "--reasoning-parser") == "qwen3"
 
 
 @pytest.mark.parametrize(
@@ -71,6 +73,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         (["--speculate", "-1"], "--speculate must not be negative"),
         (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
         (["--generation-config", "vllm"], "--generation-config"),
+        (["--reasoning-parser", "granite"], "--reasoning-parser"),
     ],
 )
 def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

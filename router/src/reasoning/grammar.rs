@@ -13,6 +13,15 @@ use crate::scheduler::Grammar;
 /// Blanks the model may put between the end marker and a constrained answer.
 const MAX_BLANKS: usize = 4;
 
+/// The ids of the markers that are one token of the vocabulary. Such a token must be named
+/// by id: llguidance treats a vocabulary's added tokens as special, so their text alone
+/// never matches them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MarkerTokens {
+    pub start: Option<u32>,
+    pub end: Option<u32>,
+}
+
 /// The grammar a generation runs under, given where it starts, its reasoning `budget` and
 /// the `answer` grammar it asked for; `None` when neither constrains anything.
 pub fn reasoning_grammar(
@@ -20,33 +29,38 @@ pub fn reasoning_grammar(
     start: ReasoningStart,
     budget: Option<u32>,
     answer: Option<&Grammar>,
+    tokens: MarkerTokens,
 ) -> Option<Grammar> {
     if start == ReasoningStart::Closed || (budget.is_none() && answer.is_none()) {
         return answer.cloned();
     }
-    let open = format!("{:?}", parser.start_marker());
-    let end = format!(
-        "/{}[ \\t\\r\\n]{{0,{MAX_BLANKS}}}/",
-        escape_regex(parser.end_marker())
-    );
-    let body = match budget {
-        Some(0) => String::new(),
-        _ => "reasoning ".to_owned(),
-    };
-    let thought = format!("{body}THINK_END");
+    let body = if budget == Some(0) { "" } else { "reasoning " };
+    // A free answer takes blanks itself; a constrained one may not start with them.
+    let blanks = if answer.is_some() { " BLANKS?" } else { "" };
+    let thought = format!("{body}think_end{blanks}");
     let first = match start {
         ReasoningStart::Inside => format!("start: {thought} answer"),
         ReasoningStart::Undecided {
             reasoning_by_default: true,
-        } => format!("start: {open}? {thought} answer"),
+        } => format!("start: think_open? {thought} answer"),
         // Asking for a budget asks for reasoning, so the model opens it.
         ReasoningStart::Undecided { .. } if budget.is_some() => {
-            format!("start: {open} {thought} answer")
+            format!("start: think_open {thought} answer")
         }
-        ReasoningStart::Undecided { .. } => format!("start: {open} {thought} answer | answer"),
+        ReasoningStart::Undecided { .. } => {
+            format!("start: think_open {thought} answer | answer")
+        }
         ReasoningStart::Closed => unreachable!("handled above"),
     };
-    let mut lark = format!("{first}\nTHINK_END: {end}\n{}\n", answer_rule(answer));
+    let mut lark = [
+        first,
+        marker_rule("think_open", parser.start_marker(), tokens.start),
+        marker_rule("think_end", parser.end_marker(), tokens.end),
+        format!("BLANKS: /[ \\t\\r\\n]{{1,{MAX_BLANKS}}}/"),
+        answer_rule(answer),
+    ]
+    .join("\n");
+    lark.push('\n');
     if budget != Some(0) {
         // llguidance lets a `max_tokens=k` subgrammar that the output may start with take
         // k + 1 tokens, and one that follows another lexeme k.
@@ -61,6 +75,14 @@ pub fn reasoning_grammar(
         lark.push_str(&reasoning_rule(parser.end_marker(), max_tokens));
     }
     Some(Grammar::Lark(lark))
+}
+
+/// A marker: its text, or its token when it is one.
+fn marker_rule(name: &str, marker: &str, token: Option<u32>) -> String {
+    match token {
+        Some(id) => format!("{name}: {marker:?} | <[{id}]>"),
+        None => format!("{name}: {marker:?}"),
+    }
 }
 
 /// `answer`: the requested grammar nested as it is, or free text.

@@ -6,17 +6,23 @@ use llguidance::{Matcher, ParserFactory};
 
 use super::*;
 
-/// Ids 0..=255 are the bytes, 256 is the whole end marker, 257 is EOS: one token per byte, so
-/// a budget counts bytes.
+/// Ids 0..=255 are the bytes, 256 and 258 the whole end and start markers (added tokens, which
+/// llguidance holds as special), 257 is EOS: one token per byte, so a budget counts bytes.
 const END_MARKER_ID: u32 = 256;
 const EOS: u32 = 257;
+const START_MARKER_ID: u32 = 258;
+const TOKENS: MarkerTokens = MarkerTokens {
+    start: Some(START_MARKER_ID),
+    end: Some(END_MARKER_ID),
+};
 const PARSER: ReasoningParser = ReasoningParser::DeepseekR1;
 
 fn factory() -> ParserFactory {
     let mut words: Vec<Vec<u8>> = (0..=255u8).map(|byte| vec![byte]).collect();
-    words.push(b"</think>".to_vec());
-    words.push(b"\xFF[257]".to_vec());
-    let trie = TokTrie::from(&TokRxInfo::new(258, EOS), &words);
+    words.push(b"\xFF</think>".to_vec());
+    words.push(b"\xFF</s>".to_vec());
+    words.push(b"\xFF<think>".to_vec());
+    let trie = TokTrie::from(&TokRxInfo::new(259, EOS), &words);
     let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
     let mut factory = ParserFactory::new_simple(&env).expect("test vocabulary");
     factory.quiet();
@@ -50,7 +56,9 @@ fn allowed_after(grammar: &Grammar, tokens: &[u32]) -> Vec<u32> {
     let mut matcher = matcher(grammar);
     matcher.consume_tokens(tokens).expect("allowed prefix");
     let mask = matcher.compute_mask().expect("mask");
-    (0..=EOS).filter(|&token| mask.is_allowed(token)).collect()
+    (0..=START_MARKER_ID)
+        .filter(|&token| mask.is_allowed(token))
+        .collect()
 }
 
 fn json_answer() -> Grammar {
@@ -59,7 +67,7 @@ fn json_answer() -> Grammar {
 
 #[test]
 fn past_the_budget_only_the_end_marker_may_come() {
-    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, Some(3), None).unwrap();
+    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, Some(3), None, TOKENS).unwrap();
     assert!(allows(&grammar, &bytes("abc")));
     assert_eq!(
         allowed_after(&grammar, &bytes("abc")),
@@ -74,7 +82,7 @@ fn past_the_budget_only_the_end_marker_may_come() {
 
 #[test]
 fn a_budget_of_zero_forces_the_end_marker_first() {
-    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, Some(0), None).unwrap();
+    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, Some(0), None, TOKENS).unwrap();
     assert_eq!(
         allowed_after(&grammar, &[]),
         vec![u32::from(b'<'), END_MARKER_ID]
@@ -83,8 +91,14 @@ fn a_budget_of_zero_forces_the_end_marker_first() {
 
 #[test]
 fn the_reasoning_is_free_of_the_answer_grammar_which_applies_after_the_marker() {
-    let grammar =
-        reasoning_grammar(PARSER, ReasoningStart::Inside, None, Some(&json_answer())).unwrap();
+    let grammar = reasoning_grammar(
+        PARSER,
+        ReasoningStart::Inside,
+        None,
+        Some(&json_answer()),
+        TOKENS,
+    )
+    .unwrap();
     assert!(allows(
         &grammar,
         &bytes("not {json} a < b, </thin</think>\n{\"a\":1}")
@@ -103,6 +117,7 @@ fn the_model_may_end_its_reasoning_early_within_the_budget() {
         ReasoningStart::Inside,
         Some(50),
         Some(&json_answer()),
+        TOKENS,
     )
     .unwrap();
     assert!(allows(&grammar, &bytes("ok</think>{\"a\":3}")));
@@ -113,24 +128,38 @@ fn an_undecided_start_without_a_budget_allows_the_answer_with_or_without_reasoni
     let start = ReasoningStart::Undecided {
         reasoning_by_default: false,
     };
-    let grammar =
-        reasoning_grammar(ReasoningParser::Qwen3, start, None, Some(&json_answer())).unwrap();
+    let grammar = reasoning_grammar(
+        ReasoningParser::Qwen3,
+        start,
+        None,
+        Some(&json_answer()),
+        TOKENS,
+    )
+    .unwrap();
     assert!(allows(&grammar, &bytes("{\"a\":1}")));
     assert!(allows(&grammar, &bytes("<think>hm</think>\n\n{\"a\":1}")));
-    let budgeted = reasoning_grammar(ReasoningParser::Qwen3, start, Some(4), None).unwrap();
+    let budgeted = reasoning_grammar(ReasoningParser::Qwen3, start, Some(4), None, TOKENS).unwrap();
     assert!(!allows(&budgeted, &bytes("plain")));
     assert!(allows(&budgeted, &bytes("<think>abcd</think>done")));
     assert!(!allows(&budgeted, &bytes("<think>abcde")));
+    let as_tokens = [&[START_MARKER_ID][..], &bytes("abcd"), &[END_MARKER_ID]].concat();
+    assert!(allows(&budgeted, &as_tokens));
+    assert_eq!(
+        allowed_after(&budgeted, &[]),
+        vec![u32::from(b'<'), START_MARKER_ID]
+    );
 }
 
 #[test]
 fn regex_and_lark_answers_are_nested_as_they_are() {
     let regex = Grammar::Regex("a/b[0-9]+".to_owned());
-    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, None, Some(&regex)).unwrap();
+    let grammar =
+        reasoning_grammar(PARSER, ReasoningStart::Inside, None, Some(&regex), TOKENS).unwrap();
     assert!(allows(&grammar, &bytes("x</think>a/b12")));
     assert!(!allows(&grammar, &bytes("x</think>ab12")));
     let lark = Grammar::Lark("start: \"yes\" | \"no\"".to_owned());
-    let grammar = reasoning_grammar(PARSER, ReasoningStart::Inside, None, Some(&lark)).unwrap();
+    let grammar =
+        reasoning_grammar(PARSER, ReasoningStart::Inside, None, Some(&lark), TOKENS).unwrap();
     assert!(allows(&grammar, &bytes("x</think>no")));
     assert!(!allows(&grammar, &bytes("x</think>maybe")));
 }
@@ -139,11 +168,17 @@ fn regex_and_lark_answers_are_nested_as_they_are() {
 fn a_closed_start_or_nothing_to_constrain_keeps_the_request_grammar() {
     let answer = json_answer();
     assert_eq!(
-        reasoning_grammar(PARSER, ReasoningStart::Closed, Some(5), Some(&answer)),
+        reasoning_grammar(
+            PARSER,
+            ReasoningStart::Closed,
+            Some(5),
+            Some(&answer),
+            TOKENS
+        ),
         Some(answer)
     );
     assert_eq!(
-        reasoning_grammar(PARSER, ReasoningStart::Inside, None, None),
+        reasoning_grammar(PARSER, ReasoningStart::Inside, None, None, TOKENS),
         None
     );
 }

@@ -6,7 +6,7 @@ use super::error::ValidationError;
 use super::params::GenerationParams;
 use super::requested_grammar::RequestedGrammar;
 use super::{Prompt, Validator};
-use crate::reasoning::{reasoning_grammar, ReasoningParser, ReasoningSplitter};
+use crate::reasoning::{reasoning_grammar, MarkerTokens, ReasoningParser, ReasoningSplitter};
 
 /// Prompt tokens read back to find the last reasoning marker the prompt holds.
 const PROMPT_TAIL_TOKENS: usize = 8;
@@ -54,7 +54,11 @@ impl Validator {
         let start = parser.start_after(&tail);
         let budget = params.reasoning.budget(parser);
         let answer = params.grammar.as_ref();
-        let grammar = reasoning_grammar(parser, start, budget, answer.map(|g| &g.grammar));
+        let tokens = MarkerTokens {
+            start: self.tokenizer.token_to_id(parser.start_marker()),
+            end: self.tokenizer.token_to_id(parser.end_marker()),
+        };
+        let grammar = reasoning_grammar(parser, start, budget, answer.map(|g| &g.grammar), tokens);
         let grammar = match (grammar, answer) {
             (None, _) => None,
             (Some(wrapped), Some(answer)) if wrapped == answer.grammar => Some(answer.clone()),

@@ -204,7 +204,7 @@ async fn a_response_format_applies_to_the_answer_after_the_reasoning() {
         panic!("expected a Lark grammar");
     };
     assert!(
-        lark.starts_with("start: reasoning THINK_END answer"),
+        lark.starts_with("start: reasoning think_end BLANKS? answer"),
         "{lark}"
     );
     assert!(lark.contains("answer: %json"), "{lark}");
