@@ -8,8 +8,9 @@ use super::requested_grammar::RequestedGrammar;
 use super::{Prompt, Validator};
 use crate::reasoning::{reasoning_grammar, MarkerTokens, ReasoningParser, ReasoningSplitter};
 
-/// Prompt tokens read back to find the last reasoning marker the prompt holds.
-const PROMPT_TAIL_TOKENS: usize = 8;
+/// Prompt tokens read back to find the reasoning marker the prompt ends with: enough for a
+/// marker and its blanks spelled one byte per token.
+const PROMPT_TAIL_TOKENS: usize = 32;
 
 /// What reasoning adds to a validated request.
 pub(super) struct ReasoningPlan {

@@ -15,14 +15,17 @@ const R1_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>{{
 /// The model's output: its reasoning, the end marker (one byte token at a time), the answer.
 const OUTPUT: &str = "Let me see.</think>\n\nHi!";
 
+/// A template switched by `enable_thinking`, as Qwen3's is: off, it closes an empty reasoning.
+const QWEN3_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>{{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}";
+
 fn reasoning_app(backend: Arc<FakeBackend>) -> axum::Router {
+    app_with(backend, R1_TEMPLATE, ReasoningParser::DeepseekR1)
+}
+
+fn app_with(backend: Arc<FakeBackend>, template: &str, parser: ReasoningParser) -> axum::Router {
     let tokenizer = Arc::new(testing::tokenizer());
-    let template = ChatTemplate::new(
-        R1_TEMPLATE.to_owned(),
-        Some("<s>".into()),
-        Some("</s>".into()),
-    )
-    .unwrap();
+    let template =
+        ChatTemplate::new(template.to_owned(), Some("<s>".into()), Some("</s>".into())).unwrap();
     let grammars = GrammarCompiler::from_tokenizer_json(&testing::tokenizer_json(), &[EOS_ID]);
     let limits = Limits {
         max_input_tokens: MAX_INPUT_TOKENS,
@@ -32,7 +35,7 @@ fn reasoning_app(backend: Arc<FakeBackend>) -> axum::Router {
     let validator = Validator::new(Arc::clone(&tokenizer), Ok(template), limits)
         .with_eos_token_ids(vec![EOS_ID])
         .with_grammars(Arc::new(grammars.unwrap()))
-        .with_reasoning_parser(Some(ReasoningParser::DeepseekR1));
+        .with_reasoning_parser(Some(parser));
     let state = state_with_validator(
         backend,
         validator,
@@ -208,4 +211,50 @@ async fn a_response_format_applies_to_the_answer_after_the_reasoning() {
         "{lark}"
     );
     assert!(lark.contains("answer: %json"), "{lark}");
+}
+
+#[tokio::test]
+async fn qwen3_effort_none_switches_thinking_off_in_the_template_and_leaves_the_output_whole() {
+    let mut tokens = ids("<think>x</think>Hi");
+    tokens.push(EOS_ID);
+    let backend = FakeBackend::new(Script::Tokens(tokens, FinishReason::Eos));
+    let app = app_with(backend.clone(), QWEN3_TEMPLATE, ReasoningParser::Qwen3);
+    let body = format!(r#"{{"messages": {HI}, "reasoning_effort": "none"}}"#);
+    let message =
+        post(&app, "/v1/chat/completions", &body).await.json()["choices"][0]["message"].clone();
+    assert_eq!(
+        last_prompt(&backend),
+        "<|user|>hi\n<|assistant|><think>\n\n</think>\n\n"
+    );
+    assert_eq!(message["content"], "<think>x</think>Hi");
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    assert_eq!(last_grammar(&backend), None);
+}
+
+#[tokio::test]
+async fn qwen3_with_thinking_on_splits_what_the_model_opens_and_a_budget_makes_it_open() {
+    let mut tokens = ids("<think>x</think>Hi");
+    tokens.push(EOS_ID);
+    let backend = FakeBackend::new(Script::Tokens(tokens, FinishReason::Eos));
+    let app = app_with(backend.clone(), QWEN3_TEMPLATE, ReasoningParser::Qwen3);
+    let body = format!(r#"{{"messages": {HI}, "reasoning_effort": "low"}}"#);
+    let message =
+        post(&app, "/v1/chat/completions", &body).await.json()["choices"][0]["message"].clone();
+    assert_eq!(last_prompt(&backend), "<|user|>hi\n<|assistant|>");
+    assert_eq!(
+        (
+            message["reasoning_content"].as_str(),
+            message["content"].as_str()
+        ),
+        (Some("x"), Some("Hi"))
+    );
+    let Some(Grammar::Lark(lark)) = last_grammar(&backend) else {
+        panic!("expected a Lark grammar");
+    };
+    // Here the reasoning follows the opening marker, so llguidance's bound is the budget itself.
+    assert!(
+        lark.starts_with("start: think_open reasoning think_end answer"),
+        "{lark}"
+    );
+    assert!(lark.contains("reasoning[max_tokens=1024]"), "{lark}");
 }
