@@ -6,9 +6,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
+use crate::http::openai::fields::{
+    impl_sampling_fields, reasoning_effort, StopSpec, StreamOptions,
+};
 use crate::limits::RequestLimits;
-use crate::reasoning::{ReasoningEffort, ReasoningRequest};
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
 use crate::validation::{
@@ -224,7 +225,7 @@ impl ChatRequest {
             .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
-        params.reasoning = reasoning_request(self.reasoning_effort.as_deref())?;
+        params.reasoning = reasoning_effort(self.reasoning_effort.as_deref(), "reasoning_effort")?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
             apply_tool_plan(plan, &mut params, &mut messages)?;
         }
@@ -235,20 +236,6 @@ impl ChatRequest {
             tool_plan,
         })
     }
-}
-
-/// The reasoning `reasoning_effort` asks for; the model's default without it.
-fn reasoning_request(effort: Option<&str>) -> Result<ReasoningRequest, ValidationError> {
-    let Some(effort) = effort else {
-        return Ok(ReasoningRequest::default());
-    };
-    ReasoningEffort::parse(effort)
-        .map(|effort| effort.request("reasoning_effort"))
-        .ok_or_else(|| ValidationError::OutOfRange {
-            param: "reasoning_effort".to_owned(),
-            expected: ReasoningEffort::NAMES,
-            value: format!("{effort:?}"),
-        })
 }
 
 /// Constrains the generation to the plan's calls and describes the tools in the system message.

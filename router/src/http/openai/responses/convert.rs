@@ -6,20 +6,19 @@ use serde_json::{json, Map, Value};
 
 use super::input;
 use super::output::Echo;
-use super::request::{FunctionToolSpec, ReasoningConfig, ResponsesRequest, TextFormat};
+use super::request::{FunctionToolSpec, ResponsesRequest, TextFormat};
 use super::store::ResponseStore;
 use crate::error::AppError;
 use crate::http::middleware::api_keys::KeyId;
-use crate::http::openai::SamplingFields;
+use crate::http::openai::{reasoning_effort, SamplingFields};
 use crate::http::state::HandlerConfig;
-use crate::reasoning::{ReasoningEffort, ReasoningRequest};
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
+use crate::validation::serde_wording;
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
     RequestedGrammar, ValidationError,
 };
-use crate::validation::{request_rules, serde_wording};
 
 /// What a responses request generates from.
 #[derive(Debug)]
@@ -76,23 +75,6 @@ fn refuse_unsupported(request: &ResponsesRequest) -> Result<(), ValidationError>
     Ok(())
 }
 
-/// The reasoning `reasoning.effort` asks for; the model's default without it.
-fn reasoning_request(
-    reasoning: Option<ReasoningConfig>,
-) -> Result<ReasoningRequest, ValidationError> {
-    let Some(effort) = reasoning.and_then(|reasoning| reasoning.effort) else {
-        return Ok(ReasoningRequest::default());
-    };
-    match ReasoningEffort::parse(&effort) {
-        Some(level) => Ok(level.request("reasoning.effort")),
-        None => request_rules::refuse_value(
-            "reasoning.effort",
-            ReasoningEffort::NAMES,
-            format!("{effort:?}"),
-        ),
-    }
-}
-
 /// Validates a `/v1/responses` body into a generation; a `previous_response_id` that is
 /// unknown, or not `owner`'s to continue, is not found.
 pub fn generation(
@@ -107,7 +89,11 @@ pub fn generation(
     let text_echo = json!({"format": format_echo(format.as_ref())});
     let mut params = sampling(&request, config);
     params.grammar = format.map(grammar).transpose()?.flatten();
-    params.reasoning = reasoning_request(request.reasoning.take())?;
+    let effort = request
+        .reasoning
+        .take()
+        .and_then(|reasoning| reasoning.effort);
+    params.reasoning = reasoning_effort(effort.as_deref(), "reasoning.effort")?;
     let plan = plan.filter(ToolPlan::may_call);
     if let Some(plan) = &plan {
         if params.grammar.is_some() {
