@@ -13,12 +13,6 @@ pub struct Split {
     pub answer: String,
 }
 
-impl Split {
-    pub fn is_empty(&self) -> bool {
-        self.reasoning.is_empty() && self.answer.is_empty()
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Before anything but blanks: waiting to see whether the output opens reasoning.
@@ -68,7 +62,7 @@ impl ReasoningSplitter {
     }
 
     /// Whether the reasoning is over (or never started): what follows is all answer.
-    pub fn answering(&self) -> bool {
+    fn answering(&self) -> bool {
         matches!(self.phase, Phase::Answer | Phase::AnswerBlanks)
     }
 
