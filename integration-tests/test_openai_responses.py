@@ -170,7 +170,7 @@ def test_an_unknown_previous_response_is_404_and_unsupported_fields_are_400(tand
     assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"background": True}, "background"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
     ]

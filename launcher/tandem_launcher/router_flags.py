@@ -23,6 +23,8 @@ ROUTER = Child.ROUTER
 GENERATION_CONFIG_USES = ("auto", "none")
 # vLLM's parser names for the tool-call syntaxes the router speaks, and Tandem's own.
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "tandem")
+# How chat output splits into reasoning and answer (vLLM's parser names; auto: from the chat template's markers).
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")
 
 
 def _readable_file(flag: str, value: Any) -> str | None:
@@ -145,6 +147,12 @@ API = (
         "auto: OpenAI requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset use the values "
         "the model's generation_config.json recommends (with do_sample: true); none: the OpenAI defaults",
         choices=GENERATION_CONFIG_USES,
+    ),
+    Forwarded(
+        "--reasoning-parser", ROUTER, str, "auto",
+        "how chat output splits into reasoning and answer: auto reads the chat template's <think> markers and the "
+        "model type; deepseek_r1 and qwen3 name a format; none never splits",
+        choices=REASONING_PARSERS,
     ),
     Forwarded(
         "--responses-store-max-entries", ROUTER, int, 1024,

@@ -33,6 +33,7 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
         "--max-client-batch-size": "4",
         "--payload-limit": "2000000",
         "--generation-config": "auto",
+        "--reasoning-parser": "auto",
     }
     assert {flag: _value(argv, flag) for flag in expected} == expected
     forwarded = config.forwarded
@@ -48,7 +49,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
             "--tool-call-parser", "llama3_json"]  # fmt: skip
     environ = {
         "MAX_CLIENT_BATCH_SIZE": "8", "DISABLE_CHAT_COMPLETIONS": "true", "MAX_STOP_SEQUENCES": "6",
-        "GENERATION_CONFIG": "none",
+        "GENERATION_CONFIG": "none", "REASONING_PARSER": "qwen3",
     }  # fmt: skip
     config = parse_config(argv, environ)
     forwarded = config.forwarded
@@ -61,6 +62,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
     assert "--always-include-usage" in router and "--disable-chat-completions" in router
     assert _value(router, "--generation-config") == "none"
     assert _value(router, "--tool-call-parser") == "llama3_json"
+    assert _value(router, "--reasoning-parser") == "qwen3"
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,7 @@ def test_flags_and_env_vars_set_the_api_options(tmp_path: Path) -> None:
         (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template must be a readable file"),
         (["--generation-config", "vllm"], "--generation-config"),
         (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
+        (["--reasoning-parser", "granite"], "--reasoning-parser"),
     ],
 )
 def test_bad_api_values_exit_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -13,6 +13,7 @@ pub mod http;
 pub mod kv;
 pub mod limits;
 pub mod metrics;
+pub mod reasoning;
 pub mod scheduler;
 pub mod server;
 pub mod shard;

@@ -7,6 +7,7 @@ use clap::{Parser, ValueEnum};
 use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::reasoning::ReasoningParserFlag;
 use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
 use crate::tools::ToolCallParser;
@@ -170,6 +171,11 @@ pub struct ApiArgs {
     /// (when it sets `do_sample: true`); `none`: they get the OpenAI defaults.
     #[arg(long, env = "GENERATION_CONFIG", value_enum, default_value_t = GenerationConfigUse::Auto)]
     pub generation_config: GenerationConfigUse,
+    /// How chat output splits into reasoning and answer: `auto` reads the chat template's
+    /// markers (`<think>`) and the model type, `deepseek_r1` and `qwen3` name a format (vLLM's
+    /// names), `none` never splits.
+    #[arg(long, env = "REASONING_PARSER", value_enum, default_value_t = ReasoningParserFlag::Auto)]
+    pub reasoning_parser: ReasoningParserFlag,
     #[command(flatten)]
     pub responses_store: ResponseStoreLimits,
 }

@@ -15,6 +15,7 @@ pub use derived::ServedModel;
 use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
+use crate::reasoning::ReasoningParserFlag;
 use crate::scheduler::DraftMethod;
 use crate::shard::ShardAddress;
 use crate::tools::ToolCallParser;
@@ -99,6 +100,8 @@ pub struct ApiConfig {
     pub model_sampling_defaults: bool,
     /// What `/v1/responses` may keep for `previous_response_id`.
     pub responses_store: ResponseStoreLimits,
+    /// How chat output splits into reasoning and answer (`auto`: from the model).
+    pub reasoning_parser: ReasoningParserFlag,
 }
 
 /// How the router rides through shard restarts and shuts down.
@@ -229,6 +232,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 chat_completions: !args.api.disable_chat_completions,
                 model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
                 responses_store: args.api.responses_store,
+                reasoning_parser: args.api.reasoning_parser,
             },
             request_limits: args.request_limits,
             connections: args.connections,

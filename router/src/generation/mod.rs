@@ -12,6 +12,7 @@ pub use admission::{AdmissionTicket, LoadShedder};
 
 use crate::error::AppError;
 use crate::metrics::RequestMetrics;
+use crate::reasoning::ReasoningSplitter;
 use crate::scheduler::{Backend, PromptLogprobs};
 use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenDecoding, TokenText};
 use crate::validation::{GenerationParams, Prompt, Validator};
@@ -32,6 +33,8 @@ pub struct Engine<'a> {
 #[derive(Debug)]
 pub struct AdmittedRequest {
     text: TextStream,
+    /// Splits this generation's output into reasoning and answer; `None` for other models.
+    pub reasoning: Option<ReasoningSplitter>,
     metrics: RequestMetrics,
     pub input_tokens: usize,
     pub seed: u64,
@@ -42,7 +45,10 @@ pub struct AdmittedRequest {
 /// A generation read to its end.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completed {
+    /// The answer: with a reasoning model, the output after its reasoning.
     pub text: String,
+    /// A reasoning model's reasoning, split off the output.
+    pub reasoning: Option<CompletedReasoning>,
     pub tokens: Vec<TokenText>,
     pub finish: Finish,
     pub input_tokens: usize,
@@ -57,6 +63,14 @@ impl Completed {
     pub fn cumulative_logprob(&self) -> f32 {
         self.tokens.iter().map(|token| token.logprob).sum()
     }
+}
+
+/// The reasoning of a finished generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompletedReasoning {
+    pub text: String,
+    /// Tokens the reasoning took, its markers included.
+    pub tokens: usize,
 }
 
 /// One sibling's next token (or error), tagged with the sibling's index.
@@ -81,6 +95,7 @@ pub async fn collect_siblings(
 /// What a successful submission hands back: one text stream and admission ticket per sibling.
 struct Submitted {
     texts: Vec<TextStream>,
+    reasoning: Option<ReasoningSplitter>,
     input_ids: Vec<u32>,
     seed: u64,
     tickets: Vec<AdmissionTicket>,
@@ -116,6 +131,7 @@ impl AdmittedRequest {
             Ok(submitted) => {
                 let Submitted {
                     texts,
+                    reasoning,
                     input_ids,
                     seed,
                     tickets,
@@ -129,6 +145,7 @@ impl AdmittedRequest {
                         metrics.input_tokens(input_ids.len());
                         Self {
                             text,
+                            reasoning: reasoning.clone(),
                             metrics,
                             input_tokens: input_ids.len(),
                             seed: seed.wrapping_add(index),
@@ -182,6 +199,7 @@ impl AdmittedRequest {
             .collect();
         Ok(Submitted {
             texts,
+            reasoning: valid.reasoning,
             input_ids,
             seed,
             tickets,
@@ -253,16 +271,18 @@ impl AdmittedRequest {
 
     /// Reads the generation to its end.
     pub async fn collect(mut self) -> Result<Completed, AppError> {
-        let mut text = String::new();
+        let mut output = CompletedOutput::new(self.reasoning.take());
         let mut tokens = Vec::new();
         loop {
             match self.next().await {
                 Some(Ok(delta)) => {
-                    text.push_str(&delta.token.text);
+                    output.push(&delta.token.text);
                     tokens.push(delta.token);
                     if let Some(finish) = delta.finish {
+                        let (text, reasoning) = output.finish();
                         let completed = Completed {
                             text,
+                            reasoning,
                             tokens,
                             finish,
                             input_tokens: self.input_tokens,
@@ -285,5 +305,48 @@ impl AdmittedRequest {
                 }
             }
         }
+    }
+}
+
+/// A generation's text as it is read: all answer, or split by a reasoning splitter.
+pub struct CompletedOutput {
+    splitter: Option<ReasoningSplitter>,
+    answer: String,
+    reasoning: String,
+}
+
+impl CompletedOutput {
+    pub fn new(splitter: Option<ReasoningSplitter>) -> Self {
+        Self {
+            splitter,
+            answer: String::new(),
+            reasoning: String::new(),
+        }
+    }
+
+    pub fn push(&mut self, text: &str) {
+        match &mut self.splitter {
+            Some(splitter) => {
+                let split = splitter.push(text);
+                self.reasoning.push_str(&split.reasoning);
+                self.answer.push_str(&split.answer);
+            }
+            None => self.answer.push_str(text),
+        }
+    }
+
+    /// The answer, and the reasoning when the output was split.
+    pub fn finish(mut self) -> (String, Option<CompletedReasoning>) {
+        let Some(mut splitter) = self.splitter.take() else {
+            return (self.answer, None);
+        };
+        let rest = splitter.finish();
+        self.reasoning.push_str(&rest.reasoning);
+        self.answer.push_str(&rest.answer);
+        let reasoning = CompletedReasoning {
+            text: self.reasoning,
+            tokens: splitter.reasoning_tokens(),
+        };
+        (self.answer, Some(reasoning))
     }
 }

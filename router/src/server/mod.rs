@@ -19,6 +19,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::kv::{self, events::PublisherError};
+use crate::reasoning::ReasoningParser;
 use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
@@ -323,6 +324,7 @@ fn tokenization(
         "tool calls use the {} syntax (--tool-call-parser sets another)",
         tool_format.family.parser_name()
     );
+    let reasoning = reasoning_parser(config, text.as_deref().ok(), &files);
     let chat_template = match text {
         Ok(text) => Ok(ChatTemplate::new(text, files.bos_token, files.eos_token)?),
         Err(reason) => Err(reason),
@@ -330,12 +332,30 @@ fn tokenization(
     let tokenizer = Arc::new(files.tokenizer);
     let limits = config.validation_limits();
     let validator = Validator::new(Arc::clone(&tokenizer), chat_template, limits)
+        .with_reasoning_parser(reasoning)
         .with_request_limits(config.request_limits)
         .with_max_drafts(config.limits.speculate)
         .with_tokenization_budget(
             TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
         );
     Ok((validator, TokenDecoding::new(tokenizer), tool_format))
+}
+
+/// The reasoning format chat output is split by (`--reasoning-parser`, else the template's
+/// markers), logged once.
+fn reasoning_parser(
+    config: &RouterConfig,
+    template: Option<&str>,
+    files: &ModelFiles,
+) -> Option<ReasoningParser> {
+    let parser = config
+        .api
+        .reasoning_parser
+        .resolve(template, files.model_type.as_deref());
+    if let Some(parser) = parser {
+        info!(?parser, "chat output splits reasoning from the answer");
+    }
+    parser
 }
 
 /// Warns when the model's own chat template is missing: chat then runs on a stand-in, or not

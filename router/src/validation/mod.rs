@@ -10,6 +10,7 @@ mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
+mod reasoning;
 pub mod request_rules;
 mod requested_grammar;
 pub mod response_format;
@@ -40,6 +41,7 @@ pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
 use crate::limits::RequestLimits;
+use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
@@ -66,6 +68,8 @@ pub enum Prompt {
 pub struct ValidRequest {
     pub request: GenerationRequest,
     pub stop: Vec<String>,
+    /// Splits each choice's output into reasoning and answer; `None` for other models.
+    pub reasoning: Option<ReasoningSplitter>,
 }
 
 /// `/tokenize`'s tokens: ids with byte offsets into `text`, and the memory reserved for them
@@ -102,6 +106,8 @@ pub struct Validator {
     tokenizing: budget::TokenizationBudget,
     /// The server's `--speculate`: the most drafts per step a request may ask for.
     max_drafts: u32,
+    /// The reasoning format of chat output; `None`: output is not split.
+    reasoning: Option<ReasoningParser>,
 }
 
 impl Validator {
@@ -122,6 +128,7 @@ impl Validator {
             grammars: None,
             tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
             max_drafts: 0,
+            reasoning: None,
         }
     }
 
@@ -188,7 +195,9 @@ impl Validator {
             .speculate
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
             .transpose()?;
-        let mut input_ids = self.tokenize(prompt).await?;
+        let reasoning = self.reasoning_for(&prompt);
+        let thinking = reasoning.and_then(|parser| params.reasoning.template_switch(parser));
+        let mut input_ids = self.tokenize(prompt, thinking).await?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
             input_ids.drain(..input_ids.len() - keep);
         }
@@ -229,16 +238,18 @@ impl Validator {
             min_new_tokens: checked.min_new_tokens,
             stop_token_ids,
         };
+        let reasoning = self.reasoning_plan(reasoning, &input_ids, params).await?;
         Ok(ValidRequest {
             request: GenerationRequest {
                 input_ids,
                 sampling: checked.sampling,
                 stopping,
                 logprobs: params.logprobs,
-                grammar: params.grammar.as_ref().map(|g| g.grammar.clone()),
+                grammar: reasoning.grammar.map(|g| g.grammar),
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
             },
             stop: checked.stop,
+            reasoning: reasoning.splitter,
         })
     }
 
@@ -372,11 +383,16 @@ impl Validator {
     /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
     pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
         self.check_prompt(&prompt)?;
-        Ok(self.tokenize(prompt).await?.len())
+        Ok(self.tokenize(prompt, None).await?.len())
     }
 
-    /// Renders and tokenizes on the blocking pool: both can take milliseconds on long prompts.
-    async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ValidationError> {
+    /// Renders (with the template's `enable_thinking` when `thinking` is set) and tokenizes on
+    /// the blocking pool: both can take milliseconds on long prompts.
+    async fn tokenize(
+        &self,
+        prompt: Prompt,
+        thinking: Option<bool>,
+    ) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
         let template = self.chat_template.clone();
         let prompt = match prompt {
@@ -395,8 +411,16 @@ impl Validator {
             let (text, add_special_tokens) = match prompt {
                 Prompt::Text(text) => (text, true),
                 Prompt::Tokens(ids) => return Ok(ids),
-                Prompt::Chat(messages, ending, extras) => {
+                Prompt::Chat(messages, ending, mut extras) => {
                     let template = template.map_err(ValidationError::NoChat)?;
+                    // The request's own `chat_template_kwargs.enable_thinking` wins over the switch
+                    // its reasoning setting implies.
+                    if let Some(thinking) = thinking {
+                        extras
+                            .kwargs
+                            .entry("enable_thinking")
+                            .or_insert(serde_json::Value::Bool(thinking));
+                    }
                     (template.render(&messages, ending, &extras)?, false)
                 }
             };

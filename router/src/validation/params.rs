@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 use super::error::ValidationError;
 use super::processors::{self, ProcessorParams};
 use super::requested_grammar::RequestedGrammar;
+use crate::reasoning::ReasoningRequest;
 use crate::scheduler::{LogprobOptions, SamplingParams};
 
 /// Largest accepted temperature.
@@ -40,6 +41,8 @@ pub struct GenerationParams {
     /// Most draft tokens per step (`speculate`), 0 to the server's `--speculate`; `None` means
     /// the server's.
     pub speculate: Option<i64>,
+    /// What the request asks of a reasoning model's reasoning.
+    pub reasoning: ReasoningRequest,
 }
 
 /// Parameters that passed their range checks.

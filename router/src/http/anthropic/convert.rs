@@ -5,11 +5,12 @@
 use serde_json::{json, Map, Value};
 
 use super::request::{
-    ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, SystemPrompt, ToolChoiceSpec,
-    ToolDefinition, ToolResultContent, TypedTextBlock,
+    ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, SystemPrompt, ThinkingConfig,
+    ToolChoiceSpec, ToolDefinition, ToolResultContent, TypedTextBlock,
 };
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
+use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
 use crate::validation::{
@@ -79,11 +80,42 @@ pub fn generation(
         .into_params((Some(max_tokens), "max_tokens"), no_logprobs);
     let plan = plan.filter(ToolPlan::may_call);
     params.grammar = plan.as_ref().and_then(ToolPlan::grammar);
+    params.reasoning = reasoning_request(request.thinking)?;
     Ok(Generation {
         prompt,
         params,
         tools: plan,
         stream: request.stream == Some(true),
+    })
+}
+
+/// The reasoning `thinking` asks for: on with its budget (at least 1 token), or off.
+fn reasoning_request(
+    thinking: Option<ThinkingConfig>,
+) -> Result<ReasoningRequest, ValidationError> {
+    let (enabled, budget_tokens) = match thinking {
+        None => return Ok(ReasoningRequest::default()),
+        Some(ThinkingConfig::Disabled) => (false, None),
+        Some(ThinkingConfig::Enabled { budget_tokens }) => {
+            let budget = u32::try_from(budget_tokens)
+                .ok()
+                .filter(|&budget| budget >= 1);
+            match budget {
+                Some(budget) => (true, Some(budget)),
+                None => {
+                    return request_rules::refuse_value(
+                        "thinking.budget_tokens",
+                        "an integer of at least 1",
+                        budget_tokens.to_string(),
+                    )
+                }
+            }
+        }
+    };
+    Ok(ReasoningRequest {
+        enabled: Some(enabled),
+        budget_tokens,
+        param: "thinking",
     })
 }
 
@@ -153,6 +185,15 @@ fn join_texts(blocks: Vec<TypedTextBlock>) -> String {
     texts.join("\n")
 }
 
+/// A turn is the user's or the assistant's.
+fn check_role(role: &str, index: usize) -> Result<(), ValidationError> {
+    if role == "user" || role == "assistant" {
+        return Ok(());
+    }
+    let param = format!("messages[{index}].role");
+    request_rules::refuse_value(&param, "\"user\" or \"assistant\"", format!("{role:?}"))
+}
+
 /// Appends one turn: a user turn's tool results become `tool` messages, in order; an
 /// assistant turn's tool calls are written in the call format the model is shown.
 fn turn_messages(
@@ -162,14 +203,7 @@ fn turn_messages(
     messages: &mut Vec<ChatMessage>,
 ) -> Result<(), ValidationError> {
     let role = turn.role.as_str();
-    if role != "user" && role != "assistant" {
-        let param = format!("messages[{index}].role");
-        return request_rules::refuse_value(
-            &param,
-            "\"user\" or \"assistant\"",
-            format!("{role:?}"),
-        );
-    }
+    check_role(role, index)?;
     let blocks = match turn.content {
         Value::String(text) => {
             messages.push(ChatMessage::new(role, text));
@@ -187,7 +221,8 @@ fn turn_messages(
     let mut calls = Vec::new();
     for (position, block) in blocks.into_iter().enumerate() {
         let param = || format!("messages[{index}].content[{position}]");
-        let expected = "a `text`, `tool_use` or `tool_result` block";
+        let expected =
+            "a `text`, `tool_use`, `tool_result`, `thinking` or `redacted_thinking` block";
         let block: ContentBlock = serde_json::from_value(block).map_err(|error| {
             request_rules::out_of_range(&param(), expected, serde_wording::error_text(&error))
         })?;
@@ -208,9 +243,16 @@ fn turn_messages(
                     result.is_error,
                 ));
             }
-            (ContentBlock::ToolUse(_), _) | (ContentBlock::ToolResult(_), _) => {
-                let expected =
-                    "`tool_use` only in assistant turns and `tool_result` only in user turns";
+            (ContentBlock::Thinking(_) | ContentBlock::RedactedThinking(_), "assistant") => {}
+            (
+                ContentBlock::ToolUse(_)
+                | ContentBlock::ToolResult(_)
+                | ContentBlock::Thinking(_)
+                | ContentBlock::RedactedThinking(_),
+                _,
+            ) => {
+                let expected = "`tool_use` and thinking blocks only in assistant turns and \
+                     `tool_result` only in user turns";
                 return request_rules::refuse_value(
                     &param(),
                     expected,

@@ -147,9 +147,15 @@ fn invalid_requests_name_their_parameter() {
     let param = |body: Value| refused(body).param().map(str::to_owned);
     assert_eq!(param(json!({"messages": hi})), Some("max_tokens".into()));
     assert_eq!(param(json!({"max_tokens": 5})), Some("messages".into()));
+    let no_budget = json!({"type": "enabled", "budget_tokens": 0});
     assert_eq!(
-        param(json!({"max_tokens": 5, "messages": hi, "thinking": {"type": "enabled"}})),
-        Some("thinking".into())
+        param(json!({"max_tokens": 5, "messages": hi, "thinking": no_budget})),
+        Some("thinking.budget_tokens".into())
+    );
+    let thinking_from_user = json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]);
+    assert_eq!(
+        param(json!({"max_tokens": 5, "messages": thinking_from_user})),
+        Some("messages[0].content[0]".into())
     );
     assert_eq!(
         param(json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})),
@@ -210,4 +216,37 @@ fn counted_prompts_include_the_tool_preamble_and_refuse_generation_fields() {
     let request: CountTokensRequest = serde_json::from_value(body).unwrap();
     let error = counted_prompt(request, &config()).expect_err("max_tokens is not counted");
     assert_eq!(error.param(), Some("max_tokens"));
+}
+
+#[test]
+fn thinking_sets_the_reasoning_budget_or_switches_it_off() {
+    let hi = json!([{"role": "user", "content": "Hi"}]);
+    let enabled = json!({"type": "enabled", "budget_tokens": 64});
+    let on = converted(json!({"max_tokens": 100, "messages": hi, "thinking": enabled}));
+    assert_eq!(
+        (
+            on.params.reasoning.enabled,
+            on.params.reasoning.budget_tokens
+        ),
+        (Some(true), Some(64))
+    );
+    let off = converted(json!({"max_tokens": 9, "messages": hi, "thinking": {"type": "disabled"}}));
+    assert_eq!(off.params.reasoning.enabled, Some(false));
+    let plain = converted(json!({"max_tokens": 9, "messages": hi}));
+    assert_eq!(plain.params.reasoning, ReasoningRequest::default());
+}
+
+#[test]
+fn thinking_blocks_passed_back_in_assistant_turns_are_dropped() {
+    let past = json!([
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "They greet me.", "signature": ""},
+            {"type": "redacted_thinking", "data": "xyz"},
+            {"type": "text", "text": "Hello!"}]},
+        {"role": "user", "content": "Bye"},
+    ]);
+    let generation = converted(json!({"max_tokens": 5, "messages": past}));
+    let (messages, _) = chat(&generation);
+    assert_eq!(messages[1], ChatMessage::new("assistant", "Hello!"));
 }

@@ -1,17 +1,20 @@
 //! Anthropic's stream events for one message: `message_start`, then each content block as
-//! `content_block_start`, `content_block_delta`s (`text_delta` or `input_json_delta`) and
-//! `content_block_stop`, then `message_delta` (stop reason and usage) and `message_stop`.
-//! Text is routed through the tool-call scanner (`crate::tools`) when tools may be called.
+//! `content_block_start`, `content_block_delta`s (`thinking_delta`, `text_delta` or
+//! `input_json_delta`) and `content_block_stop`, then `message_delta` (stop reason and usage)
+//! and `message_stop`. A reasoning model's thinking is split off first; the answer text is
+//! routed through the tool-call scanner (`crate::tools`) when tools may be called.
 
 use serde_json::{json, Value};
 
 use super::response::{stop_reason, tool_use_id};
+use crate::reasoning::{ReasoningSplitter, Split};
 use crate::stream::Finish;
 use crate::tools::{route_text, ChoiceOutput, ToolFamily};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpenBlock {
+    Thinking,
     Text,
     ToolUse,
 }
@@ -25,6 +28,8 @@ pub struct MessageEvents {
     /// Index of the open block, or of the next one when none is open.
     index: usize,
     called_tools: bool,
+    /// Present for a reasoning model: splits its thinking off before tool-call routing.
+    reasoning: Option<ReasoningSplitter>,
 }
 
 impl MessageEvents {
@@ -36,6 +41,7 @@ impl MessageEvents {
             open: None,
             index: 0,
             called_tools: false,
+            reasoning: None,
         }
     }
 
@@ -43,6 +49,13 @@ impl MessageEvents {
     #[must_use]
     pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
         self.tool_output = self.tool_output.map(|output| output.in_family(family));
+        self
+    }
+
+    /// Streams the thinking `splitter` splits off as a `thinking` block.
+    #[must_use]
+    pub fn with_reasoning(mut self, splitter: Option<ReasoningSplitter>) -> Self {
+        self.reasoning = splitter;
         self
     }
 
@@ -57,6 +70,34 @@ impl MessageEvents {
 
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
+        let split = match self.reasoning.as_mut() {
+            Some(splitter) => splitter.push(&text),
+            None => Split {
+                reasoning: String::new(),
+                answer: text,
+            },
+        };
+        self.split_events(split)
+    }
+
+    /// A thinking delta for the reasoning, then the answer's events.
+    fn split_events(&mut self, split: Split) -> Vec<Value> {
+        let mut events = Vec::new();
+        if !split.reasoning.is_empty() {
+            if self.open != Some(OpenBlock::Thinking) {
+                self.close(&mut events);
+                let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+                self.open(OpenBlock::Thinking, block, &mut events);
+            }
+            let delta = json!({"type": "thinking_delta", "thinking": split.reasoning});
+            events.push(self.delta(delta));
+        }
+        events.extend(self.answer_events(split.answer));
+        events
+    }
+
+    /// The events a piece of answer text releases.
+    fn answer_events(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
         let (content, calls) = route_text(self.tool_output.as_mut(), text).into_parts();
         self.release(content, calls, &mut events);
@@ -99,7 +140,12 @@ impl MessageEvents {
         stop_sequence: Option<String>,
         output_tokens: usize,
     ) -> Vec<Value> {
-        let mut events = Vec::new();
+        // The splitter's held-back text first (its answer part goes through the calls parser),
+        // then what the calls parser still holds.
+        let held = self.reasoning.as_mut().map(ReasoningSplitter::finish);
+        let mut events = held
+            .map(|split| self.split_events(split))
+            .unwrap_or_default();
         if let Some(held) = self.tool_output.as_mut().map(ChoiceOutput::finish) {
             let (text, calls) = held.into_parts();
             self.release(text, calls, &mut events);

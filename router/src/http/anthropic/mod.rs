@@ -15,9 +15,11 @@ use serde_json::Value;
 
 use self::events::MessageEvents;
 use self::request::{CountTokensRequest, MessagesRequest};
-use self::response::{message_id, output_blocks, stop_reason, Message, MessageUsage, TokenCount};
+use self::response::{
+    blocks_with_thinking, message_id, stop_reason, Message, MessageUsage, TokenCount,
+};
 use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
-use crate::generation::AdmittedRequest;
+use crate::generation::{AdmittedRequest, CompletedOutput};
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::typed_event;
@@ -73,7 +75,8 @@ pub async fn messages(
     let id = message_id();
     let model = state.config.model_id.clone();
     let renderer = MessageEvents::new(tools_callable, call_required)
-        .with_tool_family(state.config.tool_format.family);
+        .with_tool_family(state.config.tool_format.family)
+        .with_reasoning(admitted.reasoning.clone());
     if generation.stream {
         let input_tokens = admitted.input_tokens;
         let surface = MessageStream {
@@ -85,13 +88,14 @@ pub async fn messages(
         return Ok(stream_generations(vec![admitted], surface));
     }
     let input_tokens = admitted.input_tokens;
+    let mut output = CompletedOutput::new(admitted.reasoning.clone());
     let mut deltas = Box::pin(admitted.into_deltas(0));
-    let mut text = String::new();
     while let Some(sibling) = deltas.next().await {
         let delta = sibling.delta?;
-        text.push_str(&delta.token.text);
+        output.push(&delta.token.text);
         if let Some(finish) = delta.finish {
-            let content = output_blocks(text, generation.tools.as_ref());
+            let (text, reasoning) = output.finish();
+            let content = blocks_with_thinking(reasoning, text, generation.tools.as_ref());
             let called_tools = content
                 .iter()
                 .any(|block| matches!(block, response::OutputBlock::ToolUse { .. }));

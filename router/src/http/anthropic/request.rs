@@ -32,9 +32,23 @@ pub struct MessagesRequest {
     pub metadata: Option<Map<String, Value>>,
     pub tools: Option<Vec<ToolDefinition>>,
     pub tool_choice: Option<ToolChoiceSpec>,
+    /// A reasoning model's thinking: `enabled` with a `budget_tokens` bound, or `disabled`.
+    /// Other models ignore it.
+    pub thinking: Option<ThinkingConfig>,
     #[serde(flatten)]
     #[schema(ignore)]
     pub extra: Map<String, Value>,
+}
+
+/// The `thinking` setting.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ThinkingConfig {
+    /// Thinking on, at most `budget_tokens` tokens (at least 1).
+    Enabled {
+        budget_tokens: i64,
+    },
+    Disabled,
 }
 
 /// `POST /v1/messages/count_tokens` body: the conversation part of a messages request.
@@ -43,6 +57,9 @@ pub struct CountTokensRequest {
     /// Accepted and ignored: the served model's tokenizer counts.
     #[allow(dead_code)]
     pub model: Option<String>,
+    /// Accepted as `/v1/messages` takes it; the count is the prompt's either way.
+    #[allow(dead_code)]
+    pub thinking: Option<ThinkingConfig>,
     pub messages: Option<Vec<InputMessage>>,
     pub system: Option<SystemPrompt>,
     pub tools: Option<Vec<ToolDefinition>>,
@@ -72,13 +89,35 @@ pub enum MessageContent {
     Blocks(Vec<ContentBlock>),
 }
 
-/// A content block of a turn; image, document and thinking blocks are not served.
+/// A content block of a turn; image and document blocks are not served.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     Text(TextBlock),
     ToolUse(ToolUseBlock),
     ToolResult(ToolResultBlock),
+    /// An earlier answer's thinking, passed back: dropped, as chat templates drop past reasoning.
+    #[allow(dead_code)] // read to check its shape, then dropped
+    Thinking(PastThinking),
+    #[allow(dead_code)] // read to check its shape, then dropped
+    RedactedThinking(PastRedactedThinking),
+}
+
+/// A `thinking` block of an earlier assistant turn.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // read to check its shape, then dropped
+pub struct PastThinking {
+    pub thinking: String,
+    pub signature: Option<String>,
+}
+
+/// A `redacted_thinking` block of an earlier assistant turn.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // read to check its shape, then dropped
+pub struct PastRedactedThinking {
+    pub data: String,
 }
 
 /// `{"type": "text", "text": ...}`.

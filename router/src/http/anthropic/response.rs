@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use crate::generation::CompletedReasoning;
 use crate::stream::Finish;
 use crate::tools::{parse_output, ParsedOutput, ToolPlan};
 
@@ -29,6 +30,11 @@ pub struct Message {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBlock {
+    /// A reasoning model's reasoning; `signature` is always empty (Tandem signs nothing).
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Text {
         text: String,
     },
@@ -73,6 +79,25 @@ pub fn stop_reason(finish: Finish, called_tools: bool) -> &'static str {
         Finish::EosToken if called_tools => "tool_use",
         Finish::EosToken => "end_turn",
     }
+}
+
+/// The blocks of a finished output: its reasoning (when split off and not empty), then the
+/// answer's blocks.
+pub fn blocks_with_thinking(
+    reasoning: Option<CompletedReasoning>,
+    text: String,
+    callable: Option<&ToolPlan>,
+) -> Vec<OutputBlock> {
+    let thinking = reasoning
+        .filter(|reasoning| !reasoning.text.is_empty())
+        .map(|reasoning| OutputBlock::Thinking {
+            thinking: reasoning.text,
+            signature: String::new(),
+        });
+    thinking
+        .into_iter()
+        .chain(output_blocks(text, callable))
+        .collect()
 }
 
 /// The blocks of a finished output: its text (none when empty), then its calls as

@@ -130,7 +130,15 @@ async fn invalid_requests_get_anthropic_errors_and_reach_no_backend() {
         ),
         (r#"{"max_tokens": 5, "messages": []}"#, "messages"),
         (
-            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "enabled", "budget_tokens": 10}}"#,
+            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "enabled", "budget_tokens": 0}}"#,
+            "thinking.budget_tokens",
+        ),
+        (
+            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "enabled"}}"#,
+            "thinking",
+        ),
+        (
+            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "thinking": {"type": "sometimes"}}"#,
             "thinking",
         ),
         (

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::http::state::HandlerConfig;
+use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, request_rules, GenerationParams,
@@ -150,6 +151,7 @@ impl GenerateRequest {
             truncate: p.truncate,
             grammar,
             speculate: p.speculate,
+            reasoning: ReasoningRequest::default(),
         };
         let options = ResponseOptions {
             best_of,

@@ -40,6 +40,9 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A reasoning model's reasoning, before its answer in `content`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool-call fragments: `index`, then `id`, `type` and `function.name` once, then
     /// `function.arguments` pieces.
     #[serde(skip_serializing_if = "Option::is_none")]

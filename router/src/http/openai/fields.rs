@@ -4,8 +4,11 @@
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use crate::reasoning::{ReasoningEffort, ReasoningRequest};
 use crate::scheduler::LogprobOptions;
-use crate::validation::{GenerationParams, ProcessorParams, SamplingDefaults};
+use crate::validation::{
+    request_rules, GenerationParams, ProcessorParams, SamplingDefaults, ValidationError,
+};
 
 /// Both OpenAI request bodies carry the sampling fields under the same names; this moves
 /// them into one `SamplingFields`.
@@ -110,6 +113,7 @@ impl SamplingFields {
             truncate: None,
             grammar: None,
             speculate: self.speculate,
+            reasoning: ReasoningRequest::default(),
         }
     }
 }
@@ -126,5 +130,19 @@ impl StreamOptions {
     /// Whether a stream ends with a usage chunk: asked for, or the server always sends it.
     pub fn usage_wanted(options: Option<Self>, always: bool) -> bool {
         always || options.is_some_and(|options| options.include_usage)
+    }
+}
+
+/// The reasoning an OpenAI `effort` (sent as `param`) asks for; the model's default without one.
+pub fn reasoning_effort(
+    effort: Option<&str>,
+    param: &'static str,
+) -> Result<ReasoningRequest, ValidationError> {
+    let Some(effort) = effort else {
+        return Ok(ReasoningRequest::default());
+    };
+    match ReasoningEffort::parse(effort) {
+        Some(level) => Ok(level.request(param)),
+        None => request_rules::refuse_value(param, ReasoningEffort::NAMES, format!("{effort:?}")),
     }
 }

@@ -14,7 +14,7 @@ use axum::response::Response;
 
 pub use envelope::{finish_reason, ChunkBuilder, ResponseMeta, Usage};
 use fields::impl_sampling_fields;
-pub use fields::{SamplingFields, StopSpec, StreamOptions};
+pub use fields::{reasoning_effort, SamplingFields, StopSpec, StreamOptions};
 
 use crate::error::{error_event, Api, AppError};
 use crate::generation::AdmittedRequest;

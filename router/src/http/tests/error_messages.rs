@@ -231,6 +231,9 @@ fn cases() -> Vec<Case> {
         case(GENERATE, r#"{"inputs": "a", "parameters": {"max_new_tokens": 1e12}}"#.into(), InvalidBody, Some("parameters.max_new_tokens"), &["1e12", "an integer"]),
         case(MESSAGES, r#"{"model": "m", "max_tokens": 1e12, "messages": []}"#.into(), InvalidBody, Some("max_tokens"), &["1e12", "an integer"]),
         case(MESSAGES, anthropic(r#", "system": 5"#), InvalidBody, Some("system"), &["a string or an array"]),
+        case(CHAT, chat(r#", "reasoning_effort": "max""#), Validation("OutOfRange"), Some("reasoning_effort"), &["max", "minimal"]),
+        case(MESSAGES, anthropic(r#", "thinking": {"type": "enabled", "budget_tokens": 0}"#), Validation("OutOfRange"), Some("thinking.budget_tokens"), &["0", "at least 1"]),
+        case(MESSAGES, anthropic(r#", "thinking": {"type": "enabled"}"#), InvalidBody, Some("thinking"), &["budget_tokens"]),
         case(CHAT, "x".repeat(PAYLOAD_LIMIT + 1), PayloadTooLarge, None, &["65536"]),
         case(GENERATE, "inputs=a".into(), NotJson, None, &["Content-Type: application/json"]),
     ]

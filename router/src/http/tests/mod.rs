@@ -18,6 +18,7 @@ mod native;
 mod openai;
 mod openapi;
 mod prompts;
+mod reasoning;
 mod siblings;
 
 use std::sync::{Arc, Mutex};

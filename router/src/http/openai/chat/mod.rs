@@ -57,7 +57,9 @@ pub async fn completions(
     let meta = ResponseMeta::new("chatcmpl", &state.config.model_id);
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
-        let chunks = ChatChunks::new(meta, decoding, plan.tool_plan.as_ref(), plan.n);
+        let reasoning = generations.first().and_then(|g| g.reasoning.clone());
+        let chunks = ChatChunks::new(meta, decoding, plan.tool_plan.as_ref(), plan.n)
+            .with_reasoning(reasoning.as_ref());
         let prompt_tokens = generations.first().map_or(0, |g| g.input_tokens);
         return Ok(stream_chunks(
             generations,

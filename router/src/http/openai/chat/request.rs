@@ -6,7 +6,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::openai::fields::{impl_sampling_fields, StopSpec, StreamOptions};
+use crate::http::openai::fields::{
+    impl_sampling_fields, reasoning_effort, StopSpec, StreamOptions,
+};
 use crate::limits::RequestLimits;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
@@ -72,6 +74,10 @@ pub struct ChatRequest {
     add_generation_prompt: Option<bool>,
     /// Continue the last message, an assistant's, instead of starting a new one.
     continue_final_message: Option<bool>,
+    /// A reasoning model's effort: `none` switches reasoning off, `minimal`, `low` and
+    /// `medium` bound it to 256, 1024 and 4096 tokens, `high` leaves it unbounded. Other
+    /// models ignore it.
+    reasoning_effort: Option<String>,
     #[serde(flatten)]
     #[schema(ignore)]
     extra: Map<String, Value>,
@@ -235,6 +241,7 @@ impl ChatRequest {
             .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
+        params.reasoning = reasoning_effort(self.reasoning_effort.as_deref(), "reasoning_effort")?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
             apply_tool_plan(plan, &mut params, &mut messages)?;
         }

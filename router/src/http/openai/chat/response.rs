@@ -39,6 +39,9 @@ struct AssistantMessage {
     role: &'static str,
     /// `null` when the model called tools.
     content: Option<String>,
+    /// A reasoning model's reasoning, split off its answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCall>>,
     /// Always `null`: the model never refuses through a separate channel.
@@ -65,6 +68,10 @@ impl ChatCompletion {
                 finish_reason: finish_reason(choice.finish),
                 message: AssistantMessage {
                     role: "assistant",
+                    reasoning_content: choice
+                        .reasoning
+                        .map(|reasoning| reasoning.text)
+                        .filter(|text| !text.is_empty()),
                     content: Some(choice.text),
                     tool_calls: None,
                     refusal: None,

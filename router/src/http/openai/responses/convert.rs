@@ -10,7 +10,7 @@ use super::request::{FunctionToolSpec, ResponsesRequest, TextFormat};
 use super::store::ResponseStore;
 use crate::error::AppError;
 use crate::http::middleware::api_keys::KeyId;
-use crate::http::openai::SamplingFields;
+use crate::http::openai::{reasoning_effort, SamplingFields};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
@@ -39,7 +39,6 @@ fn refusal_detail(param: &str) -> &'static str {
         "background" => ": responses run while the request is open",
         "conversation" => ": continue a conversation with `previous_response_id`",
         "include" => ": responses carry no extra output data",
-        "reasoning" => ": the served model has no reasoning settings",
         "prompt" => ": no prompt templates are stored",
         "top_logprobs" => " on /v1/responses (use /v1/chat/completions)",
         _ => "",
@@ -91,6 +90,11 @@ pub fn generation(
     let text_echo = json!({"format": format_echo(format.as_ref())});
     let mut params = sampling(&request, config);
     params.grammar = format.map(grammar).transpose()?.flatten();
+    let effort = request
+        .reasoning
+        .take()
+        .and_then(|reasoning| reasoning.effort);
+    params.reasoning = reasoning_effort(effort.as_deref(), "reasoning.effort")?;
     let plan = plan.filter(ToolPlan::may_call);
     if let Some(plan) = &plan {
         if params.grammar.is_some() {

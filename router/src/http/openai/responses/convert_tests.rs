@@ -187,7 +187,10 @@ fn unsupported_fields_and_items_are_refused_by_name() {
         refused_param(body)
     };
     assert_eq!(hi("background", json!(true)), "background");
-    assert_eq!(hi("reasoning", json!({"effort": "high"})), "reasoning");
+    assert_eq!(
+        hi("reasoning", json!({"effort": "max"})),
+        "reasoning.effort"
+    );
     assert_eq!(
         hi("include", json!(["reasoning.encrypted_content"])),
         "include"
@@ -221,4 +224,18 @@ fn unsupported_fields_and_items_are_refused_by_name() {
         json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]);
     assert_eq!(hi("input", broken_call), "input[0].arguments");
     assert_eq!(refused_param(json!({"model": "m"})), "input");
+}
+
+#[test]
+fn reasoning_effort_maps_onto_the_reasoning_request() {
+    let low = converted(json!({"input": "Hi", "reasoning": {"effort": "low", "summary": "auto"}}));
+    assert_eq!(
+        (
+            low.params.reasoning.enabled,
+            low.params.reasoning.budget_tokens
+        ),
+        (Some(true), Some(1024))
+    );
+    let none = converted(json!({"input": "Hi", "reasoning": {"effort": "none"}}));
+    assert_eq!(none.params.reasoning.enabled, Some(false));
 }

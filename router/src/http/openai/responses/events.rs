@@ -4,12 +4,18 @@
 //! `response.output_text.delta`s, `response.output_text.done`, `response.content_part.done`
 //! for a message; `response.function_call_arguments.delta`s and `.done` for a call) and
 //! `response.output_item.done`, then `response.completed` (or `response.incomplete`).
-//! Text is routed through the tool-call scanner (`crate::tools`) when tools may be called.
+//! A reasoning model's reasoning is split off first, as a `reasoning` item
+//! (`response.reasoning_text.delta`s and `.done` inside its content part); the answer text is
+//! routed through the tool-call scanner (`crate::tools`) when tools may be called.
 
 use serde_json::{json, Value};
 
-use super::output::{function_call_id, message_id, OutputItem, OutputText, ResponseObject};
+use super::output::{
+    function_call_id, message_id, reasoning_id, OutputItem, OutputText, ReasoningText,
+    ResponseObject,
+};
 use crate::error::{error_body, Api, AppError};
+use crate::reasoning::{ReasoningSplitter, Split};
 use crate::stream::Finish;
 use crate::tools::{route_text, ChoiceOutput, ToolFamily};
 
@@ -22,6 +28,8 @@ pub struct ResponseEvents {
     items: Vec<OutputItem>,
     /// Whether the last item is still being written.
     open: bool,
+    /// Present for a reasoning model's stream: splits its reasoning off before tool routing.
+    reasoning: Option<ReasoningSplitter>,
 }
 
 impl ResponseEvents {
@@ -33,6 +41,7 @@ impl ResponseEvents {
                 .then(|| ChoiceOutput::new(ToolFamily::Tandem, call_required)),
             items: Vec::new(),
             open: false,
+            reasoning: None,
         }
     }
 
@@ -41,6 +50,20 @@ impl ResponseEvents {
     pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
         self.tool_output = self.tool_output.map(|output| output.in_family(family));
         self
+    }
+
+    /// Streams what `splitter` splits off as a `reasoning` item.
+    #[must_use]
+    pub fn with_reasoning(mut self, splitter: Option<ReasoningSplitter>) -> Self {
+        self.reasoning = splitter;
+        self
+    }
+
+    /// Output tokens the splitter counted as reasoning.
+    pub fn reasoning_tokens(&self) -> usize {
+        self.reasoning
+            .as_ref()
+            .map_or(0, ReasoningSplitter::reasoning_tokens)
     }
 
     /// `payload` numbered as the next event.
@@ -60,6 +83,65 @@ impl ResponseEvents {
 
     /// The events one piece of generated text releases.
     pub fn text(&mut self, text: String) -> Vec<Value> {
+        match self.reasoning.as_mut() {
+            Some(splitter) => {
+                let split = splitter.push(&text);
+                self.split_events(split)
+            }
+            None => self.answer(text),
+        }
+    }
+
+    fn split_events(&mut self, split: Split) -> Vec<Value> {
+        let mut events = self.reasoning_text(&split.reasoning);
+        events.extend(self.answer(split.answer));
+        events
+    }
+
+    /// The events a piece of reasoning releases: it goes to the open reasoning item, or a new one.
+    pub fn reasoning_text(&mut self, text: &str) -> Vec<Value> {
+        let mut events = Vec::new();
+        if text.is_empty() {
+            return events;
+        }
+        if !matches!(self.open_item(), Some(OutputItem::Reasoning { .. })) {
+            self.close("completed", &mut events);
+            self.open_reasoning(&mut events);
+        }
+        let output_index = self.items.len() - 1;
+        if let Some(OutputItem::Reasoning { id, content, .. }) = self.open_item() {
+            if let Some(part) = content.last_mut() {
+                part.text.push_str(text);
+            }
+            let id = id.clone();
+            events.push(self.event(json!({"type": "response.reasoning_text.delta",
+                "item_id": id, "output_index": output_index, "content_index": 0, "delta": text})));
+        }
+        events
+    }
+
+    fn open_reasoning(&mut self, events: &mut Vec<Value>) {
+        let id = reasoning_id();
+        let item = OutputItem::Reasoning {
+            id: id.clone(),
+            summary: Vec::new(),
+            content: Vec::new(),
+            status: "in_progress",
+        };
+        self.added(item, events);
+        let part = ReasoningText::new(String::new());
+        let output_index = self.items.len() - 1;
+        events.push(
+            self.event(json!({"type": "response.content_part.added", "item_id": id,
+            "output_index": output_index, "content_index": 0, "part": part})),
+        );
+        if let Some(OutputItem::Reasoning { content, .. }) = self.items.last_mut() {
+            content.push(part);
+        }
+    }
+
+    /// The events a piece of answer text releases.
+    pub fn answer(&mut self, text: String) -> Vec<Value> {
         let mut events = Vec::new();
         let (content, calls) = route_text(self.tool_output.as_mut(), text).into_parts();
         self.release(&content, calls, &mut events);
@@ -129,7 +211,7 @@ impl ResponseEvents {
                 content.last_mut()?.text.push_str(text);
                 Some((id.clone(), output_index))
             }
-            OutputItem::FunctionCall { .. } => None,
+            OutputItem::FunctionCall { .. } | OutputItem::Reasoning { .. } => None,
         }
     }
 
@@ -204,6 +286,24 @@ impl ResponseEvents {
                     "output_index": output_index, "name": name, "arguments": arguments}),
                 ]
             }
+            OutputItem::Reasoning {
+                id,
+                content,
+                status: item_status,
+                ..
+            } => {
+                *item_status = status;
+                let part = content
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| ReasoningText::new(String::new()));
+                vec![
+                    json!({"type": "response.reasoning_text.done", "item_id": id, "output_index": output_index,
+                        "content_index": 0, "text": part.text}),
+                    json!({"type": "response.content_part.done", "item_id": id, "output_index": output_index,
+                        "content_index": 0, "part": part}),
+                ]
+            }
         };
         let done = json!({"type": "response.output_item.done", "output_index": output_index,
             "item": item});
@@ -215,19 +315,29 @@ impl ResponseEvents {
     /// Closes the open item (an empty message when nothing was written) and hands back the
     /// output; items are `incomplete` when the length limit ended the response.
     pub fn finish(&mut self, finish: Finish) -> (Vec<Value>, Vec<OutputItem>) {
-        let mut events = Vec::new();
+        // The splitter's held-back text first (its answer part goes through the calls parser),
+        // then what the calls parser still holds.
+        let held = self.reasoning.as_mut().map(ReasoningSplitter::finish);
+        let mut events = held
+            .map(|split| self.split_events(split))
+            .unwrap_or_default();
         if let Some(held) = self.tool_output.as_mut().map(ChoiceOutput::finish) {
             let (text, calls) = held.into_parts();
             self.release(&text, calls, &mut events);
-        }
-        if self.items.is_empty() {
-            self.open_message(&mut events);
         }
         let status = if finish == Finish::Length {
             "incomplete"
         } else {
             "completed"
         };
+        if !self
+            .items
+            .iter()
+            .any(|item| !matches!(item, OutputItem::Reasoning { .. }))
+        {
+            self.close(status, &mut events);
+            self.open_message(&mut events);
+        }
         self.close(status, &mut events);
         (events, self.items.clone())
     }

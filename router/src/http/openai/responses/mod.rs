@@ -103,7 +103,7 @@ pub async fn create(
     let store = Arc::clone(&state.responses);
     if generation.stream {
         let surface = ResponseStream {
-            renderer,
+            renderer: renderer.with_reasoning(admitted.reasoning.clone()),
             input_tokens: admitted.input_tokens,
             draft: Some(draft),
             store,
@@ -113,10 +113,18 @@ pub async fn create(
     }
     let completed = admitted.collect().await?;
     let mut renderer = renderer;
-    renderer.text(completed.text.clone());
+    let reasoning = completed.reasoning.unwrap_or_default();
+    renderer.reasoning_text(&reasoning.text);
+    renderer.answer(completed.text);
     let (_, output) = renderer.finish(completed.finish);
-    let usage = ResponseUsage::new(completed.input_tokens, completed.tokens.len());
-    let body = draft.finish(output, completed.finish, usage, completed.text, &store);
+    let usage = ResponseUsage::new(completed.input_tokens, completed.tokens.len())
+        .with_reasoning_tokens(reasoning.tokens);
+    let generated: String = completed
+        .tokens
+        .iter()
+        .map(|token| token.text.as_str())
+        .collect();
+    let body = draft.finish(output, completed.finish, usage, generated, &store);
     Ok(Json(body).into_response())
 }
 
@@ -155,7 +163,8 @@ impl SurfaceEvents for ResponseStream {
             let (closing, output) = self.renderer.finish(finish);
             payloads.extend(closing);
             if let Some(draft) = self.draft.take() {
-                let usage = ResponseUsage::new(self.input_tokens, generated_tokens);
+                let usage = ResponseUsage::new(self.input_tokens, generated_tokens)
+                    .with_reasoning_tokens(self.renderer.reasoning_tokens());
                 let text = std::mem::take(&mut self.text);
                 let body = draft.finish(output, finish, usage, text, &self.store);
                 payloads.push(self.renderer.end(&body));

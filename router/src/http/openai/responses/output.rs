@@ -87,6 +87,33 @@ pub enum OutputItem {
         arguments: String,
         status: &'static str,
     },
+    /// A reasoning model's reasoning, as `reasoning_text` content (no summary is made).
+    Reasoning {
+        id: String,
+        /// Always empty.
+        #[schema(value_type = Vec<Object>)]
+        summary: Vec<Value>,
+        content: Vec<ReasoningText>,
+        status: &'static str,
+    },
+}
+
+/// The text of a reasoning item.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ReasoningText {
+    /// Always `reasoning_text`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub text: String,
+}
+
+impl ReasoningText {
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "reasoning_text",
+            text,
+        }
+    }
 }
 
 /// The text of an output message.
@@ -132,7 +159,7 @@ pub struct InputTokensDetails {
     pub cache_write_tokens: usize,
 }
 
-/// Always zero: the served models do not reason apart from their output.
+/// Tokens of the output that a reasoning model spent on its reasoning (0 for other models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct OutputTokensDetails {
     pub reasoning_tokens: usize,
@@ -152,6 +179,13 @@ impl ResponseUsage {
             },
             total_tokens: input_tokens + output_tokens,
         }
+    }
+
+    /// Counts `reasoning_tokens` of the output as reasoning.
+    #[must_use]
+    pub fn with_reasoning_tokens(mut self, reasoning_tokens: usize) -> Self {
+        self.output_tokens_details.reasoning_tokens = reasoning_tokens;
+        self
     }
 }
 
@@ -177,6 +211,11 @@ pub fn message_id() -> String {
 /// A fresh function call item id.
 pub fn function_call_id() -> String {
     fresh_id("fc")
+}
+
+/// A fresh reasoning item id.
+pub fn reasoning_id() -> String {
+    fresh_id("rs")
 }
 
 /// A response on its way: what is known before the first token.

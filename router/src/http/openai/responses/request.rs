@@ -34,6 +34,8 @@ pub struct ResponsesRequest {
     /// Continue the conversation a stored response ends.
     pub previous_response_id: Option<String>,
     pub text: Option<TextConfig>,
+    /// A reasoning model's reasoning: `effort` maps as on the chat route's `reasoning_effort`.
+    pub reasoning: Option<ReasoningConfig>,
     /// Function tools; built-in tools are refused.
     #[schema(value_type = Option<Vec<FunctionToolSpec>>)]
     pub tools: Option<Vec<Value>>,
@@ -202,4 +204,20 @@ pub struct FunctionToolSpec {
     pub parameters: Option<Value>,
     /// Calls always follow the schema, so `strict` changes nothing.
     pub strict: Option<bool>,
+}
+
+/// `reasoning`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningConfig {
+    /// `none`, `minimal`, `low`, `medium` or `high`.
+    pub effort: Option<String>,
+    /// Accepted and ignored: reasoning items carry the whole reasoning, never a summary.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<String>)]
+    pub summary: Option<Value>,
+    /// Accepted and ignored, as `summary`.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<String>)]
+    pub generate_summary: Option<Value>,
 }
