@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::RouterConfig;
 use crate::http::{HandlerConfig, ServerInfo, VALIDATION_WORKERS};
 use crate::scheduler::SchedulerConfig;
+use crate::shard::KvCacheSize;
 use crate::tools::ToolFormat;
 use crate::validation::{self, SamplingDefaults};
 
@@ -73,11 +74,11 @@ impl RouterConfig {
         }
     }
 
-    /// `/info`'s body: `model` served with a KV cache of `num_blocks` blocks, and the limits.
+    /// `/info`'s body: `model` served with the shards' `kv_cache`, and the limits.
     pub fn server_info(
         &self,
         model: ServedModel,
-        num_blocks: usize,
+        kv_cache: KvCacheSize,
         default_sampling: SamplingDefaults,
     ) -> ServerInfo {
         let limits = &self.limits;
@@ -109,8 +110,9 @@ impl RouterConfig {
             speculate: limits.speculate,
             speculative_method: limits.speculative_method.label(),
             speculative_model: model.draft_model,
-            kv_cache_blocks: num_blocks,
-            kv_cache_tokens: num_blocks * limits.block_size,
+            kv_cache_blocks: kv_cache.num_blocks,
+            kv_cache_tokens: kv_cache.num_blocks * limits.block_size,
+            kv_cache_bytes_per_token: kv_cache.bytes_per_token(limits.block_size),
             compiled_decode_rows: None,
             compiling: None,
             router: "tandem-router",

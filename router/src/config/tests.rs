@@ -3,6 +3,7 @@
 use clap::{CommandFactory, Parser};
 
 use super::*;
+use crate::shard::KvCacheSize;
 
 fn parse(extra: &[&str]) -> Result<RouterConfig, ConfigError> {
     let mut argv = vec![
@@ -112,17 +113,25 @@ fn info_reports_the_method_and_the_shards_draft_model() {
         draft_model: draft_model.map(str::to_owned),
         num_shards: 2,
     };
+    let kv_cache = KvCacheSize {
+        num_blocks: 10,
+        bytes: 11 * 16 * 576,
+    };
     let info = config.server_info(
         served(Some("LlamaForCausalLM, 2 layers")),
-        10,
+        kv_cache,
         Default::default(),
+    );
+    assert_eq!(
+        (info.kv_cache_tokens, info.kv_cache_bytes_per_token),
+        (160, 576)
     );
     assert_eq!((info.speculate, info.speculative_method), (4, "draft"));
     assert_eq!(
         info.speculative_model.as_deref(),
         Some("LlamaForCausalLM, 2 layers")
     );
-    let body = serde_json::to_value(config.server_info(served(None), 10, Default::default()))
+    let body = serde_json::to_value(config.server_info(served(None), kv_cache, Default::default()))
         .expect("the body serializes");
     assert_eq!(body["speculative_model"], serde_json::Value::Null);
 }

@@ -21,7 +21,7 @@ use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::kv::{self, events::PublisherError};
 use crate::reasoning::ReasoningParser;
 use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
-use crate::shard::{ClusterAuth, ModelInfo, ShardError, ShardFleet, WarmupPlan};
+use crate::shard::{ClusterAuth, KvCacheSize, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::tools::ToolFormat;
 use crate::validation::{
@@ -107,9 +107,9 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     check_draft_model(&config, &model)?;
     let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
-    let num_blocks = warmup(&fleet, &config).await?;
+    let kv_cache = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
-    let backend = start_scheduler(&config, &fleet, num_blocks).await?;
+    let backend = start_scheduler(&config, &fleet, kv_cache.num_blocks).await?;
     let served = ServedModel {
         architecture: model.architecture.clone(),
         dtype: model.dtype.clone(),
@@ -119,7 +119,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         draft_model: model.draft_model.clone(),
         num_shards: fleet.num_shards(),
     };
-    let info = config.server_info(served, num_blocks, sampling_defaults);
+    let info = config.server_info(served, kv_cache, sampling_defaults);
     info.record_metric();
     let state = AppState::new(
         backend,
@@ -256,7 +256,7 @@ fn warmup_plan(config: &RouterConfig) -> WarmupPlan {
     }
 }
 
-async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, StartupError> {
+async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<KvCacheSize, StartupError> {
     let limits = &config.limits;
     let answer = fleet.warmup(warmup_plan(config)).await?;
     let num_blocks = answer.num_blocks;
@@ -282,7 +282,7 @@ async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<usize, Star
             "the KV cache cannot hold one request of --max-total-tokens; long requests will be refused"
         );
     }
-    Ok(num_blocks)
+    Ok(answer)
 }
 
 /// The sampling values OpenAI requests default to: generation_config.json's, unless

@@ -92,6 +92,15 @@ impl From<pb::WarmupResponse> for KvCacheSize {
     }
 }
 
+impl KvCacheSize {
+    /// Bytes one token takes in one rank's cache, all layers together: the rank allocates
+    /// `num_blocks` blocks of `block_size` tokens plus the one it keeps for health checks.
+    pub fn bytes_per_token(&self, block_size: usize) -> u64 {
+        let tokens = (self.num_blocks as u64 + 1) * block_size as u64;
+        self.bytes.checked_div(tokens).unwrap_or(0)
+    }
+}
+
 /// Counts beyond the contract's `u32` saturate.
 fn saturating_u32(value: usize) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)

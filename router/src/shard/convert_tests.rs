@@ -26,6 +26,17 @@ fn warmup_sizes_beyond_the_contract_saturate() {
 }
 
 #[test]
+fn bytes_per_token_counts_the_reserved_block() {
+    // 10 blocks handed out and 1 reserved, of 16 tokens each, at 576 bytes per token.
+    let size = KvCacheSize {
+        num_blocks: 10,
+        bytes: 11 * 16 * 576,
+    };
+    assert_eq!(size.bytes_per_token(16), 576);
+    assert_eq!(KvCacheSize::default().bytes_per_token(0), 0);
+}
+
+#[test]
 fn model_facts_and_the_kv_cache_keep_their_values() {
     let info = ModelInfo::from(pb::InfoResponse {
         architecture: "LlamaForCausalLM".to_owned(),

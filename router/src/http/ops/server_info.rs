@@ -59,6 +59,8 @@ pub struct ServerInfo {
     pub speculative_model: Option<String>,
     pub kv_cache_blocks: usize,
     pub kv_cache_tokens: usize,
+    /// Bytes one token takes in one rank's KV cache, all layers together.
+    pub kv_cache_bytes_per_token: u64,
     /// Decode steps of up to this many rows run a compiled graph (`--torch-compile`; 0: none),
     /// as of the shards' latest step; null before the first one.
     pub compiled_decode_rows: Option<u32>,

@@ -245,6 +245,7 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         speculative_model: None,
         kv_cache_blocks: 100,
         kv_cache_tokens: 1600,
+        kv_cache_bytes_per_token: 576,
         compiled_decode_rows: None,
         compiling: None,
         router: "tandem-router",

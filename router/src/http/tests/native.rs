@@ -129,6 +129,7 @@ async fn info_reports_model_limits_and_kv_cache() {
     assert_eq!(body["max_concurrent_requests"], 5);
     assert_eq!(body["max_total_tokens"], MAX_TOTAL_TOKENS);
     assert_eq!(body["kv_cache_tokens"], 1600);
+    assert_eq!(body["kv_cache_bytes_per_token"], 576);
     // No step has answered: nothing is known of what the shards compiled.
     assert!(body["compiled_decode_rows"].is_null() && body["compiling"].is_null());
     assert_eq!(body["router"], "tandem-router");
