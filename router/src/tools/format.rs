@@ -33,13 +33,18 @@ pub enum ToolFamily {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ToolFormat {
     pub family: ToolFamily,
-    /// The id of Mistral's `[TOOL_CALLS]` when the tokenizer holds it as one token: the
-    /// grammar then asks for that token (it decodes to no text), else for the literal text.
+    /// The id of the call opening (Mistral's `[TOOL_CALLS]`, Hermes's `<tool_call>`) when the
+    /// tokenizer holds it as one added token: the grammar then lets the model write that token
+    /// (grammars treat added tokens as special, so the literal text alone would refuse it).
     pub trigger_token: Option<u32>,
+    /// The id of Hermes's `</tool_call>` when the tokenizer holds it as one added token.
+    pub closing_token: Option<u32>,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
 pub const HERMES_TRIGGER: &str = "<tool_call>";
+/// Hermes's call closing.
+pub const HERMES_CLOSING: &str = "</tool_call>";
 /// Mistral's call opening.
 pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 
@@ -106,13 +111,18 @@ impl ToolFormat {
             (None, Some(template)) => ToolFamily::of_template(template),
             (None, None) => ToolFamily::Tandem,
         };
-        let trigger_token = match family {
-            ToolFamily::Mistral => tokenizer.token_to_id(MISTRAL_TRIGGER),
-            _ => None,
+        let (trigger_token, closing_token) = match family {
+            ToolFamily::Mistral => (tokenizer.token_to_id(MISTRAL_TRIGGER), None),
+            ToolFamily::Hermes => (
+                tokenizer.token_to_id(HERMES_TRIGGER),
+                tokenizer.token_to_id(HERMES_CLOSING),
+            ),
+            _ => (None, None),
         };
         Self {
             family,
             trigger_token,
+            closing_token,
         }
     }
 
@@ -121,6 +131,7 @@ impl ToolFormat {
         Self {
             family,
             trigger_token: None,
+            closing_token: None,
         }
     }
 }

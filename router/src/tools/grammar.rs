@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use super::format::{ToolFamily, ToolFormat, HERMES_TRIGGER, MISTRAL_TRIGGER};
+use super::format::{ToolFamily, ToolFormat, HERMES_CLOSING, HERMES_TRIGGER, MISTRAL_TRIGGER};
 use super::plan::{ToolChoice, ToolPlan};
 use crate::scheduler::Grammar;
 use crate::validation::{with_json_layout, RequestedGrammar};
@@ -92,6 +92,7 @@ fn opening_calls(plan: &ToolPlan, format: ToolFormat, one: &str) -> String {
         return repeated(one, "\"; \"", several);
     }
     let trigger = match format.trigger_token {
+        // Mistral's trigger token decodes to no text: the token alone stands for it.
         Some(id) => format!("<[{id}]>"),
         None => lark_string(MISTRAL_TRIGGER),
     };
@@ -140,21 +141,44 @@ fn repeated(item: &str, separator: &str, several: bool) -> String {
 
 /// `<tool_call>\n{...}\n</tool_call>`, one per call, separated by a newline.
 fn hermes_calls(plan: &ToolPlan, one: &str) -> String {
-    let wrapped = format!("{} {one} \"\\n</tool_call>\"", lark_string("<tool_call>\n"));
+    let wrapped = format!(
+        "{} {}",
+        hermes_marker(HERMES_TRIGGER, plan.format.trigger_token),
+        hermes_rest(plan, one)
+    );
     repeated(&wrapped, "\"\\n\"", plan.allows_several())
 }
 
+/// What follows a call's opening: `\n{...}\n</tool_call>`.
+fn hermes_rest(plan: &ToolPlan, one: &str) -> String {
+    let closing = hermes_marker(HERMES_CLOSING, plan.format.closing_token);
+    format!("\"\\n\" {one} \"\\n\" {closing}")
+}
+
+/// A Hermes marker as text, or as its added token where the tokenizer holds one.
+fn hermes_marker(marker: &str, token: Option<u32>) -> String {
+    match token {
+        Some(id) => format!("({} | <[{id}]>)", lark_string(marker)),
+        None => lark_string(marker),
+    }
+}
+
 /// Free text without the trigger, or text ending at the first trigger followed by the rest
-/// of the first call and any further calls. The text's end is decided by the trigger alone.
+/// of the first call and any further calls. The text's end is decided by the trigger alone
+/// (written as text, or as its added token after text that holds no trigger).
 fn hermes_auto(plan: &ToolPlan, one: &str) -> String {
     let trigger = regex_escape(HERMES_TRIGGER);
-    let rest = format!("\"\\n\" {one} \"\\n</tool_call>\"");
+    let rest = hermes_rest(plan, one);
     let more = match plan.allows_several() {
         true => format!(" (\"\\n\" {})*", hermes_calls(plan, one)),
         false => String::new(),
     };
+    let by_token = match plan.format.trigger_token {
+        Some(id) => format!(" | TEXT? <[{id}]> {rest}{more}"),
+        None => String::new(),
+    };
     format!(
-        "start: TEXT | PREFIX {rest}{more}\n\
+        "start: TEXT | PREFIX {rest}{more}{by_token}\n\
          TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{trigger}[\\s\\S]*/\n\
          PREFIX: /[\\s\\S]*{trigger}/ & ~/[\\s\\S]*{trigger}[\\s\\S]+/\n"
     )

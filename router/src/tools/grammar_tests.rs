@@ -124,3 +124,49 @@ fn tool_choice_none_has_no_grammar() {
         .grammar()
         .is_none());
 }
+
+#[test]
+fn hermes_calls_take_the_tokenizers_added_marker_tokens() {
+    // Qwen's tokenizers hold `<tool_call>` and `</tool_call>` as added tokens, which a grammar
+    // refuses as text: the model writes them as those tokens.
+    let markers = ["<tool_call>", "</tool_call>"];
+    let with_tokens = compiler(&markers);
+    let tokenizer = testing::tokenizer_with_special_tokens(&markers);
+    let format = ToolFormat::choose(Some(ToolCallParser::Hermes), None, &tokenizer);
+    let (open, close) = (
+        format
+            .trigger_token
+            .expect("the tokenizer holds <tool_call>"),
+        format
+            .closing_token
+            .expect("the tokenizer holds </tool_call>"),
+    );
+    let call_tokens = |prefix: &str| {
+        let mut ids = testing::encode(prefix);
+        ids.push(open);
+        ids.extend(testing::encode(&format!(
+            "\n{{\"name\": \"get_weather\", \"arguments\": {PARIS}}}\n"
+        )));
+        ids.push(close);
+        ids
+    };
+    for choice in [json!("auto"), json!("required")] {
+        let tools = planned(ToolFamily::Hermes, choice.clone(), false).with_format(format);
+        let grammar = tools.grammar().expect("a grammar").grammar;
+        assert!(with_tokens.accepts(&grammar, &call_tokens("")), "{choice}");
+    }
+    let auto = planned(ToolFamily::Hermes, json!("auto"), false).with_format(format);
+    let grammar = auto.grammar().expect("a grammar").grammar;
+    assert!(with_tokens.accepts(&grammar, &call_tokens("Let me look. ")));
+    assert!(with_tokens.accepts(&grammar, &testing::encode("Sunny.")));
+    let mut undeclared = testing::encode("Hi");
+    undeclared.push(open);
+    undeclared.extend(testing::encode(
+        "\n{\"name\": \"get_time\", \"arguments\": {}}\n",
+    ));
+    undeclared.push(close);
+    assert!(
+        !with_tokens.accepts(&grammar, &undeclared),
+        "undeclared name"
+    );
+}
