@@ -170,6 +170,7 @@ impl AdmittedRequest {
         params: &GenerationParams,
         count: usize,
     ) -> Result<Submitted, AppError> {
+        let is_chat = matches!(prompt, Prompt::Chat(..));
         let valid = engine.validator.validate(prompt, params).await?;
         let queued_tokens =
             valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
@@ -194,6 +195,7 @@ impl AdmittedRequest {
                     Arc::clone(engine.decoding),
                     &input_ids,
                     valid.stop.clone(),
+                    is_chat,
                 )
             })
             .collect();

@@ -338,7 +338,19 @@ fn tokenization(
         .with_tokenization_budget(
             TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
         );
-    Ok((validator, TokenDecoding::new(tokenizer), tool_format))
+    let reasoning_markers = reasoning
+        .map(|parser| [parser.start_marker(), parser.end_marker()])
+        .into_iter()
+        .flatten();
+    let decoding = TokenDecoding::new(tokenizer).with_chat_markers(
+        tool_format
+            .family
+            .chat_markers()
+            .iter()
+            .copied()
+            .chain(reasoning_markers),
+    );
+    Ok((validator, decoding, tool_format))
 }
 
 /// The reasoning format chat output is split by (`--reasoning-parser`, else the template's

@@ -6,13 +6,13 @@
 mod detokenizer;
 mod stop;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
-pub use detokenizer::IncrementalDecoder;
+pub use detokenizer::{IncrementalDecoder, MarkerTexts};
 pub use stop::{StopMatcher, StopOutcome};
 
 use crate::scheduler::{
@@ -82,11 +82,13 @@ pub enum StreamError {
     Incomplete,
 }
 
-/// The tokenizer plus which of its ids are special (shown, never decoded into text).
+/// The tokenizer plus which of its ids are special (shown, never decoded into text), and
+/// which special ids the chat format's parsers read as text.
 #[derive(Debug)]
 pub struct TokenDecoding {
     pub tokenizer: Arc<Tokenizer>,
     special_ids: HashSet<u32>,
+    chat_markers: MarkerTexts,
 }
 
 impl TokenDecoding {
@@ -101,7 +103,20 @@ impl TokenDecoding {
         Self {
             tokenizer,
             special_ids,
+            chat_markers: MarkerTexts::default(),
         }
+    }
+
+    /// Chat output releases these special tokens as their text (markers that are not special
+    /// tokens of this tokenizer decode as text anyway and are ignored here).
+    pub fn with_chat_markers<'a>(mut self, markers: impl IntoIterator<Item = &'a str>) -> Self {
+        let texts: HashMap<u32, String> = markers
+            .into_iter()
+            .filter_map(|marker| Some((self.tokenizer.token_to_id(marker)?, marker.to_owned())))
+            .filter(|(id, _)| self.special_ids.contains(id))
+            .collect();
+        self.chat_markers = Arc::new(texts);
+        self
     }
 
     /// Whether `id` is a special token.
@@ -127,14 +142,21 @@ pub struct TextStream {
 }
 
 impl TextStream {
-    /// Wraps `events`; `prompt_ids` give the detokenizer its context.
+    /// Wraps `events`; `prompt_ids` give the detokenizer its context. A chat request's text
+    /// keeps the chat format's marker tokens, which its parsers read.
     pub fn new(
         events: GenerationStream,
         decoding: Arc<TokenDecoding>,
         prompt_ids: &[u32],
         stop: Vec<String>,
+        is_chat: bool,
     ) -> Self {
-        let decoder = IncrementalDecoder::new(Arc::clone(&decoding.tokenizer), prompt_ids);
+        let markers = if is_chat {
+            Arc::clone(&decoding.chat_markers)
+        } else {
+            MarkerTexts::default()
+        };
+        let decoder = IncrementalDecoder::new(Arc::clone(&decoding.tokenizer), prompt_ids, markers);
         Self {
             events: Some(events),
             decoding,

@@ -10,8 +10,36 @@ fn stream(stop: &[&str]) -> (mpsc::UnboundedSender<GenerationEvent>, TextStream)
     let (sender, events) = mpsc::unbounded_channel();
     let decoding = Arc::new(TokenDecoding::new(Arc::new(testing::tokenizer())));
     let stops = stop.iter().map(|s| (*s).to_owned()).collect();
-    let text = TextStream::new(GenerationStream { events }, decoding, &[], stops);
+    let text = TextStream::new(GenerationStream { events }, decoding, &[], stops, false);
     (sender, text)
+}
+
+#[tokio::test]
+async fn chat_text_keeps_the_formats_markers_and_other_text_does_not() {
+    let tokenizer = Arc::new(testing::tokenizer_with_special_tokens(&[
+        "<|call|>", "<|x|>",
+    ]));
+    let call = tokenizer.token_to_id("<|call|>").unwrap();
+    let other = tokenizer.token_to_id("<|x|>").unwrap();
+    let decoding =
+        Arc::new(TokenDecoding::new(Arc::clone(&tokenizer)).with_chat_markers(["<|call|>"]));
+    let mut ids = testing::encode("hi");
+    ids.extend([call, other]);
+    ids.extend(testing::encode("!"));
+    let mut texts = Vec::new();
+    for is_chat in [true, false] {
+        let (sender, events) = mpsc::unbounded_channel();
+        let mut text = TextStream::new(
+            GenerationStream { events },
+            Arc::clone(&decoding),
+            &[],
+            Vec::new(),
+            is_chat,
+        );
+        send_tokens(&sender, &ids, FinishReason::Length);
+        texts.push(collect(&mut text).await.0.concat());
+    }
+    assert_eq!(texts, ["hi<|call|>!", "hi!"]);
 }
 
 fn send_tokens(sender: &mpsc::UnboundedSender<GenerationEvent>, ids: &[u32], last: FinishReason) {

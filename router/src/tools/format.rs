@@ -79,6 +79,16 @@ impl ToolFamily {
         self != Self::Tandem
     }
 
+    /// The family's special tokens that its parser reads as text. Mistral's `[TOOL_CALLS]`
+    /// and Llama's `<|python_tag|>` are not among them: their parsers take the calls from
+    /// the output's first character, so those tokens decode to no text.
+    pub fn chat_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Hermes => &[HERMES_TRIGGER, HERMES_CLOSING],
+            Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
+        }
+    }
+
     /// The key the call object holds its arguments under.
     pub fn arguments_key(self) -> &'static str {
         match self {
