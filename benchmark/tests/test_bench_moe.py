@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from tandem_bench import moe_run
 from tandem_bench.cli import SUBCOMMANDS
-from tandem_bench.moe_run import StreamsResult, build_parser, speedup, tiny_moe_config
+from tandem_bench.moe_run import StaticBatches, StreamsResult, build_parser, output_lengths, speedup, tiny_moe_config
 from tandem_bench.peers import StaticBatchResult
 
 
@@ -29,4 +33,31 @@ def test_speedup_compares_output_tokens_per_second() -> None:
 def test_moe_is_a_subcommand_defaulting_to_32_streams_in_bfloat16() -> None:
     assert "moe" in SUBCOMMANDS
     args = build_parser().parse_args([])
-    assert (args.streams, args.dtype) == (32, "bfloat16")
+    assert (args.streams, args.dtype, args.output_len_spread, args.requests) == (32, "bfloat16", 0.0, None)
+
+
+def test_without_spread_every_request_asks_for_the_same_length() -> None:
+    assert output_lengths(5, 128, 0.0) == [128] * 5
+
+
+def test_spread_lengths_are_seeded_and_stay_within_their_range() -> None:
+    lengths = output_lengths(200, 100, 0.75, seed=3)
+    assert lengths == output_lengths(200, 100, 0.75, seed=3)
+    assert min(lengths) >= 25 and max(lengths) <= 175
+    assert len(set(lengths)) > 50
+
+
+def test_static_batches_run_each_batch_to_its_longest_request_and_count_only_requested_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def fake_static(batch: int, input_len: int, output_len: int, dtype: str, model_dir: Path) -> StaticBatchResult:
+        calls.append((batch, output_len))
+        return StaticBatchResult(batch, input_len, output_len, output_len / 10, 0.0, 0.0, dtype)
+
+    monkeypatch.setattr(moe_run, "run_transformers_static", fake_static)
+    result = moe_run.static_batches([10, 40, 20, 30, 50], 2, 8, "bfloat16", Path("m"))
+    assert calls == [(2, 40), (2, 30), (1, 50)]
+    assert (result.tokens, result.seconds) == (150, 12.0)
+    assert StaticBatches.mean([result, StaticBatches(150, 18.0)]).seconds == 15.0
