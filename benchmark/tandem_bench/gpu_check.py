@@ -1,7 +1,8 @@
 """`make gpu-check`: CUDA tests, the real stack answering a chat request, and a throughput sweep with MFU.
 
 Runs on one CUDA machine from the working tree (see scripts/gpu_check.sh, which prepares the environment):
-  1. the CUDA numerics and attention-backend tests (bfloat16, tolerances stated in the test files);
+  1. the CUDA numerics and attention-backend tests (bfloat16, tolerances stated in the test files), the MLA decode
+     kernel against the eager absorbed form and a small DeepSeek-V3 on the triton backend against transformers;
   2. launcher -> router -> shard on cuda:0 serving a random-weight Llama-3-8B-shaped model, answering a chat;
   3. a closed-loop sweep with tandem-bench's runner: throughput, TTFT/ITL percentiles, prefill and decode MFU;
   4. FP8: each GEMM of the model in float8 against bfloat16 (fp8_check), then the stack with `--quantize fp8`
@@ -40,6 +41,7 @@ CUDA_TESTS = [
     "server/tests/triton_cases.py",
     "server/tests/int4_triton_cases.py",
     "server/tests/moe_triton_cases.py",
+    "server/tests/latent_triton_cases.py",
     "server/tests/test_attention_backends.py",
     "server/tests/test_attention_selection.py",
     "server/tests/test_cuda_path_logic.py",
@@ -74,8 +76,8 @@ class CheckReport:
 def run_cuda_tests(report: CheckReport, timeout_s: float) -> None:
     """Phase 1: pytest over the CUDA and attention test files, output streamed to the console."""
     started = time.monotonic()
-    # triton_cases.py, int4_triton_cases.py and moe_triton_cases.py run their kernels on the GPU itself, so their
-    # CPU-interpreter twins are left out here.
+    # triton_cases.py, int4_triton_cases.py, moe_triton_cases.py and latent_triton_cases.py run their kernels on the
+    # GPU itself, so their CPU-interpreter twins are left out here.
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "not under_the_interpreter"]
     command += CUDA_TESTS
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tandem_bench.gpu_check import build_parser
+from tandem_bench.gpu_check import CUDA_TESTS, REPO, build_parser
 from tandem_bench.gpu_report import format_sweep, prefill_mfu, sweep_row
 from tandem_bench.metrics import Stats, Summary
 from tandem_bench.mfu import TransformerShape, bf16_peak_flops, utilisation
@@ -23,6 +23,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 LLAMA3_8B_SHAPE = TransformerShape.from_hf_config(LLAMA3_8B)
 H200_PEAK = 989.4e12
+
+
+def test_every_kernel_cases_file_runs_on_the_gpu() -> None:
+    """Each `*_cases.py` checks a Triton kernel under the interpreter in `make test`; on a GPU the check runs it."""
+    cases = {f"server/tests/{path.name}" for path in (REPO / "server" / "tests").glob("*_cases.py")}
+    assert "server/tests/latent_triton_cases.py" in cases
+    assert cases <= set(CUDA_TESTS)
+    assert all((REPO / path).is_file() for path in CUDA_TESTS)
 
 
 def test_llama3_8b_checkpoint_has_its_published_parameter_count() -> None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import torch
+from fake_cuda import FakeCuda
+from tandem_server.bootstrap import choose_attention_backend, execution_options
 from tandem_server.cli import config_from_args
 from tandem_server.config import ShardConfig, parse_batch_sizes
 from tandem_server.device_defaults import DEFAULT_CUDA_GRAPH_SIZES
@@ -11,7 +17,12 @@ from tandem_server.distributed import rank_device
 from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import blocks_for_budget, cuda_cache_budget
 from tandem_server.errors import CacheBudgetError, ConfigError
+from tandem_server.execution.cuda_graphs import model_graph_shapes
 from tandem_server.execution.kv_cache import CacheGeometry
+from tandem_server.layers.attention import UniformShape
+from tandem_server.layers.attention.latent_step import AbsorbedDecoding
+from tandem_server.models.config import ModelSpec, read_checkpoint_config
+from transformers import DeepseekV3Config
 
 GIB = 1024**3
 SHARD = ["--model-path", "m", "--uds-path", "s"]
@@ -85,3 +96,38 @@ def test_cpu_step_timer_reports_one_duration_per_phase() -> None:
     timer.mark()
     phases = timer.phases_ms()
     assert len(phases) == 2 and all(phase >= 0.0 for phase in phases)
+
+
+LATENT_SPEC = ModelSpec(vocab_size=128, num_layers=2, num_kv_heads=1, head_dim=576, max_position_embeddings=64)
+
+
+def test_a_latent_model_captures_decode_graphs_only_and_verifies_drafts_eagerly() -> None:
+    latent = replace(LATENT_SPEC, latent_dim=512)
+    per_head = replace(LATENT_SPEC, num_kv_heads=8, head_dim=128)
+    decodes = (UniformShape(1, 1), UniformShape(4, 1), UniformShape(8, 1))
+    assert model_graph_shapes(latent, (1, 4, 8), max_drafts=3, max_drafting_requests=4) == decodes
+    verifying = model_graph_shapes(per_head, (1, 4, 8), max_drafts=3, max_drafting_requests=4)
+    assert set(decodes) < set(verifying) and UniformShape(4, 4) in verifying
+
+
+@pytest.mark.parametrize(
+    ("requested", "chosen"), [("auto", "triton"), ("triton", "triton"), ("flash", None), ("sdpa", None)]
+)
+def test_a_deepseek_v3_shard_on_cuda_attends_through_the_triton_mla_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requested: str, chosen: str | None
+) -> None:
+    """On a (fake) H100 with Triton installed, `auto` and `triton` build the Triton backend, which serves latent
+    attention; flash and sdpa stop start-up naming MLA."""
+    FakeCuda(free_bytes=16 * GIB).install(monkeypatch)
+    hf = {**DeepseekV3Config(num_hidden_layers=2).to_dict(), "architectures": ["DeepseekV3ForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    checkpoint = read_checkpoint_config(tmp_path)
+    argv = [*SHARD, "--model-path", str(tmp_path), "--device", "cuda", "--attention-backend", requested]
+    config = config_from_args(argv)
+    if chosen is None:
+        with pytest.raises(ConfigError, match=rf"--attention-backend {requested} is unavailable: .*\(MLA\)"):
+            choose_attention_backend(config, checkpoint, decode_mirror_memory=0)
+        return
+    backend = choose_attention_backend(config, checkpoint, decode_mirror_memory=0)
+    assert backend.name == chosen and isinstance(backend, AbsorbedDecoding)
+    assert execution_options(config, backend).cuda_graph_sizes == config.cuda_graph_sizes != ()

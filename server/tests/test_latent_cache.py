@@ -85,18 +85,29 @@ def test_a_latent_block_is_sized_as_one_row_per_token_and_layer() -> None:
     assert key_value.bytes_per_block == 2 * latent.bytes_per_block
 
 
-def test_auto_takes_the_torch_backend_for_latent_attention_on_cuda() -> None:
+def test_auto_takes_the_triton_backend_for_latent_attention_on_cuda() -> None:
     needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=64, block_size=128, latent_attention=True)
     choice = select_backend("auto", needs, ProbedPackages({"flash": FLASH_ATTN_4, "triton": TRITON}))
+    assert choice.name == "triton"
+    assert "flash: flash-attn has no multi-head latent attention (MLA) path" in choice.describe()
+
+
+def test_auto_takes_the_torch_backend_for_latent_attention_where_triton_is_missing() -> None:
+    needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=64, block_size=128, latent_attention=True)
+    choice = select_backend("auto", needs, ProbedPackages({"flash": FLASH_ATTN_4, "triton": "no module named triton"}))
     assert choice.name == "torch"
-    assert "no multi-head latent attention (MLA) path" in choice.describe()
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "triton", "flash"])
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
 def test_a_backend_without_latent_attention_is_refused_by_name(backend: str) -> None:
     needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=64, block_size=128, latent_attention=True)
     with pytest.raises(ConfigError, match=f"--attention-backend {backend} is unavailable: .*(MLA)"):
         select_backend(backend, needs, ProbedPackages({"flash": FLASH_ATTN_4, "triton": TRITON}))
+
+
+def test_the_triton_backend_serves_latent_attention_when_named() -> None:
+    needs = AttentionNeeds("cuda", torch.bfloat16, head_dim=64, block_size=16, latent_attention=True)
+    assert select_backend("triton", needs, ProbedPackages({"triton": TRITON})).name == "triton"
 
 
 def test_the_checkpoint_asks_for_latent_attention() -> None:

@@ -33,7 +33,7 @@ from tandem_server.engine.warmup import (
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
 from tandem_server.execution.chain import Execution
-from tandem_server.execution.cuda_graphs import drafting_shapes, graph_shapes, profile_graph_bytes
+from tandem_server.execution.cuda_graphs import drafting_shapes, model_graph_shapes, profile_graph_bytes
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan
@@ -171,7 +171,7 @@ class ModelRunner:
         geometry = CacheGeometry.of(spec, block_size, self.cache_dtype)
         options = self.options
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
-        shapes = graph_shapes(options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
+        shapes = model_graph_shapes(spec, options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
         limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
         # A background compile compiles into the cache about to be replaced.
         self.execution.stop()

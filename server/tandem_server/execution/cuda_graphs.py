@@ -23,6 +23,7 @@ from tandem_server.execution.eager import forward_step
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
 from tandem_server.layers.attention import StaticStepMetadata, UniformShape
+from tandem_server.models.config import ModelSpec
 from tandem_server.models.registry import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,15 @@ def graph_shapes(sizes: Sequence[int], max_drafts: int, max_drafting_requests: i
         drafting += [size for size in ascending if size >= max_drafting_requests][:1]
         shapes += [UniformShape(size, 1 + max_drafts) for size in drafting]
     return tuple(sorted(set(shapes), key=lambda shape: (shape.tokens, shape.tokens_per_row)))
+
+
+def model_graph_shapes(
+    spec: ModelSpec, sizes: Sequence[int], max_drafts: int, max_drafting_requests: int
+) -> tuple[UniformShape, ...]:
+    """`graph_shapes` for a model. Latent attention (`spec.latent_dim`) expands verifying rows from the host's slot
+    lists, which a captured graph has none of: such a model captures its decode shapes only and verifies eagerly."""
+    drafts = max_drafts if spec.latent_dim is None else 0
+    return graph_shapes(sizes, drafts, max_drafting_requests)
 
 
 def drafting_shapes(shapes: Sequence[UniformShape]) -> tuple[UniformShape, ...]:

@@ -59,6 +59,7 @@ TRITON_CAPABILITIES = BackendCapabilities(
     devices=("cuda",),
     max_head_size=TRITON_MAX_HEAD_SIZE,
     attention_sinks=True,
+    latent_attention=True,
     cuda_graphs=True,
     releases=(TRITON,),
     auto_priority={"cuda": 20},

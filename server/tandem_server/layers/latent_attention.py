@@ -8,8 +8,8 @@ expands a latent into each head's key part without rotation (`qk_nope_head_dim`)
   head attends as usual (fewer operations when many queries share the context).
 - Decode rows run the absorbed form: each head's query is multiplied into latent space by its key expansion (W_UK),
   attends over the cached rows as multi-query attention (the latent and rotary key are the one key head, the latent
-  alone the value), and the attended latent is expanded by its value expansion (W_UV) afterwards. Nothing per head
-  is ever built for the context.
+  alone the value; the backend's kernel, `AbsorbedDecoding`), and the attended latent is expanded by its value
+  expansion (W_UV) afterwards. Nothing per head is ever built for the context.
 
 Both forms give the same scores: `q_nope · (W_UK c) = (q_nope W_UK) · c`. Tensor parallelism splits the heads (their
 rows of the query, `kv_b_proj` and `o_proj`) and keeps the latent projections whole on every rank.
@@ -25,8 +25,9 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention.latent_cache import LatentLayerCache
+from tandem_server.layers.attention.latent_step import AbsorbedDecoding
 from tandem_server.layers.attention.metadata import AttentionMetadata
-from tandem_server.layers.attention.torch_metadata import DecodeGroup, PrefillSpan, TorchAttentionMetadata
+from tandem_server.layers.attention.torch_metadata import PrefillSpan
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, rank_run
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rotary import RotaryAngles
@@ -96,12 +97,15 @@ class LatentAttention(nn.Module):
         )
 
     def forward(
-        self, hidden: torch.Tensor, rotation: RotaryAngles, cache: LatentLayerCache, metadata: AttentionMetadata
+        self,
+        hidden: torch.Tensor,
+        rotation: RotaryAngles,
+        cache: LatentLayerCache,
+        metadata: AttentionMetadata,
+        backend: AbsorbedDecoding,
     ) -> torch.Tensor:
         """The attention output `[tokens, hidden]` of normalised `hidden`; the step's latents and rotary keys land in
         `cache` at their slots first, so every row attends to its own token too."""
-        if not isinstance(metadata, TorchAttentionMetadata):
-            raise TypeError("invariant: latent attention reads the torch backend's slot lists")
         args = self.args
         tokens = hidden.shape[0]
         query = self._queries(hidden).view(tokens, self.num_heads, args.qk_head_dim)
@@ -112,14 +116,19 @@ class LatentAttention(nn.Module):
         slots = cache.flat_rows()
         slots.index_copy_(0, metadata.slot_mapping, rows.to(slots.dtype))
 
+        layout = backend.latent_layout(metadata)
+        decode_rows = layout.decode_rows
+        if isinstance(decode_rows, slice):
+            # Every row of the step decodes.
+            attended = self._absorbed(query_nope, query_rope, cache, metadata, backend)
+            return self.o_proj(attended.reshape(tokens, self.num_heads * args.v_head_dim))
         attended = hidden.new_empty(tokens, self.num_heads, args.v_head_dim)
-        for span in metadata.prefills:
+        for span in layout.prefills:
             taken = slice(span.query_start, span.query_start + span.query_len)
             attended[taken] = self._expanded(query_nope[taken], query_rope[taken], slots, span)
-        decode = metadata.decode
-        if decode is not None:
-            absorbed = self._absorbed(query_nope[decode.query_rows], query_rope[decode.query_rows], slots, decode)
-            attended[decode.query_rows] = absorbed
+        if decode_rows is not None:
+            absorbed = self._absorbed(query_nope[decode_rows], query_rope[decode_rows], cache, metadata, backend)
+            attended[decode_rows] = absorbed
         return self.o_proj(attended.reshape(tokens, self.num_heads * args.v_head_dim))
 
     def _queries(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -150,22 +159,19 @@ class LatentAttention(nn.Module):
         return attended[0].transpose(0, 1)
 
     def _absorbed(
-        self, query_nope: torch.Tensor, query_rope: torch.Tensor, slots: torch.Tensor, decode: DecodeGroup
+        self,
+        query_nope: torch.Tensor,
+        query_rope: torch.Tensor,
+        cache: LatentLayerCache,
+        metadata: AttentionMetadata,
+        backend: AbsorbedDecoding,
     ) -> torch.Tensor:
-        """Decode rows' heads `[requests, heads, v_head_dim]` by multi-query attention over the cached rows."""
+        """Decode rows' heads `[requests, heads, v_head_dim]`: queries multiplied into latent space attend over the
+        cached rows through the backend, and the attended latents are expanded into values."""
         args = self.args
         expansion = self.kv_b_proj.weight.view(self.num_heads, -1, args.kv_lora_rank)
         key_expansion, value_expansion = expansion.split([args.qk_nope_head_dim, args.v_head_dim], dim=1)
         query_latent = torch.einsum("rhn,hnl->rhl", query_nope, key_expansion)
         query = torch.cat((query_latent, query_rope), dim=-1)
-        requests = query.shape[0]
-        # [requests, 1 key head, context, cache_dim]: the latent and rotary key are the key, the latent the value.
-        context = slots[decode.key_slots].to(query.dtype).unsqueeze(1)
-        attended_latent = F.scaled_dot_product_attention(
-            query.unsqueeze(1),
-            context,
-            context[..., : args.kv_lora_rank],
-            attn_mask=decode.key_mask,
-            scale=args.scale,
-        ).view(requests, self.num_heads, args.kv_lora_rank)
+        attended_latent = backend.absorbed_decode(query, cache, metadata, args.scale)
         return torch.einsum("rhl,hvl->rhv", attended_latent, value_expansion)

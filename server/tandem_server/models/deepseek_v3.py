@@ -13,8 +13,9 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
-from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache, TorchAttentionBackend
+from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
 from tandem_server.layers.attention.latent_cache import LatentLayerCache
+from tandem_server.layers.attention.latent_step import AbsorbedDecoding
 from tandem_server.layers.latent_attention import LatentAttention, LatentAttentionArgs
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.rope_config import RopeConfig
@@ -111,18 +112,20 @@ class LatentDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         if not isinstance(cache, LatentLayerCache):
             raise TypeError("invariant: a latent attention layer runs on a latent cache (ModelSpec.latent_dim)")
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata)
+        if not isinstance(backend, AbsorbedDecoding):
+            raise TypeError("invariant: the model was built on a backend that serves latent attention")
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotation, cache, metadata, backend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class DeepseekV3ForCausalLM(DecoderForCausalLM):
-    """DeepSeek-V3's decoder; on the torch attention backend only, the one that reads latent caches."""
+    """DeepSeek-V3's decoder, on a backend that reads latent caches (the torch and Triton backends)."""
 
     def __init__(self, hf_config: dict[str, Any], parallel: ParallelContext, backend: AttentionBackend) -> None:
-        if not isinstance(backend, TorchAttentionBackend):
+        if not isinstance(backend, AbsorbedDecoding):
             raise ConfigError(
-                f"multi-head latent attention (MLA) runs on the torch attention backend; the {backend.name} backend "
-                "has no MLA kernel (--attention-backend torch)"
+                "multi-head latent attention (MLA) runs on the torch or triton attention backend; the "
+                f"{backend.name} backend has no MLA kernel (--attention-backend triton on CUDA, torch anywhere)"
             )
         hf = {**CONFIG_DEFAULTS, **hf_config}
         args = deepseek_v3_args(hf)

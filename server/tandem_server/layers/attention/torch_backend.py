@@ -12,6 +12,7 @@ from tandem_server.interfaces.attention import BackendSettings
 from tandem_server.interfaces.attention_registry import TORCH_CAPABILITIES
 from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep, write_step_kv
 from tandem_server.layers.attention.latent_cache import LatentLayerCache
+from tandem_server.layers.attention.latent_step import LatentLayout
 from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_decode_mirror import DecodeMirror, MirroredLayerCache, MirrorGeometry
 from tandem_server.layers.attention.torch_metadata import (
@@ -159,6 +160,32 @@ class TorchAttentionBackend:
             attended = self._attend_decodes(attending[decode.query_rows], cache, decode, params)
             output[decode.query_rows] = attended.to(output.dtype)
         return output
+
+    def latent_layout(self, metadata: AttentionMetadata) -> LatentLayout:
+        """The prefill spans and the decode group's rows of a multi-head latent attention step."""
+        if not isinstance(metadata, TorchAttentionMetadata):
+            raise TypeError("invariant: the torch backend attends with the metadata its `prepare` built")
+        decode = metadata.decode
+        if decode is None:
+            return LatentLayout(metadata.prefills, None)
+        return LatentLayout(metadata.prefills, slice(None) if decode.every_row else decode.query_rows)
+
+    def absorbed_decode(
+        self, query: torch.Tensor, cache: LatentLayerCache, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """Multi-query attention of the decode group's latent-space queries over its requests' cached rows; the
+        eager reference of every MLA decode kernel."""
+        if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None:
+            raise TypeError("invariant: an absorbed decode runs on a step whose torch metadata has a decode group")
+        decode = metadata.decode
+        requests, heads, _ = query.shape
+        latent_dim = cache.value.shape[-1]
+        # [requests, 1 key head, context, cache_dim]: the latent and rotary key are the key, the latent the value.
+        context = cache.flat_rows()[decode.key_slots].to(query.dtype).unsqueeze(1)
+        attended = F.scaled_dot_product_attention(
+            query.unsqueeze(1), context, context[..., :latent_dim], attn_mask=decode.key_mask, scale=scale
+        )
+        return attended.view(requests, heads, latent_dim)
 
     def _attend_decodes(
         self, query: torch.Tensor, cache: LayerCache, decode: DecodeGroup, params: AttentionParams

@@ -86,21 +86,23 @@ def build_torch_metadata(
             decodes.append((seq, query_start))
             query_start += 1
             continue
-        context_len = host.seq_lens[seq]
-        context_slots = _context_slots(host.block_tables[seq], context_len, block_size)
-        mask = _chunk_mask(context_len - query_len, context_len)
-        prefills.append(
-            PrefillSpan(
-                query_start,
-                query_len,
-                to_device(context_slots, device),
-                None if mask is None else to_device(mask, device),
-            )
-        )
+        prefills.append(prefill_span(query_start, query_len, host, seq, block_size, device))
         query_start += query_len
     decode = _decode_group(common, host, decodes, block_size, mirror, query_start) if decodes else None
     return TorchAttentionMetadata(
         slot_mapping=common.slot_mapping, paged=common.paged, host=host, prefills=tuple(prefills), decode=decode
+    )
+
+
+def prefill_span(
+    query_start: int, query_len: int, host: HostLayout, seq: int, block_size: int, device: torch.device
+) -> PrefillSpan:
+    """Sequence `seq`'s span: its query rows, its context's slots and its chunk mask, on `device`."""
+    context_len = host.seq_lens[seq]
+    context_slots = _context_slots(host.block_tables[seq], context_len, block_size)
+    mask = _chunk_mask(context_len - query_len, context_len)
+    return PrefillSpan(
+        query_start, query_len, to_device(context_slots, device), None if mask is None else to_device(mask, device)
     )
 
 

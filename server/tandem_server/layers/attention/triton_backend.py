@@ -1,18 +1,24 @@
-"""Attention through Tandem's own Triton paged-attention kernel (CUDA; Triton ships with torch's CUDA wheels)."""
+"""Attention through Tandem's own Triton kernels (CUDA; Triton ships with torch's CUDA wheels): paged attention, and
+multi-head latent attention's absorbed decode."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from tandem_server.interfaces.attention import BackendSettings
 from tandem_server.interfaces.attention_registry import TRITON_CAPABILITIES
-from tandem_server.layers.attention.backend import AttentionParams, CommonMetadataOnly, LayerCache, write_step_kv
+from tandem_server.layers.attention.backend import AttentionParams, LayerCache, PreparedStep, write_step_kv
+from tandem_server.layers.attention.latent_cache import LatentLayerCache
+from tandem_server.layers.attention.latent_step import LatentLayout
 from tandem_server.layers.attention.metadata import AttentionMetadata, PagedLayout
+from tandem_server.layers.attention.triton_latent import TritonLatentMetadata, build_latent_metadata
 
 if TYPE_CHECKING:
     from tandem_server.layers.attention.triton_kernel import LaunchPlan
+    from tandem_server.layers.attention.triton_latent_kernel import LatentLaunch
 
 # Split a decode step's keys until about this many programs run per streaming multiprocessor.
 PROGRAMS_PER_SM = 2
@@ -36,8 +42,9 @@ def query_tiles(query_lens: tuple[int, ...], tile_tokens: int) -> list[tuple[int
     return [(seq, tile) for seq, length in enumerate(query_lens) for tile in range(-(-length // tile_tokens))]
 
 
-class TritonAttentionBackend(CommonMetadataOnly):
-    """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap; split-KV decoding."""
+class TritonAttentionBackend:
+    """Mixed prefill/decode steps, cached prefixes, GQA, sliding windows and softcap; split-KV decoding. On latent
+    caches (MLA), the absorbed decode of single-token sequences; the model expands prompt chunks itself."""
 
     name = "triton"
     capabilities = TRITON_CAPABILITIES
@@ -46,11 +53,13 @@ class TritonAttentionBackend(CommonMetadataOnly):
     def __init__(self, capability: tuple[int, int] | None = None) -> None:
         """`capability` picks the kernel's tiles; None: the compute capability of the device of the first step."""
         # Imported here so a machine without Triton can still import (and select among) the other backends.
-        from tandem_server.layers.attention import triton_kernel  # noqa: PLC0415
+        from tandem_server.layers.attention import triton_kernel, triton_latent_kernel  # noqa: PLC0415
 
         self._kernel = triton_kernel
+        self._latent_kernel = triton_latent_kernel
         # Every layer of a step shares its metadata, so the launch plan is built once per step.
         self._planned: tuple[PagedLayout, LaunchPlan] | None = None
+        self._planned_latent: tuple[TritonLatentMetadata, LatentLaunch] | None = None
         self._sm_count: int | None = None
         self._capability = capability
 
@@ -58,6 +67,37 @@ class TritonAttentionBackend(CommonMetadataOnly):
     def from_settings(cls, settings: BackendSettings) -> TritonAttentionBackend:
         """Tiles for the device of the first step; it reads none of the settings."""
         return cls()
+
+    def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
+        """The common metadata as it is; on latent caches, the step's rows split into prompt chunks and decodes."""
+        if layers and isinstance(layers[0], LatentLayerCache):
+            return PreparedStep(build_latent_metadata(metadata, layers[0].key.shape[1]), layers)
+        return PreparedStep(metadata, layers)
+
+    def latent_layout(self, metadata: AttentionMetadata) -> LatentLayout:
+        """The prompt chunks and decode rows of a latent step, as `prepare` split them."""
+        return _latent_metadata(metadata).layout
+
+    def absorbed_decode(
+        self, query: torch.Tensor, cache: LatentLayerCache, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """The decode rows' latent-space queries through the MLA decode kernel, over their block tables."""
+        latent = _latent_metadata(metadata)
+        launch = self._latent_launch(latent, query)
+        latent_dim = cache.value.shape[-1]
+        return self._latent_kernel.latent_decode(query.contiguous(), cache.key, latent.paged, latent_dim, scale, launch)
+
+    def _latent_launch(self, metadata: TritonLatentMetadata, query: torch.Tensor) -> LatentLaunch:
+        if self._planned_latent is not None and self._planned_latent[0] is metadata:
+            return self._planned_latent[1]
+        kernel = self._latent_kernel
+        num_rows, num_heads, _ = query.shape
+        head_tiles = -(-num_heads // kernel.HEAD_TILE)
+        sm_count = self._streaming_multiprocessors(query.device)
+        splits = decode_splits(num_rows, head_tiles, metadata.decode_max_seq_len, sm_count)
+        launch = kernel.LatentLaunch(seqs=metadata.decode_seqs, num_splits=splits)
+        self._planned_latent = (metadata, launch)
+        return launch
 
     def forward(
         self,
@@ -117,3 +157,9 @@ class TritonAttentionBackend(CommonMetadataOnly):
                 torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else DEFAULT_SM_COUNT
             )
         return self._sm_count
+
+
+def _latent_metadata(metadata: AttentionMetadata) -> TritonLatentMetadata:
+    if not isinstance(metadata, TritonLatentMetadata):
+        raise TypeError("invariant: a latent step runs on the metadata the Triton backend's `prepare` built")
+    return metadata
