@@ -50,15 +50,25 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
         raise ConfigError(f"{what}: {unavailable}")
 
 
+# The `--quantize` values a mixture-of-experts model is served with: its experts stay float, keep a GGUF's blocks, or
+# keep an FP8 checkpoint's float8 weights; quantizing float experts at load has no kernel.
+MOE_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.GGUF)
+
+
 def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig) -> None:
-    """Refuses quantized weights for a mixture-of-experts model: its experts are stacked 3-D weights that no
-    quantized format holds, and quantizing only its attention and dense layers would serve a model between two
-    precisions."""
+    """Refuses a `--quantize` that would quantize a mixture-of-experts model's float weights at load, and int4
+    checkpoints of one: its experts would stay float while the rest is quantized, a model between two precisions."""
     if not checkpoint.num_experts:
         return
-    what = f"{checkpoint.architecture} is a mixture-of-experts model, whose stacked expert weights are served float"
-    if mode is not QuantizeMode.NONE:
-        raise ConfigError(f"--quantize {mode.value}: {what} only; use --quantize none")
-    for scheme in (checkpoint.fp8, checkpoint.int4):
-        if scheme is not None:
-            raise ConfigError(f"{checkpoint.path} is a {scheme.method} checkpoint, but {what} only; give a float one")
+    allowed = ", ".join(allowed_mode.value for allowed_mode in MOE_QUANTIZE_MODES)
+    what = f"{checkpoint.architecture} is a mixture-of-experts model"
+    if mode not in MOE_QUANTIZE_MODES:
+        raise ConfigError(
+            f"--quantize {mode.value}: {what}, whose experts are served float, from a converted GGUF's blocks "
+            f"(--quantize gguf) or from an FP8 checkpoint's float8 weights (--quantize none); allowed: {allowed}"
+        )
+    if checkpoint.int4 is not None:
+        raise ConfigError(
+            f"{checkpoint.path} is a {checkpoint.int4.method} checkpoint, but {what}, whose experts are served float, "
+            "from GGUF blocks or float8 weights only; give a float, GGUF or FP8 one"
+        )
