@@ -33,6 +33,8 @@ from tandem_server.quant.kernels import kernels_unavailable_reason
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.quant.quantize import QuantizationReport, quantize_model
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
+from test_families_grouped_moe import FAMILIES as GROUPED_FAMILIES
+from test_families_grouped_moe import randomize_correction_biases
 from tp_worker import PROMPT, generate, prompt_logits
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -141,7 +143,9 @@ def _linear_inputs_rounded_like_fp8(width: int | None) -> Iterator[None]:
         torch.nn.functional.linear = linear
 
 
-def _round_expert_inputs(reference: Qwen3MoeForCausalLM, width: int | None) -> None:
+def _round_expert_inputs(reference: torch.nn.Module, width: int | None) -> None:
+    """Rounds the inputs of every experts module's projections (its 3-D `gate_up_proj` and `down_proj`)."""
+
     def wrap(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def rounded_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             with _linear_inputs_rounded_like_fp8(width):
@@ -149,29 +153,54 @@ def _round_expert_inputs(reference: Qwen3MoeForCausalLM, width: int | None) -> N
 
         return rounded_forward
 
-    for layer in reference.model.layers:
-        layer.mlp.experts.forward = wrap(layer.mlp.experts.forward)
+    experts = [module for module in reference.modules() if getattr(module, "gate_up_proj", None) is not None]
+    assert experts
+    for module in experts:
+        module.forward = wrap(module.forward)
 
 
 FP8_MOE = {**TINY_QWEN3_MOE, "vocab_size": 96}
+DEEPSEEK_V3 = GROUPED_FAMILIES["deepseek-v3-mla"]
+FP8_FAMILIES: dict[str, tuple[Callable[[Path], torch.nn.Module], str]] = {
+    "qwen3-moe-per-tensor": (
+        lambda path: write_tiny_checkpoint(path, Qwen3MoeConfig, Qwen3MoeForCausalLM, **FP8_MOE),
+        "autofp8",
+    ),
+    "qwen3-moe-block": (
+        lambda path: write_tiny_checkpoint(path, Qwen3MoeConfig, Qwen3MoeForCausalLM, **FP8_MOE),
+        "block",
+    ),
+    # A dense first layer and shared experts beside the routed ones, all block-wise float8.
+    "deepseek-v3-block": (
+        lambda path: write_tiny_checkpoint(
+            path, DEEPSEEK_V3[0], DEEPSEEK_V3[1], randomize=randomize_correction_biases, **DEEPSEEK_V3[2]
+        ),
+        "block",
+    ),
+}
 
 
-@pytest.mark.parametrize("layout", ["autofp8", "block"])
-def test_an_fp8_moe_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(tmp_path: Path, layout: str) -> None:
-    write_tiny_checkpoint(tmp_path / "float", Qwen3MoeConfig, Qwen3MoeForCausalLM, **FP8_MOE)
+@pytest.mark.parametrize("family", sorted(FP8_FAMILIES))
+def test_an_fp8_moe_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(tmp_path: Path, family: str) -> None:
+    write_float, layout = FP8_FAMILIES[family]
+    float_model = write_float(tmp_path / "float")
     values = write_fp8(tmp_path / "float", tmp_path / layout, layout)
-    assert any(name.endswith("experts.5.down_proj.weight") for name in values)
     model, report = load_fp8_checkpoint(tmp_path / layout)
-    assert report.formats["experts: float8 checkpoint as fp8"] == FP8_MOE["num_hidden_layers"]
+    sparse_layers = len(_experts(model))
+    assert sparse_layers and report.formats["experts: float8 checkpoint as fp8"] == sparse_layers
     assert all(experts.gate_up.numel() == 0 for experts in _experts(model))
     (tmp_path / "values").mkdir()
     save_file(
         {name: tensor.contiguous() for name, tensor in values.items()}, str(tmp_path / "values" / "model.safetensors")
     )
     shutil.copy(tmp_path / "float" / "config.json", tmp_path / "values" / "config.json")
-    reference = Qwen3MoeForCausalLM.from_pretrained(
-        tmp_path / "values", dtype=torch.float32, experts_implementation="eager", attn_implementation="eager"
-    ).eval()
+    reference = (
+        type(float_model)
+        .from_pretrained(
+            tmp_path / "values", dtype=torch.float32, experts_implementation="eager", attn_implementation="eager"
+        )
+        .eval()
+    )
     width = TEST_BLOCK[1] if layout == "block" else None
     round_activations_like_fp8(reference, input_group=width)
     _round_expert_inputs(reference, width)
