@@ -21,7 +21,7 @@ from tandem_server.layers.moe.routing import Routing, TopKRouter, group_by_exper
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.parameter_counts import parameter_counts
-from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.checks import check_expert_weights, check_quantization
 from tandem_server.quant.fp8.scheme import Fp8Scheme
 from tandem_server.quant.int4.scheme import Int4Scheme
 from tandem_server.quant.mode import QuantizeMode
@@ -184,6 +184,13 @@ def test_an_int4_moe_checkpoint_is_refused_and_an_fp8_one_is_served(tmp_path: Pa
     checkpoint = dataclasses.replace(float_checkpoint, int4=Int4Scheme("gptq", 32))
     with pytest.raises(ConfigError, match="is a gptq checkpoint, but Qwen2MoeForCausalLM is a mixture-of-exp"):
         check_quantization(QuantizeMode.NONE, checkpoint, CPU)
+
+
+def test_an_fp8_moe_checkpoint_is_refused_off_the_cpu(tmp_path: Path) -> None:
+    write_tiny_checkpoint(tmp_path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
+    checkpoint = dataclasses.replace(read_checkpoint_config(tmp_path), fp8=Fp8Scheme("fbgemm_fp8"))
+    with pytest.raises(ConfigError, match="float8 experts run on CPU only"):
+        check_expert_weights(QuantizeMode.NONE, checkpoint, torch.device("cuda"))
 
 
 def test_quantize_auto_keeps_a_moe_safetensors_model_float(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from tandem_server.weights.gguf_format import has_gguf_blocks
 
 def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
     """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
-    check_expert_weights(mode, checkpoint)
+    check_expert_weights(mode, checkpoint, device)
     check_int4_checkpoint(mode, checkpoint.int4, device)
     if checkpoint.fp8 is not None:
         if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
@@ -55,9 +55,12 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
 MOE_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.GGUF)
 
 
-def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig) -> None:
+def check_expert_weights(
+    mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device = torch.device("cpu")
+) -> None:
     """Refuses a `--quantize` that would quantize a mixture-of-experts model's float weights at load, and int4
-    checkpoints of one: its experts would stay float while the rest is quantized, a model between two precisions."""
+    checkpoints of one: its experts would stay float while the rest is quantized, a model between two precisions.
+    Quantized experts are a CPU path: an FP8 checkpoint of one is refused on other devices."""
     if not checkpoint.num_experts:
         return
     allowed = ", ".join(allowed_mode.value for allowed_mode in MOE_QUANTIZE_MODES)
@@ -71,4 +74,10 @@ def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig) -> No
         raise ConfigError(
             f"{checkpoint.path} is a {checkpoint.int4.method} checkpoint, but {what}, whose experts are served float, "
             "from GGUF blocks or float8 weights only; give a float, GGUF or FP8 one"
+        )
+    if checkpoint.fp8 is not None and device.type != "cpu":
+        raise ConfigError(
+            f"{checkpoint.path} is an FP8 checkpoint ({checkpoint.fp8.method}) of a mixture-of-experts model, whose "
+            f"float8 experts run on CPU only ({device.type} has no quantized expert kernel); serve it on CPU or give "
+            "a bfloat16 checkpoint"
         )
