@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from safetensors.torch import save_file
 from shard_testing import write_tiny_checkpoint
 from tandem_launcher.embedded import convert_gguf
 from tandem_launcher.gguf_metadata import moe_config_overrides
+from tandem_server.bootstrap import load_shard
+from tandem_server.cli import config_from_args
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.moe.experts import RoutedExperts
@@ -125,6 +128,20 @@ def test_gguf_experts_take_about_the_bytes_of_their_blocks(gguf_moe: dict[str, A
     _, float_report = _load(gguf_moe["converted"], QuantizeMode.NONE)
     assert report.weight_bytes <= 1.5 * blocks_bytes
     assert float_report.weight_bytes >= 3 * report.weight_bytes
+
+
+def test_the_shard_serves_a_moe_gguf_quantized_by_default_and_reports_the_experts_format(
+    gguf_moe: dict[str, Any],
+) -> None:
+    converted = gguf_moe["converted"]
+    # The blocks alone, without bfloat16 copies of the dense layers for batches.
+    flags = ["--quantized-dense-memory", "0"]
+    config = config_from_args(["--model-path", str(converted), "--uds-path", str(converted / "s.sock"), *flags])
+    info = load_shard(config).info
+    assert f"experts: {EXPERT_FORMATS[gguf_moe['kind']]}" in info.weights_format
+    float_info = load_shard(replace(config, quantize=QuantizeMode.NONE, dtype=torch.float32)).info
+    assert "experts: float32" in float_info.weights_format
+    assert float_info.weight_bytes >= 3 * info.weight_bytes
 
 
 @contextlib.contextmanager

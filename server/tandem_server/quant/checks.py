@@ -55,9 +55,7 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
 MOE_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.GGUF)
 
 
-def check_expert_weights(
-    mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device = torch.device("cpu")
-) -> None:
+def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
     """Refuses a `--quantize` that would quantize a mixture-of-experts model's float weights at load, and int4
     checkpoints of one: its experts would stay float while the rest is quantized, a model between two precisions.
     Quantized experts are a CPU path: an FP8 checkpoint of one is refused on other devices."""
