@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from fp8_testing import TEST_BLOCK, load_fp8_checkpoint, round_activations_like_fp8, rounded_like_fp8
 from fp8_testing import write_fp8_checkpoint as write_fp8
@@ -38,7 +40,7 @@ from tandem_server.quant.quantize import QuantizationReport, quantize_model
 from tandem_server.weights.gguf_format import GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
 from test_families_grouped_moe import FAMILIES as GROUPED_FAMILIES
 from test_families_grouped_moe import randomize_correction_biases
-from tp_worker import PROMPT, generate, prompt_logits
+from tp_worker import PROMPT, WORLD_SIZE, generate, prompt_logits, run_checkpoint, run_rank
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 CPU = torch.device("cpu")
@@ -224,3 +226,35 @@ def test_an_fp8_moe_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(
     logits, tokens = _expected(reference)
     assert (prompt_logits(model) - logits).abs().max() <= SAME_ROUNDING_ATOL
     assert generate(model, (2,))[1][: len(tokens)] == tokens
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_gloo_ranks_serve_quantized_experts_as_one_process(tmp_path: Path) -> None:
+    # Each expert's 64 intermediate features split 32 + 32: every rank's down inputs are one whole GGUF block of 32
+    # and one whole FP8 block of (24, 32) inputs; the gate/up rows split inside the 24-row FP8 blocks.
+    wide = {**TINY_QWEN3_MOE, "moe_intermediate_size": 64}
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**wide)).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0, 0.1)
+    write_tiny_qwen3_moe_gguf(tmp_path / "tiny.gguf", model, "Q4_0", "Q8_0")
+    convert_gguf(tmp_path / "tiny.gguf", tmp_path / "gguf")
+    write_tiny_checkpoint(tmp_path / "float", Qwen3MoeConfig, Qwen3MoeForCausalLM, **{**FP8_MOE, **wide})
+    write_fp8(tmp_path / "float", tmp_path / "block", "block", block=(24, 32))
+    checkpoints = [tmp_path / "gguf", tmp_path / "block"]
+    single = {checkpoint.name: run_checkpoint(checkpoint, ParallelContext()) for checkpoint in checkpoints}
+    mp.start_processes(run_rank, args=(checkpoints, _free_port(), tmp_path), nprocs=WORLD_SIZE, start_method="spawn")
+    for rank in range(WORLD_SIZE):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        # bfloat16 activations of the int4 kernels round each rank's partial sums apart from the whole ones.
+        torch.testing.assert_close(results["gguf"]["logits"], single["gguf"]["logits"], rtol=0.02, atol=0.05)
+        torch.testing.assert_close(results["block"]["logits"], single["block"]["logits"])
+        for name in ("gguf", "block"):
+            assert results[name]["tokens"][1] == single[name]["tokens"][1], name
