@@ -65,9 +65,11 @@ def _stacks(model: Qwen3MoeForCausalLM, layer: int) -> dict[str, np.ndarray]:
     }
 
 
-def write_tiny_qwen3_moe_gguf(path: Path, model: Qwen3MoeForCausalLM, expert_type: str, layer_type: str) -> None:
-    """`model` as a GGUF file: expert stacks in `expert_type`, other 2-D weights in `layer_type` (the router and
-    norms float32), with a stand-in vocabulary."""
+def write_tiny_qwen3_moe_gguf(
+    path: Path, model: Qwen3MoeForCausalLM, expert_type: str, layer_type: str, up_type: str | None = None
+) -> None:
+    """`model` as a GGUF file: expert stacks in `expert_type` (the up stacks in `up_type` when given), other 2-D
+    weights in `layer_type` (the router and norms float32), with a stand-in vocabulary."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "qwen3moe")
     writer.add_block_count(config.num_hidden_layers)
@@ -102,7 +104,8 @@ def write_tiny_qwen3_moe_gguf(path: Path, model: Qwen3MoeForCausalLM, expert_typ
             kind = layer_type if values.ndim == 2 and "gate_inp" not in ggml else "F32"
             tensors[f"blk.{layer}.{ggml}"] = (values, kind)
         for name, values in _stacks(model, layer).items():
-            tensors[name] = (np.ascontiguousarray(values), expert_type)
+            kind = up_type if up_type is not None and "ffn_up_exps" in name else expert_type
+            tensors[name] = (np.ascontiguousarray(values), kind)
     for name, (values, kind) in tensors.items():
         quant_type = gguf.GGMLQuantizationType[kind]
         writer.add_tensor(name, quantize(values, quant_type), raw_dtype=quant_type)

@@ -146,6 +146,24 @@ def test_the_shard_serves_a_moe_gguf_quantized_by_default_and_reports_the_expert
     assert float_info.weight_bytes >= 3 * info.weight_bytes
 
 
+def test_gate_and_up_stacks_of_different_types_are_served_float_beside_quantized_down_stacks(tmp_path: Path) -> None:
+    write_tiny_qwen3_moe_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe(), "Q4_0", "Q8_0", up_type="Q8_0")
+    convert_gguf(tmp_path / "tiny.gguf", tmp_path / "converted")
+    with safe_open(str(tmp_path / "converted" / GGUF_BLOCKS_DIR / "model.safetensors"), framework="pt") as handle:
+        kept = set(handle.keys())
+    assert "model.layers.0.mlp.experts.down_proj" in kept and "model.layers.0.mlp.experts.gate_up_proj" not in kept
+    model, report = _load(tmp_path / "converted", QuantizeMode.GGUF)
+    assert report.formats["experts: float32"] == TINY_QWEN3_MOE["num_hidden_layers"]
+    config = AutoConfig.from_pretrained(tmp_path, gguf_file="tiny.gguf", **moe_config_overrides(tmp_path / "tiny.gguf"))
+    reference = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="tiny.gguf", config=config, dtype=torch.float32
+    )
+    logits, tokens = _expected(reference.eval())
+    # The experts multiply by the stacks' exact values, the down stacks dequantized into theirs.
+    assert (prompt_logits(model) - logits).abs().max() <= GGUF_RELATIVE * logits.abs().max()
+    assert generate(model, (2,))[1][: len(tokens)] == tokens
+
+
 @contextlib.contextmanager
 def _linear_inputs_rounded_like_fp8(width: int | None) -> Iterator[None]:
     """transformers' expert loop calls `nn.functional.linear`: within it, every input is rounded to float8 per token
