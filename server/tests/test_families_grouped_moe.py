@@ -188,4 +188,4 @@ def test_quantized_weights_are_refused_for_grouped_moe_models_as_for_every_moe_f
     checkpoint = read_checkpoint_config(tmp_path)
     assert checkpoint.num_experts == 8
     with pytest.raises(ConfigError, match="mixture-of-experts model"):
-        check_expert_weights(QuantizeMode.INT8, checkpoint)
+        check_expert_weights(QuantizeMode.INT8, checkpoint, torch.device("cpu"))

@@ -21,8 +21,9 @@ from tandem_server.layers.moe.routing import Routing, TopKRouter, group_by_exper
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.parameter_counts import parameter_counts
-from tandem_server.quant.checks import check_quantization
+from tandem_server.quant.checks import check_expert_weights, check_quantization
 from tandem_server.quant.fp8.scheme import Fp8Scheme
+from tandem_server.quant.int4.scheme import Int4Scheme
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.weight_defaults import choose_weight_settings
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
@@ -158,20 +159,38 @@ def test_parameter_counts_hold_every_weight_and_a_tokens_active_share(tmp_path: 
     assert counts.describe().endswith("active per token")
 
 
-@pytest.mark.parametrize("mode", [QuantizeMode.INT8, QuantizeMode.INT4, QuantizeMode.FP8, QuantizeMode.GGUF])
-def test_quantizing_a_moe_model_is_refused_naming_the_option(tmp_path: Path, mode: QuantizeMode) -> None:
+@pytest.mark.parametrize("mode", [QuantizeMode.INT8, QuantizeMode.INT4, QuantizeMode.FP8])
+def test_quantizing_a_moe_models_float_weights_at_load_is_refused_naming_the_allowed_values(
+    tmp_path: Path, mode: QuantizeMode
+) -> None:
     write_tiny_checkpoint(tmp_path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
     checkpoint = read_checkpoint_config(tmp_path)
     check_quantization(QuantizeMode.NONE, checkpoint, CPU)
-    with pytest.raises(ConfigError, match=f"--quantize {mode.value}: Qwen2MoeForCausalLM is a mixture-of-experts"):
+    message = rf"--quantize {mode.value}: Qwen2MoeForCausalLM is a mixture-of-experts .*; allowed: none, gguf$"
+    with pytest.raises(ConfigError, match=message):
         check_quantization(mode, checkpoint, CPU)
 
 
-def test_a_quantized_moe_checkpoint_is_refused(tmp_path: Path) -> None:
+def test_gguf_mode_on_a_float_moe_model_is_refused_for_want_of_blocks(tmp_path: Path) -> None:
+    write_tiny_checkpoint(tmp_path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
+    with pytest.raises(ConfigError, match=r"--quantize gguf: .* keeps no GGUF blocks"):
+        check_quantization(QuantizeMode.GGUF, read_checkpoint_config(tmp_path), CPU)
+
+
+def test_an_int4_moe_checkpoint_is_refused_and_an_fp8_one_is_served(tmp_path: Path) -> None:
+    write_tiny_checkpoint(tmp_path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
+    float_checkpoint = read_checkpoint_config(tmp_path)
+    check_quantization(QuantizeMode.NONE, dataclasses.replace(float_checkpoint, fp8=Fp8Scheme("fbgemm_fp8")), CPU)
+    checkpoint = dataclasses.replace(float_checkpoint, int4=Int4Scheme("gptq", 32))
+    with pytest.raises(ConfigError, match="is a gptq checkpoint, but Qwen2MoeForCausalLM is a mixture-of-exp"):
+        check_quantization(QuantizeMode.NONE, checkpoint, CPU)
+
+
+def test_an_fp8_moe_checkpoint_is_refused_off_the_cpu(tmp_path: Path) -> None:
     write_tiny_checkpoint(tmp_path, Qwen2MoeConfig, Qwen2MoeForCausalLM, **QWEN2_MOE)
     checkpoint = dataclasses.replace(read_checkpoint_config(tmp_path), fp8=Fp8Scheme("fbgemm_fp8"))
-    with pytest.raises(ConfigError, match="is a fbgemm_fp8 checkpoint, but Qwen2MoeForCausalLM is a mixture-of-exp"):
-        check_quantization(QuantizeMode.NONE, checkpoint, CPU)
+    with pytest.raises(ConfigError, match="float8 experts run on CPU only"):
+        check_expert_weights(QuantizeMode.NONE, checkpoint, torch.device("cuda"))
 
 
 def test_quantize_auto_keeps_a_moe_safetensors_model_float(tmp_path: Path) -> None:

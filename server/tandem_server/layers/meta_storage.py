@@ -10,6 +10,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from tandem_server.layers.linear import StackedColumns, swap_storage
+from tandem_server.layers.moe.experts import RoutedExperts
 
 _UNINITIALISED = {torch.empty, torch.empty_like, torch.Tensor.new_empty}
 
@@ -31,9 +32,14 @@ def allocate(model: nn.Module, device: torch.device, needs_storage: Callable[[nn
     """Gives every parameter of `model` still on meta that `needs_storage` picks uninitialised storage on `device`.
 
     A stack gets its storage as a whole once any of its parts is picked, its parts staying views into it (the bias
-    stack likewise): a stacked GEMM multiplies by the stack.
+    stack likewise): a stacked GEMM multiplies by the stack. A layer's routed experts likewise: their grouped GEMMs
+    multiply by the experts' stacks.
     """
     for module in model.modules():
+        if isinstance(module, RoutedExperts) and module.gate_up.is_meta:
+            parts = [param for projections in module.projections() for param in projections]
+            if any(needs_storage(part) for part in parts):
+                module.allocate(device)
         if isinstance(module, StackedColumns):
             for name in ("weight", "bias"):
                 stack = getattr(module, name)

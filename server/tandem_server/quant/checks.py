@@ -14,7 +14,7 @@ from tandem_server.weights.gguf_format import has_gguf_blocks
 
 def check_quantization(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
     """Refuses, before anything loads, a `--quantize` this checkpoint or device cannot serve."""
-    check_expert_weights(mode, checkpoint)
+    check_expert_weights(mode, checkpoint, device)
     check_int4_checkpoint(mode, checkpoint.int4, device)
     if checkpoint.fp8 is not None:
         if mode not in (QuantizeMode.NONE, QuantizeMode.FP8):
@@ -50,15 +50,32 @@ def check_int4_checkpoint(mode: QuantizeMode, scheme: Int4Scheme | None, device:
         raise ConfigError(f"{what}: {unavailable}")
 
 
-def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig) -> None:
-    """Refuses quantized weights for a mixture-of-experts model: its experts are stacked 3-D weights that no
-    quantized format holds, and quantizing only its attention and dense layers would serve a model between two
-    precisions."""
+# The `--quantize` values a mixture-of-experts model is served with: its experts stay float, keep a GGUF's blocks, or
+# keep an FP8 checkpoint's float8 weights; quantizing float experts at load has no kernel.
+MOE_QUANTIZE_MODES = (QuantizeMode.NONE, QuantizeMode.GGUF)
+
+
+def check_expert_weights(mode: QuantizeMode, checkpoint: CheckpointConfig, device: torch.device) -> None:
+    """Refuses a `--quantize` that would quantize a mixture-of-experts model's float weights at load, and int4
+    checkpoints of one: its experts would stay float while the rest is quantized, a model between two precisions.
+    Quantized experts are a CPU path: an FP8 checkpoint of one is refused on other devices."""
     if not checkpoint.num_experts:
         return
-    what = f"{checkpoint.architecture} is a mixture-of-experts model, whose stacked expert weights are served float"
-    if mode is not QuantizeMode.NONE:
-        raise ConfigError(f"--quantize {mode.value}: {what} only; use --quantize none")
-    for scheme in (checkpoint.fp8, checkpoint.int4):
-        if scheme is not None:
-            raise ConfigError(f"{checkpoint.path} is a {scheme.method} checkpoint, but {what} only; give a float one")
+    allowed = ", ".join(allowed_mode.value for allowed_mode in MOE_QUANTIZE_MODES)
+    what = f"{checkpoint.architecture} is a mixture-of-experts model"
+    if mode not in MOE_QUANTIZE_MODES:
+        raise ConfigError(
+            f"--quantize {mode.value}: {what}, whose experts are served float, from a converted GGUF's blocks "
+            f"(--quantize gguf) or from an FP8 checkpoint's float8 weights (--quantize none); allowed: {allowed}"
+        )
+    if checkpoint.int4 is not None:
+        raise ConfigError(
+            f"{checkpoint.path} is a {checkpoint.int4.method} checkpoint, but {what}, whose experts are served float, "
+            "from GGUF blocks or float8 weights only; give a float, GGUF or FP8 one"
+        )
+    if checkpoint.fp8 is not None and device.type != "cpu":
+        raise ConfigError(
+            f"{checkpoint.path} is an FP8 checkpoint ({checkpoint.fp8.method}) of a mixture-of-experts model, whose "
+            f"float8 experts run on CPU only ({device.type} has no quantized expert kernel); serve it on CPU or give "
+            "a bfloat16 checkpoint"
+        )

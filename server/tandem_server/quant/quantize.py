@@ -5,8 +5,10 @@ GGUF blocks keep their values exactly: Q4_0/Q4_1 as int4 groups, Q8_0 as int8 gr
 checkpoint's float8 weights stay float8 in every mode, per-tensor scales widened to per-channel; a GPTQ or AWQ
 checkpoint's int4 weights stay int4 (served with `--quantize none` only). Float weights become int4 groups (`int4`,
 LM head int8 per channel on CPU, float on CUDA), int8 per channel (`int8`) or float8 e4m3 per channel (`fp8`). A tied
-embedding looks its rows up in the LM head's quantized copy. A GGUF, float8 or int4 tensor no quantized kernel can
-take (a stack mixing block types, or quantized and float parts) is dequantized into its float parameter, exactly.
+embedding looks its rows up in the LM head's quantized copy. A layer's routed experts held as GGUF blocks (with
+`--quantize gguf`) or float8 become one quantized weight per expert and projection, the same way. A GGUF, float8 or
+int4 tensor no quantized kernel can take (a stack mixing block types, or quantized and float parts) is dequantized
+into its float parameter, exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.embedding import Embedding, LMHead
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.layers.meta_storage import allocate
+from tandem_server.layers.moe.experts import RoutedExperts
+from tandem_server.layers.moe.quantized_experts import ExpertWeight, QuantizedExperts
 from tandem_server.quant.fp8.checkpoint import FP8_VALUES
 from tandem_server.quant.fp8.weight import Fp8Weight
 from tandem_server.quant.gguf.blocks import GgufBlocks
@@ -63,6 +67,11 @@ def quantize_model(model: nn.Module, mode: QuantizeMode) -> QuantizationReport:
         if isinstance(module, GemmModule):
             try:
                 report.formats[f"{role}: {_quantize_gemm(module, mode, device)}"] += 1
+            except ValueError as error:
+                raise ConfigError(f"--quantize {mode.value}: {name}: {error}") from error
+        elif isinstance(module, RoutedExperts):
+            try:
+                report.formats[f"{role}: {_quantize_experts(module, mode, device)}"] += 1
             except ValueError as error:
                 raise ConfigError(f"--quantize {mode.value}: {name}: {error}") from error
     for name, module in model.named_modules():
@@ -139,6 +148,44 @@ def _serve_checkpoint_values(module: GemmModule, parts: list[torch.Tensor], devi
     return None
 
 
+def _quantize_experts(experts: RoutedExperts, mode: QuantizeMode, device: torch.device) -> str:
+    """Serves the experts from their checkpoint values when every expert's three projections have them: float8 in
+    any mode, GGUF blocks with `--quantize gguf`; else they stay float (what they became)."""
+    projections = experts.projections()
+    fp8 = [[getattr(part, FP8_VALUES, None) for part in parts] for parts in projections]
+    blocks = [[getattr(part, "gguf_blocks", None) for part in parts] for parts in projections]
+    if all(all(values) for values in fp8):
+        gate_up: list[ExpertWeight] = []
+        down: list[ExpertWeight] = []
+        for gate, up, down_values in fp8:
+            gate_up.append(Fp8Weight(Fp8Channels.concat([gate, up]).to(device)))  # type: ignore[list-item]  # all set
+            down.append(Fp8Weight(down_values.to(device)))  # type: ignore[union-attr]  # all set
+        label = "float8 checkpoint as fp8"
+    elif mode is QuantizeMode.GGUF and all(all(values) for values in blocks):
+        gate_up, down = [], []
+        for gate, up, down_blocks in blocks:
+            unpacked = [gate.unpack(), up.unpack()]  # type: ignore[union-attr]  # all set
+            if type(unpacked[0]) is not type(unpacked[1]):
+                return f"{_float_name(experts)} (gate and up in different GGUF kinds, dequantized)"
+            gate_up.append(quantized_weight(_concat_rows(unpacked)))
+            down.append(quantized_weight(down_blocks.unpack()))  # type: ignore[union-attr]  # all set
+        types = sorted({part.gguf_type for parts in blocks for part in parts if part is not None})
+        names = sorted({weight.name for weight in (*gate_up, *down)})
+        label = f"{'/'.join(types)} as {'/'.join(names)}"
+    else:
+        return _float_name(experts)
+    for part in (param for parts in projections for param in parts):
+        for attribute in KEPT_VALUES:
+            if hasattr(part, attribute):
+                delattr(part, attribute)
+    experts.use_quantized(QuantizedExperts(gate_up, down, label))
+    return label
+
+
+def _float_name(experts: RoutedExperts) -> str:
+    return str(experts.gate_up.dtype).removeprefix("torch.")
+
+
 def _quantize_float(module: GemmModule, mode: QuantizeMode) -> QuantizedWeight:
     if mode is QuantizeMode.FP8:
         return Fp8Weight(quantize_fp8(module.weight))
@@ -177,7 +224,8 @@ def _weight_bytes(model: nn.Module) -> int:
     """The parameters' bytes and each quantized weight's once (a tied embedding shares its head's)."""
     dense = sum(param.numel() * param.element_size() for param in model.parameters())
     quantized = {id(weight): weight.nbytes for weight in _quantized_weights(model)}
-    return dense + sum(quantized.values())
+    experts = [module.quantized for module in model.modules() if isinstance(module, RoutedExperts)]
+    return dense + sum(quantized.values()) + sum(held.nbytes for held in experts if held is not None)
 
 
 def _quantized_weights(model: nn.Module) -> Iterator[QuantizedWeight]:

@@ -15,7 +15,9 @@ as a Python loop over the chosen experts, and 2-20 times faster than batched GEM
 bfloat16 steps the loop was 1.2-1.7 times faster (docs/models.md).
 
 On a CUDA device SiLU experts run through Tandem's fused Triton kernels instead (`triton_grouped`), when Triton is
-installed; other activations, and every other device, keep the grouped GEMM.
+installed; other activations, and every other device, keep the grouped GEMM. Experts a checkpoint holds quantized
+(GGUF blocks, float8) are served by `quantized_experts` once quantization hands them over; the float stacks are then
+released (or never get storage).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.activation import Activation, activation
-from tandem_server.layers.linear import rank_run
+from tandem_server.layers.gemm import release_storage
+from tandem_server.layers.linear import rank_run, swap_storage
+from tandem_server.layers.moe.quantized_experts import QuantizedExperts
 from tandem_server.layers.moe.routing import Routing, group_by_expert
 from tandem_server.weights.slicing import CheckpointSlice, load_full
 
@@ -81,22 +85,53 @@ class RoutedExperts(nn.ModuleList):
         # Zero features pad each expert to whole rows of the grouped GEMM; they add exact zeros to every output.
         padded = -(-local // GROUPED_GEMM_ALIGNMENT) * GROUPED_GEMM_ALIGNMENT
         self.num_experts = num_experts
+        self.local_features, self.padded_features = local, padded
+        self.quantized: QuantizedExperts | None = None
         self.num_weights = num_experts * 3 * local * hidden_size
         self.act: Activation = activation(hidden_act)
         self.fused_on_cuda = hidden_act in FUSED_ACTIVATIONS and importlib.util.find_spec("triton") is not None
         self.register_buffer("gate_up", torch.empty(num_experts, 2 * padded, hidden_size), persistent=False)
         self.register_buffer("down", torch.empty(num_experts, hidden_size, padded), persistent=False)
-        for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
-            padding.zero_()
+        self._zero_padding()
         rows, columns = CheckpointSlice.of(0, run), CheckpointSlice.of(1, run)
         for e in range(num_experts):
             gate = ExpertProjection(self.gate_up[e, :local], rows)
             up = ExpertProjection(self.gate_up[e, padded : padded + local], rows)
             self.append(Expert(gate, up, ExpertProjection(self.down[e, :, :local], columns)))
 
+    def _zero_padding(self) -> None:
+        local, padded = self.local_features, self.padded_features
+        for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
+            padding.zero_()
+
+    def projections(self) -> list[tuple[nn.Parameter, nn.Parameter, nn.Parameter]]:
+        """Each expert's `(gate, up, down)` weight parameters, in expert order."""
+        experts: list[Expert] = [expert for expert in self if isinstance(expert, Expert)]
+        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in experts]
+
+    def allocate(self, device: torch.device) -> None:
+        """Gives the stacks, built on meta, storage on `device`; the experts' parameters stay the same objects, views
+        into them again."""
+        local, padded = self.local_features, self.padded_features
+        self.gate_up = torch.empty(self.gate_up.shape, dtype=self.gate_up.dtype, device=device)
+        self.down = torch.empty(self.down.shape, dtype=self.down.dtype, device=device)
+        self._zero_padding()
+        for e, (gate, up, down) in enumerate(self.projections()):
+            swap_storage(gate, self.gate_up[e, :local])
+            swap_storage(up, self.gate_up[e, padded : padded + local])
+            swap_storage(down, self.down[e, :, :local])
+
+    def use_quantized(self, quantized: QuantizedExperts) -> None:
+        """Serves the experts from `quantized` from now on and releases the float stacks' memory."""
+        self.quantized = quantized
+        for tensor in [param for parts in self.projections() for param in parts] + [self.gate_up, self.down]:
+            release_storage(tensor)
+
     def forward(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Each token's chosen experts' outputs, weighted and summed `[tokens, hidden]`; on several ranks, this
         rank's term of that sum."""
+        if self.quantized is not None:
+            return self.quantized.forward(hidden, routing, self.act)
         if self.fused_on_cuda and hidden.device.type == "cuda":
             return fused_experts_on_cuda(hidden, routing, self.gate_up, self.down)
         return self.grouped_mm(hidden, routing)
