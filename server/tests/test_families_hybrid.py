@@ -173,3 +173,19 @@ def test_layer_types_decide_each_layers_kind() -> None:
     assert [kind.recurrent for kind in args.layers] == [True, False, True]
     with pytest.raises(ConfigError, match="unsupported LFM2 layer types"):
         lfm2_args({**base, "num_hidden_layers": 2, "layer_types": ["conv", "sliding_attention"]})
+
+
+def test_rope_base_defaults_to_lfm2s_own_and_block_ff_dim_is_adjusted() -> None:
+    hub_config = {
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "block_ff_dim": 192,
+        "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0,
+    }
+    args = lfm2_args(hub_config)
+    assert args.layers[0].rope.theta == 1_000_000.0
+    # Two thirds of 192, rounded up to a multiple of 32.
+    assert args.intermediate_size == 128

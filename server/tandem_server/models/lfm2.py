@@ -13,7 +13,6 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.interfaces.context import served_positions
-from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.layers.norm import RMSNorm
 from tandem_server.layers.recurrent.short_conv import ShortConv
@@ -32,6 +31,7 @@ from tandem_server.weights.layout import CheckpointLayout, FusedTensor, Renamed
 
 LFM2_LAYER_TYPES = ("conv", "full_attention")
 DEFAULT_CONV_KERNEL = 3
+DEFAULT_ROPE_THETA = 1_000_000.0
 
 # Checkpoint names -> the shared decoder's parameter names.
 _RENAMES = (
@@ -81,10 +81,9 @@ def lfm2_intermediate_size(hf: dict[str, Any]) -> int:
 def lfm2_args(hf: dict[str, Any]) -> DecoderArgs:
     """LFM2's sizes and layer kinds; `norm_eps`, `block_ff_dim` and `tie_embedding` are its spellings."""
     hidden_size, num_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    rope = RopeConfig.from_hf(hf)
+    rope = RopeConfig.from_hf({"rope_theta": DEFAULT_ROPE_THETA, **hf})
     layers = tuple(LayerKind(rope, recurrent=kind == "conv") for kind in lfm2_layer_types(hf))
     tied = hf.get("tie_embedding", hf.get("tie_word_embeddings", True))
-    activation("silu")
     conv_bias = ConvArgs.from_hf(hf).bias
     in_proj_parts = tuple((f"conv.{part}_proj.weight", hidden_size) for part in ("b", "c", "x"))
     fused = [FusedTensor("conv.in_proj.weight", in_proj_parts)]
