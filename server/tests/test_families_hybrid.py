@@ -11,6 +11,7 @@ import pytest
 import torch
 from reference_checks import BLOCK_SIZE, LOGITS_ATOL, SCHEDULE, SEQUENCE_LENGTHS, assert_greedy_matches_generate
 from shard_testing import CPU, load_tiny_model, make_runner, new_request, warmed, write_tiny_checkpoint
+from tandem_server.distributed import ParallelContext
 from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import ConfigError, InvalidStepError
 from tandem_server.execution.batch import ScheduledSpan, build_step_batch
@@ -20,6 +21,7 @@ from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool
 from tandem_server.models.lfm2 import lfm2_args
+from tandem_server.rpc.servicer import build_info
 from transformers import Lfm2Config, Lfm2ForCausalLM
 
 HYBRIDS: dict[str, dict[str, Any]] = {
@@ -189,3 +191,11 @@ def test_rope_base_defaults_to_lfm2s_own_and_block_ff_dim_is_adjusted() -> None:
     assert args.layers[0].rope.theta == 1_000_000.0
     # Two thirds of 192, rounded up to a multiple of 32.
     assert args.intermediate_size == 128
+
+
+def test_info_says_the_model_keeps_recurrent_state_and_counts_only_attention_layers(tmp_path: Path) -> None:
+    write_hybrid(tmp_path, "lfm2-conv-attention-conv")
+    runner = make_runner(tmp_path)
+    info = build_info(runner, "Lfm2ForCausalLM", "torch", ParallelContext())
+    assert (info.recurrent_state, info.num_layers) == (True, 1)
+    assert runner.model.spec.state_shapes == ((64, 2), (64, 2))
