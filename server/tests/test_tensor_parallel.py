@@ -30,6 +30,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    Lfm2Config,
+    Lfm2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Phi3Config,
@@ -67,6 +69,7 @@ FAMILY_VARIANTS = (
     "deepseek-v3-mla",
     "gpt-oss",
     "gpt-oss-mxfp4",
+    "lfm2-hybrid",
 )
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
@@ -88,6 +91,7 @@ EXPECTED_KV_HEADS = {
     "deepseek-v3-mla": (1, 1),
     "gpt-oss": (1, 1),
     "gpt-oss-mxfp4": (1, 1),
+    "lfm2-hybrid": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -218,6 +222,7 @@ def _checkpoints(root: Path) -> list[Path]:
     ):
         write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
     _moe_checkpoints(root, small)
+    write_lfm2(root / "lfm2-hybrid", small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 
 
@@ -266,6 +271,16 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
     # columns and bias, the down bias added by rank 0 alone; MXFP4 ranks split the features in whole 32-value blocks.
     write_gpt_oss(root / "gpt-oss")
     write_gpt_oss_mxfp4(root / "gpt-oss-mxfp4")
+
+
+def write_lfm2(path: Path, small: dict[str, Any]) -> None:
+    """A hybrid: each rank convolves its share of the channels (B, C and x split from the fused `in_proj` rows, the
+    taps and the state by channel) and `out_proj` sums the shares."""
+    torch.manual_seed(0)
+    config = Lfm2Config(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
+                        block_multiple_of=16, num_attention_heads=4, num_key_value_heads=2, conv_bias=True,
+                        layer_types=["conv", "full_attention", "conv"])  # fmt: skip
+    Lfm2ForCausalLM(config).eval().save_pretrained(path)
 
 
 def _weight_names(checkpoint: Path) -> list[str]:

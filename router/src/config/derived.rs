@@ -21,10 +21,23 @@ pub struct ServedModel {
     pub weight_bytes: u64,
     /// The shards' draft model (`<architecture>, <N> layers`); `None` when they run none.
     pub draft_model: Option<String>,
+    /// The model keeps a recurrent state per sequence beside its KV cache (a hybrid).
+    pub recurrent_state: bool,
     pub num_shards: usize,
 }
 
 impl RouterConfig {
+    /// A model with recurrent state (a hybrid) cannot resume a prompt after a cached prefix: the
+    /// shards keep the prefix's keys and values but not its state. Prefix reuse is off for such a
+    /// model; true when this turned it off.
+    pub fn fit_prefix_reuse_to_model(&mut self, recurrent_state: bool) -> bool {
+        let turned_off = recurrent_state && self.limits.prefix_caching;
+        if turned_off {
+            self.limits.prefix_caching = false;
+        }
+        turned_off
+    }
+
     /// The token bounds every request must respect.
     pub fn validation_limits(&self) -> validation::Limits {
         validation::Limits {
@@ -89,6 +102,7 @@ impl RouterConfig {
             model_architecture: model.architecture,
             model_weights_format: model.weights_format,
             model_weight_bytes: model.weight_bytes,
+            model_recurrent_state: model.recurrent_state,
             num_shard: model.num_shards,
             max_concurrent_requests: limits.max_concurrent_requests,
             max_queued_tokens: limits.max_queued_tokens,
@@ -107,6 +121,7 @@ impl RouterConfig {
             default_sampling,
             validation_workers: VALIDATION_WORKERS,
             block_size: limits.block_size,
+            prefix_caching: limits.prefix_caching,
             speculate: limits.speculate,
             speculative_method: limits.speculative_method.label(),
             speculative_model: model.draft_model,

@@ -111,6 +111,7 @@ fn info_reports_the_method_and_the_shards_draft_model() {
         weights_format: String::new(),
         weight_bytes: 0,
         draft_model: draft_model.map(str::to_owned),
+        recurrent_state: false,
         num_shards: 2,
     };
     let kv_cache = KvCacheSize {
@@ -390,4 +391,33 @@ fn kv_events_are_off_by_default_and_replay_needs_an_event_endpoint() {
         "tcp://*:5558",
     ];
     assert!(RouterArgs::try_parse_from(argv).is_err());
+}
+
+#[test]
+fn a_model_with_recurrent_state_turns_prefix_reuse_off() {
+    let mut config = parse(&[]).unwrap();
+    assert!(config.limits.prefix_caching);
+    assert!(!config.fit_prefix_reuse_to_model(false));
+    assert!(config.limits.prefix_caching);
+    assert!(config.fit_prefix_reuse_to_model(true));
+    assert!(!config.limits.prefix_caching);
+    assert!(!config.scheduler_config(8).prefix_caching);
+    let served = ServedModel {
+        architecture: "Lfm2ForCausalLM".to_owned(),
+        dtype: "float32".to_owned(),
+        device: "cpu".to_owned(),
+        weights_format: String::new(),
+        weight_bytes: 0,
+        draft_model: None,
+        recurrent_state: true,
+        num_shards: 1,
+    };
+    let kv_cache = KvCacheSize {
+        num_blocks: 10,
+        bytes: 11 * 16 * 576,
+    };
+    let body = serde_json::to_value(config.server_info(served, kv_cache, Default::default()))
+        .expect("the body serializes");
+    assert_eq!(body["prefix_caching"], false);
+    assert_eq!(body["model_recurrent_state"], true);
 }

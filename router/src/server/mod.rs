@@ -82,7 +82,7 @@ pub fn init_tracing(json: bool) {
 }
 
 /// Runs the router until SIGINT/SIGTERM, then drains in-flight requests.
-pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
+pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     let inline_keys: Vec<String> = config.api_keys.iter().map(|key| key.0.clone()).collect();
     let api_keys = ApiKeys::load(&inline_keys, &config.api_key_files)?;
     let launch_id = config
@@ -105,6 +105,13 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
+    if config.fit_prefix_reuse_to_model(model.recurrent_state) {
+        info!(
+            architecture = %model.architecture,
+            "prefix caching off: this model keeps a recurrent state per sequence, which the KV \
+             cache alone cannot resume after a cached prefix"
+        );
+    }
     let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
     let kv_cache = warmup(&fleet, &config).await?;
@@ -117,6 +124,7 @@ pub async fn run(config: RouterConfig) -> Result<(), StartupError> {
         weights_format: model.weights_format.clone(),
         weight_bytes: model.weight_bytes,
         draft_model: model.draft_model.clone(),
+        recurrent_state: model.recurrent_state,
         num_shards: fleet.num_shards(),
     };
     let info = config.server_info(served, kv_cache, sampling_defaults);

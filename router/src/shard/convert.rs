@@ -28,6 +28,8 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// The shards' draft model (`<architecture>, <N> layers`); `None` when they run none.
     pub draft_model: Option<String>,
+    /// The model keeps a recurrent state per sequence beside its KV cache (a hybrid).
+    pub recurrent_state: bool,
 }
 
 impl From<pb::InfoResponse> for ModelInfo {
@@ -44,6 +46,7 @@ impl From<pb::InfoResponse> for ModelInfo {
                 .unwrap_or(usize::MAX),
             eos_token_ids: info.eos_token_ids,
             draft_model: (!info.draft_model.is_empty()).then_some(info.draft_model),
+            recurrent_state: info.recurrent_state,
         }
     }
 }

@@ -168,6 +168,11 @@ class ModelRunner:
         if block_size < 1 or max_batch_tokens < 1 or max_batch_requests < 1:
             raise InvalidStepError("block_size, max_batch_tokens and max_batch_requests must be positive")
         spec = self.model.spec
+        if spec.state_shapes and plan.max_drafts > 0:
+            raise InvalidStepError(
+                "speculative decoding is not supported for a model with recurrent state (a rejected draft cannot be "
+                "taken back out of the state); start without --speculate"
+            )
         geometry = CacheGeometry.of(spec, block_size, self.cache_dtype)
         options = self.options
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
@@ -198,7 +203,7 @@ class ModelRunner:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)
             drafting.bind(draft_cache, ExecutionPlan(max_batch_tokens, max_batch_requests, draft_shapes))
-        self.execution.prepare(cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes))
+        self.execution.prepare(cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes), self.dtype)
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         # The full-size step's activations are freed by now; their pages go back rather than stay for reuse.
@@ -249,7 +254,8 @@ class ModelRunner:
         limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size, drafting)
         applied = self.requests.apply(step, limits)
         plan = applied.plan
-        forgotten = [*step.finished, *(request.id for request in step.new_requests)]
+        # The router never lists the requests the shard ended itself: what the execution keeps for them goes too.
+        forgotten = [*step.finished, *(request.id for request in step.new_requests), *self.requests.ended_before]
         self.execution.forget(forgotten)
         if self.draft_model is not None:
             self.draft_model.forget(forgotten)

@@ -166,6 +166,11 @@ class RequestTable:
             self._states.pop(request_id, None)
             self._ended_now.add(request_id)
 
+    @property
+    def ended_before(self) -> frozenset[int]:
+        """The requests the shard ended itself in the steps completed since the latest `apply` before this one."""
+        return frozenset(self._ended_before)
+
     def clear(self) -> None:
         self._states.clear()
         self._ended_now.clear()

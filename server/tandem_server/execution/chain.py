@@ -21,6 +21,7 @@ from tandem_server.execution.eager import EagerExecutor
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep, StepExecutor
 from tandem_server.layers.attention import KeepsStepState, LayerCache
+from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, StepStates
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 
@@ -39,6 +40,8 @@ class Execution:
         self.executors = tuple(executors)
         # Held by each step, so a background compile runs only between steps.
         self.gate = gate
+        # A hybrid model's recurrent state, one slot per running request; allocated at `prepare`.
+        self.states: RecurrentStatePool | None = None
 
     @classmethod
     def build(
@@ -52,6 +55,11 @@ class Execution:
         the in-process compiled decode graphs, then eager."""
         gate = StepGate()
         executors: list[StepExecutor] = []
+        if model.spec.state_shapes:
+            # Captured graphs and compiled decodes replay attention only; recurrent layers update their state pool.
+            if compile_mode is not CompileMode.OFF or device.type == "cuda":
+                logger.info("a model with recurrent state runs every step eagerly (no CUDA graphs, no --torch-compile)")
+            return cls(model, [EagerExecutor(model)], gate)
         if device.type == "cuda":
             executors.append(CudaGraphExecutor(model, device))
         if compile_mode is not CompileMode.OFF and model.spec.latent_dim is not None:
@@ -65,19 +73,26 @@ class Execution:
         executors.append(EagerExecutor(model))
         return cls(model, executors, gate)
 
-    def prepare(self, cache: KVCache, plan: ExecutionPlan) -> None:
-        """Binds the backend's state and every executor to a new cache (what ran beside the old one stops first)."""
+    def prepare(self, cache: KVCache, plan: ExecutionPlan, state_dtype: torch.dtype = torch.float32) -> None:
+        """Binds the backend's state and every executor to a new cache (what ran beside the old one stops first);
+        a hybrid model's state pool gets a slot per request a step may run, in `state_dtype`."""
         self.stop()
         backend = self._model.backend
         if isinstance(backend, KeepsStepState):
             backend.bind_cache(cache.layers)
+        shapes = self._model.spec.state_shapes
+        self.states = None
+        if shapes:
+            device = cache.layers[0].key.device
+            self.states = RecurrentStatePool(shapes, plan.max_batch_requests, state_dtype, device)
         for executor in self.executors:
             executor.prepare(cache, plan)
 
     def forward(self, batch: StepBatch, layers: Sequence[LayerCache]) -> torch.Tensor:
         """The step's final hidden states, from the first executor that serves it."""
-        step = PlannedStep(batch, layers, self._model.backend)
         try:
+            states = self._place_states(batch)
+            step = PlannedStep(batch, layers, self._model.backend, states)
             executor = next(executor for executor in self.executors if executor.serves(step))
             return executor.run(step)
         except BaseException:
@@ -86,16 +101,34 @@ class Execution:
             raise
 
     def forget(self, request_ids: Iterable[int]) -> None:
-        """Drops what the backend keeps for requests that ended, were preempted, or arrive anew under a known id."""
+        """Drops what the backend and the state pool keep for requests that ended, were preempted, or arrive anew
+        under a known id."""
+        request_ids = list(request_ids)
         backend = self._model.backend
         if isinstance(backend, KeepsStepState):
             backend.forget(request_ids)
+        if self.states is not None:
+            self.states.forget(request_ids)
 
     def clear(self) -> None:
-        """Drops everything the backend keeps for any request."""
+        """Drops everything the backend and the state pool keep for any request."""
         backend = self._model.backend
         if isinstance(backend, KeepsStepState):
             backend.clear()
+        if self.states is not None:
+            self.states.clear()
+
+    def _place_states(self, batch: StepBatch) -> StepStates | None:
+        """The state slots of the batch's requests; None without a pool or for a step of no request."""
+        host = batch.metadata.host
+        if self.states is None or host is None or not host.request_ids:
+            return None
+        query_lens = batch.metadata.paged.query_lens
+        spans = [
+            (request_id, seq_len - query_len, query_len)
+            for request_id, seq_len, query_len in zip(host.request_ids, host.seq_lens, query_lens, strict=True)
+        ]
+        return self.states.place(spans)
 
     def stop(self) -> None:
         """Ends what any executor runs beside the steps."""

@@ -21,7 +21,7 @@ def forward_step(model: CausalLM, batch: StepBatch, layers: Sequence[LayerCache]
 
 def run_prepared(model: CausalLM, step: PlannedStep) -> torch.Tensor:
     prepared = step.prepared
-    return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata)
+    return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
 
 
 class EagerExecutor:

@@ -16,6 +16,7 @@ import torch
 from tandem_server.execution.batch import StepBatch
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.layers.attention import AttentionBackend, LayerCache, PreparedStep, UniformShape
+from tandem_server.layers.recurrent.state_pool import StepStates
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,12 @@ class ExecutionPlan:
 @dataclass
 class PlannedStep:
     """One step's batch and caches; the attention backend's metadata for it is built once, by the first executor
-    that reads `prepared`."""
+    that reads `prepared`. `states`: a hybrid model's recurrent state slots for the step's requests."""
 
     batch: StepBatch
     layers: Sequence[LayerCache]
     backend: AttentionBackend
+    states: StepStates | None = None
     _prepared: PreparedStep | None = field(default=None, repr=False)
 
     @property

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
+from tandem_server.layers.recurrent.state_pool import StepStates
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
 
@@ -26,8 +27,10 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        states: StepStates | None = None,
     ) -> torch.Tensor:
-        """The final hidden state of every row; the rows' keys and values land in `kv_cache`."""
+        """The final hidden state of every row; the rows' keys and values land in `kv_cache`, and the recurrent
+        layers' states (of a hybrid model) in `states`."""
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,9 @@ class ModelSpec:
     # Multi-head latent attention: each layer caches one `head_dim`-wide row per token (a single "kv head") whose first
     # `latent_dim` features are the compressed latent and the rest the rotary key. None: keys and values per kv head.
     latent_dim: int | None = None
+    # A hybrid model: one sequence's state in each recurrent layer, in layer order (`num_layers` counts only the
+    # layers with paged keys and values). Empty: every layer attends over the paged cache.
+    state_shapes: tuple[tuple[int, ...], ...] = ()
 
 
 def read_checkpoint_config(model_path: Path) -> CheckpointConfig:

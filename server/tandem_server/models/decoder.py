@@ -20,6 +20,7 @@ from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear,
 from tandem_server.layers.mlp import GatedMLP
 from tandem_server.layers.moe import MoeArgs, SparseMoeBlock
 from tandem_server.layers.norm import RMSNorm
+from tandem_server.layers.recurrent.state_pool import StepStates
 from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.layers.rotary import RotaryAngles, RotaryEmbedding
 from tandem_server.models.causal_lm import CausalLM
@@ -33,12 +34,14 @@ QueryKeyValue = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What differs between layers of one model: the rotary table, the sliding window, and whether the feed-forward
-    is the model's mixture-of-experts block rather than a dense MLP."""
+    """What differs between layers of one model: the rotary table, the sliding window, whether the feed-forward
+    is the model's mixture-of-experts block rather than a dense MLP, and whether the layer keeps a fixed-size recurrent
+    state per sequence (a `RecurrentLayer`) rather than paged keys and values."""
 
     rope: RopeConfig
     sliding_window: int | None = None
     sparse_mlp: bool = False
+    recurrent: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,21 @@ def feed_forward(args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) 
     return SparseMoeBlock(args.hidden_size, args.moe, args.hidden_act, parallel)
 
 
+class RecurrentLayer(nn.Module):
+    """A layer that keeps a fixed-size state per sequence (a hybrid model's short convolution or linear attention)
+    in the shard's state pool instead of keys and values in the paged cache."""
+
+    # One sequence's state in this layer, on this rank.
+    state_shape: tuple[int, ...]
+
+    def forward(
+        self, hidden: torch.Tensor, query_lens: Sequence[int], states: StepStates | None, state_layer: int
+    ) -> torch.Tensor:
+        """The layer's output; the sequences' states are `states.layers[state_layer]` at `states.slots` (None: every
+        sequence starts afresh and keeps nothing, as in warm-up)."""
+        raise NotImplementedError
+
+
 # A layer called as `layer(hidden, rotation, cache, metadata, backend)`: a `StagedLayer`, or a layer whose attention
 # is not the backend's (multi-head latent attention).
 LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], nn.Module]
@@ -269,13 +287,21 @@ class DecoderModel(nn.Module):
         positions: torch.Tensor,
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        states: StepStates | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
         angles = [cast(RotaryEmbedding, table).angles(positions, hidden.dtype) for table in self.rotary_tables]
-        for layer, table, cache in zip(self.layers, self.layer_tables, kv_cache, strict=True):
-            hidden = layer(hidden, angles[table], cache, metadata, self.backend)
+        # Paged caches and state pools are numbered among the layers of their own kind, in layer order.
+        caches = iter(kv_cache)
+        state_layer = 0
+        for layer, table in zip(self.layers, self.layer_tables, strict=True):
+            if isinstance(layer, RecurrentLayer):
+                hidden = layer(hidden, metadata.paged.query_lens, states, state_layer)
+                state_layer += 1
+            else:
+                hidden = layer(hidden, angles[table], next(caches), metadata, self.backend)
         return self.norm(hidden)
 
 
@@ -295,12 +321,14 @@ class DecoderForCausalLM(CausalLM):
         self.model = DecoderModel(args, parallel, backend, layer_factory)
         tied = self.model.embed_tokens if args.tie_word_embeddings else None
         self.lm_head = LMHead(args.vocab_size, args.hidden_size, tied, parallel)
+        recurrent = [layer for layer in self.model.layers if isinstance(layer, RecurrentLayer)]
         self.spec = ModelSpec(
             vocab_size=args.vocab_size,
-            num_layers=args.num_layers,
+            num_layers=args.num_layers - len(recurrent),
             num_kv_heads=partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel).num_kv_heads,
             head_dim=args.head_dim,
             max_position_embeddings=args.max_position_embeddings,
+            state_shapes=tuple(layer.state_shape for layer in recurrent),
         )
 
     def forward(
@@ -309,9 +337,11 @@ class DecoderForCausalLM(CausalLM):
         positions: torch.Tensor,
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        states: StepStates | None = None,
     ) -> torch.Tensor:
-        """Final hidden states `[tokens, hidden]`; K/V of every token are written into `kv_cache`."""
-        return self.model(input_ids, positions, kv_cache, metadata)
+        """Final hidden states `[tokens, hidden]`; K/V of every token are written into `kv_cache`, the recurrent
+        layers' states into `states`."""
+        return self.model(input_ids, positions, kv_cache, metadata, states)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[rows, vocab]` for the selected hidden rows."""

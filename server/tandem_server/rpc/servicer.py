@@ -196,4 +196,5 @@ def build_info(
         weights_format=weights.format_by_role() if weights is not None else "",
         weight_bytes=weights.weight_bytes if weights is not None else 0,
         draft_model=runner.draft_model.describe() if runner.draft_model is not None else "",
+        recurrent_state=bool(spec.state_shapes),
     )

@@ -19,6 +19,9 @@ pub struct ServerInfo {
     pub model_weights_format: String,
     /// Bytes one shard's weights take in memory.
     pub model_weight_bytes: u64,
+    /// Whether the model keeps a recurrent state per sequence beside its KV cache (a hybrid
+    /// such as LFM2); such a model reuses no cached prefix.
+    pub model_recurrent_state: bool,
     pub num_shard: usize,
     pub max_concurrent_requests: usize,
     /// Tokens admitted requests may hold before their first token; `None`: no limit
@@ -50,6 +53,9 @@ pub struct ServerInfo {
     /// Most prompts tokenized at once (the blocking pool tokenization runs on).
     pub validation_workers: usize,
     pub block_size: usize,
+    /// Whether requests reuse the KV blocks of cached prefixes (`--prefix-caching`; always
+    /// false for a model with recurrent state).
+    pub prefix_caching: bool,
     /// Speculative decoding: draft tokens per decode step (0: off).
     pub speculate: usize,
     /// Where drafts come from (`--speculative-method`): `ngram`, `radix` or `draft`.

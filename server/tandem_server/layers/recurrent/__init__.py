@@ -1,0 +1,1 @@
+"""Layers that keep a fixed-size recurrent state per sequence, and the pool that holds it."""

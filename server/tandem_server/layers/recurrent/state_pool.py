@@ -1,0 +1,112 @@
+"""The recurrent state of hybrid models: one slot per running request in every recurrent layer, keyed by request id.
+
+A recurrent layer (a short convolution, a linear-attention or state-space layer) keeps a fixed-size state per
+sequence instead of keys and values per token. The pool holds, per recurrent layer, a tensor `[slots + 1, *shape]`;
+a request takes a slot when its first span runs and gives it back when it is forgotten (finished, cancelled,
+preempted), through the same path that forgets the decode mirror's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.errors import InvalidStepError
+
+
+@dataclass(frozen=True)
+class StepStates:
+    """What the recurrent layers of one step read and write: each sequence's slot, in batch order, and the pools.
+
+    Each layer reads `layers[i][slots]` as the state before the step and writes the state after it back there."""
+
+    slots: torch.Tensor
+    layers: Sequence[torch.Tensor]
+
+
+@dataclass
+class _Slot:
+    index: int
+    # Tokens the slot's state has absorbed; the request's next span must start here.
+    position: int
+
+
+class RecurrentStatePool:
+    """Owns the recurrent layers' state tensors and which request holds which slot.
+
+    Invariants: a slot belongs to at most one request; a slot's state equals the request's state after its first
+    `position` tokens, because a request's spans run in order and each starts where the previous one ended.
+    """
+
+    def __init__(
+        self, shapes: Sequence[tuple[int, ...]], num_slots: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        if num_slots < 1:
+            raise InvalidStepError("the recurrent state needs at least one slot")
+        self.num_slots = num_slots
+        self.layers = [torch.zeros((num_slots, *shape), dtype=dtype, device=device) for shape in shapes]
+        self._slots: dict[int, _Slot] = {}
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def held(self) -> int:
+        """Slots held by requests."""
+        return len(self._slots)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.numel() * layer.element_size() for layer in self.layers)
+
+    def place(self, spans: Sequence[tuple[int, int, int]]) -> StepStates:
+        """The slots of this step's spans, given as (request id, first position, tokens) in batch order.
+
+        A span from position 0 starts its request's state afresh; any other span continues the state its request
+        left at exactly that position (an error otherwise: the state of the tokens before it does not exist).
+        """
+        indices = []
+        for request_id, start, num_tokens in spans:
+            slot = self._slot_for(request_id, start)
+            indices.append(slot.index)
+            slot.position = start + num_tokens
+        device = self.layers[0].device
+        return StepStates(torch.tensor(indices, dtype=torch.long, device=device), self.layers)
+
+    def forget(self, request_ids: Iterable[int]) -> None:
+        """Frees the slots of requests that finished, were preempted, or arrive anew under a known id."""
+        for request_id in request_ids:
+            slot = self._slots.pop(request_id, None)
+            if slot is not None:
+                self._free.append(slot.index)
+
+    def clear(self) -> None:
+        """Frees every slot (after a reset or a failed step, when no state is whole)."""
+        self._slots.clear()
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
+    def _slot_for(self, request_id: int, start: int) -> _Slot:
+        slot = self._slots.get(request_id)
+        if start == 0:
+            if slot is None:
+                slot = self._take(request_id)
+            for layer in self.layers:
+                layer[slot.index].zero_()
+            return slot
+        if slot is None or slot.position != start:
+            held = "none" if slot is None else f"state through position {slot.position}"
+            raise InvalidStepError(
+                f"request {request_id} resumes at position {start}, but the shard holds {held}: a recurrent "
+                "model's request must run every token from its first, in order"
+            )
+        return slot
+
+    def _take(self, request_id: int) -> _Slot:
+        if not self._free:
+            raise InvalidStepError(
+                f"request {request_id} needs a recurrent state slot, but all {self.num_slots} are held by running "
+                "requests; the router must run at most max_batch_requests requests at once"
+            )
+        slot = _Slot(self._free.pop(), 0)
+        self._slots[request_id] = slot
+        return slot

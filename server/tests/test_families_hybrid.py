@@ -1,0 +1,201 @@
+"""Hybrid models (LFM2's short convolutions beside attention) match transformers: logits of mixed steps whose
+recurrent state is carried from chunk to chunk in the shard's slot pool, and greedy tokens through the runner."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from reference_checks import BLOCK_SIZE, LOGITS_ATOL, SCHEDULE, SEQUENCE_LENGTHS, assert_greedy_matches_generate
+from shard_testing import CPU, load_tiny_model, make_runner, new_request, warmed, write_tiny_checkpoint
+from tandem_server.distributed import ParallelContext
+from tandem_server.engine.step import ScheduledRequest, StepInput
+from tandem_server.errors import ConfigError, InvalidStepError
+from tandem_server.execution.batch import ScheduledSpan, build_step_batch
+from tandem_server.execution.eager import run_prepared
+from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.protocol import PlannedStep
+from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
+from tandem_server.layers.recurrent.state_pool import RecurrentStatePool
+from tandem_server.models.lfm2 import lfm2_args
+from tandem_server.rpc.servicer import build_info
+from transformers import Lfm2Config, Lfm2ForCausalLM
+
+HYBRIDS: dict[str, dict[str, Any]] = {
+    "lfm2-conv-attention-conv": {
+        "num_hidden_layers": 3,
+        "layer_types": ["conv", "full_attention", "conv"],
+        "block_multiple_of": 16,
+        "tie_word_embeddings": True,
+    },
+    "lfm2-attention-first-biased-conv-kernel-4": {
+        "num_hidden_layers": 3,
+        "layer_types": ["full_attention", "conv", "conv"],
+        "conv_L_cache": 4,
+        "conv_bias": True,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def write_hybrid(path: Path, name: str) -> Lfm2ForCausalLM:
+    reference = write_tiny_checkpoint(path, Lfm2Config, Lfm2ForCausalLM, **HYBRIDS[name])
+    assert isinstance(reference, Lfm2ForCausalLM)
+    return reference
+
+
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_mixed_steps_carry_recurrent_state_and_match_transformers_logits(tmp_path: Path, name: str) -> None:
+    reference = write_hybrid(tmp_path, name)
+    model = load_tiny_model(tmp_path)
+    rng = random.Random(1)
+    sequences = {seq: [rng.randrange(3, 96) for _ in range(n)] for seq, n in SEQUENCE_LENGTHS.items()}
+    with torch.no_grad():
+        expected = {seq: reference(torch.tensor([ids])).logits[0] for seq, ids in sequences.items()}
+    cache = KVCache(CacheGeometry.of(model.spec, BLOCK_SIZE, torch.float32), num_blocks=24, device=CPU)
+    blocks = list(range(24))
+    rng.shuffle(blocks)
+    tables = {seq: [blocks.pop() for _ in range(-(-n // BLOCK_SIZE))] for seq, n in SEQUENCE_LENGTHS.items()}
+    request_ids = {seq: i for i, seq in enumerate(SEQUENCE_LENGTHS)}
+    pool = RecurrentStatePool(model.spec.state_shapes, 4, torch.float32, CPU)
+
+    with torch.inference_mode():
+        for step in SCHEDULE:
+            spans = [ScheduledSpan(sequences[n][s : s + k], s, tables[n], request_ids[n]) for n, s, k in step]
+            batch = build_step_batch(spans, BLOCK_SIZE, CPU)
+            states = pool.place([(request_ids[n], s, k) for n, s, k in step])
+            hidden = run_prepared(model, PlannedStep(batch, cache.layers, model.backend, states))
+            logits = model.compute_logits(hidden)
+            row = 0
+            for seq, start, num_tokens in step:
+                error = (logits[row : row + num_tokens] - expected[seq][start : start + num_tokens]).abs().max()
+                assert error.item() <= LOGITS_ATOL, f"{name} {seq}@{start}: |logit error| {error.item():.4g}"
+                row += num_tokens
+
+
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_chunked_staggered_greedy_generation_matches_transformers_generate(tmp_path: Path, name: str) -> None:
+    reference = write_hybrid(tmp_path, name)
+    runner = warmed(make_runner(tmp_path))
+    assert_greedy_matches_generate(tmp_path, reference, name, runner=runner, eos_token_id=2)
+    # The shard ended every request itself; the next step frees their slots (the router never lists them).
+    runner.step(StepInput())
+    assert runner.execution.states is not None
+    assert runner.execution.states.held == 0
+
+
+def test_preempted_request_rebuilds_its_state_from_the_prompt(tmp_path: Path) -> None:
+    reference = write_hybrid(tmp_path, "lfm2-conv-attention-conv")
+    runner = warmed(make_runner(tmp_path))
+    prompt = [5, 17, 33, 8, 61, 12, 40]
+    blocks = tuple(range(8))
+
+    def run(request_id: int, tokens: list[int], steps: int, num_output_tokens: int = 0) -> list[int]:
+        request = new_request(request_id, tokens, max_new_tokens=32, num_output_tokens=num_output_tokens)
+        first = ScheduledRequest(request_id, len(tokens), blocks, 0)
+        out = runner.step(StepInput(new_requests=(request,), scheduled=(first,)))
+        generated = [out.generations[0].token_id]
+        for _ in range(steps - 1):
+            position = len(tokens) + len(generated) - 1
+            out = runner.step(StepInput(scheduled=(ScheduledRequest(request_id, 1, (), position),)))
+            generated.append(out.generations[0].token_id)
+        return generated
+
+    before = run(1, prompt, 3)
+    # Preempted: forgotten, then admitted again from its first token with what it generated so far.
+    runner.step(StepInput(finished=(1,)))
+    after = run(1, prompt + before, 3, num_output_tokens=len(before))
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert before + after == expected[0, len(prompt) :].tolist()
+
+
+def test_state_pool_refuses_a_span_that_skips_tokens_and_frees_forgotten_slots() -> None:
+    pool = RecurrentStatePool([(2, 1)], num_slots=2, dtype=torch.float32, device=CPU)
+    pool.place([(7, 0, 4), (8, 0, 2)])
+    with pytest.raises(InvalidStepError, match="resumes at position 3"):
+        pool.place([(7, 3, 1)])
+    with pytest.raises(InvalidStepError, match="all 2 are held"):
+        pool.place([(9, 0, 1)])
+    pool.forget([8])
+    assert pool.held == 1
+    pool.place([(9, 0, 1), (7, 4, 1)])
+    with pytest.raises(InvalidStepError, match="holds none"):
+        pool.place([(10, 5, 1)])
+
+
+def test_a_fresh_span_zeroes_the_slot_a_forgotten_request_left() -> None:
+    pool = RecurrentStatePool([(1, 2)], num_slots=1, dtype=torch.float32, device=CPU)
+    states = pool.place([(1, 0, 3)])
+    states.layers[0][states.slots] = 5.0
+    pool.forget([1])
+    states = pool.place([(2, 0, 1)])
+    assert states.layers[0][states.slots].abs().sum().item() == 0.0
+
+
+def test_chunked_convolution_equals_one_convolution_over_the_whole_sequence() -> None:
+    torch.manual_seed(0)
+    channels, kernel = 6, 4
+    weight, bias = torch.randn(channels, kernel), torch.randn(channels)
+    sequences = [torch.randn(n, channels) for n in (9, 1, 5)]
+    whole = [
+        torch.nn.functional.conv1d(s.T.unsqueeze(0), weight.unsqueeze(1), bias, padding=kernel - 1, groups=channels)[
+            0, :, : len(s)
+        ].T
+        for s in sequences
+    ]
+    state = torch.zeros(len(sequences), channels, kernel - 1)
+    outputs: list[list[torch.Tensor]] = [[] for _ in sequences]
+    # Chunks of 4, 1 and 2 tokens alternate, so prefill chunks and decodes share steps.
+    positions = [0, 0, 0]
+    for size in (4, 1, 2, 1, 4):
+        lens = [min(size, len(s) - p) for s, p in zip(sequences, positions, strict=True)]
+        running = [i for i, n in enumerate(lens) if n > 0]
+        chunk = torch.cat([sequences[i][positions[i] : positions[i] + lens[i]] for i in running])
+        out, after = causal_conv_chunks(chunk, weight, bias, [lens[i] for i in running], state[running])
+        state[running] = after
+        row = 0
+        for i in running:
+            outputs[i].append(out[row : row + lens[i]])
+            row += lens[i]
+            positions[i] += lens[i]
+    for i, expected in enumerate(whole):
+        torch.testing.assert_close(torch.cat(outputs[i]), expected)
+
+
+def test_layer_types_decide_each_layers_kind() -> None:
+    base = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96}
+    args = lfm2_args({**base, "num_hidden_layers": 3, "layer_types": ["conv", "conv", "full_attention"]})
+    assert [kind.recurrent for kind in args.layers] == [True, True, False]
+    # Older configs name the attention layers by index.
+    args = lfm2_args({**base, "num_hidden_layers": 3, "full_attn_idxs": [1]})
+    assert [kind.recurrent for kind in args.layers] == [True, False, True]
+    with pytest.raises(ConfigError, match="unsupported LFM2 layer types"):
+        lfm2_args({**base, "num_hidden_layers": 2, "layer_types": ["conv", "sliding_attention"]})
+
+
+def test_rope_base_defaults_to_lfm2s_own_and_block_ff_dim_is_adjusted() -> None:
+    hub_config = {
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "block_ff_dim": 192,
+        "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0,
+    }
+    args = lfm2_args(hub_config)
+    assert args.layers[0].rope.theta == 1_000_000.0
+    # Two thirds of 192, rounded up to a multiple of 32.
+    assert args.intermediate_size == 128
+
+
+def test_info_says_the_model_keeps_recurrent_state_and_counts_only_attention_layers(tmp_path: Path) -> None:
+    write_hybrid(tmp_path, "lfm2-conv-attention-conv")
+    runner = make_runner(tmp_path)
+    info = build_info(runner, "Lfm2ForCausalLM", "torch", ParallelContext())
+    assert (info.recurrent_state, info.num_layers) == (True, 1)
+    assert runner.model.spec.state_shapes == ((64, 2), (64, 2))
