@@ -43,6 +43,17 @@ class ModelSpec:
     # Multi-head latent attention: each layer caches one `head_dim`-wide row per token (a single "kv head") whose first
     # `latent_dim` features are the compressed latent and the rest the rotary key. None: keys and values per kv head.
     latent_dim: int | None = None
+    # Per layer that keeps a cache, its (kv heads held by this rank, head_dim), when layers differ (Gemma 4's global
+    # layers have wider heads, and its KV-sharing layers read another layer's cache); None: `num_layers` layers of
+    # (`num_kv_heads`, `head_dim`).
+    cache_layers: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def cache_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(kv heads, head_dim) of every cached layer, in the order the model reads the caches."""
+        if self.cache_layers is not None:
+            return self.cache_layers
+        return ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
 
 def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
