@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_server.errors import ConfigError
+from tandem_server.models.text_part import TEXT_PARTS, TextPart
 from tandem_server.quant.fp8.scheme import Fp8Scheme, checkpoint_fp8_scheme
 from tandem_server.quant.int4.scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
 from tandem_server.quant.mxfp4.format import is_mxfp4
@@ -29,6 +30,10 @@ class CheckpointConfig:
     num_experts: int = 0
     # The expert weights are MXFP4 blocks (`quant_method: mxfp4`, gpt-oss), which the family's experts hold packed.
     mxfp4: bool = False
+    # A conditional-generation checkpoint served as its text decoder: `hf` is then the text configuration, and
+    # `skipped_parts` names the sub-models (vision, audio) that are not loaded.
+    text_part: TextPart | None = None
+    skipped_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,11 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
     architectures = hf.get("architectures") or []
     if not architectures:
         raise ConfigError(f"{config_file} names no architecture (`architectures` is empty)")
+    text_part = TEXT_PARTS.get(architectures[0])
+    skipped_parts: tuple[str, ...] = ()
+    if text_part is not None:
+        skipped_parts = tuple(text_part.skipped_parts(hf))
+        hf = text_part.text_config(hf)
     eos = _as_ids(hf.get("eos_token_id"))
     generation_file = model_path / "generation_config.json"
     if generation_file.is_file():
@@ -81,6 +91,8 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         int4=int4,
         num_experts=num_experts(hf),
         mxfp4=mxfp4,
+        text_part=text_part,
+        skipped_parts=skipped_parts,
     )
 
 
