@@ -10,14 +10,17 @@ from typing import Any
 import pytest
 import torch
 from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
+from safetensors.torch import load_file, save_file
 from shard_testing import TINY_SETTINGS, decode_graph, load_tiny_model, make_runner, write_tiny_checkpoint
 from tandem_server.config import CompileMode
 from tandem_server.errors import ConfigError, UnsupportedArchitectureError
 from tandem_server.execution.kv_cache import CacheGeometry
 from tandem_server.models.config import read_checkpoint_config
+from tandem_server.models.gemma4_config import gemma4_args
 from transformers import (
     Gemma3Config,
     Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
     Gemma4Config,
     Gemma4ForCausalLM,
     Gemma4ForConditionalGeneration,
@@ -156,9 +159,12 @@ def test_conditional_generation_checkpoint_serves_its_text_part(
     assert_greedy_matches_generate(tmp_path, reference, "gemma4-conditional", eos_token_id=2)
 
 
-def test_gemma3_conditional_generation_checkpoint_serves_its_text_part(tmp_path: Path) -> None:
+def write_gemma3_conditional(path: Path) -> PreTrainedModel:
+    """A Gemma 3 multimodal checkpoint with a tiny SigLIP tower, saved as transformers 5 saves it."""
     torch.manual_seed(0)
-    text = {**TINY_SETTINGS, "head_dim": 16, "sliding_window": WINDOW, "layer_types": [SLIDING, FULL]}
+    # Gemma3TextConfig's own head counts, so that the published layout leaves them out.
+    heads = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16}
+    text = {**TINY_SETTINGS, **heads, "sliding_window": WINDOW, "layer_types": [SLIDING, FULL]}
     vision = SiglipVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4
     )
@@ -169,7 +175,34 @@ def test_gemma3_conditional_generation_checkpoint_serves_its_text_part(tmp_path:
         for name, param in reference.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.2)
-    reference.save_pretrained(tmp_path)
+    reference.save_pretrained(path)
+    return reference
+
+
+def as_published_gemma3(path: Path) -> None:
+    """Rewrites a saved Gemma 3 multimodal checkpoint into the layout google/gemma-3-*-it ship: tensors under
+    `language_model.model.`, `vision_tower.` and `multi_modal_projector.`, and a `text_config` that lists only the
+    settings that differ from Gemma3TextConfig's defaults."""
+    tensors = load_file(path / "model.safetensors")
+    renamed = {
+        name.replace("model.language_model.", "language_model.model.", 1).removeprefix("model."): tensor
+        for name, tensor in tensors.items()
+    }
+    assert any(name.startswith("vision_tower.") for name in renamed)
+    save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    defaults = Gemma3TextConfig().to_dict()
+    text = config["text_config"]
+    config["text_config"] = {key: value for key, value in text.items() if key not in defaults or value != defaults[key]}
+    assert "num_attention_heads" not in config["text_config"] and "query_pre_attn_scalar" not in config["text_config"]
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["saved", "published-layout"])
+def test_gemma3_conditional_generation_checkpoint_serves_its_text_part(tmp_path: Path, published: bool) -> None:
+    reference = write_gemma3_conditional(tmp_path)
+    if published:
+        as_published_gemma3(tmp_path)
     assert read_checkpoint_config(tmp_path).skipped_parts == ("vision",)
     assert_greedy_matches_generate(tmp_path, reference, "gemma3-conditional", eos_token_id=2)
 
@@ -202,3 +235,10 @@ def test_unsupported_gemma4_options_stop_start_up_naming_them(
     config = {**_text_config().to_dict(), "architectures": ["Gemma4ForCausalLM"], **overrides}
     with pytest.raises(ConfigError, match=message):
         load_tiny_model(_write_config(tmp_path, config))
+
+
+def test_per_layer_inputs_default_as_in_transformers_and_turn_off_with_zero() -> None:
+    config = _text_config().to_dict()
+    del config["hidden_size_per_layer_input"]
+    assert gemma4_args(config).per_layer_input_size == Gemma4TextConfig().hidden_size_per_layer_input == 256
+    assert gemma4_args({**config, "hidden_size_per_layer_input": 0}).per_layer_input_size == 0

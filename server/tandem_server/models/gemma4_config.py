@@ -11,6 +11,8 @@ from tandem_server.models.decoder import LAYER_TYPES, LayerKind, common_sizes
 
 DEFAULT_SLIDING_WINDOW = 512
 DEFAULT_GLOBAL_HEAD_DIM = 512
+# transformers' default: a config without `hidden_size_per_layer_input` has per-layer inputs; 0 or null turns them off.
+DEFAULT_PER_LAYER_INPUT_SIZE = 256
 # Without `layer_types`, every sixth layer attends globally and the others slide.
 DEFAULT_SLIDING_WINDOW_PATTERN = 6
 DEFAULT_ROPE_PARAMETERS: dict[str, dict[str, Any]] = {
@@ -91,7 +93,7 @@ def gemma4_args(hf: dict[str, Any]) -> Gemma4Args:
         hidden_act=sizes["hidden_act"],
         attention_bias=bool(hf.get("attention_bias", False)),
         layers=layers,
-        per_layer_input_size=int(hf.get("hidden_size_per_layer_input") or 0),
+        per_layer_input_size=int(hf.get("hidden_size_per_layer_input", DEFAULT_PER_LAYER_INPUT_SIZE) or 0),
         per_layer_vocab_size=int(hf.get("vocab_size_per_layer_input") or sizes["vocab_size"]),
         final_logit_softcap=None if softcap is None else float(softcap),
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tandem_server.errors import ConfigError
@@ -22,14 +23,16 @@ class TextPart:
     text_architecture: str
     prefixes: tuple[tuple[str, str], ...]
     config_key: str = "text_config"
+    # The text configuration's defaults, for published configs that list only what differs from them.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def text_config(self, hf: dict[str, Any]) -> dict[str, Any]:
-        """The text decoder's configuration, with the top level's settings it does not override."""
+        """The text decoder's configuration, with the top level's settings it does not override, over its defaults."""
         text = hf.get(self.config_key)
         if not isinstance(text, dict):
             raise ConfigError(f"a {self.text_architecture} text part needs `{self.config_key}` in config.json")
         inherited = {key: hf[key] for key in INHERITED_KEYS if key in hf and key not in text}
-        return {**inherited, **text, "architectures": [self.text_architecture]}
+        return {**self.defaults, **inherited, **text, "architectures": [self.text_architecture]}
 
     def checkpoint_layout(self, layout: CheckpointLayout) -> CheckpointLayout:
         """The text family's `layout` read from under this checkpoint's text prefixes, everything else skipped."""
@@ -44,6 +47,21 @@ class TextPart:
         return sorted(key.removesuffix("_config") for key in others if key not in own)
 
 
+# Gemma3TextConfig's defaults for the sizes Gemma 3's family reads: the published multimodal configs (gemma-3-4b-it,
+# say) give only the sizes that differ.
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131_072,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+
 # transformers 5 saves the text decoder under `model.language_model.`; the older layout (Gemma 3 as published) under
 # `language_model.model.` with its head at `language_model.lm_head.`.
 TEXT_PARTS: dict[str, TextPart] = {
@@ -55,6 +73,7 @@ TEXT_PARTS: dict[str, TextPart] = {
             ("language_model.lm_head.", "lm_head."),
             ("lm_head.", "lm_head."),
         ),
+        defaults=GEMMA3_TEXT_DEFAULTS,
     ),
     "Gemma4ForConditionalGeneration": TextPart(
         "Gemma4ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
