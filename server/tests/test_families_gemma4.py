@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from reference_checks import assert_greedy_matches_generate, assert_mixed_steps_match_logits, warm_for_reference
+from reference_checks import (
+    Target,
+    assert_greedy_matches_generate,
+    assert_mixed_steps_match_logits,
+    warm_for_reference,
+)
 from safetensors.torch import load_file, save_file
 from shard_testing import TINY_SETTINGS, decode_graph, load_tiny_model, make_runner, write_tiny_checkpoint
 from tandem_server.config import CompileMode
@@ -86,6 +91,12 @@ def write_gemma4(path: Path, variant: str) -> PreTrainedModel:
 def test_mixed_steps_match_transformers_logits(tmp_path: Path, variant: str) -> None:
     reference = write_gemma4(tmp_path, variant)
     assert_mixed_steps_match_logits(tmp_path, reference, variant)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_bfloat16_logits_stay_within_transformers_own_bfloat16_error(tmp_path: Path, variant: str) -> None:
+    reference = write_gemma4(tmp_path, variant)
+    assert_mixed_steps_match_logits(tmp_path, reference, variant, Target(dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
