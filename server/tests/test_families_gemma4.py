@@ -19,6 +19,10 @@ from safetensors.torch import load_file, save_file
 from shard_testing import TINY_SETTINGS, decode_graph, load_tiny_model, make_runner, write_tiny_checkpoint
 from tandem_server.config import CompileMode
 from tandem_server.errors import ConfigError, UnsupportedArchitectureError
+from tandem_server.execution.chain import Execution
+from tandem_server.execution.compiled_decode import CompiledExecutor
+from tandem_server.execution.decode_package import DecodePackageSpec
+from tandem_server.execution.decode_package_executor import DecodePackageExecutor
 from tandem_server.execution.kv_cache import CacheGeometry
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.gemma4_config import gemma4_args
@@ -115,6 +119,25 @@ def test_compiled_decode_graphs_give_the_greedy_tokens_of_transformers(tmp_path:
     steps_at_warmup = graph.steps
     assert_greedy_matches_generate(tmp_path, reference, "gemma4 compiled", runner=runner)
     assert graph.steps > steps_at_warmup
+
+
+def test_background_compile_skips_the_decode_package_and_compiles_in_process(tmp_path: Path) -> None:
+    write_gemma4(tmp_path, "ple-shared-kv-keys-as-values")
+    model = load_tiny_model(tmp_path)
+    package = DecodePackageSpec(
+        model_path=str(tmp_path),
+        dtype="float32",
+        kv_cache_dtype="float32",
+        quantize="none",
+        dense_copy_memory=0,
+        packed_gemm_rows=(),
+        allow_pickle_weights=False,
+        num_threads=1,
+        cache_dir=str(tmp_path / "compiled"),
+    )
+    execution = Execution.build(model, torch.device("cpu"), CompileMode.BACKGROUND, package)
+    assert execution.executor(DecodePackageExecutor) is None
+    assert execution.executor(CompiledExecutor) is not None
 
 
 def test_layers_that_reuse_keys_and_values_keep_no_cache_and_heads_differ_by_layer(tmp_path: Path) -> None:
