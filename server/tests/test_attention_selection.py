@@ -177,6 +177,13 @@ def test_model_features_come_from_config_json() -> None:
     assert needs_from_hf_config(mistral, "cuda", torch.bfloat16).sliding_window
 
 
+def test_the_widest_head_of_any_layer_decides_gemma4s_head_size() -> None:
+    gemma4 = {"hidden_size": 1536, "num_attention_heads": 8, "head_dim": 256, "global_head_dim": 512}
+    assert needs_from_hf_config(gemma4, "cuda", torch.bfloat16).head_dim == 512
+    saved = {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16, "per_layer_config": {"5": {"head_dim": 32}}}
+    assert needs_from_hf_config(saved, "cpu", torch.float32).head_dim == 32
+
+
 def test_a_model_with_attention_sinks_gets_only_a_backend_that_adds_them() -> None:
     sinks = replace(CUDA_BF16_TMA_PAGES, attention_sinks=True)
     choice = select_backend("auto", sinks, BOTH_INSTALLED)

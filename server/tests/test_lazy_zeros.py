@@ -65,6 +65,23 @@ def test_a_large_cpu_decode_mirror_is_zeroed_writable_and_not_resident_until_wri
         assert_zeroed_and_writable(layer.mirror_value)
 
 
+def test_a_cache_whose_layers_differ_gives_each_layer_its_own_heads_in_cache_and_mirror() -> None:
+    shapes = ((2, 16), (1, 32), (2, 16))
+    geometry = CacheGeometry(3, 4, 2, 16, torch.float32, layer_shapes=shapes)
+    assert geometry.bytes_per_token == 2 * (2 * 16 + 32 + 2 * 16) * 4
+    cache = KVCache(geometry, 5, CPU)
+    assert [tuple(layer.key.shape) for layer in cache.layers] == [(6, 4, *shape) for shape in shapes]
+    assert [tuple(layer.value.shape) for layer in cache.layers] == [(6, 4, *shape) for shape in shapes]
+    assert cache.nbytes == 6 * geometry.bytes_per_block
+    mirror_geometry = MirrorGeometry.of(cache.layers)
+    assert mirror_geometry.shapes == shapes
+    mirror = DecodeMirror(mirror_geometry, 1 << 20, CPU)
+    assert mirror.bytes_per_position == geometry.bytes_per_token
+    assert mirror.place([(7, 3)])
+    mirrored = mirror.attach(cache.layers)
+    assert [tuple(layer.mirror_key.shape[2:]) for layer in mirrored] == list(shapes)  # type: ignore[attr-defined]
+
+
 def test_a_cpu_tensor_keeps_its_memory_after_every_other_reference_is_gone() -> None:
     tensor = lazy_zeros((4, 1024), torch.float32, CPU)[2:]
     gc.collect()

@@ -15,7 +15,16 @@ from tandem_server.errors import ConfigError
 from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.layers.rotary import RotaryEmbedding
 from tandem_server.models.phi3 import phi3_args
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, PretrainedConfig
+from transformers import (
+    DynamicCache,
+    Gemma4TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PretrainedConfig,
+)
+from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
@@ -73,6 +82,32 @@ def test_yarn_table_equals_transformers(options: dict[str, Any]) -> None:
     config = LlamaConfig(**SIZES, max_position_embeddings=POSITIONS, rope_parameters=parameters)
     rope = assert_tables_equal(config, LlamaRotaryEmbedding, [(0, POSITIONS)])
     assert rope.attention_factor != 1.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"partial_rotary_factor": 0.25}, {"partial_rotary_factor": 0.5, "factor": 2.0}],
+    ids=["quarter", "half-scaled"],
+)
+def test_proportional_table_equals_transformers_gemma4_global_layers(options: dict[str, Any]) -> None:
+    # The rotating pairs span both halves of the whole head, their frequencies spaced over the whole head; the rest
+    # turn by zero.
+    parameters = {
+        "full_attention": {"rope_type": "proportional", "rope_theta": 10000.0, **options},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    }
+    config = Gemma4TextConfig(
+        **SIZES, global_head_dim=HEAD_DIM, num_hidden_layers=2, rope_parameters=parameters, max_position_embeddings=64
+    )
+    rope = RopeConfig.from_hf({"rope_parameters": parameters["full_attention"]})
+    ours = RotaryEmbedding(HEAD_DIM, POSITIONS, rope)
+    pass_cos, pass_sin = Gemma4TextRotaryEmbedding(config)(
+        torch.zeros(1), torch.arange(POSITIONS)[None], "full_attention"
+    )
+    torch.testing.assert_close(ours.cos, pass_cos[0, :, : HEAD_DIM // 2], atol=0, rtol=0)
+    torch.testing.assert_close(ours.sin, pass_sin[0, :, : HEAD_DIM // 2], atol=0, rtol=0)
+    rotating = int(options["partial_rotary_factor"] * HEAD_DIM // 2)
+    assert torch.all(ours.sin[:, rotating:] == 0) and torch.any(ours.sin[1:, :rotating] != 0)
 
 
 def test_longrope_takes_short_factors_below_the_original_context_and_long_factors_from_it_on() -> None:

@@ -28,6 +28,8 @@ from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Gemma4ForCausalLM,
+    Gemma4TextConfig,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     Lfm2Config,
@@ -70,6 +72,7 @@ FAMILY_VARIANTS = (
     "gpt-oss",
     "gpt-oss-mxfp4",
     "lfm2-hybrid",
+    "gemma4-shared-kv",
 )
 # Per rank's KV heads at world size 2.
 EXPECTED_KV_HEADS = {
@@ -92,6 +95,8 @@ EXPECTED_KV_HEADS = {
     "gpt-oss": (1, 1),
     "gpt-oss-mxfp4": (1, 1),
     "lfm2-hybrid": (1, 1),
+    # The sliding layers' two KV heads split; the global layers' one KV head (32 wide) is replicated.
+    "gemma4-shared-kv": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
@@ -223,6 +228,7 @@ def _checkpoints(root: Path) -> list[Path]:
         write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
     _moe_checkpoints(root, small)
     write_lfm2(root / "lfm2-hybrid", small)
+    _gemma4_checkpoint(root / "gemma4-shared-kv", small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 
 
@@ -281,6 +287,31 @@ def write_lfm2(path: Path, small: dict[str, Any]) -> None:
                         block_multiple_of=16, num_attention_heads=4, num_key_value_heads=2, conv_bias=True,
                         layer_types=["conv", "full_attention", "conv"])  # fmt: skip
     Lfm2ForCausalLM(config).eval().save_pretrained(path)
+
+
+def _gemma4_checkpoint(path: Path, small: dict[str, Any]) -> None:
+    """Heads split per layer by that layer's own KV heads and head size; per-layer inputs and the layers that reuse
+    earlier layers' keys and values on every rank."""
+    sliding, full = "sliding_attention", "full_attention"
+    config = Gemma4TextConfig(
+        **{**small, "num_hidden_layers": 5},
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        layer_types=[sliding, full, sliding, sliding, full],
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=96,
+        sliding_window=4,
+    )
+    torch.manual_seed(0)
+    Gemma4ForCausalLM(config).eval().save_pretrained(path)
 
 
 def _weight_names(checkpoint: Path) -> list[str]:

@@ -66,6 +66,10 @@ class Execution:
             # The compiled graphs run steady decodes on the decode mirror, which latent caches do not keep.
             logger.info("--torch-compile off: multi-head latent attention decodes eagerly from its latent cache")
             compile_mode = CompileMode.OFF
+        if decode_package is not None and model.spec.cache_layers is not None:
+            # The exported decode program is not verified over caches whose layers differ in shape.
+            logger.info("decode package off: the cache's layers differ in shape; decode graphs compile in process")
+            decode_package = None
         if compile_mode is CompileMode.BACKGROUND and decode_package is not None:
             executors.append(DecodePackageExecutor(model, decode_package))
         elif compile_mode is not CompileMode.OFF:

@@ -70,19 +70,13 @@ def build_package(spec: DecodePackageSpec, output: Path) -> None:
     backend = TorchAttentionBackend(_MIRROR_MEMORY)
     model = _load(spec, backend)
     spec_sizes = model.spec
-    geometry = CacheGeometry(
-        spec_sizes.num_layers,
-        _BLOCK_SIZE,
-        spec_sizes.num_kv_heads,
-        spec_sizes.head_dim,
-        resolve_dtype(spec.kv_cache_dtype),
-    )
+    geometry = CacheGeometry.of(spec_sizes, _BLOCK_SIZE, resolve_dtype(spec.kv_cache_dtype))
     cache = KVCache(geometry, _CACHE_BLOCKS, _CPU)
     backend.bind_cache(cache.layers)
     with torch.no_grad():
         example = _steady_step_arguments(model, cache, backend)
         exported = torch.export.export(
-            DecodeProgram(model), example, dynamic_shapes=dynamic_shapes(spec_sizes.num_layers), strict=False
+            DecodeProgram(model), example, dynamic_shapes=dynamic_shapes(geometry.num_layers), strict=False
         )
     logger.info("exported the decode program in %.1fs", time.perf_counter() - started)
     partial = output.with_name(f"{output.stem}.{os.getpid()}.partial.pt2")

@@ -95,7 +95,7 @@ class DecodePackageExecutor:
             built = not path.exists()
             if built:
                 _build(self._spec, path)
-            self._package = DecodePackage(path, self._model, self._model.spec.num_layers)
+            self._package = DecodePackage(path, self._model, len(self._model.spec.cache_shapes))
             # The package's own copy of the weights, read to find their twins in the model, is freed by now.
             return_freed_memory()
             self.built = built

@@ -1,5 +1,7 @@
-"""The paged KV cache: per layer, key and value tensors `[num_blocks + 1, block_size, kv_heads, head_dim]`, or for
-multi-head latent attention one tensor of latent and rotary-key rows `[num_blocks + 1, block_size, 1, head_dim]`."""
+"""The paged KV cache: per layer, key and value tensors `[num_blocks + 1, block_size, kv_heads, head_dim]` (the
+heads may differ by layer), or for multi-head latent attention one tensor of latent and rotary-key rows
+`[num_blocks + 1, block_size, 1, head_dim]`. Every layer indexes the same block ids, so a block holds `block_size`
+tokens of every layer whatever their shapes."""
 
 from __future__ import annotations
 
@@ -24,11 +26,23 @@ class CacheGeometry:
     dtype: torch.dtype
     # Set for a multi-head latent attention model (`ModelSpec.latent_dim`): one row per token, no separate values.
     latent_dim: int | None = None
+    # Per layer (kv heads, head_dim) where layers differ (`ModelSpec.cache_layers`); None: every layer has
+    # (`num_kv_heads`, `head_dim`). When set, `num_layers` is its length.
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def of(cls, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> CacheGeometry:
         """The geometry of `spec`'s cache in blocks of `block_size` tokens kept in `dtype`."""
-        return cls(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype, spec.latent_dim)
+        shapes = spec.cache_layers
+        num_layers = spec.num_layers if shapes is None else len(shapes)
+        return cls(num_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype, spec.latent_dim, shapes)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """(kv heads, head_dim) of every layer."""
+        if self.layer_shapes is not None:
+            return self.layer_shapes
+        return ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
     @property
     def tensors_per_layer(self) -> int:
@@ -38,7 +52,8 @@ class CacheGeometry:
     def bytes_per_token(self) -> int:
         """Bytes one token takes in the cache, all layers together."""
         element_size = torch.empty((), dtype=self.dtype).element_size()
-        return self.tensors_per_layer * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+        features = sum(kv_heads * head_dim for kv_heads, head_dim in self.shapes)
+        return self.tensors_per_layer * features * element_size
 
     @property
     def bytes_per_block(self) -> int:
@@ -54,16 +69,16 @@ class KVCache:
     def __init__(self, geometry: CacheGeometry, num_blocks: int, device: torch.device) -> None:
         self.geometry = geometry
         self.num_blocks = num_blocks
-        shape = (num_blocks + 1, geometry.block_size, geometry.num_kv_heads, geometry.head_dim)
+        rows = (num_blocks + 1, geometry.block_size)
         latent_dim = geometry.latent_dim
         self.layers: list[LayerCache] = [
             LayerCache(
-                key=lazy_zeros(shape, geometry.dtype, device),
-                value=lazy_zeros(shape, geometry.dtype, device),
+                key=lazy_zeros((*rows, *shape), geometry.dtype, device),
+                value=lazy_zeros((*rows, *shape), geometry.dtype, device),
             )
             if latent_dim is None
-            else LatentLayerCache.of(lazy_zeros(shape, geometry.dtype, device), latent_dim)
-            for _ in range(geometry.num_layers)
+            else LatentLayerCache.of(lazy_zeros((*rows, *shape), geometry.dtype, device), latent_dim)
+            for shape in geometry.shapes
         ]
 
     @property

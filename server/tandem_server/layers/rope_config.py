@@ -19,6 +19,9 @@ TYPE_KEYS: dict[str, tuple[str, ...]] = {
     "yarn": ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
     "longrope": ("short_factor", "long_factor", "factor", "attention_factor"),
     "dynamic": ("factor",),
+    # Gemma 4's global layers: the first `partial_rotary_factor` of each head's pairs rotate with frequencies spaced
+    # over the whole head, the other pairs keep frequency zero; pairs still span the two halves of the head.
+    "proportional": ("factor",),
 }
 ROPE_TYPES = tuple(TYPE_KEYS)
 # The types whose tables depend on the pretraining context (`original_max_position_embeddings`).
@@ -93,7 +96,9 @@ class RopeConfig:
         )
 
     def rotary_dim(self, head_dim: int) -> int:
-        """How many leading dimensions of each head are rotated."""
+        """How many leading dimensions of each head the rotation table covers (proportional: the whole head)."""
+        if self.rope_type == "proportional":
+            return head_dim
         return int(head_dim * self.partial_rotary_factor)
 
     def check_head_dim(self, head_dim: int) -> None:

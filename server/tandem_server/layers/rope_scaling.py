@@ -38,7 +38,17 @@ def inverse_frequencies(dim: int, rope: RopeConfig) -> torch.Tensor:
         return _llama3_scaled(inv_freq, rope)
     if rope.rope_type == "yarn":
         return _yarn_frequencies(dim, rope)
+    if rope.rope_type == "proportional":
+        return _proportional_frequencies(dim, rope)
     return inv_freq
+
+
+def _proportional_frequencies(dim: int, rope: RopeConfig) -> torch.Tensor:
+    # The rotating pairs' frequencies are spaced over the whole head; the remaining pairs' frequency is zero.
+    rotating = int(rope.partial_rotary_factor * dim // 2)
+    exponents = torch.arange(0, 2 * rotating, 2, dtype=torch.int64).float() / dim
+    inv_freq = torch.cat((1.0 / (rope.theta**exponents), torch.zeros(dim // 2 - rotating)))
+    return inv_freq / rope.factor
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:

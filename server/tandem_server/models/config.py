@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_server.errors import ConfigError
+from tandem_server.models.text_part import TEXT_PARTS, TextPart
 from tandem_server.quant.fp8.scheme import Fp8Scheme, checkpoint_fp8_scheme
 from tandem_server.quant.int4.scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
 from tandem_server.quant.mxfp4.format import is_mxfp4
@@ -29,6 +30,10 @@ class CheckpointConfig:
     num_experts: int = 0
     # The expert weights are MXFP4 blocks (`quant_method: mxfp4`, gpt-oss), which the family's experts hold packed.
     mxfp4: bool = False
+    # A conditional-generation checkpoint served as its text decoder: `hf` is then the text configuration, and
+    # `skipped_parts` names the sub-models (vision, audio) that are not loaded.
+    text_part: TextPart | None = None
+    skipped_parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,17 @@ class ModelSpec:
     # A hybrid model: one sequence's state in each recurrent layer, in layer order (`num_layers` counts only the
     # layers with paged keys and values). Empty: every layer attends over the paged cache.
     state_shapes: tuple[tuple[int, ...], ...] = ()
+    # Per layer that keeps a cache, its (kv heads held by this rank, head_dim), when layers differ (Gemma 4's global
+    # layers have wider heads, and its KV-sharing layers read another layer's cache); None: `num_layers` layers of
+    # (`num_kv_heads`, `head_dim`).
+    cache_layers: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def cache_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(kv heads, head_dim) of every cached layer, in the order the model reads the caches."""
+        if self.cache_layers is not None:
+            return self.cache_layers
+        return ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
 
 def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
@@ -57,6 +73,11 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
     architectures = hf.get("architectures") or []
     if not architectures:
         raise ConfigError(f"{config_file} names no architecture (`architectures` is empty)")
+    text_part = TEXT_PARTS.get(architectures[0])
+    skipped_parts: tuple[str, ...] = ()
+    if text_part is not None:
+        skipped_parts = tuple(text_part.skipped_parts(hf))
+        hf = text_part.text_config(hf)
     eos = _as_ids(hf.get("eos_token_id"))
     generation_file = model_path / "generation_config.json"
     if generation_file.is_file():
@@ -73,6 +94,8 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         int4=int4,
         num_experts=num_experts(hf),
         mxfp4=mxfp4,
+        text_part=text_part,
+        skipped_parts=skipped_parts,
     )
 
 

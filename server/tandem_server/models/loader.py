@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 
 import torch
@@ -14,6 +15,8 @@ from tandem_server.layers.moe.mxfp4_experts import Mxfp4SwiGLUExperts
 from tandem_server.models.config import CheckpointConfig
 from tandem_server.models.registry import CausalLM, model_factory
 from tandem_server.weights.loader import load_weights, quantized_parameters
+
+logger = logging.getLogger(__name__)
 
 
 def load_model(
@@ -43,6 +46,16 @@ def load_model(
     if checkpoint.mxfp4 and not any(isinstance(module, Mxfp4SwiGLUExperts) for module in model.modules()):
         raise ConfigError(f"{checkpoint.path}: MXFP4 weights are served only as gpt-oss's experts, not in this model")
     layout = model.checkpoint_layout()
+    text_part = checkpoint.text_part
+    if text_part is not None:
+        layout = text_part.checkpoint_layout(layout)
+        skipped = ", ".join(checkpoint.skipped_parts) or "no other part"
+        logger.info(
+            "%s: serving its text decoder as %s; not loaded: %s",
+            checkpoint.architecture,
+            text_part.text_architecture,
+            skipped,
+        )
     if quantized:
         params = dict(model.named_parameters(remove_duplicate=False))
         names = quantized_parameters(checkpoint.path, layout, gguf_blocks, checkpoint.fp8, checkpoint.int4)

@@ -10,6 +10,7 @@ from tandem_server.layers.attention import AttentionBackend
 from tandem_server.models.causal_lm import CausalLM
 from tandem_server.models.deepseek_v3 import DeepseekV3ForCausalLM
 from tandem_server.models.gemma3 import Gemma3ForCausalLM
+from tandem_server.models.gemma4 import Gemma4ForCausalLM
 from tandem_server.models.glm4 import Glm4ForCausalLM
 from tandem_server.models.glm4_moe import Glm4MoeForCausalLM
 from tandem_server.models.gpt_oss import GptOssForCausalLM
@@ -25,6 +26,7 @@ from tandem_server.models.qwen2_moe import Qwen2MoeForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
 from tandem_server.models.qwen3_moe import Qwen3MoeForCausalLM
 from tandem_server.models.smollm3 import SmolLM3ForCausalLM
+from tandem_server.models.text_part import TEXT_PARTS
 
 
 class CausalLMFactory(Protocol):
@@ -36,6 +38,7 @@ class CausalLMFactory(Protocol):
 MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
@@ -59,7 +62,10 @@ ATTENTION_SINK_FAMILIES = frozenset({"GptOssForCausalLM"})
 
 
 def model_factory(architecture: str) -> CausalLMFactory:
-    """The registered class for `architecture`, or an error listing every supported one."""
-    if architecture not in MODEL_FAMILIES:
-        raise UnsupportedArchitectureError(architecture, list(MODEL_FAMILIES))
-    return MODEL_FAMILIES[architecture]
+    """The registered class for `architecture` (a conditional-generation checkpoint's: its text family's), or an error
+    listing every supported one."""
+    text_part = TEXT_PARTS.get(architecture)
+    family = text_part.text_architecture if text_part is not None else architecture
+    if family not in MODEL_FAMILIES:
+        raise UnsupportedArchitectureError(architecture, [*MODEL_FAMILIES, *TEXT_PARTS])
+    return MODEL_FAMILIES[family]

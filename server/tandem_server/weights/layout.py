@@ -48,12 +48,17 @@ class CheckpointLayout:
 
     skipped: frozenset[str] = frozenset()
     skipped_prefixes: tuple[str, ...] = ()
+    # When set, only tensors named under one of these prefixes are read (before renaming): a multimodal checkpoint's
+    # text part, whose encoders and projectors are skipped.
+    kept_prefixes: tuple[str, ...] = ()
     fused: tuple[FusedTensor, ...] = field(default=())
     renamed: tuple[Renamed, ...] = field(default=())
     expert_stacks: tuple[ExpertStack, ...] = field(default=())
 
     def parameter_tensors(self, name: str, tensor: CheckpointTensor) -> Iterator[tuple[str, CheckpointTensor]]:
         """The `(parameter name, unread tensor)` pairs that checkpoint tensor `name` supplies."""
+        if not self._keeps(name):
+            return
         name = self._renamed(name)
         if self._skips(name):
             return
@@ -70,6 +75,8 @@ class CheckpointLayout:
 
     def parameter_names(self, name: str) -> list[str]:
         """The parameters checkpoint tensor `name` supplies, in stacking order (several for a fused tensor)."""
+        if not self._keeps(name):
+            return []
         name = self._renamed(name)
         if self._skips(name):
             return []
@@ -86,12 +93,15 @@ class CheckpointLayout:
         an expert stack's parts are not rows of one matrix, and quantized checkpoints of experts are refused)."""
         renamed = self._renamed(name)
         for fused in self.fused:
-            if renamed.endswith(fused.suffix) and not self._skips(renamed):
+            if renamed.endswith(fused.suffix) and self._keeps(name) and not self._skips(renamed):
                 offsets = [0]
                 for _, rows in fused.parts[:-1]:
                     offsets.append(offsets[-1] + rows)
                 return list(zip(self.parameter_names(name), offsets, strict=True))
         return [(param, 0) for param in self.parameter_names(name)]
+
+    def _keeps(self, name: str) -> bool:
+        return not self.kept_prefixes or name.startswith(self.kept_prefixes)
 
     def _skips(self, name: str) -> bool:
         return name in self.skipped or name.startswith(self.skipped_prefixes)

@@ -83,7 +83,7 @@ def needs_from_hf_config(
 ) -> AttentionNeeds:
     """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows;
     whether the family adds attention sinks is the model registry's to say (config.json does not)."""
-    head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
+    head_dim = largest_head_dim(hf)
     softcap = hf.get("attn_logit_softcapping") is not None
     # A window applies where layer_types names sliding layers, else wherever one is set and not switched off (Qwen2's
     # `use_sliding_window`); this errs towards asking for windows.
@@ -95,6 +95,17 @@ def needs_from_hf_config(
     return AttentionNeeds(
         device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, latent, attention_sinks
     )
+
+
+def largest_head_dim(hf: Mapping[str, Any]) -> int:
+    """The widest attention head of any layer: `head_dim`, or where layers differ (Gemma 4's global layers) their
+    `global_head_dim` or `per_layer_config` head sizes."""
+    head_dims = [int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))]
+    if hf.get("global_head_dim"):
+        head_dims.append(int(hf["global_head_dim"]))
+    per_layer = hf.get("per_layer_config") or {}
+    head_dims += [int(entry["head_dim"]) for entry in per_layer.values() if "head_dim" in entry]
+    return max(head_dims)
 
 
 def detect_packages(device: str, registry: BackendRegistry = ATTENTION_REGISTRY) -> ProbedPackages:

@@ -32,12 +32,23 @@ class MirrorGeometry:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    # Per layer (kv heads, head_dim) where layers differ; None: every layer has (`num_kv_heads`, `head_dim`).
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def of(cls, layers: Sequence[LayerCache]) -> MirrorGeometry:
         """The geometry of a paged cache's layers."""
-        num_kv_heads, head_dim = layers[0].key.shape[-2:]
-        return cls(len(layers), num_kv_heads, head_dim, layers[0].key.dtype)
+        shapes = tuple((int(layer.key.shape[-2]), int(layer.key.shape[-1])) for layer in layers)
+        num_kv_heads, head_dim = shapes[0]
+        uniform = all(shape == shapes[0] for shape in shapes)
+        return cls(len(layers), num_kv_heads, head_dim, layers[0].key.dtype, None if uniform else shapes)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """(kv heads, head_dim) of every layer."""
+        if self.layer_shapes is not None:
+            return self.layer_shapes
+        return ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class DecodeMirror:
         """Keys and values of one token in every layer."""
         geometry = self._geometry
         element_size = torch.empty((), dtype=geometry.dtype).element_size()
-        return 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * element_size
+        return 2 * sum(kv_heads * head_dim for kv_heads, head_dim in geometry.shapes) * element_size
 
     @property
     def nbytes(self) -> int:
@@ -156,17 +167,16 @@ class DecodeMirror:
 
     def _allocate(self, rows: int, capacity: int) -> None:
         geometry = self._geometry
-        shape = (rows, capacity, geometry.num_kv_heads, geometry.head_dim)
         self._layers = []  # release the old tensors before allocating the new ones
         # Zeroed, not empty: padding columns are masked out of the softmax, but a NaN bit pattern there would still
         # poison the weighted sum (0 x NaN). Lazily: on the CPU only the positions rows fill become resident.
         if rows and capacity:
             self._layers = [
                 (
-                    lazy_zeros(shape, geometry.dtype, self._device),
-                    lazy_zeros(shape, geometry.dtype, self._device),
+                    lazy_zeros((rows, capacity, *shape), geometry.dtype, self._device),
+                    lazy_zeros((rows, capacity, *shape), geometry.dtype, self._device),
                 )
-                for _ in range(geometry.num_layers)
+                for shape in geometry.shapes
             ]
         self._rows, self._capacity = rows, capacity
         # The new tensors hold nothing yet: every resident copies its whole context again.

@@ -1,0 +1,81 @@
+"""The text decoder inside a multimodal (conditional-generation) checkpoint, served by its text family alone."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tandem_server.errors import ConfigError
+from tandem_server.weights.layout import CheckpointLayout, Renamed
+
+# Top-level settings of a multimodal config.json that hold for its text decoder when the text config does not say.
+INHERITED_KEYS = ("quantization_config", "eos_token_id", "tie_word_embeddings", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """Where a conditional-generation checkpoint keeps its language model: the text family that serves it, the
+    config key of its text configuration, and the checkpoint prefixes of its weights, each paired with the prefix
+    the text family's parameters use. Tensors under no listed prefix (encoders, projectors) are never read."""
+
+    text_architecture: str
+    prefixes: tuple[tuple[str, str], ...]
+    config_key: str = "text_config"
+    # The text configuration's defaults, for published configs that list only what differs from them.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def text_config(self, hf: dict[str, Any]) -> dict[str, Any]:
+        """The text decoder's configuration, with the top level's settings it does not override, over its defaults."""
+        text = hf.get(self.config_key)
+        if not isinstance(text, dict):
+            raise ConfigError(f"a {self.text_architecture} text part needs `{self.config_key}` in config.json")
+        inherited = {key: hf[key] for key in INHERITED_KEYS if key in hf and key not in text}
+        return {**self.defaults, **inherited, **text, "architectures": [self.text_architecture]}
+
+    def checkpoint_layout(self, layout: CheckpointLayout) -> CheckpointLayout:
+        """The text family's `layout` read from under this checkpoint's text prefixes, everything else skipped."""
+        renamed = tuple(Renamed("^" + re.escape(source), target) for source, target in self.prefixes)
+        kept = tuple(source for source, _ in self.prefixes)
+        return replace(layout, kept_prefixes=kept, renamed=renamed + layout.renamed)
+
+    def skipped_parts(self, hf: dict[str, Any]) -> list[str]:
+        """The other sub-models config.json declares (`vision_config` gives "vision"), none of which is loaded."""
+        own = (self.config_key, "quantization_config")
+        others = (key for key, value in hf.items() if key.endswith("_config") and isinstance(value, dict))
+        return sorted(key.removesuffix("_config") for key in others if key not in own)
+
+
+# Gemma3TextConfig's defaults for the sizes Gemma 3's family reads: the published multimodal configs (gemma-3-4b-it,
+# say) give only the sizes that differ.
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131_072,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+
+# transformers 5 saves the text decoder under `model.language_model.`; the older layout (Gemma 3 as published) under
+# `language_model.model.` with its head at `language_model.lm_head.`.
+TEXT_PARTS: dict[str, TextPart] = {
+    "Gemma3ForConditionalGeneration": TextPart(
+        "Gemma3ForCausalLM",
+        (
+            ("model.language_model.", "model."),
+            ("language_model.model.", "model."),
+            ("language_model.lm_head.", "lm_head."),
+            ("lm_head.", "lm_head."),
+        ),
+        defaults=GEMMA3_TEXT_DEFAULTS,
+    ),
+    "Gemma4ForConditionalGeneration": TextPart(
+        "Gemma4ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
+}
