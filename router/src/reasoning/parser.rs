@@ -157,6 +157,32 @@ mod tests {
     }
 
     #[test]
+    fn deepseek_v31_is_switched_by_its_template_and_kimi_opens_its_own_reasoning() {
+        let v3 = ReasoningParser::DeepseekV3;
+        assert_eq!(
+            v3.start_after("<｜Assistant｜><think>"),
+            ReasoningStart::Inside
+        );
+        assert_eq!(
+            v3.start_after("<｜Assistant｜></think>"),
+            ReasoningStart::Closed
+        );
+        assert!(v3.has_template_switch());
+        let kimi = ReasoningParser::KimiK2;
+        assert_eq!(
+            kimi.start_after("<|im_assistant|>assistant<|im_middle|>"),
+            ReasoningStart::Undecided {
+                reasoning_by_default: false
+            }
+        );
+        assert!(!kimi.has_template_switch());
+        for (name, parser) in [("deepseek_v3", v3), ("kimi_k2", kimi)] {
+            let flag = <ReasoningParserFlag as ValueEnum>::from_str(name, false).expect("a name");
+            assert_eq!(flag.resolve(None, None), Some(parser));
+        }
+    }
+
+    #[test]
     fn the_prompt_tail_says_whether_generation_starts_inside_the_reasoning() {
         let r1 = ReasoningParser::DeepseekR1;
         assert_eq!(
