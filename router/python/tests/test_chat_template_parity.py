@@ -2,6 +2,7 @@
 template exactly as `transformers`' `apply_chat_template` does (the router's render entry point, through its native
 module)."""
 
+# ruff: noqa: RUF001  (DeepSeek's markers are written with fullwidth bars by design)
 from __future__ import annotations
 
 import copy
@@ -44,7 +45,14 @@ SPECIAL = {
     "qwen3": {},
     "llama3.1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "mistral-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "deepseek-v3.1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "kimi-k2-thinking": {"eos_token": "<|im_end|>"},
 }
+# Families whose published template leaves `tools` out of the prompt (DeepSeek-V3.1's model card describes them in the
+# system message instead).
+TOOLS_NOT_SHOWN = {"deepseek-v3.1"}
+# Families whose templates take a call's arguments as the client's JSON text (DeepSeek-V3.1's concatenates it).
+ARGUMENTS_AS_TEXT = {"deepseek-v3.1", "kimi-k2-thinking"}
 
 
 def _tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
@@ -54,23 +62,25 @@ def _tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", **special)
 
 
-def _as_transformers_sees_them(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as a `transformers` user passes them: call arguments as objects, no null content."""
+def _as_transformers_sees_them(messages: list[dict[str, Any]], arguments_as_text: bool) -> list[dict[str, Any]]:
+    """The messages as a `transformers` user passes them: call arguments as objects (or as the JSON text the family's
+    template reads), no null content."""
     converted = copy.deepcopy(messages)
     for message in converted:
         if message.get("content") is None:
             message["content"] = ""
         for call in message.get("tool_calls", []):
-            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            if not arguments_as_text:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
     return converted
 
 
 def _both(family: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> tuple:
     template = (TEMPLATES / f"{family}.jinja").read_text()
     special = SPECIAL[family]
+    converted = _as_transformers_sees_them(messages, family in ARGUMENTS_AS_TEXT)
     expected = _tokenizer(special).apply_chat_template(
-        _as_transformers_sees_them(messages), tools=tools, chat_template=template, tokenize=False,
-        add_generation_prompt=True, **kwargs,
+        converted, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs,
     )  # fmt: skip
     body: dict[str, Any] = {"messages": messages}
     if tools is not None:
@@ -85,7 +95,7 @@ def _both(family: str, messages: list[dict[str, Any]], tools: list[dict[str, Any
 def test_tools_render_as_transformers_renders_them(family: str) -> None:
     rendered, expected = _both(family, ASK, [WEATHER, TIME])
     assert rendered == expected
-    assert "get_time" in rendered
+    assert ("get_time" in rendered) != (family in TOOLS_NOT_SHOWN)
 
 
 @pytest.mark.parametrize("family", sorted(SPECIAL))
@@ -113,3 +123,32 @@ def test_a_template_switch_outside_the_allow_list_is_refused() -> None:
     body = {"messages": ASK, "chat_template_kwargs": {"add_generation_prompt": False}}
     with pytest.raises(ValueError, match=r"chat_template_kwargs\.add_generation_prompt"):
         render_chat(template, json.dumps(body))
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_deepseek_v31s_thinking_switch_opens_or_closes_the_reasoning(enable_thinking: bool) -> None:
+    rendered, expected = _both("deepseek-v3.1", HISTORY, [WEATHER], enable_thinking=enable_thinking)
+    assert rendered == expected
+    assert rendered.endswith("<｜Assistant｜><think>" if enable_thinking else "<｜Assistant｜></think>")
+
+
+def test_parallel_sectioned_calls_render_their_ids_and_arguments_text_as_transformers_renders_them() -> None:
+    calls = [
+        {"id": "functions.get_weather:0", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+        {"id": "functions.get_time:1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]  # fmt: skip
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": "Checking.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "Sunny"},
+        {"role": "tool", "tool_call_id": "functions.get_time:1", "content": "noon"},
+    ]
+    second_call = {
+        "kimi-k2-thinking": "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>",
+        "deepseek-v3.1": "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+    }
+    for family, written in second_call.items():
+        rendered, expected = _both(family, messages, [WEATHER, TIME])
+        assert rendered == expected, family
+        assert '{"city":"Paris"}' in rendered and written in rendered, family

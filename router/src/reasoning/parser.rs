@@ -12,6 +12,11 @@ pub enum ReasoningParser {
     /// Qwen3: `<think>…</think>`, switched by the template's `enable_thinking`; output without
     /// an opening marker is all answer.
     Qwen3,
+    /// DeepSeek-V3.1: the template's `thinking` (or `enable_thinking`) switch ends the prompt
+    /// with `<think>` or `</think>`.
+    DeepseekV3,
+    /// Kimi K2 Thinking: the model opens `<think>` itself; output without it is all answer.
+    KimiK2,
 }
 
 /// `--reasoning-parser`: a format by vLLM's name, the one the model's template shows, or none.
@@ -25,6 +30,10 @@ pub enum ReasoningParserFlag {
     DeepseekR1,
     #[value(name = "qwen3")]
     Qwen3,
+    #[value(name = "deepseek_v3")]
+    DeepseekV3,
+    #[value(name = "kimi_k2")]
+    KimiK2,
 }
 
 impl ReasoningParserFlag {
@@ -39,6 +48,8 @@ impl ReasoningParserFlag {
             Self::None => None,
             Self::DeepseekR1 => Some(ReasoningParser::DeepseekR1),
             Self::Qwen3 => Some(ReasoningParser::Qwen3),
+            Self::DeepseekV3 => Some(ReasoningParser::DeepseekV3),
+            Self::KimiK2 => Some(ReasoningParser::KimiK2),
         }
     }
 }
@@ -74,7 +85,11 @@ impl ReasoningParser {
             return None;
         }
         let qwen3 = model_type.is_some_and(|kind| kind.starts_with("qwen3"));
-        if qwen3 || template.contains("enable_thinking") {
+        if template.contains("<|im_assistant|>") {
+            Some(Self::KimiK2)
+        } else if template.contains("<｜Assistant｜>") && template.contains("enable_thinking") {
+            Some(Self::DeepseekV3)
+        } else if qwen3 || template.contains("enable_thinking") {
             Some(Self::Qwen3)
         } else {
             Some(Self::DeepseekR1)
@@ -98,9 +113,9 @@ impl ReasoningParser {
     }
 
     /// Whether a request's `thinking: false` switches reasoning off through the template's
-    /// `enable_thinking` (Qwen3), rather than through a budget of 0.
+    /// `enable_thinking` (Qwen3, DeepSeek-V3.1), rather than through a budget of 0.
     pub fn has_template_switch(self) -> bool {
-        self == Self::Qwen3
+        matches!(self, Self::Qwen3 | Self::DeepseekV3)
     }
 }
 
@@ -124,11 +139,47 @@ mod tests {
             ReasoningParser::detect(Some(r1), Some("qwen3_moe")),
             Some(ReasoningParser::Qwen3)
         );
+        let v31 = "{%- if not thinking is defined -%}{%- if enable_thinking is defined -%}{%- set thinking = enable_thinking -%}{%- endif -%}{%- endif -%}{{'<｜Assistant｜>'}}{%- if not thinking -%}{{'</think>'}}{%- else -%}{{'<think>'}}{%- endif -%}";
+        assert_eq!(
+            ReasoningParser::detect(Some(v31), Some("deepseek_v3")),
+            Some(ReasoningParser::DeepseekV3)
+        );
+        let kimi = "<|im_assistant|>assistant<|im_middle|><think>{{rc}}</think>";
+        assert_eq!(
+            ReasoningParser::detect(Some(kimi), Some("kimi_k2")),
+            Some(ReasoningParser::KimiK2)
+        );
         assert_eq!(
             ReasoningParser::detect(Some("<|im_start|>"), Some("qwen3")),
             None
         );
         assert_eq!(ReasoningParser::detect(None, Some("qwen3")), None);
+    }
+
+    #[test]
+    fn deepseek_v31_is_switched_by_its_template_and_kimi_opens_its_own_reasoning() {
+        let v3 = ReasoningParser::DeepseekV3;
+        assert_eq!(
+            v3.start_after("<｜Assistant｜><think>"),
+            ReasoningStart::Inside
+        );
+        assert_eq!(
+            v3.start_after("<｜Assistant｜></think>"),
+            ReasoningStart::Closed
+        );
+        assert!(v3.has_template_switch());
+        let kimi = ReasoningParser::KimiK2;
+        assert_eq!(
+            kimi.start_after("<|im_assistant|>assistant<|im_middle|>"),
+            ReasoningStart::Undecided {
+                reasoning_by_default: false
+            }
+        );
+        assert!(!kimi.has_template_switch());
+        for (name, parser) in [("deepseek_v3", v3), ("kimi_k2", kimi)] {
+            let flag = <ReasoningParserFlag as ValueEnum>::from_str(name, false).expect("a name");
+            assert_eq!(flag.resolve(None, None), Some(parser));
+        }
     }
 
     #[test]

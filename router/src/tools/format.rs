@@ -4,6 +4,8 @@
 use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
+use super::section::{Marker, SectionSyntax, SectionTokens, DEEPSEEK_V31, KIMI_K2};
+
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ToolCallParser {
@@ -14,6 +16,12 @@ pub enum ToolCallParser {
     Llama3Json,
     /// `[TOOL_CALLS] [{"name", "arguments"}, ...]` (Mistral).
     Mistral,
+    /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}...` (DeepSeek-V3.1).
+    #[value(name = "deepseek_v31")]
+    DeepseekV31,
+    /// `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX...` (Kimi K2).
+    #[value(name = "kimi_k2")]
+    KimiK2,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
     Tandem,
 }
@@ -27,6 +35,8 @@ pub enum ToolFamily {
     Hermes,
     Llama3Json,
     Mistral,
+    DeepseekV31,
+    KimiK2,
 }
 
 /// The syntax the router renders, constrains and parses tool calls in.
@@ -39,6 +49,8 @@ pub struct ToolFormat {
     pub trigger_token: Option<u32>,
     /// The id of Hermes's `</tool_call>` when the tokenizer holds it as one added token.
     pub closing_token: Option<u32>,
+    /// The ids of a sectioned family's markers (`section.rs`) held as single tokens.
+    pub section_tokens: SectionTokens,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
@@ -51,7 +63,15 @@ pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 impl ToolFamily {
     /// The family whose call syntax `template` writes; Tandem's own when it writes none.
     pub fn of_template(template: &str) -> Self {
-        if template.contains(HERMES_TRIGGER) {
+        if template.contains(DEEPSEEK_V31.marker(Marker::ArgumentsBegin))
+            && !template.contains("```json")
+        {
+            Self::DeepseekV31
+        } else if template.contains(KIMI_K2.marker(Marker::SectionBegin))
+            || template.contains("<|im_system|>tool_declare")
+        {
+            Self::KimiK2
+        } else if template.contains(HERMES_TRIGGER) {
             Self::Hermes
         } else if template.contains(MISTRAL_TRIGGER) {
             Self::Mistral
@@ -71,6 +91,8 @@ impl ToolFamily {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::DeepseekV31 => "deepseek_v31",
+            Self::KimiK2 => "kimi_k2",
         }
     }
 
@@ -85,8 +107,25 @@ impl ToolFamily {
     pub fn chat_markers(self) -> &'static [&'static str] {
         match self {
             Self::Hermes => &[HERMES_TRIGGER, HERMES_CLOSING],
+            Self::DeepseekV31 => &DEEPSEEK_V31.markers,
+            Self::KimiK2 => &KIMI_K2.markers,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
+    }
+
+    /// The section syntax of families whose calls sit between marker tokens.
+    pub fn section(self) -> Option<&'static SectionSyntax> {
+        match self {
+            Self::DeepseekV31 => Some(&DEEPSEEK_V31),
+            Self::KimiK2 => Some(&KIMI_K2),
+            _ => None,
+        }
+    }
+
+    /// Whether past calls reach the template with `arguments` as the client's JSON text
+    /// (DeepSeek-V3.1's template concatenates it) rather than as an object.
+    pub fn arguments_as_text(self) -> bool {
+        self.section().is_some()
     }
 
     /// The key the call object holds its arguments under.
@@ -104,6 +143,8 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::Hermes => Self::Hermes,
             ToolCallParser::Llama3Json => Self::Llama3Json,
             ToolCallParser::Mistral => Self::Mistral,
+            ToolCallParser::DeepseekV31 => Self::DeepseekV31,
+            ToolCallParser::KimiK2 => Self::KimiK2,
             ToolCallParser::Tandem => Self::Tandem,
         }
     }
@@ -129,10 +170,15 @@ impl ToolFormat {
             ),
             _ => (None, None),
         };
+        let section_tokens = family
+            .section()
+            .map(|syntax| syntax.tokens(tokenizer))
+            .unwrap_or_default();
         Self {
             family,
             trigger_token,
             closing_token,
+            section_tokens,
         }
     }
 
@@ -142,6 +188,7 @@ impl ToolFormat {
             family,
             trigger_token: None,
             closing_token: None,
+            section_tokens: SectionTokens::default(),
         }
     }
 }

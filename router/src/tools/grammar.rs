@@ -23,6 +23,9 @@ impl ToolPlan {
         match (&self.choice, self.format.family) {
             (ToolChoice::None, _) => None,
             (_, ToolFamily::Tandem) => Some(tandem_grammar(self)),
+            (_, family) if family.section().is_some() => family
+                .section()
+                .map(|syntax| syntax.grammar(self, self.format.section_tokens)),
             _ => Some(native_grammar(self)),
         }
     }
@@ -114,7 +117,7 @@ fn call_rules(plan: &ToolPlan, family: ToolFamily) -> String {
 }
 
 /// The arguments schema, held to an object as every family's calls carry one.
-fn object_schema(parameters: &Value) -> Value {
+pub(super) fn object_schema(parameters: &Value) -> Value {
     let mut schema = parameters.clone();
     if let Value::Object(fields) = &mut schema {
         fields.entry("type").or_insert_with(|| json!("object"));
@@ -185,12 +188,12 @@ fn hermes_auto(plan: &ToolPlan, one: &str) -> String {
 }
 
 /// `text` as a Lark string literal.
-fn lark_string(text: &str) -> String {
+pub(super) fn lark_string(text: &str) -> String {
     json!(text).to_string()
 }
 
 /// `text` with regex metacharacters escaped (for a Lark `/.../` token).
-fn regex_escape(text: &str) -> String {
+pub(super) fn regex_escape(text: &str) -> String {
     text.chars()
         .flat_map(|c| match c {
             '\\' | '/' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^'

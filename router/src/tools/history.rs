@@ -36,13 +36,17 @@ pub fn history(
     let mut calls = Vec::with_capacity(entries.len());
     for entry in entries {
         let name = entry.pointer("/function/name").and_then(Value::as_str);
-        let arguments = entry
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
+        let text = entry.pointer("/function/arguments").and_then(Value::as_str);
+        let arguments = text
             .and_then(|text| serde_json::from_str::<Value>(text).ok())
             .filter(Value::is_object);
-        match (name, arguments) {
-            (Some(name), Some(arguments)) => {
+        match (name, arguments, text) {
+            (Some(name), Some(_), Some(text)) if family.arguments_as_text() => calls.push((
+                entry.get("id").cloned(),
+                name.to_owned(),
+                Value::String(text.to_owned()),
+            )),
+            (Some(name), Some(arguments), _) => {
                 calls.push((entry.get("id").cloned(), name.to_owned(), arguments))
             }
             _ => return Err(invalid(&entry)),
@@ -91,6 +95,19 @@ mod tests {
             HistoryCalls::Native(json!([{"id": "call_1", "type": "function",
                 "function": {"name": "now", "arguments": {"tz": "UTC"}}}]))
         );
+    }
+
+    #[test]
+    fn sectioned_families_keep_the_arguments_text_their_templates_concatenate() {
+        let text = r#"{"tz":"UTC"}"#;
+        for family in [ToolFamily::DeepseekV31, ToolFamily::KimiK2] {
+            assert_eq!(
+                history(family, call(text), "m").unwrap(),
+                HistoryCalls::Native(json!([{"id": "call_1", "type": "function",
+                    "function": {"name": "now", "arguments": text}}]))
+            );
+            assert!(history(family, call("[1]"), "m").is_err());
+        }
     }
 
     #[test]

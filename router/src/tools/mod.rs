@@ -5,7 +5,7 @@
 //! `output.rs` read calls out of what the grammar let the model write, whole or streaming.
 //!
 //! Families with a native syntax (Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral
-//! `[TOOL_CALLS]`) see the tools through their chat template's `tools`; other models are
+//! `[TOOL_CALLS]`, DeepSeek-V3.1's and Kimi K2's call sections in `section.rs`) see the tools through their chat template's `tools`; other models are
 //! taught Tandem's `{"tool_calls": [...]}` document in a system message.
 
 mod calls;
@@ -14,6 +14,8 @@ mod grammar;
 mod history;
 mod output;
 mod plan;
+mod section;
+mod section_stream;
 
 pub use calls::{FunctionCall, ToolCall};
 pub use format::{ToolCallParser, ToolFamily, ToolFormat};

@@ -6,13 +6,17 @@
 //! `[TOOL_CALLS]` token decodes to no text), so the first character decides. Hermes calls
 //! follow free text at the first `<tool_call>`: text that may be the start of the trigger is
 //! held back until the next text decides it, so a trigger split across tokens is never shown
-//! as content. Work is constant per character, however the text is cut into deltas.
+//! as content. DeepSeek-V3.1's and Kimi K2's calls follow free text the same way at their
+//! section's opening marker. Work is constant per character, however the text is cut into
+//! deltas.
 
 use serde_json::Value;
 
 use super::calls::{FunctionCall, ToolCall, ToolCallStream};
 use super::format::{ToolFamily, HERMES_TRIGGER};
 use super::plan::{ToolChoice, ToolPlan};
+use super::section::Marker;
+use super::section_stream::SectionStream;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
 #[derive(Debug, PartialEq)]
@@ -51,11 +55,51 @@ enum State {
     /// Nothing but blanks seen yet (families whose calls open the output).
     Undecided,
     Content,
-    /// Hermes content; `held` is a tail that may begin the trigger.
+    /// Content before a trigger (Hermes's, a section's opening); `held` is a tail that may
+    /// begin the trigger.
     BeforeTrigger {
+        trigger: &'static str,
         held: String,
     },
-    Calls(ToolCallStream),
+    Calls(CallStream),
+}
+
+/// The parser of the calls themselves: JSON call objects, or a sectioned family's markers.
+#[derive(Debug)]
+enum CallStream {
+    Objects(ToolCallStream),
+    Section(SectionStream),
+}
+
+impl CallStream {
+    fn new(family: ToolFamily) -> Self {
+        match family.section() {
+            Some(syntax) => Self::Section(SectionStream::new(family, syntax)),
+            None => Self::Objects(ToolCallStream::new(family)),
+        }
+    }
+
+    fn push(&mut self, text: &str) -> Vec<Value> {
+        match self {
+            Self::Objects(stream) => stream.push(text),
+            Self::Section(stream) => stream.push(text),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Self::Objects(stream) => stream.count(),
+            Self::Section(stream) => stream.count(),
+        }
+    }
+}
+
+/// The text that starts calls after free text, for families that allow text first.
+fn text_trigger(family: ToolFamily) -> Option<&'static str> {
+    match family.section() {
+        Some(syntax) => Some(syntax.marker(Marker::SectionBegin)),
+        None => (family == ToolFamily::Hermes).then_some(HERMES_TRIGGER),
+    }
 }
 
 /// Routes one choice's text to content or to call deltas.
@@ -78,12 +122,13 @@ impl ChoiceOutput {
     /// The output of one choice in `family`'s syntax: calls from the start when a call is
     /// required.
     pub fn new(family: ToolFamily, call_required: bool) -> Self {
-        let state = match (call_required, family) {
-            (true, _) => State::Calls(ToolCallStream::new(family)),
-            (false, ToolFamily::Hermes) => State::BeforeTrigger {
+        let state = match (call_required, text_trigger(family)) {
+            (true, _) => State::Calls(CallStream::new(family)),
+            (false, Some(trigger)) => State::BeforeTrigger {
+                trigger,
                 held: String::new(),
             },
-            (false, _) => State::Undecided,
+            (false, None) => State::Undecided,
         };
         Self { family, state }
     }
@@ -105,7 +150,7 @@ impl ChoiceOutput {
             State::Undecided => match text.chars().next() {
                 None => DeltaBody::Nothing,
                 Some(first) if opens_calls(self.family, first) => {
-                    self.state = State::Calls(ToolCallStream::new(self.family));
+                    self.state = State::Calls(CallStream::new(self.family));
                     self.push(text)
                 }
                 Some(_) => {
@@ -115,18 +160,18 @@ impl ChoiceOutput {
             },
             State::Content if text.is_empty() => DeltaBody::Nothing,
             State::Content => DeltaBody::Content(text),
-            State::BeforeTrigger { held } => {
+            State::BeforeTrigger { trigger, held } => {
                 let mut text = std::mem::take(held) + &text;
-                match text.find(HERMES_TRIGGER) {
+                match text.find(*trigger) {
                     Some(start) => {
                         let calls = text.split_off(start);
-                        let mut stream = ToolCallStream::new(self.family);
+                        let mut stream = CallStream::new(self.family);
                         let deltas = stream.push(&calls);
                         self.state = State::Calls(stream);
                         content_and_calls(text, deltas)
                     }
                     None => {
-                        *held = text.split_off(text.len() - trigger_prefix_len(&text));
+                        *held = text.split_off(text.len() - trigger_prefix_len(&text, trigger));
                         content_and_calls(text, Vec::new())
                     }
                 }
@@ -138,7 +183,9 @@ impl ChoiceOutput {
     /// The text held back at the end of the output: it never became a trigger.
     pub fn finish(&mut self) -> DeltaBody {
         match &mut self.state {
-            State::BeforeTrigger { held } => content_and_calls(std::mem::take(held), Vec::new()),
+            State::BeforeTrigger { held, .. } => {
+                content_and_calls(std::mem::take(held), Vec::new())
+            }
             _ => DeltaBody::Nothing,
         }
     }
@@ -171,12 +218,11 @@ fn content_and_calls(content: String, calls: Vec<Value>) -> DeltaBody {
     }
 }
 
-/// Bytes at the end of `text` that are a proper prefix of the trigger (on a char boundary,
-/// as the trigger is ASCII).
-fn trigger_prefix_len(text: &str) -> usize {
-    (1..HERMES_TRIGGER.len())
+/// Bytes at the end of `text` that are a proper prefix of `trigger`, on char boundaries.
+fn trigger_prefix_len(text: &str, trigger: &str) -> usize {
+    (1..trigger.len())
         .rev()
-        .find(|&len| text.ends_with(&HERMES_TRIGGER[..len]))
+        .find(|&len| trigger.is_char_boundary(len) && text.ends_with(&trigger[..len]))
         .unwrap_or(0)
 }
 
