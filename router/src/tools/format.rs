@@ -4,6 +4,8 @@
 use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
+use super::xml_syntax::{MarkerTokens, XmlSyntax, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER};
+
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ToolCallParser {
@@ -14,6 +16,13 @@ pub enum ToolCallParser {
     Llama3Json,
     /// `[TOOL_CALLS] [{"name", "arguments"}, ...]` (Mistral).
     Mistral,
+    /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...` (Qwen3-Coder,
+    /// Qwen3.5, Qwen3.6).
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
+    /// `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...` (GLM-4.5, 4.6).
+    #[value(name = "glm45")]
+    Glm45,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
     Tandem,
 }
@@ -27,6 +36,8 @@ pub enum ToolFamily {
     Hermes,
     Llama3Json,
     Mistral,
+    Qwen3Coder,
+    Glm45,
 }
 
 /// The syntax the router renders, constrains and parses tool calls in.
@@ -39,19 +50,27 @@ pub struct ToolFormat {
     pub trigger_token: Option<u32>,
     /// The id of Hermes's `</tool_call>` when the tokenizer holds it as one added token.
     pub closing_token: Option<u32>,
+    /// The XML families' inner markers the tokenizer holds as added tokens that decode to
+    /// their text (`XmlSyntax::token_markers` order).
+    pub marker_tokens: MarkerTokens,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
-pub const HERMES_TRIGGER: &str = "<tool_call>";
+pub const HERMES_TRIGGER: &str = XML_TRIGGER;
 /// Hermes's call closing.
-pub const HERMES_CLOSING: &str = "</tool_call>";
+pub const HERMES_CLOSING: &str = XML_CLOSING;
 /// Mistral's call opening.
 pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 
 impl ToolFamily {
     /// The family whose call syntax `template` writes; Tandem's own when it writes none.
     pub fn of_template(template: &str) -> Self {
-        if template.contains(HERMES_TRIGGER) {
+        // Both XML syntaxes open calls with Hermes's `<tool_call>`: their inner markers decide.
+        if template.contains("<function=") && template.contains("<parameter=") {
+            Self::Qwen3Coder
+        } else if template.contains("<arg_key>") {
+            Self::Glm45
+        } else if template.contains(HERMES_TRIGGER) {
             Self::Hermes
         } else if template.contains(MISTRAL_TRIGGER) {
             Self::Mistral
@@ -71,6 +90,17 @@ impl ToolFamily {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Qwen3Coder => "qwen3_coder",
+            Self::Glm45 => "glm45",
+        }
+    }
+
+    /// The syntax of an XML-style family.
+    pub fn xml_syntax(self) -> Option<&'static XmlSyntax> {
+        match self {
+            Self::Qwen3Coder => Some(&QWEN3_CODER),
+            Self::Glm45 => Some(&GLM45),
+            _ => None,
         }
     }
 
@@ -94,6 +124,8 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::Hermes => Self::Hermes,
             ToolCallParser::Llama3Json => Self::Llama3Json,
             ToolCallParser::Mistral => Self::Mistral,
+            ToolCallParser::Qwen3Coder => Self::Qwen3Coder,
+            ToolCallParser::Glm45 => Self::Glm45,
             ToolCallParser::Tandem => Self::Tandem,
         }
     }
@@ -117,12 +149,21 @@ impl ToolFormat {
                 tokenizer.token_to_id(HERMES_TRIGGER),
                 tokenizer.token_to_id(HERMES_CLOSING),
             ),
+            ToolFamily::Qwen3Coder | ToolFamily::Glm45 => (
+                visible_token(tokenizer, HERMES_TRIGGER),
+                visible_token(tokenizer, HERMES_CLOSING),
+            ),
             _ => (None, None),
         };
+        let marker_tokens = family
+            .xml_syntax()
+            .map(|syntax| syntax.marker_tokens(|marker| visible_token(tokenizer, marker)))
+            .unwrap_or_default();
         Self {
             family,
             trigger_token,
             closing_token,
+            marker_tokens,
         }
     }
 
@@ -132,12 +173,25 @@ impl ToolFormat {
             family,
             trigger_token: None,
             closing_token: None,
+            marker_tokens: MarkerTokens::default(),
         }
     }
 }
 
+/// The id of `marker` when the tokenizer holds it as one added token that decodes to its text.
+/// A special token is left out: the detokenizer skips special tokens, so a marker written as
+/// one would vanish from the text the parsers read (the grammar then has it spelled out).
+fn visible_token(tokenizer: &Tokenizer, marker: &str) -> Option<u32> {
+    let id = tokenizer.token_to_id(marker)?;
+    let decoder = tokenizer.get_added_tokens_decoder();
+    let added = decoder.get(&id)?;
+    (!added.special).then_some(id)
+}
+
 #[cfg(test)]
 mod tests {
+    use clap::ValueEnum;
+
     use super::*;
     use crate::validation::testing::tokenizer_with_special_tokens;
 
@@ -160,6 +214,62 @@ mod tests {
             ToolFormat::choose(None, None, &tokenizer),
             ToolFormat::default()
         );
+    }
+
+    #[test]
+    fn the_xml_families_are_told_apart_from_hermes_by_their_real_templates() {
+        let templates = [
+            (
+                include_str!("../../python/tests/chat_templates/qwen3-coder.jinja"),
+                ToolFamily::Qwen3Coder,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen3.5.jinja"),
+                ToolFamily::Qwen3Coder,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/glm-4.6.jinja"),
+                ToolFamily::Glm45,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen3.jinja"),
+                ToolFamily::Hermes,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen2.5.jinja"),
+                ToolFamily::Hermes,
+            ),
+        ];
+        for (template, family) in templates {
+            assert_eq!(ToolFamily::of_template(template), family);
+        }
+        let tokenizer = tokenizer_with_special_tokens(&[]);
+        for parser in [ToolCallParser::Qwen3Coder, ToolCallParser::Glm45] {
+            let family = ToolFormat::choose(Some(parser), None, &tokenizer).family;
+            assert_eq!(
+                ToolCallParser::from_str(family.parser_name(), false),
+                Ok(parser)
+            );
+        }
+    }
+
+    #[test]
+    fn only_markers_that_decode_to_their_text_are_offered_as_tokens() {
+        let json = crate::validation::testing::tokenizer_json_with_special_tokens(&[
+            HERMES_TRIGGER,
+            "<arg_key>",
+        ]);
+        let mut tokenizer = Tokenizer::from_bytes(json.to_string()).expect("test vocabulary");
+        let trigger = tokenizer.token_to_id(HERMES_TRIGGER);
+        let glm = ToolFormat::choose(Some(ToolCallParser::Glm45), None, &tokenizer);
+        assert_eq!((glm.trigger_token, glm.marker_tokens[0]), (None, None));
+        tokenizer
+            .add_tokens([tokenizers::AddedToken::from("<arg_value>", false)])
+            .expect("a plain added token");
+        let visible = ToolFormat::choose(Some(ToolCallParser::Glm45), None, &tokenizer);
+        assert!(visible.marker_tokens[2].is_some());
+        assert_eq!(visible.marker_tokens[0], None);
+        assert!(trigger.is_some());
     }
 
     #[test]

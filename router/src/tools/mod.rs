@@ -5,15 +5,19 @@
 //! `output.rs` read calls out of what the grammar let the model write, whole or streaming.
 //!
 //! Families with a native syntax (Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral
-//! `[TOOL_CALLS]`) see the tools through their chat template's `tools`; other models are
-//! taught Tandem's `{"tool_calls": [...]}` document in a system message.
+//! `[TOOL_CALLS]`, and the XML-style Qwen3-Coder and GLM-4.5 calls of `xml_*.rs`) see the
+//! tools through their chat template's `tools`; other models are taught Tandem's `{"tool_calls": [...]}` document in a system message.
 
 mod calls;
 mod format;
 mod grammar;
 mod history;
+mod lark;
 mod output;
 mod plan;
+mod xml_calls;
+mod xml_grammar;
+mod xml_syntax;
 
 pub use calls::{FunctionCall, ToolCall};
 pub use format::{ToolCallParser, ToolFamily, ToolFormat};

@@ -3,16 +3,19 @@
 //!
 //! Where calls start depends on the family. Tandem, Llama and Mistral calls open the output
 //! (the grammar keeps plain text from starting with `{`, `[` or a blank, and Mistral's
-//! `[TOOL_CALLS]` token decodes to no text), so the first character decides. Hermes calls
-//! follow free text at the first `<tool_call>`: text that may be the start of the trigger is
-//! held back until the next text decides it, so a trigger split across tokens is never shown
-//! as content. Work is constant per character, however the text is cut into deltas.
+//! `[TOOL_CALLS]` token decodes to no text), so the first character decides. Hermes,
+//! Qwen3-Coder and GLM-4.5 calls follow free text at the first `<tool_call>`: text that may be
+//! the start of the trigger is held back until the next text decides it, so a trigger split
+//! across tokens is never shown as content. Work is constant per character, however the text
+//! is cut into deltas.
 
 use serde_json::Value;
 
 use super::calls::{FunctionCall, ToolCall, ToolCallStream};
 use super::format::{ToolFamily, HERMES_TRIGGER};
 use super::plan::{ToolChoice, ToolPlan};
+use super::xml_calls::XmlCallStream;
+use super::xml_syntax::ValueKinds;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
 #[derive(Debug, PartialEq)]
@@ -55,7 +58,37 @@ enum State {
     BeforeTrigger {
         held: String,
     },
-    Calls(ToolCallStream),
+    Calls(CallStream),
+}
+
+/// The scanner of a family's calls: call objects, or XML-style calls.
+#[derive(Debug)]
+enum CallStream {
+    Json(ToolCallStream),
+    Xml(XmlCallStream),
+}
+
+impl CallStream {
+    fn new(family: ToolFamily, kinds: &ValueKinds) -> Self {
+        match family.xml_syntax() {
+            Some(syntax) => Self::Xml(XmlCallStream::new(family, syntax, kinds.clone())),
+            None => Self::Json(ToolCallStream::new(family)),
+        }
+    }
+
+    fn push(&mut self, text: &str) -> Vec<Value> {
+        match self {
+            Self::Json(stream) => stream.push(text),
+            Self::Xml(stream) => stream.push(text),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Self::Json(stream) => stream.count(),
+            Self::Xml(stream) => stream.count(),
+        }
+    }
 }
 
 /// Routes one choice's text to content or to call deltas.
@@ -63,6 +96,8 @@ enum State {
 pub struct ChoiceOutput {
     family: ToolFamily,
     state: State,
+    /// How the XML families' parameter values read back into JSON.
+    kinds: ValueKinds,
 }
 
 /// Routes `text` through `output` when the request may call tools, else to plain content.
@@ -78,25 +113,55 @@ impl ChoiceOutput {
     /// The output of one choice in `family`'s syntax: calls from the start when a call is
     /// required.
     pub fn new(family: ToolFamily, call_required: bool) -> Self {
+        let kinds = ValueKinds::default();
         let state = match (call_required, family) {
-            (true, _) => State::Calls(ToolCallStream::new(family)),
-            (false, ToolFamily::Hermes) => State::BeforeTrigger {
-                held: String::new(),
-            },
+            (true, _) => State::Calls(CallStream::new(family, &kinds)),
+            (false, ToolFamily::Hermes | ToolFamily::Qwen3Coder | ToolFamily::Glm45) => {
+                State::BeforeTrigger {
+                    held: String::new(),
+                }
+            }
             (false, _) => State::Undecided,
         };
-        Self { family, state }
+        Self {
+            family,
+            state,
+            kinds,
+        }
     }
 
     /// The output of one choice under `plan`.
     pub fn for_plan(plan: &ToolPlan) -> Self {
-        Self::new(plan.format.family, plan.choice != ToolChoice::Auto)
+        Self::new(plan.format.family, plan.choice != ToolChoice::Auto).with_tools(plan)
     }
 
     /// This output, before any text, in `family`'s syntax.
     #[must_use]
     pub fn in_family(self, family: ToolFamily) -> Self {
-        Self::new(family, matches!(self.state, State::Calls(_)))
+        let kinds = self.kinds;
+        let mut output = Self::new(family, matches!(self.state, State::Calls(_)));
+        output.kinds = kinds;
+        output.restart_calls();
+        output
+    }
+
+    /// This output, before any text, reading parameter values by `plan`'s tool schemas.
+    #[must_use]
+    pub fn with_tools(mut self, plan: &ToolPlan) -> Self {
+        self.kinds = ValueKinds::of_tools(
+            plan.tools
+                .iter()
+                .map(|tool| (tool.name.as_str(), &tool.parameters)),
+        );
+        self.restart_calls();
+        self
+    }
+
+    /// A fresh call scanner, with the current kinds, when calls start at once.
+    fn restart_calls(&mut self) {
+        if let State::Calls(_) = self.state {
+            self.state = State::Calls(CallStream::new(self.family, &self.kinds));
+        }
     }
 
     /// Routes `text` to content or to call deltas.
@@ -105,7 +170,7 @@ impl ChoiceOutput {
             State::Undecided => match text.chars().next() {
                 None => DeltaBody::Nothing,
                 Some(first) if opens_calls(self.family, first) => {
-                    self.state = State::Calls(ToolCallStream::new(self.family));
+                    self.state = State::Calls(CallStream::new(self.family, &self.kinds));
                     self.push(text)
                 }
                 Some(_) => {
@@ -120,7 +185,7 @@ impl ChoiceOutput {
                 match text.find(HERMES_TRIGGER) {
                     Some(start) => {
                         let calls = text.split_off(start);
-                        let mut stream = ToolCallStream::new(self.family);
+                        let mut stream = CallStream::new(self.family, &self.kinds);
                         let deltas = stream.push(&calls);
                         self.state = State::Calls(stream);
                         content_and_calls(text, deltas)
