@@ -47,6 +47,9 @@ SPECIAL = {
     "mistral-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
     "deepseek-v3.1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
     "kimi-k2-thinking": {"eos_token": "<|im_end|>"},
+    "qwen3-coder": {},
+    "qwen3.5": {},
+    "glm-4.6": {},
 }
 # Families whose published template leaves `tools` out of the prompt (DeepSeek-V3.1's model card describes them in the
 # system message instead).
@@ -116,6 +119,67 @@ def test_the_thinking_switch_reaches_the_template(enable_thinking: bool) -> None
     rendered, expected = _both("qwen3", HISTORY, [WEATHER], enable_thinking=enable_thinking)
     assert rendered == expected
     assert rendered.endswith("<think>\n\n</think>\n\n") != enable_thinking
+
+
+@pytest.mark.parametrize(("family", "closed"), [("qwen3.5", "<think>\n\n</think>\n\n"), ("glm-4.6", "<think></think>")])
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_the_thinking_switch_reaches_the_xml_families_templates(
+    family: str, closed: str, enable_thinking: bool
+) -> None:
+    rendered, expected = _both(family, HISTORY, [WEATHER], enable_thinking=enable_thinking)
+    assert rendered == expected
+    assert rendered.endswith(closed) != enable_thinking
+
+
+@pytest.mark.parametrize("family", ["qwen3-coder", "qwen3.5", "glm-4.6"])
+def test_xml_call_history_writes_strings_raw_and_other_values_as_json_as_transformers_does(family: str) -> None:
+    arguments = {"city": "Zürich", "days": 3, "units": ["celsius"]}
+    call = {"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(arguments)}}
+    second = {**copy.deepcopy(call), "id": "def456XYZ"}
+    calls = {"role": "assistant", "content": "Checking.", "tool_calls": [call, second]}
+    results = [{"role": "tool", "tool_call_id": CALL_ID, "content": "Sunny"}, {"role": "tool", "content": "Rain"}]
+    history = [*ASK, calls, *results]
+    rendered, expected = _both(family, history, [WEATHER, TIME])
+    assert rendered == expected
+    assert "Zürich" in rendered and '["celsius"]' in rendered
+
+
+def _smollm3(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> tuple:
+    """SmolLM3's template reads the tools as `xml_tools`, which is how its users pass them to `transformers`; the
+    router hands a request's `tools` to it under that name too."""
+    template = (TEMPLATES / "smollm3.jinja").read_text()
+    expected = _tokenizer({}).apply_chat_template(
+        _as_transformers_sees_them(messages), tools=tools, xml_tools=tools, chat_template=template, tokenize=False,
+        add_generation_prompt=True, **kwargs,
+    )  # fmt: skip
+    body: dict[str, Any] = {"messages": messages, **({"tools": tools} if tools else {})}
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    return render_chat(template, json.dumps(body)), expected
+
+
+def test_smollm3_sees_the_tools_as_python_writes_them_and_its_history_as_transformers_renders_it() -> None:
+    rendered, expected = _smollm3(HISTORY, [WEATHER, TIME])
+    assert rendered == expected
+    assert "{'type': 'function', 'function': {'name': 'get_weather'" in rendered
+    assert "Today Date: " in rendered and "Sunny, 21 °C" in rendered
+
+
+@pytest.mark.parametrize(
+    ("system", "enable_thinking", "thinks"),
+    [("Be brief.", None, True), ("Be brief.", False, False), ("Be brief. /no_think", None, False),
+     ("Be brief. /think", False, True)],
+)  # fmt: skip
+def test_smollm3_thinks_by_its_system_flags_and_the_template_switch(
+    system: str, enable_thinking: bool | None, thinks: bool
+) -> None:
+    messages = [{"role": "system", "content": system}, ASK[1]]
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    rendered, expected = _smollm3(messages, None, **kwargs)
+    assert rendered == expected
+    assert rendered.endswith("<think>\n\n</think>\n") != thinks
+    assert f"Reasoning Mode: {'/think' if thinks else '/no_think'}\n" in rendered
+    assert "## Custom Instructions\n\nBe brief.\n\n" in rendered
 
 
 def test_a_template_switch_outside_the_allow_list_is_refused() -> None:

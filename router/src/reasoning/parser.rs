@@ -34,6 +34,9 @@ pub enum ReasoningParserFlag {
     DeepseekV3,
     #[value(name = "kimi_k2")]
     KimiK2,
+    /// GLM-4.5 and GLM-4.6: Qwen3's markers and `enable_thinking` switch.
+    #[value(name = "glm45")]
+    Glm45,
 }
 
 impl ReasoningParserFlag {
@@ -47,7 +50,7 @@ impl ReasoningParserFlag {
             Self::Auto => ReasoningParser::detect(template, model_type),
             Self::None => None,
             Self::DeepseekR1 => Some(ReasoningParser::DeepseekR1),
-            Self::Qwen3 => Some(ReasoningParser::Qwen3),
+            Self::Qwen3 | Self::Glm45 => Some(ReasoningParser::Qwen3),
             Self::DeepseekV3 => Some(ReasoningParser::DeepseekV3),
             Self::KimiK2 => Some(ReasoningParser::KimiK2),
         }
@@ -154,6 +157,29 @@ mod tests {
             None
         );
         assert_eq!(ReasoningParser::detect(None, Some("qwen3")), None);
+        for (template, model_type) in [
+            (
+                include_str!("../../python/tests/chat_templates/glm-4.6.jinja"),
+                "glm4_moe",
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen3.5.jinja"),
+                "qwen3_5",
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/smollm3.jinja"),
+                "smollm3",
+            ),
+        ] {
+            assert_eq!(
+                ReasoningParser::detect(Some(template), Some(model_type)),
+                Some(ReasoningParser::Qwen3)
+            );
+        }
+        assert_eq!(
+            ReasoningParserFlag::Glm45.resolve(None, None),
+            Some(ReasoningParser::Qwen3)
+        );
     }
 
     #[test]

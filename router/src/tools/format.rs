@@ -5,6 +5,7 @@ use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
 use super::section::{Marker, SectionSyntax, SectionTokens, DEEPSEEK_V31, KIMI_K2};
+use super::xml_syntax::{MarkerTokens, XmlSyntax, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER};
 
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -22,6 +23,13 @@ pub enum ToolCallParser {
     /// `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX...` (Kimi K2).
     #[value(name = "kimi_k2")]
     KimiK2,
+    /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...` (Qwen3-Coder,
+    /// Qwen3.5, Qwen3.6).
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
+    /// `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...` (GLM-4.5, 4.6).
+    #[value(name = "glm45")]
+    Glm45,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
     Tandem,
 }
@@ -37,6 +45,8 @@ pub enum ToolFamily {
     Mistral,
     DeepseekV31,
     KimiK2,
+    Qwen3Coder,
+    Glm45,
 }
 
 /// The syntax the router renders, constrains and parses tool calls in.
@@ -51,12 +61,24 @@ pub struct ToolFormat {
     pub closing_token: Option<u32>,
     /// The ids of a sectioned family's markers (`section.rs`) held as single tokens.
     pub section_tokens: SectionTokens,
+    /// The XML families' inner markers the tokenizer holds as added tokens that decode to
+    /// their text (`XmlSyntax::token_markers` order).
+    pub marker_tokens: MarkerTokens,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
-pub const HERMES_TRIGGER: &str = "<tool_call>";
+pub const HERMES_TRIGGER: &str = XML_TRIGGER;
 /// Hermes's call closing.
-pub const HERMES_CLOSING: &str = "</tool_call>";
+pub const HERMES_CLOSING: &str = XML_CLOSING;
+/// GLM-4.5's call markers: Hermes's tags around its argument tags.
+const GLM45_MARKERS: [&str; 6] = [
+    HERMES_TRIGGER,
+    HERMES_CLOSING,
+    GLM45.token_markers[0],
+    GLM45.token_markers[1],
+    GLM45.token_markers[2],
+    GLM45.token_markers[3],
+];
 /// Mistral's call opening.
 pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 
@@ -71,6 +93,11 @@ impl ToolFamily {
             || template.contains("<|im_system|>tool_declare")
         {
             Self::KimiK2
+        // Both XML syntaxes open calls with Hermes's `<tool_call>`: their inner markers decide.
+        } else if template.contains("<function=") && template.contains("<parameter=") {
+            Self::Qwen3Coder
+        } else if template.contains("<arg_key>") {
+            Self::Glm45
         } else if template.contains(HERMES_TRIGGER) {
             Self::Hermes
         } else if template.contains(MISTRAL_TRIGGER) {
@@ -93,6 +120,17 @@ impl ToolFamily {
             Self::Mistral => "mistral",
             Self::DeepseekV31 => "deepseek_v31",
             Self::KimiK2 => "kimi_k2",
+            Self::Qwen3Coder => "qwen3_coder",
+            Self::Glm45 => "glm45",
+        }
+    }
+
+    /// The syntax of an XML-style family.
+    pub fn xml_syntax(self) -> Option<&'static XmlSyntax> {
+        match self {
+            Self::Qwen3Coder => Some(&QWEN3_CODER),
+            Self::Glm45 => Some(&GLM45),
+            _ => None,
         }
     }
 
@@ -109,6 +147,8 @@ impl ToolFamily {
             Self::Hermes => &[HERMES_TRIGGER, HERMES_CLOSING],
             Self::DeepseekV31 => &DEEPSEEK_V31.markers,
             Self::KimiK2 => &KIMI_K2.markers,
+            Self::Qwen3Coder => &[HERMES_TRIGGER, HERMES_CLOSING],
+            Self::Glm45 => &GLM45_MARKERS,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
     }
@@ -145,6 +185,8 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::Mistral => Self::Mistral,
             ToolCallParser::DeepseekV31 => Self::DeepseekV31,
             ToolCallParser::KimiK2 => Self::KimiK2,
+            ToolCallParser::Qwen3Coder => Self::Qwen3Coder,
+            ToolCallParser::Glm45 => Self::Glm45,
             ToolCallParser::Tandem => Self::Tandem,
         }
     }
@@ -168,17 +210,26 @@ impl ToolFormat {
                 tokenizer.token_to_id(HERMES_TRIGGER),
                 tokenizer.token_to_id(HERMES_CLOSING),
             ),
+            ToolFamily::Qwen3Coder | ToolFamily::Glm45 => (
+                visible_token(tokenizer, HERMES_TRIGGER),
+                visible_token(tokenizer, HERMES_CLOSING),
+            ),
             _ => (None, None),
         };
         let section_tokens = family
             .section()
             .map(|syntax| syntax.tokens(tokenizer))
             .unwrap_or_default();
+        let marker_tokens = family
+            .xml_syntax()
+            .map(|syntax| syntax.marker_tokens(|marker| visible_token(tokenizer, marker)))
+            .unwrap_or_default();
         Self {
             family,
             trigger_token,
             closing_token,
             section_tokens,
+            marker_tokens,
         }
     }
 
@@ -189,12 +240,26 @@ impl ToolFormat {
             trigger_token: None,
             closing_token: None,
             section_tokens: SectionTokens::default(),
+            marker_tokens: MarkerTokens::default(),
         }
     }
 }
 
+/// The id of `marker` when the tokenizer holds it as one added token. A special one reaches the
+/// parsers as text too: every marker these families' grammars name is one of their
+/// `chat_markers`, which chat output keeps.
+fn visible_token(tokenizer: &Tokenizer, marker: &str) -> Option<u32> {
+    let id = tokenizer.token_to_id(marker)?;
+    tokenizer
+        .get_added_tokens_decoder()
+        .contains_key(&id)
+        .then_some(id)
+}
+
 #[cfg(test)]
 mod tests {
+    use clap::ValueEnum;
+
     use super::*;
     use crate::validation::testing::tokenizer_with_special_tokens;
 
@@ -217,6 +282,71 @@ mod tests {
             ToolFormat::choose(None, None, &tokenizer),
             ToolFormat::default()
         );
+    }
+
+    #[test]
+    fn the_xml_families_are_told_apart_from_hermes_by_their_real_templates() {
+        let templates = [
+            (
+                include_str!("../../python/tests/chat_templates/qwen3-coder.jinja"),
+                ToolFamily::Qwen3Coder,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen3.5.jinja"),
+                ToolFamily::Qwen3Coder,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/glm-4.6.jinja"),
+                ToolFamily::Glm45,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen3.jinja"),
+                ToolFamily::Hermes,
+            ),
+            (
+                include_str!("../../python/tests/chat_templates/qwen2.5.jinja"),
+                ToolFamily::Hermes,
+            ),
+        ];
+        for (template, family) in templates {
+            assert_eq!(ToolFamily::of_template(template), family);
+        }
+        let tokenizer = tokenizer_with_special_tokens(&[]);
+        for parser in [ToolCallParser::Qwen3Coder, ToolCallParser::Glm45] {
+            let family = ToolFormat::choose(Some(parser), None, &tokenizer).family;
+            assert_eq!(
+                ToolCallParser::from_str(family.parser_name(), false),
+                Ok(parser)
+            );
+        }
+    }
+
+    #[test]
+    fn added_markers_are_offered_as_tokens_and_special_ones_stay_in_chat_text() {
+        let json = crate::validation::testing::tokenizer_json_with_special_tokens(&[
+            HERMES_TRIGGER,
+            "<arg_key>",
+        ]);
+        let mut tokenizer = Tokenizer::from_bytes(json.to_string()).expect("test vocabulary");
+        tokenizer
+            .add_tokens([tokenizers::AddedToken::from("<arg_value>", false)])
+            .expect("a plain added token");
+        let glm = ToolFormat::choose(Some(ToolCallParser::Glm45), None, &tokenizer);
+        assert_eq!(glm.trigger_token, tokenizer.token_to_id(HERMES_TRIGGER));
+        assert_eq!(glm.marker_tokens[0], tokenizer.token_to_id("<arg_key>"));
+        assert_eq!(glm.marker_tokens[2], tokenizer.token_to_id("<arg_value>"));
+        assert_eq!(
+            glm.marker_tokens[1], None,
+            "not one token of this vocabulary"
+        );
+        assert!(glm.trigger_token.is_some() && glm.marker_tokens[0].is_some());
+        let kept = ToolFamily::Glm45.chat_markers();
+        for marker in [HERMES_TRIGGER, "<arg_key>", "<arg_value>"] {
+            assert!(
+                kept.contains(&marker),
+                "{marker} reaches the parser as text"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,9 @@
 use serde_json::{json, Value};
 
 use super::format::{ToolFamily, ToolFormat, HERMES_CLOSING, HERMES_TRIGGER, MISTRAL_TRIGGER};
+use super::lark::{lark_string, regex_escape, repeated};
 use super::plan::{ToolChoice, ToolPlan};
+use super::xml_grammar::xml_grammar;
 use crate::scheduler::Grammar;
 use crate::validation::{with_json_layout, RequestedGrammar};
 
@@ -23,10 +25,11 @@ impl ToolPlan {
         match (&self.choice, self.format.family) {
             (ToolChoice::None, _) => None,
             (_, ToolFamily::Tandem) => Some(tandem_grammar(self)),
-            (_, family) if family.section().is_some() => family
-                .section()
-                .map(|syntax| syntax.grammar(self, self.format.section_tokens)),
-            _ => Some(native_grammar(self)),
+            (_, family) => Some(match (family.section(), family.xml_syntax()) {
+                (Some(syntax), _) => syntax.grammar(self, self.format.section_tokens),
+                (None, Some(syntax)) => xml_grammar(self, syntax),
+                (None, None) => native_grammar(self),
+            }),
         }
     }
 }
@@ -133,15 +136,6 @@ fn call_alternatives(plan: &ToolPlan) -> String {
     format!("({})", names.join(" | "))
 }
 
-/// `item`, or `item (separator item)*` when several are allowed.
-fn repeated(item: &str, separator: &str, several: bool) -> String {
-    if several {
-        format!("{item} ({separator} {item})*")
-    } else {
-        item.to_owned()
-    }
-}
-
 /// `<tool_call>\n{...}\n</tool_call>`, one per call, separated by a newline.
 fn hermes_calls(plan: &ToolPlan, one: &str) -> String {
     let wrapped = format!(
@@ -185,22 +179,6 @@ fn hermes_auto(plan: &ToolPlan, one: &str) -> String {
          TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{trigger}[\\s\\S]*/\n\
          PREFIX: /[\\s\\S]*{trigger}/ & ~/[\\s\\S]*{trigger}[\\s\\S]+/\n"
     )
-}
-
-/// `text` as a Lark string literal.
-pub(super) fn lark_string(text: &str) -> String {
-    json!(text).to_string()
-}
-
-/// `text` with regex metacharacters escaped (for a Lark `/.../` token).
-pub(super) fn regex_escape(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| match c {
-            '\\' | '/' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^'
-            | '$' => vec!['\\', c],
-            _ => vec![c],
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -5,17 +5,23 @@
 //! `output.rs` read calls out of what the grammar let the model write, whole or streaming.
 //!
 //! Families with a native syntax (Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral
-//! `[TOOL_CALLS]`, DeepSeek-V3.1's and Kimi K2's call sections in `section.rs`) see the tools through their chat template's `tools`; other models are
-//! taught Tandem's `{"tool_calls": [...]}` document in a system message.
+//! `[TOOL_CALLS]`, DeepSeek-V3.1's and Kimi K2's call sections in `section.rs`, and the
+//! XML-style Qwen3-Coder and GLM-4.5 calls of `xml_*.rs`) see the tools through their chat
+//! template's `tools`; other models are taught Tandem's `{"tool_calls": [...]}` document in a
+//! system message.
 
 mod calls;
 mod format;
 mod grammar;
 mod history;
+mod lark;
 mod output;
 mod plan;
 mod section;
 mod section_stream;
+mod xml_calls;
+mod xml_grammar;
+mod xml_syntax;
 
 pub use calls::{FunctionCall, ToolCall};
 pub use format::{ToolCallParser, ToolFamily, ToolFormat};

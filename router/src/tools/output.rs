@@ -3,12 +3,12 @@
 //!
 //! Where calls start depends on the family. Tandem, Llama and Mistral calls open the output
 //! (the grammar keeps plain text from starting with `{`, `[` or a blank, and Mistral's
-//! `[TOOL_CALLS]` token decodes to no text), so the first character decides. Hermes calls
-//! follow free text at the first `<tool_call>`: text that may be the start of the trigger is
-//! held back until the next text decides it, so a trigger split across tokens is never shown
-//! as content. DeepSeek-V3.1's and Kimi K2's calls follow free text the same way at their
-//! section's opening marker. Work is constant per character, however the text is cut into
-//! deltas.
+//! `[TOOL_CALLS]` token decodes to no text), so the first character decides. Hermes,
+//! Qwen3-Coder and GLM-4.5 calls follow free text at the first `<tool_call>`: text that may be
+//! the start of the trigger is held back until the next text decides it, so a trigger split
+//! across tokens is never shown as content. DeepSeek-V3.1's and Kimi K2's calls follow free
+//! text the same way at their section's opening marker. Work is constant per character,
+//! however the text is cut into deltas.
 
 use serde_json::Value;
 
@@ -17,6 +17,8 @@ use super::format::{ToolFamily, HERMES_TRIGGER};
 use super::plan::{ToolChoice, ToolPlan};
 use super::section::Marker;
 use super::section_stream::SectionStream;
+use super::xml_calls::XmlCallStream;
+use super::xml_syntax::ValueKinds;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
 #[derive(Debug, PartialEq)]
@@ -64,18 +66,21 @@ enum State {
     Calls(CallStream),
 }
 
-/// The parser of the calls themselves: JSON call objects, or a sectioned family's markers.
+/// The parser of the calls themselves: JSON call objects, a sectioned family's markers, or
+/// XML-style calls.
 #[derive(Debug)]
 enum CallStream {
     Objects(ToolCallStream),
     Section(SectionStream),
+    Xml(XmlCallStream),
 }
 
 impl CallStream {
-    fn new(family: ToolFamily) -> Self {
-        match family.section() {
-            Some(syntax) => Self::Section(SectionStream::new(family, syntax)),
-            None => Self::Objects(ToolCallStream::new(family)),
+    fn new(family: ToolFamily, kinds: &ValueKinds) -> Self {
+        match (family.section(), family.xml_syntax()) {
+            (Some(syntax), _) => Self::Section(SectionStream::new(family, syntax)),
+            (None, Some(syntax)) => Self::Xml(XmlCallStream::new(family, syntax, kinds.clone())),
+            (None, None) => Self::Objects(ToolCallStream::new(family)),
         }
     }
 
@@ -83,6 +88,7 @@ impl CallStream {
         match self {
             Self::Objects(stream) => stream.push(text),
             Self::Section(stream) => stream.push(text),
+            Self::Xml(stream) => stream.push(text),
         }
     }
 
@@ -90,6 +96,7 @@ impl CallStream {
         match self {
             Self::Objects(stream) => stream.count(),
             Self::Section(stream) => stream.count(),
+            Self::Xml(stream) => stream.count(),
         }
     }
 }
@@ -98,7 +105,11 @@ impl CallStream {
 fn text_trigger(family: ToolFamily) -> Option<&'static str> {
     match family.section() {
         Some(syntax) => Some(syntax.marker(Marker::SectionBegin)),
-        None => (family == ToolFamily::Hermes).then_some(HERMES_TRIGGER),
+        None => matches!(
+            family,
+            ToolFamily::Hermes | ToolFamily::Qwen3Coder | ToolFamily::Glm45
+        )
+        .then_some(HERMES_TRIGGER),
     }
 }
 
@@ -107,6 +118,8 @@ fn text_trigger(family: ToolFamily) -> Option<&'static str> {
 pub struct ChoiceOutput {
     family: ToolFamily,
     state: State,
+    /// How the XML families' parameter values read back into JSON.
+    kinds: ValueKinds,
 }
 
 /// Routes `text` through `output` when the request may call tools, else to plain content.
@@ -122,26 +135,54 @@ impl ChoiceOutput {
     /// The output of one choice in `family`'s syntax: calls from the start when a call is
     /// required.
     pub fn new(family: ToolFamily, call_required: bool) -> Self {
+        let kinds = ValueKinds::default();
         let state = match (call_required, text_trigger(family)) {
-            (true, _) => State::Calls(CallStream::new(family)),
+            (true, _) => State::Calls(CallStream::new(family, &kinds)),
             (false, Some(trigger)) => State::BeforeTrigger {
                 trigger,
                 held: String::new(),
             },
             (false, None) => State::Undecided,
         };
-        Self { family, state }
+        Self {
+            family,
+            state,
+            kinds,
+        }
     }
 
     /// The output of one choice under `plan`.
     pub fn for_plan(plan: &ToolPlan) -> Self {
-        Self::new(plan.format.family, plan.choice != ToolChoice::Auto)
+        Self::new(plan.format.family, plan.choice != ToolChoice::Auto).with_tools(plan)
     }
 
     /// This output, before any text, in `family`'s syntax.
     #[must_use]
     pub fn in_family(self, family: ToolFamily) -> Self {
-        Self::new(family, matches!(self.state, State::Calls(_)))
+        let kinds = self.kinds;
+        let mut output = Self::new(family, matches!(self.state, State::Calls(_)));
+        output.kinds = kinds;
+        output.restart_calls();
+        output
+    }
+
+    /// This output, before any text, reading parameter values by `plan`'s tool schemas.
+    #[must_use]
+    pub fn with_tools(mut self, plan: &ToolPlan) -> Self {
+        self.kinds = ValueKinds::of_tools(
+            plan.tools
+                .iter()
+                .map(|tool| (tool.name.as_str(), &tool.parameters)),
+        );
+        self.restart_calls();
+        self
+    }
+
+    /// A fresh call scanner, with the current kinds, when calls start at once.
+    fn restart_calls(&mut self) {
+        if let State::Calls(_) = self.state {
+            self.state = State::Calls(CallStream::new(self.family, &self.kinds));
+        }
     }
 
     /// Routes `text` to content or to call deltas.
@@ -150,7 +191,7 @@ impl ChoiceOutput {
             State::Undecided => match text.chars().next() {
                 None => DeltaBody::Nothing,
                 Some(first) if opens_calls(self.family, first) => {
-                    self.state = State::Calls(CallStream::new(self.family));
+                    self.state = State::Calls(CallStream::new(self.family, &self.kinds));
                     self.push(text)
                 }
                 Some(_) => {
@@ -165,7 +206,7 @@ impl ChoiceOutput {
                 match text.find(*trigger) {
                     Some(start) => {
                         let calls = text.split_off(start);
-                        let mut stream = CallStream::new(self.family);
+                        let mut stream = CallStream::new(self.family, &self.kinds);
                         let deltas = stream.push(&calls);
                         self.state = State::Calls(stream);
                         content_and_calls(text, deltas)

@@ -9,7 +9,8 @@
 
 use tokenizers::Tokenizer;
 
-use super::grammar::{lark_string, object_schema, regex_escape};
+use super::grammar::object_schema;
+use super::lark::{lark_string, regex_escape};
 use super::plan::{ToolChoice, ToolPlan};
 use crate::scheduler::Grammar;
 use crate::validation::{with_json_layout, RequestedGrammar};

@@ -6,6 +6,9 @@ use serde_json::{Map, Value};
 
 use super::error::ValidationError;
 use super::template_json::tojson;
+use super::template_python::{
+    is_python_iterable, python_string, strftime_now, without_generation_blocks,
+};
 
 const TEMPLATE_NAME: &str = "chat";
 
@@ -101,6 +104,9 @@ pub struct ChatTemplate {
 struct TemplateInput<'a> {
     messages: &'a [ChatMessage],
     tools: Option<&'a Value>,
+    /// The tools again under the name SmolLM3's template reads them by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xml_tools: Option<&'a Value>,
     add_generation_prompt: bool,
     bos_token: &'a str,
     eos_token: &'a str,
@@ -110,7 +116,8 @@ struct TemplateInput<'a> {
 
 impl ChatTemplate {
     /// Compiles `source` with Jinja settings matching `transformers` (trim and lstrip
-    /// blocks, Python string methods, `raise_exception`).
+    /// blocks, Python string methods and `str()`, `raise_exception`, `strftime_now`,
+    /// `{% generation %}` blocks).
     pub fn new(
         source: String,
         bos_token: Option<String>,
@@ -122,7 +129,10 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)?;
+        env.add_filter("string", python_string);
+        env.add_function("strftime_now", strftime_now);
+        env.add_test("iterable", is_python_iterable);
+        env.add_template_owned(TEMPLATE_NAME, without_generation_blocks(&source))?;
         Ok(Self {
             env,
             bos_token: bos_token.unwrap_or_default(),
@@ -144,6 +154,7 @@ impl ChatTemplate {
         let input = TemplateInput {
             messages,
             tools: extras.tools.as_ref(),
+            xml_tools: extras.tools.as_ref(),
             kwargs: &extras.kwargs,
             add_generation_prompt: ending == ChatEnding::GenerationPrompt,
             bos_token: &self.bos_token,

@@ -18,6 +18,7 @@ mod sampling_defaults;
 pub mod serde_wording;
 mod template_json;
 mod template_kwargs;
+mod template_python;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::response::{stop_reason, tool_use_id};
 use crate::reasoning::{ReasoningSplitter, Split};
 use crate::stream::Finish;
-use crate::tools::{route_text, ChoiceOutput, ToolFamily};
+use crate::tools::{route_text, ChoiceOutput, ToolFamily, ToolPlan};
 
 /// The block being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,15 @@ impl MessageEvents {
     #[must_use]
     pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
         self.tool_output = self.tool_output.map(|output| output.in_family(family));
+        self
+    }
+
+    /// Reads call parameter values back by `plan`'s tool schemas (the XML-style families).
+    #[must_use]
+    pub fn with_tools(mut self, plan: Option<&ToolPlan>) -> Self {
+        if let Some(plan) = plan {
+            self.tool_output = self.tool_output.map(|output| output.with_tools(plan));
+        }
         self
     }
 

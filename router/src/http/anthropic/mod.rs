@@ -76,6 +76,7 @@ pub async fn messages(
     let model = state.config.model_id.clone();
     let renderer = MessageEvents::new(tools_callable, call_required)
         .with_tool_family(state.config.tool_format.family)
+        .with_tools(generation.tools.as_ref())
         .with_reasoning(admitted.reasoning.clone());
     if generation.stream {
         let input_tokens = admitted.input_tokens;

@@ -17,7 +17,7 @@ use super::output::{
 use crate::error::{error_body, Api, AppError};
 use crate::reasoning::{ReasoningSplitter, Split};
 use crate::stream::Finish;
-use crate::tools::{route_text, ChoiceOutput, ToolFamily};
+use crate::tools::{route_text, ChoiceOutput, ToolFamily, ToolPlan};
 
 /// Renders one response's events; every method returns the events to send, in order.
 #[derive(Debug)]
@@ -49,6 +49,15 @@ impl ResponseEvents {
     #[must_use]
     pub fn with_tool_family(mut self, family: ToolFamily) -> Self {
         self.tool_output = self.tool_output.map(|output| output.in_family(family));
+        self
+    }
+
+    /// Reads call parameter values back by `plan`'s tool schemas (the XML-style families).
+    #[must_use]
+    pub fn with_tools(mut self, plan: Option<&ToolPlan>) -> Self {
+        if let Some(plan) = plan {
+            self.tool_output = self.tool_output.map(|output| output.with_tools(plan));
+        }
         self
     }
 

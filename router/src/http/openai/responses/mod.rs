@@ -86,7 +86,8 @@ pub async fn create(
         .as_ref()
         .is_some_and(|plan| plan.choice != ToolChoice::Auto);
     let renderer = ResponseEvents::new(generation.tools.is_some(), call_required)
-        .with_tool_family(state.config.tool_format.family);
+        .with_tool_family(state.config.tool_format.family)
+        .with_tools(generation.tools.as_ref());
     let draft = Draft::new(
         state.config.model_id.clone(),
         generation.echo,
