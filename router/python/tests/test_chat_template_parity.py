@@ -65,7 +65,7 @@ def _tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", **special)
 
 
-def _as_transformers_sees_them(messages: list[dict[str, Any]], arguments_as_text: bool) -> list[dict[str, Any]]:
+def _as_transformers_sees_them(messages: list[dict[str, Any]], arguments_as_text: bool = False) -> list[dict[str, Any]]:
     """The messages as a `transformers` user passes them: call arguments as objects (or as the JSON text the family's
     template reads), no null content."""
     converted = copy.deepcopy(messages)
