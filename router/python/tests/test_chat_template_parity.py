@@ -44,6 +44,7 @@ SPECIAL = {
     "qwen3": {},
     "llama3.1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "mistral-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "gpt-oss": {},
 }
 
 
@@ -55,11 +56,14 @@ def _tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
 
 
 def _as_transformers_sees_them(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as a `transformers` user passes them: call arguments as objects, no null content."""
+    """The messages as a `transformers` user passes them: call arguments as objects, no null content, reasoning
+    under the name the template reads (gpt-oss's `thinking`)."""
     converted = copy.deepcopy(messages)
     for message in converted:
         if message.get("content") is None:
             message["content"] = ""
+        if "reasoning_content" in message:
+            message["thinking"] = message["reasoning_content"]
         for call in message.get("tool_calls", []):
             call["function"]["arguments"] = json.loads(call["function"]["arguments"])
     return converted
@@ -113,3 +117,29 @@ def test_a_template_switch_outside_the_allow_list_is_refused() -> None:
     body = {"messages": ASK, "chat_template_kwargs": {"add_generation_prompt": False}}
     with pytest.raises(ValueError, match=r"chat_template_kwargs\.add_generation_prompt"):
         render_chat(template, json.dumps(body))
+
+
+def _gpt_oss(body: dict[str, Any], **kwargs: Any) -> tuple[str, str]:
+    """gpt-oss's rendering of `body` by the router, and by `transformers` with the template variables `kwargs`."""
+    template = (TEMPLATES / "gpt-oss.jinja").read_text()
+    expected = _tokenizer({}).apply_chat_template(
+        _as_transformers_sees_them(body["messages"]), tools=body.get("tools"), chat_template=template,
+        tokenize=False, add_generation_prompt=True, **kwargs,
+    )  # fmt: skip
+    return render_chat(template, json.dumps(body)), expected
+
+
+def test_gpt_oss_renders_the_prior_turns_reasoning_before_its_call_as_transformers_renders_it() -> None:
+    history = copy.deepcopy(HISTORY[:4])
+    history[2]["reasoning_content"] = "The user wants the weather; call get_weather."
+    rendered, expected = _gpt_oss({"messages": history, "tools": [WEATHER, TIME]})
+    assert rendered == expected
+    assert "<|channel|>analysis<|message|>The user wants the weather" in rendered
+    assert rendered.endswith("<|start|>assistant")
+
+
+@pytest.mark.parametrize("effort", ["low", "medium", "high"])
+def test_gpt_oss_takes_the_requests_reasoning_effort_through_its_template_variable(effort: str) -> None:
+    rendered, expected = _gpt_oss({"messages": ASK, "reasoning_effort": effort}, reasoning_effort=effort)
+    assert rendered == expected
+    assert f"Reasoning: {effort}" in rendered

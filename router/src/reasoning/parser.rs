@@ -3,6 +3,8 @@
 
 use clap::ValueEnum;
 
+use crate::harmony;
+
 /// A family's reasoning format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
@@ -12,6 +14,9 @@ pub enum ReasoningParser {
     /// Qwen3: `<think>…</think>`, switched by the template's `enable_thinking`; output without
     /// an opening marker is all answer.
     Qwen3,
+    /// gpt-oss's harmony channels: the `analysis` channel is the reasoning (`crate::harmony`);
+    /// the template's `reasoning_effort` sets its level.
+    Harmony,
 }
 
 /// `--reasoning-parser`: a format by vLLM's name, the one the model's template shows, or none.
@@ -25,6 +30,9 @@ pub enum ReasoningParserFlag {
     DeepseekR1,
     #[value(name = "qwen3")]
     Qwen3,
+    /// gpt-oss's harmony channels.
+    #[value(name = "openai_gptoss")]
+    OpenaiGptoss,
 }
 
 impl ReasoningParserFlag {
@@ -39,6 +47,7 @@ impl ReasoningParserFlag {
             Self::None => None,
             Self::DeepseekR1 => Some(ReasoningParser::DeepseekR1),
             Self::Qwen3 => Some(ReasoningParser::Qwen3),
+            Self::OpenaiGptoss => Some(ReasoningParser::Harmony),
         }
     }
 }
@@ -70,6 +79,9 @@ impl ReasoningParser {
     /// shows reasoning markers; `None` when it shows none.
     pub fn detect(template: Option<&str>, model_type: Option<&str>) -> Option<Self> {
         let template = template?;
+        if template.contains(harmony::CHANNEL) {
+            return Some(Self::Harmony);
+        }
         if !template.contains("</think>") {
             return None;
         }
@@ -78,6 +90,14 @@ impl ReasoningParser {
             Some(Self::Qwen3)
         } else {
             Some(Self::DeepseekR1)
+        }
+    }
+
+    /// The special tokens the splitter reads as text.
+    pub fn chat_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Harmony => &harmony::MARKERS,
+            Self::DeepseekR1 | Self::Qwen3 => &["<think>", "</think>"],
         }
     }
 
@@ -129,6 +149,11 @@ mod tests {
             None
         );
         assert_eq!(ReasoningParser::detect(None, Some("qwen3")), None);
+        let harmony = "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking }}";
+        assert_eq!(
+            ReasoningParser::detect(Some(harmony), Some("gpt_oss")),
+            Some(ReasoningParser::Harmony)
+        );
     }
 
     #[test]

@@ -4,6 +4,8 @@
 use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
+use crate::harmony;
+
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ToolCallParser {
@@ -14,6 +16,8 @@ pub enum ToolCallParser {
     Llama3Json,
     /// `[TOOL_CALLS] [{"name", "arguments"}, ...]` (Mistral).
     Mistral,
+    /// Harmony's `<|channel|>commentary to=functions.NAME` messages (gpt-oss).
+    Openai,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
     Tandem,
 }
@@ -27,6 +31,8 @@ pub enum ToolFamily {
     Hermes,
     Llama3Json,
     Mistral,
+    /// gpt-oss's harmony channels (`crate::harmony`).
+    Harmony,
 }
 
 /// The syntax the router renders, constrains and parses tool calls in.
@@ -51,7 +57,9 @@ pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 impl ToolFamily {
     /// The family whose call syntax `template` writes; Tandem's own when it writes none.
     pub fn of_template(template: &str) -> Self {
-        if template.contains(HERMES_TRIGGER) {
+        if template.contains(harmony::CHANNEL) {
+            Self::Harmony
+        } else if template.contains(HERMES_TRIGGER) {
             Self::Hermes
         } else if template.contains(MISTRAL_TRIGGER) {
             Self::Mistral
@@ -71,6 +79,7 @@ impl ToolFamily {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Harmony => "openai",
         }
     }
 
@@ -85,6 +94,7 @@ impl ToolFamily {
     pub fn chat_markers(self) -> &'static [&'static str] {
         match self {
             Self::Hermes => &[HERMES_TRIGGER, HERMES_CLOSING],
+            Self::Harmony => &harmony::MARKERS,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
     }
@@ -104,6 +114,7 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::Hermes => Self::Hermes,
             ToolCallParser::Llama3Json => Self::Llama3Json,
             ToolCallParser::Mistral => Self::Mistral,
+            ToolCallParser::Openai => Self::Harmony,
             ToolCallParser::Tandem => Self::Tandem,
         }
     }
@@ -157,10 +168,16 @@ mod tests {
         let mistral = "{{- \"[TOOL_CALLS] [\" }}";
         let llama = "{{- \"<|python_tag|>\" + tool_call.name }}";
         let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        let harmony = "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content }}";
         assert_eq!(ToolFamily::of_template(hermes), ToolFamily::Hermes);
         assert_eq!(ToolFamily::of_template(mistral), ToolFamily::Mistral);
         assert_eq!(ToolFamily::of_template(llama), ToolFamily::Llama3Json);
         assert_eq!(ToolFamily::of_template(plain), ToolFamily::Tandem);
+        assert_eq!(ToolFamily::of_template(harmony), ToolFamily::Harmony);
+        assert_eq!(
+            ToolFamily::from(ToolCallParser::Openai).parser_name(),
+            "openai"
+        );
         let tokenizer = tokenizer_with_special_tokens(&[]);
         let forced = ToolFormat::choose(Some(ToolCallParser::Hermes), Some(plain), &tokenizer);
         assert_eq!(forced.family, ToolFamily::Hermes);

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::calls::{FunctionCall, ToolCall, ToolCallStream};
 use super::format::{ToolFamily, HERMES_TRIGGER};
 use super::plan::{ToolChoice, ToolPlan};
+use crate::harmony::HarmonyAnswer;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
 #[derive(Debug, PartialEq)]
@@ -56,6 +57,8 @@ enum State {
         held: String,
     },
     Calls(ToolCallStream),
+    /// Harmony's answer stream (`crate::harmony`): content and calls in any order.
+    Harmony(HarmonyAnswer),
 }
 
 /// Routes one choice's text to content or to call deltas.
@@ -63,6 +66,8 @@ enum State {
 pub struct ChoiceOutput {
     family: ToolFamily,
     state: State,
+    /// Whether a call is required.
+    required: bool,
 }
 
 /// Routes `text` through `output` when the request may call tools, else to plain content.
@@ -79,13 +84,18 @@ impl ChoiceOutput {
     /// required.
     pub fn new(family: ToolFamily, call_required: bool) -> Self {
         let state = match (call_required, family) {
+            (_, ToolFamily::Harmony) => State::Harmony(HarmonyAnswer::new()),
             (true, _) => State::Calls(ToolCallStream::new(family)),
             (false, ToolFamily::Hermes) => State::BeforeTrigger {
                 held: String::new(),
             },
             (false, _) => State::Undecided,
         };
-        Self { family, state }
+        Self {
+            family,
+            state,
+            required: call_required,
+        }
     }
 
     /// The output of one choice under `plan`.
@@ -96,7 +106,7 @@ impl ChoiceOutput {
     /// This output, before any text, in `family`'s syntax.
     #[must_use]
     pub fn in_family(self, family: ToolFamily) -> Self {
-        Self::new(family, matches!(self.state, State::Calls(_)))
+        Self::new(family, self.required)
     }
 
     /// Routes `text` to content or to call deltas.
@@ -132,6 +142,10 @@ impl ChoiceOutput {
                 }
             }
             State::Calls(stream) => content_and_calls(String::new(), stream.push(&text)),
+            State::Harmony(answer) => {
+                let (content, calls) = answer.push(&text);
+                content_and_calls(content, calls)
+            }
         }
     }
 
@@ -139,6 +153,7 @@ impl ChoiceOutput {
     pub fn finish(&mut self) -> DeltaBody {
         match &mut self.state {
             State::BeforeTrigger { held } => content_and_calls(std::mem::take(held), Vec::new()),
+            State::Harmony(answer) => content_and_calls(answer.finish(), Vec::new()),
             _ => DeltaBody::Nothing,
         }
     }
@@ -147,6 +162,7 @@ impl ChoiceOutput {
     pub fn finish_reason(&self, finish: &'static str) -> &'static str {
         match &self.state {
             State::Calls(stream) if finish == "stop" && stream.count() > 0 => "tool_calls",
+            State::Harmony(answer) if finish == "stop" && answer.count() > 0 => "tool_calls",
             _ => finish,
         }
     }

@@ -115,6 +115,7 @@ fn reasoning_request(
     Ok(ReasoningRequest {
         enabled: Some(enabled),
         budget_tokens,
+        effort: None,
         param: "thinking",
     })
 }
