@@ -137,8 +137,10 @@ def test_streamed_reasoning_then_a_call_rebuild_the_whole_answer(gpt_oss: Tandem
     """`minimal` effort bounds the analysis at 256 tokens: a random model never ends it itself, so the grammar ends
     it, and the required call follows."""
     body = _body(5, reasoning_effort="minimal", max_tokens=400)
-    whole = _complete(gpt_oss, body)["choices"][0]
+    completion = _complete(gpt_oss, body)
+    whole = completion["choices"][0]
     assert whole["finish_reason"] == "tool_calls", whole
+    assert 0 < completion["usage"]["completion_tokens_details"]["reasoning_tokens"] <= 258
     assert whole["message"]["reasoning_content"]
     with requests.post(f"{gpt_oss.base_url}/v1/chat/completions", json={**body, "stream": True}, stream=True,
                        timeout=300) as reply:  # fmt: skip
