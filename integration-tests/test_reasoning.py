@@ -65,7 +65,7 @@ def reasoning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
     LlamaForCausalLM(config).save_pretrained(model_dir)
@@ -80,7 +80,7 @@ def thinker(reasoning_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "--model-id", str(reasoning_model_dir), *FLOAT32_EAGER,
         "--kv-cache-memory", "32MiB",
         "--max-input-tokens", "256",
-        "--max-total-tokens", "1024",
+        "--max-total-tokens", "2048",
         "--speculate", "3",
     )  # fmt: skip
     yield server
@@ -147,7 +147,7 @@ def test_raw_chat_stream_chunks_follow_the_schema(thinker: TandemServer) -> None
 def test_thinking_with_a_budget_reaches_the_anthropic_sdk_whole_and_streamed(thinker: TandemServer) -> None:
     client = _anthropic(thinker)
     fields: dict[str, Any] = {
-        "model": "m", "messages": ASK, "max_tokens": 40, "thinking": {"type": "enabled", "budget_tokens": 8},
+        "model": "m", "messages": ASK, "max_tokens": 1040, "thinking": {"type": "enabled", "budget_tokens": 1024},
         "extra_body": {"temperature": 1.0},
     }  # fmt: skip
     message = Message.model_validate(client.messages.create(**fields).model_dump())

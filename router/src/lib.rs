@@ -9,6 +9,7 @@ pub mod pb {
 pub mod config;
 pub mod error;
 pub mod generation;
+pub mod harmony;
 pub mod http;
 pub mod kv;
 pub mod limits;

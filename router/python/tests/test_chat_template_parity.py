@@ -50,6 +50,7 @@ SPECIAL = {
     "qwen3-coder": {},
     "qwen3.5": {},
     "glm-4.6": {},
+    "gpt-oss": {},
 }
 # Families whose published template leaves `tools` out of the prompt (DeepSeek-V3.1's model card describes them in the
 # system message instead).
@@ -67,11 +68,13 @@ def _tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
 
 def _as_transformers_sees_them(messages: list[dict[str, Any]], arguments_as_text: bool = False) -> list[dict[str, Any]]:
     """The messages as a `transformers` user passes them: call arguments as objects (or as the JSON text the family's
-    template reads), no null content."""
+    template reads), no null content, reasoning under the name the template reads (gpt-oss's `thinking`)."""
     converted = copy.deepcopy(messages)
     for message in converted:
         if message.get("content") is None:
             message["content"] = ""
+        if "reasoning_content" in message:
+            message["thinking"] = message["reasoning_content"]
         for call in message.get("tool_calls", []):
             if not arguments_as_text:
                 call["function"]["arguments"] = json.loads(call["function"]["arguments"])
@@ -216,3 +219,29 @@ def test_parallel_sectioned_calls_render_their_ids_and_arguments_text_as_transfo
         rendered, expected = _both(family, messages, [WEATHER, TIME])
         assert rendered == expected, family
         assert '{"city":"Paris"}' in rendered and written in rendered, family
+
+
+def _gpt_oss(body: dict[str, Any], **kwargs: Any) -> tuple[str, str]:
+    """gpt-oss's rendering of `body` by the router, and by `transformers` with the template variables `kwargs`."""
+    template = (TEMPLATES / "gpt-oss.jinja").read_text()
+    expected = _tokenizer({}).apply_chat_template(
+        _as_transformers_sees_them(body["messages"]), tools=body.get("tools"), chat_template=template,
+        tokenize=False, add_generation_prompt=True, **kwargs,
+    )  # fmt: skip
+    return render_chat(template, json.dumps(body)), expected
+
+
+def test_gpt_oss_renders_the_prior_turns_reasoning_before_its_call_as_transformers_renders_it() -> None:
+    history = copy.deepcopy(HISTORY[:4])
+    history[2]["reasoning_content"] = "The user wants the weather; call get_weather."
+    rendered, expected = _gpt_oss({"messages": history, "tools": [WEATHER, TIME]})
+    assert rendered == expected
+    assert "<|channel|>analysis<|message|>The user wants the weather" in rendered
+    assert rendered.endswith("<|start|>assistant")
+
+
+@pytest.mark.parametrize("effort", ["low", "medium", "high"])
+def test_gpt_oss_takes_the_requests_reasoning_effort_through_its_template_variable(effort: str) -> None:
+    rendered, expected = _gpt_oss({"messages": ASK, "reasoning_effort": effort}, reasoning_effort=effort)
+    assert rendered == expected
+    assert f"Reasoning: {effort}" in rendered

@@ -86,7 +86,7 @@ fn marker_rule(name: &str, marker: &str, token: Option<u32>) -> String {
 }
 
 /// `answer`: the requested grammar nested as it is, or free text.
-fn answer_rule(answer: Option<&Grammar>) -> String {
+pub fn answer_rule(answer: Option<&Grammar>) -> String {
     match answer {
         None => "answer: /(?s:.*)/".to_owned(),
         Some(Grammar::JsonSchema(schema)) => format!("answer: %json {schema}"),

@@ -12,7 +12,7 @@ mod parser;
 mod request;
 mod splitter;
 
-pub use grammar::{reasoning_grammar, MarkerTokens};
+pub use grammar::{answer_rule, reasoning_grammar, MarkerTokens};
 pub use parser::{ReasoningParser, ReasoningParserFlag, ReasoningStart};
 pub use request::{ReasoningEffort, ReasoningRequest};
 pub use splitter::{ReasoningSplitter, Split};

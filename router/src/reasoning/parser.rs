@@ -3,6 +3,8 @@
 
 use clap::ValueEnum;
 
+use crate::harmony;
+
 /// A family's reasoning format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
@@ -17,6 +19,9 @@ pub enum ReasoningParser {
     DeepseekV3,
     /// Kimi K2 Thinking: the model opens `<think>` itself; output without it is all answer.
     KimiK2,
+    /// gpt-oss's harmony channels: the `analysis` channel is the reasoning (`crate::harmony`);
+    /// the template's `reasoning_effort` sets its level.
+    Harmony,
 }
 
 /// `--reasoning-parser`: a format by vLLM's name, the one the model's template shows, or none.
@@ -37,6 +42,9 @@ pub enum ReasoningParserFlag {
     /// GLM-4.5 and GLM-4.6: Qwen3's markers and `enable_thinking` switch.
     #[value(name = "glm45")]
     Glm45,
+    /// gpt-oss's harmony channels.
+    #[value(name = "openai_gptoss")]
+    OpenaiGptoss,
 }
 
 impl ReasoningParserFlag {
@@ -53,6 +61,7 @@ impl ReasoningParserFlag {
             Self::Qwen3 | Self::Glm45 => Some(ReasoningParser::Qwen3),
             Self::DeepseekV3 => Some(ReasoningParser::DeepseekV3),
             Self::KimiK2 => Some(ReasoningParser::KimiK2),
+            Self::OpenaiGptoss => Some(ReasoningParser::Harmony),
         }
     }
 }
@@ -84,6 +93,9 @@ impl ReasoningParser {
     /// shows reasoning markers; `None` when it shows none.
     pub fn detect(template: Option<&str>, model_type: Option<&str>) -> Option<Self> {
         let template = template?;
+        if template.contains(harmony::CHANNEL) {
+            return Some(Self::Harmony);
+        }
         if !template.contains("</think>") {
             return None;
         }
@@ -96,6 +108,16 @@ impl ReasoningParser {
             Some(Self::Qwen3)
         } else {
             Some(Self::DeepseekR1)
+        }
+    }
+
+    /// The special tokens the splitter reads as text.
+    pub fn chat_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Harmony => &harmony::MARKERS,
+            Self::DeepseekR1 | Self::Qwen3 | Self::DeepseekV3 | Self::KimiK2 => {
+                &["<think>", "</think>"]
+            }
         }
     }
 
@@ -157,6 +179,11 @@ mod tests {
             None
         );
         assert_eq!(ReasoningParser::detect(None, Some("qwen3")), None);
+        let harmony = "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking }}";
+        assert_eq!(
+            ReasoningParser::detect(Some(harmony), Some("gpt_oss")),
+            Some(ReasoningParser::Harmony)
+        );
         for (template, model_type) in [
             (
                 include_str!("../../python/tests/chat_templates/glm-4.6.jinja"),

@@ -1,6 +1,8 @@
 //! What a request asks of the reasoning, from OpenAI's `reasoning_effort` and Responses'
 //! `reasoning.effort`, or Anthropic's `thinking`, and how that maps onto a format.
 
+use serde_json::Value;
+
 use super::parser::ReasoningParser;
 
 /// OpenAI's effort levels.
@@ -36,6 +38,7 @@ impl ReasoningEffort {
         ReasoningRequest {
             enabled: Some(enabled),
             budget_tokens,
+            effort: Some(self),
             param,
         }
     }
@@ -48,14 +51,45 @@ pub struct ReasoningRequest {
     pub enabled: Option<bool>,
     /// Most reasoning tokens before the end marker is forced.
     pub budget_tokens: Option<u32>,
+    /// The effort level asked for, for templates that take one (harmony's `reasoning_effort`).
+    pub effort: Option<ReasoningEffort>,
     /// The request parameter these came from, for messages.
     pub param: &'static str,
 }
 
 impl ReasoningRequest {
-    /// The template's `enable_thinking`, for formats switched by it (Qwen3).
-    pub fn template_switch(self, parser: ReasoningParser) -> Option<bool> {
-        self.enabled.filter(|_| parser.has_template_switch())
+    /// The template variables this request sets: Qwen3's and DeepSeek-V3.1's `enable_thinking`, harmony's
+    /// `reasoning_effort` (`low`, `medium` or `high`; an effort of `none` is a budget of 0).
+    pub fn template_switches(self, parser: ReasoningParser) -> Vec<(&'static str, Value)> {
+        match parser {
+            ReasoningParser::Qwen3 | ReasoningParser::DeepseekV3 => self
+                .enabled
+                .map(|enabled| ("enable_thinking", Value::Bool(enabled)))
+                .into_iter()
+                .collect(),
+            ReasoningParser::Harmony => self
+                .harmony_effort()
+                .map(|level| ("reasoning_effort", Value::String(level.to_owned())))
+                .into_iter()
+                .collect(),
+            ReasoningParser::DeepseekR1 | ReasoningParser::KimiK2 => Vec::new(),
+        }
+    }
+
+    /// Harmony's level: the effort asked for, or the one a token budget stands for.
+    fn harmony_effort(self) -> Option<&'static str> {
+        let level = match (self.effort, self.budget_tokens) {
+            (Some(ReasoningEffort::None | ReasoningEffort::Minimal | ReasoningEffort::Low), _) => {
+                "low"
+            }
+            (Some(ReasoningEffort::Medium), _) => "medium",
+            (Some(ReasoningEffort::High), _) => "high",
+            (None, Some(budget)) if budget <= 1024 => "low",
+            (None, Some(budget)) if budget <= 4096 => "medium",
+            (None, Some(_)) => "high",
+            (None, None) => return None,
+        };
+        Some(level)
     }
 
     /// The budget to enforce: switching off a format without a template switch is a budget of
@@ -76,9 +110,14 @@ mod tests {
     #[test]
     fn effort_none_uses_the_template_switch_where_there_is_one_and_a_zero_budget_elsewhere() {
         let off = ReasoningEffort::None.request("reasoning_effort");
-        assert_eq!(off.template_switch(ReasoningParser::Qwen3), Some(false));
+        assert_eq!(
+            off.template_switches(ReasoningParser::Qwen3),
+            vec![("enable_thinking", Value::Bool(false))]
+        );
         assert_eq!(off.budget(ReasoningParser::Qwen3), None);
-        assert_eq!(off.template_switch(ReasoningParser::DeepseekR1), None);
+        assert!(off
+            .template_switches(ReasoningParser::DeepseekR1)
+            .is_empty());
         assert_eq!(off.budget(ReasoningParser::DeepseekR1), Some(0));
     }
 
@@ -95,5 +134,37 @@ mod tests {
             None
         );
         assert_eq!(ReasoningEffort::parse("max"), None);
+    }
+
+    #[test]
+    fn harmony_takes_the_effort_through_its_template_as_well_as_a_budget() {
+        let harmony = ReasoningParser::Harmony;
+        let high = ReasoningEffort::High.request("reasoning_effort");
+        assert_eq!(
+            high.template_switches(harmony),
+            vec![("reasoning_effort", Value::String("high".into()))]
+        );
+        assert_eq!(
+            ReasoningEffort::Low.request("r").budget(harmony),
+            Some(1024)
+        );
+        assert_eq!(ReasoningEffort::None.request("r").budget(harmony), Some(0));
+        let budget = ReasoningRequest {
+            enabled: Some(true),
+            budget_tokens: Some(2000),
+            effort: None,
+            param: "thinking",
+        };
+        assert_eq!(budget.budget(harmony), Some(2000));
+        assert_eq!(
+            budget.template_switches(harmony),
+            vec![("reasoning_effort", Value::String("medium".into()))]
+        );
+        assert!(budget
+            .template_switches(ReasoningParser::DeepseekR1)
+            .is_empty());
+        assert!(ReasoningRequest::default()
+            .template_switches(harmony)
+            .is_empty());
     }
 }

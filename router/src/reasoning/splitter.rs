@@ -5,6 +5,7 @@
 //! accepted drafts, a marker split over tokens).
 
 use super::parser::{ReasoningParser, ReasoningStart};
+use crate::harmony::HarmonyChannels;
 
 /// What one delta (or the end of the output) releases.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub struct ReasoningSplitter {
     phase: Phase,
     held: String,
     reasoning_tokens: usize,
+    /// Harmony's channels, which replace the marker phases for that format.
+    harmony: Option<HarmonyChannels>,
 }
 
 impl ReasoningSplitter {
@@ -53,11 +56,15 @@ impl ReasoningSplitter {
             phase,
             held: String::new(),
             reasoning_tokens: 0,
+            harmony: (parser == ReasoningParser::Harmony).then(HarmonyChannels::new),
         }
     }
 
     /// Tokens pushed while the output was (or might still be) reasoning, markers included.
     pub fn reasoning_tokens(&self) -> usize {
+        if let Some(harmony) = &self.harmony {
+            return harmony.reasoning_tokens();
+        }
         self.reasoning_tokens
     }
 
@@ -68,6 +75,10 @@ impl ReasoningSplitter {
 
     /// Splits one token's text (or several tokens' at once).
     pub fn push(&mut self, text: &str) -> Split {
+        if let Some(harmony) = &mut self.harmony {
+            let (reasoning, answer) = harmony.push(text);
+            return Split { reasoning, answer };
+        }
         if !self.answering() && !self.opens_as_answer(text) {
             self.reasoning_tokens += 1;
         }
@@ -83,6 +94,10 @@ impl ReasoningSplitter {
 
     /// Releases what was held back once the output has ended.
     pub fn finish(&mut self) -> Split {
+        if let Some(harmony) = &mut self.harmony {
+            let (reasoning, answer) = harmony.finish();
+            return Split { reasoning, answer };
+        }
         let held = std::mem::take(&mut self.held);
         let mut split = Split::default();
         match self.phase {

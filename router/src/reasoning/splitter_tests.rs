@@ -154,3 +154,21 @@ fn splitting_is_linear_in_the_output_length() {
         started.elapsed()
     );
 }
+
+#[test]
+fn harmony_output_splits_by_channel_and_counts_its_analysis_tokens() {
+    let output = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Answer.<|return|>";
+    for size in [1, 4, 1000] {
+        let pieces = pieces_of(output, size);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        assert_eq!(
+            split_all(ReasoningParser::Harmony, ReasoningStart::Inside, &refs),
+            ("Think.".to_owned(), "Answer.".to_owned())
+        );
+    }
+    let mut splitter = ReasoningSplitter::new(ReasoningParser::Harmony, ReasoningStart::Inside);
+    for piece in ["<|channel|>analysis<|message|>", "a", "b<|end|>"] {
+        splitter.push(piece);
+    }
+    assert_eq!(splitter.reasoning_tokens(), 3);
+}

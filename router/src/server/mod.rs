@@ -347,16 +347,15 @@ fn tokenization(
             TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
         );
     let reasoning_markers = reasoning
-        .map(|parser| [parser.start_marker(), parser.end_marker()])
-        .into_iter()
-        .flatten();
+        .map(ReasoningParser::chat_markers)
+        .unwrap_or_default();
     let decoding = TokenDecoding::new(tokenizer).with_chat_markers(
         tool_format
             .family
             .chat_markers()
             .iter()
-            .copied()
-            .chain(reasoning_markers),
+            .chain(reasoning_markers)
+            .copied(),
     );
     Ok((validator, decoding, tool_format))
 }

@@ -6,6 +6,7 @@ use tokenizers::Tokenizer;
 
 use super::section::{Marker, SectionSyntax, SectionTokens, DEEPSEEK_V31, KIMI_K2};
 use super::xml_syntax::{MarkerTokens, XmlSyntax, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER};
+use crate::harmony;
 
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -30,6 +31,8 @@ pub enum ToolCallParser {
     /// `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...` (GLM-4.5, 4.6).
     #[value(name = "glm45")]
     Glm45,
+    /// Harmony's `<|channel|>commentary to=functions.NAME` messages (gpt-oss).
+    Openai,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
     Tandem,
 }
@@ -47,6 +50,8 @@ pub enum ToolFamily {
     KimiK2,
     Qwen3Coder,
     Glm45,
+    /// gpt-oss's harmony channels (`crate::harmony`).
+    Harmony,
 }
 
 /// The syntax the router renders, constrains and parses tool calls in.
@@ -85,7 +90,9 @@ pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 impl ToolFamily {
     /// The family whose call syntax `template` writes; Tandem's own when it writes none.
     pub fn of_template(template: &str) -> Self {
-        if template.contains(DEEPSEEK_V31.marker(Marker::ArgumentsBegin))
+        if template.contains(harmony::CHANNEL) {
+            Self::Harmony
+        } else if template.contains(DEEPSEEK_V31.marker(Marker::ArgumentsBegin))
             && !template.contains("```json")
         {
             Self::DeepseekV31
@@ -118,6 +125,7 @@ impl ToolFamily {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Harmony => "openai",
             Self::DeepseekV31 => "deepseek_v31",
             Self::KimiK2 => "kimi_k2",
             Self::Qwen3Coder => "qwen3_coder",
@@ -149,6 +157,7 @@ impl ToolFamily {
             Self::KimiK2 => &KIMI_K2.markers,
             Self::Qwen3Coder => &[HERMES_TRIGGER, HERMES_CLOSING],
             Self::Glm45 => &GLM45_MARKERS,
+            Self::Harmony => &harmony::MARKERS,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
     }
@@ -187,6 +196,7 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::KimiK2 => Self::KimiK2,
             ToolCallParser::Qwen3Coder => Self::Qwen3Coder,
             ToolCallParser::Glm45 => Self::Glm45,
+            ToolCallParser::Openai => Self::Harmony,
             ToolCallParser::Tandem => Self::Tandem,
         }
     }
@@ -269,10 +279,16 @@ mod tests {
         let mistral = "{{- \"[TOOL_CALLS] [\" }}";
         let llama = "{{- \"<|python_tag|>\" + tool_call.name }}";
         let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        let harmony = "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content }}";
         assert_eq!(ToolFamily::of_template(hermes), ToolFamily::Hermes);
         assert_eq!(ToolFamily::of_template(mistral), ToolFamily::Mistral);
         assert_eq!(ToolFamily::of_template(llama), ToolFamily::Llama3Json);
         assert_eq!(ToolFamily::of_template(plain), ToolFamily::Tandem);
+        assert_eq!(ToolFamily::of_template(harmony), ToolFamily::Harmony);
+        assert_eq!(
+            ToolFamily::from(ToolCallParser::Openai).parser_name(),
+            "openai"
+        );
         let tokenizer = tokenizer_with_special_tokens(&[]);
         let forced = ToolFormat::choose(Some(ToolCallParser::Hermes), Some(plain), &tokenizer);
         assert_eq!(forced.family, ToolFamily::Hermes);

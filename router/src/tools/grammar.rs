@@ -12,8 +12,9 @@ use super::format::{ToolFamily, ToolFormat, HERMES_CLOSING, HERMES_TRIGGER, MIST
 use super::lark::{lark_string, regex_escape, repeated};
 use super::plan::{ToolChoice, ToolPlan};
 use super::xml_grammar::xml_grammar;
+use crate::harmony::{tool_tail, CallTool};
 use crate::scheduler::Grammar;
-use crate::validation::{with_json_layout, RequestedGrammar};
+use crate::validation::{with_json_layout, RequestedGrammar, TOOLS_PARAM};
 
 /// Plain text that cannot start with `{`, `[` or a blank, so the first character decides
 /// between an answer and calls (families whose calls open the output).
@@ -25,6 +26,7 @@ impl ToolPlan {
         match (&self.choice, self.format.family) {
             (ToolChoice::None, _) => None,
             (_, ToolFamily::Tandem) => Some(tandem_grammar(self)),
+            (_, ToolFamily::Harmony) => Some(harmony_grammar(self)),
             (_, family) => Some(match (family.section(), family.xml_syntax()) {
                 (Some(syntax), _) => syntax.grammar(self, self.format.section_tokens),
                 (None, Some(syntax)) => xml_grammar(self, syntax),
@@ -59,7 +61,7 @@ fn calls_schema(plan: &ToolPlan) -> Value {
 /// first character decides).
 fn tandem_grammar(plan: &ToolPlan) -> RequestedGrammar {
     if plan.choice != ToolChoice::Auto {
-        return RequestedGrammar::json_schema(calls_schema(plan), "tools");
+        return RequestedGrammar::json_schema(calls_schema(plan), TOOLS_PARAM);
     }
     let schema = with_json_layout(calls_schema(plan));
     let lark = format!(
@@ -67,7 +69,23 @@ fn tandem_grammar(plan: &ToolPlan) -> RequestedGrammar {
     );
     RequestedGrammar {
         grammar: Grammar::Lark(lark),
-        param: "tools",
+        param: TOOLS_PARAM,
+    }
+}
+
+/// Harmony's calls, from the channel header on: the validator puts the analysis message in
+/// front of it (`crate::harmony::harmony_grammar`).
+fn harmony_grammar(plan: &ToolPlan) -> RequestedGrammar {
+    let tools: Vec<CallTool> = plan
+        .callable()
+        .map(|tool| CallTool {
+            name: tool.name.clone(),
+            schema: with_json_layout(object_schema(&tool.parameters)).to_string(),
+        })
+        .collect();
+    RequestedGrammar {
+        grammar: Grammar::Lark(tool_tail(&tools, plan.choice == ToolChoice::Auto)),
+        param: TOOLS_PARAM,
     }
 }
 
@@ -86,7 +104,7 @@ fn native_grammar(plan: &ToolPlan) -> RequestedGrammar {
     let rules = call_rules(plan, plan.format.family);
     RequestedGrammar {
         grammar: Grammar::Lark(format!("{start}{rules}")),
-        param: "tools",
+        param: TOOLS_PARAM,
     }
 }
 

@@ -19,6 +19,7 @@ use super::section::Marker;
 use super::section_stream::SectionStream;
 use super::xml_calls::XmlCallStream;
 use super::xml_syntax::ValueKinds;
+use crate::harmony::HarmonyAnswer;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
 #[derive(Debug, PartialEq)]
@@ -64,6 +65,8 @@ enum State {
         held: String,
     },
     Calls(CallStream),
+    /// Harmony's answer stream (`crate::harmony`): content and calls in any order.
+    Harmony(HarmonyAnswer),
 }
 
 /// The parser of the calls themselves: JSON call objects, a sectioned family's markers, or
@@ -120,6 +123,8 @@ pub struct ChoiceOutput {
     state: State,
     /// How the XML families' parameter values read back into JSON.
     kinds: ValueKinds,
+    /// Whether a call is required.
+    required: bool,
 }
 
 /// Routes `text` through `output` when the request may call tools, else to plain content.
@@ -137,6 +142,7 @@ impl ChoiceOutput {
     pub fn new(family: ToolFamily, call_required: bool) -> Self {
         let kinds = ValueKinds::default();
         let state = match (call_required, text_trigger(family)) {
+            _ if family == ToolFamily::Harmony => State::Harmony(HarmonyAnswer::new()),
             (true, _) => State::Calls(CallStream::new(family, &kinds)),
             (false, Some(trigger)) => State::BeforeTrigger {
                 trigger,
@@ -148,6 +154,7 @@ impl ChoiceOutput {
             family,
             state,
             kinds,
+            required: call_required,
         }
     }
 
@@ -160,7 +167,7 @@ impl ChoiceOutput {
     #[must_use]
     pub fn in_family(self, family: ToolFamily) -> Self {
         let kinds = self.kinds;
-        let mut output = Self::new(family, matches!(self.state, State::Calls(_)));
+        let mut output = Self::new(family, self.required);
         output.kinds = kinds;
         output.restart_calls();
         output
@@ -218,6 +225,10 @@ impl ChoiceOutput {
                 }
             }
             State::Calls(stream) => content_and_calls(String::new(), stream.push(&text)),
+            State::Harmony(answer) => {
+                let (content, calls) = answer.push(&text);
+                content_and_calls(content, calls)
+            }
         }
     }
 
@@ -227,6 +238,7 @@ impl ChoiceOutput {
             State::BeforeTrigger { held, .. } => {
                 content_and_calls(std::mem::take(held), Vec::new())
             }
+            State::Harmony(answer) => content_and_calls(answer.finish(), Vec::new()),
             _ => DeltaBody::Nothing,
         }
     }
@@ -235,6 +247,7 @@ impl ChoiceOutput {
     pub fn finish_reason(&self, finish: &'static str) -> &'static str {
         match &self.state {
             State::Calls(stream) if finish == "stop" && stream.count() > 0 => "tool_calls",
+            State::Harmony(answer) if finish == "stop" && answer.count() > 0 => "tool_calls",
             _ => finish,
         }
     }

@@ -168,3 +168,30 @@ fn parsing_is_linear_in_the_output_even_one_character_at_a_time() {
         started.elapsed()
     );
 }
+
+#[test]
+fn harmony_calls_and_final_text_come_apart_however_the_answer_stream_is_cut() {
+    let plan = planned(ToolFamily::Harmony, "auto");
+    let text = "Sure.<|channel|>commentary to=functions.now<|message|>{\"tz\": \"UTC\"}<|call|>";
+    for step in [1, 2, 5, 100] {
+        let (content, calls) = streamed(&plan, text, step);
+        assert_eq!(content, "Sure.", "step {step}");
+        assert_eq!(
+            calls,
+            vec![("now".to_owned(), "{\"tz\": \"UTC\"}".to_owned())]
+        );
+    }
+    let parsed = parse_output(&plan, text);
+    assert_eq!(parsed.content.as_deref(), Some("Sure."));
+    assert_eq!(parsed.calls[0].function.name, "now");
+    let mut output = ChoiceOutput::for_plan(&planned(ToolFamily::Harmony, "required"));
+    output.push(text.to_owned());
+    assert_eq!(output.finish_reason("stop"), "tool_calls");
+    assert_eq!(output.finish_reason("length"), "length");
+    let mut answer_only = ChoiceOutput::for_plan(&plan);
+    assert_eq!(
+        answer_only.push("Hi <b>".to_owned()),
+        DeltaBody::Content("Hi <b>".into())
+    );
+    assert_eq!(answer_only.finish_reason("stop"), "stop");
+}

@@ -5,10 +5,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::error::ValidationError;
+use super::template_clock::strftime_now;
 use super::template_json::tojson;
-use super::template_python::{
-    is_python_iterable, python_string, strftime_now, without_generation_blocks,
-};
+use super::template_python::{is_python_iterable, python_string, without_generation_blocks};
 
 const TEMPLATE_NAME: &str = "chat";
 
@@ -24,6 +23,12 @@ pub struct ChatMessage {
     /// An assistant's calls, for templates that render them (`tools::history`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Value>,
+    /// An assistant turn's reasoning, under the names templates read it by: Qwen3's
+    /// `reasoning_content` and gpt-oss's `thinking`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -35,6 +40,8 @@ impl ChatMessage {
             name: None,
             tool_call_id: None,
             tool_calls: None,
+            reasoning_content: None,
+            thinking: None,
         }
     }
 }
@@ -128,9 +135,9 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_filter("string", python_string);
-        env.add_function("strftime_now", strftime_now);
         env.add_test("iterable", is_python_iterable);
         env.add_template_owned(TEMPLATE_NAME, without_generation_blocks(&source))?;
         Ok(Self {

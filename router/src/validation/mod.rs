@@ -16,6 +16,7 @@ mod requested_grammar;
 pub mod response_format;
 mod sampling_defaults;
 pub mod serde_wording;
+mod template_clock;
 mod template_json;
 mod template_kwargs;
 mod template_python;
@@ -36,7 +37,7 @@ pub use grammar_refusal::{GrammarRefusal, GrammarSource};
 pub use model_files::{ModelFiles, ModelFilesError};
 pub use params::{check_choices, check_count, reject_unsupported, GenerationParams};
 pub use processors::ProcessorParams;
-pub use requested_grammar::{with_json_layout, RequestedGrammar, TgiGrammarSite};
+pub use requested_grammar::{with_json_layout, RequestedGrammar, TgiGrammarSite, TOOLS_PARAM};
 pub use sampling_defaults::SamplingDefaults;
 pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
@@ -197,8 +198,10 @@ impl Validator {
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
             .transpose()?;
         let reasoning = self.reasoning_for(&prompt);
-        let thinking = reasoning.and_then(|parser| params.reasoning.template_switch(parser));
-        let mut input_ids = self.tokenize(prompt, thinking).await?;
+        let switches = reasoning
+            .map(|parser| params.reasoning.template_switches(parser))
+            .unwrap_or_default();
+        let mut input_ids = self.tokenize(prompt, switches).await?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
             input_ids.drain(..input_ids.len() - keep);
         }
@@ -384,15 +387,15 @@ impl Validator {
     /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
     pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
         self.check_prompt(&prompt)?;
-        Ok(self.tokenize(prompt, None).await?.len())
+        Ok(self.tokenize(prompt, Vec::new()).await?.len())
     }
 
-    /// Renders (with the template's `enable_thinking` when `thinking` is set) and tokenizes on
-    /// the blocking pool: both can take milliseconds on long prompts.
+    /// Renders (with the template variables the reasoning setting implies, `switches`) and
+    /// tokenizes on the blocking pool: both can take milliseconds on long prompts.
     async fn tokenize(
         &self,
         prompt: Prompt,
-        thinking: Option<bool>,
+        switches: Vec<(&'static str, serde_json::Value)>,
     ) -> Result<Vec<u32>, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
         let template = self.chat_template.clone();
@@ -414,13 +417,10 @@ impl Validator {
                 Prompt::Tokens(ids) => return Ok(ids),
                 Prompt::Chat(messages, ending, mut extras) => {
                     let template = template.map_err(ValidationError::NoChat)?;
-                    // The request's own `chat_template_kwargs.enable_thinking` wins over the switch
-                    // its reasoning setting implies.
-                    if let Some(thinking) = thinking {
-                        extras
-                            .kwargs
-                            .entry("enable_thinking")
-                            .or_insert(serde_json::Value::Bool(thinking));
+                    // The request's own `chat_template_kwargs` win over the switches its
+                    // reasoning setting implies.
+                    for (name, value) in switches {
+                        extras.kwargs.entry(name).or_insert(value);
                     }
                     (template.render(&messages, ending, &extras)?, false)
                 }

@@ -5,8 +5,14 @@
 use super::error::ValidationError;
 use super::params::GenerationParams;
 use super::requested_grammar::RequestedGrammar;
+use super::requested_grammar::TOOLS_PARAM;
 use super::{Prompt, Validator};
-use crate::reasoning::{reasoning_grammar, MarkerTokens, ReasoningParser, ReasoningSplitter};
+use crate::harmony::{harmony_grammar, Analysis, Tail};
+use crate::reasoning::{
+    answer_rule, reasoning_grammar, MarkerTokens, ReasoningParser, ReasoningSplitter,
+    ReasoningStart,
+};
+use crate::scheduler::Grammar;
 
 /// Prompt tokens read back to find the reasoning marker the prompt ends with: enough for a
 /// marker and its blanks spelled one byte per token.
@@ -47,6 +53,9 @@ impl Validator {
                 grammar: params.grammar.clone(),
             });
         };
+        if parser == ReasoningParser::Harmony {
+            return self.harmony_plan(params).await;
+        }
         let tail_ids = &input_ids[input_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
         let tail = self
             .tokenizer
@@ -75,6 +84,41 @@ impl Validator {
         Ok(ReasoningPlan {
             splitter: Some(ReasoningSplitter::new(parser, start)),
             grammar,
+        })
+    }
+
+    /// Harmony's plan: the analysis message (bounded by the request's budget) in front of the
+    /// tools' calls grammar, or of a final message under the request's own grammar.
+    async fn harmony_plan(
+        &self,
+        params: &GenerationParams,
+    ) -> Result<ReasoningPlan, ValidationError> {
+        let parser = ReasoningParser::Harmony;
+        let splitter = Some(ReasoningSplitter::new(parser, ReasoningStart::Inside));
+        let budget = params.reasoning.budget(parser);
+        let requested = params.grammar.as_ref();
+        if budget.is_none() && requested.is_none() {
+            return Ok(ReasoningPlan {
+                splitter,
+                grammar: None,
+            });
+        }
+        let tail = match requested {
+            Some(tools) if tools.param == TOOLS_PARAM => match &tools.grammar {
+                Grammar::Lark(lark) => Tail::Grammar(lark.clone()),
+                other => Tail::Final(Some(answer_rule(Some(other)))),
+            },
+            other => Tail::Final(other.map(|g| answer_rule(Some(&g.grammar)))),
+        };
+        let analysis = budget.map_or(Analysis::Free, Analysis::Budget);
+        let wrapped = RequestedGrammar {
+            grammar: Grammar::Lark(harmony_grammar(analysis, &tail)),
+            param: requested.map_or(params.reasoning.param, |g| g.param),
+        };
+        self.check_grammar(&wrapped).await?;
+        Ok(ReasoningPlan {
+            splitter,
+            grammar: Some(wrapped),
         })
     }
 }

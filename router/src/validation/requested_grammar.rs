@@ -22,6 +22,9 @@ pub fn with_json_layout(mut schema: Value) -> Value {
     schema
 }
 
+/// The parameter a tool grammar reports as its source.
+pub const TOOLS_PARAM: &str = "tools";
+
 /// A grammar and the request parameter it came from (for messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestedGrammar {

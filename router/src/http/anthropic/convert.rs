@@ -89,7 +89,11 @@ pub fn generation(
     })
 }
 
-/// The reasoning `thinking` asks for: on with its budget (at least 1 token), or off.
+/// Anthropic's smallest thinking budget.
+const MIN_THINKING_BUDGET: u32 = 1024;
+
+/// The reasoning `thinking` asks for: on with its budget (at least 1,024 tokens, as Anthropic
+/// requires), or off.
 fn reasoning_request(
     thinking: Option<ThinkingConfig>,
 ) -> Result<ReasoningRequest, ValidationError> {
@@ -99,13 +103,13 @@ fn reasoning_request(
         Some(ThinkingConfig::Enabled { budget_tokens }) => {
             let budget = u32::try_from(budget_tokens)
                 .ok()
-                .filter(|&budget| budget >= 1);
+                .filter(|&budget| budget >= MIN_THINKING_BUDGET);
             match budget {
                 Some(budget) => (true, Some(budget)),
                 None => {
                     return request_rules::refuse_value(
                         "thinking.budget_tokens",
-                        "an integer of at least 1",
+                        "an integer of at least 1024",
                         budget_tokens.to_string(),
                     )
                 }
@@ -115,6 +119,7 @@ fn reasoning_request(
     Ok(ReasoningRequest {
         enabled: Some(enabled),
         budget_tokens,
+        effort: None,
         param: "thinking",
     })
 }

@@ -147,11 +147,13 @@ fn invalid_requests_name_their_parameter() {
     let param = |body: Value| refused(body).param().map(str::to_owned);
     assert_eq!(param(json!({"messages": hi})), Some("max_tokens".into()));
     assert_eq!(param(json!({"max_tokens": 5})), Some("messages".into()));
-    let no_budget = json!({"type": "enabled", "budget_tokens": 0});
-    assert_eq!(
-        param(json!({"max_tokens": 5, "messages": hi, "thinking": no_budget})),
-        Some("thinking.budget_tokens".into())
-    );
+    for small in [0, 1023] {
+        let budget = json!({"type": "enabled", "budget_tokens": small});
+        assert_eq!(
+            param(json!({"max_tokens": 5, "messages": hi, "thinking": budget})),
+            Some("thinking.budget_tokens".into())
+        );
+    }
     let thinking_from_user = json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]);
     assert_eq!(
         param(json!({"max_tokens": 5, "messages": thinking_from_user})),
@@ -221,14 +223,14 @@ fn counted_prompts_include_the_tool_preamble_and_refuse_generation_fields() {
 #[test]
 fn thinking_sets_the_reasoning_budget_or_switches_it_off() {
     let hi = json!([{"role": "user", "content": "Hi"}]);
-    let enabled = json!({"type": "enabled", "budget_tokens": 64});
-    let on = converted(json!({"max_tokens": 100, "messages": hi, "thinking": enabled}));
+    let enabled = json!({"type": "enabled", "budget_tokens": 1024});
+    let on = converted(json!({"max_tokens": 2000, "messages": hi, "thinking": enabled}));
     assert_eq!(
         (
             on.params.reasoning.enabled,
             on.params.reasoning.budget_tokens
         ),
-        (Some(true), Some(64))
+        (Some(true), Some(1024))
     );
     let off = converted(json!({"max_tokens": 9, "messages": hi, "thinking": {"type": "disabled"}}));
     assert_eq!(off.params.reasoning.enabled, Some(false));

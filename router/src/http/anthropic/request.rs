@@ -44,7 +44,7 @@ pub struct MessagesRequest {
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ThinkingConfig {
-    /// Thinking on, at most `budget_tokens` tokens (at least 1).
+    /// Thinking on, at most `budget_tokens` tokens (at least 1,024).
     Enabled {
         budget_tokens: i64,
     },

@@ -16,6 +16,15 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// A reasoning model's chat usage: how many completion tokens were reasoning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// The parts of the completion tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {
@@ -26,7 +35,15 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens_details: None,
         }
+    }
+
+    /// This usage with `reasoning_tokens` of its completion tokens counted as reasoning.
+    #[must_use]
+    pub fn with_reasoning_tokens(mut self, reasoning_tokens: usize) -> Self {
+        self.completion_tokens_details = Some(CompletionTokensDetails { reasoning_tokens });
+        self
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::ChatRequest;
 use crate::limits::RequestLimits;
+use crate::reasoning::ReasoningParser;
 use crate::tools::{ToolFamily, ToolFormat};
 use crate::validation::{ChatTemplate, Prompt, SamplingDefaults};
 
@@ -25,10 +26,18 @@ pub fn render_chat_request(
             format,
         )
         .map_err(|e| e.to_string())?;
+    let reasoning = ReasoningParser::detect(Some(template), None);
     match plan.prompt {
-        Prompt::Chat(messages, ending, extras) => chat
-            .render(&messages, ending, &extras)
-            .map_err(|e| e.to_string()),
+        Prompt::Chat(messages, ending, mut extras) => {
+            // As the validator does: the request's reasoning setting sets the template's switch
+            // unless its own `chat_template_kwargs` set it.
+            let switches = reasoning.map(|parser| plan.params.reasoning.template_switches(parser));
+            for (name, value) in switches.unwrap_or_default() {
+                extras.kwargs.entry(name).or_insert(value);
+            }
+            chat.render(&messages, ending, &extras)
+                .map_err(|e| e.to_string())
+        }
         _ => Err("a chat request renders a conversation".to_owned()),
     }
 }

@@ -148,6 +148,17 @@ impl RequestMessage {
             .extra
             .remove("tool_calls")
             .filter(|calls| !calls.is_null());
+        let reasoning = match self.extra.remove("reasoning_content") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) if self.role == "assistant" => Some(text),
+            Some(other) => {
+                return Err(ValidationError::OutOfRange {
+                    param: format!("messages[{index}].reasoning_content"),
+                    expected: "a string, on an assistant message",
+                    value: other.to_string(),
+                })
+            }
+        };
         reject_unsupported(&self.extra, &[])
             .map_err(|error| request_rules::in_message(index, error))?;
         let content = match self.content {
@@ -173,6 +184,8 @@ impl RequestMessage {
             name: self.name,
             tool_call_id: self.tool_call_id,
             tool_calls,
+            reasoning_content: reasoning.clone(),
+            thinking: reasoning,
         })
     }
 }

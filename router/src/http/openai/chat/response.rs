@@ -59,6 +59,10 @@ impl ChatCompletion {
     ) -> Self {
         let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
         let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
+        let reasoning_tokens: Option<usize> = completed
+            .iter()
+            .map(|choice| choice.reasoning.as_ref().map(|reasoning| reasoning.tokens))
+            .sum();
         let choices = completed
             .into_iter()
             .enumerate()
@@ -89,7 +93,12 @@ impl ChatCompletion {
             created: meta.created,
             model: meta.model,
             choices,
-            usage: Usage::new(prompt_tokens, completion_tokens),
+            usage: match reasoning_tokens {
+                Some(tokens) => {
+                    Usage::new(prompt_tokens, completion_tokens).with_reasoning_tokens(tokens)
+                }
+                None => Usage::new(prompt_tokens, completion_tokens),
+            },
         }
     }
 }

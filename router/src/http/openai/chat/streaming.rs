@@ -145,6 +145,15 @@ impl ChunkBuilder for ChatChunks {
     }
 
     fn usage(&self, usage: Usage) -> Value {
+        let usage = match &self.reasoning {
+            Some(splitters) => usage.with_reasoning_tokens(
+                splitters
+                    .iter()
+                    .map(ReasoningSplitter::reasoning_tokens)
+                    .sum(),
+            ),
+            None => usage,
+        };
         chat_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }

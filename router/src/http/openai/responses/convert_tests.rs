@@ -212,8 +212,15 @@ fn unsupported_fields_and_items_are_refused_by_name() {
     let image = json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]);
     assert_eq!(hi("input", image), "input[0].content[0].type");
     assert_eq!(
-        hi("input", json!([{"type": "reasoning", "summary": []}])),
+        hi("input", json!([{"type": "web_search_call", "id": "ws_1"}])),
         "input[0].type"
+    );
+    assert_eq!(
+        hi(
+            "input",
+            json!([{"type": "reasoning", "content": [{"type": "reasoning_text"}]}])
+        ),
+        "input[0]"
     );
     assert_eq!(
         hi("input", json!([{"role": "tool", "content": "x"}])),
@@ -238,4 +245,29 @@ fn reasoning_effort_maps_onto_the_reasoning_request() {
     );
     let none = converted(json!({"input": "Hi", "reasoning": {"effort": "none"}}));
     assert_eq!(none.params.reasoning.enabled, Some(false));
+}
+
+#[test]
+fn a_reasoning_item_is_the_next_assistant_turns_reasoning() {
+    let generation = converted(json!({"input": [
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [
+            {"type": "reasoning_text", "text": "Call the tool."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Answer now."}]},
+        {"role": "assistant", "content": "It is sunny."},
+    ]}));
+    let reasoning: Vec<Option<&str>> = messages(&generation)
+        .iter()
+        .map(|message| message.thinking.as_deref())
+        .collect();
+    assert_eq!(
+        reasoning,
+        [None, Some("Call the tool."), None, Some("Answer now.")]
+    );
+    assert_eq!(
+        messages(&generation)[1].reasoning_content.as_deref(),
+        Some("Call the tool.")
+    );
 }

@@ -10,7 +10,12 @@ use crate::tools::{self, HistoryCalls, ToolFamily};
 use crate::validation::serde_wording;
 use crate::validation::{ChatMessage, ValidationError};
 
-const ITEM_TYPES: [&str; 3] = ["message", "function_call", "function_call_output"];
+const ITEM_TYPES: [&str; 4] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+];
 const PART_TYPES: [&str; 2] = ["input_text", "output_text"];
 
 /// The chat messages of `input`: text is one user message; calls are written for `family`.
@@ -33,6 +38,10 @@ pub fn messages(input: Value, family: ToolFamily) -> Result<Vec<ChatMessage>, Va
     };
     for (index, item) in items.into_iter().enumerate() {
         match parse_item(item, index)? {
+            InputItem::Reasoning(item) => {
+                let text: Vec<String> = item.content.into_iter().map(|part| part.text).collect();
+                calls.reasoning = Some(text.join("\n"));
+            }
             InputItem::FunctionCall(call) => calls.push(
                 index,
                 json!({"id": call.call_id, "type": "function",
@@ -42,7 +51,12 @@ pub fn messages(input: Value, family: ToolFamily) -> Result<Vec<ChatMessage>, Va
                 calls.flush(&mut messages)?;
                 let role = chat_role(&message.role, index)?;
                 let content = text(message.content, &format!("input[{index}].content"))?;
-                messages.push(ChatMessage::new(role, content));
+                let reasoning = calls.reasoning.take().filter(|_| role == "assistant");
+                messages.push(ChatMessage {
+                    reasoning_content: reasoning.clone(),
+                    thinking: reasoning,
+                    ..ChatMessage::new(role, content)
+                });
             }
             InputItem::FunctionCallOutput(output) => {
                 calls.flush(&mut messages)?;
@@ -64,6 +78,8 @@ struct PendingCalls {
     family: ToolFamily,
     first_index: usize,
     calls: Vec<Value>,
+    /// The reasoning item before the next assistant turn, which carries it.
+    reasoning: Option<String>,
 }
 
 impl PendingCalls {
@@ -80,12 +96,18 @@ impl PendingCalls {
         }
         let calls = Value::Array(std::mem::take(&mut self.calls));
         let param = format!("input[{}].arguments", self.first_index);
-        messages.push(match tools::history(self.family, calls, &param)? {
+        let message = match tools::history(self.family, calls, &param)? {
             HistoryCalls::Text(text) => ChatMessage::new("assistant", text),
             HistoryCalls::Native(calls) => ChatMessage {
                 tool_calls: Some(calls),
                 ..ChatMessage::new("assistant", "")
             },
+        };
+        let reasoning = self.reasoning.take();
+        messages.push(ChatMessage {
+            reasoning_content: reasoning.clone(),
+            thinking: reasoning,
+            ..message
         });
         Ok(())
     }
@@ -116,7 +138,7 @@ fn parse_item(mut item: Value, index: usize) -> Result<InputItem, ValidationErro
         item,
         &format!("input[{index}]"),
         &ITEM_TYPES,
-        "a `message`, `function_call` or `function_call_output` item",
+        "a `message`, `function_call`, `function_call_output` or `reasoning` item",
         "items",
     )
 }

@@ -76,6 +76,37 @@ pub enum InputItem {
     Message(MessageItem),
     FunctionCall(FunctionCallItem),
     FunctionCallOutput(FunctionCallOutputItem),
+    Reasoning(ReasoningItem),
+}
+
+/// A prior turn's reasoning, as a `reasoning` output item carries it: the template sees its
+/// text as the next assistant turn's reasoning.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningItem {
+    /// `reasoning_text` parts.
+    #[serde(default)]
+    pub content: Vec<ReasoningText>,
+    /// Accepted and ignored: summaries are not the reasoning the model wrote.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub summary: Option<Value>,
+    #[allow(dead_code)]
+    pub id: Option<String>,
+    #[allow(dead_code)]
+    pub status: Option<String>,
+}
+
+/// One `{"type": "reasoning_text", "text"}` part.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningText {
+    /// `reasoning_text`.
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    #[allow(dead_code)]
+    pub kind: String,
+    pub text: String,
 }
 
 /// A message of the conversation.
