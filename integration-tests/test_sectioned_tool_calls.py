@@ -42,7 +42,7 @@ SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": schema}}
          for name, schema in SCHEMAS.items()]  # fmt: skip
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-REQUESTS = 30
+REQUESTS = 50
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,7 @@ from tandem_server.layers.attention.metadata import AttentionMetadata
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 from tandem_server.layers.attention.torch_decode_mirror import MirroredLayerCache
 from tandem_server.layers.attention.torch_metadata import TorchAttentionMetadata
+from tandem_server.layers.moe.quantized_experts import keep_out_of_compiled_graphs
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.quant.dense_copies import has_quantized_gemms
@@ -76,6 +77,7 @@ class DecodeGraph:
         forward = _own_forward(model)
         # The code object torch keeps this model's decode graphs on.
         self.code = forward.__code__
+        keep_out_of_compiled_graphs()
         self._compiled = torch.compile(
             forward,
             dynamic=None,

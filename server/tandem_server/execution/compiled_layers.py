@@ -23,6 +23,7 @@ from tandem_server.errors import ConfigError
 from tandem_server.execution.batch import ScheduledSpan, build_step_batch
 from tandem_server.execution.eager import forward_step
 from tandem_server.execution.kv_cache import KVCache
+from tandem_server.layers.moe.quantized_experts import keep_out_of_compiled_graphs
 from tandem_server.models.decoder import StagedLayer
 from tandem_server.models.registry import CausalLM
 
@@ -48,6 +49,7 @@ def require_cpp_compiler() -> None:
 def compile_layers(model: nn.Module) -> int:
     """Replaces the stages of every `StagedLayer` in `model` with compiled ones; returns how many layers."""
     compiled: dict[tuple[type, str], Callable[..., Any]] = {}
+    keep_out_of_compiled_graphs()
     layers = [module for module in model.modules() if isinstance(module, StagedLayer)]
     for layer in layers:
         for stage in STAGES:

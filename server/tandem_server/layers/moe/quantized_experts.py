@@ -40,8 +40,7 @@ class QuantizedExperts:
         self.label = label
         self.nbytes = sum(weight.nbytes for weight in (*self.gate_up, *self.down))
 
-    @torch.compiler.disable
-    def forward(
+    def dispatch(
         self, hidden: torch.Tensor, routing: Routing, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         """Each token's chosen experts' outputs, weighted and summed `[tokens, hidden]` (this rank's term)."""
@@ -56,3 +55,12 @@ class QuantizedExperts:
             start = end
         outputs = outputs * routing.weights.reshape(-1)[groups.order].unsqueeze(1).to(outputs.dtype)
         return torch.zeros_like(hidden).index_add_(0, groups.tokens, outputs)
+
+    # Eager: the dispatch itself. `keep_out_of_compiled_graphs` swaps in a version compilers step around.
+    forward = dispatch
+
+
+def keep_out_of_compiled_graphs() -> None:
+    """Makes `torch.compile` run the experts' dispatch (a host loop over the experts that received rows) eagerly
+    between graphs. Called where graphs are compiled, so a shard that never compiles never imports the compiler."""
+    QuantizedExperts.forward = torch.compiler.disable(QuantizedExperts.dispatch)
