@@ -16,31 +16,11 @@ import pytest
 import requests
 import torch
 from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir, sse_lines
+from tool_call_cases import ASK, REQUESTS, SCHEMAS, TOOLS
 from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM
 
 GPT_OSS_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/gpt-oss.jinja"
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"timezone": {"type": "string", "maxLength": 12}},
-    "required": ["timezone"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": schema}}
-         for name, schema in SCHEMAS.items()]  # fmt: skip
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-REQUESTS = 50
 
 
 def _special(token_id: int, content: str) -> dict[str, Any]:

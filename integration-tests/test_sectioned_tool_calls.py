@@ -16,33 +16,13 @@ import jsonschema
 import pytest
 import requests
 from tandem_harness import MAX_TOTAL_TOKENS, TandemServer, embedded_model_dir, sse_lines
+from tool_call_cases import ASK, REQUESTS, SCHEMAS, TOOLS
 
 DEEPSEEK_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/deepseek-v3.1.jinja"
 MARKERS = [
     "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
     "<｜User｜>", "<｜Assistant｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<think>", "</think>",
 ]  # fmt: skip
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"timezone": {"type": "string", "maxLength": 12}},
-    "required": ["timezone"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": schema}}
-         for name, schema in SCHEMAS.items()]  # fmt: skip
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-REQUESTS = 50
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,10 @@ import jsonschema
 import pytest
 import requests
 from tandem_harness import TandemServer, embedded_model_dir, sse_lines
-from test_native_tool_calls import SCHEMAS, TOOLS, hermes_model  # noqa: F401  (the module's model fixture)
+from test_native_tool_calls import hermes_model  # noqa: F401  (the module's model fixture)
+from tool_call_cases import ASK, REQUESTS, SCHEMAS, TOOLS
 
 CODER_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/qwen3-coder.jinja"
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-REQUESTS = 50
 
 
 @pytest.fixture(scope="module")
