@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from metrics_scrape import MAX_NEW_TOKENS, MetricsTandem, Scrape, scrape, send_mixed_load, total
 
 COUNTER_LIKE = ("counter", "histogram")
@@ -13,11 +15,25 @@ def at_most(samples: Scrape, histogram: str, upper: float) -> float:
     return sum(value for labels, value in buckets.items() if float(dict(labels)["le"]) == upper)
 
 
+def scrape_once_steps_settle(url: str) -> tuple[Scrape, dict[str, str]]:
+    """A scrape in which every answered step's scheduling time is recorded too: that time includes applying the
+    answer, so it lands just after the step's last request has its response."""
+    deadline = time.monotonic() + 10
+    while True:
+        samples, types = scrape(url)
+        settled = total(samples, "tandem_step_scheduling_duration_seconds_count") == total(
+            samples, "tandem_batch_size_count"
+        )
+        if settled or time.monotonic() > deadline:
+            return samples, types
+        time.sleep(0.05)
+
+
 def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: MetricsTandem) -> None:
     url = f"{metrics_tandem.server.base_url}/metrics"
     before, _ = scrape(url)
     completed = send_mixed_load(metrics_tandem.server.base_url)
-    after, types = scrape(url)
+    after, types = scrape_once_steps_settle(url)
 
     def delta(name: str, **labels: str) -> float:
         return total(after, name, **labels) - total(before, name, **labels)

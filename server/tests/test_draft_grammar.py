@@ -126,3 +126,24 @@ def test_a_drafted_row_is_masked_as_after_its_drafts_and_leaves_the_matcher_as_i
     # Behind a forbidden draft nothing is ever kept: the row is left unconstrained.
     assert bool(mask.allowed[2].all()) and bool(mask.allowed[3].all())
     assert torch.equal(grammar_token_mask([matcher], VOCAB_SIZE, CPU).allowed, before)
+
+
+# A reasoning budget as the router writes it: llguidance cannot roll back a matcher inside a `max_tokens` lexeme.
+BUDGETED = GrammarSpec(
+    GrammarKind.LARK,
+    'start: reasoning "</think>" answer\n'
+    "answer: /(?s:.*)/\n"
+    "reasoning[max_tokens=8]: %lark {\n  start: TEXT*\n  TEXT: /[^<]+/\n}\n",
+)
+
+
+def test_masking_drafts_of_a_budgeted_grammar_leaves_its_matcher_able_to_go_on(compiler: GrammarCompiler) -> None:
+    word = compiler.tokenizer.tokenize_str(" so")[0]
+    matcher = compiler.matcher(BUDGETED)
+    before = grammar_token_mask([matcher], VOCAB_SIZE, CPU).allowed
+    mask = grammar_token_mask([matcher, matcher], VOCAB_SIZE, CPU, [(), (word, word)])
+    assert mask.failures == {} and mask.allowed is not None and before is not None
+    assert torch.equal(mask.allowed[0], before[0])
+    for _ in range(2):
+        matcher.advance(word)
+    assert torch.equal(grammar_token_mask([matcher], VOCAB_SIZE, CPU).allowed, mask.allowed[1:])

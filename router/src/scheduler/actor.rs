@@ -116,7 +116,7 @@ impl Actor {
         match step.answer().await {
             Ok((answer, timings)) => {
                 let applying = Instant::now();
-                super::metrics::record_step_done(timings.round_trip, &answer.timings);
+                super::metrics::record_step_done(&timings, &answer.timings);
                 if timings.back_to_back {
                     super::metrics::record_forward_gap(answer.timings.forward_gap_ms);
                 }

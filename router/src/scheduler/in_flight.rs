@@ -17,6 +17,10 @@ pub(crate) struct StepTimings {
     /// Sent while the loop had work, so the shards' gap before its forward pass is the
     /// serving path's rather than idle time.
     pub back_to_back: bool,
+    /// Requests in the step.
+    pub requests: usize,
+    /// Tokens the step fed the model: prefill chunks plus one per decoding request.
+    pub tokens: usize,
 }
 
 pub(crate) struct InFlightStep {
@@ -24,6 +28,8 @@ pub(crate) struct InFlightStep {
     sent: Instant,
     planning: Duration,
     back_to_back: bool,
+    requests: usize,
+    tokens: usize,
 }
 
 impl InFlightStep {
@@ -35,12 +41,12 @@ impl InFlightStep {
         planning: Duration,
         back_to_back: bool,
     ) -> Self {
-        let batch_tokens: usize = step
+        let requests = step.scheduled.len();
+        let tokens = step
             .scheduled
             .iter()
             .map(|scheduled| scheduled.num_tokens)
             .sum();
-        super::metrics::record_step_planned(step.scheduled.len(), batch_tokens);
         let call =
             tokio::spawn(async move { recovery::within(timeout, "Step", shards.step(step)).await });
         Self {
@@ -48,6 +54,8 @@ impl InFlightStep {
             sent: Instant::now(),
             planning,
             back_to_back,
+            requests,
+            tokens,
         }
     }
 
@@ -61,6 +69,8 @@ impl InFlightStep {
             planning: self.planning,
             round_trip: self.sent.elapsed(),
             back_to_back: self.back_to_back,
+            requests: self.requests,
+            tokens: self.tokens,
         };
         Ok((response, timings))
     }

@@ -10,6 +10,7 @@ use metrics::{
 
 use super::config::SchedulerConfig;
 use super::drafting::DraftMethod;
+use super::in_flight::StepTimings;
 use super::load::LoadSnapshot;
 use crate::shard::ShardTimings;
 
@@ -66,15 +67,13 @@ fn describe_speculation() {
     );
 }
 
-/// Records the size of a step about to run.
-pub(super) fn record_step_planned(requests: usize, tokens: usize) {
-    histogram!("tandem_batch_size").record(as_f64(requests));
-    histogram!("tandem_batch_tokens").record(as_f64(tokens));
-}
-
-/// Records a step that succeeded: its round trip and the timings rank 0 reported.
-pub(super) fn record_step_done(elapsed: Duration, timings: &ShardTimings) {
-    histogram!("tandem_step_duration_seconds").record(elapsed);
+/// Records a step that succeeded, before its answer reaches any request: its size, its round
+/// trip and the timings rank 0 reported. A step still in flight is in none of these series, so
+/// they count the same steps whenever they are scraped.
+pub(super) fn record_step_done(step: &StepTimings, timings: &ShardTimings) {
+    histogram!("tandem_batch_size").record(as_f64(step.requests));
+    histogram!("tandem_batch_tokens").record(as_f64(step.tokens));
+    histogram!("tandem_step_duration_seconds").record(step.round_trip);
     for (name, millis) in [
         ("tandem_step_prepare_duration_seconds", timings.prepare_ms),
         ("tandem_step_forward_duration_seconds", timings.forward_ms),
@@ -360,9 +359,14 @@ mod tests {
                     compiling: true,
                 }),
             });
-            record_step_planned(3, 48);
             record_step_done(
-                Duration::from_millis(20),
+                &StepTimings {
+                    planning: Duration::from_micros(100),
+                    round_trip: Duration::from_millis(20),
+                    back_to_back: true,
+                    requests: 3,
+                    tokens: 48,
+                },
                 &ShardTimings {
                     forward_ms: 15.0,
                     sampling_ms: 2.0,

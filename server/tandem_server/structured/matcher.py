@@ -40,18 +40,16 @@ class GrammarMatcher:
             self._fail("the grammar engine stopped (a limit of the grammar engine was reached)")
 
     def fill_bitmask_after(self, bitmask: torch.Tensor, row: int, drafted: Sequence[int]) -> None:
-        """The bitmask for the position after `drafted` (tokens drafted past the consumed ones); the matcher ends
-        as it began. Behind a draft the grammar forbids, the row allows every token: the mask before that draft
+        """The bitmask for the position after `drafted` (tokens drafted past the consumed ones); this matcher is left
+        as it was. Behind a draft the grammar forbids, the row allows every token: the mask before that draft
         excludes it, so no draw behind it is ever kept."""
-        # Stops before a forbidden token without entering the error state, so rolling back restores the matcher.
-        consumed = self._matcher.try_consume_tokens(list(drafted))
-        try:
-            if consumed < len(drafted):
-                bitmask[row] = -1
-            else:
-                self.fill_bitmask(bitmask, row)
-        finally:
-            self._matcher.rollback(consumed)
+        # On a copy, not by rolling back: llguidance cannot roll back inside a `max_tokens` lexeme (a reasoning
+        # budget), and a copy costs about a microsecond.
+        ahead = GrammarMatcher(self._matcher.deep_copy(), self.vocab_size)
+        if ahead._matcher.try_consume_tokens(list(drafted)) < len(drafted):
+            bitmask[row] = -1
+        else:
+            ahead.fill_bitmask(bitmask, row)
 
     def advance(self, token_id: int) -> None:
         """Consumes a sampled (or replayed) token; a token the grammar forbids ends the request."""
