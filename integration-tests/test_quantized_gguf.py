@@ -98,8 +98,9 @@ def test_dense_copies_serve_prompts_and_batches_following_float32_up_to_near_tie
 @pytest.fixture(scope="module")
 def quantized_compiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     log_path = tmp_path_factory.mktemp("quantize-gguf-compiled") / "launcher.log"
-    # A small step budget keeps Warmup's compiles few (steps of 1 to 64 rows).
-    flags = ("--quantize", "gguf", "--torch-compile", "--max-batch-prefill-tokens", "64")
+    # Small step budgets keep Warmup's compiles few: layer stages for steps of 1 to 16 rows (across the bfloat16
+    # copies' threshold), decode graphs for 1, 2 and 4 rows.
+    flags = ("--quantize", "gguf", "--torch-compile", "--max-batch-prefill-tokens", "16", "--max-batch-size", "4")
     server = TandemServer.start(log_path, "--model-cache-dir", str(model_cache_dir()), *flags)
     yield server
     assert server.stop() == 0, server.log_tail()
@@ -112,6 +113,7 @@ def test_compiled_layers_serve_greedy_output_following_float32_up_to_near_ties(
     # moves logits as much as a 1e-7 relative change of the embeddings does (measured: up to 0.5 to 0.65).
     log = quantized_compiled.log_path.read_text(errors="replace")
     assert "the stages of 30 decoder layers compile at Warmup" in log, quantized_compiled.log_tail()
-    assert "compiled steps of 1, 2, 4, 8, 16, 32, 64 rows" in log, quantized_compiled.log_tail()
+    assert "compiled steps of 1, 2, 4, 8, 16 rows" in log, quantized_compiled.log_tail()
+    assert "decode-step graphs for 1, 2, 4 rows compiled" in log, quantized_compiled.log_tail()
     for prompt in PROMPTS:
         assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(quantized_compiled, prompt), prompt)
