@@ -135,10 +135,10 @@ def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model_dir
 
 
-def _greedy_ids(model_dir: Path, log_dir: Path, num_shard: int) -> list[list[int]]:
+def _greedy_ids(model_dir: Path, log_dir: Path, num_shard: int, *flags: str) -> list[list[int]]:
     server = TandemServer.start(
-        log_dir / f"launcher-{num_shard}.log",
-        "--model-id", str(model_dir), *FLOAT32_EAGER,
+        log_dir / f"launcher-{num_shard}{''.join(flags)}.log",
+        "--model-id", str(model_dir), *FLOAT32_EAGER, *flags,
         "--num-shard", str(num_shard),
         "--kv-cache-memory", "32MiB",
         "--max-input-tokens", str(MAX_INPUT_TOKENS),
@@ -155,8 +155,11 @@ def test_two_shards_serve_a_moe_model_with_the_greedy_tokens_of_one_shard_and_tr
     moe_model_dir: Path, tmp_path: Path
 ) -> None:
     one, two = (_greedy_ids(moe_model_dir, tmp_path, num_shard) for num_shard in (1, 2))
+    # Each shard holds three whole experts instead of half of every expert's features.
+    experts_split = _greedy_ids(moe_model_dir, tmp_path, 2, "--expert-parallel")
     reference = Reference(moe_model_dir)
-    for prompt, single, split in zip(PROMPTS, one, two, strict=True):
+    for prompt, single, split, split_by_experts in zip(PROMPTS, one, two, experts_split, strict=True):
         assert len(single) > 0
         reference.assert_same_greedy(prompt, reference.greedy(prompt, MAX_NEW_TOKENS), single)
         reference.assert_same_greedy(prompt, single, split)
+        reference.assert_same_greedy(prompt, single, split_by_experts)

@@ -13,7 +13,7 @@ from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
 from tandem_launcher.flags import compile_mode
-from tandem_launcher.forwarded import Check, Child, Forwarded
+from tandem_launcher.forwarded import Check, Child, Forwarded, switch
 
 SHARD = Child.SHARD
 AUTO = "auto"
@@ -119,6 +119,11 @@ EXECUTION = (
         "float8 e4m3 per channel, activations per token; none: float. An FP8 checkpoint (compressed-tensors, "
         "fbgemm_fp8) keeps its float8 layers with none, auto or fp8",
         choices=(AUTO, *QUANTIZE_CHOICES),
+    ),
+    switch(
+        "--expert-parallel", SHARD,
+        "with several shards, each holds whole routed experts of a mixture-of-experts model (a contiguous share of "
+        "them, float weights) instead of a slice of every expert; attention and shared experts still split",
     ),
     Forwarded(
         "--decode-mirror-memory", SHARD, memory_or_auto, AUTO,

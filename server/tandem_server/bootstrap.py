@@ -47,7 +47,9 @@ def load_shard(config: ShardConfig) -> LoadedShard:
     checkpoint = read_checkpoint_config(config.model_path)
     backend = choose_attention_backend(config, checkpoint, config.decode_mirror_memory)
     address = GroupAddress(config.master_addr, config.master_port, config.rendezvous_timeout_s)
-    parallel = init_distributed(config.rank, config.world_size, address, config.device, config.local_rank)
+    parallel = init_distributed(
+        config.rank, config.world_size, address, config.device, config.local_rank, config.expert_parallel
+    )
     device = (
         torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     )

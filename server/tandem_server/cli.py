@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="load *.bin/*.pt weights when the model has no safetensors (unpickling untrusted files is unsafe)",
     )
     parser.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="each shard holds whole routed experts (a contiguous share) instead of a slice of every expert",
+    )
+    parser.add_argument(
         "--step-timeout",
         type=float,
         default=None,
@@ -255,6 +260,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         metrics_port=args.metrics_port,
         metrics_hostname=args.metrics_hostname,
         allow_pickle_weights=args.allow_pickle_weights,
+        expert_parallel=args.expert_parallel,
         step_timeout_s=args.step_timeout,
         faults=_fault_plan(args),
     )

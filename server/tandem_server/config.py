@@ -106,6 +106,8 @@ class ShardConfig:
     metrics_hostname: str = "127.0.0.1"
     # Pickle weights (*.bin, *.pt) can run code when loaded: refused unless explicitly allowed.
     allow_pickle_weights: bool = False
+    # Each rank holds whole routed experts (a share of them), not a slice of every expert (docs/tensor-parallel.md).
+    expert_parallel: bool = False
     # A model job running longer than this makes Health fail (a wedged device); None: never.
     step_timeout_s: float | None = None
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.

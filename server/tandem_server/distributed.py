@@ -32,10 +32,13 @@ def split_evenly(total: int, parts: int) -> list[range]:
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """This process's place in the tensor-parallel group; world_size 1 needs no process group."""
+    """This process's place in the tensor-parallel group; world_size 1 needs no process group. Under
+    `expert_parallel` each rank holds whole routed experts (a contiguous share of them) instead of a slice of every
+    expert's features; everything else splits as without it."""
 
     rank: int = 0
     world_size: int = 1
+    expert_parallel: bool = False
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sums `tensor` across ranks in place (a no-op on a single rank)."""
@@ -57,6 +60,17 @@ class ParallelContext:
     def partition(self, total: int) -> range:
         """This rank's contiguous share of `total` items (uneven totals give the first ranks one more)."""
         return split_evenly(total, self.world_size)[self.rank]
+
+    def expert_run(self, num_experts: int) -> range:
+        """The routed experts this rank holds: its contiguous share under expert parallelism, else all of them."""
+        if not self.expert_parallel or self.world_size == 1:
+            return range(num_experts)
+        if num_experts < self.world_size:
+            raise ConfigError(
+                f"--expert-parallel gives each of {self.world_size} shards whole experts, but the model has "
+                f"{num_experts} routed experts per layer; use at most {num_experts} shards or no --expert-parallel"
+            )
+        return self.partition(num_experts)
 
     def partition_sizes(self, total: int) -> list[int]:
         """Every rank's share of `total`, in rank order."""
@@ -90,6 +104,7 @@ def init_distributed(
     address: GroupAddress,
     device: str,
     local_rank: int | None = None,
+    expert_parallel: bool = False,
 ) -> ParallelContext:
     """Takes this rank's device (by its rank on this node), joins the group of `world_size` ranks at `address`, and
     checks that one all-reduce runs before anything else does.
@@ -102,7 +117,7 @@ def init_distributed(
         torch.cuda.set_device(own_device)
     if world_size > 1:
         _join_group(rank, world_size, address, own_device)
-    return ParallelContext(rank=rank, world_size=world_size)
+    return ParallelContext(rank=rank, world_size=world_size, expert_parallel=expert_parallel)
 
 
 def _join_group(rank: int, world_size: int, address: GroupAddress, own_device: torch.device) -> None:

@@ -24,7 +24,7 @@ from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.weights import loader as weights_loader
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
-from tp_worker import COMPILED_PREFIX, WORLD_SIZE, run_checkpoint, run_rank
+from tp_worker import COMPILED_PREFIX, EXPERTS_SPLIT, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
@@ -67,6 +67,9 @@ FAMILY_VARIANTS = (
     "qwen3-moe-uneven",
     "qwen2-moe-shared",
     f"{COMPILED_PREFIX}qwen3-moe-uneven",
+    f"{EXPERTS_SPLIT}mixtral-moe",
+    f"{EXPERTS_SPLIT}qwen2-moe-shared",
+    f"{COMPILED_PREFIX}{EXPERTS_SPLIT}qwen3-moe-uneven",
     "glm4-moe-grouped",
     "deepseek-v3-mla",
     "gpt-oss",
@@ -89,6 +92,9 @@ EXPECTED_KV_HEADS = {
     "qwen3-moe-uneven": (1, 1),
     "qwen2-moe-shared": (1, 1),
     f"{COMPILED_PREFIX}qwen3-moe-uneven": (1, 1),
+    f"{EXPERTS_SPLIT}mixtral-moe": (1, 1),
+    f"{EXPERTS_SPLIT}qwen2-moe-shared": (1, 1),
+    f"{COMPILED_PREFIX}{EXPERTS_SPLIT}qwen3-moe-uneven": (1, 1),
     "glm4-moe-grouped": (1, 1),
     # Each rank's cache holds the whole latent: one row per token, whatever its heads.
     "deepseek-v3-mla": (1, 1),
@@ -267,6 +273,11 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
     )
     # --torch-compile: the MoE blocks' dispatch and all-reduce inside each rank's compiled stages and decode graphs.
     configs[f"{COMPILED_PREFIX}qwen3-moe-uneven"] = configs["qwen3-moe-uneven"]
+    # --expert-parallel: each rank holds whole experts (5 as 3 + 2, 7 as 4 + 3), the shared expert still split by
+    # features; compiled, the dispatch that drops the other rank's pairs runs inside the graphs.
+    for name in ("mixtral-moe", "qwen2-moe-shared"):
+        configs[f"{EXPERTS_SPLIT}{name}"] = configs[name]
+    configs[f"{COMPILED_PREFIX}{EXPERTS_SPLIT}qwen3-moe-uneven"] = configs["qwen3-moe-uneven"]
     for name, (model_class, config) in configs.items():
         torch.manual_seed(0)
         model = model_class(config).eval()
@@ -336,6 +347,8 @@ def test_two_gloo_ranks_match_single_process_logits_and_greedy_tokens(
     single, ranks = world_size_runs
     expected = single[variant]
     assert tuple(r[variant]["num_kv_heads"] for r in ranks) == EXPECTED_KV_HEADS[variant]
+    # Split by features or by experts, the ranks' routed expert weights add up to the whole layer's.
+    assert sum(r[variant]["routed_expert_weights"] for r in ranks) == expected["routed_expert_weights"]
     for result in ranks:
         torch.testing.assert_close(result[variant]["logits"], expected["logits"], **LOGITS_TOLERANCE.get(variant, {}))
         assert result[variant]["tokens"][1] == expected["tokens"][1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from tandem_server.execution.compiled_layers import compile_layers
 from tandem_server.execution.eager import forward_step
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention import TorchAttentionBackend
+from tandem_server.layers.moe.experts import RoutedExperts
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.registry import CausalLM
@@ -31,6 +33,8 @@ GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=7)
 # A checkpoint whose directory name starts with this runs its layers compiled, as --torch-compile does.
 COMPILED_PREFIX = "compiled-"
+# A checkpoint whose directory name holds this runs with its routed experts split across ranks (--expert-parallel).
+EXPERTS_SPLIT = "experts-split-"
 
 
 @torch.inference_mode()
@@ -83,6 +87,8 @@ def decode_two_requests(runner: ModelRunner) -> dict[int, list[int]]:
 def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, object]:
     """Everything the tests compare across world sizes for one checkpoint."""
     config = read_checkpoint_config(checkpoint)
+    if EXPERTS_SPLIT in checkpoint.name:
+        parallel = dataclasses.replace(parallel, expert_parallel=True)
     # A converted GGUF checkpoint is served from its kept blocks, as `--quantize gguf` does.
     quantized = has_gguf_blocks(checkpoint)
     compiled = checkpoint.name.startswith(COMPILED_PREFIX)
@@ -96,6 +102,9 @@ def run_checkpoint(checkpoint: Path, parallel: ParallelContext) -> dict[str, obj
     runner = generation_runner(model, config.eos_token_ids, compiled)
     return {
         "num_kv_heads": model.spec.num_kv_heads,
+        "routed_expert_weights": sum(
+            module.parameter_count() for module in model.modules() if isinstance(module, RoutedExperts)
+        ),
         "logits": logits,
         "tokens": decode_two_requests(runner),
         "decode_graph_steps": compiled.graph.steps if (compiled := runner.execution.executor(CompiledExecutor)) else 0,

@@ -6,11 +6,13 @@ import logging
 from contextlib import nullcontext
 
 import torch
+from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.attention import AttentionBackend
 from tandem_server.layers.meta_storage import UninitialisedOnMeta, allocate
+from tandem_server.layers.moe.experts import RoutedExperts
 from tandem_server.layers.moe.mxfp4_experts import Mxfp4SwiGLUExperts
 from tandem_server.models.config import CheckpointConfig
 from tandem_server.models.registry import CausalLM, model_factory
@@ -59,7 +61,20 @@ def load_model(
     if quantized:
         params = dict(model.named_parameters(remove_duplicate=False))
         names = quantized_parameters(checkpoint.path, layout, gguf_blocks, checkpoint.fp8, checkpoint.int4)
+        _refuse_quantized_experts_split(model, names)
         held_quantized = {id(params[name]) for name in names if name in params}
         allocate(model, device, lambda param: id(param) not in held_quantized)
     load_weights(model, checkpoint.path, layout, allow_pickle_weights, gguf_blocks, checkpoint.fp8, checkpoint.int4)
     return model.eval()
+
+
+def _refuse_quantized_experts_split(model: nn.Module, quantized: set[str]) -> None:
+    """Expert parallelism serves float experts only: a checkpoint holding them quantized stops start-up before any
+    of it is read."""
+    for name, module in model.named_modules():
+        if isinstance(module, RoutedExperts) and module.split_across_ranks:
+            if any(param_name.startswith(f"{name}.") for param_name in quantized):
+                raise ConfigError(
+                    "--expert-parallel serves float experts only, and this checkpoint stores them quantized "
+                    f"({name}); start without --expert-parallel"
+                )

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tandem_server.distributed import ParallelContext
+from tandem_server.errors import ConfigError
 from tandem_server.layers.linear import ReplicatedLinear
 from tandem_server.layers.mlp import GatedMLP
 from tandem_server.layers.moe.experts import RoutedExperts
@@ -91,6 +92,10 @@ def routed_experts(
     experts = moe.router.num_experts
     if moe.clamped_swiglu is None:
         return RoutedExperts(experts, hidden_size, moe.intermediate_size, hidden_act, parallel)
+    if len(parallel.expert_run(experts)) < experts:
+        raise ConfigError(
+            "--expert-parallel: biased clamped-SwiGLU experts (gpt-oss) split by features only; start without it"
+        )
     if moe.mxfp4:
         shape = expert_shape(experts, hidden_size, moe.intermediate_size, parallel, BLOCK_VALUES)
         return Mxfp4SwiGLUExperts(shape, moe.clamped_swiglu, parallel)

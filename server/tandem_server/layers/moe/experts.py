@@ -5,7 +5,9 @@ first), its down projection in `down [experts, hidden, intermediate]`, the inter
 to a multiple of 8 (the grouped GEMM's row alignment). The per-expert parameters the checkpoint names
 (`experts.{e}.gate_proj.weight`, ...) are views into the stacks, so loading fills the stacks and nothing is copied
 twice. Across ranks every expert's intermediate features split evenly: gate and up by rows (columns of the output),
-down by columns, so each rank returns a partial sum that the block reduces once.
+down by columns, so each rank returns a partial sum that the block reduces once. Under expert parallelism a rank
+instead holds its contiguous share of the experts whole: the stacks hold only those, the other experts' checkpoint
+tensors are skipped at load, and the rank's partial sum is its experts' outputs.
 
 Dispatch sorts the step's token-expert pairs by expert, gathers their rows, multiplies each expert's run of rows by
 its weights in one grouped GEMM (`F.grouped_mm`, the stacks transposed as views), weights the rows and scatter-adds
@@ -53,6 +55,17 @@ class ExpertProjection(nn.Module):
         self.weight.checkpoint_slice = part  # type: ignore[attr-defined]  # a loading tag carried on the parameter
 
 
+def _skip(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Loads nothing: the expert is another rank's."""
+
+
+def _absent_projection() -> ExpertProjection:
+    """The checkpoint name of a projection another rank holds: an empty weight that reads none of its tensor."""
+    projection = ExpertProjection(torch.empty(0), CheckpointSlice(0, 0, 0))
+    projection.weight.weight_loader = _skip  # type: ignore[attr-defined]  # a loading tag carried on the parameter
+    return projection
+
+
 class Expert(nn.Module):
     """The checkpoint names of one expert: `gate_proj`, `up_proj` and `down_proj`, each with a `weight`."""
 
@@ -80,34 +93,54 @@ class RoutedExperts(nn.ModuleList):
             raise ConfigError(
                 f"hidden_size {hidden_size}: the experts' grouped GEMMs need a multiple of {GROUPED_GEMM_ALIGNMENT}"
             )
-        run = rank_run(None, intermediate_size, parallel, "expert intermediate features")
+        # Experts split across ranks keep their features whole; otherwise each rank holds a run of every expert's.
+        self.expert_run = parallel.expert_run(num_experts)
+        split_experts = len(self.expert_run) < num_experts
+        run = (
+            range(intermediate_size)
+            if split_experts
+            else rank_run(None, intermediate_size, parallel, "expert intermediate features")
+        )
         local = len(run)
         # Zero features pad each expert to whole rows of the grouped GEMM; they add exact zeros to every output.
         padded = -(-local // GROUPED_GEMM_ALIGNMENT) * GROUPED_GEMM_ALIGNMENT
+        held = len(self.expert_run)
         self.num_experts = num_experts
         self.local_features, self.padded_features = local, padded
         self.quantized: QuantizedExperts | None = None
-        self.num_weights = num_experts * 3 * local * hidden_size
+        self.num_weights = held * 3 * local * hidden_size
         self.act: Activation = activation(hidden_act)
-        self.fused_on_cuda = hidden_act in FUSED_ACTIVATIONS and importlib.util.find_spec("triton") is not None
-        self.register_buffer("gate_up", torch.empty(num_experts, 2 * padded, hidden_size), persistent=False)
-        self.register_buffer("down", torch.empty(num_experts, hidden_size, padded), persistent=False)
+        self.fused_on_cuda = (
+            hidden_act in FUSED_ACTIVATIONS and not split_experts and importlib.util.find_spec("triton") is not None
+        )
+        self.register_buffer("gate_up", torch.empty(held, 2 * padded, hidden_size), persistent=False)
+        self.register_buffer("down", torch.empty(held, hidden_size, padded), persistent=False)
         self._zero_padding()
         rows, columns = CheckpointSlice.of(0, run), CheckpointSlice.of(1, run)
         for e in range(num_experts):
-            gate = ExpertProjection(self.gate_up[e, :local], rows)
-            up = ExpertProjection(self.gate_up[e, padded : padded + local], rows)
-            self.append(Expert(gate, up, ExpertProjection(self.down[e, :, :local], columns)))
+            if e not in self.expert_run:
+                self.append(Expert(_absent_projection(), _absent_projection(), _absent_projection()))
+                continue
+            i = e - self.expert_run.start
+            gate = ExpertProjection(self.gate_up[i, :local], rows)
+            up = ExpertProjection(self.gate_up[i, padded : padded + local], rows)
+            self.append(Expert(gate, up, ExpertProjection(self.down[i, :, :local], columns)))
 
     def _zero_padding(self) -> None:
         local, padded = self.local_features, self.padded_features
         for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
             padding.zero_()
 
+    @property
+    def split_across_ranks(self) -> bool:
+        """True when this rank holds only some of the experts (expert parallelism)."""
+        return len(self.expert_run) < self.num_experts
+
     def projections(self) -> list[tuple[nn.Parameter, nn.Parameter, nn.Parameter]]:
-        """Each expert's `(gate, up, down)` weight parameters, in expert order."""
+        """The `(gate, up, down)` weight parameters of each expert this rank holds, in expert order."""
         experts: list[Expert] = [expert for expert in self if isinstance(expert, Expert)]
-        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in experts]
+        held = experts[self.expert_run.start : self.expert_run.stop]
+        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in held]
 
     def allocate(self, device: torch.device) -> None:
         """Gives the stacks, built on meta, storage on `device`; the experts' parameters stay the same objects, views
@@ -137,13 +170,21 @@ class RoutedExperts(nn.ModuleList):
         return self.grouped_mm(hidden, routing)
 
     def grouped_mm(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """The dispatch through torch's grouped GEMM, on any device."""
-        groups = group_by_expert(routing.experts, self.num_experts)
+        """The dispatch through torch's grouped GEMM, on any device. With the experts split across ranks, this rank's
+        experts sort first; the grouped GEMMs stop at their last pair and the rows after it (other ranks' pairs, left
+        undefined) are dropped, so no shape depends on the routing."""
+        held = self.expert_run
+        experts = (routing.experts - held.start) % self.num_experts if self.split_across_ranks else routing.experts
+        groups = group_by_expert(experts, self.num_experts)
+        ends = groups.ends[: len(held)]
         rows = hidden[groups.tokens]
-        gate_up = F.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=groups.ends)
+        gate_up = F.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=ends)
         gate, up = gate_up.chunk(2, dim=-1)
-        outputs = F.grouped_mm(self.act(gate) * up, self.down.transpose(1, 2), offs=groups.ends)
+        outputs = F.grouped_mm(self.act(gate) * up, self.down.transpose(1, 2), offs=ends)
         outputs = outputs * routing.weights.reshape(-1)[groups.order].unsqueeze(1)
+        if self.split_across_ranks:
+            held_pairs = torch.arange(outputs.shape[0], device=outputs.device) < ends[-1]
+            outputs = torch.where(held_pairs.unsqueeze(1), outputs, torch.zeros((), dtype=outputs.dtype))
         return torch.zeros_like(hidden).index_add_(0, groups.tokens, outputs)
 
     def parameter_count(self) -> int:
