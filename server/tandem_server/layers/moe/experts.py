@@ -94,24 +94,25 @@ class RoutedExperts(nn.ModuleList):
                 f"hidden_size {hidden_size}: the experts' grouped GEMMs need a multiple of {GROUPED_GEMM_ALIGNMENT}"
             )
         # Experts split across ranks keep their features whole; otherwise each rank holds a run of every expert's.
+        self.num_experts = num_experts
         self.expert_run = parallel.expert_run(num_experts)
-        split_experts = len(self.expert_run) < num_experts
         run = (
             range(intermediate_size)
-            if split_experts
+            if self.split_across_ranks
             else rank_run(None, intermediate_size, parallel, "expert intermediate features")
         )
         local = len(run)
         # Zero features pad each expert to whole rows of the grouped GEMM; they add exact zeros to every output.
         padded = -(-local // GROUPED_GEMM_ALIGNMENT) * GROUPED_GEMM_ALIGNMENT
         held = len(self.expert_run)
-        self.num_experts = num_experts
         self.local_features, self.padded_features = local, padded
         self.quantized: QuantizedExperts | None = None
         self.num_weights = held * 3 * local * hidden_size
         self.act: Activation = activation(hidden_act)
         self.fused_on_cuda = (
-            hidden_act in FUSED_ACTIVATIONS and not split_experts and importlib.util.find_spec("triton") is not None
+            hidden_act in FUSED_ACTIVATIONS
+            and not self.split_across_ranks
+            and importlib.util.find_spec("triton") is not None
         )
         self.register_buffer("gate_up", torch.empty(held, 2 * padded, hidden_size), persistent=False)
         self.register_buffer("down", torch.empty(held, hidden_size, padded), persistent=False)
@@ -184,7 +185,7 @@ class RoutedExperts(nn.ModuleList):
         outputs = outputs * routing.weights.reshape(-1)[groups.order].unsqueeze(1)
         if self.split_across_ranks:
             held_pairs = torch.arange(outputs.shape[0], device=outputs.device) < ends[-1]
-            outputs = torch.where(held_pairs.unsqueeze(1), outputs, torch.zeros((), dtype=outputs.dtype))
+            outputs = torch.where(held_pairs.unsqueeze(1), outputs, outputs.new_zeros(()))
         return torch.zeros_like(hidden).index_add_(0, groups.tokens, outputs)
 
     def parameter_count(self) -> int:
