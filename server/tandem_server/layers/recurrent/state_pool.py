@@ -1,7 +1,8 @@
 """The recurrent state of hybrid models: one slot per running request in every recurrent layer, keyed by request id.
 
 A recurrent layer (a short convolution, a linear-attention or state-space layer) keeps a fixed-size state per
-sequence instead of keys and values per token. The pool holds, per recurrent layer, a tensor `[slots + 1, *shape]`;
+sequence instead of keys and values per token. The pool holds, per state of each recurrent layer (a layer may keep
+several: Gated DeltaNet's convolution inputs and its delta-rule state), a tensor `[slots, *shape]`;
 a request takes a slot when its first span runs and gives it back when it is forgotten (finished, cancelled,
 preempted), through the same path that forgets the decode mirror's rows.
 """
@@ -41,12 +42,22 @@ class RecurrentStatePool:
     """
 
     def __init__(
-        self, shapes: Sequence[tuple[int, ...]], num_slots: int, dtype: torch.dtype, device: torch.device
+        self,
+        shapes: Sequence[tuple[int, ...]],
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        fixed_dtypes: Sequence[torch.dtype | None] = (),
     ) -> None:
+        """One pool per entry of `shapes`, in `dtype` unless `fixed_dtypes` names another for that entry."""
         if num_slots < 1:
             raise InvalidStepError("the recurrent state needs at least one slot")
         self.num_slots = num_slots
-        self.layers = [torch.zeros((num_slots, *shape), dtype=dtype, device=device) for shape in shapes]
+        dtypes = [*fixed_dtypes, *[None] * (len(shapes) - len(fixed_dtypes))]
+        self.layers = [
+            torch.zeros((num_slots, *shape), dtype=fixed or dtype, device=device)
+            for shape, fixed in zip(shapes, dtypes, strict=True)
+        ]
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(num_slots - 1, -1, -1))
 
