@@ -19,7 +19,7 @@ from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.gated_delta_net import delta_rule_spans
 from tandem_server.layers.recurrent.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
-from tandem_server.layers.recurrent.state_pool import RecurrentStatePool
+from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
 from tandem_server.models.qwen3_5 import hybrid_layer_types, qwen3_5_args
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
@@ -181,3 +181,5 @@ def test_state_pool_keeps_the_delta_rule_memory_in_float32(tmp_path: Path) -> No
     assert spec.state_shapes == ((2 * 16 + 48, 3), (4, 8, 12)) * 2
     pool = RecurrentStatePool(spec.state_shapes, 2, torch.bfloat16, CPU, spec.state_dtypes)
     assert [layer.dtype for layer in pool.layers] == [torch.bfloat16, torch.float32] * 2
+    # What a CUDA shard takes out of the KV cache's budget for the pool.
+    assert state_pool_bytes(spec.state_shapes, 2, torch.bfloat16, spec.state_dtypes) == pool.nbytes

@@ -9,6 +9,7 @@ preempted), through the same path that forgets the decode mirror's rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,21 @@ class StepStates:
 
     slots: torch.Tensor
     layers: Sequence[torch.Tensor]
+
+
+def state_pool_bytes(
+    shapes: Sequence[tuple[int, ...]], num_slots: int, dtype: torch.dtype, fixed_dtypes: Sequence[torch.dtype | None]
+) -> int:
+    """The bytes `RecurrentStatePool(shapes, num_slots, dtype, device, fixed_dtypes)` allocates."""
+    dtypes = _pool_dtypes(shapes, dtype, fixed_dtypes)
+    return sum(num_slots * math.prod(shape) * each.itemsize for shape, each in zip(shapes, dtypes, strict=True))
+
+
+def _pool_dtypes(
+    shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, fixed_dtypes: Sequence[torch.dtype | None]
+) -> list[torch.dtype]:
+    fixed = [*fixed_dtypes, *[None] * (len(shapes) - len(fixed_dtypes))]
+    return [each or dtype for each in fixed]
 
 
 @dataclass
@@ -53,10 +69,10 @@ class RecurrentStatePool:
         if num_slots < 1:
             raise InvalidStepError("the recurrent state needs at least one slot")
         self.num_slots = num_slots
-        dtypes = [*fixed_dtypes, *[None] * (len(shapes) - len(fixed_dtypes))]
+        dtypes = _pool_dtypes(shapes, dtype, fixed_dtypes)
         self.layers = [
-            torch.zeros((num_slots, *shape), dtype=fixed or dtype, device=device)
-            for shape, fixed in zip(shapes, dtypes, strict=True)
+            torch.zeros((num_slots, *shape), dtype=each, device=device)
+            for shape, each in zip(shapes, dtypes, strict=True)
         ]
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(num_slots - 1, -1, -1))
