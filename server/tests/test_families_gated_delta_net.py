@@ -1,6 +1,7 @@
-"""Qwen3.5's hybrid (Gated DeltaNet beside gated attention) matches transformers: logits of mixed steps whose spans
-cross the delta rule's 64-token chunks and the shard's prefill chunks, and greedy tokens of requests that decode
-together, finish at different steps and hand their state slots to later requests."""
+"""Qwen3.5's hybrid (Gated DeltaNet beside gated attention) and Qwen3-Next's (the same with experts) match
+transformers: logits of mixed steps whose spans cross the delta rule's 64-token chunks and the shard's prefill
+chunks, and greedy tokens of requests that decode together, finish at different steps and hand their state slots to
+later requests."""
 
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ from tandem_server.layers.recurrent.gated_delta_net import delta_rule_spans
 from tandem_server.layers.recurrent.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
 from tandem_server.models.qwen3_5 import hybrid_layer_types, qwen3_5_args
-from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import (
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 # float32 on CPU; the chunked and token-by-token delta rules differ from transformers' only in summation order.
 LOGITS_ATOL = 2e-4
@@ -49,23 +57,37 @@ SCHEDULE = [
 ]
 
 
+# Qwen3-Next: the same layers, a mixture of experts with a gated shared expert on all but the attention layer, and
+# each key head's projections stored together.
+QWEN3_NEXT: dict[str, Any] = {
+    **QWEN3_5,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "mlp_only_layers": [1],
+}
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict[str, Any]]] = {
+    "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, QWEN3_5),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, QWEN3_NEXT),
+}
+
+
 def randomize_delta_net(model: PreTrainedModel) -> None:
-    """Random `dt_bias` (its init is all ones, which would hide one loaded per wrong head)."""
+    """Random `dt_bias` (its init is all ones, which would hide one loaded per wrong head) and routers (zero init)."""
     for name, param in model.named_parameters():
-        if name.endswith("dt_bias"):
+        if name.endswith(("dt_bias", "mlp.gate.weight")):
             param.copy_(torch.randn_like(param))
 
 
-def write_qwen3_5(path: Path, **overrides: Any) -> Qwen3_5ForCausalLM:
-    reference = write_tiny_checkpoint(
-        path, Qwen3_5TextConfig, Qwen3_5ForCausalLM, randomize=randomize_delta_net, **{**QWEN3_5, **overrides}
-    )
-    assert isinstance(reference, Qwen3_5ForCausalLM)
-    return reference
+def write_hybrid(path: Path, family: str = "qwen3_5") -> PreTrainedModel:
+    config_class, model_class, settings = FAMILIES[family]
+    return write_tiny_checkpoint(path, config_class, model_class, randomize=randomize_delta_net, **settings)
 
 
-def test_mixed_steps_across_delta_rule_chunks_match_transformers_logits(tmp_path: Path) -> None:
-    reference = write_qwen3_5(tmp_path)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mixed_steps_across_delta_rule_chunks_match_transformers_logits(tmp_path: Path, family: str) -> None:
+    reference = write_hybrid(tmp_path, family)
     model = load_tiny_model(tmp_path)
     rng = random.Random(1)
     sequences = {seq: [rng.randrange(3, 96) for _ in range(n)] for seq, n in SEQUENCE_LENGTHS.items()}
@@ -92,8 +114,9 @@ def test_mixed_steps_across_delta_rule_chunks_match_transformers_logits(tmp_path
                 row += num_tokens
 
 
-def test_requests_decode_together_finish_apart_and_pass_their_slots_on(tmp_path: Path) -> None:
-    reference = write_qwen3_5(tmp_path)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_requests_decode_together_finish_apart_and_pass_their_slots_on(tmp_path: Path, family: str) -> None:
+    reference = write_hybrid(tmp_path, family)
     runner = make_runner(tmp_path)
     # Four state slots: the fifth request runs only in the slot a finished one gave back.
     runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=256, max_batch_requests=4))
@@ -175,7 +198,7 @@ def test_layer_kinds_default_to_attention_every_fourth_layer_and_rope_ignores_mu
 
 
 def test_state_pool_keeps_the_delta_rule_memory_in_float32(tmp_path: Path) -> None:
-    write_qwen3_5(tmp_path)
+    write_hybrid(tmp_path)
     spec = load_tiny_model(tmp_path).spec
     # Per linear-attention layer: the convolution's last 3 inputs of q, k and v, then the delta rule's memory.
     assert spec.state_shapes == ((2 * 16 + 48, 3), (4, 8, 12)) * 2

@@ -26,6 +26,7 @@ from tandem_server.models.qwen2_moe import Qwen2MoeForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
 from tandem_server.models.qwen3_5 import Qwen3_5ForCausalLM
 from tandem_server.models.qwen3_moe import Qwen3MoeForCausalLM
+from tandem_server.models.qwen3_next import Qwen3NextForCausalLM
 from tandem_server.models.smollm3 import SmolLM3ForCausalLM
 from tandem_server.models.text_part import TEXT_PARTS
 
@@ -55,6 +56,7 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
