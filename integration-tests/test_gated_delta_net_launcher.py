@@ -1,6 +1,7 @@
-"""A small random Qwen3.5 (Gated DeltaNet layers beside gated attention) through the real launcher: greedy tokens
-equal transformers' for prompts run alone and together, one prompt longer than the delta rule's 64-token chunk and
-prefilled over two steps; prefix reuse is off, and every state slot is free once the requests are done."""
+"""A small random Qwen3.5 (Gated DeltaNet layers beside gated attention) and Qwen3-Next (the same with experts)
+through the real launcher: greedy tokens equal transformers' for prompts run alone and together, one prompt longer
+than the delta rule's 64-token chunk and prefilled over two steps; prefix reuse is off, and no request is left
+running once they are done."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from reference import Reference
 from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import (
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 MAX_NEW_TOKENS = 12
 # Attention on one layer in three: the others keep a convolution state and a delta-rule memory, no KV blocks.
@@ -30,14 +39,28 @@ LONG_PROMPT = " ".join(
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n", LONG_PROMPT)
 
 
-@pytest.fixture(scope="module")
-def qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+# Qwen3-Next: the same layers with a mixture of experts (a gated shared expert beside them) after each.
+EXPERTS = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+}
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict[str, Any]]] = {
+    "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, {}),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, EXPERTS),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The random checkpoint, speaking the embedded model's tokenizer."""
+    config_class, model_class, extra = FAMILIES[request.param]
     embedded = embedded_model_dir()
-    model_dir = tmp_path_factory.mktemp("qwen3_5")
+    model_dir = tmp_path_factory.mktemp(request.param)
     embedded_config = json.loads((embedded / "config.json").read_text())
     torch.manual_seed(0)
-    config = Qwen3_5TextConfig(
+    config = config_class(
         vocab_size=embedded_config["vocab_size"],
         bos_token_id=embedded_config["bos_token_id"],
         eos_token_id=embedded_config["eos_token_id"],
@@ -55,18 +78,19 @@ def qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         linear_value_head_dim=16,
         max_position_embeddings=MAX_TOTAL_TOKENS,
         initializer_range=0.2,
+        **extra,
     )
-    Qwen3_5ForCausalLM(config).save_pretrained(model_dir)
+    model_class(config).save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (model_dir / name).symlink_to(embedded / name)
     return model_dir
 
 
 @pytest.fixture(scope="module")
-def server(qwen3_5_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     server = TandemServer.start(
-        tmp_path_factory.mktemp("qwen3_5-serve") / "launcher.log",
-        "--model-id", str(qwen3_5_dir), *FLOAT32_EAGER,
+        tmp_path_factory.mktemp(f"{model_dir.name}-serve") / "launcher.log",
+        "--model-id", str(model_dir), *FLOAT32_EAGER,
         "--kv-cache-memory", str(8 * 1024 * 1024),
         "--max-batch-size", str(MAX_BATCH_SIZE),
         "--max-batch-prefill-tokens", str(PREFILL_CHUNK),
@@ -78,8 +102,8 @@ def server(qwen3_5_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def reference(qwen3_5_dir: Path) -> Reference:
-    return Reference(qwen3_5_dir)
+def reference(model_dir: Path) -> Reference:
+    return Reference(model_dir)
 
 
 def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServer, reference: Reference) -> None:
