@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 import torch
-from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, write_tiny_checkpoint
+from reference_checks import assert_greedy_matches_generate
+from shard_testing import (
+    CPU,
+    TINY_SETTINGS,
+    StepDriver,
+    load_tiny_model,
+    make_runner,
+    new_request,
+    write_tiny_checkpoint,
+)
 from tandem_server.engine.step import StepInput, WarmupPlan
 from tandem_server.errors import ConfigError
 from tandem_server.execution.batch import ScheduledSpan, build_step_batch
@@ -21,11 +30,14 @@ from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.gated_delta_net import delta_rule_spans
 from tandem_server.layers.recurrent.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
+from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.qwen3_5 import hybrid_layer_types, qwen3_5_args
 from transformers import (
     PretrainedConfig,
     PreTrainedModel,
+    Qwen3_5Config,
     Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
     Qwen3_5TextConfig,
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
@@ -206,3 +218,28 @@ def test_state_pool_keeps_the_delta_rule_memory_in_float32(tmp_path: Path) -> No
     assert [layer.dtype for layer in pool.layers] == [torch.bfloat16, torch.float32] * 2
     # What a CUDA shard takes out of the KV cache's budget for the pool.
     assert state_pool_bytes(spec.state_shapes, 2, torch.bfloat16, spec.state_dtypes) == pool.nbytes
+
+
+def write_qwen3_5_conditional(path: Path) -> PreTrainedModel:
+    """A Qwen3.5 multimodal checkpoint (how the published ones come) with a tiny vision tower."""
+    torch.manual_seed(0)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
+    text = Qwen3_5TextConfig(**{**TINY_SETTINGS, **QWEN3_5})
+    config = Qwen3_5Config(text_config=text.to_dict(), vision_config={**vision, "patch_size": 4})
+    config._attn_implementation = "eager"
+    reference = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if name.endswith("norm.weight") and "visual" not in name:
+                param.add_(torch.randn_like(param) * 0.2)
+        randomize_delta_net(reference)
+    reference.save_pretrained(path)
+    return reference
+
+
+def test_conditional_generation_checkpoint_serves_its_text_part(tmp_path: Path) -> None:
+    reference = write_qwen3_5_conditional(tmp_path)
+    checkpoint = read_checkpoint_config(tmp_path)
+    assert (checkpoint.architecture, checkpoint.skipped_parts) == ("Qwen3_5ForConditionalGeneration", ("vision",))
+    assert type(load_tiny_model(tmp_path)).__name__ == "Qwen3_5ForCausalLM"
+    assert_greedy_matches_generate(tmp_path, reference, "qwen3_5-conditional", eos_token_id=2)
