@@ -18,15 +18,21 @@ from tandem_server.models.qwen3_5 import hybrid_layer_factory, qwen3_5_args
 from tandem_server.weights.layout import CheckpointLayout
 
 
-def qwen3_next_args(hf: dict[str, Any]) -> DecoderArgs:
-    """Qwen3.5's sizes and layer kinds with `moe_intermediate_size` experts (top-k weights renormalised unless
-    `norm_topk_prob` is off) and a `shared_expert_intermediate_size` shared expert."""
-    dense = qwen3_5_args(hf)
-    moe = MoeArgs(
-        router_config(hf, normalize_top_k=bool(hf.get("norm_topk_prob", True))),
+def gated_shared_expert_moe(hf: dict[str, Any], normalize_top_k: bool) -> MoeArgs:
+    """`moe_intermediate_size` experts behind a softmax top-k router and a `shared_expert_intermediate_size` shared
+    expert scaled by `sigmoid(shared_expert_gate(x))` (Qwen3-Next's and Qwen3.5-MoE's block)."""
+    return MoeArgs(
+        router_config(hf, normalize_top_k=normalize_top_k),
         int(hf["moe_intermediate_size"]),
         shared_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0),
     )
+
+
+def qwen3_next_args(hf: dict[str, Any]) -> DecoderArgs:
+    """Qwen3.5's sizes and layer kinds with the gated-shared-expert MoE block (top-k weights renormalised unless
+    `norm_topk_prob` is off)."""
+    dense = qwen3_5_args(hf)
+    moe = gated_shared_expert_moe(hf, normalize_top_k=bool(hf.get("norm_topk_prob", True)))
     layout = CheckpointLayout(
         fused=DeltaNetArgs.from_hf(hf, grouped_projections=True).fused_tensors("linear_attn"),
         expert_stacks=stacked_experts(hf),

@@ -82,4 +82,7 @@ TEXT_PARTS: dict[str, TextPart] = {
     "Qwen3_5ForConditionalGeneration": TextPart(
         "Qwen3_5ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
     ),
+    "Qwen3_5MoeForConditionalGeneration": TextPart(
+        "Qwen3_5MoeForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
 }
