@@ -38,12 +38,18 @@ from transformers import (
     MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 # The slow tier (starts gloo process groups): `make test` runs it, `make test-fast` does not.
@@ -75,6 +81,8 @@ FAMILY_VARIANTS = (
     "gpt-oss",
     "gpt-oss-mxfp4",
     "lfm2-hybrid",
+    "qwen3_5-hybrid",
+    "qwen3-next-hybrid",
     "gemma4-shared-kv",
 )
 # Per rank's KV heads at world size 2.
@@ -101,13 +109,20 @@ EXPECTED_KV_HEADS = {
     "gpt-oss": (1, 1),
     "gpt-oss-mxfp4": (1, 1),
     "lfm2-hybrid": (1, 1),
+    "qwen3_5-hybrid": (1, 1),
+    "qwen3-next-hybrid": (1, 1),
     # The sliding layers' two KV heads split; the global layers' one KV head (32 wide) is replicated.
     "gemma4-shared-kv": (1, 1),
 }
 
 # Quantized GEMMs take bfloat16 activations, which can round the row-parallel sums' float32 differences to one
 # bfloat16 step.
-LOGITS_TOLERANCE = {"gguf-q4_0": {"rtol": 0.02, "atol": 0.05}}
+LOGITS_TOLERANCE = {
+    "gguf-q4_0": {"rtol": 0.02, "atol": 0.05},
+    # Its row-parallel sums (experts, shared expert, linear attention) add in another order on each rank: one logit in
+    # 864 lands 1.2e-5 from the single process's.
+    "qwen3-next-hybrid": {"rtol": 1e-4, "atol": 1e-4},
+}
 
 
 def free_port() -> int:
@@ -234,6 +249,9 @@ def _checkpoints(root: Path) -> list[Path]:
         write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
     _moe_checkpoints(root, small)
     write_lfm2(root / "lfm2-hybrid", small)
+    write_gated_delta_net(root / "qwen3_5-hybrid", small, Qwen3_5TextConfig, Qwen3_5ForCausalLM)
+    # Qwen3-Next: each rank's rows of `in_proj_qkvz` and `in_proj_ba` are its key heads' groups; its experts split.
+    write_gated_delta_net(root / "qwen3-next-hybrid", small, Qwen3NextConfig, Qwen3NextForCausalLM, QWEN3_NEXT_EXPERTS)
     _gemma4_checkpoint(root / "gemma4-shared-kv", small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 
@@ -298,6 +316,34 @@ def write_lfm2(path: Path, small: dict[str, Any]) -> None:
                         block_multiple_of=16, num_attention_heads=4, num_key_value_heads=2, conv_bias=True,
                         layer_types=["conv", "full_attention", "conv"])  # fmt: skip
     Lfm2ForCausalLM(config).eval().save_pretrained(path)
+
+
+QWEN3_NEXT_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "shared_expert_intermediate_size": 48}  # fmt: skip
+
+
+def write_gated_delta_net(
+    path: Path,
+    small: dict[str, Any],
+    config_class: type[PretrainedConfig],
+    model_class: type[PreTrainedModel],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Gated DeltaNet: each rank holds one key head with its two value heads, their q/k/v rows of the stacked
+    projections and `conv1d` and their states; `out_proj` sums the shares. Gated attention splits whole heads, each
+    rank's `q_proj` rows holding its heads' queries and gates."""
+    torch.manual_seed(0)
+    config = config_class(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                          linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                          layer_types=["linear_attention", "full_attention", "linear_attention"],
+                          **(extra or {}))  # fmt: skip
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("dt_bias", "mlp.gate.weight")):
+                param.copy_(torch.randn_like(param))
+    model.save_pretrained(path)
 
 
 def _gemma4_checkpoint(path: Path, small: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.moe.expert_tokens import ExpertTokenCounters
+from tandem_server.layers.recurrent.state_pool import state_pool_bytes
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
@@ -191,7 +192,10 @@ class ModelRunner:
         bytes_per_block = geometry.bytes_per_block + (draft_geometry.bytes_per_block if draft_geometry else 0)
         draft_shapes = drafting_shapes(shapes) if drafting is not None else ()
         if self.device.type == "cuda":
-            budget = profile_cuda_budget(self.model, geometry, limits)
+            # The recurrent state pool is allocated beside the cache, out of the same budget.
+            budget = profile_cuda_budget(self.model, geometry, limits) - state_pool_bytes(
+                spec.state_shapes, max_batch_requests, self.dtype, spec.state_dtypes
+            )
             if drafting is not None and draft_geometry is not None:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             num_blocks = blocks_for_budget(bytes_per_block, budget, "--cuda-memory-fraction")

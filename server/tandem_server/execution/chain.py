@@ -88,7 +88,8 @@ class Execution:
         self.states = None
         if shapes:
             device = cache.layers[0].key.device
-            self.states = RecurrentStatePool(shapes, plan.max_batch_requests, state_dtype, device)
+            fixed = self._model.spec.state_dtypes
+            self.states = RecurrentStatePool(shapes, plan.max_batch_requests, state_dtype, device, fixed)
         for executor in self.executors:
             executor.prepare(cache, plan)
 

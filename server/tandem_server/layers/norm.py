@@ -41,3 +41,18 @@ class RMSNorm(nn.Module):
 def rms_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS normalisation without a learned scale, computed in float32 and cast back (Gemma 4's value norm)."""
     return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm scaled by `weight`, then multiplied by `silu(gate)` in float32 (Gated DeltaNet's output norm, over
+    each value head); the normalised values are rounded to the input dtype before the scale, as the reference does."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.weight.weight_loader = load_full  # type: ignore[attr-defined]  # a loading tag carried on the parameter
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem_server.errors import ConfigError
 from tandem_server.models.text_part import TEXT_PARTS, TextPart
 from tandem_server.quant.fp8.scheme import Fp8Scheme, checkpoint_fp8_scheme
 from tandem_server.quant.int4.scheme import INT4_METHODS, Int4Scheme, checkpoint_int4_scheme
 from tandem_server.quant.mxfp4.format import is_mxfp4
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ class ModelSpec:
     # A hybrid model: one sequence's state in each recurrent layer, in layer order (`num_layers` counts only the
     # layers with paged keys and values). Empty: every layer attends over the paged cache.
     state_shapes: tuple[tuple[int, ...], ...] = ()
+    # Per entry of `state_shapes`, the dtype its pool must hold whatever the model's (Gated DeltaNet's float32
+    # delta-rule state); None, or no entry: the model's dtype.
+    state_dtypes: tuple[torch.dtype | None, ...] = ()
     # Per layer that keeps a cache, its (kv heads held by this rank, head_dim), when layers differ (Gemma 4's global
     # layers have wider heads, and its KV-sharing layers read another layer's cache); None: `num_layers` layers of
     # (`num_kv_heads`, `head_dim`).

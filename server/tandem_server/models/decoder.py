@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -243,14 +244,16 @@ class RecurrentLayer(nn.Module):
     """A layer that keeps a fixed-size state per sequence (a hybrid model's short convolution or linear attention)
     in the shard's state pool instead of keys and values in the paged cache."""
 
-    # One sequence's state in this layer, on this rank.
-    state_shape: tuple[int, ...]
+    # One sequence's states in this layer, on this rank: each its own pool, numbered from the layer's first.
+    state_shapes: tuple[tuple[int, ...], ...]
+    # Per state, the dtype it must be kept in whatever the model's (None, or no entry: the model's dtype).
+    state_dtypes: tuple[torch.dtype | None, ...] = ()
 
     def forward(
         self, hidden: torch.Tensor, query_lens: Sequence[int], states: StepStates | None, state_layer: int
     ) -> torch.Tensor:
-        """The layer's output; the sequences' states are `states.layers[state_layer]` at `states.slots` (None: every
-        sequence starts afresh and keeps nothing, as in warm-up)."""
+        """The layer's output; the sequences' states are `states.layers[state_layer + i]` at `states.slots` for
+        each of its states i (None: every sequence starts afresh and keeps nothing, as in warm-up)."""
         raise NotImplementedError
 
 
@@ -299,7 +302,7 @@ class DecoderModel(nn.Module):
         for layer, table in zip(self.layers, self.layer_tables, strict=True):
             if isinstance(layer, RecurrentLayer):
                 hidden = layer(hidden, metadata.paged.query_lens, states, state_layer)
-                state_layer += 1
+                state_layer += len(layer.state_shapes)
             else:
                 hidden = layer(hidden, angles[table], next(caches), metadata, self.backend)
         return self.norm(hidden)
@@ -328,7 +331,12 @@ class DecoderForCausalLM(CausalLM):
             num_kv_heads=partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel).num_kv_heads,
             head_dim=args.head_dim,
             max_position_embeddings=args.max_position_embeddings,
-            state_shapes=tuple(layer.state_shape for layer in recurrent),
+            state_shapes=tuple(shape for layer in recurrent for shape in layer.state_shapes),
+            state_dtypes=tuple(
+                dtype
+                for layer in recurrent
+                for dtype, _ in itertools.zip_longest(layer.state_dtypes, layer.state_shapes)
+            ),
         )
 
     def forward(

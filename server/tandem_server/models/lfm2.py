@@ -131,7 +131,7 @@ class Lfm2ConvLayer(RecurrentLayer):
         self.conv = ShortConv(args.hidden_size, conv.kernel, conv.bias, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = dense_mlp(args, parallel)
-        self.state_shape = self.conv.state_shape
+        self.state_shapes = (self.conv.state_shape,)
 
     def forward(
         self, hidden: torch.Tensor, query_lens: Sequence[int], states: StepStates | None, state_layer: int

@@ -24,7 +24,10 @@ from tandem_server.models.phi3 import Phi3ForCausalLM
 from tandem_server.models.qwen2 import Qwen2ForCausalLM
 from tandem_server.models.qwen2_moe import Qwen2MoeForCausalLM
 from tandem_server.models.qwen3 import Qwen3ForCausalLM
+from tandem_server.models.qwen3_5 import Qwen3_5ForCausalLM
+from tandem_server.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from tandem_server.models.qwen3_moe import Qwen3MoeForCausalLM
+from tandem_server.models.qwen3_next import Qwen3NextForCausalLM
 from tandem_server.models.smollm3 import SmolLM3ForCausalLM
 from tandem_server.models.text_part import TEXT_PARTS
 
@@ -53,6 +56,9 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }

@@ -78,4 +78,11 @@ TEXT_PARTS: dict[str, TextPart] = {
     "Gemma4ForConditionalGeneration": TextPart(
         "Gemma4ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
     ),
+    # The published Qwen3.5 checkpoints; their multi-token prediction layers (`mtp.`) are skipped with the vision tower.
+    "Qwen3_5ForConditionalGeneration": TextPart(
+        "Qwen3_5ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
+    "Qwen3_5MoeForConditionalGeneration": TextPart(
+        "Qwen3_5MoeForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
 }

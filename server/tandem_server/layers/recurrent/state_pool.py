@@ -1,13 +1,15 @@
 """The recurrent state of hybrid models: one slot per running request in every recurrent layer, keyed by request id.
 
 A recurrent layer (a short convolution, a linear-attention or state-space layer) keeps a fixed-size state per
-sequence instead of keys and values per token. The pool holds, per recurrent layer, a tensor `[slots + 1, *shape]`;
+sequence instead of keys and values per token. The pool holds, per state of each recurrent layer (a layer may keep
+several: Gated DeltaNet's convolution inputs and its delta-rule state), a tensor `[slots, *shape]`;
 a request takes a slot when its first span runs and gives it back when it is forgotten (finished, cancelled,
 preempted), through the same path that forgets the decode mirror's rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +28,21 @@ class StepStates:
     layers: Sequence[torch.Tensor]
 
 
+def state_pool_bytes(
+    shapes: Sequence[tuple[int, ...]], num_slots: int, dtype: torch.dtype, fixed_dtypes: Sequence[torch.dtype | None]
+) -> int:
+    """The bytes `RecurrentStatePool(shapes, num_slots, dtype, device, fixed_dtypes)` allocates."""
+    dtypes = _pool_dtypes(shapes, dtype, fixed_dtypes)
+    return sum(num_slots * math.prod(shape) * each.itemsize for shape, each in zip(shapes, dtypes, strict=True))
+
+
+def _pool_dtypes(
+    shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, fixed_dtypes: Sequence[torch.dtype | None]
+) -> list[torch.dtype]:
+    fixed = [*fixed_dtypes, *[None] * (len(shapes) - len(fixed_dtypes))]
+    return [each or dtype for each in fixed]
+
+
 @dataclass
 class _Slot:
     index: int
@@ -41,12 +58,22 @@ class RecurrentStatePool:
     """
 
     def __init__(
-        self, shapes: Sequence[tuple[int, ...]], num_slots: int, dtype: torch.dtype, device: torch.device
+        self,
+        shapes: Sequence[tuple[int, ...]],
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        fixed_dtypes: Sequence[torch.dtype | None] = (),
     ) -> None:
+        """One pool per entry of `shapes`, in `dtype` unless `fixed_dtypes` names another for that entry."""
         if num_slots < 1:
             raise InvalidStepError("the recurrent state needs at least one slot")
         self.num_slots = num_slots
-        self.layers = [torch.zeros((num_slots, *shape), dtype=dtype, device=device) for shape in shapes]
+        dtypes = _pool_dtypes(shapes, dtype, fixed_dtypes)
+        self.layers = [
+            torch.zeros((num_slots, *shape), dtype=each, device=device)
+            for shape, each in zip(shapes, dtypes, strict=True)
+        ]
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(num_slots - 1, -1, -1))
 
