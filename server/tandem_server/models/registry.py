@@ -15,6 +15,7 @@ from tandem_server.models.glm4 import Glm4ForCausalLM
 from tandem_server.models.glm4_moe import Glm4MoeForCausalLM
 from tandem_server.models.gpt_oss import GptOssForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
+from tandem_server.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from tandem_server.models.lfm2 import Lfm2ForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
@@ -46,6 +47,7 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
