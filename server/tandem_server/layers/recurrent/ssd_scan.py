@@ -40,22 +40,21 @@ def chunked_ssd(
     tokens = weighted_x.shape[2]
     pad = -tokens % chunk
     weighted_x, b, c = (F.pad(t, (0, 0, 0, pad)) for t in (weighted_x, b, c))
-    # [seqs, heads, chunks, chunk, dim]
-    weighted_x, b, c = (t.unflatten(2, (-1, chunk)) for t in (weighted_x, b, c))
-    # Log decay accumulated from each chunk's start through each position.
-    through = torch.cumsum(F.pad(log_decay, (0, pad)).unflatten(2, (-1, chunk)), dim=-1)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=through.device).tril()
-    # How much of position j's write is left at position i of the same chunk (j <= i).
-    gap = (through.unsqueeze(-1) - through.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-    within = ((c @ b.transpose(-1, -2)) * gap.exp()) @ weighted_x
-    read_decay = through.exp().unsqueeze(-1)
-    # Each position's write, decayed to its chunk's end.
-    to_end = weighted_x * (through[..., -1:] - through).exp().unsqueeze(-1)
-    chunk_decay = through[..., -1].exp()[..., None, None]
-
+    log_decay = F.pad(log_decay, (0, pad))
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=log_decay.device).tril()
     state = state.to(torch.float32)
-    outputs = torch.empty_like(within)
-    for i in range(weighted_x.shape[2]):
-        outputs[:, :, i] = within[:, :, i] + read_decay[:, :, i] * (c[:, :, i] @ state.transpose(-1, -2))
-        state = state * chunk_decay[:, :, i] + to_end[:, :, i].transpose(-1, -2) @ b[:, :, i]
-    return outputs.flatten(2, 3)[:, :, :tokens], state
+    outputs = torch.empty_like(weighted_x)
+    # One chunk at a time: the `[seqs, heads, chunk, chunk]` weights are the largest tensor, whatever the length.
+    for start in range(0, tokens + pad, chunk):
+        span = slice(start, start + chunk)
+        x_i, b_i, c_i = weighted_x[:, :, span], b[:, :, span], c[:, :, span]
+        # Log decay accumulated from the chunk's start through each position.
+        through = torch.cumsum(log_decay[:, :, span], dim=-1)
+        # How much of position j's write is left at position i (j <= i).
+        gap = (through.unsqueeze(-1) - through.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
+        within = ((c_i @ b_i.transpose(-1, -2)) * gap.exp()) @ x_i
+        outputs[:, :, span] = within + through.exp().unsqueeze(-1) * (c_i @ state.transpose(-1, -2))
+        # Each position's write, decayed to the chunk's end.
+        to_end = x_i * (through[..., -1:] - through).exp().unsqueeze(-1)
+        state = state * through[..., -1].exp()[..., None, None] + to_end.transpose(-1, -2) @ b_i
+    return outputs[:, :, :tokens], state

@@ -1,0 +1,115 @@
+"""A small random Granite 4.0-H (Mamba-2 layers beside attention without rotary, Granite's multipliers, routed
+experts beside the shared MLP) through the real launcher: greedy tokens equal transformers' for prompts run alone and
+together, one prompt longer than a prefill chunk and the scan's chunks, prefilled over two steps; prefix reuse is off,
+and no request is left running once they are done."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from reference import Reference
+from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir
+from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+MAX_NEW_TOKENS = 12
+# Attention on one layer in three: the others keep a convolution state and a scan memory, no KV blocks.
+LAYER_TYPES = ["mamba", "attention", "mamba"]
+MAX_TOTAL_TOKENS = 256
+# The longest prompt takes two steps to prefill, each crossing the scan's 32-token chunks.
+PREFILL_CHUNK = 80
+MAX_BATCH_SIZE = 3
+LONG_PROMPT = " ".join(
+    f"On day {day} the keeper of the lighthouse wrote down the wind, the tide and every passing ship."
+    for day in range(1, 7)
+)
+PROMPTS = ("The capital of France is", "def fibonacci(n):\n", LONG_PROMPT)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random checkpoint, speaking the embedded model's tokenizer."""
+    embedded = embedded_model_dir()
+    model_dir = tmp_path_factory.mktemp("granite-hybrid")
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    torch.manual_seed(0)
+    config = GraniteMoeHybridConfig(
+        vocab_size=embedded_config["vocab_size"],
+        bos_token_id=embedded_config["bos_token_id"],
+        eos_token_id=embedded_config["eos_token_id"],
+        pad_token_id=0,
+        hidden_size=64,
+        intermediate_size=32,
+        shared_intermediate_size=96,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=len(LAYER_TYPES),
+        layer_types=LAYER_TYPES,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=4,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_chunk_size=32,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.25,
+        logits_scaling=2.0,
+        max_position_embeddings=MAX_TOTAL_TOKENS,
+        initializer_range=0.2,
+    )
+    model = GraniteMoeHybridForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # Their inits are constant or in head order; routers start at zero.
+            if name.endswith(("dt_bias", ".D", "router.weight")):
+                param.copy_(torch.randn_like(param))
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (model_dir / name).symlink_to(embedded / name)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
+    server = TandemServer.start(
+        tmp_path_factory.mktemp("granite-hybrid-serve") / "launcher.log",
+        "--model-id", str(model_dir), *FLOAT32_EAGER,
+        "--kv-cache-memory", str(8 * 1024 * 1024),
+        "--max-batch-size", str(MAX_BATCH_SIZE),
+        "--max-batch-prefill-tokens", str(PREFILL_CHUNK),
+        "--max-input-tokens", str(MAX_TOTAL_TOKENS // 2),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+    )  # fmt: skip
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> Reference:
+    return Reference(model_dir)
+
+
+def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServer, reference: Reference) -> None:
+    assert len(reference.encode(LONG_PROMPT)) > PREFILL_CHUNK
+    expected = [reference.greedy(prompt, MAX_NEW_TOKENS) for prompt in PROMPTS]
+    for prompt, want in zip(PROMPTS, expected, strict=True):
+        reference.assert_same_greedy(prompt, want, server.generate_ids(prompt, MAX_NEW_TOKENS))
+    # Together: short requests decode while the long prompt is prefilled in chunks.
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        together = list(pool.map(lambda prompt: server.generate_ids(prompt, MAX_NEW_TOKENS), PROMPTS))
+    for prompt, want, got in zip(PROMPTS, expected, together, strict=True):
+        reference.assert_same_greedy(prompt, want, got)
+    assert server.wait_for_metric("tandem_running_requests", 0, timeout=30) == 0
+
+
+def test_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(server: TandemServer) -> None:
+    info = server.info()
+    assert (info["prefix_caching"], info["model_recurrent_state"]) == (False, True), info
+    cold = server.generate_ids(LONG_PROMPT, MAX_NEW_TOKENS)
+    assert server.generate_ids(LONG_PROMPT, MAX_NEW_TOKENS) == cold
+    assert server.metric("tandem_prefix_cache_hits_tokens_total") == 0
