@@ -156,7 +156,7 @@ def test_chunked_and_token_by_token_scans_agree_from_carried_states() -> None:
     for t in range(x.shape[2]):
         out, state = recurrent_ssd(x[:, :, t], log_decay[:, :, t], b[:, :, t], c[:, :, t], state)
         expected.append(out)
-    # Chunks of 8: several whole chunks and a padded last one.
+    # Chunks of 8: several whole chunks and a shorter last one.
     outputs, final = chunked_ssd(x, log_decay, b, c, initial, chunk=8)
     torch.testing.assert_close(outputs, torch.stack(expected, dim=2), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(final, state, atol=1e-4, rtol=1e-4)

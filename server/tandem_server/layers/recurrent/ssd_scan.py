@@ -10,7 +10,6 @@ runs in float32, whatever the activations' dtype; no fused kernel is used, on CP
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def recurrent_ssd(
@@ -38,23 +37,22 @@ def chunked_ssd(
     Returns the outputs `[seqs, heads, tokens, head_dim]` and each sequence's state after its last token.
     """
     tokens = weighted_x.shape[2]
-    pad = -tokens % chunk
-    weighted_x, b, c = (F.pad(t, (0, 0, 0, pad)) for t in (weighted_x, b, c))
-    log_decay = F.pad(log_decay, (0, pad))
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=log_decay.device).tril()
     state = state.to(torch.float32)
     outputs = torch.empty_like(weighted_x)
-    # One chunk at a time: the `[seqs, heads, chunk, chunk]` weights are the largest tensor, whatever the length.
-    for start in range(0, tokens + pad, chunk):
-        span = slice(start, start + chunk)
+    # One chunk at a time (the last may be shorter): the `[seqs, heads, chunk, chunk]` weights are the largest
+    # tensor, whatever the length.
+    for start in range(0, tokens, chunk):
+        span = slice(start, min(start + chunk, tokens))
+        length = span.stop - start
         x_i, b_i, c_i = weighted_x[:, :, span], b[:, :, span], c[:, :, span]
         # Log decay accumulated from the chunk's start through each position.
         through = torch.cumsum(log_decay[:, :, span], dim=-1)
         # How much of position j's write is left at position i (j <= i).
-        gap = (through.unsqueeze(-1) - through.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
+        gap = (through.unsqueeze(-1) - through.unsqueeze(-2)).masked_fill(~causal[:length, :length], float("-inf"))
         within = ((c_i @ b_i.transpose(-1, -2)) * gap.exp()) @ x_i
         outputs[:, :, span] = within + through.exp().unsqueeze(-1) * (c_i @ state.transpose(-1, -2))
         # Each position's write, decayed to the chunk's end.
         to_end = x_i * (through[..., -1:] - through).exp().unsqueeze(-1)
         state = state * through[..., -1].exp()[..., None, None] + to_end.transpose(-1, -2) @ b_i
-    return outputs[:, :, :tokens], state
+    return outputs, state
