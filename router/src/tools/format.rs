@@ -4,6 +4,7 @@
 use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
+use super::gemma;
 use super::section::{Marker, SectionSyntax, SectionTokens, DEEPSEEK_V31, KIMI_K2};
 use super::xml_syntax::{MarkerTokens, XmlSyntax, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER};
 use crate::harmony;
@@ -31,6 +32,8 @@ pub enum ToolCallParser {
     /// `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...` (GLM-4.5, 4.6).
     #[value(name = "glm45")]
     Glm45,
+    /// `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>...` (Gemma 4).
+    Gemma4,
     /// Harmony's `<|channel|>commentary to=functions.NAME` messages (gpt-oss).
     Openai,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
@@ -50,6 +53,8 @@ pub enum ToolFamily {
     KimiK2,
     Qwen3Coder,
     Glm45,
+    /// Gemma 4's `<|tool_call>` calls (`gemma.rs`).
+    Gemma4,
     /// gpt-oss's harmony channels (`crate::harmony`).
     Harmony,
 }
@@ -69,6 +74,8 @@ pub struct ToolFormat {
     /// The XML families' inner markers the tokenizer holds as added tokens that decode to
     /// their text (`XmlSyntax::token_markers` order).
     pub marker_tokens: MarkerTokens,
+    /// The id of Gemma 4's `<|"|>` string quote when the tokenizer holds it as one added token.
+    pub quote_token: Option<u32>,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
@@ -92,6 +99,8 @@ impl ToolFamily {
     pub fn of_template(template: &str) -> Self {
         if template.contains(harmony::CHANNEL) {
             Self::Harmony
+        } else if template.contains(gemma::CALL_OPEN) {
+            Self::Gemma4
         } else if template.contains(DEEPSEEK_V31.marker(Marker::ArgumentsBegin))
             && !template.contains("```json")
         {
@@ -130,6 +139,7 @@ impl ToolFamily {
             Self::KimiK2 => "kimi_k2",
             Self::Qwen3Coder => "qwen3_coder",
             Self::Glm45 => "glm45",
+            Self::Gemma4 => "gemma4",
         }
     }
 
@@ -158,6 +168,7 @@ impl ToolFamily {
             Self::Qwen3Coder => &[HERMES_TRIGGER, HERMES_CLOSING],
             Self::Glm45 => &GLM45_MARKERS,
             Self::Harmony => &harmony::MARKERS,
+            Self::Gemma4 => &gemma::MARKERS,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
     }
@@ -196,6 +207,7 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::KimiK2 => Self::KimiK2,
             ToolCallParser::Qwen3Coder => Self::Qwen3Coder,
             ToolCallParser::Glm45 => Self::Glm45,
+            ToolCallParser::Gemma4 => Self::Gemma4,
             ToolCallParser::Openai => Self::Harmony,
             ToolCallParser::Tandem => Self::Tandem,
         }
@@ -224,6 +236,10 @@ impl ToolFormat {
                 visible_token(tokenizer, HERMES_TRIGGER),
                 visible_token(tokenizer, HERMES_CLOSING),
             ),
+            ToolFamily::Gemma4 => (
+                visible_token(tokenizer, gemma::CALL_OPEN),
+                visible_token(tokenizer, gemma::CALL_CLOSE),
+            ),
             _ => (None, None),
         };
         let section_tokens = family
@@ -234,12 +250,17 @@ impl ToolFormat {
             .xml_syntax()
             .map(|syntax| syntax.marker_tokens(|marker| visible_token(tokenizer, marker)))
             .unwrap_or_default();
+        let quote_token = match family {
+            ToolFamily::Gemma4 => visible_token(tokenizer, gemma::QUOTE),
+            _ => None,
+        };
         Self {
             family,
             trigger_token,
             closing_token,
             section_tokens,
             marker_tokens,
+            quote_token,
         }
     }
 
@@ -251,6 +272,7 @@ impl ToolFormat {
             closing_token: None,
             section_tokens: SectionTokens::default(),
             marker_tokens: MarkerTokens::default(),
+            quote_token: None,
         }
     }
 }

@@ -6,12 +6,15 @@
 //!
 //! Families with a native syntax (Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral
 //! `[TOOL_CALLS]`, DeepSeek-V3.1's and Kimi K2's call sections in `section.rs`, and the
-//! XML-style Qwen3-Coder and GLM-4.5 calls of `xml_*.rs`) see the tools through their chat
+//! XML-style Qwen3-Coder and GLM-4.5 calls of `xml_*.rs`, Gemma 4's `<|tool_call>` calls of
+//! `gemma*.rs`) see the tools through their chat
 //! template's `tools`; other models are taught Tandem's `{"tool_calls": [...]}` document in a
 //! system message.
 
 mod calls;
 mod format;
+mod gemma;
+mod gemma_calls;
 mod grammar;
 mod history;
 mod lark;

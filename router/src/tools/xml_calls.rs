@@ -188,7 +188,7 @@ impl XmlCallStream {
 }
 
 /// Appends a value's text as its JSON: raw text escaped into the open string.
-fn release(kind: ValueKind, text: &str, arguments: &mut String) {
+pub(super) fn release(kind: ValueKind, text: &str, arguments: &mut String) {
     match kind {
         ValueKind::Json => arguments.push_str(text),
         ValueKind::Raw => {
@@ -199,7 +199,7 @@ fn release(kind: ValueKind, text: &str, arguments: &mut String) {
 }
 
 /// Whether `pending`, with `c` appended, ends with `landmark` (then cleared).
-fn landmark(pending: &mut String, c: char, landmark: &str) -> bool {
+pub(super) fn landmark(pending: &mut String, c: char, landmark: &str) -> bool {
     push_bounded(pending, c, landmark.len());
     let found = pending.ends_with(landmark);
     if found {

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use super::lark::{lark_string, regex_escape, repeated};
+use super::lark::{lark_string, marker, regex_escape, repeated, text_then};
 use super::plan::{FunctionTool, ToolChoice, ToolPlan};
 use super::xml_syntax::{properties, MarkerTokens, ValueKind, XmlSyntax, XML_CLOSING, XML_TRIGGER};
 use crate::scheduler::Grammar;
@@ -49,23 +49,15 @@ pub fn xml_grammar(plan: &ToolPlan, syntax: &XmlSyntax) -> RequestedGrammar {
     }
 }
 
-/// Free text without the trigger, or text ending at the first trigger (written as text, or
-/// as its token after text that holds no trigger), the rest of that call and any further calls.
+/// Free text without the trigger, or text up to the first trigger, the rest of that call and
+/// any further calls.
 fn auto_start(plan: &ToolPlan, alternatives: &str) -> String {
-    let trigger = regex_escape(XML_TRIGGER);
     let more = match plan.allows_several() {
         true => " (\"\\n\" call)*",
         false => "",
     };
-    let by_token = match plan.format.trigger_token {
-        Some(id) => format!(" | TEXT? <[{id}]> ({alternatives}){more}"),
-        None => String::new(),
-    };
-    format!(
-        "start: TEXT | PREFIX ({alternatives}){more}{by_token}\n\
-         TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{trigger}[\\s\\S]*/\n\
-         PREFIX: /[\\s\\S]*{trigger}/ & ~/[\\s\\S]*{trigger}[\\s\\S]+/\n"
-    )
+    let rest = format!("({alternatives}){more}");
+    text_then(XML_TRIGGER, plan.format.trigger_token, &rest)
 }
 
 /// Writes one syntax's rules, its inner markers as text or as their tokens.
@@ -183,14 +175,6 @@ impl Writer<'_> {
             }
         }
         pieces.join(" ")
-    }
-}
-
-/// A marker as text, or as the choice of its text and its token.
-fn marker(text: &str, token: Option<u32>) -> String {
-    match token {
-        Some(id) => format!("({} | <[{id}]>)", lark_string(text)),
-        None => lark_string(text),
     }
 }
 
