@@ -27,6 +27,7 @@ TOOL_CALL_PARSERS = (
     "llama3_json",
     "mistral",
     "deepseek_v31",
+    "deepseek_v32",
     "kimi_k2",
     "qwen3_coder",
     "glm45",
@@ -159,7 +160,8 @@ API = (
     switch("--disable-chat-completions", ROUTER, "serve no chat (the chat routes answer 400)"),
     Forwarded(
         "--tool-call-parser", ROUTER, str, None,
-        "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), deepseek_v31, kimi_k2, "
+        "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), deepseek_v31, deepseek_v32 "
+        "(DSML), kimi_k2, "
         "qwen3_coder, glm45, gemma4 (<|tool_call>), openai (gpt-oss's harmony) or tandem (Tandem's own, taught in a "
         "system message); unset: the one the model's chat template writes",
         choices=TOOL_CALL_PARSERS,

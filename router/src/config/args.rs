@@ -159,7 +159,7 @@ pub struct ApiArgs {
     #[arg(long, env = "CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
     /// The tool-call syntax (vLLM's parser names): hermes, llama3_json, mistral, deepseek_v31,
-    /// kimi_k2, qwen3_coder, glm45, gemma4, openai, or tandem
+    /// deepseek_v32, kimi_k2, qwen3_coder, glm45, gemma4, openai, or tandem
     /// (Tandem's own, taught in a system message). Unset: the one the chat template writes.
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<ToolCallParser>,

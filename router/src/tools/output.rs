@@ -20,7 +20,7 @@ use super::plan::{ToolChoice, ToolPlan};
 use super::section::Marker;
 use super::section_stream::SectionStream;
 use super::xml_calls::XmlCallStream;
-use super::xml_syntax::ValueKinds;
+use super::xml_syntax::{ValueKinds, XmlSyntax};
 use crate::harmony::HarmonyAnswer;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
@@ -115,11 +115,8 @@ fn text_trigger(family: ToolFamily) -> Option<&'static str> {
     match family.section() {
         Some(syntax) => Some(syntax.marker(Marker::SectionBegin)),
         None if family == ToolFamily::Gemma4 => Some(CALL_OPEN),
-        None => matches!(
-            family,
-            ToolFamily::Hermes | ToolFamily::Qwen3Coder | ToolFamily::Glm45
-        )
-        .then_some(HERMES_TRIGGER),
+        None if family == ToolFamily::Hermes => Some(HERMES_TRIGGER),
+        None => family.xml_syntax().map(XmlSyntax::trigger),
     }
 }
 
