@@ -7,8 +7,9 @@
 //! Qwen3-Coder and GLM-4.5 calls follow free text at the first `<tool_call>`: text that may be
 //! the start of the trigger is held back until the next text decides it, so a trigger split
 //! across tokens is never shown as content. DeepSeek-V3.1's and Kimi K2's calls follow free
-//! text the same way at their section's opening marker, and Gemma 4's at `<|tool_call>`. Work is constant per character,
-//! however the text is cut into deltas.
+//! text the same way at their section's opening marker, DeepSeek-V3.2's at its DSML block's
+//! opening and Gemma 4's at `<|tool_call>`. Work is constant per character, however the text is
+//! cut into deltas.
 
 use serde_json::Value;
 
