@@ -27,14 +27,26 @@ TOOL_CALL_PARSERS = (
     "llama3_json",
     "mistral",
     "deepseek_v31",
+    "deepseek_v32",
     "kimi_k2",
     "qwen3_coder",
     "glm45",
+    "gemma4",
     "openai",
     "tandem",
 )
 # How chat output splits into reasoning and answer (vLLM's parser names; auto: from the chat template's markers).
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "deepseek_v3", "kimi_k2", "glm45", "openai_gptoss")
+REASONING_PARSERS = (
+    "auto",
+    "none",
+    "deepseek_r1",
+    "qwen3",
+    "deepseek_v3",
+    "kimi_k2",
+    "glm45",
+    "gemma4",
+    "openai_gptoss",
+)
 
 
 def _readable_file(flag: str, value: Any) -> str | None:
@@ -148,9 +160,10 @@ API = (
     switch("--disable-chat-completions", ROUTER, "serve no chat (the chat routes answer 400)"),
     Forwarded(
         "--tool-call-parser", ROUTER, str, None,
-        "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), deepseek_v31, kimi_k2, "
-        "qwen3_coder, glm45, openai (gpt-oss's harmony) or tandem (Tandem's own, taught in a system message); unset: "
-        "the one the model's chat template writes",
+        "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), deepseek_v31, deepseek_v32 "
+        "(DSML), kimi_k2, "
+        "qwen3_coder, glm45, gemma4 (<|tool_call>), openai (gpt-oss's harmony) or tandem (Tandem's own, taught in a "
+        "system message); unset: the one the model's chat template writes",
         choices=TOOL_CALL_PARSERS,
     ),
     Forwarded(
@@ -162,8 +175,8 @@ API = (
     Forwarded(
         "--reasoning-parser", ROUTER, str, "auto",
         "how chat output splits into reasoning and answer: auto reads the chat template's <think> markers and the "
-        "model type; deepseek_r1, qwen3, deepseek_v3, kimi_k2, glm45 and openai_gptoss (gpt-oss's harmony) name a "
-        "format; none never splits",
+        "model type; deepseek_r1, qwen3, deepseek_v3, kimi_k2, glm45, gemma4 (<|channel>thought) and openai_gptoss "
+        "(gpt-oss's harmony) name a format; none never splits",
         choices=REASONING_PARSERS,
     ),
     Forwarded(

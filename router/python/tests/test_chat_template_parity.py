@@ -51,6 +51,7 @@ SPECIAL = {
     "qwen3.5": {},
     "glm-4.6": {},
     "gpt-oss": {},
+    "gemma-4": {"bos_token": "<bos>", "eos_token": "<eos>"},
 }
 # Families whose published template leaves `tools` out of the prompt (DeepSeek-V3.1's model card describes them in the
 # system message instead).
@@ -145,6 +146,24 @@ def test_xml_call_history_writes_strings_raw_and_other_values_as_json_as_transfo
     rendered, expected = _both(family, history, [WEATHER, TIME])
     assert rendered == expected
     assert "Zürich" in rendered and '["celsius"]' in rendered
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_gemma4_history_writes_its_own_value_syntax_and_the_switch_opens_or_closes_the_thought_channel(
+    enable_thinking: bool,
+) -> None:
+    arguments = {"days": 3, "city": "Zürich", "where": {"lat": 1.5, "tags": ["a", "b"]}, "exact": True, "tz": None}
+    call = {"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(arguments)}}
+    calls = {"role": "assistant", "content": None, "tool_calls": [call, {**copy.deepcopy(call), "id": "def456XYZ"}]}
+    results = [{"role": "tool", "tool_call_id": call_id, "content": weather} for call_id, weather in
+               [(CALL_ID, "Sunny"), ("def456XYZ", "Rain")]]  # fmt: skip
+    history = [*ASK, calls, *results, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Time?"}]
+    rendered, expected = _both("gemma-4", history, [WEATHER, TIME], enable_thinking=enable_thinking)
+    assert rendered == expected
+    assert '<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>,days:3,exact:true,tz:' in rendered
+    assert 'where:{lat:1.5,tags:[<|"|>a<|"|>,<|"|>b<|"|>]}}<tool_call|><|tool_call>call:get_weather{' in rendered
+    assert rendered.endswith("<|channel>thought\n<channel|>") != enable_thinking
+    assert ("<|think|>" in rendered) == enable_thinking
 
 
 def _smollm3(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> tuple:

@@ -159,7 +159,7 @@ pub struct ApiArgs {
     #[arg(long, env = "CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
     /// The tool-call syntax (vLLM's parser names): hermes, llama3_json, mistral, deepseek_v31,
-    /// kimi_k2, or tandem
+    /// deepseek_v32, kimi_k2, qwen3_coder, glm45, gemma4, openai, or tandem
     /// (Tandem's own, taught in a system message). Unset: the one the chat template writes.
     #[arg(long, env = "TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<ToolCallParser>,
@@ -173,8 +173,8 @@ pub struct ApiArgs {
     #[arg(long, env = "GENERATION_CONFIG", value_enum, default_value_t = GenerationConfigUse::Auto)]
     pub generation_config: GenerationConfigUse,
     /// How chat output splits into reasoning and answer: `auto` reads the chat template's
-    /// markers (`<think>`) and the model type, `deepseek_r1`, `qwen3`, `deepseek_v3` and
-    /// `kimi_k2` name a format (vLLM's names), `none` never splits.
+    /// markers (`<think>`) and the model type, `deepseek_r1`, `qwen3`, `deepseek_v3`, `kimi_k2`,
+    /// `glm45`, `gemma4` and `openai_gptoss` name a format (vLLM's names), `none` never splits.
     #[arg(long, env = "REASONING_PARSER", value_enum, default_value_t = ReasoningParserFlag::Auto)]
     pub reasoning_parser: ReasoningParserFlag,
     #[command(flatten)]

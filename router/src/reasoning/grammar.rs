@@ -13,7 +13,8 @@ use crate::scheduler::Grammar;
 /// Blanks the model may put between the end marker and a constrained answer.
 const MAX_BLANKS: usize = 4;
 
-/// The ids of the markers that are one token of the vocabulary. Such a token must be named
+/// The ids of the markers that are one token of the vocabulary (of the start marker, its first
+/// token: `ReasoningParser::start_token`). Such a token must be named
 /// by id: llguidance treats a vocabulary's added tokens as special, so their text alone
 /// never matches them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,8 +55,18 @@ pub fn reasoning_grammar(
     };
     let mut lark = [
         first,
-        marker_rule("think_open", parser.start_marker(), tokens.start),
-        marker_rule("think_end", parser.end_marker(), tokens.end),
+        marker_rule(
+            "think_open",
+            parser.start_marker(),
+            tokens.start,
+            parser.start_token(),
+        ),
+        marker_rule(
+            "think_end",
+            parser.end_marker(),
+            tokens.end,
+            parser.end_marker(),
+        ),
         format!("BLANKS: /[ \\t\\r\\n]{{1,{MAX_BLANKS}}}/"),
         answer_rule(answer),
     ]
@@ -77,11 +88,12 @@ pub fn reasoning_grammar(
     Some(Grammar::Lark(lark))
 }
 
-/// A marker: its text, or its token when it is one.
-fn marker_rule(name: &str, marker: &str, token: Option<u32>) -> String {
-    match token {
-        Some(id) => format!("{name}: {marker:?} | <[{id}]>"),
-        None => format!("{name}: {marker:?}"),
+/// A marker: its text, or its first token (whose text is `token_text`) and the rest of the text.
+fn marker_rule(name: &str, marker: &str, token: Option<u32>, token_text: &str) -> String {
+    match (token, marker.strip_prefix(token_text)) {
+        (Some(id), Some("") | None) => format!("{name}: {marker:?} | <[{id}]>"),
+        (Some(id), Some(rest)) => format!("{name}: {marker:?} | <[{id}]> {rest:?}"),
+        (None, _) => format!("{name}: {marker:?}"),
     }
 }
 

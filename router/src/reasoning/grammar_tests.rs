@@ -182,3 +182,24 @@ fn a_closed_start_or_nothing_to_constrain_keeps_the_request_grammar() {
         None
     );
 }
+
+#[test]
+fn a_start_marker_longer_than_its_token_is_that_token_then_the_rest_as_text() {
+    let grammar = reasoning_grammar(
+        ReasoningParser::Gemma4,
+        ReasoningStart::Undecided {
+            reasoning_by_default: false,
+        },
+        Some(20),
+        None,
+        TOKENS,
+    )
+    .unwrap();
+    let mut thought = vec![START_MARKER_ID];
+    thought.extend(bytes("thought\nhmm"));
+    thought.push(END_MARKER_ID);
+    thought.extend(bytes("answer"));
+    assert!(allows(&grammar, &thought));
+    assert!(allows(&grammar, &bytes("<|channel>thought\nhmm")));
+    assert!(!allows(&grammar, &[START_MARKER_ID, u32::from(b'\n')]));
+}

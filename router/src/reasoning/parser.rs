@@ -5,6 +5,13 @@ use clap::ValueEnum;
 
 use crate::harmony;
 
+/// Gemma 4's channel opening, one token.
+const GEMMA4_CHANNEL: &str = "<|channel>";
+/// Gemma 4's reasoning opening: the channel and its name.
+const GEMMA4_START: &str = "<|channel>thought";
+/// Gemma 4's channel end.
+const GEMMA4_END: &str = "<channel|>";
+
 /// A family's reasoning format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
@@ -19,6 +26,9 @@ pub enum ReasoningParser {
     DeepseekV3,
     /// Kimi K2 Thinking: the model opens `<think>` itself; output without it is all answer.
     KimiK2,
+    /// Gemma 4: a `<|channel>thought` … `<channel|>` channel before the answer, switched by the
+    /// template's `enable_thinking` (which otherwise ends the prompt with an empty channel).
+    Gemma4,
     /// gpt-oss's harmony channels: the `analysis` channel is the reasoning (`crate::harmony`);
     /// the template's `reasoning_effort` sets its level.
     Harmony,
@@ -42,6 +52,9 @@ pub enum ReasoningParserFlag {
     /// GLM-4.5 and GLM-4.6: Qwen3's markers and `enable_thinking` switch.
     #[value(name = "glm45")]
     Glm45,
+    /// Gemma 4's `<|channel>thought` channel.
+    #[value(name = "gemma4")]
+    Gemma4,
     /// gpt-oss's harmony channels.
     #[value(name = "openai_gptoss")]
     OpenaiGptoss,
@@ -61,6 +74,7 @@ impl ReasoningParserFlag {
             Self::Qwen3 | Self::Glm45 => Some(ReasoningParser::Qwen3),
             Self::DeepseekV3 => Some(ReasoningParser::DeepseekV3),
             Self::KimiK2 => Some(ReasoningParser::KimiK2),
+            Self::Gemma4 => Some(ReasoningParser::Gemma4),
             Self::OpenaiGptoss => Some(ReasoningParser::Harmony),
         }
     }
@@ -81,12 +95,27 @@ pub enum ReasoningStart {
 impl ReasoningParser {
     /// The marker that opens reasoning.
     pub fn start_marker(self) -> &'static str {
-        "<think>"
+        match self {
+            Self::Gemma4 => GEMMA4_START,
+            _ => "<think>",
+        }
+    }
+
+    /// The start marker's first token's text: all of it, but Gemma 4's `<|channel>`, which
+    /// `thought` follows.
+    pub fn start_token(self) -> &'static str {
+        match self {
+            Self::Gemma4 => GEMMA4_CHANNEL,
+            _ => self.start_marker(),
+        }
     }
 
     /// The marker that ends reasoning; the answer follows it.
     pub fn end_marker(self) -> &'static str {
-        "</think>"
+        match self {
+            Self::Gemma4 => GEMMA4_END,
+            _ => "</think>",
+        }
     }
 
     /// The format of a model whose chat template `template` (and `config.json` `model_type`)
@@ -95,6 +124,9 @@ impl ReasoningParser {
         let template = template?;
         if template.contains(harmony::CHANNEL) {
             return Some(Self::Harmony);
+        }
+        if template.contains(GEMMA4_START) {
+            return Some(Self::Gemma4);
         }
         if !template.contains("</think>") {
             return None;
@@ -115,6 +147,7 @@ impl ReasoningParser {
     pub fn chat_markers(self) -> &'static [&'static str] {
         match self {
             Self::Harmony => &harmony::MARKERS,
+            Self::Gemma4 => &[GEMMA4_CHANNEL, GEMMA4_END],
             Self::DeepseekR1 | Self::Qwen3 | Self::DeepseekV3 | Self::KimiK2 => {
                 &["<think>", "</think>"]
             }
@@ -138,9 +171,9 @@ impl ReasoningParser {
     }
 
     /// Whether a request's `thinking: false` switches reasoning off through the template's
-    /// `enable_thinking` (Qwen3, DeepSeek-V3.1), rather than through a budget of 0.
+    /// `enable_thinking` (Qwen3, DeepSeek-V3.1, Gemma 4), rather than through a budget of 0.
     pub fn has_template_switch(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::DeepseekV3)
+        matches!(self, Self::Qwen3 | Self::DeepseekV3 | Self::Gemma4)
     }
 }
 
@@ -233,6 +266,33 @@ mod tests {
             let flag = <ReasoningParserFlag as ValueEnum>::from_str(name, false).expect("a name");
             assert_eq!(flag.resolve(None, None), Some(parser));
         }
+    }
+
+    #[test]
+    fn gemma4_is_found_by_its_thought_channel_and_switched_by_its_template() {
+        let template = "{{- '<|turn>model\\n' -}}{%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}";
+        let gemma = ReasoningParser::Gemma4;
+        assert_eq!(
+            ReasoningParser::detect(Some(template), Some("gemma4")),
+            Some(gemma)
+        );
+        assert_eq!(ReasoningParserFlag::Gemma4.resolve(None, None), Some(gemma));
+        assert_eq!(
+            gemma.start_after("<|turn>model\n<|channel>thought\n<channel|>"),
+            ReasoningStart::Closed
+        );
+        assert_eq!(
+            gemma.start_after("<|turn>model\n"),
+            ReasoningStart::Undecided {
+                reasoning_by_default: false
+            }
+        );
+        assert!(gemma.has_template_switch());
+        assert!(gemma.start_marker().starts_with(gemma.start_token()));
+        assert_eq!(
+            gemma.chat_markers(),
+            [gemma.start_token(), gemma.end_marker()]
+        );
     }
 
     #[test]

@@ -58,11 +58,11 @@ pub struct ReasoningRequest {
 }
 
 impl ReasoningRequest {
-    /// The template variables this request sets: Qwen3's and DeepSeek-V3.1's `enable_thinking`, harmony's
+    /// The template variables this request sets: Qwen3's, DeepSeek-V3.1's and Gemma 4's `enable_thinking`, harmony's
     /// `reasoning_effort` (`low`, `medium` or `high`; an effort of `none` is a budget of 0).
     pub fn template_switches(self, parser: ReasoningParser) -> Vec<(&'static str, Value)> {
         match parser {
-            ReasoningParser::Qwen3 | ReasoningParser::DeepseekV3 => self
+            ReasoningParser::Qwen3 | ReasoningParser::DeepseekV3 | ReasoningParser::Gemma4 => self
                 .enabled
                 .map(|enabled| ("enable_thinking", Value::Bool(enabled)))
                 .into_iter()

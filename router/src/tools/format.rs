@@ -4,8 +4,11 @@
 use clap::ValueEnum;
 use tokenizers::Tokenizer;
 
+use super::gemma;
 use super::section::{Marker, SectionSyntax, SectionTokens, DEEPSEEK_V31, KIMI_K2};
-use super::xml_syntax::{MarkerTokens, XmlSyntax, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER};
+use super::xml_syntax::{
+    MarkerTokens, XmlSyntax, DEEPSEEK_V32, GLM45, QWEN3_CODER, XML_CLOSING, XML_TRIGGER,
+};
 use crate::harmony;
 
 /// `--tool-call-parser`: a family's syntax by vLLM's parser name, or Tandem's own.
@@ -31,6 +34,12 @@ pub enum ToolCallParser {
     /// `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...` (GLM-4.5, 4.6).
     #[value(name = "glm45")]
     Glm45,
+    /// `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>...` (Gemma 4).
+    Gemma4,
+    /// `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY"
+    /// string="true">VALUE</｜DSML｜parameter>...` (DeepSeek-V3.2).
+    #[value(name = "deepseek_v32")]
+    DeepseekV32,
     /// Harmony's `<|channel|>commentary to=functions.NAME` messages (gpt-oss).
     Openai,
     /// Tandem's own `{"tool_calls": [...]}` document, taught in a system message.
@@ -50,6 +59,10 @@ pub enum ToolFamily {
     KimiK2,
     Qwen3Coder,
     Glm45,
+    /// Gemma 4's `<|tool_call>` calls (`gemma.rs`).
+    Gemma4,
+    /// DeepSeek-V3.2's DSML calls, an XML-style syntax (`xml_syntax.rs`).
+    DeepseekV32,
     /// gpt-oss's harmony channels (`crate::harmony`).
     Harmony,
 }
@@ -69,6 +82,8 @@ pub struct ToolFormat {
     /// The XML families' inner markers the tokenizer holds as added tokens that decode to
     /// their text (`XmlSyntax::token_markers` order).
     pub marker_tokens: MarkerTokens,
+    /// The id of Gemma 4's `<|"|>` string quote when the tokenizer holds it as one added token.
+    pub quote_token: Option<u32>,
 }
 
 /// Hermes's call opening: the text before it is the answer's content.
@@ -84,6 +99,15 @@ const GLM45_MARKERS: [&str; 6] = [
     GLM45.token_markers[2],
     GLM45.token_markers[3],
 ];
+/// DeepSeek-V3.2's tags, kept as text where its tokenizer holds them as special tokens.
+const DSML_MARKERS: [&str; 6] = [
+    "<｜DSML｜function_calls>",
+    "</｜DSML｜function_calls>",
+    "<｜DSML｜invoke",
+    "</｜DSML｜invoke>",
+    "<｜DSML｜parameter",
+    "</｜DSML｜parameter>",
+];
 /// Mistral's call opening.
 pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
 
@@ -92,6 +116,10 @@ impl ToolFamily {
     pub fn of_template(template: &str) -> Self {
         if template.contains(harmony::CHANNEL) {
             Self::Harmony
+        } else if template.contains(gemma::CALL_OPEN) {
+            Self::Gemma4
+        } else if template.contains(DEEPSEEK_V32.opening) {
+            Self::DeepseekV32
         } else if template.contains(DEEPSEEK_V31.marker(Marker::ArgumentsBegin))
             && !template.contains("```json")
         {
@@ -130,6 +158,8 @@ impl ToolFamily {
             Self::KimiK2 => "kimi_k2",
             Self::Qwen3Coder => "qwen3_coder",
             Self::Glm45 => "glm45",
+            Self::Gemma4 => "gemma4",
+            Self::DeepseekV32 => "deepseek_v32",
         }
     }
 
@@ -138,6 +168,7 @@ impl ToolFamily {
         match self {
             Self::Qwen3Coder => Some(&QWEN3_CODER),
             Self::Glm45 => Some(&GLM45),
+            Self::DeepseekV32 => Some(&DEEPSEEK_V32),
             _ => None,
         }
     }
@@ -158,6 +189,8 @@ impl ToolFamily {
             Self::Qwen3Coder => &[HERMES_TRIGGER, HERMES_CLOSING],
             Self::Glm45 => &GLM45_MARKERS,
             Self::Harmony => &harmony::MARKERS,
+            Self::Gemma4 => &gemma::MARKERS,
+            Self::DeepseekV32 => &DSML_MARKERS,
             Self::Tandem | Self::Llama3Json | Self::Mistral => &[],
         }
     }
@@ -196,6 +229,8 @@ impl From<ToolCallParser> for ToolFamily {
             ToolCallParser::KimiK2 => Self::KimiK2,
             ToolCallParser::Qwen3Coder => Self::Qwen3Coder,
             ToolCallParser::Glm45 => Self::Glm45,
+            ToolCallParser::Gemma4 => Self::Gemma4,
+            ToolCallParser::DeepseekV32 => Self::DeepseekV32,
             ToolCallParser::Openai => Self::Harmony,
             ToolCallParser::Tandem => Self::Tandem,
         }
@@ -224,6 +259,10 @@ impl ToolFormat {
                 visible_token(tokenizer, HERMES_TRIGGER),
                 visible_token(tokenizer, HERMES_CLOSING),
             ),
+            ToolFamily::Gemma4 => (
+                visible_token(tokenizer, gemma::CALL_OPEN),
+                visible_token(tokenizer, gemma::CALL_CLOSE),
+            ),
             _ => (None, None),
         };
         let section_tokens = family
@@ -234,12 +273,17 @@ impl ToolFormat {
             .xml_syntax()
             .map(|syntax| syntax.marker_tokens(|marker| visible_token(tokenizer, marker)))
             .unwrap_or_default();
+        let quote_token = match family {
+            ToolFamily::Gemma4 => visible_token(tokenizer, gemma::QUOTE),
+            _ => None,
+        };
         Self {
             family,
             trigger_token,
             closing_token,
             section_tokens,
             marker_tokens,
+            quote_token,
         }
     }
 
@@ -251,6 +295,7 @@ impl ToolFormat {
             closing_token: None,
             section_tokens: SectionTokens::default(),
             marker_tokens: MarkerTokens::default(),
+            quote_token: None,
         }
     }
 }
@@ -267,112 +312,5 @@ fn visible_token(tokenizer: &Tokenizer, marker: &str) -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::ValueEnum;
-
-    use super::*;
-    use crate::validation::testing::tokenizer_with_special_tokens;
-
-    #[test]
-    fn the_template_decides_the_family_and_the_flag_overrides_it() {
-        let hermes = "{{- '<tool_call>\\n' }}{{ tools | tojson }}";
-        let mistral = "{{- \"[TOOL_CALLS] [\" }}";
-        let llama = "{{- \"<|python_tag|>\" + tool_call.name }}";
-        let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
-        let harmony = "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content }}";
-        assert_eq!(ToolFamily::of_template(hermes), ToolFamily::Hermes);
-        assert_eq!(ToolFamily::of_template(mistral), ToolFamily::Mistral);
-        assert_eq!(ToolFamily::of_template(llama), ToolFamily::Llama3Json);
-        assert_eq!(ToolFamily::of_template(plain), ToolFamily::Tandem);
-        assert_eq!(ToolFamily::of_template(harmony), ToolFamily::Harmony);
-        assert_eq!(
-            ToolFamily::from(ToolCallParser::Openai).parser_name(),
-            "openai"
-        );
-        let tokenizer = tokenizer_with_special_tokens(&[]);
-        let forced = ToolFormat::choose(Some(ToolCallParser::Hermes), Some(plain), &tokenizer);
-        assert_eq!(forced.family, ToolFamily::Hermes);
-        let own = ToolFormat::choose(Some(ToolCallParser::Tandem), Some(hermes), &tokenizer);
-        assert_eq!(own.family, ToolFamily::Tandem);
-        assert_eq!(
-            ToolFormat::choose(None, None, &tokenizer),
-            ToolFormat::default()
-        );
-    }
-
-    #[test]
-    fn the_xml_families_are_told_apart_from_hermes_by_their_real_templates() {
-        let templates = [
-            (
-                include_str!("../../python/tests/chat_templates/qwen3-coder.jinja"),
-                ToolFamily::Qwen3Coder,
-            ),
-            (
-                include_str!("../../python/tests/chat_templates/qwen3.5.jinja"),
-                ToolFamily::Qwen3Coder,
-            ),
-            (
-                include_str!("../../python/tests/chat_templates/glm-4.6.jinja"),
-                ToolFamily::Glm45,
-            ),
-            (
-                include_str!("../../python/tests/chat_templates/qwen3.jinja"),
-                ToolFamily::Hermes,
-            ),
-            (
-                include_str!("../../python/tests/chat_templates/qwen2.5.jinja"),
-                ToolFamily::Hermes,
-            ),
-        ];
-        for (template, family) in templates {
-            assert_eq!(ToolFamily::of_template(template), family);
-        }
-        let tokenizer = tokenizer_with_special_tokens(&[]);
-        for parser in [ToolCallParser::Qwen3Coder, ToolCallParser::Glm45] {
-            let family = ToolFormat::choose(Some(parser), None, &tokenizer).family;
-            assert_eq!(
-                ToolCallParser::from_str(family.parser_name(), false),
-                Ok(parser)
-            );
-        }
-    }
-
-    #[test]
-    fn added_markers_are_offered_as_tokens_and_special_ones_stay_in_chat_text() {
-        let json = crate::validation::testing::tokenizer_json_with_special_tokens(&[
-            HERMES_TRIGGER,
-            "<arg_key>",
-        ]);
-        let mut tokenizer = Tokenizer::from_bytes(json.to_string()).expect("test vocabulary");
-        tokenizer
-            .add_tokens([tokenizers::AddedToken::from("<arg_value>", false)])
-            .expect("a plain added token");
-        let glm = ToolFormat::choose(Some(ToolCallParser::Glm45), None, &tokenizer);
-        assert_eq!(glm.trigger_token, tokenizer.token_to_id(HERMES_TRIGGER));
-        assert_eq!(glm.marker_tokens[0], tokenizer.token_to_id("<arg_key>"));
-        assert_eq!(glm.marker_tokens[2], tokenizer.token_to_id("<arg_value>"));
-        assert_eq!(
-            glm.marker_tokens[1], None,
-            "not one token of this vocabulary"
-        );
-        assert!(glm.trigger_token.is_some() && glm.marker_tokens[0].is_some());
-        let kept = ToolFamily::Glm45.chat_markers();
-        for marker in [HERMES_TRIGGER, "<arg_key>", "<arg_value>"] {
-            assert!(
-                kept.contains(&marker),
-                "{marker} reaches the parser as text"
-            );
-        }
-    }
-
-    #[test]
-    fn mistral_asks_for_its_trigger_token_when_the_tokenizer_has_one() {
-        let with = tokenizer_with_special_tokens(&[MISTRAL_TRIGGER]);
-        let format = ToolFormat::choose(None, Some("[TOOL_CALLS]"), &with);
-        assert_eq!(format.trigger_token, with.token_to_id(MISTRAL_TRIGGER));
-        assert!(format.trigger_token.is_some());
-        let without = tokenizer_with_special_tokens(&[]);
-        let format = ToolFormat::choose(None, Some("[TOOL_CALLS]"), &without);
-        assert_eq!(format, ToolFormat::text(ToolFamily::Mistral));
-    }
-}
+#[path = "format_tests.rs"]
+mod tests;

@@ -9,7 +9,8 @@
 use serde_json::{json, Value};
 
 use super::format::{ToolFamily, ToolFormat, HERMES_CLOSING, HERMES_TRIGGER, MISTRAL_TRIGGER};
-use super::lark::{lark_string, regex_escape, repeated};
+use super::gemma::gemma_grammar;
+use super::lark::{lark_string, marker, repeated, text_then};
 use super::plan::{ToolChoice, ToolPlan};
 use super::xml_grammar::xml_grammar;
 use crate::harmony::{tool_tail, CallTool};
@@ -27,6 +28,7 @@ impl ToolPlan {
             (ToolChoice::None, _) => None,
             (_, ToolFamily::Tandem) => Some(tandem_grammar(self)),
             (_, ToolFamily::Harmony) => Some(harmony_grammar(self)),
+            (_, ToolFamily::Gemma4) => Some(gemma_grammar(self)),
             (_, family) => Some(match (family.section(), family.xml_syntax()) {
                 (Some(syntax), _) => syntax.grammar(self, self.format.section_tokens),
                 (None, Some(syntax)) => xml_grammar(self, syntax),
@@ -147,7 +149,7 @@ pub(super) fn object_schema(parameters: &Value) -> Value {
 }
 
 /// `(call_0 | call_1 | ...)`.
-fn call_alternatives(plan: &ToolPlan) -> String {
+pub(super) fn call_alternatives(plan: &ToolPlan) -> String {
     let names: Vec<String> = (0..plan.callable().count())
         .map(|index| format!("call_{index}"))
         .collect();
@@ -158,7 +160,7 @@ fn call_alternatives(plan: &ToolPlan) -> String {
 fn hermes_calls(plan: &ToolPlan, one: &str) -> String {
     let wrapped = format!(
         "{} {}",
-        hermes_marker(HERMES_TRIGGER, plan.format.trigger_token),
+        marker(HERMES_TRIGGER, plan.format.trigger_token),
         hermes_rest(plan, one)
     );
     repeated(&wrapped, "\"\\n\"", plan.allows_several())
@@ -166,37 +168,19 @@ fn hermes_calls(plan: &ToolPlan, one: &str) -> String {
 
 /// What follows a call's opening: `\n{...}\n</tool_call>`.
 fn hermes_rest(plan: &ToolPlan, one: &str) -> String {
-    let closing = hermes_marker(HERMES_CLOSING, plan.format.closing_token);
+    let closing = marker(HERMES_CLOSING, plan.format.closing_token);
     format!("\"\\n\" {one} \"\\n\" {closing}")
 }
 
-/// A Hermes marker as text, or as its added token where the tokenizer holds one.
-fn hermes_marker(marker: &str, token: Option<u32>) -> String {
-    match token {
-        Some(id) => format!("({} | <[{id}]>)", lark_string(marker)),
-        None => lark_string(marker),
-    }
-}
-
-/// Free text without the trigger, or text ending at the first trigger followed by the rest
-/// of the first call and any further calls. The text's end is decided by the trigger alone
-/// (written as text, or as its added token after text that holds no trigger).
+/// Free text without the trigger, or text up to the first trigger followed by the rest of the
+/// first call and any further calls.
 fn hermes_auto(plan: &ToolPlan, one: &str) -> String {
-    let trigger = regex_escape(HERMES_TRIGGER);
-    let rest = hermes_rest(plan, one);
     let more = match plan.allows_several() {
         true => format!(" (\"\\n\" {})*", hermes_calls(plan, one)),
         false => String::new(),
     };
-    let by_token = match plan.format.trigger_token {
-        Some(id) => format!(" | TEXT? <[{id}]> {rest}{more}"),
-        None => String::new(),
-    };
-    format!(
-        "start: TEXT | PREFIX {rest}{more}{by_token}\n\
-         TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{trigger}[\\s\\S]*/\n\
-         PREFIX: /[\\s\\S]*{trigger}/ & ~/[\\s\\S]*{trigger}[\\s\\S]+/\n"
-    )
+    let rest = format!("{}{more}", hermes_rest(plan, one));
+    text_then(HERMES_TRIGGER, plan.format.trigger_token, &rest)
 }
 
 #[cfg(test)]

@@ -26,3 +26,27 @@ pub fn regex_escape(text: &str) -> String {
         })
         .collect()
 }
+
+/// A marker as text, or as the choice of its text and its token where the tokenizer holds one
+/// (grammars treat added tokens as special, so the text alone would refuse the model's token).
+pub fn marker(text: &str, token: Option<u32>) -> String {
+    match token {
+        Some(id) => format!("({} | <[{id}]>)", lark_string(text)),
+        None => lark_string(text),
+    }
+}
+
+/// `start`: free text without `trigger`, or text ending at the first `trigger` (written as
+/// text, or as its `token` after text that holds no trigger) followed by `rest`.
+pub fn text_then(trigger: &str, token: Option<u32>, rest: &str) -> String {
+    let escaped = regex_escape(trigger);
+    let by_token = match token {
+        Some(id) => format!(" | TEXT? <[{id}]> {rest}"),
+        None => String::new(),
+    };
+    format!(
+        "start: TEXT | PREFIX {rest}{by_token}\n\
+         TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{escaped}[\\s\\S]*/\n\
+         PREFIX: /[\\s\\S]*{escaped}/ & ~/[\\s\\S]*{escaped}[\\s\\S]+/\n"
+    )
+}

@@ -7,18 +7,21 @@
 //! Qwen3-Coder and GLM-4.5 calls follow free text at the first `<tool_call>`: text that may be
 //! the start of the trigger is held back until the next text decides it, so a trigger split
 //! across tokens is never shown as content. DeepSeek-V3.1's and Kimi K2's calls follow free
-//! text the same way at their section's opening marker. Work is constant per character,
-//! however the text is cut into deltas.
+//! text the same way at their section's opening marker, DeepSeek-V3.2's at its DSML block's
+//! opening and Gemma 4's at `<|tool_call>`. Work is constant per character, however the text is
+//! cut into deltas.
 
 use serde_json::Value;
 
 use super::calls::{FunctionCall, ToolCall, ToolCallStream};
 use super::format::{ToolFamily, HERMES_TRIGGER};
+use super::gemma::CALL_OPEN;
+use super::gemma_calls::GemmaCallStream;
 use super::plan::{ToolChoice, ToolPlan};
 use super::section::Marker;
 use super::section_stream::SectionStream;
 use super::xml_calls::XmlCallStream;
-use super::xml_syntax::ValueKinds;
+use super::xml_syntax::{ValueKinds, XmlSyntax};
 use crate::harmony::HarmonyAnswer;
 
 /// What one piece of streamed text becomes in a chunk's `delta`.
@@ -76,11 +79,13 @@ enum CallStream {
     Objects(ToolCallStream),
     Section(SectionStream),
     Xml(XmlCallStream),
+    Gemma(GemmaCallStream),
 }
 
 impl CallStream {
     fn new(family: ToolFamily, kinds: &ValueKinds) -> Self {
         match (family.section(), family.xml_syntax()) {
+            _ if family == ToolFamily::Gemma4 => Self::Gemma(GemmaCallStream::new(family)),
             (Some(syntax), _) => Self::Section(SectionStream::new(family, syntax)),
             (None, Some(syntax)) => Self::Xml(XmlCallStream::new(family, syntax, kinds.clone())),
             (None, None) => Self::Objects(ToolCallStream::new(family)),
@@ -92,6 +97,7 @@ impl CallStream {
             Self::Objects(stream) => stream.push(text),
             Self::Section(stream) => stream.push(text),
             Self::Xml(stream) => stream.push(text),
+            Self::Gemma(stream) => stream.push(text),
         }
     }
 
@@ -100,6 +106,7 @@ impl CallStream {
             Self::Objects(stream) => stream.count(),
             Self::Section(stream) => stream.count(),
             Self::Xml(stream) => stream.count(),
+            Self::Gemma(stream) => stream.count(),
         }
     }
 }
@@ -108,11 +115,9 @@ impl CallStream {
 fn text_trigger(family: ToolFamily) -> Option<&'static str> {
     match family.section() {
         Some(syntax) => Some(syntax.marker(Marker::SectionBegin)),
-        None => matches!(
-            family,
-            ToolFamily::Hermes | ToolFamily::Qwen3Coder | ToolFamily::Glm45
-        )
-        .then_some(HERMES_TRIGGER),
+        None if family == ToolFamily::Gemma4 => Some(CALL_OPEN),
+        None if family == ToolFamily::Hermes => Some(HERMES_TRIGGER),
+        None => family.xml_syntax().map(XmlSyntax::trigger),
     }
 }
 
@@ -273,7 +278,7 @@ fn content_and_calls(content: String, calls: Vec<Value>) -> DeltaBody {
 }
 
 /// Bytes at the end of `text` that are a proper prefix of `trigger`, on char boundaries.
-fn trigger_prefix_len(text: &str, trigger: &str) -> usize {
+pub(super) fn trigger_prefix_len(text: &str, trigger: &str) -> usize {
     (1..trigger.len())
         .rev()
         .find(|&len| trigger.is_char_boundary(len) && text.ends_with(&trigger[..len]))

@@ -10,7 +10,7 @@
 use tokenizers::Tokenizer;
 
 use super::grammar::object_schema;
-use super::lark::{lark_string, regex_escape};
+use super::lark::{lark_string, marker as lark_marker, text_then};
 use super::plan::{ToolChoice, ToolPlan};
 use crate::scheduler::Grammar;
 use crate::validation::{with_json_layout, RequestedGrammar};
@@ -92,7 +92,7 @@ impl SectionSyntax {
 
     /// The grammar `plan`'s output follows in this syntax.
     pub fn grammar(&self, plan: &ToolPlan, tokens: SectionTokens) -> RequestedGrammar {
-        let marker = |marker: Marker| marker_rule(self.marker(marker), tokens.0[marker as usize]);
+        let marker = |marker: Marker| lark_marker(self.marker(marker), tokens.0[marker as usize]);
         let one = call_alternatives(plan);
         let calls = if plan.allows_several() {
             format!("{one}+")
@@ -101,7 +101,11 @@ impl SectionSyntax {
         };
         let rest = format!("{calls} {}", marker(Marker::SectionEnd));
         let start = match plan.choice {
-            ToolChoice::Auto => self.auto_start(&rest, tokens.0[Marker::SectionBegin as usize]),
+            ToolChoice::Auto => text_then(
+                self.marker(Marker::SectionBegin),
+                tokens.0[Marker::SectionBegin as usize],
+                &rest,
+            ),
             _ => format!("start: {} {rest}\n", marker(Marker::SectionBegin)),
         };
         let rules = self.call_rules(plan, tokens);
@@ -111,25 +115,10 @@ impl SectionSyntax {
         }
     }
 
-    /// Free text without the section's opening, or text ending at the first opening (written
-    /// as text, or as its token after text that holds no opening) followed by the calls.
-    fn auto_start(&self, rest: &str, opening_token: Option<u32>) -> String {
-        let opening = regex_escape(self.marker(Marker::SectionBegin));
-        let by_token = match opening_token {
-            Some(id) => format!(" | TEXT? <[{id}]> {rest}"),
-            None => String::new(),
-        };
-        format!(
-            "start: TEXT | PREFIX {rest}{by_token}\n\
-             TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{opening}[\\s\\S]*/\n\
-             PREFIX: /[\\s\\S]*{opening}/ & ~/[\\s\\S]*{opening}[\\s\\S]+/\n"
-        )
-    }
-
     /// One rule per callable tool: the call's markers, its fixed name (and Kimi's number) and
     /// its schema's arguments.
     fn call_rules(&self, plan: &ToolPlan, tokens: SectionTokens) -> String {
-        let marker = |marker: Marker| marker_rule(self.marker(marker), tokens.0[marker as usize]);
+        let marker = |marker: Marker| lark_marker(self.marker(marker), tokens.0[marker as usize]);
         let number = if self.numbered {
             " \":\" /[0-9]{1,4}/"
         } else {
@@ -148,15 +137,6 @@ impl SectionSyntax {
                 )
             })
             .collect()
-    }
-}
-
-/// A marker as text, or as its token where the tokenizer holds one (grammars treat added
-/// tokens as special, so the text alone would refuse the model's own token).
-fn marker_rule(marker: &str, token: Option<u32>) -> String {
-    match token {
-        Some(id) => format!("({} | <[{id}]>)", lark_string(marker)),
-        None => lark_string(marker),
     }
 }
 

@@ -155,4 +155,4 @@ fn push_bounded(text: &mut String, c: char, limit: usize) {
 
 #[cfg(test)]
 #[path = "section_stream_tests.rs"]
-mod tests;
+pub(crate) mod tests;

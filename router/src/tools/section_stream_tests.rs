@@ -17,10 +17,10 @@ fn planned(family: ToolFamily, choice: &str) -> ToolPlan {
 }
 
 /// A call `(id, name, arguments)` rebuilt from the deltas.
-type Call = (String, String, String);
+pub(crate) type Call = (String, String, String);
 
 /// Content and calls rebuilt from the bodies of one streamed output.
-fn rebuilt(bodies: Vec<DeltaBody>) -> (String, Vec<Call>) {
+pub(crate) fn rebuilt(bodies: Vec<DeltaBody>) -> (String, Vec<Call>) {
     let mut content = String::new();
     let mut calls: Vec<Call> = Vec::new();
     for body in bodies {
@@ -42,7 +42,7 @@ fn rebuilt(bodies: Vec<DeltaBody>) -> (String, Vec<Call>) {
 }
 
 /// Streams `text` cut every `step` characters through a choice's output.
-fn streamed(plan: &ToolPlan, text: &str, step: usize) -> (String, Vec<Call>) {
+pub(crate) fn streamed(plan: &ToolPlan, text: &str, step: usize) -> (String, Vec<Call>) {
     let chars: Vec<char> = text.chars().collect();
     let mut output = ChoiceOutput::for_plan(plan);
     let mut bodies: Vec<DeltaBody> = chars

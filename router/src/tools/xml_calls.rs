@@ -1,4 +1,4 @@
-//! XML-style calls out of generated text as `tool_calls` deltas: a call's id and name as soon
+//! XML-style calls (and DSML's) out of generated text as `tool_calls` deltas: a call's id and name as soon
 //! as the name is closed, then its arguments as JSON text in fragments (`{"key": ` when a
 //! parameter's name is closed, its value as it streams, `}` at the call's end).
 //!
@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::calls::call_id;
 use super::format::ToolFamily;
+use super::output::trigger_prefix_len;
 use super::xml_syntax::{ValueKind, ValueKinds, XmlSyntax};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,8 +118,8 @@ impl XmlCallStream {
             }
             Phase::Key(key) => {
                 key.push(c);
-                if let Some(key) = key.strip_suffix(syntax.key_close) {
-                    let kind = self.kinds.kind(&self.name, key);
+                if let Some((key, said)) = syntax.close_key(key) {
+                    let kind = said.unwrap_or_else(|| self.kinds.kind(&self.name, key));
                     let separator = if self.parameters == 0 { "{" } else { ", " };
                     arguments.push_str(&format!("{separator}{}: ", json!(key)));
                     if kind == ValueKind::Raw {
@@ -173,7 +174,7 @@ impl XmlCallStream {
         let keep = if quoted {
             0
         } else {
-            close_prefix_len(held, close)
+            trigger_prefix_len(held, close)
         };
         let released: String = held.drain(..held.len() - keep).collect();
         release(kind, &released, arguments);
@@ -188,7 +189,7 @@ impl XmlCallStream {
 }
 
 /// Appends a value's text as its JSON: raw text escaped into the open string.
-fn release(kind: ValueKind, text: &str, arguments: &mut String) {
+pub(super) fn release(kind: ValueKind, text: &str, arguments: &mut String) {
     match kind {
         ValueKind::Json => arguments.push_str(text),
         ValueKind::Raw => {
@@ -199,7 +200,7 @@ fn release(kind: ValueKind, text: &str, arguments: &mut String) {
 }
 
 /// Whether `pending`, with `c` appended, ends with `landmark` (then cleared).
-fn landmark(pending: &mut String, c: char, landmark: &str) -> bool {
+pub(super) fn landmark(pending: &mut String, c: char, landmark: &str) -> bool {
     push_bounded(pending, c, landmark.len());
     let found = pending.ends_with(landmark);
     if found {
@@ -214,15 +215,6 @@ fn push_bounded(text: &mut String, c: char, limit: usize) {
     while text.len() > limit {
         text.remove(0);
     }
-}
-
-/// Bytes at the end of `text` that are a proper prefix of `close` (on a char boundary, as
-/// the markers are ASCII).
-fn close_prefix_len(text: &str, close: &str) -> usize {
-    (1..close.len())
-        .rev()
-        .find(|&len| text.ends_with(&close[..len]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use super::*;
 use crate::tools::output::{parse_output, ChoiceOutput, DeltaBody};
 use crate::tools::plan::plan;
 use crate::tools::plan::ToolPlan;
-use crate::tools::xml_syntax::{GLM45, QWEN3_CODER};
+use crate::tools::xml_syntax::{DEEPSEEK_V32, GLM45, QWEN3_CODER};
 
 fn kinds() -> ValueKinds {
     let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -267,4 +267,43 @@ fn a_finished_output_splits_into_content_and_calls_and_a_cut_call_stays_text() {
         (parsed_output.content.as_deref(), parsed_output.calls.len()),
         (Some(cut), 0)
     );
+}
+
+/// DeepSeek-V3.2's block: a raw string holding a split closing tag and quotes, a JSON number
+/// and a JSON object holding the closing tag in a string, then a call without parameters.
+const DSML_CALLS: &str = "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n\
+    <｜DSML｜parameter name=\"city\" string=\"true\">New \"York\" </｜DSML｜para</｜DSML｜parameter>\n\
+    <｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n\
+    <｜DSML｜parameter name=\"where\" string=\"false\">{\"a\": \"</｜DSML｜parameter>\"}</｜DSML｜parameter>\n\
+    </｜DSML｜invoke>\n<｜DSML｜invoke name=\"now\">\n\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+
+#[test]
+fn dsml_values_read_back_by_their_tags_string_attribute_however_the_text_is_cut() {
+    for step in [1, 2, 3, 7, 1000] {
+        let calls = calls(ToolFamily::DeepseekV32, &DEEPSEEK_V32, DSML_CALLS, step);
+        assert_eq!(calls.len(), 2, "step {step}");
+        assert_eq!(calls[0].0, "get_weather");
+        assert_eq!(
+            parsed(&calls[0].1),
+            json!({"city": "New \"York\" </｜DSML｜para", "days": 3,
+                   "where": {"a": "</｜DSML｜parameter>"}}),
+            "step {step}"
+        );
+        assert_eq!((calls[1].0.as_str(), calls[1].1.as_str()), ("now", "{}"));
+    }
+}
+
+#[test]
+fn text_before_the_dsml_block_is_content_and_its_split_opening_is_held_back() {
+    let plan = weather_plan(ToolFamily::DeepseekV32, "auto");
+    let (opening, tail) = DSML_CALLS.split_at("<｜DSML".len());
+    let pieces = ["Checking <｜DS is not a block. ", opening, tail];
+    let (content, calls) = routed(ChoiceOutput::for_plan(&plan), &pieces);
+    assert_eq!(content, "Checking <｜DS is not a block. ");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].1["days"], json!(3));
+    let cut = &DSML_CALLS[..DSML_CALLS.find("York").expect("in the text")];
+    let whole = parse_output(&plan, cut);
+    assert_eq!(whole.content.as_deref(), Some(cut));
+    assert!(whole.calls.is_empty());
 }

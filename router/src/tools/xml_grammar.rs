@@ -9,9 +9,9 @@
 
 use serde_json::Value;
 
-use super::lark::{lark_string, regex_escape, repeated};
+use super::lark::{lark_string, marker, regex_escape, repeated, text_then};
 use super::plan::{FunctionTool, ToolChoice, ToolPlan};
-use super::xml_syntax::{properties, MarkerTokens, ValueKind, XmlSyntax, XML_CLOSING, XML_TRIGGER};
+use super::xml_syntax::{properties, MarkerTokens, ValueKind, XmlSyntax};
 use crate::scheduler::Grammar;
 use crate::validation::{with_json_layout, RequestedGrammar};
 
@@ -31,13 +31,18 @@ pub fn xml_grammar(plan: &ToolPlan, syntax: &XmlSyntax) -> RequestedGrammar {
         .map(|index| format!("body_{index}"))
         .collect::<Vec<_>>()
         .join(" | ");
-    let trigger = marker(XML_TRIGGER, plan.format.trigger_token);
-    let start = match plan.choice {
-        ToolChoice::Auto => auto_start(plan, &alternatives),
-        _ => format!(
-            "start: {}\n",
-            repeated("call", "\"\\n\"", plan.allows_several())
+    let trigger = marker(syntax.opening, plan.format.trigger_token);
+    let calls = repeated("call", "\"\\n\"", plan.allows_several());
+    let (before, after) = match syntax.block {
+        Some([open, close]) => (
+            newlines_apart(open) + " ",
+            format!(" {}", newlines_apart(close)),
         ),
+        None => (String::new(), String::new()),
+    };
+    let start = match plan.choice {
+        ToolChoice::Auto => auto_start(plan, syntax, &alternatives, &after),
+        _ => format!("start: {before}{calls}{after}\n"),
     };
     let lark = format!(
         "{start}call: {trigger} ({alternatives})\n{}",
@@ -49,23 +54,23 @@ pub fn xml_grammar(plan: &ToolPlan, syntax: &XmlSyntax) -> RequestedGrammar {
     }
 }
 
-/// Free text without the trigger, or text ending at the first trigger (written as text, or
-/// as its token after text that holds no trigger), the rest of that call and any further calls.
-fn auto_start(plan: &ToolPlan, alternatives: &str) -> String {
-    let trigger = regex_escape(XML_TRIGGER);
-    let more = match plan.allows_several() {
-        true => " (\"\\n\" call)*",
-        false => "",
+/// Free text without the trigger, or text up to the first trigger, the rest of that call (or
+/// of the block's opening) and any further calls, then the block's end (`after`).
+fn auto_start(plan: &ToolPlan, syntax: &XmlSyntax, alternatives: &str, after: &str) -> String {
+    let several = plan.allows_several();
+    let trigger = syntax.trigger();
+    let (rest, token) = match syntax.block {
+        Some([open, _]) => {
+            let calls = repeated("call", "\"\\n\"", several);
+            let opened = newlines_apart(&open[trigger.len()..]);
+            (format!("{opened} {calls}{after}"), None)
+        }
+        None => {
+            let more = if several { " (\"\\n\" call)*" } else { "" };
+            (format!("({alternatives}){more}"), plan.format.trigger_token)
+        }
     };
-    let by_token = match plan.format.trigger_token {
-        Some(id) => format!(" | TEXT? <[{id}]> ({alternatives}){more}"),
-        None => String::new(),
-    };
-    format!(
-        "start: TEXT | PREFIX ({alternatives}){more}{by_token}\n\
-         TEXT: /[\\s\\S]*/ & ~/[\\s\\S]*{trigger}[\\s\\S]*/\n\
-         PREFIX: /[\\s\\S]*{trigger}/ & ~/[\\s\\S]*{trigger}[\\s\\S]+/\n"
-    )
+    text_then(trigger, token, &rest)
 }
 
 /// Writes one syntax's rules, its inner markers as text or as their tokens.
@@ -98,7 +103,8 @@ impl Writer<'_> {
                 "?"
             };
             parameters.push(format!("{rule}{optional}"));
-            let name = self.text(&format!("{}{key}{}", syntax.key_open, syntax.key_close));
+            let close = syntax.key_close_for(ValueKind::of_schema(schema));
+            let name = self.text(&format!("{}{key}{close}", syntax.key_open));
             let value = self.value(&rule.to_uppercase(), schema, &mut rules);
             rules.push_str(&format!("{rule}: {name} {value}\n"));
         }
@@ -107,7 +113,7 @@ impl Writer<'_> {
             self.text(&format!("{}{}", tool.name, syntax.name_close)),
             parameters.join(" "),
             self.text(syntax.call_close),
-            marker(XML_CLOSING, self.closing),
+            marker(syntax.closing, self.closing),
         ];
         let body = pieces
             .into_iter()
@@ -186,12 +192,19 @@ impl Writer<'_> {
     }
 }
 
-/// A marker as text, or as the choice of its text and its token.
-fn marker(text: &str, token: Option<u32>) -> String {
-    match token {
-        Some(id) => format!("({} | <[{id}]>)", lark_string(text)),
-        None => lark_string(text),
-    }
+/// `text` as Lark literals with each newline its own: the calls' `"\n"` separator then never
+/// starts a longer literal (the block's `\n</｜DSML｜function_calls>`), which greedy lexing
+/// would hold to.
+fn newlines_apart(text: &str) -> String {
+    text.split_inclusive('\n')
+        .flat_map(|line| match line.strip_suffix('\n') {
+            Some(rest) => [rest, "\n"],
+            None => [line, ""],
+        })
+        .filter(|piece| !piece.is_empty())
+        .map(lark_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `text` as the inside of a Lark `/.../` token, newlines escaped.

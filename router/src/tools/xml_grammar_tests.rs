@@ -165,3 +165,65 @@ fn the_call_markers_may_be_written_as_their_visible_tokens() {
     tokens.push(close);
     assert!(accepts_with(&required, &special, &tokens));
 }
+
+fn dsml(name: &str, parameters: &[(&str, &str, &str)]) -> String {
+    let parameters: String = parameters
+        .iter()
+        .map(|(key, kind, value)| {
+            format!(
+                "<｜DSML｜parameter name=\"{key}\" string=\"{kind}\">{value}</｜DSML｜parameter>\n"
+            )
+        })
+        .collect();
+    format!("<｜DSML｜invoke name=\"{name}\">\n{parameters}</｜DSML｜invoke>")
+}
+
+fn dsml_block(calls: &[String]) -> String {
+    format!(
+        "<｜DSML｜function_calls>\n{}\n</｜DSML｜function_calls>",
+        calls.join("\n")
+    )
+}
+
+#[test]
+fn deepseek_v32_calls_sit_in_one_block_and_each_tag_says_how_its_value_is_written() {
+    let required = planned(ToolFamily::DeepseekV32, json!("required"), true);
+    let paris = dsml(
+        "get_weather",
+        &[("city", "true", "Paris"), ("days", "false", "3")],
+    );
+    assert!(accepts(
+        &required,
+        &dsml_block(std::slice::from_ref(&paris))
+    ));
+    assert!(accepts(
+        &required,
+        &dsml_block(&[paris.clone(), dsml("now", &[])])
+    ));
+    for (why, text) in [
+        (
+            "a string tagged as JSON",
+            dsml_block(&[dsml(
+                "get_weather",
+                &[("city", "false", "\"Paris\""), ("days", "false", "3")],
+            )]),
+        ),
+        (
+            "days tagged as a string",
+            dsml_block(&[dsml(
+                "get_weather",
+                &[("city", "true", "Paris"), ("days", "true", "3")],
+            )]),
+        ),
+        ("a call outside the block", paris.clone()),
+        ("undeclared tool", dsml_block(&[dsml("get_time", &[])])),
+    ] {
+        assert!(!accepts(&required, &text), "{why}");
+    }
+    let auto = planned(ToolFamily::DeepseekV32, json!("auto"), false);
+    assert!(accepts(&auto, "Sunny, with <｜DSML｜invoke in the text"));
+    assert!(accepts(
+        &auto,
+        &format!("Checking.\n\n{}", dsml_block(&[paris]))
+    ));
+}

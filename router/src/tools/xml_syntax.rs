@@ -1,9 +1,12 @@
 //! The XML-style call syntaxes: Qwen3-Coder's (also Qwen3.5's and Qwen3.6's)
-//! `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
-//! and GLM-4.5's `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>`.
+//! `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`,
+//! GLM-4.5's `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>`
+//! and DeepSeek-V3.2's DSML block of `<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY"
+//! string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>` calls.
 //!
-//! Both write one parameter per tag pair and each value raw when its schema only admits
-//! strings, as JSON otherwise, so a call is the same sequence of landmarks in either family:
+//! All write one parameter per tag pair and each value raw when its schema only admits
+//! strings, as JSON otherwise (DSML says which in the tag), so a call is the same sequence of
+//! landmarks in every family:
 //! the grammar (`xml_grammar.rs`) writes them, the scanner (`xml_calls.rs`) reads them.
 
 use std::collections::HashMap;
@@ -18,7 +21,14 @@ pub const XML_CLOSING: &str = "</tool_call>";
 /// The landmarks of one XML family's calls, in the order a call writes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XmlSyntax {
-    /// What follows the `<tool_call>` trigger before the function's name.
+    /// The block that holds all the calls (DSML's `<｜DSML｜function_calls>\n` and
+    /// `\n</｜DSML｜function_calls>`), for families that wrap them.
+    pub block: Option<[&'static str; 2]>,
+    /// Where each call opens (`<tool_call>`).
+    pub opening: &'static str,
+    /// Where each call closes (`</tool_call>`).
+    pub closing: &'static str,
+    /// What follows the opening before the function's name.
     pub name_open: &'static str,
     /// Ends the name.
     pub name_close: &'static str,
@@ -26,6 +36,9 @@ pub struct XmlSyntax {
     pub key_open: &'static str,
     /// Ends the parameter's name; its value follows.
     pub key_close: &'static str,
+    /// For families whose tag says how the value is written: the ends of a parameter's name
+    /// before a raw value and before a JSON one, which replace `key_close`.
+    pub kind_closes: Option<[&'static str; 2]>,
     /// Ends a value.
     pub value_close: &'static str,
     /// What precedes `</tool_call>` at the end of a call.
@@ -42,10 +55,14 @@ pub type MarkerTokens = [Option<u32>; MARKERS];
 
 /// Qwen3-Coder's syntax (Qwen3.5's and Qwen3.6's templates write the same).
 pub const QWEN3_CODER: XmlSyntax = XmlSyntax {
+    block: None,
+    opening: XML_TRIGGER,
+    closing: XML_CLOSING,
     name_open: "\n<function=",
     name_close: ">\n",
     key_open: "<parameter=",
     key_close: ">\n",
+    kind_closes: None,
     value_close: "\n</parameter>\n",
     call_close: "</function>\n",
     token_markers: ["", "", "", ""],
@@ -53,24 +70,68 @@ pub const QWEN3_CODER: XmlSyntax = XmlSyntax {
 
 /// GLM-4.5's and GLM-4.6's syntax.
 pub const GLM45: XmlSyntax = XmlSyntax {
+    block: None,
+    opening: XML_TRIGGER,
+    closing: XML_CLOSING,
     name_open: "",
     name_close: "\n",
     key_open: "<arg_key>",
     key_close: "</arg_key>\n<arg_value>",
+    kind_closes: None,
     value_close: "</arg_value>\n",
     call_close: "",
     token_markers: ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"],
 };
 
+/// DeepSeek-V3.2's DSML calls (the `deepseek_v32` parser).
+pub const DEEPSEEK_V32: XmlSyntax = XmlSyntax {
+    block: Some(["<｜DSML｜function_calls>\n", "\n</｜DSML｜function_calls>"]),
+    opening: "<｜DSML｜invoke name=\"",
+    closing: "</｜DSML｜invoke>",
+    name_open: "",
+    name_close: "\">\n",
+    key_open: "<｜DSML｜parameter name=\"",
+    key_close: "\" string=\"",
+    kind_closes: Some(["\" string=\"true\">", "\" string=\"false\">"]),
+    value_close: "</｜DSML｜parameter>\n",
+    call_close: "",
+    token_markers: ["", "", "", ""],
+};
+
 impl XmlSyntax {
-    /// Where a call starts in text: the trigger and the name's opening.
+    /// Where a call starts in text: its opening and the name's.
     pub fn call_open(&self) -> String {
-        format!("{XML_TRIGGER}{}", self.name_open)
+        format!("{}{}", self.opening, self.name_open)
     }
 
     /// Where a call ends in text.
     pub fn call_end(&self) -> String {
-        format!("{}{XML_CLOSING}", self.call_close)
+        format!("{}{}", self.call_close, self.closing)
+    }
+
+    /// The text that starts the calls after free text: the block's opening, or a call's.
+    pub fn trigger(&self) -> &'static str {
+        self.block.map_or(self.opening, |[open, _]| open.trim_end())
+    }
+
+    /// The end of a parameter's name that `key` (the text after the name's opening) ends
+    /// with, the key it closes and, where the tag says it, how the value is written.
+    pub fn close_key<'a>(&self, key: &'a str) -> Option<(&'a str, Option<ValueKind>)> {
+        match self.kind_closes {
+            Some([raw, json]) => [(raw, ValueKind::Raw), (json, ValueKind::Json)]
+                .into_iter()
+                .find_map(|(close, kind)| key.strip_suffix(close).map(|key| (key, Some(kind)))),
+            None => key.strip_suffix(self.key_close).map(|key| (key, None)),
+        }
+    }
+
+    /// The end of a parameter's name before a value written as `kind`.
+    pub fn key_close_for(&self, kind: ValueKind) -> &'static str {
+        match (self.kind_closes, kind) {
+            (Some([raw, _]), ValueKind::Raw) => raw,
+            (Some([_, json]), ValueKind::Json) => json,
+            (None, _) => self.key_close,
+        }
     }
 
     /// The ids `token` gives each of this syntax's inner markers.

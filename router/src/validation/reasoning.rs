@@ -65,7 +65,7 @@ impl Validator {
         let budget = params.reasoning.budget(parser);
         let answer = params.grammar.as_ref();
         let tokens = MarkerTokens {
-            start: self.tokenizer.token_to_id(parser.start_marker()),
+            start: self.tokenizer.token_to_id(parser.start_token()),
             end: self.tokenizer.token_to_id(parser.end_marker()),
         };
         let grammar = reasoning_grammar(parser, start, budget, answer.map(|g| &g.grammar), tokens);
