@@ -173,6 +173,14 @@ fn push_bounded(text: &mut String, c: char, limit: usize) {
     }
 }
 
+/// Bytes at the end of `text` that are a proper prefix of `trigger`, on char boundaries.
+pub(super) fn trigger_prefix_len(text: &str, trigger: &str) -> usize {
+    (1..trigger.len())
+        .rev()
+        .find(|&len| trigger.is_char_boundary(len) && text.ends_with(&trigger[..len]))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 #[path = "calls_tests.rs"]
 mod tests;

@@ -9,7 +9,6 @@
 
 use serde_json::Value;
 
-use super::grammar::call_alternatives;
 use super::lark::{lark_string, marker, regex_escape, text_then};
 use super::plan::{ToolChoice, ToolPlan};
 use super::xml_syntax::{properties, ValueKind};
@@ -50,7 +49,7 @@ pub fn gemma_grammar(plan: &ToolPlan) -> RequestedGrammar {
         let close = marker(CALL_CLOSE, plan.format.closing_token);
         bodies.push_str(&format!("call_{index}: {name} {arguments} {close}\n"));
     }
-    let one = call_alternatives(plan);
+    let one = plan.call_alternatives();
     let more = if plan.allows_several() { " call*" } else { "" };
     let start = match plan.choice {
         ToolChoice::Auto => text_then(

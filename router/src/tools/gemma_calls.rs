@@ -8,10 +8,9 @@
 
 use serde_json::{json, Value};
 
-use super::calls::call_id;
+use super::calls::{call_id, trigger_prefix_len};
 use super::format::ToolFamily;
 use super::gemma::{CALL_OPEN, NAME_PREFIX, QUOTE};
-use super::output::trigger_prefix_len;
 use super::xml_calls::{landmark, release};
 use super::xml_syntax::ValueKind;
 

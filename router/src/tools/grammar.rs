@@ -93,7 +93,7 @@ fn harmony_grammar(plan: &ToolPlan) -> RequestedGrammar {
 
 /// The grammar a native family's calls follow.
 fn native_grammar(plan: &ToolPlan) -> RequestedGrammar {
-    let one = call_alternatives(plan);
+    let one = plan.call_alternatives();
     let start = match (&plan.choice, plan.format.family) {
         (ToolChoice::Auto, ToolFamily::Hermes) => hermes_auto(plan, &one),
         (_, ToolFamily::Hermes) => format!("start: {}\n", hermes_calls(plan, &one)),
@@ -146,14 +146,6 @@ pub(super) fn object_schema(parameters: &Value) -> Value {
         fields.entry("type").or_insert_with(|| json!("object"));
     }
     schema
-}
-
-/// `(call_0 | call_1 | ...)`.
-pub(super) fn call_alternatives(plan: &ToolPlan) -> String {
-    let names: Vec<String> = (0..plan.callable().count())
-        .map(|index| format!("call_{index}"))
-        .collect();
-    format!("({})", names.join(" | "))
 }
 
 /// `<tool_call>\n{...}\n</tool_call>`, one per call, separated by a newline.

@@ -13,7 +13,7 @@
 
 use serde_json::Value;
 
-use super::calls::{FunctionCall, ToolCall, ToolCallStream};
+use super::calls::{trigger_prefix_len, FunctionCall, ToolCall, ToolCallStream};
 use super::format::{ToolFamily, HERMES_TRIGGER};
 use super::gemma::CALL_OPEN;
 use super::gemma_calls::GemmaCallStream;
@@ -275,14 +275,6 @@ fn content_and_calls(content: String, calls: Vec<Value>) -> DeltaBody {
         (true, false) => DeltaBody::ToolCalls(calls),
         (false, false) => DeltaBody::ContentThenCalls(content, calls),
     }
-}
-
-/// Bytes at the end of `text` that are a proper prefix of `trigger`, on char boundaries.
-pub(super) fn trigger_prefix_len(text: &str, trigger: &str) -> usize {
-    (1..trigger.len())
-        .rev()
-        .find(|&len| trigger.is_char_boundary(len) && text.ends_with(&trigger[..len]))
-        .unwrap_or(0)
 }
 
 /// A finished output: its content (`None` when only blanks precede the calls) and calls.

@@ -193,6 +193,14 @@ impl ToolPlan {
         })
     }
 
+    /// The grammar's choice of one callable tool's call rule: `(call_0 | call_1 | ...)`.
+    pub(super) fn call_alternatives(&self) -> String {
+        let names: Vec<String> = (0..self.callable().count())
+            .map(|index| format!("call_{index}"))
+            .collect();
+        format!("({})", names.join(" | "))
+    }
+
     /// Whether one output may hold several calls (not for a named choice).
     pub fn allows_several(&self) -> bool {
         self.parallel && !matches!(self.choice, ToolChoice::Named(_))

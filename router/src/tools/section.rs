@@ -93,7 +93,7 @@ impl SectionSyntax {
     /// The grammar `plan`'s output follows in this syntax.
     pub fn grammar(&self, plan: &ToolPlan, tokens: SectionTokens) -> RequestedGrammar {
         let marker = |marker: Marker| lark_marker(self.marker(marker), tokens.0[marker as usize]);
-        let one = call_alternatives(plan);
+        let one = plan.call_alternatives();
         let calls = if plan.allows_several() {
             format!("{one}+")
         } else {
@@ -138,14 +138,6 @@ impl SectionSyntax {
             })
             .collect()
     }
-}
-
-/// `(call_0 | call_1 | ...)`.
-fn call_alternatives(plan: &ToolPlan) -> String {
-    let names: Vec<String> = (0..plan.callable().count())
-        .map(|index| format!("call_{index}"))
-        .collect();
-    format!("({})", names.join(" | "))
 }
 
 #[cfg(test)]

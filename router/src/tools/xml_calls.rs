@@ -8,9 +8,8 @@
 
 use serde_json::{json, Value};
 
-use super::calls::call_id;
+use super::calls::{call_id, trigger_prefix_len};
 use super::format::ToolFamily;
-use super::output::trigger_prefix_len;
 use super::xml_syntax::{ValueKind, ValueKinds, XmlSyntax};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
