@@ -17,6 +17,7 @@ from tandem_server.models.gpt_oss import GptOssForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from tandem_server.models.lfm2 import Lfm2ForCausalLM
+from tandem_server.models.lfm2_moe import Lfm2MoeForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
 from tandem_server.models.nemotron_h import NemotronHForCausalLM
@@ -50,6 +51,7 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
+    "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
