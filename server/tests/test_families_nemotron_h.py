@@ -40,7 +40,16 @@ NEMOTRON_H: dict[str, Any] = {
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": NEMOTRON_H,
-    "biased": {**NEMOTRON_H, "use_bias": True, "use_conv_bias": False, "mlp_bias": True, "tie_word_embeddings": True},
+    # A floor under the step that many heads' steps fall below (the reference's chunked scan applies it; the
+    # logits here are the reference's over whole sequences).
+    "biased-step-floor": {
+        **NEMOTRON_H,
+        "use_bias": True,
+        "use_conv_bias": False,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+        "time_step_min": 0.3,
+    },
 }
 SEQUENCE_LENGTHS = {"A": 70, "B": 41, "C": 9}
 SCHEDULE = [
@@ -137,6 +146,7 @@ def test_config_reading_block_kinds_and_refusals() -> None:
         nemotron_h_blocks({**hf, "hybrid_override_pattern": "ME*"})
     with pytest.raises(ConfigError, match="unsupported Nemotron-H layer types"):
         nemotron_h_blocks({**hf, "hybrid_override_pattern": "M+"})
+    assert Mamba2Args.from_nemotron_h(hf).time_step_limit == (0.001, float("inf"))
     with pytest.raises(ConfigError, match="n_groups"):
         Mamba2Args.from_nemotron_h({**hf, "n_groups": 3})
     with pytest.raises(ConfigError, match="Mamba-2 layers run on one shard"):

@@ -77,11 +77,13 @@ def nemotron_h_blocks(hf: dict[str, Any]) -> list[str]:
 
 
 def nemotron_h_args(hf: dict[str, Any]) -> DecoderArgs:
-    """No rotary anywhere; `mlp_hidden_act` and `layer_norm_epsilon` in place of the usual keys. The head is never
+    """No rotary anywhere; `mlp_hidden_act`, `layer_norm_epsilon` and `head_dim` (older configs:
+    `attention_head_dim`; default 128) in place of the usual keys. The head is never
     tied to the embeddings, whatever `tie_word_embeddings` says: the reference keeps (and saves) its own."""
     blocks = nemotron_h_blocks(hf)
     layers = tuple(LayerKind(NO_ROTATION, recurrent=kind == MAMBA) for kind in blocks)
-    sizes = common_sizes({**hf, "hidden_act": hf.get("mlp_hidden_act") or "relu2"})
+    head_dim = hf.get("head_dim") or hf.get("attention_head_dim") or 128
+    sizes = common_sizes({**hf, "hidden_act": hf.get("mlp_hidden_act") or "relu2", "head_dim": head_dim})
     return DecoderArgs(
         **{**sizes, "rms_norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)), "tie_word_embeddings": False},
         layers=layers,

@@ -70,9 +70,10 @@ class Mamba2Args:
     @classmethod
     def from_nemotron_h(cls, hf: dict[str, Any]) -> Mamba2Args:
         """Nemotron-H's spelling of the same sizes (`mamba_num_heads`, `n_groups`, `ssm_state_size`, ...); one bias
-        (`use_bias`) serves both projections."""
+        (`use_bias`) serves both projections. The step is clamped below at `time_step_min`, as the reference's
+        chunked scan does (its `time_step_limit` is not read; its token-by-token update clamps nothing)."""
         hidden, heads = int(hf["hidden_size"]), int(hf.get("mamba_num_heads", 128))
-        limit = hf.get("time_step_limit") or (0.0, math.inf)
+        limit = (hf.get("time_step_min", 0.001), math.inf)
         return cls(
             hidden_size=hidden,
             num_heads=heads,
