@@ -1,4 +1,5 @@
-"""A small random LFM2 (gated short convolutions beside attention layers) through the real launcher: greedy tokens
+"""A small random LFM2 (gated short convolutions beside attention layers), dense and as LFM2-MoE (a dense first layer,
+then experts behind the biased sigmoid router), through the real launcher: greedy tokens
 equal transformers' for prompts of several lengths (one longer than a prefill chunk) run alone and together; prefix
 reuse is off, so a repeated prompt hits no cache and gives the same tokens; preemption under a tiny KV budget and
 cancelled streams change no request's tokens and leave no state slot held."""
@@ -15,7 +16,7 @@ import requests
 import torch
 from reference import Reference
 from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir
-from transformers import Lfm2Config, Lfm2ForCausalLM
+from transformers import Lfm2Config, Lfm2ForCausalLM, Lfm2MoeConfig, Lfm2MoeForCausalLM, PreTrainedModel
 
 MAX_NEW_TOKENS = 12
 # Attention on one layer in three: the others keep only a convolution state, no KV blocks.
@@ -40,30 +41,53 @@ def attention_bytes_per_token() -> int:
     return 2 * LAYER_TYPES.count("full_attention") * KV_HEADS * HEAD_DIM * FLOAT32_BYTES
 
 
+def lfm2(settings: dict[str, object]) -> PreTrainedModel:
+    return Lfm2ForCausalLM(Lfm2Config(**settings, block_multiple_of=16))
+
+
+def lfm2_moe(settings: dict[str, object]) -> PreTrainedModel:
+    config = Lfm2MoeConfig(
+        **settings, num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+    )
+    model = Lfm2MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            # Both start at zero, which would tie every expert.
+            if name.endswith(("feed_forward.gate.weight", "expert_bias")):
+                tensor.copy_(torch.randn_like(tensor))
+    return model
+
+
+FAMILIES = {"lfm2": lfm2, "lfm2-moe": lfm2_moe}
+# Greedy parity and prefix reuse run on both families; preemption and cancellation, which the experts do not change,
+# on LFM2 alone.
+BOTH_FAMILIES = pytest.mark.parametrize("lfm2_dir", sorted(FAMILIES), indirect=True)
+DENSE_ONLY = pytest.mark.parametrize("lfm2_dir", ["lfm2"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def lfm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The random checkpoint, speaking the embedded model's tokenizer."""
+def lfm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random checkpoint of each family, speaking the embedded model's tokenizer."""
     embedded = embedded_model_dir()
-    model_dir = tmp_path_factory.mktemp("lfm2")
+    model_dir = tmp_path_factory.mktemp(request.param)
     embedded_config = json.loads((embedded / "config.json").read_text())
     torch.manual_seed(0)
-    config = Lfm2Config(
-        vocab_size=embedded_config["vocab_size"],
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        pad_token_id=0,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        block_multiple_of=16,
-        num_hidden_layers=len(LAYER_TYPES),
-        layer_types=LAYER_TYPES,
-        num_attention_heads=HIDDEN // HEAD_DIM,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=MAX_TOTAL_TOKENS,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
-    )
-    Lfm2ForCausalLM(config).save_pretrained(model_dir)
+    settings: dict[str, object] = {
+        "vocab_size": embedded_config["vocab_size"],
+        "bos_token_id": embedded_config["bos_token_id"],
+        "eos_token_id": embedded_config["eos_token_id"],
+        "pad_token_id": 0,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 96,
+        "num_hidden_layers": len(LAYER_TYPES),
+        "layer_types": LAYER_TYPES,
+        "num_attention_heads": HIDDEN // HEAD_DIM,
+        "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": MAX_TOTAL_TOKENS,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": True,
+    }
+    FAMILIES[request.param](settings).save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (model_dir / name).symlink_to(embedded / name)
     return model_dir
@@ -73,7 +97,7 @@ def lfm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(lfm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     kv_cache_bytes = (KV_CACHE_BLOCKS + 1) * 16 * attention_bytes_per_token()
     server = TandemServer.start(
-        tmp_path_factory.mktemp("lfm2-serve") / "launcher.log",
+        tmp_path_factory.mktemp(f"{lfm2_dir.name}-serve") / "launcher.log",
         "--model-id", str(lfm2_dir), *FLOAT32_EAGER,
         "--kv-cache-memory", str(kv_cache_bytes),
         "--max-batch-size", str(MAX_BATCH_SIZE),
@@ -90,6 +114,7 @@ def reference(lfm2_dir: Path) -> Reference:
     return Reference(lfm2_dir)
 
 
+@BOTH_FAMILIES
 def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServer, reference: Reference) -> None:
     assert len(reference.encode(PROMPTS[-1])) > PREFILL_CHUNK
     expected = [reference.greedy(prompt, MAX_NEW_TOKENS) for prompt in PROMPTS]
@@ -102,6 +127,7 @@ def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServe
         reference.assert_same_greedy(prompt, want, got)
 
 
+@BOTH_FAMILIES
 def test_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(server: TandemServer) -> None:
     info = server.info()
     assert (info["prefix_caching"], info["model_recurrent_state"]) == (False, True), info
@@ -114,6 +140,7 @@ def test_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(server:
     assert server.metric("tandem_prefix_cache_hits_tokens_total") == 0
 
 
+@DENSE_ONLY
 def test_preempted_requests_keep_their_alone_tokens(server: TandemServer, reference: Reference) -> None:
     prompts = [f"Story {i}: the old keeper heard a knock on the door, set down his lantern and" for i in range(6)]
     max_new_tokens = 24
@@ -127,6 +154,7 @@ def test_preempted_requests_keep_their_alone_tokens(server: TandemServer, refere
         reference.assert_same_greedy(prompt, reference.greedy(prompt, max_new_tokens), ids)
 
 
+@DENSE_ONLY
 def test_cancelled_streams_free_their_state_slots(server: TandemServer, reference: Reference) -> None:
     body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 60}}
     # More cancelled requests than slots: a slot a cancelled request kept would leave none for the next ones.

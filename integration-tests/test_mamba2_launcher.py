@@ -1,5 +1,6 @@
-"""A small random Granite 4.0-H (Mamba-2 layers beside attention without rotary, Granite's multipliers, routed
-experts beside the shared MLP) through the real launcher: greedy tokens equal transformers' for prompts run alone and
+"""Small random Mamba-2 hybrids through the real launcher: Granite 4.0-H (Mamba-2 layers beside attention without
+rotary, Granite's multipliers, routed experts beside the shared MLP) and Nemotron-H (Mamba-2, attention and relu² MLP
+blocks per `hybrid_override_pattern`): greedy tokens equal transformers' for prompts run alone and
 together, one prompt longer than a prefill chunk and the scan's chunks, prefilled over two steps; prefix reuse is off,
 and no request is left running once they are done."""
 
@@ -14,7 +15,13 @@ import pytest
 import torch
 from reference import Reference
 from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir
-from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+from transformers import (
+    GraniteMoeHybridConfig,
+    GraniteMoeHybridForCausalLM,
+    NemotronHConfig,
+    NemotronHForCausalLM,
+    PreTrainedModel,
+)
 
 MAX_NEW_TOKENS = 12
 # Attention on one layer in three: the others keep a convolution state and a scan memory, no KV blocks.
@@ -30,18 +37,9 @@ LONG_PROMPT = " ".join(
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n", LONG_PROMPT)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The random checkpoint, speaking the embedded model's tokenizer."""
-    embedded = embedded_model_dir()
-    model_dir = tmp_path_factory.mktemp("granite-hybrid")
-    embedded_config = json.loads((embedded / "config.json").read_text())
-    torch.manual_seed(0)
+def granite_hybrid(tokens: dict[str, int]) -> PreTrainedModel:
     config = GraniteMoeHybridConfig(
-        vocab_size=embedded_config["vocab_size"],
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        pad_token_id=0,
+        **tokens,
         hidden_size=64,
         intermediate_size=32,
         shared_intermediate_size=96,
@@ -62,7 +60,42 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         max_position_embeddings=MAX_TOTAL_TOKENS,
         initializer_range=0.2,
     )
-    model = GraniteMoeHybridForCausalLM(config)
+    return GraniteMoeHybridForCausalLM(config)
+
+
+def nemotron_h(tokens: dict[str, int]) -> PreTrainedModel:
+    config = NemotronHConfig(
+        **tokens,
+        hidden_size=64,
+        intermediate_size=96,
+        # A Mamba-2 layer, a relu² MLP block, attention without rotary, then both again.
+        hybrid_override_pattern="M-*M-",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        n_groups=2,
+        ssm_state_size=16,
+        chunk_size=32,
+        max_position_embeddings=MAX_TOTAL_TOKENS,
+        initializer_range=0.2,
+    )
+    return NemotronHForCausalLM(config)
+
+
+FAMILIES = {"granite-hybrid": granite_hybrid, "nemotron-h": nemotron_h}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random checkpoint of each family, speaking the embedded model's tokenizer."""
+    embedded = embedded_model_dir()
+    model_dir = tmp_path_factory.mktemp(request.param)
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    tokens = {name: embedded_config[name] for name in ("vocab_size", "bos_token_id", "eos_token_id")}
+    torch.manual_seed(0)
+    model = FAMILIES[request.param]({**tokens, "pad_token_id": 0})
     with torch.no_grad():
         for name, param in model.named_parameters():
             # Their inits are constant or in head order; routers start at zero.
@@ -77,7 +110,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     server = TandemServer.start(
-        tmp_path_factory.mktemp("granite-hybrid-serve") / "launcher.log",
+        tmp_path_factory.mktemp(f"{model_dir.name}-serve") / "launcher.log",
         "--model-id", str(model_dir), *FLOAT32_EAGER,
         "--kv-cache-memory", str(8 * 1024 * 1024),
         "--max-batch-size", str(MAX_BATCH_SIZE),

@@ -75,8 +75,8 @@ def test_rope_options_its_type_does_not_read_are_named(rope_scaling: dict[str, A
 
 
 def test_unsupported_activation_names_it_and_lists_supported() -> None:
-    with pytest.raises(ConfigError, match=r"unsupported activation 'relu2'; supported: silu, .*gelu_pytorch_tanh"):
-        llama_args({**BASE, "hidden_act": "relu2"})
+    with pytest.raises(ConfigError, match=r"unsupported activation 'prelu'; supported: silu, .*gelu_pytorch_tanh"):
+        llama_args({**BASE, "hidden_act": "prelu"})
 
 
 def test_unknown_layer_type_is_rejected() -> None:

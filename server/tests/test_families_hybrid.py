@@ -1,5 +1,6 @@
-"""Hybrid models (LFM2's short convolutions beside attention) match transformers: logits of mixed steps whose
-recurrent state is carried from chunk to chunk in the shard's slot pool, and greedy tokens through the runner."""
+"""Hybrid models (LFM2's short convolutions beside attention, dense or with LFM2-MoE's experts) match transformers:
+logits of mixed steps whose recurrent state is carried from chunk to chunk in the shard's slot pool, and greedy tokens
+through the runner."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool
 from tandem_server.models.lfm2 import lfm2_args
+from tandem_server.models.lfm2_moe import lfm2_moe_args
 from tandem_server.rpc.servicer import build_info
-from transformers import Lfm2Config, Lfm2ForCausalLM
+from transformers import Lfm2Config, Lfm2ForCausalLM, Lfm2MoeConfig, Lfm2MoeForCausalLM, PreTrainedModel
 
 HYBRIDS: dict[str, dict[str, Any]] = {
     "lfm2-conv-attention-conv": {
@@ -39,9 +41,36 @@ HYBRIDS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
     },
 }
+LFM2_MOE: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "layer_types": ["conv", "full_attention", "conv"],
+    "intermediate_size": 96,
+    "num_dense_layers": 1,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "routed_scaling_factor": 1.5,
+}
+# LFM2-MoE: a dense first layer, then experts behind the biased sigmoid router; or an unbiased, unnormalised one.
+MOE_HYBRIDS: dict[str, dict[str, Any]] = {
+    "lfm2-moe-expert-bias": LFM2_MOE,
+    "lfm2-moe-no-bias-unnormalised": {**LFM2_MOE, "use_expert_bias": False, "norm_topk_prob": False},
+}
+HYBRIDS |= MOE_HYBRIDS
 
 
-def write_hybrid(path: Path, name: str) -> Lfm2ForCausalLM:
+def randomize_routers(model: PreTrainedModel) -> None:
+    """Random routers and expert biases (both start at zero, which would tie every expert)."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if name.endswith(("feed_forward.gate.weight", "expert_bias")):
+            tensor.copy_(torch.randn_like(tensor))
+
+
+def write_hybrid(path: Path, name: str) -> PreTrainedModel:
+    if name in MOE_HYBRIDS:
+        return write_tiny_checkpoint(
+            path, Lfm2MoeConfig, Lfm2MoeForCausalLM, randomize=randomize_routers, **HYBRIDS[name]
+        )
     reference = write_tiny_checkpoint(path, Lfm2Config, Lfm2ForCausalLM, **HYBRIDS[name])
     assert isinstance(reference, Lfm2ForCausalLM)
     return reference
@@ -76,7 +105,8 @@ def test_mixed_steps_carry_recurrent_state_and_match_transformers_logits(tmp_pat
                 row += num_tokens
 
 
-@pytest.mark.parametrize("name", sorted(HYBRIDS))
+# The unbiased router's variant runs the runner's path the biased one already does; its logits are checked above.
+@pytest.mark.parametrize("name", sorted(HYBRIDS.keys() - {"lfm2-moe-no-bias-unnormalised"}))
 def test_chunked_staggered_greedy_generation_matches_transformers_generate(tmp_path: Path, name: str) -> None:
     reference = write_hybrid(tmp_path, name)
     runner = warmed(make_runner(tmp_path))
@@ -199,3 +229,13 @@ def test_info_says_the_model_keeps_recurrent_state_and_counts_only_attention_lay
     info = build_info(runner, "Lfm2ForCausalLM", "torch", ParallelContext())
     assert (info.recurrent_state, info.num_layers) == (True, 1)
     assert runner.model.spec.state_shapes == ((64, 2), (64, 2))
+
+
+def test_lfm2_moe_config_reads_dense_layers_and_the_router() -> None:
+    hf = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, **LFM2_MOE}
+    args = lfm2_moe_args(hf)
+    assert [kind.sparse_mlp for kind in args.layers] == [False, True, True]
+    assert args.intermediate_size == 96 and args.moe is not None and args.moe.router.grouped is not None
+    assert (args.moe.router.grouped.scaling_factor, args.moe.router.grouped.correction_bias) == (1.5, True)
+    with pytest.raises(ConfigError, match="num_dense_layers is 4"):
+        lfm2_moe_args({**hf, "num_dense_layers": 4})

@@ -34,6 +34,8 @@ from transformers import (
     Glm4MoeForCausalLM,
     Lfm2Config,
     Lfm2ForCausalLM,
+    Lfm2MoeConfig,
+    Lfm2MoeForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Phi3Config,
@@ -81,6 +83,7 @@ FAMILY_VARIANTS = (
     "gpt-oss",
     "gpt-oss-mxfp4",
     "lfm2-hybrid",
+    "lfm2-moe-hybrid",
     "qwen3_5-hybrid",
     "qwen3-next-hybrid",
     "gemma4-shared-kv",
@@ -109,6 +112,7 @@ EXPECTED_KV_HEADS = {
     "gpt-oss": (1, 1),
     "gpt-oss-mxfp4": (1, 1),
     "lfm2-hybrid": (1, 1),
+    "lfm2-moe-hybrid": (1, 1),
     "qwen3_5-hybrid": (1, 1),
     "qwen3-next-hybrid": (1, 1),
     # The sliding layers' two KV heads split; the global layers' one KV head (32 wide) is replicated.
@@ -249,6 +253,7 @@ def _checkpoints(root: Path) -> list[Path]:
         write_fp8_checkpoint(root / source, root / fp8, layout, dict.fromkeys(_weight_names(root / source), 22.0))
     _moe_checkpoints(root, small)
     write_lfm2(root / "lfm2-hybrid", small)
+    write_lfm2_moe(root / "lfm2-moe-hybrid", small)
     write_gated_delta_net(root / "qwen3_5-hybrid", small, Qwen3_5TextConfig, Qwen3_5ForCausalLM)
     # Qwen3-Next: each rank's rows of `in_proj_qkvz` and `in_proj_ba` are its key heads' groups; its experts split.
     write_gated_delta_net(root / "qwen3-next-hybrid", small, Qwen3NextConfig, Qwen3NextForCausalLM, QWEN3_NEXT_EXPERTS)
@@ -316,6 +321,22 @@ def write_lfm2(path: Path, small: dict[str, Any]) -> None:
                         block_multiple_of=16, num_attention_heads=4, num_key_value_heads=2, conv_bias=True,
                         layer_types=["conv", "full_attention", "conv"])  # fmt: skip
     Lfm2ForCausalLM(config).eval().save_pretrained(path)
+
+
+def write_lfm2_moe(path: Path, small: dict[str, Any]) -> None:
+    """LFM2's split convolutions with a dense first layer, then experts split across ranks behind the biased sigmoid
+    router every rank holds whole."""
+    torch.manual_seed(0)
+    config = Lfm2MoeConfig(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
+                           num_attention_heads=4, num_key_value_heads=2, num_dense_layers=1, num_experts=4,
+                           layer_types=["conv", "full_attention", "conv"], num_experts_per_tok=2,
+                           moe_intermediate_size=32)  # fmt: skip
+    model = Lfm2MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("feed_forward.gate.weight", "expert_bias")):
+                tensor.copy_(torch.randn_like(tensor))
+    model.save_pretrained(path)
 
 
 QWEN3_NEXT_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,

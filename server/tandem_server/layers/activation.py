@@ -12,12 +12,19 @@ from tandem_server.errors import ConfigError
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU (Nemotron-H's feed-forwards, which have no gate)."""
+    return F.relu(x).square()
+
+
 ACTIVATIONS: dict[str, Activation] = {
     "silu": F.silu,
     "swish": F.silu,
     "gelu": F.gelu,
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
     "gelu_new": partial(F.gelu, approximate="tanh"),
+    "relu2": relu_squared,
 }
 
 

@@ -1,4 +1,5 @@
-"""The gated feed-forward `down(act(gate(x)) * up(x))`: a dense layer's MLP and an MoE block's shared expert."""
+"""The gated feed-forward `down(act(gate(x)) * up(x))`: a dense layer's MLP and an MoE block's shared expert; and the
+ungated `down(act(up(x)))`."""
 
 from __future__ import annotations
 
@@ -33,3 +34,18 @@ class GatedMLP(nn.Module):
     def _activated(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(hidden)
         return self.act(gate) * up
+
+
+class UngatedMLP(nn.Module):
+    """`down(act(up(x)))`: up split by columns, down by rows across ranks (Nemotron-H's feed-forward)."""
+
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool, hidden_act: str, parallel: ParallelContext
+    ) -> None:
+        super().__init__()
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias, parallel)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, parallel)
+        self.act = activation(hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(hidden)))

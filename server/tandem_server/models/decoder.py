@@ -257,6 +257,14 @@ class RecurrentLayer(nn.Module):
         raise NotImplementedError
 
 
+class FeedForwardLayer(nn.Module):
+    """A layer that keeps nothing between steps (a hybrid model's MLP-only block): neither paged keys and values nor
+    recurrent state."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
 # A layer called as `layer(hidden, rotation, cache, metadata, backend)`: a `StagedLayer`, or a layer whose attention
 # is not the backend's (multi-head latent attention).
 LayerFactory = Callable[[DecoderArgs, LayerKind, ParallelContext], nn.Module]
@@ -303,6 +311,8 @@ class DecoderModel(nn.Module):
             if isinstance(layer, RecurrentLayer):
                 hidden = layer(hidden, metadata.paged.query_lens, states, state_layer)
                 state_layer += len(layer.state_shapes)
+            elif isinstance(layer, FeedForwardLayer):
+                hidden = layer(hidden)
             else:
                 hidden = layer(hidden, angles[table], next(caches), metadata, self.backend)
         return self.norm(hidden)
@@ -325,9 +335,10 @@ class DecoderForCausalLM(CausalLM):
         tied = self.model.embed_tokens if args.tie_word_embeddings else None
         self.lm_head = LMHead(args.vocab_size, args.hidden_size, tied, parallel)
         recurrent = [layer for layer in self.model.layers if isinstance(layer, RecurrentLayer)]
+        cacheless = sum(isinstance(layer, FeedForwardLayer) for layer in self.model.layers)
         self.spec = ModelSpec(
             vocab_size=args.vocab_size,
-            num_layers=args.num_layers - len(recurrent),
+            num_layers=args.num_layers - len(recurrent) - cacheless,
             num_kv_heads=partition_heads(args.num_heads, args.num_kv_heads, args.head_dim, parallel).num_kv_heads,
             head_dim=args.head_dim,
             max_position_embeddings=args.max_position_embeddings,

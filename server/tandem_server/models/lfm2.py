@@ -25,7 +25,7 @@ from tandem_server.models.decoder import (
     LayerFactory,
     LayerKind,
     RecurrentLayer,
-    dense_mlp,
+    feed_forward,
 )
 from tandem_server.weights.layout import CheckpointLayout, FusedTensor, Renamed
 
@@ -123,14 +123,15 @@ class ConvArgs:
 
 
 class Lfm2ConvLayer(RecurrentLayer):
-    """A pre-norm gated short convolution and a pre-norm SwiGLU, each with a residual connection."""
+    """A pre-norm gated short convolution and a pre-norm feed-forward (SwiGLU, or LFM2-MoE's MoE block), each with a
+    residual connection."""
 
-    def __init__(self, args: DecoderArgs, conv: ConvArgs, parallel: ParallelContext) -> None:
+    def __init__(self, args: DecoderArgs, kind: LayerKind, conv: ConvArgs, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.conv = ShortConv(args.hidden_size, conv.kernel, conv.bias, parallel)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = dense_mlp(args, parallel)
+        self.mlp = feed_forward(args, kind, parallel)
         self.state_shapes = (self.conv.state_shape,)
 
     def forward(
@@ -144,7 +145,7 @@ def lfm2_layers(conv: ConvArgs) -> LayerFactory:
     """Builds a convolution layer where `layer_types` says `conv`, else a Llama-layout attention layer."""
 
     def layer(args: DecoderArgs, kind: LayerKind, parallel: ParallelContext) -> nn.Module:
-        return Lfm2ConvLayer(args, conv, parallel) if kind.recurrent else DecoderLayer(args, kind, parallel)
+        return Lfm2ConvLayer(args, kind, conv, parallel) if kind.recurrent else DecoderLayer(args, kind, parallel)
 
     return layer
 

@@ -17,8 +17,10 @@ from tandem_server.models.gpt_oss import GptOssForCausalLM
 from tandem_server.models.granite import GraniteForCausalLM
 from tandem_server.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from tandem_server.models.lfm2 import Lfm2ForCausalLM
+from tandem_server.models.lfm2_moe import Lfm2MoeForCausalLM
 from tandem_server.models.llama import LlamaForCausalLM
 from tandem_server.models.mixtral import MixtralForCausalLM
+from tandem_server.models.nemotron_h import NemotronHForCausalLM
 from tandem_server.models.olmo3 import Olmo3ForCausalLM
 from tandem_server.models.olmoe import OlmoeForCausalLM
 from tandem_server.models.phi3 import Phi3ForCausalLM
@@ -49,9 +51,11 @@ MODEL_FAMILIES: dict[str, CausalLMFactory] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
+    "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

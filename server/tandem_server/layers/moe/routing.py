@@ -23,11 +23,14 @@ class GroupedTopK:
     """DeepSeek-V3's and GLM-4.5's selection (`noaux_tc`): sigmoid scores, each expert's plus a correction bias,
     choose the `top_groups` of `num_groups` equal groups whose best two experts score highest, then the top k experts
     inside them. The bias only chooses: the weights are the chosen experts' unbiased scores (renormalised when the
-    router says so), times `scaling_factor`."""
+    router says so), times `scaling_factor`. LFM2-MoE's router is the one-group case, with `correction_bias` off where
+    its config has no expert bias and its own renormalisation epsilon."""
 
     num_groups: int
     top_groups: int
     scaling_factor: float = 1.0
+    correction_bias: bool = True
+    normalize_epsilon: float = NORMALIZE_EPSILON
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,10 @@ class GroupedTopKRouter(nn.Module):
         self.config = config
         self.grouped = config.grouped
         self.weight = _float32_parameter((config.num_experts, hidden_size))
-        self.e_score_correction_bias = _float32_parameter((config.num_experts,))
+        if config.grouped.correction_bias:
+            self.e_score_correction_bias = _float32_parameter((config.num_experts,))
+        else:
+            self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts), persistent=False)
 
     def route(self, hidden: torch.Tensor) -> Routing:
         """The top k of the biased scores within the best groups, weighted by their unbiased scores."""
@@ -117,7 +123,7 @@ class GroupedTopKRouter(nn.Module):
         experts = eligible.topk(self.config.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, experts)
         if self.config.normalize_top_k:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + NORMALIZE_EPSILON)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.grouped.normalize_epsilon)
         return Routing(experts, (weights * self.grouped.scaling_factor).to(hidden.dtype))
 
 

@@ -1,11 +1,11 @@
-"""Mamba-2 (Granite 4.0-H): a selective state-space layer whose per-sequence state is a short convolution's last
-inputs and the scan's `[heads, head_dim, state_size]` memory.
+"""Mamba-2 (Granite 4.0-H, Nemotron-H): a selective state-space layer whose per-sequence state is a short
+convolution's last inputs and the scan's `[heads, head_dim, state_size]` memory.
 
 `in_proj` gives the gate `z`, the convolution's channels `xBC` and each head's step `dt`. `xBC` passes a causal
 depthwise convolution (with bias, SiLU after it) and splits into the heads' inputs `x` and the groups' `B` and `C`
 (each group serves `heads / n_groups` consecutive heads); `dt = clamp(softplus(dt + dt_bias), time_step_limit)`,
 `A = -exp(A_log)`. The scan's output plus `D · x` goes through an RMSNorm of `y · silu(z)` per group, then `out_proj`.
-The norm spans every head of a group, and published checkpoints have one group, so the layer runs on one rank.
+The norm spans every head of a group (Granite's published checkpoints have one group), so the layer runs on one rank.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Mamba2Args:
         intermediate = int(hf.get("mamba_expand", 2)) * hidden
         head_dim = hf.get("mamba_d_head", "auto")
         limit = hf.get("time_step_limit") or (0.0, math.inf)
-        args = cls(
+        return cls(
             hidden_size=hidden,
             num_heads=heads,
             head_dim=intermediate // heads if head_dim in (None, "auto") else int(head_dim),
@@ -65,17 +65,44 @@ class Mamba2Args:
             proj_bias=bool(hf.get("mamba_proj_bias", False)),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             time_step_limit=(_json_float(limit[0]), _json_float(limit[1])),
-        )
-        if args.num_heads * args.head_dim != intermediate:
+        ).checked(intermediate, "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_conv")
+
+    @classmethod
+    def from_nemotron_h(cls, hf: dict[str, Any]) -> Mamba2Args:
+        """Nemotron-H's spelling of the same sizes (`mamba_num_heads`, `n_groups`, `ssm_state_size`, ...); one bias
+        (`use_bias`) serves both projections. The step is clamped below at `time_step_min`, as the reference's
+        chunked scan does (its `time_step_limit` is not read; its token-by-token update clamps nothing)."""
+        hidden, heads = int(hf["hidden_size"]), int(hf.get("mamba_num_heads", 128))
+        limit = (hf.get("time_step_min", 0.001), math.inf)
+        return cls(
+            hidden_size=hidden,
+            num_heads=heads,
+            head_dim=int(hf.get("mamba_head_dim", 64)),
+            num_groups=int(hf.get("n_groups", 8)),
+            state_size=int(hf.get("ssm_state_size", 128)),
+            conv_kernel=int(hf.get("conv_kernel", 4)),
+            chunk_size=int(hf.get("chunk_size") or DEFAULT_CHUNK_SIZE),
+            conv_bias=bool(hf.get("use_conv_bias", True)),
+            proj_bias=bool(hf.get("use_bias", False)),
+            rms_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            time_step_limit=(_json_float(limit[0]), _json_float(limit[1])),
+        ).checked(None, "mamba_num_heads", "mamba_head_dim", "n_groups", "conv_kernel")
+
+    def checked(
+        self, intermediate: int | None, heads_key: str, head_dim_key: str, groups_key: str, conv_key: str
+    ) -> Mamba2Args:
+        """These sizes, or a ConfigError naming the config.json keys that disagree (`intermediate`: the width the heads
+        must fill, where the config fixes one)."""
+        if intermediate is not None and self.intermediate_size != intermediate:
             raise ConfigError(
-                f"mamba_n_heads ({heads}) times mamba_d_head ({args.head_dim}) must equal mamba_expand * hidden_size "
-                f"({intermediate})"
+                f"{heads_key} ({self.num_heads}) times {head_dim_key} ({self.head_dim}) must equal mamba_expand * "
+                f"hidden_size ({intermediate})"
             )
-        if args.num_heads % args.num_groups:
-            raise ConfigError(f"mamba_n_heads ({heads}) must be a multiple of mamba_n_groups ({args.num_groups})")
-        if args.conv_kernel < 2:
-            raise ConfigError(f"mamba_d_conv is {args.conv_kernel}; the convolution needs at least 2 taps")
-        return args
+        if self.num_heads % self.num_groups:
+            raise ConfigError(f"{heads_key} ({self.num_heads}) must be a multiple of {groups_key} ({self.num_groups})")
+        if self.conv_kernel < 2:
+            raise ConfigError(f"{conv_key} is {self.conv_kernel}; the convolution needs at least 2 taps")
+        return self
 
     @property
     def intermediate_size(self) -> int:
