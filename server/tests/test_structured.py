@@ -14,7 +14,7 @@ from grammar_testing import EOS, VOCAB_SIZE, grammar_compiler, write_grammar_che
 from shard_testing import StepDriver, load_tiny_model, new_request
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StoppingCriteria, WarmupPlan
-from tandem_server.errors import FailureKind
+from tandem_server.errors import FailureKind, RequestFailedError
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, seeding
 from tandem_server.structured import GrammarCompiler, GrammarKind, GrammarSpec, grammar_token_mask
@@ -131,7 +131,7 @@ def test_invalid_grammar_or_replayed_token_outside_it_fails_that_request_alone(r
     done = driver.run([free, bad, letters])
     assert done == {3: alone}
     assert driver.failed[1].kind is FailureKind.GRAMMAR and "does not compile" in driver.failed[1].message
-    assert driver.failed[2].kind is FailureKind.GRAMMAR and "token 257" in driver.failed[2].message
+    assert driver.failed[2].kind is FailureKind.GRAMMAR and "does not continue the grammar" in driver.failed[2].message
     assert len(runner.requests) == 0
 
 
@@ -154,6 +154,15 @@ def test_one_compiled_grammar_serves_every_request_that_names_it(compiler: Gramm
     after = grammar_token_mask([second], VOCAB_SIZE, torch.device("cpu")).allowed
     assert before is not None and after is not None and torch.equal(before, after)
     assert not torch.equal(grammar_token_mask([first], VOCAB_SIZE, torch.device("cpu")).allowed, before)
+
+
+def test_a_token_the_grammar_forbids_fails_the_request_without_naming_engine_ids(compiler: GrammarCompiler) -> None:
+    matcher = compiler.matcher(DIGITS)
+    letter = compiler.tokenizer.tokenize_str("a")[0]
+    with pytest.raises(RequestFailedError) as failure:
+        matcher.advance(letter)
+    assert failure.value.kind is FailureKind.GRAMMAR
+    assert str(letter) not in str(failure.value) and "does not continue the grammar" in str(failure.value)
 
 
 def test_a_sampled_row_never_draws_a_masked_token_even_when_the_noise_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:

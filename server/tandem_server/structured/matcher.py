@@ -54,7 +54,8 @@ class GrammarMatcher:
     def advance(self, token_id: int) -> None:
         """Consumes a sampled (or replayed) token; a token the grammar forbids ends the request."""
         if not self._matcher.consume_token(token_id):
-            self._fail(f"token {token_id} does not continue the grammar")
+            logger.debug("grammar refused token %d", token_id)
+            self._fail("a generated token does not continue the grammar")
 
     def _fail(self, message: str) -> None:
         logger.debug("grammar failure: %s; engine said: %s", message, self._matcher.get_error())
