@@ -1,15 +1,17 @@
-"""Small random Mamba-2 hybrids through the real launcher: Granite 4.0-H (Mamba-2 layers beside attention without
-rotary, Granite's multipliers, routed experts beside the shared MLP) and Nemotron-H (Mamba-2, attention and relu² MLP
-blocks per `hybrid_override_pattern`): greedy tokens equal transformers' for prompts run alone and
-together, one prompt longer than a prefill chunk and the scan's chunks, prefilled over two steps; prefix reuse is off,
-and no request is left running once they are done."""
+"""Small random hybrids through the real launcher: Qwen3.5 (Gated DeltaNet layers beside gated attention), Qwen3-Next
+(the same with experts), Granite 4.0-H (Mamba-2 layers beside attention without rotary, Granite's multipliers, routed
+experts beside the shared MLP) and Nemotron-H (Mamba-2, attention and relu² MLP blocks per
+`hybrid_override_pattern`): greedy tokens equal transformers' for prompts run alone and together, one prompt longer
+than a prefill chunk and the recurrent layers' chunks, prefilled over two steps; prefix reuse is off, and no request
+is left running once they are done."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,14 +22,20 @@ from transformers import (
     GraniteMoeHybridForCausalLM,
     NemotronHConfig,
     NemotronHForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 MAX_NEW_TOKENS = 12
-# Attention on one layer in three: the others keep a convolution state and a scan memory, no KV blocks.
-LAYER_TYPES = ["mamba", "attention", "mamba"]
+# Mamba-2: attention on one layer in three, the others a convolution state and a scan memory, no KV blocks.
+MAMBA2_LAYERS = ["mamba", "attention", "mamba"]
 MAX_TOTAL_TOKENS = 256
-# The longest prompt takes two steps to prefill, each crossing the scan's 32-token chunks.
+# The longest prompt takes two steps to prefill, the first crossing a delta-rule chunk (64 tokens) and each the
+# Mamba-2 scan's (32).
 PREFILL_CHUNK = 80
 MAX_BATCH_SIZE = 3
 LONG_PROMPT = " ".join(
@@ -35,6 +43,43 @@ LONG_PROMPT = " ".join(
     for day in range(1, 7)
 )
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n", LONG_PROMPT)
+
+
+# Gated DeltaNet: attention on one layer in three, the others a convolution state and a delta-rule memory.
+GATED_DELTA_NET_LAYERS = ["linear_attention", "full_attention", "linear_attention"]
+# Qwen3-Next: the same layers with a mixture of experts (a gated shared expert beside them) after each.
+EXPERTS = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+}
+
+
+def gated_delta_net(
+    config_class: type[PretrainedConfig], model_class: type[PreTrainedModel], **extra: Any
+) -> Callable[[dict[str, int]], PreTrainedModel]:
+    def build(tokens: dict[str, int]) -> PreTrainedModel:
+        config = config_class(
+            **tokens,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=len(GATED_DELTA_NET_LAYERS),
+            layer_types=GATED_DELTA_NET_LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            max_position_embeddings=MAX_TOTAL_TOKENS,
+            initializer_range=0.2,
+            **extra,
+        )
+        return model_class(config)
+
+    return build
 
 
 def granite_hybrid(tokens: dict[str, int]) -> PreTrainedModel:
@@ -45,8 +90,8 @@ def granite_hybrid(tokens: dict[str, int]) -> PreTrainedModel:
         shared_intermediate_size=96,
         num_local_experts=4,
         num_experts_per_tok=2,
-        num_hidden_layers=len(LAYER_TYPES),
-        layer_types=LAYER_TYPES,
+        num_hidden_layers=len(MAMBA2_LAYERS),
+        layer_types=MAMBA2_LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         mamba_n_heads=4,
@@ -84,7 +129,12 @@ def nemotron_h(tokens: dict[str, int]) -> PreTrainedModel:
     return NemotronHForCausalLM(config)
 
 
-FAMILIES = {"granite-hybrid": granite_hybrid, "nemotron-h": nemotron_h}
+FAMILIES = {
+    "qwen3_5": gated_delta_net(Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+    "qwen3_next": gated_delta_net(Qwen3NextConfig, Qwen3NextForCausalLM, **EXPERTS),
+    "granite-hybrid": granite_hybrid,
+    "nemotron-h": nemotron_h,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
