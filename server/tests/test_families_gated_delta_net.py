@@ -5,28 +5,20 @@ later requests."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from recurrent_testing import assert_mixed_steps_match_logits, assert_requests_pass_their_slots_on
 from reference_checks import assert_greedy_matches_generate
 from shard_testing import (
     CPU,
     TINY_SETTINGS,
-    StepDriver,
     load_tiny_model,
-    make_runner,
-    new_request,
     write_tiny_checkpoint,
 )
-from tandem_server.engine.step import StepInput, WarmupPlan
 from tandem_server.errors import ConfigError
-from tandem_server.execution.batch import ScheduledSpan, build_step_batch
-from tandem_server.execution.eager import run_prepared
-from tandem_server.execution.kv_cache import CacheGeometry, KVCache
-from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.gated_delta_net import delta_rule_spans
 from tandem_server.layers.recurrent.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
@@ -113,61 +105,16 @@ def write_hybrid(path: Path, family: str = "qwen3_5") -> PreTrainedModel:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_mixed_steps_across_delta_rule_chunks_match_transformers_logits(tmp_path: Path, family: str) -> None:
     reference = write_hybrid(tmp_path, family)
-    model = load_tiny_model(tmp_path)
-    rng = random.Random(1)
-    sequences = {seq: [rng.randrange(3, 96) for _ in range(n)] for seq, n in SEQUENCE_LENGTHS.items()}
-    with torch.no_grad():
-        expected = {seq: reference(torch.tensor([ids])).logits[0] for seq, ids in sequences.items()}
-    num_blocks = sum(-(-n // BLOCK_SIZE) for n in SEQUENCE_LENGTHS.values())
-    cache = KVCache(CacheGeometry.of(model.spec, BLOCK_SIZE, torch.float32), num_blocks=num_blocks, device=CPU)
-    blocks = list(range(num_blocks))
-    rng.shuffle(blocks)
-    tables = {seq: [blocks.pop() for _ in range(-(-n // BLOCK_SIZE))] for seq, n in SEQUENCE_LENGTHS.items()}
-    request_ids = {seq: i for i, seq in enumerate(SEQUENCE_LENGTHS)}
-    pool = RecurrentStatePool(model.spec.state_shapes, 3, torch.float32, CPU, model.spec.state_dtypes)
-
-    with torch.inference_mode():
-        for step in SCHEDULE:
-            spans = [ScheduledSpan(sequences[n][s : s + k], s, tables[n], request_ids[n]) for n, s, k in step]
-            batch = build_step_batch(spans, BLOCK_SIZE, CPU)
-            states = pool.place([(request_ids[n], s, k) for n, s, k in step])
-            logits = model.compute_logits(run_prepared(model, PlannedStep(batch, cache.layers, model.backend, states)))
-            row = 0
-            for seq, start, num_tokens in step:
-                error = (logits[row : row + num_tokens] - expected[seq][start : start + num_tokens]).abs().max()
-                bound = FAMILY_LOGITS_ATOL.get(family, LOGITS_ATOL)
-                assert error.item() <= bound, f"{seq}@{start}: |logit error| {error.item():.4g}"
-                row += num_tokens
+    atol = FAMILY_LOGITS_ATOL.get(family, LOGITS_ATOL)
+    assert_mixed_steps_match_logits(reference, load_tiny_model(tmp_path), SEQUENCE_LENGTHS, SCHEDULE, BLOCK_SIZE, atol)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_requests_decode_together_finish_apart_and_pass_their_slots_on(tmp_path: Path, family: str) -> None:
     reference = write_hybrid(tmp_path, family)
-    runner = make_runner(tmp_path)
-    # Four state slots: the fifth request runs only in the slot a finished one gave back.
-    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=256, max_batch_requests=4))
-    rng = random.Random(7)
-    lengths, budgets = (5, 140, 9, 70, 12), (3, 8, 8, 6, 8)
-    prompts = [[rng.randrange(3, 96) for _ in range(n)] for n in lengths]
-    requests = [new_request(i, p, budget) for i, (p, budget) in enumerate(zip(prompts, budgets, strict=True))]
-    # Prefill chunks of 100 tokens: the 140-token prompt's first chunk crosses a delta-rule chunk boundary.
-    driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=100, seed=3)
-    driver.step(requests[:4])
-    while not driver.done:
-        driver.step([])
-    assert runner.execution.states is not None and runner.execution.states.held == 4
-    driver.step([requests[4]])
-    while driver.tracked:
-        driver.step([])
-
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            output = reference.generate(
-                torch.tensor([prompt]), max_new_tokens=budgets[i], do_sample=False, eos_token_id=None
-            )
-        assert driver.done[i] == output[0, len(prompt) :].tolist(), f"request {i}"
-    runner.step(StepInput())
-    assert runner.execution.states.held == 0
+    # Four state slots: the fifth request runs only in the slot a finished one gave back. Prefill chunks of 100
+    # tokens: the 140-token prompt's first chunk crosses a delta-rule chunk boundary.
+    assert_requests_pass_their_slots_on(reference, tmp_path, (5, 140, 9, 70, 12), (3, 8, 8, 6, 8), BLOCK_SIZE, 100)
 
 
 def test_chunked_and_token_by_token_delta_rules_agree_from_carried_states() -> None:

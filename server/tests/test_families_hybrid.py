@@ -4,21 +4,17 @@ through the runner."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from recurrent_testing import assert_mixed_steps_match_logits
 from reference_checks import BLOCK_SIZE, LOGITS_ATOL, SCHEDULE, SEQUENCE_LENGTHS, assert_greedy_matches_generate
 from shard_testing import CPU, load_tiny_model, make_runner, new_request, warmed, write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import ConfigError, InvalidStepError
-from tandem_server.execution.batch import ScheduledSpan, build_step_batch
-from tandem_server.execution.eager import run_prepared
-from tandem_server.execution.kv_cache import CacheGeometry, KVCache
-from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool
 from tandem_server.models.lfm2 import lfm2_args
@@ -80,29 +76,7 @@ def write_hybrid(path: Path, name: str) -> PreTrainedModel:
 def test_mixed_steps_carry_recurrent_state_and_match_transformers_logits(tmp_path: Path, name: str) -> None:
     reference = write_hybrid(tmp_path, name)
     model = load_tiny_model(tmp_path)
-    rng = random.Random(1)
-    sequences = {seq: [rng.randrange(3, 96) for _ in range(n)] for seq, n in SEQUENCE_LENGTHS.items()}
-    with torch.no_grad():
-        expected = {seq: reference(torch.tensor([ids])).logits[0] for seq, ids in sequences.items()}
-    cache = KVCache(CacheGeometry.of(model.spec, BLOCK_SIZE, torch.float32), num_blocks=24, device=CPU)
-    blocks = list(range(24))
-    rng.shuffle(blocks)
-    tables = {seq: [blocks.pop() for _ in range(-(-n // BLOCK_SIZE))] for seq, n in SEQUENCE_LENGTHS.items()}
-    request_ids = {seq: i for i, seq in enumerate(SEQUENCE_LENGTHS)}
-    pool = RecurrentStatePool(model.spec.state_shapes, 4, torch.float32, CPU)
-
-    with torch.inference_mode():
-        for step in SCHEDULE:
-            spans = [ScheduledSpan(sequences[n][s : s + k], s, tables[n], request_ids[n]) for n, s, k in step]
-            batch = build_step_batch(spans, BLOCK_SIZE, CPU)
-            states = pool.place([(request_ids[n], s, k) for n, s, k in step])
-            hidden = run_prepared(model, PlannedStep(batch, cache.layers, model.backend, states))
-            logits = model.compute_logits(hidden)
-            row = 0
-            for seq, start, num_tokens in step:
-                error = (logits[row : row + num_tokens] - expected[seq][start : start + num_tokens]).abs().max()
-                assert error.item() <= LOGITS_ATOL, f"{name} {seq}@{start}: |logit error| {error.item():.4g}"
-                row += num_tokens
+    assert_mixed_steps_match_logits(reference, model, SEQUENCE_LENGTHS, SCHEDULE, BLOCK_SIZE, LOGITS_ATOL, name)
 
 
 # The unbiased router's variant runs the runner's path the biased one already does; its logits are checked above.

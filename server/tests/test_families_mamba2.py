@@ -5,20 +5,15 @@ slots to later requests. The scan's chunked and token-by-token forms agree from 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, write_tiny_checkpoint
+from recurrent_testing import assert_mixed_steps_match_logits, assert_requests_pass_their_slots_on
+from shard_testing import CPU, load_tiny_model, write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
-from tandem_server.engine.step import StepInput, WarmupPlan
 from tandem_server.errors import ConfigError
-from tandem_server.execution.batch import ScheduledSpan, build_step_batch
-from tandem_server.execution.eager import run_prepared
-from tandem_server.execution.kv_cache import CacheGeometry, KVCache
-from tandem_server.execution.protocol import PlannedStep
 from tandem_server.layers.recurrent.mamba2 import Mamba2Args, Mamba2Mixer, ssd_spans
 from tandem_server.layers.recurrent.ssd_scan import chunked_ssd, recurrent_ssd
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
@@ -81,58 +76,14 @@ def write_granite_hybrid(path: Path, variant: str = "dense") -> PreTrainedModel:
 def test_mixed_steps_across_scan_chunks_match_transformers_logits(tmp_path: Path, variant: str) -> None:
     reference = write_granite_hybrid(tmp_path, variant)
     model = load_tiny_model(tmp_path)
-    rng = random.Random(1)
-    sequences = {seq: [rng.randrange(3, 96) for _ in range(n)] for seq, n in SEQUENCE_LENGTHS.items()}
-    with torch.no_grad():
-        expected = {seq: reference(torch.tensor([ids])).logits[0] for seq, ids in sequences.items()}
-    num_blocks = sum(-(-n // BLOCK_SIZE) for n in SEQUENCE_LENGTHS.values())
-    cache = KVCache(CacheGeometry.of(model.spec, BLOCK_SIZE, torch.float32), num_blocks=num_blocks, device=CPU)
-    blocks = list(range(num_blocks))
-    rng.shuffle(blocks)
-    tables = {seq: [blocks.pop() for _ in range(-(-n // BLOCK_SIZE))] for seq, n in SEQUENCE_LENGTHS.items()}
-    request_ids = {seq: i for i, seq in enumerate(SEQUENCE_LENGTHS)}
-    pool = RecurrentStatePool(model.spec.state_shapes, 3, torch.float32, CPU, model.spec.state_dtypes)
-
-    with torch.inference_mode():
-        for step in SCHEDULE:
-            spans = [ScheduledSpan(sequences[n][s : s + k], s, tables[n], request_ids[n]) for n, s, k in step]
-            batch = build_step_batch(spans, BLOCK_SIZE, CPU)
-            states = pool.place([(request_ids[n], s, k) for n, s, k in step])
-            logits = model.compute_logits(run_prepared(model, PlannedStep(batch, cache.layers, model.backend, states)))
-            row = 0
-            for seq, start, num_tokens in step:
-                error = (logits[row : row + num_tokens] - expected[seq][start : start + num_tokens]).abs().max()
-                assert error.item() <= LOGITS_ATOL, f"{seq}@{start}: |logit error| {error.item():.4g}"
-                row += num_tokens
+    assert_mixed_steps_match_logits(reference, model, SEQUENCE_LENGTHS, SCHEDULE, BLOCK_SIZE, LOGITS_ATOL)
 
 
 def test_requests_decode_together_finish_apart_and_pass_their_slots_on(tmp_path: Path) -> None:
     reference = write_granite_hybrid(tmp_path)
-    runner = make_runner(tmp_path)
-    # Three state slots: the fourth request runs only in the slot a finished one gave back.
-    runner.warmup(WarmupPlan(block_size=BLOCK_SIZE, max_batch_tokens=128, max_batch_requests=3))
-    rng = random.Random(7)
-    lengths, budgets = (5, 60, 9, 12), (3, 6, 6, 6)
-    prompts = [[rng.randrange(3, 96) for _ in range(n)] for n in lengths]
-    requests = [new_request(i, p, budget) for i, (p, budget) in enumerate(zip(prompts, budgets, strict=True))]
-    # Prefill chunks of 40 tokens: the 60-token prompt takes two, each crossing a scan chunk boundary.
-    driver = StepDriver(runner, num_blocks=runner.cache.num_blocks, chunk_size=40, seed=3)
-    driver.step(requests[:3])
-    while not driver.done:
-        driver.step([])
-    assert runner.execution.states is not None and runner.execution.states.held == 3
-    driver.step([requests[3]])
-    while driver.tracked:
-        driver.step([])
-
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            output = reference.generate(
-                torch.tensor([prompt]), max_new_tokens=budgets[i], do_sample=False, eos_token_id=None
-            )
-        assert driver.done[i] == output[0, len(prompt) :].tolist(), f"request {i}"
-    runner.step(StepInput())
-    assert runner.execution.states.held == 0
+    # Three state slots: the fourth request runs only in the slot a finished one gave back. Prefill chunks of 40
+    # tokens: the 60-token prompt takes two, each crossing a scan chunk boundary.
+    assert_requests_pass_their_slots_on(reference, tmp_path, (5, 60, 9, 12), (3, 6, 6, 6), BLOCK_SIZE, 40)
 
 
 def _scan_inputs(seqs: int, heads: int, tokens: int, head_dim: int, state_size: int) -> tuple[torch.Tensor, ...]:
