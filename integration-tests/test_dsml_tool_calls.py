@@ -6,21 +6,18 @@ parameters, each tagged raw or JSON by its schema, read back into arguments vali
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from tandem_harness import TandemServer
 from tool_call_cases import (
-    ASK,
-    REQUESTS,
-    TOOLS,
-    assert_declared_and_valid,
+    assert_sampled_required_calls_are_declared_and_valid,
     assert_streamed_calls_match,
     complete,
     random_model_with_markers,
+    serve_with_template,
+    transformers_prompt_tokens,
 )
 
 MARKERS = ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
@@ -58,38 +55,25 @@ def dsml_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def dsml(dsml_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    log_path = tmp_path_factory.mktemp("deepseek-v32") / "launcher.log"
-    server = TandemServer.start(
-        log_path, "--model-id", str(dsml_model), "--chat-template", str(dsml_model / "dsml.jinja"),
-        "--reasoning-parser", "deepseek_v3", "--kv-cache-memory", "64MiB", "--dtype", "float32", "--quantize", "none",
-    )  # fmt: skip
-    yield server
-    assert server.stop() == 0, server.log_tail()
+    yield from serve_with_template(
+        tmp_path_factory.mktemp("deepseek-v32"),
+        dsml_model,
+        dsml_model / "dsml.jinja",
+        "--reasoning-parser",
+        "deepseek_v3",
+    )
 
 
 def test_the_template_picks_the_dsml_syntax_and_renders_the_prompt_as_transformers(
     dsml: TandemServer, dsml_model: Path
 ) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
     assert "tool calls use the deepseek_v32 syntax" in dsml.log_path.read_text()
-    tokenizer = AutoTokenizer.from_pretrained(dsml_model)
-    expected = tokenizer.apply_chat_template(
-        ASK, tools=TOOLS, chat_template=DSML_TEMPLATE, add_generation_prompt=True, tokenize=True, return_dict=True
-    )["input_ids"]
-    assert complete(dsml, 0)["usage"]["prompt_tokens"] == len(expected)
+    expected = transformers_prompt_tokens(dsml_model, DSML_TEMPLATE)
+    assert complete(dsml, 0)["usage"]["prompt_tokens"] == expected
 
 
 def test_every_sampled_required_call_is_a_declared_function_with_schema_valid_arguments(dsml: TandemServer) -> None:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        completions = list(pool.map(lambda seed: complete(dsml, seed), range(REQUESTS)))
-    for completion in completions:
-        choice = completion["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
-        assert choice["message"]["content"] is None
-        assert_declared_and_valid(choice["message"]["tool_calls"])
-    written = {json.dumps(c["choices"][0]["message"]["tool_calls"][0]["function"]) for c in completions}
-    assert len(written) > 1
+    assert_sampled_required_calls_are_declared_and_valid(dsml)
 
 
 def test_a_streamed_call_rebuilds_the_same_calls_as_the_whole_answer(dsml: TandemServer) -> None:

@@ -6,21 +6,19 @@ under its schema."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from tandem_harness import TandemServer
 from tool_call_cases import (
-    ASK,
-    REQUESTS,
-    TOOLS,
     assert_declared_and_valid,
+    assert_sampled_required_calls_are_declared_and_valid,
     assert_streamed_calls_match,
     complete,
     random_model_with_markers,
+    serve_with_template,
+    transformers_prompt_tokens,
 )
 
 GEMMA4_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/gemma-4.jinja"
@@ -38,41 +36,21 @@ def gemma4_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gemma4(gemma4_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    log_path = tmp_path_factory.mktemp("gemma4") / "launcher.log"
-    server = TandemServer.start(
-        log_path, "--model-id", str(gemma4_model), "--chat-template", str(GEMMA4_TEMPLATE),
-        "--kv-cache-memory", "64MiB", "--dtype", "float32", "--quantize", "none",
-    )  # fmt: skip
-    yield server
-    assert server.stop() == 0, server.log_tail()
+    yield from serve_with_template(tmp_path_factory.mktemp("gemma4"), gemma4_model, GEMMA4_TEMPLATE)
 
 
 def test_the_template_picks_the_gemma4_formats_and_renders_the_prompt_as_transformers(
     gemma4: TandemServer, gemma4_model: Path
 ) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
     log = gemma4.log_path.read_text()
     assert "tool calls use the gemma4 syntax" in log
     assert "Gemma4" in log
-    tokenizer = AutoTokenizer.from_pretrained(gemma4_model)
-    expected = tokenizer.apply_chat_template(
-        ASK, tools=TOOLS, chat_template=GEMMA4_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=True,
-        return_dict=True,
-    )["input_ids"]  # fmt: skip
-    assert complete(gemma4, 0)["usage"]["prompt_tokens"] == len(expected)
+    expected = transformers_prompt_tokens(gemma4_model, GEMMA4_TEMPLATE.read_text())
+    assert complete(gemma4, 0)["usage"]["prompt_tokens"] == expected
 
 
 def test_every_sampled_required_call_is_a_declared_function_with_schema_valid_arguments(gemma4: TandemServer) -> None:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        completions = list(pool.map(lambda seed: complete(gemma4, seed), range(REQUESTS)))
-    for completion in completions:
-        choice = completion["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
-        assert choice["message"]["content"] is None
-        assert_declared_and_valid(choice["message"]["tool_calls"])
-    written = {json.dumps(c["choices"][0]["message"]["tool_calls"][0]["function"]) for c in completions}
-    assert len(written) > 1
+    assert_sampled_required_calls_are_declared_and_valid(gemma4)
 
 
 def test_a_streamed_call_rebuilds_the_same_calls_as_the_whole_answer(gemma4: TandemServer) -> None:

@@ -6,21 +6,19 @@ parser, and every sampled call is a declared function with arguments valid under
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from tandem_harness import TandemServer
 from tool_call_cases import (
-    ASK,
-    REQUESTS,
-    TOOLS,
     assert_declared_and_valid,
+    assert_sampled_required_calls_are_declared_and_valid,
     assert_streamed_calls_match,
     complete,
     random_model_with_markers,
+    serve_with_template,
+    transformers_prompt_tokens,
 )
 
 DEEPSEEK_TEMPLATE = Path(__file__).parents[1] / "router/python/tests/chat_templates/deepseek-v3.1.jinja"
@@ -38,43 +36,23 @@ def deepseek_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def deepseek(deepseek_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    log_path = tmp_path_factory.mktemp("deepseek-v31") / "launcher.log"
-    server = TandemServer.start(
-        log_path, "--model-id", str(deepseek_model), "--chat-template", str(DEEPSEEK_TEMPLATE),
-        "--kv-cache-memory", "64MiB", "--dtype", "float32", "--quantize", "none",
-    )  # fmt: skip
-    yield server
-    assert server.stop() == 0, server.log_tail()
+    yield from serve_with_template(tmp_path_factory.mktemp("deepseek-v31"), deepseek_model, DEEPSEEK_TEMPLATE)
 
 
 def test_the_template_picks_the_deepseek_formats_and_renders_the_prompt_as_transformers(
     deepseek: TandemServer, deepseek_model: Path
 ) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
     log = deepseek.log_path.read_text()
     assert "tool calls use the deepseek_v31 syntax" in log
     assert "DeepseekV3" in log
-    tokenizer = AutoTokenizer.from_pretrained(deepseek_model)
-    expected = tokenizer.apply_chat_template(
-        ASK, tools=TOOLS, chat_template=DEEPSEEK_TEMPLATE.read_text(), add_generation_prompt=True, tokenize=True,
-        return_dict=True,
-    )["input_ids"]  # fmt: skip
-    assert complete(deepseek, 0)["usage"]["prompt_tokens"] == len(expected)
+    expected = transformers_prompt_tokens(deepseek_model, DEEPSEEK_TEMPLATE.read_text())
+    assert complete(deepseek, 0)["usage"]["prompt_tokens"] == expected
 
 
 def test_every_sampled_required_call_is_a_declared_function_with_schema_valid_arguments(
     deepseek: TandemServer,
 ) -> None:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        completions = list(pool.map(lambda seed: complete(deepseek, seed), range(REQUESTS)))
-    for completion in completions:
-        choice = completion["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
-        assert choice["message"]["content"] is None
-        assert_declared_and_valid(choice["message"]["tool_calls"])
-    written = {json.dumps(c["choices"][0]["message"]["tool_calls"][0]["function"]) for c in completions}
-    assert len(written) > 1
+    assert_sampled_required_calls_are_declared_and_valid(deepseek)
 
 
 def test_a_streamed_call_rebuilds_the_same_calls_as_the_whole_answer(deepseek: TandemServer) -> None:

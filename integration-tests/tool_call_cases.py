@@ -4,6 +4,8 @@ requests and checks the sectioned families' and Gemma 4's tests share."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,37 @@ def assert_streamed_calls_match(server: TandemServer, seed: int) -> None:
         assert json.loads("".join(fragments)) == json.loads(call["function"]["arguments"])
     assert not any(chunk["choices"][0]["delta"].get("content") for chunk in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def serve_with_template(log_dir: Path, model_dir: Path, template: Path, *flags: str) -> Iterator[TandemServer]:
+    """A float32 server of `model_dir` under `template` (a module fixture's body), stopped cleanly at the end."""
+    server = TandemServer.start(
+        log_dir / "launcher.log", "--model-id", str(model_dir), "--chat-template", str(template), *flags,
+        "--kv-cache-memory", "64MiB", "--dtype", "float32", "--quantize", "none",
+    )  # fmt: skip
+    yield server
+    assert server.stop() == 0, server.log_tail()
+
+
+def transformers_prompt_tokens(model_dir: Path, template: str) -> int:
+    """Tokens `transformers` renders for the standard request under `template`."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rendered = tokenizer.apply_chat_template(
+        ASK, tools=TOOLS, chat_template=template, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return len(rendered["input_ids"])
+
+
+def assert_sampled_required_calls_are_declared_and_valid(server: TandemServer) -> None:
+    """`REQUESTS` seeded `required` requests each end in schema-valid calls of declared tools, and not all alike."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        completions = list(pool.map(lambda seed: complete(server, seed), range(REQUESTS)))
+    for completion in completions:
+        choice = completion["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["content"] is None
+        assert_declared_and_valid(choice["message"]["tool_calls"])
+    written = {json.dumps(c["choices"][0]["message"]["tool_calls"][0]["function"]) for c in completions}
+    assert len(written) > 1
