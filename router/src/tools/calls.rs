@@ -47,11 +47,8 @@ enum Phase {
     Name(String),
     /// Between the name's closing quote and the arguments value.
     SeekArguments,
-    Arguments {
-        depth: u32,
-        in_string: bool,
-        escaped: bool,
-    },
+    /// The arguments value, until it closes.
+    Arguments(JsonValueEnd),
 }
 
 /// Turns streamed text of call objects into OpenAI `tool_calls` delta entries.
@@ -119,39 +116,14 @@ impl ToolCallStream {
                 push_bounded(&mut self.pending, c, self.arguments_opening.len());
                 if self.pending.ends_with(self.arguments_opening.as_str()) {
                     self.pending.clear();
-                    self.phase = Phase::Arguments {
-                        depth: 0,
-                        in_string: false,
-                        escaped: false,
-                    };
+                    self.phase = Phase::Arguments(JsonValueEnd::default());
                 }
             }
-            Phase::Arguments {
-                depth,
-                in_string,
-                escaped,
-            } => {
+            Phase::Arguments(value) => {
                 arguments.push(c);
-                if *in_string {
-                    match (c, *escaped) {
-                        (_, true) => *escaped = false,
-                        ('\\', false) => *escaped = true,
-                        ('"', false) => *in_string = false,
-                        _ => {}
-                    }
-                    return;
-                }
-                match c {
-                    '"' => *in_string = true,
-                    '{' | '[' => *depth += 1,
-                    '}' | ']' => {
-                        *depth = depth.saturating_sub(1);
-                        if *depth == 0 {
-                            self.flush_arguments(arguments, deltas);
-                            self.phase = Phase::SeekName;
-                        }
-                    }
-                    _ => {}
+                if value.closes_at(c) {
+                    self.flush_arguments(arguments, deltas);
+                    self.phase = Phase::SeekName;
                 }
             }
         }
@@ -170,6 +142,39 @@ fn push_bounded(text: &mut String, c: char, limit: usize) {
     text.push(c);
     while text.len() > limit {
         text.remove(0);
+    }
+}
+
+/// Finds where a streamed JSON value ends: nesting depth and string state, one character at a time.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct JsonValueEnd {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonValueEnd {
+    /// Takes the value's next character; true when it closes the outermost object or array.
+    pub(super) fn closes_at(&mut self, c: char) -> bool {
+        if self.in_string {
+            match (c, self.escaped) {
+                (_, true) => self.escaped = false,
+                ('\\', false) => self.escaped = true,
+                ('"', false) => self.in_string = false,
+                _ => {}
+            }
+            return false;
+        }
+        match c {
+            '"' => self.in_string = true,
+            '{' | '[' => self.depth += 1,
+            '}' | ']' => {
+                self.depth = self.depth.saturating_sub(1);
+                return self.depth == 0;
+            }
+            _ => {}
+        }
+        false
     }
 }
 

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::calls::call_id;
+use super::calls::{call_id, JsonValueEnd};
 use super::format::ToolFamily;
 use super::section::{Marker, SectionSyntax};
 
@@ -17,11 +17,8 @@ enum Phase {
     SeekCall,
     /// A call's header, until the arguments marker.
     Header(String),
-    Arguments {
-        depth: u32,
-        in_string: bool,
-        escaped: bool,
-    },
+    /// The arguments value, until it closes.
+    Arguments(JsonValueEnd),
     /// After the section's closing marker: nothing more is a call.
     Closed,
 }
@@ -90,39 +87,14 @@ impl SectionStream {
                     let opening = self.opening_delta(&header);
                     deltas.push(opening);
                     self.count += 1;
-                    self.phase = Phase::Arguments {
-                        depth: 0,
-                        in_string: false,
-                        escaped: false,
-                    };
+                    self.phase = Phase::Arguments(JsonValueEnd::default());
                 }
             }
-            Phase::Arguments {
-                depth,
-                in_string,
-                escaped,
-            } => {
+            Phase::Arguments(value) => {
                 arguments.push(c);
-                if *in_string {
-                    match (c, *escaped) {
-                        (_, true) => *escaped = false,
-                        ('\\', false) => *escaped = true,
-                        ('"', false) => *in_string = false,
-                        _ => {}
-                    }
-                    return;
-                }
-                match c {
-                    '"' => *in_string = true,
-                    '{' | '[' => *depth += 1,
-                    '}' | ']' => {
-                        *depth = depth.saturating_sub(1);
-                        if *depth == 0 {
-                            self.flush_arguments(arguments, deltas);
-                            self.phase = Phase::SeekCall;
-                        }
-                    }
-                    _ => {}
+                if value.closes_at(c) {
+                    self.flush_arguments(arguments, deltas);
+                    self.phase = Phase::SeekCall;
                 }
             }
             Phase::Closed => {}
