@@ -75,6 +75,16 @@ SCHEDULING = (
         word=true_false,
     ),
     Forwarded(
+        "--max-state-checkpoints", ROUTER, int, 64,
+        "hybrid models: copies of one sequence's recurrent state after a cached prefix the shards keep at most, so "
+        "requests resume after it (at most a quarter of the KV cache's memory; 0 turns prefix caching off for them)",
+        check=not_negative,
+    ),
+    Forwarded(
+        "--state-checkpoint-interval", ROUTER, int, 512,
+        "hybrid models: prompt tokens between state checkpoints (rounded up to whole KV blocks)", check=positive,
+    ),
+    Forwarded(
         "--async-scheduling", ROUTER, bool_value, True,
         "plan and send the next step while the shards run the current one", word=true_false,
     ),

@@ -74,6 +74,16 @@ pub struct RouterArgs {
     /// Share the KV blocks of a common token prefix between requests (`--prefix-caching false` turns it off).
     #[arg(long, env = "PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_caching: bool,
+    /// A model with recurrent state (a hybrid): the most state checkpoints the shards keep,
+    /// each one sequence's recurrent state after a cached prefix, from which later requests
+    /// resume; the shards keep fewer where they would take over a quarter of the KV cache's
+    /// memory. 0 turns prefix caching off for such a model.
+    #[arg(long, env = "MAX_STATE_CHECKPOINTS", default_value_t = 64)]
+    pub max_state_checkpoints: usize,
+    /// A model with recurrent state: tokens between state checkpoints within a long prompt
+    /// (rounded up to whole KV blocks).
+    #[arg(long, env = "STATE_CHECKPOINT_INTERVAL", default_value_t = 512)]
+    pub state_checkpoint_interval: usize,
     /// Plan and send the next step while the shards run the current one (`--async-scheduling
     /// false` waits for each step's answer first).
     #[arg(long, env = "ASYNC_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::RouterConfig;
 use crate::http::{HandlerConfig, ServerInfo, VALIDATION_WORKERS};
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{CheckpointPlan, SchedulerConfig};
 use crate::shard::KvCacheSize;
 use crate::tools::ToolFormat;
 use crate::validation::{self, SamplingDefaults};
@@ -27,11 +27,15 @@ pub struct ServedModel {
 }
 
 impl RouterConfig {
-    /// A model with recurrent state (a hybrid) cannot resume a prompt after a cached prefix: the
-    /// shards keep the prefix's keys and values but not its state. Prefix reuse is off for such a
-    /// model; true when this turned it off.
-    pub fn fit_prefix_reuse_to_model(&mut self, recurrent_state: bool) -> bool {
-        let turned_off = recurrent_state && self.limits.prefix_caching;
+    /// A model with recurrent state (a hybrid) resumes a prompt after a cached prefix only from
+    /// a state checkpoint: prefix reuse is off for such a model when the shards keep none
+    /// (`state_checkpoints`); true when this turned it off.
+    pub fn fit_prefix_reuse_to_model(
+        &mut self,
+        recurrent_state: bool,
+        state_checkpoints: usize,
+    ) -> bool {
+        let turned_off = recurrent_state && state_checkpoints == 0 && self.limits.prefix_caching;
         if turned_off {
             self.limits.prefix_caching = false;
         }
@@ -47,11 +51,16 @@ impl RouterConfig {
         }
     }
 
-    /// The scheduler's budget over a KV cache of `num_blocks` blocks.
-    pub fn scheduler_config(&self, num_blocks: usize) -> SchedulerConfig {
+    /// The scheduler's budget over the shards' `kv_cache`.
+    pub fn scheduler_config(&self, kv_cache: &KvCacheSize) -> SchedulerConfig {
+        let state_checkpoints = (self.limits.prefix_caching && kv_cache.state_checkpoints > 0)
+            .then_some(CheckpointPlan {
+                count: kv_cache.state_checkpoints,
+                interval: self.limits.state_checkpoint_interval,
+            });
         SchedulerConfig {
             block_size: self.limits.block_size,
-            num_blocks,
+            num_blocks: kv_cache.num_blocks,
             max_batch_tokens: self.limits.max_batch_prefill_tokens,
             max_batch_requests: self.limits.max_batch_size,
             prefix_caching: self.limits.prefix_caching,
@@ -59,6 +68,7 @@ impl RouterConfig {
             max_drafts: self.limits.speculate,
             draft_method: self.limits.speculative_method,
             max_drafting_batch: self.limits.speculative_disable_by_batch_size,
+            state_checkpoints,
         }
     }
 
@@ -128,6 +138,8 @@ impl RouterConfig {
             kv_cache_blocks: kv_cache.num_blocks,
             kv_cache_tokens: kv_cache.num_blocks * limits.block_size,
             kv_cache_bytes_per_token: kv_cache.bytes_per_token(limits.block_size),
+            state_checkpoints: kv_cache.state_checkpoints,
+            state_checkpoint_bytes: kv_cache.state_checkpoint_bytes,
             compiled_decode_rows: None,
             compiling: None,
             router: "tandem-router",

@@ -54,6 +54,9 @@ pub struct Limits {
     pub max_batch_size: usize,
     pub block_size: usize,
     pub prefix_caching: bool,
+    pub max_state_checkpoints: usize,
+    /// A positive multiple of `block_size`.
+    pub state_checkpoint_interval: usize,
     pub async_scheduling: bool,
     pub speculate: usize,
     pub speculative_method: DraftMethod,
@@ -205,6 +208,11 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 max_batch_size: args.max_batch_size,
                 block_size: args.block_size,
                 prefix_caching: args.prefix_caching,
+                max_state_checkpoints: args.max_state_checkpoints,
+                state_checkpoint_interval: args
+                    .state_checkpoint_interval
+                    .max(1)
+                    .next_multiple_of(args.block_size.max(1)),
                 async_scheduling: args.async_scheduling,
                 speculate: args.speculate,
                 speculative_method: args.speculative_method,

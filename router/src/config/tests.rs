@@ -94,7 +94,9 @@ fn drafts_from_the_shards_draft_model_need_no_prefix_cache() {
     let drafting = parse(&flags).unwrap();
     assert_eq!(drafting.limits.speculative_method, DraftMethod::Model);
     assert_eq!(
-        drafting.scheduler_config(10).draft_method,
+        drafting
+            .scheduler_config(&KvCacheSize::default())
+            .draft_method,
         DraftMethod::Model
     );
     let uncached = parse(&[&flags[..], &["--prefix-caching", "false"]].concat()).unwrap();
@@ -117,6 +119,7 @@ fn info_reports_the_method_and_the_shards_draft_model() {
     let kv_cache = KvCacheSize {
         num_blocks: 10,
         bytes: 11 * 16 * 576,
+        ..KvCacheSize::default()
     };
     let info = config.server_info(
         served(Some("LlamaForCausalLM, 2 layers")),
@@ -394,14 +397,22 @@ fn kv_events_are_off_by_default_and_replay_needs_an_event_endpoint() {
 }
 
 #[test]
-fn a_model_with_recurrent_state_turns_prefix_reuse_off() {
+fn a_model_with_recurrent_state_and_no_state_checkpoint_turns_prefix_reuse_off() {
     let mut config = parse(&[]).unwrap();
     assert!(config.limits.prefix_caching);
-    assert!(!config.fit_prefix_reuse_to_model(false));
+    assert!(!config.fit_prefix_reuse_to_model(false, 0));
+    assert!(
+        !config.fit_prefix_reuse_to_model(true, 4),
+        "checkpoints resume its prefixes"
+    );
     assert!(config.limits.prefix_caching);
-    assert!(config.fit_prefix_reuse_to_model(true));
+    assert!(config.fit_prefix_reuse_to_model(true, 0));
     assert!(!config.limits.prefix_caching);
-    assert!(!config.scheduler_config(8).prefix_caching);
+    let kv_cache = KvCacheSize {
+        num_blocks: 8,
+        ..KvCacheSize::default()
+    };
+    assert!(!config.scheduler_config(&kv_cache).prefix_caching);
     let served = ServedModel {
         architecture: "Lfm2ForCausalLM".to_owned(),
         dtype: "float32".to_owned(),
@@ -415,6 +426,7 @@ fn a_model_with_recurrent_state_turns_prefix_reuse_off() {
     let kv_cache = KvCacheSize {
         num_blocks: 10,
         bytes: 11 * 16 * 576,
+        ..KvCacheSize::default()
     };
     let body = serde_json::to_value(config.server_info(served, kv_cache, Default::default()))
         .expect("the body serializes");

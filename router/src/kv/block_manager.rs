@@ -3,9 +3,20 @@
 //! Every block is in exactly one of three states: free (in `free`), held (reference count
 //! above zero; it may also be cached), or idle-cached (count zero, cached, evictable).
 //! Allocation takes free blocks first, then evicts idle-cached ones, least recently used first.
+//!
+//! For a model with recurrent state the manager also owns the state checkpoints: each is
+//! free, reserved by one sequence (its step will save into it), or named by a tree node.
 
 use super::events::KvEventLog;
-use super::radix::RadixCache;
+use super::radix::{Evicted, RadixCache, StatePrefix};
+
+/// Where the state checkpoints are: the rest of `total` is reserved by sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointCounts {
+    pub named: usize,
+    pub free: usize,
+    pub total: usize,
+}
 
 #[derive(Debug)]
 pub(crate) struct BlockManager {
@@ -15,16 +26,40 @@ pub(crate) struct BlockManager {
     /// Tokens per block when prefix caching is on; `None` turns it off.
     cache_block_size: Option<usize>,
     idle_cached: usize,
+    /// Free state checkpoints; `None` for a model without recurrent state, whose prefixes
+    /// need none.
+    free_checkpoints: Option<Vec<u32>>,
+    num_checkpoints: usize,
 }
 
 impl BlockManager {
-    pub fn new(total: usize, cache_block_size: Option<usize>) -> Self {
+    /// `state_checkpoints`: the checkpoints of a model with recurrent state (`None` otherwise).
+    pub fn new(
+        total: usize,
+        cache_block_size: Option<usize>,
+        state_checkpoints: Option<usize>,
+    ) -> Self {
         Self {
             free: fresh_free_list(total),
             ref_counts: vec![0; total],
             cache: RadixCache::new(),
             cache_block_size,
             idle_cached: 0,
+            free_checkpoints: state_checkpoints.map(fresh_free_list),
+            num_checkpoints: state_checkpoints.unwrap_or(0),
+        }
+    }
+
+    /// Whether cached prefixes are resumed from state checkpoints (a model with recurrent state).
+    pub fn keeps_state(&self) -> bool {
+        self.free_checkpoints.is_some()
+    }
+
+    pub fn checkpoint_counts(&self) -> CheckpointCounts {
+        CheckpointCounts {
+            named: self.cache.checkpoints(),
+            free: self.free_checkpoints.as_ref().map_or(0, Vec::len),
+            total: self.num_checkpoints,
         }
     }
 
@@ -57,11 +92,14 @@ impl BlockManager {
                 Some(block) => block,
                 None => {
                     let ref_counts = &self.ref_counts;
-                    let block = self
+                    let Evicted { block, checkpoint } = self
                         .cache
                         .evict_lru(|parent| ref_counts[parent as usize] == 0)
                         .expect("invariant: idle cached blocks are evictable");
                     self.idle_cached -= 1;
+                    if let Some(checkpoint) = checkpoint {
+                        self.free_checkpoint(checkpoint);
+                    }
                     metrics::counter!("tandem_prefix_cache_evictions_total").increment(1);
                     block
                 }
@@ -95,19 +133,29 @@ impl BlockManager {
         }
     }
 
-    /// Held blocks caching the longest whole-block prefix of `tokens`, leaving at least the
-    /// last token to compute (its logits are needed).
-    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+    /// Held blocks caching the longest whole-block prefix of `tokens` that can be resumed,
+    /// leaving at least the last token to compute (its logits are needed); with recurrent
+    /// state, the prefix ends at the deepest checkpoint, which it names.
+    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> StatePrefix {
         let Some(block_size) = self.cache_block_size else {
-            return Vec::new();
+            return StatePrefix::default();
         };
-        let blocks =
+        let max_blocks = reusable_blocks(tokens, block_size);
+        let prefix = if self.keeps_state() {
             self.cache
-                .longest_prefix(tokens, block_size, reusable_blocks(tokens, block_size));
-        for &block in &blocks {
+                .longest_prefix_with_state(tokens, block_size, max_blocks)
+        } else {
+            let blocks = self.cache.longest_prefix(tokens, block_size, max_blocks);
+            StatePrefix {
+                matched_blocks: blocks.len(),
+                blocks,
+                checkpoint: None,
+            }
+        };
+        for &block in &prefix.blocks {
             self.retain(block);
         }
-        blocks
+        prefix
     }
 
     /// Tokens of `tokens` that `acquire_prefix` would reuse now.
@@ -115,9 +163,52 @@ impl BlockManager {
         let Some(block_size) = self.cache_block_size else {
             return 0;
         };
-        self.cache
-            .peek_prefix_blocks(tokens, block_size, reusable_blocks(tokens, block_size))
-            * block_size
+        let max_blocks = reusable_blocks(tokens, block_size);
+        let blocks = if self.keeps_state() {
+            self.cache
+                .peek_prefix_blocks_with_state(tokens, block_size, max_blocks)
+        } else {
+            self.cache
+                .peek_prefix_blocks(tokens, block_size, max_blocks)
+        };
+        blocks * block_size
+    }
+
+    /// A checkpoint for a step to save into: a free one, else the least recently used one the
+    /// cache names (a restore of it in an earlier step, or earlier in the same step, reads it
+    /// before the save overwrites it). `None` without checkpoints.
+    pub fn reserve_checkpoint(&mut self) -> Option<u32> {
+        let free = self.free_checkpoints.as_mut()?;
+        free.pop().or_else(|| self.cache.evict_lru_checkpoint())
+    }
+
+    /// Gives back a reserved checkpoint that no node names.
+    pub fn free_checkpoint(&mut self, checkpoint: u32) {
+        if let Some(free) = self.free_checkpoints.as_mut() {
+            free.push(checkpoint);
+        }
+    }
+
+    /// Names reserved `checkpoint` as holding the state after `prefix` (whole blocks, cached);
+    /// frees it when the prefix is not cached or has a checkpoint already. True when named.
+    pub fn attach_checkpoint(&mut self, prefix: &[u32], checkpoint: u32) -> bool {
+        let attached = self
+            .cache_block_size
+            .is_some_and(|size| self.cache.attach_checkpoint(prefix, size, checkpoint));
+        if !attached {
+            self.free_checkpoint(checkpoint);
+        }
+        attached
+    }
+
+    /// Frees `checkpoint` if the node of `prefix` still names it.
+    pub fn detach_checkpoint(&mut self, prefix: &[u32], checkpoint: u32) {
+        let detached = self
+            .cache_block_size
+            .is_some_and(|size| self.cache.detach_checkpoint(prefix, size, checkpoint));
+        if detached {
+            self.free_checkpoint(checkpoint);
+        }
     }
 
     /// Up to `max_tokens` tokens an earlier sequence computed after `tokens`, from the prefix
@@ -147,7 +238,11 @@ impl BlockManager {
     /// Forgets every cached prefix.
     #[cfg(test)]
     pub fn clear_cache(&mut self) {
-        for block in self.cache.clear() {
+        let (blocks, checkpoints) = self.cache.clear();
+        for checkpoint in checkpoints {
+            self.free_checkpoint(checkpoint);
+        }
+        for block in blocks {
             if self.ref_counts[block as usize] == 0 {
                 self.free.push(block);
             }
@@ -155,13 +250,14 @@ impl BlockManager {
         self.idle_cached = 0;
     }
 
-    /// Starts over with `total` free blocks; refused while any block is held.
-    pub fn reset(&mut self, total: usize) -> bool {
+    /// Starts over with `total` free blocks and `state_checkpoints` free checkpoints (for a
+    /// model with recurrent state); refused while any block is held.
+    pub fn reset(&mut self, total: usize, state_checkpoints: Option<usize>) -> bool {
         if self.used() > 0 {
             return false;
         }
         let events = self.cache.take_events();
-        *self = Self::new(total, self.cache_block_size);
+        *self = Self::new(total, self.cache_block_size, state_checkpoints);
         if let Some(log) = events {
             log.cleared();
             self.cache.record_events(log);

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::block_manager::BlockManager;
+use super::block_manager::{BlockManager, CheckpointCounts};
 use super::events::KvEventLog;
 
 /// The KV blocks `0..total`. Cloning shares the same blocks.
@@ -20,8 +20,22 @@ impl BlockPool {
 
     /// A pool that caches full blocks of `block_size` tokens by prefix when `block_size` is set.
     pub fn with_prefix_cache(total: usize, block_size: Option<usize>) -> Self {
+        Self::with_state_checkpoints(total, block_size, None)
+    }
+
+    /// A pool for a model with recurrent state when `state_checkpoints` is set: a cached
+    /// prefix is resumed only after a block where one of those checkpoints holds the state.
+    pub fn with_state_checkpoints(
+        total: usize,
+        block_size: Option<usize>,
+        state_checkpoints: Option<usize>,
+    ) -> Self {
         Self {
-            inner: Arc::new(Mutex::new(BlockManager::new(total, block_size))),
+            inner: Arc::new(Mutex::new(BlockManager::new(
+                total,
+                block_size,
+                state_checkpoints,
+            ))),
         }
     }
 
@@ -62,10 +76,17 @@ impl BlockPool {
         self.lock().cached_continuation(tokens, max_tokens)
     }
 
+    /// State checkpoints now named by the cache, free (neither named nor reserved), and in all
+    /// (zeros without recurrent state).
+    pub fn state_checkpoints(&self) -> CheckpointCounts {
+        self.lock().checkpoint_counts()
+    }
+
     /// Makes the pool `total` fresh blocks with an empty prefix cache (after the shards
-    /// re-allocated their cache). Refused (`false`) while any block is held.
-    pub fn resize(&self, total: usize) -> bool {
-        self.lock().reset(total)
+    /// re-allocated their cache), and `state_checkpoints` fresh checkpoints for a model with
+    /// recurrent state. Refused (`false`) while any block is held.
+    pub fn resize(&self, total: usize, state_checkpoints: Option<usize>) -> bool {
+        self.lock().reset(total, state_checkpoints)
     }
 
     /// Records every block the prefix cache stores or removes, and every reset, into `log`.
@@ -85,9 +106,33 @@ impl BlockPool {
             blocks: Vec::new(),
             published: 0,
             publishing_stopped: false,
+            reserved_checkpoints: Vec::new(),
+            answer_checkpoint: None,
             pool: self.clone(),
         }
     }
+}
+
+/// The cached prefix a new table starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdoptedPrefix {
+    /// Tokens its blocks hold (already computed).
+    pub tokens: usize,
+    /// The checkpoint holding the recurrent state after those tokens (a model with recurrent
+    /// state, and a hit).
+    pub state_checkpoint: Option<u32>,
+    /// Tokens of whole blocks the cache held beyond `tokens` that no checkpoint covered: they
+    /// are computed again.
+    pub uncheckpointed_tokens: usize,
+}
+
+/// A checkpoint a step will save a sequence's state into, after `position` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReservedCheckpoint {
+    position: usize,
+    checkpoint: u32,
+    /// The sequence's latest answer checkpoint: it replaces the one before.
+    replaces_previous: bool,
 }
 
 /// The blocks of one sequence, in order. Invariant: the table holds one reference to
@@ -99,6 +144,11 @@ pub struct BlockTable {
     published: usize,
     /// Set once a block's run was already cached elsewhere: later blocks cannot hang under it.
     publishing_stopped: bool,
+    /// Checkpoints that steps sent or planned save into, in position order; named in the
+    /// cache once their step answered, freed if the table is cleared first.
+    reserved_checkpoints: Vec<ReservedCheckpoint>,
+    /// The latest named answer checkpoint: (position, checkpoint).
+    answer_checkpoint: Option<(usize, u32)>,
     pool: BlockPool,
 }
 
@@ -124,20 +174,38 @@ impl BlockTable {
         Some(&self.blocks[start..])
     }
 
-    /// Starts an empty table with the cached blocks of `tokens`' longest cached prefix;
-    /// returns how many tokens they hold (already computed).
-    pub fn adopt_cached_prefix(&mut self, tokens: &[u32]) -> usize {
+    /// Starts an empty table with the cached blocks of `tokens`' longest cached prefix that
+    /// can be resumed (for a model with recurrent state: up to the deepest checkpoint).
+    pub fn adopt_cached_prefix(&mut self, tokens: &[u32]) -> AdoptedPrefix {
         debug_assert!(
             self.blocks.is_empty(),
             "only an empty table adopts a prefix"
         );
         let mut manager = self.pool.lock();
         let Some(block_size) = manager.cache_block_size() else {
-            return 0;
+            return AdoptedPrefix::default();
         };
-        self.blocks = manager.acquire_prefix(tokens);
+        let prefix = manager.acquire_prefix(tokens);
+        self.blocks = prefix.blocks;
         self.published = self.blocks.len();
-        self.blocks.len() * block_size
+        AdoptedPrefix {
+            tokens: self.blocks.len() * block_size,
+            state_checkpoint: prefix.checkpoint,
+            uncheckpointed_tokens: (prefix.matched_blocks - self.blocks.len()) * block_size,
+        }
+    }
+
+    /// Reserves a checkpoint for the state after `position` tokens, which a step about to be
+    /// sent saves; `replaces_previous` marks an answer checkpoint, which replaces the table's
+    /// previous one once named. `None` without checkpoints.
+    pub fn reserve_checkpoint(&mut self, position: usize, replaces_previous: bool) -> Option<u32> {
+        let checkpoint = self.pool.lock().reserve_checkpoint()?;
+        self.reserved_checkpoints.push(ReservedCheckpoint {
+            position,
+            checkpoint,
+            replaces_previous,
+        });
+        Some(checkpoint)
     }
 
     /// Caches every block whose tokens are all computed (`tokens[..num_computed]`), so later
@@ -158,16 +226,36 @@ impl BlockTable {
                 self.publishing_stopped = true;
             }
         }
+        let saved = self
+            .reserved_checkpoints
+            .iter()
+            .take_while(|reserved| reserved.position <= num_computed)
+            .count();
+        for reserved in self.reserved_checkpoints.drain(..saved) {
+            let prefix = &tokens[..reserved.position];
+            if manager.attach_checkpoint(prefix, reserved.checkpoint) && reserved.replaces_previous
+            {
+                let latest = (reserved.position, reserved.checkpoint);
+                if let Some((position, checkpoint)) = self.answer_checkpoint.replace(latest) {
+                    manager.detach_checkpoint(&tokens[..position], checkpoint);
+                }
+            }
+        }
     }
 
-    /// Releases every block.
+    /// Releases every block and every checkpoint not yet named in the cache (a step still in
+    /// flight may write one; nothing reads it before a later step's save is named).
     pub fn clear(&mut self) {
         self.published = 0;
         self.publishing_stopped = false;
-        if self.blocks.is_empty() {
+        self.answer_checkpoint = None;
+        if self.blocks.is_empty() && self.reserved_checkpoints.is_empty() {
             return;
         }
         let mut manager = self.pool.lock();
+        for reserved in self.reserved_checkpoints.drain(..) {
+            manager.free_checkpoint(reserved.checkpoint);
+        }
         for block in self.blocks.drain(..) {
             manager.release(block);
         }

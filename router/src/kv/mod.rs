@@ -8,4 +8,5 @@ mod radix;
 #[cfg(test)]
 mod tests;
 
-pub use block_pool::{BlockPool, BlockTable};
+pub use block_manager::CheckpointCounts;
+pub use block_pool::{AdoptedPrefix, BlockPool, BlockTable};

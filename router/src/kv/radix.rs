@@ -7,10 +7,17 @@
 //! Invariant (kept by the block manager): a referenced node's parent is referenced too,
 //! because a sequence that holds a cached block holds the whole path leading to it.
 //! Hence every unreferenced cached node can be evicted, leaves first.
+//!
+//! A node may also name a state checkpoint (a hybrid model's recurrent state after its
+//! prefix; see `state`): the checkpoint lives exactly as long as the node, or less.
 
 use std::collections::{BTreeSet, HashMap};
 
 use super::events::{BlockDigest, KvEventLog};
+
+mod state;
+
+pub(crate) use state::StatePrefix;
 
 type NodeId = usize;
 const ROOT: NodeId = 0;
@@ -24,6 +31,15 @@ struct Node {
     last_access: u64,
     /// The block's hash in the published chain; zeros while events are off.
     digest: BlockDigest,
+    /// The state checkpoint holding the recurrent state after this node's prefix, if any.
+    checkpoint: Option<u32>,
+}
+
+/// What evicting a leaf frees: its block, and its state checkpoint if it had one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Evicted {
+    pub block: u32,
+    pub checkpoint: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -34,6 +50,8 @@ pub(crate) struct RadixCache {
     node_of_block: HashMap<u32, NodeId>,
     /// Unreferenced leaves by (last access, node): the LRU eviction order.
     evictable_leaves: BTreeSet<(u64, NodeId)>,
+    /// Nodes holding a state checkpoint by (last access, node): the checkpoints' LRU order.
+    checkpointed: BTreeSet<(u64, NodeId)>,
     clock: u64,
     /// Records stored and removed blocks for the KV events publisher when set.
     events: Option<KvEventLog>,
@@ -48,12 +66,14 @@ impl RadixCache {
             children: HashMap::new(),
             last_access: 0,
             digest: [0; 32],
+            checkpoint: None,
         };
         Self {
             nodes: vec![Some(root)],
             vacant: Vec::new(),
             node_of_block: HashMap::new(),
             evictable_leaves: BTreeSet::new(),
+            checkpointed: BTreeSet::new(),
             clock: 0,
             events: None,
         }
@@ -171,6 +191,9 @@ impl RadixCache {
         if self.evictable_leaves.remove(&(previous, id)) {
             self.evictable_leaves.insert((clock, id));
         }
+        if self.checkpointed.remove(&(previous, id)) {
+            self.checkpointed.insert((clock, id));
+        }
     }
 
     /// Caches `block` as holding `key`, the run after the prefix ending at `parent_block`
@@ -199,6 +222,7 @@ impl RadixCache {
             children: HashMap::new(),
             last_access: self.clock,
             digest,
+            checkpoint: None,
         };
         let id = match self.vacant.pop() {
             Some(id) => {
@@ -235,13 +259,15 @@ impl RadixCache {
         }
     }
 
-    /// Removes the least recently used unreferenced leaf; returns its block. `parent_is_free`
-    /// tells whether a block has no references, to expose the parent as the next leaf.
-    pub fn evict_lru(&mut self, parent_is_free: impl Fn(u32) -> bool) -> Option<u32> {
+    /// Removes the least recently used unreferenced leaf; returns its block and checkpoint.
+    /// `parent_is_free` tells whether a block has no references, to expose the parent as the
+    /// next leaf.
+    pub fn evict_lru(&mut self, parent_is_free: impl Fn(u32) -> bool) -> Option<Evicted> {
         let (_, id) = self.evictable_leaves.pop_first()?;
         let node = self.nodes[id]
             .take()
             .expect("invariant: evictable leaves are live nodes");
+        self.checkpointed.remove(&(node.last_access, id));
         self.vacant.push(id);
         self.node_of_block.remove(&node.block);
         if let Some(log) = &self.events {
@@ -254,19 +280,27 @@ impl RadixCache {
         if node.parent != ROOT && parent_becomes_leaf && parent_is_free(parent_block) {
             self.evictable_leaves.insert((parent_access, node.parent));
         }
-        Some(node.block)
+        Some(Evicted {
+            block: node.block,
+            checkpoint: node.checkpoint,
+        })
     }
 
-    /// Forgets every cached prefix; returns the blocks.
+    /// Forgets every cached prefix; returns the blocks and the checkpoints.
     #[cfg(test)]
-    pub fn clear(&mut self) -> Vec<u32> {
+    pub fn clear(&mut self) -> (Vec<u32>, Vec<u32>) {
         let blocks = self.node_of_block.keys().copied().collect();
+        let checkpoints = self
+            .checkpointed
+            .iter()
+            .filter_map(|&(_, id)| self.node(id).checkpoint)
+            .collect();
         let events = self.events.take();
         *self = Self::new();
         if let Some(log) = events {
             log.cleared();
             self.events = Some(log);
         }
-        blocks
+        (blocks, checkpoints)
     }
 }

@@ -32,10 +32,10 @@ fn resize_is_refused_while_a_block_is_in_use() {
     let pool = BlockPool::new(4);
     let mut table = pool.new_table();
     table.grow(1);
-    assert!(!pool.resize(8));
+    assert!(!pool.resize(8, None));
     assert_eq!(pool.total(), 4);
     table.clear();
-    assert!(pool.resize(8));
+    assert!(pool.resize(8, None));
     assert_eq!((pool.total(), pool.free()), (8, 8));
     assert_eq!(table.grow(8).map(<[u32]>::len), Some(8));
 }
@@ -56,7 +56,7 @@ fn tables_never_share_a_block_without_the_cache() {
 
 fn filled_table(pool: &BlockPool, tokens: &[u32], block_size: usize) -> (BlockTable, usize) {
     let mut table = pool.new_table();
-    let hit = table.adopt_cached_prefix(tokens);
+    let hit = table.adopt_cached_prefix(tokens).tokens;
     let missing = tokens.len().div_ceil(block_size) - table.len();
     table.grow(missing).expect("enough blocks");
     table.publish(tokens, tokens.len());
@@ -225,7 +225,7 @@ proptest! {
             match op {
                 Op::Start(tokens) => {
                     let mut table = pool.new_table();
-                    let hit = table.adopt_cached_prefix(&tokens);
+                    let hit = table.adopt_cached_prefix(&tokens).tokens;
                     prop_assert!(hit < tokens.len() && hit.is_multiple_of(block_size));
                     let missing = tokens.len().div_ceil(block_size) - table.len();
                     if table.grow(missing).is_some() {

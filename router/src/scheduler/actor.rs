@@ -17,6 +17,7 @@ use super::in_flight::InFlightStep;
 use super::load::LoadSnapshot;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::state::SchedulerState;
+use crate::shard::KvCacheSize;
 use crate::shard::{ShardGroup, Step};
 
 /// The only owner of the scheduler's state.
@@ -246,7 +247,7 @@ impl Actor {
             self.expire_queued(started);
             self.publish_load();
             match recovery::restore(self.shards.as_ref(), &self.recovery).await {
-                Ok(num_blocks) if self.adopt_kv_size(num_blocks) => break,
+                Ok(size) if self.adopt_kv_size(size) => break,
                 Ok(_) => {}
                 Err(error) => tracing::debug!(%error, "the shards are not back yet"),
             }
@@ -274,11 +275,15 @@ impl Actor {
         }
     }
 
-    /// Takes the restarted shards' block count and forgets every cached prefix (Warmup
-    /// re-allocated the shards' cache); `false` if the pool cannot be reset yet.
-    fn adopt_kv_size(&mut self, num_blocks: usize) -> bool {
+    /// Takes the restarted shards' block and checkpoint counts and forgets every cached
+    /// prefix (Warmup re-allocated the shards' cache); `false` if the pool cannot be reset yet.
+    fn adopt_kv_size(&mut self, size: KvCacheSize) -> bool {
         let current = self.state.pool().total();
-        if !self.state.resize_kv_cache(num_blocks) {
+        let num_blocks = size.num_blocks;
+        if !self
+            .state
+            .resize_kv_cache(num_blocks, size.state_checkpoints)
+        {
             tracing::error!("cannot reset the KV pool while blocks are in use; retrying");
             return false;
         }

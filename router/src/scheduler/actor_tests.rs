@@ -94,7 +94,7 @@ impl ShardGroup for HangingShards {
     async fn warmup(&self, _plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
         Ok(KvCacheSize {
             num_blocks: NUM_BLOCKS,
-            bytes: 0,
+            ..KvCacheSize::default()
         })
     }
 }
@@ -119,6 +119,7 @@ fn config() -> SchedulerConfig {
         max_drafts: 0,
         draft_method: super::drafting::DraftMethod::Ngram,
         max_drafting_batch: usize::MAX,
+        state_checkpoints: None,
     }
 }
 

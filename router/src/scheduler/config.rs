@@ -1,5 +1,6 @@
 //! The sizes and switches the scheduler works within.
 
+use super::checkpoints::CheckpointPlan;
 use super::drafting::DraftMethod;
 
 /// Sizes the scheduler works within.
@@ -25,4 +26,7 @@ pub struct SchedulerConfig {
     /// No step drafts while more requests than this run: a large batch keeps the shards busy
     /// without drafts, and each draft adds a row to every layer's work.
     pub max_drafting_batch: usize,
+    /// A model with recurrent state and prefix caching: the state checkpoints that let a
+    /// request resume after a cached prefix (`None`: no checkpoints).
+    pub state_checkpoints: Option<CheckpointPlan>,
 }

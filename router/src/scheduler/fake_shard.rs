@@ -48,6 +48,13 @@ pub(super) struct FakeShard {
     pub draft_model: Option<fn(&[u32]) -> u32>,
     /// Drafts the draft model proposed, over every step.
     pub model_drafts: usize,
+    /// A model with recurrent state: a request resuming after a cached prefix must restore a
+    /// checkpoint holding exactly that prefix.
+    pub keeps_state: bool,
+    /// State checkpoint -> the tokens whose state it holds.
+    checkpoints: HashMap<u32, Vec<u32>>,
+    /// Checkpoints restored, over every step.
+    pub restores: usize,
 }
 
 /// The default draft model guesses wrong where the context's length is a multiple of this.
@@ -145,14 +152,51 @@ impl FakeShard {
         self.step_tokens
             .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
         let mut response = StepAnswer::default();
+        // A step's restores read the checkpoints as they stood before its saves.
+        let mut saves = Vec::new();
         for scheduled in step.scheduled {
+            if let (Some(checkpoint), Some(request)) = (
+                scheduled.save_state_checkpoint,
+                self.requests.get(&scheduled.id),
+            ) {
+                let end = scheduled.num_computed_tokens + scheduled.num_tokens;
+                saves.push((checkpoint, request.tokens[..end].to_vec()));
+            }
             match self.run(&scheduled) {
                 Some(Ok(generations)) => response.generations.extend(generations),
                 Some(Err(failure)) => response.failures.push(failure),
                 None => {}
             }
         }
+        self.checkpoints.extend(saves);
         response
+    }
+
+    /// A model with recurrent state resumes a new request after a cached prefix only from a
+    /// checkpoint holding that very prefix.
+    fn restore_state(&mut self, scheduled: &ScheduledSpan, request: &FakeRequest) {
+        let resumed = &request.tokens[..scheduled.num_computed_tokens];
+        match scheduled.restore_state_checkpoint {
+            Some(checkpoint) => {
+                assert!(
+                    self.keeps_state,
+                    "a checkpoint restored without recurrent state"
+                );
+                assert_eq!(
+                    self.checkpoints.get(&checkpoint).map(Vec::as_slice),
+                    Some(resumed),
+                    "request {} restores checkpoint {checkpoint}, which holds another prefix",
+                    scheduled.id
+                );
+                self.restores += 1;
+            }
+            None => assert!(
+                !self.keeps_state || resumed.is_empty(),
+                "request {} resumes after {} tokens without their state",
+                scheduled.id,
+                resumed.len()
+            ),
+        }
     }
 
     fn run(&mut self, scheduled: &ScheduledSpan) -> Option<Result<Vec<Generation>, FailedRequest>> {
@@ -169,6 +213,7 @@ impl FakeShard {
             // A prefix-cache hit: those tokens must already sit in the given blocks, which the
             // model's read-back checks.
             request.num_computed = scheduled.num_computed_tokens;
+            self.restore_state(scheduled, &request);
         }
         assert_eq!(request.num_computed, scheduled.num_computed_tokens);
         let end = request.num_computed + scheduled.num_tokens;

@@ -309,6 +309,7 @@ mod tests {
             max_drafts: 0,
             draft_method: DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
+            state_checkpoints: None,
         };
         metrics::with_local_recorder(&recorder, || {
             describe();

@@ -7,6 +7,9 @@ mod actor;
 #[cfg(test)]
 mod actor_tests;
 mod backend;
+#[cfg(test)]
+mod checkpoint_tests;
+mod checkpoints;
 mod config;
 mod drafting;
 mod error;
@@ -46,6 +49,7 @@ pub use crate::shard::{
 pub use request::{GenerationEvent, GenerationRequest, GenerationStream};
 
 pub use backend::Backend;
+pub use checkpoints::CheckpointPlan;
 pub use config::SchedulerConfig;
 pub use drafting::DraftMethod;
 pub use error::SchedulerError;

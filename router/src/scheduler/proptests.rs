@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use proptest::prelude::*;
 use tokio::sync::mpsc;
 
+use super::checkpoints::CheckpointPlan;
 use super::config::SchedulerConfig;
 use super::drafting::DraftMethod;
 use super::fake_shard::{expected_output, FakeShard};
@@ -74,6 +75,8 @@ fn workload() -> impl Strategy<Value = Workload> {
             prop::sample::select(vec![0usize, 2, 4]),
             prop::sample::select(DraftMethod::ALL.to_vec()),
         ),
+        // A model with recurrent state: (checkpoints, blocks between prompt checkpoints).
+        prop::option::weighted(0.3, (0usize..6, 1usize..4)),
     )
         .prop_map(
             |(
@@ -84,6 +87,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                 max_batch_requests,
                 steps_in_flight,
                 (max_drafts, draft_method),
+                state,
             )| {
                 arrivals.sort_by_key(|arrival| arrival.at_step);
                 let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
@@ -106,9 +110,14 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_batch_requests,
                         prefix_caching: true,
                         steps_in_flight,
-                        max_drafts,
+                        // Speculation is refused for a model with recurrent state.
+                        max_drafts: if state.is_some() { 0 } else { max_drafts },
                         draft_method,
                         max_drafting_batch: usize::MAX,
+                        state_checkpoints: state.map(|(count, blocks)| CheckpointPlan {
+                            count,
+                            interval: blocks * block_size,
+                        }),
                     },
                     arrivals,
                 }
@@ -174,6 +183,7 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
     let config = workload.config;
     let mut state = SchedulerState::new(config);
     let mut shard = FakeShard::new(config.block_size);
+    shard.keeps_state = config.state_checkpoints.is_some();
     let mut clients: Vec<Client> = Vec::new();
     let mut in_flight = VecDeque::new();
     for step_index in 0..100_000usize {
@@ -264,6 +274,12 @@ fn check_outcome(
 ) -> Result<(), TestCaseError> {
     prop_assert!(state.is_idle());
     prop_assert_eq!(state.load().kv_blocks_used, 0, "blocks leaked");
+    let checkpoints = state.pool().state_checkpoints();
+    prop_assert_eq!(
+        checkpoints.named + checkpoints.free,
+        checkpoints.total,
+        "state checkpoints leaked"
+    );
     prop_assert!(shard.requests.is_empty(), "the shard still holds requests");
     for (id, (client, arrival)) in clients.iter_mut().zip(&workload.arrivals).enumerate() {
         client.drain();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::shard::{ShardError, ShardGroup, WarmupPlan};
+use crate::shard::{KvCacheSize, ShardError, ShardGroup, WarmupPlan};
 
 /// A shard that does not answer `Health` within this counts as down.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -71,17 +71,17 @@ pub(crate) async fn shards_answer(shards: &dyn ShardGroup) -> Result<(), String>
     }
 }
 
-/// Once every rank answers: drop all request state, warm up again, return the block count.
+/// Once every rank answers: drop all request state, warm up again, return the cache's size.
 pub(crate) async fn restore(
     shards: &dyn ShardGroup,
     config: &RecoveryConfig,
-) -> Result<usize, String> {
+) -> Result<KvCacheSize, String> {
     shards_answer(shards).await?;
     within(config.step_timeout, "Reset", shards.reset()).await?;
     let answer = within(config.step_timeout, "Warmup", shards.warmup(config.warmup)).await?;
     match answer.num_blocks {
         0 => Err("the restarted shards allocated no KV cache blocks".to_owned()),
-        num_blocks => Ok(num_blocks),
+        _ => Ok(answer),
     }
 }
 
@@ -109,6 +109,7 @@ mod tests {
             max_drafts: 0,
             draft_method: super::super::drafting::DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
+            state_checkpoints: None,
         })
     }
 
@@ -148,9 +149,12 @@ mod tests {
         let _waiting = enqueue(&mut state, 0);
         let step = state.schedule().expect("the request is admitted");
         assert_eq!(step.scheduled.len(), 1);
-        assert!(!state.resize_kv_cache(16), "a running request holds blocks");
+        assert!(
+            !state.resize_kv_cache(16, 0),
+            "a running request holds blocks"
+        );
         state.fail_running(&SchedulerError::ShardFailed("rank 0 died".into()));
-        assert!(state.resize_kv_cache(16));
+        assert!(state.resize_kv_cache(16, 0));
         assert_eq!(state.load().kv_blocks_total, 16);
         let _next = enqueue(&mut state, 1);
         assert!(

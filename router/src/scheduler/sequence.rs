@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::checkpoints::CheckpointPlan;
 use super::drafting::{DraftMethod, Drafts};
 use super::request::{GenerationEvent, GenerationRequest};
 use crate::kv::BlockTable;
@@ -63,6 +64,9 @@ pub(crate) struct Sequence {
     pub fruitless_in_a_row: u32,
     /// The request's own bound on drafts per step; `None` leaves the server's.
     pub max_drafts: Option<usize>,
+    /// A model with recurrent state: the end of the cached prefix this request shared with
+    /// earlier ones when it was admitted, where no checkpoint was yet (see `checkpoints`).
+    pub branch_point: Option<usize>,
 }
 
 impl Sequence {
@@ -92,6 +96,7 @@ impl Sequence {
             draft_pause: 0,
             fruitless_in_a_row: 0,
             max_drafts: request.max_drafts,
+            branch_point: None,
         }
     }
 
@@ -176,6 +181,8 @@ impl Sequence {
             num_computed_tokens: self.num_computed,
             draft_token_ids,
             num_model_drafts,
+            restore_state_checkpoint: None,
+            save_state_checkpoint: None,
         };
         self.pending.push_back(PendingSpan {
             step_id,
@@ -186,6 +193,21 @@ impl Sequence {
         });
         self.num_computed = end;
         scheduled
+    }
+
+    /// Makes `span`, just scheduled, save the state into a reserved checkpoint where `plan`
+    /// wants one (none when no checkpoint can be had).
+    pub fn save_state_after(
+        &mut self,
+        span: &mut ScheduledSpan,
+        plan: &CheckpointPlan,
+        block_size: usize,
+    ) {
+        let end = span.num_computed_tokens + span.num_tokens;
+        if let Some(save) = plan.save_at(self, end, block_size) {
+            span.save_state_checkpoint =
+                self.blocks.reserve_checkpoint(end, save.replaces_previous);
+        }
     }
 
     /// The span step `step_id` answers for, if this request had one in it.

@@ -105,18 +105,19 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
-    if config.fit_prefix_reuse_to_model(model.recurrent_state) {
-        info!(
-            architecture = %model.architecture,
-            "prefix caching off: this model keeps a recurrent state per sequence, which the KV \
-             cache alone cannot resume after a cached prefix"
-        );
-    }
     let validator = bound_to_model(validator, vocab, &model, &config);
     let phase = Instant::now();
     let kv_cache = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");
-    let backend = start_scheduler(&config, &fleet, kv_cache.num_blocks).await?;
+    if config.fit_prefix_reuse_to_model(model.recurrent_state, kv_cache.state_checkpoints) {
+        info!(
+            architecture = %model.architecture,
+            "prefix caching off: this model keeps a recurrent state per sequence, and the \
+             shards keep no state checkpoint to resume it after a cached prefix \
+             (--max-state-checkpoints)"
+        );
+    }
+    let backend = start_scheduler(&config, &fleet, &kv_cache).await?;
     let served = ServedModel {
         architecture: model.architecture.clone(),
         dtype: model.dtype.clone(),
@@ -179,7 +180,7 @@ async fn connect_shards(config: &RouterConfig) -> Result<(ShardFleet, ModelInfo)
 async fn start_scheduler(
     config: &RouterConfig,
     fleet: &ShardFleet,
-    num_blocks: usize,
+    kv_cache: &KvCacheSize,
 ) -> Result<Arc<dyn Backend>, StartupError> {
     let recovery = RecoveryConfig::new(
         warmup_plan(config),
@@ -188,7 +189,7 @@ async fn start_scheduler(
     );
     let kv_events = kv::events::start(&config.kv_events).await?;
     Ok(scheduler::spawn(
-        config.scheduler_config(num_blocks),
+        config.scheduler_config(kv_cache),
         recovery,
         Arc::new(fleet.clone()),
         kv_events,
@@ -261,6 +262,11 @@ fn warmup_plan(config: &RouterConfig) -> WarmupPlan {
         } else {
             0
         },
+        max_state_checkpoints: if limits.prefix_caching {
+            limits.max_state_checkpoints
+        } else {
+            0
+        },
     }
 }
 
@@ -288,6 +294,18 @@ async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<KvCacheSize
             tokens,
             max_total_tokens = limits.max_total_tokens,
             "the KV cache cannot hold one request of --max-total-tokens; long requests will be refused"
+        );
+    }
+    if answer.state_checkpoints > 0 {
+        info!(
+            checkpoints = answer.state_checkpoints,
+            bytes = answer.state_checkpoint_bytes,
+            interval = limits.state_checkpoint_interval,
+            "state checkpoints: {} copies of one sequence's recurrent state ({} bytes), taken every \
+             {} prompt tokens, at the end of each prompt and along each answer",
+            answer.state_checkpoints,
+            answer.state_checkpoint_bytes,
+            limits.state_checkpoint_interval
         );
     }
     Ok(answer)

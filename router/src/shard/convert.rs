@@ -63,6 +63,8 @@ pub struct WarmupPlan {
     pub max_drafts: usize,
     /// Steps carry drafts only while at most this many requests run.
     pub max_drafting_requests: usize,
+    /// A model with recurrent state: the most state checkpoints the router may use.
+    pub max_state_checkpoints: usize,
 }
 
 impl From<WarmupPlan> for pb::WarmupRequest {
@@ -75,6 +77,7 @@ impl From<WarmupPlan> for pb::WarmupRequest {
             max_batch_requests: to_u32(plan.max_batch_requests),
             max_drafts: to_u32(plan.max_drafts),
             max_drafting_requests: to_u32(plan.max_drafting_requests),
+            max_state_checkpoints: to_u32(plan.max_state_checkpoints),
         }
     }
 }
@@ -84,6 +87,9 @@ impl From<WarmupPlan> for pb::WarmupRequest {
 pub struct KvCacheSize {
     pub num_blocks: usize,
     pub bytes: u64,
+    /// A model with recurrent state: the state checkpoints the shards keep (0 otherwise).
+    pub state_checkpoints: usize,
+    pub state_checkpoint_bytes: u64,
 }
 
 impl From<pb::WarmupResponse> for KvCacheSize {
@@ -91,6 +97,8 @@ impl From<pb::WarmupResponse> for KvCacheSize {
         Self {
             num_blocks: usize::try_from(answer.num_blocks).unwrap_or(usize::MAX),
             bytes: answer.kv_cache_bytes,
+            state_checkpoints: usize::try_from(answer.num_state_checkpoints).unwrap_or(usize::MAX),
+            state_checkpoint_bytes: answer.state_checkpoint_bytes,
         }
     }
 }
@@ -148,6 +156,8 @@ impl From<ScheduledSpan> for pb::ScheduledRequest {
             num_computed_tokens: saturating_u32(span.num_computed_tokens),
             draft_token_ids: span.draft_token_ids,
             num_model_drafts: saturating_u32(span.num_model_drafts),
+            restore_state_checkpoint: span.restore_state_checkpoint,
+            save_state_checkpoint: span.save_state_checkpoint,
         }
     }
 }

@@ -11,6 +11,7 @@ fn warmup_sizes_beyond_the_contract_saturate() {
         max_batch_requests: 8,
         max_drafts: 4,
         max_drafting_requests: usize::MAX,
+        max_state_checkpoints: usize::MAX,
     };
     let request = pb::WarmupRequest::from(plan);
     assert_eq!(
@@ -19,9 +20,10 @@ fn warmup_sizes_beyond_the_contract_saturate() {
             request.max_batch_tokens,
             request.max_batch_requests,
             request.max_drafts,
-            request.max_drafting_requests
+            request.max_drafting_requests,
+            request.max_state_checkpoints
         ),
-        (16, u32::MAX, 8, 4, u32::MAX)
+        (16, u32::MAX, 8, 4, u32::MAX, u32::MAX)
     );
 }
 
@@ -31,6 +33,7 @@ fn bytes_per_token_counts_the_reserved_block() {
     let size = KvCacheSize {
         num_blocks: 10,
         bytes: 11 * 16 * 576,
+        ..KvCacheSize::default()
     };
     assert_eq!(size.bytes_per_token(16), 576);
     assert_eq!(KvCacheSize::default().bytes_per_token(0), 0);
@@ -63,12 +66,16 @@ fn model_facts_and_the_kv_cache_keep_their_values() {
     let cache = KvCacheSize::from(pb::WarmupResponse {
         num_blocks: 7,
         kv_cache_bytes: 1 << 20,
+        num_state_checkpoints: 3,
+        state_checkpoint_bytes: 3 << 10,
     });
     assert_eq!(
         cache,
         KvCacheSize {
             num_blocks: 7,
-            bytes: 1 << 20
+            bytes: 1 << 20,
+            state_checkpoints: 3,
+            state_checkpoint_bytes: 3 << 10,
         }
     );
 }
@@ -118,10 +125,16 @@ fn span_counts_beyond_the_contract_saturate() {
         num_computed_tokens: 16,
         draft_token_ids: vec![7, 8],
         num_model_drafts: 0,
+        restore_state_checkpoint: None,
+        save_state_checkpoint: Some(3),
     });
     assert_eq!((span.num_tokens, span.num_computed_tokens), (u32::MAX, 16));
     assert_eq!(span.draft_token_ids, vec![7, 8]);
     assert_eq!(span.num_model_drafts, 0);
+    assert_eq!(
+        (span.restore_state_checkpoint, span.save_state_checkpoint),
+        (None, Some(3))
+    );
 }
 
 #[test]
@@ -133,6 +146,8 @@ fn a_span_asking_the_draft_model_sends_its_count_and_no_draft_tokens() {
         num_computed_tokens: 9,
         draft_token_ids: Vec::new(),
         num_model_drafts,
+        restore_state_checkpoint: Some(0),
+        save_state_checkpoint: None,
     };
     let sent = pb::ScheduledRequest::from(span(4));
     let received = pb::ScheduledRequest::decode(sent.encode_to_vec().as_slice())

@@ -74,17 +74,26 @@ impl ShardFleet {
             .map(drop)
     }
 
-    /// Allocates the KV cache on every rank; the usable size is the smallest rank's.
+    /// Allocates the KV cache on every rank; the usable blocks and state checkpoints are the
+    /// smallest rank's.
     pub async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
         let request = pb::WarmupRequest::from(plan);
         let answers = self
             .fan_out(|mut client| async move { client.warmup(request).await })
             .await?;
-        answers
+        let fewest_checkpoints = answers
+            .iter()
+            .map(|answer| answer.num_state_checkpoints)
+            .min();
+        let mut size = answers
             .into_iter()
             .min_by_key(|answer| answer.num_blocks)
             .map(KvCacheSize::from)
-            .ok_or(ShardError::NoShards)
+            .ok_or(ShardError::NoShards)?;
+        size.state_checkpoints = fewest_checkpoints
+            .and_then(|count| usize::try_from(count).ok())
+            .unwrap_or(0);
+        Ok(size)
     }
 
     /// Runs one step on every rank; returns rank 0's outputs (every rank samples the same tokens).

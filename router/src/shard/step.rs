@@ -43,4 +43,9 @@ pub struct ScheduledSpan {
     /// Tokens the shards' draft model proposes to follow the request's last token and runs as
     /// `draft_token_ids`; 0 whenever `draft_token_ids` is set.
     pub num_model_drafts: usize,
+    /// A model with recurrent state: the checkpoint a new request's state starts from.
+    pub restore_state_checkpoint: Option<u32>,
+    /// A model with recurrent state: the checkpoint the request's state is saved into after
+    /// the step.
+    pub save_state_checkpoint: Option<u32>,
 }

@@ -29,6 +29,7 @@ from tandem_server.engine.warmup import (
     blocks_for_budget,
     profile_cuda_budget,
     run_reserved_forward,
+    state_checkpoints_for_budget,
 )
 from tandem_server.errors import InvalidStepError, NotWarmedUpError
 from tandem_server.execution.batch import ScheduledSpan, StepBatch, build_step_batch
@@ -198,21 +199,31 @@ class ModelRunner:
             )
             if drafting is not None and draft_geometry is not None:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
-            num_blocks = blocks_for_budget(bytes_per_block, budget, "--cuda-memory-fraction")
+            budget_flag = "--cuda-memory-fraction"
         else:
-            num_blocks = blocks_for_budget(bytes_per_block, self.options.kv_cache_memory)
+            budget, budget_flag = self.options.kv_cache_memory, "--kv-cache-memory"
+        bytes_per_checkpoint = state_pool_bytes(spec.state_shapes, 1, self.dtype, spec.state_dtypes)
+        num_checkpoints = state_checkpoints_for_budget(plan.max_state_checkpoints, bytes_per_checkpoint, budget)
+        num_blocks = blocks_for_budget(bytes_per_block, budget - num_checkpoints * bytes_per_checkpoint, budget_flag)
         cache = KVCache(geometry, num_blocks, self.device)
         run_reserved_forward(self.model, cache, limits)
         if drafting is not None and draft_geometry is not None:
             draft_cache = KVCache(draft_geometry, num_blocks, self.device)
             run_reserved_forward(drafting.model, draft_cache, limits)
             drafting.bind(draft_cache, ExecutionPlan(max_batch_tokens, max_batch_requests, draft_shapes))
-        self.execution.prepare(cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes), self.dtype)
+        self.execution.prepare(
+            cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes), self.dtype, num_checkpoints
+        )
         self.cache = cache
         draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
         # The full-size step's activations are freed by now; their pages go back rather than stay for reuse.
         return_freed_memory()
-        return WarmupResult(num_blocks=num_blocks, kv_cache_bytes=cache.nbytes + draft_bytes)
+        return WarmupResult(
+            num_blocks=num_blocks,
+            kv_cache_bytes=cache.nbytes + draft_bytes,
+            num_state_checkpoints=num_checkpoints,
+            state_checkpoint_bytes=num_checkpoints * bytes_per_checkpoint,
+        )
 
     def compilation(self) -> CompilationState:
         """What `--torch-compile` has compiled so far; safe to read from any thread."""
@@ -284,7 +295,9 @@ class ModelRunner:
         sampling = self._sampling_batch(draws.rows, open_step) if draws.rows else None
         sample_rows = to_device(torch.tensor(draws.hidden_rows, dtype=torch.long), self.device)
         timer.mark()
+        self.execution.restore_states(applied.state_restores, {state.id: state.num_computed for state, _ in plan})
         hidden = self.execution.forward(batch, cache.layers)
+        self.execution.save_states(applied.state_saves)
         prompt_logprobs = self._prompt_logprobs(plan, batch.last_rows, hidden)
         for state, num_tokens in plan:
             state.num_computed += num_tokens

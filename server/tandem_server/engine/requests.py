@@ -132,6 +132,9 @@ class AppliedStep:
     drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # How many drafts the draft model proposes, by request id, for the planned requests that ask for some.
     model_drafts: dict[int, int] = field(default_factory=dict)
+    # State checkpoints by request id: restored into a planned request's slot before the step, saved after it.
+    state_restores: dict[int, int] = field(default_factory=dict)
+    state_saves: dict[int, int] = field(default_factory=dict)
 
 
 class RequestTable:
@@ -200,7 +203,7 @@ class RequestTable:
             _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
         self._states.update(incoming)
         plan = []
-        drafts, model_drafts = {}, {}
+        drafts, model_drafts, restores, saves = {}, {}, {}, {}
         for scheduled in step.scheduled:
             if scheduled.id in skipped:
                 continue
@@ -212,7 +215,11 @@ class RequestTable:
                 drafts[scheduled.id] = scheduled.draft_token_ids
             if scheduled.num_model_drafts:
                 model_drafts[scheduled.id] = scheduled.num_model_drafts
-        return AppliedStep(plan, failures, drafts, model_drafts)
+            if scheduled.restore_state_checkpoint is not None:
+                restores[scheduled.id] = scheduled.restore_state_checkpoint
+            if scheduled.save_state_checkpoint is not None:
+                saves[scheduled.id] = scheduled.save_state_checkpoint
+        return AppliedStep(plan, failures, drafts, model_drafts, restores, saves)
 
     def _check_new(
         self, requests: Sequence[NewRequest], vocab_size: int
@@ -288,6 +295,8 @@ def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: b
         )
     if scheduled.num_tokens < 1:
         raise InvalidStepError(f"request {rid} is scheduled with no tokens")
+    if scheduled.restore_state_checkpoint is not None and (not is_new or scheduled.num_computed_tokens == 0):
+        raise InvalidStepError(f"request {rid}: only a new request starting after a cached prefix restores a state")
     end = scheduled.num_computed_tokens + scheduled.num_tokens
     if end > len(state.token_ids):
         raise InvalidStepError(f"request {rid}: tokens up to {end} scheduled, it has {len(state.token_ids)}")

@@ -61,6 +61,8 @@ class ScheduledRequest:
     `draft_token_ids` are proposed continuations run after the request's last token in the same forward pass: the
     shard keeps each draft the request would have sampled itself and returns the accepted ones and one more token.
     `num_model_drafts` asks the shard's draft model for that many drafts instead, run and kept the same way.
+    A model with recurrent state restores a new request's state from `restore_state_checkpoint` before the step and
+    saves the request's state into `save_state_checkpoint` after it.
     """
 
     id: int
@@ -69,6 +71,8 @@ class ScheduledRequest:
     num_computed_tokens: int
     draft_token_ids: tuple[int, ...] = ()
     num_model_drafts: int = 0
+    restore_state_checkpoint: int | None = None
+    save_state_checkpoint: int | None = None
 
     @property
     def num_drafts(self) -> int:
@@ -147,6 +151,8 @@ class WarmupPlan:
     # Drafts one request may carry in a step; steps carry drafts only while at most `max_drafting_requests` run.
     max_drafts: int = 0
     max_drafting_requests: int = 0
+    # A model with recurrent state: the most state checkpoints the router may address.
+    max_state_checkpoints: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,3 +161,5 @@ class WarmupResult:
 
     num_blocks: int
     kv_cache_bytes: int
+    num_state_checkpoints: int = 0
+    state_checkpoint_bytes: int = 0

@@ -117,3 +117,14 @@ def run_reserved_forward(model: CausalLM, cache: KVCache, limits: WarmupLimits) 
         for position in range(len(rows))
     ]
     Sampler()(logits, SamplingBatch.build(sampling_rows, device))
+
+
+# State checkpoints take at most this share of the KV cache's budget; the blocks get the rest.
+STATE_CHECKPOINT_BUDGET_SHARE = 4
+
+
+def state_checkpoints_for_budget(wanted: int, bytes_per_checkpoint: int, budget_bytes: int) -> int:
+    """How many of the `wanted` state checkpoints fit in a quarter of the cache's budget."""
+    if wanted < 1 or bytes_per_checkpoint < 1:
+        return 0
+    return min(wanted, budget_bytes // STATE_CHECKPOINT_BUDGET_SHARE // bytes_per_checkpoint)

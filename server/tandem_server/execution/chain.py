@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import torch
 
 from tandem_server.config import CompileMode
+from tandem_server.errors import InvalidStepError
 from tandem_server.execution.background_compile import StepGate
 from tandem_server.execution.batch import StepBatch
 from tandem_server.execution.compiled_decode import CompiledExecutor
@@ -77,9 +78,12 @@ class Execution:
         executors.append(EagerExecutor(model))
         return cls(model, executors, gate)
 
-    def prepare(self, cache: KVCache, plan: ExecutionPlan, state_dtype: torch.dtype = torch.float32) -> None:
+    def prepare(
+        self, cache: KVCache, plan: ExecutionPlan, state_dtype: torch.dtype = torch.float32, state_checkpoints: int = 0
+    ) -> None:
         """Binds the backend's state and every executor to a new cache (what ran beside the old one stops first);
-        a hybrid model's state pool gets a slot per request a step may run, in `state_dtype`."""
+        a hybrid model's state pool gets a slot per request a step may run, in `state_dtype`, and
+        `state_checkpoints` checkpoints."""
         self.stop()
         backend = self._model.backend
         if isinstance(backend, KeepsStepState):
@@ -90,6 +94,7 @@ class Execution:
             device = cache.layers[0].key.device
             fixed = self._model.spec.state_dtypes
             self.states = RecurrentStatePool(shapes, plan.max_batch_requests, state_dtype, device, fixed)
+            self.states.allocate_checkpoints(state_checkpoints)
         for executor in self.executors:
             executor.prepare(cache, plan)
 
@@ -104,6 +109,23 @@ class Execution:
             # A layer may have stopped halfway through what the backend keeps between steps: nothing kept is whole.
             self.clear()
             raise
+
+    def restore_states(self, restores: Mapping[int, int], positions: Mapping[int, int]) -> None:
+        """Starts each request of `restores` from its state checkpoint, saved after `positions[request]` tokens."""
+        if restores:
+            self._require_states().restore_all(restores, positions)
+
+    def save_states(self, saves: Mapping[int, int]) -> None:
+        """Copies each request's state, as its step left it, into its state checkpoint."""
+        if saves:
+            states = self._require_states()
+            for request_id, checkpoint in saves.items():
+                states.save(request_id, checkpoint)
+
+    def _require_states(self) -> RecurrentStatePool:
+        if self.states is None:
+            raise InvalidStepError("a state checkpoint was named, but this model keeps no recurrent state")
+        return self.states
 
     def forget(self, request_ids: Iterable[int]) -> None:
         """Drops what the backend and the state pool keep for requests that ended, were preempted, or arrive anew

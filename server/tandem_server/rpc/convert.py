@@ -49,6 +49,8 @@ def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
                 num_computed_tokens=s.num_computed_tokens,
                 draft_token_ids=tuple(s.draft_token_ids),
                 num_model_drafts=s.num_model_drafts,
+                restore_state_checkpoint=s.restore_state_checkpoint if s.HasField("restore_state_checkpoint") else None,
+                save_state_checkpoint=s.save_state_checkpoint if s.HasField("save_state_checkpoint") else None,
             )
             for s in request.scheduled
         ),
@@ -149,6 +151,7 @@ def warmup_plan_from_pb(request: shard_pb2.WarmupRequest) -> WarmupPlan:
         max_batch_requests=request.max_batch_requests,
         max_drafts=request.max_drafts,
         max_drafting_requests=request.max_drafting_requests,
+        max_state_checkpoints=request.max_state_checkpoints,
     )
 
 
@@ -160,4 +163,9 @@ def compilation_to_pb(state: CompilationState) -> shard_pb2.Compilation:
 
 def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:
     """The WarmupResponse for the engine's WarmupResult."""
-    return shard_pb2.WarmupResponse(num_blocks=result.num_blocks, kv_cache_bytes=result.kv_cache_bytes)
+    return shard_pb2.WarmupResponse(
+        num_blocks=result.num_blocks,
+        kv_cache_bytes=result.kv_cache_bytes,
+        num_state_checkpoints=result.num_state_checkpoints,
+        state_checkpoint_bytes=result.state_checkpoint_bytes,
+    )

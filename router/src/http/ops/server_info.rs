@@ -20,7 +20,7 @@ pub struct ServerInfo {
     /// Bytes one shard's weights take in memory.
     pub model_weight_bytes: u64,
     /// Whether the model keeps a recurrent state per sequence beside its KV cache (a hybrid
-    /// such as LFM2); such a model reuses no cached prefix.
+    /// such as LFM2); such a model resumes cached prefixes from state checkpoints.
     pub model_recurrent_state: bool,
     pub num_shard: usize,
     pub max_concurrent_requests: usize,
@@ -53,8 +53,8 @@ pub struct ServerInfo {
     /// Most prompts tokenized at once (the blocking pool tokenization runs on).
     pub validation_workers: usize,
     pub block_size: usize,
-    /// Whether requests reuse the KV blocks of cached prefixes (`--prefix-caching`; always
-    /// false for a model with recurrent state).
+    /// Whether requests reuse the KV blocks of cached prefixes (`--prefix-caching`; false for a
+    /// model with recurrent state whose shards keep no state checkpoint).
     pub prefix_caching: bool,
     /// Speculative decoding: draft tokens per decode step (0: off).
     pub speculate: usize,
@@ -67,6 +67,10 @@ pub struct ServerInfo {
     pub kv_cache_tokens: usize,
     /// Bytes one token takes in one rank's KV cache, all layers together.
     pub kv_cache_bytes_per_token: u64,
+    /// A model with recurrent state: the state checkpoints each rank keeps (0 otherwise), and
+    /// the bytes they take on one rank.
+    pub state_checkpoints: usize,
+    pub state_checkpoint_bytes: u64,
     /// Decode steps of up to this many rows run a compiled graph (`--torch-compile`; 0: none),
     /// as of the shards' latest step; null before the first one.
     pub compiled_decode_rows: Option<u32>,

@@ -219,6 +219,8 @@ pub fn server_info_for(config: &HandlerConfig) -> ServerInfo {
         model_weights_format: "qkv_proj: float32".to_owned(),
         model_weight_bytes: 1 << 20,
         model_recurrent_state: false,
+        state_checkpoints: 0,
+        state_checkpoint_bytes: 0,
         model_architecture: "LlamaForCausalLM".to_owned(),
         num_shard: 1,
         max_concurrent_requests: config.max_concurrent_requests,

@@ -104,7 +104,7 @@ fn resetting_the_pool_clears_all_blocks_and_keeps_recording() {
     let (pool, queue) = recording_pool(8);
     cache_prompt(&pool, &[1, 2, 3]);
     drain(&queue);
-    assert!(pool.resize(4));
+    assert!(pool.resize(4, None));
     assert_eq!(drain(&queue), [KvEvent::AllBlocksCleared]);
     pool.clear_prefix_cache();
     cache_prompt(&pool, &[1, 2, 3]);

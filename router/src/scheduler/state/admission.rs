@@ -1,6 +1,7 @@
 //! Admission: which waiting requests join the next step, and where each one starts.
 
 use super::{Budget, SchedulerState};
+use crate::kv::AdoptedPrefix;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
 use crate::shard::Step;
@@ -64,13 +65,21 @@ impl SchedulerState {
         }
         let sequence = &mut self.waiting[index];
         // Prompt logprobs are computed by the forward pass, so such a request reuses no cache.
-        let cached = if sequence.logprobs.prompt_logprobs {
-            0
+        let adopted = if sequence.logprobs.prompt_logprobs {
+            AdoptedPrefix::default()
         } else {
             sequence.blocks.adopt_cached_prefix(&sequence.tokens)
         };
+        let cached = adopted.tokens;
         sequence.num_computed = cached;
-        let num_tokens = sequence.remaining().min(budget.tokens);
+        if adopted.uncheckpointed_tokens > 0 {
+            sequence.branch_point = Some(cached + adopted.uncheckpointed_tokens);
+        }
+        let num_tokens = sequence
+            .remaining()
+            .min(budget.tokens)
+            .min(self.checkpoint_chunk_limit(&self.waiting[index]));
+        let sequence = &mut self.waiting[index];
         let missing = sequence.blocks_missing_for(cached + num_tokens, self.config.block_size);
         if sequence.blocks.grow(missing).is_none() {
             // Waiting requests hold no blocks, cached or not.
@@ -83,10 +92,16 @@ impl SchedulerState {
         metrics::counter!("tandem_prefix_cache_queries_tokens_total")
             .increment(sequence.tokens.len() as u64);
         metrics::counter!("tandem_prefix_cache_hits_tokens_total").increment(cached as u64);
+        metrics::counter!("tandem_prefix_cache_uncheckpointed_tokens_total")
+            .increment(adopted.uncheckpointed_tokens as u64);
         step.new_requests.push(sequence.new_request());
         let blocks = sequence.blocks.blocks().to_vec();
-        step.scheduled
-            .push(sequence.schedule(step.step_id, num_tokens, blocks, None));
+        let mut scheduled = sequence.schedule(step.step_id, num_tokens, blocks, None);
+        scheduled.restore_state_checkpoint = adopted.state_checkpoint;
+        if let Some(plan) = self.config.state_checkpoints {
+            sequence.save_state_after(&mut scheduled, &plan, self.config.block_size);
+        }
+        step.scheduled.push(scheduled);
         sequence.known_to_shards = true;
         if !sequence.started {
             sequence.started = true;

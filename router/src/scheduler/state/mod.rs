@@ -9,6 +9,7 @@ mod delivery;
 
 use delivery::{deliver_span, pause_after_fruitless_try};
 
+use super::checkpoints::CheckpointPlan;
 use super::config::SchedulerConfig;
 use super::drafting::{propose, Drafts};
 use super::error::SchedulerError;
@@ -16,7 +17,7 @@ use super::load::LoadSnapshot;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use crate::kv::BlockPool;
-use crate::shard::{Compilation, FailedRequest, Generation, Step, StepAnswer};
+use crate::shard::{Compilation, FailedRequest, Generation, ScheduledSpan, Step, StepAnswer};
 
 /// What one step may still take.
 struct Budget {
@@ -45,9 +46,10 @@ pub(crate) struct SchedulerState {
 impl SchedulerState {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            pool: BlockPool::with_prefix_cache(
+            pool: BlockPool::with_state_checkpoints(
                 config.num_blocks,
                 config.prefix_caching.then_some(config.block_size),
+                config.state_checkpoints.map(|plan| plan.count),
             ),
             config,
             waiting: VecDeque::new(),
@@ -149,19 +151,36 @@ impl SchedulerState {
             } else {
                 budget.tokens
             };
-            let num_tokens = remaining.min(share);
+            let num_tokens = remaining
+                .min(share)
+                .min(self.checkpoint_chunk_limit(&self.running[index]));
             let drafts = self.drafts_for(index, budget.tokens - num_tokens);
             let num_drafts = drafts.as_ref().map_or(0, Drafts::count);
             let Some(new_blocks) = self.reserve_blocks(index, num_tokens + num_drafts) else {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;
             };
-            let scheduled =
+            let mut scheduled =
                 self.running[index].schedule(step.step_id, num_tokens, new_blocks, drafts);
+            self.save_state_after(index, &mut scheduled);
             step.scheduled.push(scheduled);
             budget.tokens -= num_tokens + num_drafts;
             budget.requests -= 1;
             index += 1;
+        }
+    }
+
+    /// Most tokens `sequence`'s next chunk takes so that it ends where its state is checkpointed.
+    fn checkpoint_chunk_limit(&self, sequence: &Sequence) -> usize {
+        self.config.state_checkpoints.map_or(usize::MAX, |plan| {
+            plan.chunk_limit(sequence, self.config.block_size)
+        })
+    }
+
+    /// Makes `running[index]`'s span, just scheduled, save its state where it is checkpointed.
+    fn save_state_after(&mut self, index: usize, span: &mut ScheduledSpan) {
+        if let Some(plan) = self.config.state_checkpoints {
+            self.running[index].save_state_after(span, &plan, self.config.block_size);
         }
     }
 
@@ -368,12 +387,18 @@ impl SchedulerState {
         });
     }
 
-    /// Resets the KV pool to the shards' re-allocated cache of `num_blocks`, forgetting every
-    /// cached prefix; refused (`false`) unless no block is used.
-    pub fn resize_kv_cache(&mut self, num_blocks: usize) -> bool {
-        if !self.running.is_empty() || !self.pool.resize(num_blocks) {
+    /// Resets the KV pool to the shards' re-allocated cache of `num_blocks` (and
+    /// `state_checkpoints`), forgetting every cached prefix; refused (`false`) unless no block
+    /// is used.
+    pub fn resize_kv_cache(&mut self, num_blocks: usize, state_checkpoints: usize) -> bool {
+        let plan = self.config.state_checkpoints.map(|plan| CheckpointPlan {
+            count: state_checkpoints,
+            ..plan
+        });
+        if !self.running.is_empty() || !self.pool.resize(num_blocks, plan.map(|plan| plan.count)) {
             return false;
         }
+        self.config.state_checkpoints = plan;
         let previous = std::mem::replace(&mut self.config.num_blocks, num_blocks);
         super::metrics::record_cache_config(&self.config, Some(previous));
         true

@@ -5,12 +5,16 @@ sequence instead of keys and values per token. The pool holds, per state of each
 several: Gated DeltaNet's convolution inputs and its delta-rule state), a tensor `[slots, *shape]`;
 a request takes a slot when its first span runs and gives it back when it is forgotten (finished, cancelled,
 preempted), through the same path that forgets the decode mirror's rows.
+
+Beside the slots the pool keeps checkpoints: copies of one sequence's whole state after a block-aligned prefix, which
+the router addresses by id (it owns which checkpoint holds which prefix). A request that starts after a cached prefix
+restores its slot from one; a span that ends where the router wants a checkpoint saves its slot into one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +80,62 @@ class RecurrentStatePool:
         ]
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(num_slots - 1, -1, -1))
+        self.checkpoints: list[torch.Tensor] = []
+        # The position each checkpoint was saved at; absent: it holds no state.
+        self._checkpoint_positions: dict[int, int] = {}
+
+    def allocate_checkpoints(self, count: int) -> None:
+        """Makes `count` empty checkpoints, replacing any there were."""
+        self.checkpoints = [
+            torch.zeros((count, *layer.shape[1:]), dtype=layer.dtype, device=layer.device) for layer in self.layers
+        ]
+        self._checkpoint_positions.clear()
+
+    @property
+    def num_checkpoints(self) -> int:
+        return self.checkpoints[0].shape[0] if self.checkpoints else 0
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(checkpoint.numel() * checkpoint.element_size() for checkpoint in self.checkpoints)
+
+    def restore(self, request_id: int, checkpoint: int, position: int) -> None:
+        """Starts `request_id`'s state from `checkpoint`, which must hold the state after exactly `position` tokens."""
+        saved_at = self._checkpoint_positions.get(self._check_checkpoint(checkpoint))
+        if saved_at != position:
+            held = "no state" if saved_at is None else f"the state after {saved_at} tokens"
+            raise InvalidStepError(
+                f"request {request_id} resumes at position {position} from state checkpoint {checkpoint}, which holds "
+                f"{held}"
+            )
+        slot = self._slots.get(request_id) or self._take(request_id)
+        for layer, saved in zip(self.layers, self.checkpoints, strict=True):
+            layer[slot.index].copy_(saved[checkpoint])
+        slot.position = position
+
+    def restore_all(self, restores: Mapping[int, int], positions: Mapping[int, int]) -> None:
+        """`restore` for each request of `restores` (request id to checkpoint), each at its position."""
+        for request_id, checkpoint in restores.items():
+            self.restore(request_id, checkpoint, positions[request_id])
+
+    def save(self, request_id: int, checkpoint: int) -> None:
+        """Copies `request_id`'s state, as it stands now, into `checkpoint`."""
+        slot = self._slots.get(request_id)
+        if slot is None:
+            raise InvalidStepError(f"request {request_id} holds no recurrent state to save")
+        self._check_checkpoint(checkpoint)
+        for layer, saved in zip(self.layers, self.checkpoints, strict=True):
+            saved[checkpoint].copy_(layer[slot.index])
+        self._checkpoint_positions[checkpoint] = slot.position
+
+    def _check_checkpoint(self, checkpoint: int) -> int:
+        if not 0 <= checkpoint < self.num_checkpoints:
+            raise InvalidStepError(
+                f"state checkpoint {checkpoint} is outside 0..{self.num_checkpoints - 1}"
+                if self.num_checkpoints
+                else f"state checkpoint {checkpoint} does not exist: the shard keeps none"
+            )
+        return checkpoint
 
     @property
     def held(self) -> int:
