@@ -131,7 +131,7 @@ def test_spans_of_different_lengths_leave_each_sequence_its_own_state() -> None:
         start += n
 
 
-def test_config_reading_layer_kinds_and_the_one_shard_rule() -> None:
+def test_config_reading_layer_kinds_and_the_even_head_split() -> None:
     base = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 32}
     hf = {**base, **GRANITE_HYBRID, "layer_types": ["linear_attention", "full_attention", "mamba"]}
     args = granite_hybrid_args(hf)
@@ -142,8 +142,17 @@ def test_config_reading_layer_kinds_and_the_one_shard_rule() -> None:
         granite_hybrid_args({**hf, "layer_types": ["mamba", "sliding_attention", "mamba"]})
     with pytest.raises(ConfigError, match="mamba_n_groups"):
         Mamba2Args.from_hf({**hf, "mamba_n_groups": 3})
-    with pytest.raises(ConfigError, match="Mamba-2 layers run on one shard"):
-        Mamba2Mixer(Mamba2Args.from_hf(hf), ParallelContext(rank=0, world_size=2))
+    with pytest.raises(ConfigError, match="3 shards cannot split the Mamba-2 layers' 4 heads evenly"):
+        Mamba2Mixer(Mamba2Args.from_hf(hf), ParallelContext(rank=0, world_size=3))
+
+
+@pytest.mark.parametrize(("groups", "conv_channels"), [(2, 64 + 2 * 16), (1, 64 + 2 * 16), (4, 64 + 2 * 2 * 16)])
+def test_each_rank_declares_the_state_of_its_heads_and_the_groups_it_keeps(groups: int, conv_channels: int) -> None:
+    # Two ranks: whole groups split (2 and 4 groups); one group's B and C kept by both.
+    hf = {"hidden_size": 64, **GRANITE_HYBRID, "mamba_n_groups": groups}
+    for rank in range(2):
+        mixer = Mamba2Mixer(Mamba2Args.from_hf(hf), ParallelContext(rank=rank, world_size=2))
+        assert mixer.state_shapes == ((conv_channels, 3), (2, 32, 16))
 
 
 def test_state_pool_keeps_the_scan_memory_in_float32(tmp_path: Path) -> None:

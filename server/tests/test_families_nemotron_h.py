@@ -99,5 +99,5 @@ def test_config_reading_block_kinds_and_refusals() -> None:
     assert Mamba2Args.from_nemotron_h(hf).time_step_limit == (0.001, float("inf"))
     with pytest.raises(ConfigError, match="n_groups"):
         Mamba2Args.from_nemotron_h({**hf, "n_groups": 3})
-    with pytest.raises(ConfigError, match="Mamba-2 layers run on one shard"):
-        Mamba2Mixer(Mamba2Args.from_nemotron_h(hf), ParallelContext(rank=0, world_size=2))
+    with pytest.raises(ConfigError, match="3 shards cannot split the Mamba-2 layers' 4 heads evenly"):
+        Mamba2Mixer(Mamba2Args.from_nemotron_h(hf), ParallelContext(rank=0, world_size=3))

@@ -24,6 +24,14 @@ from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.weights import loader as weights_loader
 from tandem_server.weights.slicing import CheckpointSlice, CheckpointTensor
+from tp_hybrid_checkpoints import (
+    QWEN3_NEXT_EXPERTS,
+    write_gated_delta_net,
+    write_granite_hybrid,
+    write_lfm2,
+    write_lfm2_moe,
+    write_nemotron_h,
+)
 from tp_worker import COMPILED_PREFIX, EXPERTS_SPLIT, WORLD_SIZE, run_checkpoint, run_rank
 from transformers import (
     DeepseekV3Config,
@@ -32,16 +40,10 @@ from transformers import (
     Gemma4TextConfig,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
-    Lfm2Config,
-    Lfm2ForCausalLM,
-    Lfm2MoeConfig,
-    Lfm2MoeForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3_5ForCausalLM,
@@ -86,6 +88,8 @@ FAMILY_VARIANTS = (
     "lfm2-moe-hybrid",
     "qwen3_5-hybrid",
     "qwen3-next-hybrid",
+    "granite-hybrid-one-group",
+    "nemotron-h-two-groups",
     "gemma4-shared-kv",
 )
 # Per rank's KV heads at world size 2.
@@ -115,6 +119,8 @@ EXPECTED_KV_HEADS = {
     "lfm2-moe-hybrid": (1, 1),
     "qwen3_5-hybrid": (1, 1),
     "qwen3-next-hybrid": (1, 1),
+    "granite-hybrid-one-group": (1, 1),
+    "nemotron-h-two-groups": (1, 1),
     # The sliding layers' two KV heads split; the global layers' one KV head (32 wide) is replicated.
     "gemma4-shared-kv": (1, 1),
 }
@@ -257,6 +263,8 @@ def _checkpoints(root: Path) -> list[Path]:
     write_gated_delta_net(root / "qwen3_5-hybrid", small, Qwen3_5TextConfig, Qwen3_5ForCausalLM)
     # Qwen3-Next: each rank's rows of `in_proj_qkvz` and `in_proj_ba` are its key heads' groups; its experts split.
     write_gated_delta_net(root / "qwen3-next-hybrid", small, Qwen3NextConfig, Qwen3NextForCausalLM, QWEN3_NEXT_EXPERTS)
+    write_granite_hybrid(root / "granite-hybrid-one-group", small)
+    write_nemotron_h(root / "nemotron-h-two-groups", small)
     _gemma4_checkpoint(root / "gemma4-shared-kv", small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 
@@ -311,60 +319,6 @@ def _moe_checkpoints(root: Path, small: dict[str, Any]) -> None:
     # columns and bias, the down bias added by rank 0 alone; MXFP4 ranks split the features in whole 32-value blocks.
     write_gpt_oss(root / "gpt-oss")
     write_gpt_oss_mxfp4(root / "gpt-oss-mxfp4")
-
-
-def write_lfm2(path: Path, small: dict[str, Any]) -> None:
-    """A hybrid: each rank convolves its share of the channels (B, C and x split from the fused `in_proj` rows, the
-    taps and the state by channel) and `out_proj` sums the shares."""
-    torch.manual_seed(0)
-    config = Lfm2Config(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
-                        block_multiple_of=16, num_attention_heads=4, num_key_value_heads=2, conv_bias=True,
-                        layer_types=["conv", "full_attention", "conv"])  # fmt: skip
-    Lfm2ForCausalLM(config).eval().save_pretrained(path)
-
-
-def write_lfm2_moe(path: Path, small: dict[str, Any]) -> None:
-    """LFM2's split convolutions with a dense first layer, then experts split across ranks behind the biased sigmoid
-    router every rank holds whole."""
-    torch.manual_seed(0)
-    config = Lfm2MoeConfig(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
-                           num_attention_heads=4, num_key_value_heads=2, num_dense_layers=1, num_experts=4,
-                           layer_types=["conv", "full_attention", "conv"], num_experts_per_tok=2,
-                           moe_intermediate_size=32)  # fmt: skip
-    model = Lfm2MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith(("feed_forward.gate.weight", "expert_bias")):
-                tensor.copy_(torch.randn_like(tensor))
-    model.save_pretrained(path)
-
-
-QWEN3_NEXT_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                      "shared_expert_intermediate_size": 48}  # fmt: skip
-
-
-def write_gated_delta_net(
-    path: Path,
-    small: dict[str, Any],
-    config_class: type[PretrainedConfig],
-    model_class: type[PreTrainedModel],
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """Gated DeltaNet: each rank holds one key head with its two value heads, their q/k/v rows of the stacked
-    projections and `conv1d` and their states; `out_proj` sums the shares. Gated attention splits whole heads, each
-    rank's `q_proj` rows holding its heads' queries and gates."""
-    torch.manual_seed(0)
-    config = config_class(**{**small, "num_hidden_layers": 3}, vocab_size=96, hidden_size=64, intermediate_size=96,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-                          linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-                          layer_types=["linear_attention", "full_attention", "linear_attention"],
-                          **(extra or {}))  # fmt: skip
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("dt_bias", "mlp.gate.weight")):
-                param.copy_(torch.randn_like(param))
-    model.save_pretrained(path)
 
 
 def _gemma4_checkpoint(path: Path, small: dict[str, Any]) -> None:

@@ -56,20 +56,3 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
         return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
-
-
-class GroupedGatedRMSNorm(nn.Module):
-    """Mamba-2's output norm: `x · silu(gate)` RMS-normalised over each of `groups` equal slices of the channels, then
-    scaled by `weight`, in float32 (the gate comes before the norm, unlike `GatedRMSNorm`)."""
-
-    def __init__(self, hidden_size: int, groups: int, eps: float) -> None:
-        super().__init__()
-        self.eps, self.groups = eps, groups
-        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
-        self.weight.weight_loader = load_full  # type: ignore[attr-defined]  # a loading tag carried on the parameter
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """Float32 `[..., hidden_size]` for `x` and `gate` of that shape."""
-        gated = (x.float() * F.silu(gate.float())).unflatten(-1, (self.groups, -1))
-        normed = F.rms_norm(gated, (gated.shape[-1],), None, self.eps).flatten(-2)
-        return self.weight.float() * normed

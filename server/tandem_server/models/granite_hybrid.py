@@ -75,14 +75,11 @@ def granite_hybrid_rope(hf: dict[str, Any]) -> RopeConfig:
 
 def granite_hybrid_layout(hf: dict[str, Any], shared_size: int, sparse: bool) -> CheckpointLayout:
     """The shared MLP's stacked rows split into the dense MLP (or, beside experts, the MoE block's shared experts);
-    the experts' stacks; the convolution's `conv1d.*` loaded as `conv_*`."""
+    the experts' stacks; the Mamba-2 layers' stacked `in_proj` and `conv1d`."""
     mlp = "mlp.shared_experts" if sparse else "mlp"
-    renamed = [
-        Renamed(r"\.mamba\.conv1d\.(weight|bias)$", r".mamba.conv_\1"),
-        Renamed(r"\.shared_mlp\.output_linear\.", f".{mlp}.down_proj."),
-    ]
+    renamed = [Renamed(r"\.shared_mlp\.output_linear\.", f".{mlp}.down_proj.")]
     parts = ((f"{mlp}.gate_proj.weight", shared_size), (f"{mlp}.up_proj.weight", shared_size))
-    fused = (FusedTensor("shared_mlp.input_linear.weight", parts),)
+    fused = (FusedTensor("shared_mlp.input_linear.weight", parts), *Mamba2Args.from_hf(hf).fused_tensors("mamba"))
     if not sparse:
         return CheckpointLayout(renamed=tuple(renamed), fused=fused)
     return CheckpointLayout(renamed=(*renamed, *_EXPERT_NAMES), fused=fused, expert_stacks=stacked_experts(hf))

@@ -50,7 +50,6 @@ _NAMES = (
     Renamed(r"^model\.embeddings\.", "model.embed_tokens."),
     Renamed(r"^model\.norm_f\.", "model.norm."),
     Renamed(r"\.mixer\.([qkvo])_proj\.", r".self_attn.\1_proj."),
-    Renamed(r"\.mixer\.conv1d\.(weight|bias)$", r".mixer.conv_\1"),
 )
 
 
@@ -88,7 +87,7 @@ def nemotron_h_args(hf: dict[str, Any]) -> DecoderArgs:
         **{**sizes, "rms_norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)), "tie_word_embeddings": False},
         layers=layers,
         mlp_bias=bool(hf.get("mlp_bias", False)),
-        layout=CheckpointLayout(renamed=_NAMES),
+        layout=CheckpointLayout(renamed=_NAMES, fused=Mamba2Args.from_nemotron_h(hf).fused_tensors("mixer")),
     )
 
 

@@ -5,7 +5,7 @@ convolution's last inputs and the scan's `[heads, head_dim, state_size]` memory.
 depthwise convolution (with bias, SiLU after it) and splits into the heads' inputs `x` and the groups' `B` and `C`
 (each group serves `heads / n_groups` consecutive heads); `dt = clamp(softplus(dt + dt_bias), time_step_limit)`,
 `A = -exp(A_log)`. The scan's output plus `D · x` goes through an RMSNorm of `y · silu(z)` per group, then `out_proj`.
-The norm spans every head of a group (Granite's published checkpoints have one group), so the layer runs on one rank.
+Ranks split the heads (`Mamba2Shard`); a group whose heads lie on several ranks is normalised over all of them.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from torch import nn
 
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
-from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear
-from tandem_server.layers.norm import GroupedGatedRMSNorm
+from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
+from tandem_server.layers.recurrent.mamba2_shard import Mamba2GatedNorm, Mamba2Shard
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
 from tandem_server.layers.recurrent.ssd_scan import chunked_ssd, recurrent_ssd
 from tandem_server.layers.recurrent.state_pool import StepStates
+from tandem_server.weights.layout import FusedTensor
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
 
 DEFAULT_CHUNK_SIZE = 256
@@ -104,14 +105,24 @@ class Mamba2Args:
             raise ConfigError(f"{conv_key} is {self.conv_kernel}; the convolution needs at least 2 taps")
         return self
 
+    def fused_tensors(self, prefix: str) -> tuple[FusedTensor, ...]:
+        """The checkpoint's stacked `in_proj` (`z`, `x`, `B`, `C`, `dt`) and `conv1d` (`x`, `B`, `C`), split into the
+        parts ranks slice."""
+        groups = self.num_groups * self.state_size
+        channels = (("x", self.intermediate_size), ("b", groups), ("c", groups))
+        rows = (("z", self.intermediate_size), *channels, ("dt", self.num_heads))
+        fused = [FusedTensor(f"{prefix}.in_proj.weight", tuple((f"{prefix}.{p}_proj.weight", n) for p, n in rows))]
+        if self.proj_bias:
+            fused.append(FusedTensor(f"{prefix}.in_proj.bias", tuple((f"{prefix}.{p}_proj.bias", n) for p, n in rows)))
+        kinds = ("weight", "bias") if self.conv_bias else ("weight",)
+        for kind in kinds:
+            parts = tuple((f"{prefix}.conv_{p}_{kind}", n) for p, n in channels)
+            fused.append(FusedTensor(f"{prefix}.conv1d.{kind}", parts))
+        return tuple(fused)
+
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        """`x`, then every group's `B`, then every group's `C`."""
-        return self.intermediate_size + 2 * self.num_groups * self.state_size
 
 
 def _json_float(value: Any) -> float:
@@ -123,53 +134,66 @@ def _json_float(value: Any) -> float:
 
 class Mamba2Mixer(nn.Module):
     """One Mamba-2 block over normalised hidden states; parameter names follow the checkpoint's `mamba.*` (its
-    `conv1d.weight` and `conv1d.bias` are loaded as `conv_weight` and `conv_bias`)."""
+    `in_proj` and `conv1d` split by `Mamba2Args.fused_tensors`)."""
 
     def __init__(self, args: Mamba2Args, parallel: ParallelContext) -> None:
         super().__init__()
-        if parallel.world_size > 1:
-            raise ConfigError(
-                f"Mamba-2 layers run on one shard (this group has {parallel.world_size}): their gated norm spans all "
-                "heads of a group, and the published checkpoints have one group; serve with --num-shard 1"
-            )
         self.args = args
-        channels, heads = args.conv_channels, args.num_heads
-        self.in_proj = ColumnParallelLinear(
-            args.hidden_size, args.intermediate_size + channels + heads, args.proj_bias, parallel
-        )
-        self.conv_weight = sliced_parameter((channels, 1, args.conv_kernel), CheckpointSlice.of(0, range(channels)))
-        self.conv_bias = (
-            sliced_parameter((channels,), CheckpointSlice.of(0, range(channels))) if args.conv_bias else None
-        )
-        self.dt_bias = sliced_parameter((heads,), CheckpointSlice.of(0, range(heads)))
-        self.A_log = sliced_parameter((heads,), CheckpointSlice.of(0, range(heads)))
-        self.D = sliced_parameter((heads,), CheckpointSlice.of(0, range(heads)))
-        self.norm = GroupedGatedRMSNorm(args.intermediate_size, args.num_groups, args.rms_norm_eps)
-        self.out_proj = RowParallelLinear(args.intermediate_size, args.hidden_size, args.proj_bias, parallel)
-        # The convolution's last inputs (model dtype) and the scan's memory (float32).
-        self.state_shapes = ((channels, args.conv_kernel - 1), (heads, args.head_dim, args.state_size))
+        self.shard = shard = Mamba2Shard.of(args.num_heads, args.num_groups, parallel)
+        heads, features = shard.heads, shard.head_features(args.head_dim)
+        groups = shard.group_features(args.state_size)
+        self.projections = self._build_projections(parallel, features, groups)
+        kernel = args.conv_kernel
+        self.conv_x_weight, self.conv_x_bias = _depthwise_taps(features, kernel, args.conv_bias)
+        self.conv_b_weight, self.conv_b_bias = _depthwise_taps(groups, kernel, args.conv_bias)
+        self.conv_c_weight, self.conv_c_bias = _depthwise_taps(groups, kernel, args.conv_bias)
+        self.dt_bias = sliced_parameter((len(heads),), CheckpointSlice.of(0, heads))
+        self.A_log = sliced_parameter((len(heads),), CheckpointSlice.of(0, heads))
+        self.D = sliced_parameter((len(heads),), CheckpointSlice.of(0, heads))
+        self.norm = Mamba2GatedNorm(shard, args.head_dim, args.rms_norm_eps, parallel)
+        self.out_proj = RowParallelLinear(args.intermediate_size, args.hidden_size, args.proj_bias, parallel, features)
+        self.split_sizes = (len(features), len(groups), len(groups))
+        # The convolution's last inputs (model dtype) and the scan's memory (float32), of this rank's heads and groups.
+        self.state_shapes = ((sum(self.split_sizes), kernel - 1), (len(heads), args.head_dim, args.state_size))
         self.state_dtypes = (None, torch.float32)
+
+    def _build_projections(self, parallel: ParallelContext, features: range, groups: range) -> StackedColumns:
+        args, hidden, bias = self.args, self.args.hidden_size, self.args.proj_bias
+        group_rows = args.num_groups * args.state_size
+        self.z_proj = ColumnParallelLinear(hidden, args.intermediate_size, bias, parallel, features)
+        self.x_proj = ColumnParallelLinear(hidden, args.intermediate_size, bias, parallel, features)
+        self.b_proj = ColumnParallelLinear(hidden, group_rows, bias, parallel, groups)
+        self.c_proj = ColumnParallelLinear(hidden, group_rows, bias, parallel, groups)
+        self.dt_proj = ColumnParallelLinear(hidden, args.num_heads, bias, parallel, self.shard.heads)
+        return StackedColumns((self.z_proj, self.x_proj, self.b_proj, self.c_proj, self.dt_proj))
+
+    def _conv_taps(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The convolution's weight `[channels, kernel]` and bias over this rank's `x`, `B` and `C` channels."""
+        weight = torch.cat((self.conv_x_weight, self.conv_b_weight, self.conv_c_weight)).squeeze(1)
+        if self.conv_x_bias is None or self.conv_b_bias is None or self.conv_c_bias is None:
+            return weight, None
+        return weight, torch.cat((self.conv_x_bias, self.conv_b_bias, self.conv_c_bias))
 
     def forward(
         self, hidden: torch.Tensor, query_lens: Sequence[int], states: StepStates | None, layer: int
     ) -> torch.Tensor:
         """The block's output for normalised `hidden`; `states.layers[layer]` and `[layer + 1]` hold this layer's
         convolution and scan pools (None: every sequence starts afresh and its state is dropped)."""
-        args, tokens, num_seqs = self.args, hidden.shape[0], len(query_lens)
-        z, xbc, dt = self.in_proj(hidden).split((args.intermediate_size, args.conv_channels, args.num_heads), -1)
+        args, shard, tokens, num_seqs = self.args, self.shard, hidden.shape[0], len(query_lens)
+        # The stack's rows are z, then x, B and C side by side as the convolution takes them, then dt.
+        projected = self.projections.gemm(hidden, self.projections.bias)
+        heads = len(shard.heads)
+        z, xbc, dt = projected.split((heads * args.head_dim, sum(self.split_sizes), heads), dim=-1)
         if states is None:
             conv_before = hidden.new_zeros(num_seqs, *self.state_shapes[0])
             memory_before = hidden.new_zeros(num_seqs, *self.state_shapes[1], dtype=torch.float32)
         else:
             conv_before, memory_before = states.layers[layer][states.slots], states.layers[layer + 1][states.slots]
-        convolved, conv_after = causal_conv_chunks(
-            xbc, self.conv_weight.squeeze(1), self.conv_bias, query_lens, conv_before
-        )
-        groups = args.num_groups * args.state_size
-        x, b, c = F.silu(convolved).float().split((args.intermediate_size, groups, groups), dim=-1)
-        x = x.view(tokens, args.num_heads, args.head_dim)
-        per_group = args.num_heads // args.num_groups
-        b, c = (t.view(tokens, args.num_groups, -1).repeat_interleave(per_group, dim=1) for t in (b, c))
+        weight, bias = self._conv_taps()
+        convolved, conv_after = causal_conv_chunks(xbc, weight, bias, query_lens, conv_before)
+        x, b, c = F.silu(convolved).float().split(self.split_sizes, dim=-1)
+        x = x.view(tokens, heads, args.head_dim)
+        b, c = (shard.per_head(t.view(tokens, len(shard.groups), -1)) for t in (b, c))
         step = F.softplus(dt.float() + self.dt_bias.float()).clamp(*args.time_step_limit)
         log_decay = step * -self.A_log.float().exp()
         weighted_x = x * step.unsqueeze(-1)
@@ -180,6 +204,13 @@ class Mamba2Mixer(nn.Module):
         scanned = scanned + x * self.D.float()[:, None]
         gated = self.norm(scanned.reshape(tokens, -1), z)
         return self.out_proj(gated.to(hidden.dtype))
+
+
+def _depthwise_taps(rows: range, kernel: int, bias: bool) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """A depthwise convolution's weight `[rows, 1, kernel]` and bias (where it has one) over checkpoint rows `rows`."""
+    checkpoint_rows = CheckpointSlice.of(0, rows)
+    weight = sliced_parameter((len(rows), 1, kernel), checkpoint_rows)
+    return weight, sliced_parameter((len(rows),), checkpoint_rows) if bias else None
 
 
 def ssd_spans(
