@@ -104,6 +104,8 @@ def server(lfm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "--max-batch-prefill-tokens", str(PREFILL_CHUNK),
         "--max-input-tokens", str(MAX_TOTAL_TOKENS // 2),
         "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        # No state checkpoints: prefix reuse turns off, and the whole budget is KV blocks.
+        "--max-state-checkpoints", "0",
     )  # fmt: skip
     yield server
     assert server.stop() == 0, server.log_tail()
@@ -128,9 +130,11 @@ def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServe
 
 
 @BOTH_FAMILIES
-def test_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(server: TandemServer) -> None:
+def test_without_state_checkpoints_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(
+    server: TandemServer,
+) -> None:
     info = server.info()
-    assert (info["prefix_caching"], info["model_recurrent_state"]) == (False, True), info
+    assert (info["prefix_caching"], info["model_recurrent_state"], info["state_checkpoints"]) == (False, True, 0), info
     assert info["kv_cache_bytes_per_token"] == attention_bytes_per_token(), info
     assert "prefix caching off" in server.log_tail(400)
     prompt = PROMPTS[-1]

@@ -2,8 +2,8 @@
 (the same with experts), Granite 4.0-H (Mamba-2 layers beside attention without rotary, Granite's multipliers, routed
 experts beside the shared MLP) and Nemotron-H (Mamba-2, attention and relu² MLP blocks per
 `hybrid_override_pattern`): greedy tokens equal transformers' for prompts run alone and together, one prompt longer
-than a prefill chunk and the recurrent layers' chunks, prefilled over two steps; prefix reuse is off, and no request
-is left running once they are done."""
+than a prefill chunk and the recurrent layers' chunks, prefilled over two steps; a repeated prompt resumes from a
+state checkpoint with the same tokens, and no request is left running once they are done."""
 
 from __future__ import annotations
 
@@ -51,9 +51,11 @@ def test_greedy_tokens_equal_transformers_alone_and_together(server: TandemServe
     assert server.wait_for_metric("tandem_running_requests", 0, timeout=30) == 0
 
 
-def test_prefix_reuse_is_off_and_a_repeated_prompt_gives_the_same_tokens(server: TandemServer) -> None:
+def test_a_repeated_prompt_resumes_from_a_state_checkpoint_with_the_same_tokens(server: TandemServer) -> None:
     info = server.info()
-    assert (info["prefix_caching"], info["model_recurrent_state"]) == (False, True), info
+    assert (info["prefix_caching"], info["model_recurrent_state"]) == (True, True), info
+    assert info["state_checkpoints"] > 0 and info["state_checkpoint_bytes"] > 0, info
+    hits_before = server.metric("tandem_prefix_cache_hits_tokens_total")
     cold = server.generate_ids(LONG_PROMPT, MAX_NEW_TOKENS)
     assert server.generate_ids(LONG_PROMPT, MAX_NEW_TOKENS) == cold
-    assert server.metric("tandem_prefix_cache_hits_tokens_total") == 0
+    assert server.metric("tandem_prefix_cache_hits_tokens_total") > hits_before
