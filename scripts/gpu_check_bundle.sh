@@ -32,9 +32,10 @@ rm -rf "$BUNDLE"/site* "$BUNDLE"/flash-site* "$BUNDLE"/cuda-bindings-site* "$BUN
 mkdir -p "$BUNDLE/tokenizer"
 # Same versions as the synced environment: the generated protobuf code needs its own protobuf runtime.
 packages=()
-# grpcio too: the generated stubs refuse a grpcio older than the grpcio-tools that wrote them.
+# grpcio too: the generated stubs refuse a grpcio older than the grpcio-tools that wrote them. fla-core (with einops):
+# the recurrent layers' Triton kernels.
 for name in grpcio llguidance protobuf prometheus-client aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl \
-            pytest pluggy iniconfig pytest-timeout; do
+            pytest pluggy iniconfig pytest-timeout fla-core einops; do
   packages+=("$name==$(version "$name")")
 done
 sites=()

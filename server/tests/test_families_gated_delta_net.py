@@ -19,8 +19,8 @@ from shard_testing import (
     write_tiny_checkpoint,
 )
 from tandem_server.errors import ConfigError
-from tandem_server.layers.recurrent.gated_delta_net import delta_rule_spans
 from tandem_server.layers.recurrent.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from tandem_server.layers.recurrent.kernels import delta_rule_spans
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.qwen3_5 import hybrid_layer_types, qwen3_5_args

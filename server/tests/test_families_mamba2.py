@@ -14,7 +14,8 @@ from recurrent_testing import assert_mixed_steps_match_logits, assert_requests_p
 from shard_testing import CPU, load_tiny_model, write_tiny_checkpoint
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
-from tandem_server.layers.recurrent.mamba2 import Mamba2Args, Mamba2Mixer, ssd_spans
+from tandem_server.layers.recurrent.kernels import ssd_spans
+from tandem_server.layers.recurrent.mamba2 import Mamba2Args, Mamba2Mixer
 from tandem_server.layers.recurrent.ssd_scan import chunked_ssd, recurrent_ssd
 from tandem_server.layers.recurrent.state_pool import RecurrentStatePool, state_pool_bytes
 from tandem_server.models.granite_hybrid import granite_hybrid_args

@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -71,3 +71,32 @@ def widen_bfloat16_dots() -> None:
         return original(self, widened(a), widened(b), *rest)
 
     interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+def interpret_library_kernels() -> None:
+    """Lets the interpreter run a library's autotuned kernels as a GPU compiles them (see `recurrent_kernel_cases`).
+
+    Autotuning times each config on a GPU, which the interpreter lacks: every config computes the same numbers, so
+    the first one runs. A compiled loop over `range` gives its index as a tensor, on which kernels call `.to`; the
+    interpreter gives a Python int, so while a kernel runs, `range` in its module yields int32 scalar tensors.
+    """
+    import numpy as np  # noqa: PLC0415
+    from triton import language as tl  # noqa: PLC0415
+    from triton.runtime import autotuner, interpreter  # noqa: PLC0415
+
+    def first_config(self: autotuner.Autotuner, kwargs: dict[str, object]) -> list[object]:
+        return self.configs[:1]
+
+    def tensor_range(*bounds: object) -> Iterator[tl.tensor]:
+        for index in range(*(int(bound) for bound in bounds)):  # type: ignore[call-overload]
+            yield tl.tensor(interpreter.TensorHandle(np.array([index], dtype=np.int32), tl.int32), tl.int32)
+
+    patch_lang = interpreter._patch_lang
+
+    def patch_lang_and_range(fn: Callable[..., object]) -> object:
+        scope = patch_lang(fn)
+        scope.set_attr(sys.modules[fn.__module__], "range", tensor_range)
+        return scope
+
+    autotuner.Autotuner.prune_configs = first_config
+    interpreter._patch_lang = patch_lang_and_range

@@ -22,11 +22,8 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.norm import GatedRMSNorm
-from tandem_server.layers.recurrent.gated_delta_rule import (
-    chunked_gated_delta_rule,
-    l2_normalise,
-    recurrent_gated_delta_rule,
-)
+from tandem_server.layers.recurrent.gated_delta_rule import l2_normalise
+from tandem_server.layers.recurrent.kernels import delta_rule_spans
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
 from tandem_server.layers.recurrent.state_pool import StepStates
 from tandem_server.weights.layout import FusedTensor
@@ -187,36 +184,3 @@ class GatedDeltaNet(nn.Module):
             states.layers[layer + 1][states.slots] = memory_after
         gated = self.norm(attended.to(hidden.dtype), z.view(tokens, self.num_value_heads, -1))
         return self.out_proj(gated.reshape(tokens, -1))
-
-
-def delta_rule_spans(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    decay: torch.Tensor,
-    beta: torch.Tensor,
-    query_lens: Sequence[int],
-    state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its
-    sequence's `state`: the token-by-token form when every span is one token, else the chunked form over the spans
-    padded to the longest. Returns the outputs `[tokens, heads, value_dim]` and the states after each span."""
-    tokens, num_seqs = query.shape[0], len(query_lens)
-    if max(query_lens) == 1 and num_seqs == tokens:
-        return recurrent_gated_delta_rule(query, key, value, decay, beta, state)
-    device = query.device
-    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
-    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
-    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
-    longest = max(query_lens)
-
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
-        out = x.new_zeros(num_seqs, longest, *x.shape[1:])
-        out[sequence, column] = x
-        return out.transpose(1, 2)
-
-    outputs, state = chunked_gated_delta_rule(
-        padded(query), padded(key), padded(value), padded(decay), padded(beta), state
-    )
-    return outputs.transpose(1, 2)[sequence, column], state

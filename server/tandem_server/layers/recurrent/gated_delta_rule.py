@@ -3,10 +3,13 @@
 Per head and token t, with a state `S` `[key_dim, value_dim]`: decay `S ← exp(g_t) S`, correct what the state
 predicts for the key, `S ← S + β_t k_t (v_t - k_tᵀ S)ᵀ`, then read `o_t = q_tᵀ S`. Prefill uses the chunked form (a
 triangular solve per chunk, then one state update per chunk); decode uses the token-by-token form. Everything runs
-in float32, whatever the activations' dtype; no fused kernel is used, on CPU or CUDA.
+in float32, whatever the activations' dtype. These torch forms run on CPU and are the reference for CUDA's Triton
+kernels (`kernels`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,3 +92,36 @@ def chunked_gated_delta_rule(
         outputs[:, :, i] = decayed_query[:, :, i] @ state + within[:, :, i] @ written
         state = state * chunk_decay[:, :, i] + decayed_key[:, :, i].transpose(-1, -2) @ written
     return outputs.flatten(2, 3)[:, :, :tokens], state
+
+
+def gated_delta_rule_spans(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    query_lens: Sequence[int],
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its
+    sequence's `state`: the token-by-token form when every span is one token, else the chunked form over the spans
+    padded to the longest. Returns the outputs `[tokens, heads, value_dim]` and the states after each span."""
+    tokens, num_seqs = query.shape[0], len(query_lens)
+    if max(query_lens) == 1 and num_seqs == tokens:
+        return recurrent_gated_delta_rule(query, key, value, decay, beta, state)
+    device = query.device
+    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
+    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
+    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
+    longest = max(query_lens)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
+        out = x.new_zeros(num_seqs, longest, *x.shape[1:])
+        out[sequence, column] = x
+        return out.transpose(1, 2)
+
+    outputs, state = chunked_gated_delta_rule(
+        padded(query), padded(key), padded(value), padded(decay), padded(beta), state
+    )
+    return outputs.transpose(1, 2)[sequence, column], state

@@ -22,9 +22,9 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
+from tandem_server.layers.recurrent.kernels import ssd_spans
 from tandem_server.layers.recurrent.mamba2_shard import Mamba2GatedNorm, Mamba2Shard
 from tandem_server.layers.recurrent.short_conv import causal_conv_chunks
-from tandem_server.layers.recurrent.ssd_scan import chunked_ssd, recurrent_ssd
 from tandem_server.layers.recurrent.state_pool import StepStates
 from tandem_server.weights.layout import FusedTensor
 from tandem_server.weights.slicing import CheckpointSlice, sliced_parameter
@@ -212,34 +212,3 @@ def _depthwise_taps(rows: range, kernel: int, bias: bool) -> tuple[nn.Parameter,
     weight = sliced_parameter((len(rows), 1, kernel), checkpoint_rows)
     return weight, sliced_parameter((len(rows),), checkpoint_rows) if bias else None
 
-
-def ssd_spans(
-    weighted_x: torch.Tensor,
-    log_decay: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    query_lens: Sequence[int],
-    state: torch.Tensor,
-    chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scan over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its sequence's `state`:
-    the token-by-token form when every span is one token, else the chunked form over the spans padded to the
-    longest. Returns the outputs `[tokens, heads, head_dim]` (without the `D` skip) and the states after each span."""
-    tokens, num_seqs = weighted_x.shape[0], len(query_lens)
-    if max(query_lens) == 1 and num_seqs == tokens:
-        return recurrent_ssd(weighted_x, log_decay, b, c, state)
-    device = weighted_x.device
-    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
-    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
-    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
-    longest = max(query_lens)
-
-    def padded(t: torch.Tensor) -> torch.Tensor:
-        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
-        out = t.new_zeros(num_seqs, longest, *t.shape[1:])
-        out[sequence, column] = t
-        return out.transpose(1, 2)
-
-    chunk = min(chunk, longest)
-    outputs, state = chunked_ssd(padded(weighted_x), padded(log_decay), padded(b), padded(c), state, chunk)
-    return outputs.transpose(1, 2)[sequence, column], state

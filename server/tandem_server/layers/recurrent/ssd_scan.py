@@ -4,10 +4,13 @@ Per head and token t, with a state `h` `[head_dim, state_size]`, a step `dt_t > 
 `h ← exp(dt_t A) h`, write `h ← h + dt_t x_t B_tᵀ`, then read `y_t = h C_t`. Prefill uses the chunked form (within
 a chunk the outputs are a causally masked, decay-weighted `C Bᵀ` applied to `dt x`, plus the carried state read
 through `C`; one state update per chunk); decode uses the token-by-token form. The `D` skip is the caller's. Everything
-runs in float32, whatever the activations' dtype; no fused kernel is used, on CPU or CUDA.
+runs in float32, whatever the activations' dtype. These torch forms run on CPU and are the reference for CUDA's Triton
+kernels (`kernels`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -56,3 +59,35 @@ def chunked_ssd(
         to_end = x_i * (through[..., -1:] - through).exp().unsqueeze(-1)
         state = state * through[..., -1].exp()[..., None, None] + to_end.transpose(-1, -2) @ b_i
     return outputs, state
+
+
+def ssd_scan_spans(
+    weighted_x: torch.Tensor,
+    log_decay: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    query_lens: Sequence[int],
+    state: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its sequence's `state`:
+    the token-by-token form when every span is one token, else the chunked form over the spans padded to the
+    longest. Returns the outputs `[tokens, heads, head_dim]` (without the `D` skip) and the states after each span."""
+    tokens, num_seqs = weighted_x.shape[0], len(query_lens)
+    if max(query_lens) == 1 and num_seqs == tokens:
+        return recurrent_ssd(weighted_x, log_decay, b, c, state)
+    device = weighted_x.device
+    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
+    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
+    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
+    longest = max(query_lens)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
+        out = t.new_zeros(num_seqs, longest, *t.shape[1:])
+        out[sequence, column] = t
+        return out.transpose(1, 2)
+
+    chunk = min(chunk, longest)
+    outputs, state = chunked_ssd(padded(weighted_x), padded(log_decay), padded(b), padded(c), state, chunk)
+    return outputs.transpose(1, 2)[sequence, column], state
