@@ -49,7 +49,9 @@ def start(model_dir: Path, log_dir: Path, *flags: str) -> TandemServer:
 
 @pytest.fixture(scope="module")
 def cached(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
-    server = start(model_dir, tmp_path_factory.mktemp("cached"), "--state-checkpoint-interval", str(CHECKPOINT_INTERVAL))
+    server = start(
+        model_dir, tmp_path_factory.mktemp("cached"), "--state-checkpoint-interval", str(CHECKPOINT_INTERVAL)
+    )
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -98,9 +100,7 @@ def test_each_turn_resumes_after_most_of_its_history_with_the_uncached_servers_t
     assert cached.wait_for_metric("tandem_running_requests", 0, timeout=30) == 0
 
 
-def test_a_conversation_sharing_only_the_system_prompt_resumes_inside_it(
-    cached: TandemServer, model_dir: Path
-) -> None:
+def test_a_conversation_sharing_only_the_system_prompt_resumes_inside_it(cached: TandemServer, model_dir: Path) -> None:
     reference = Reference(model_dir)
     system_tokens = len(reference.encode(SYSTEM))
     assert system_tokens > CHECKPOINT_INTERVAL

@@ -168,30 +168,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
     type Error = ConfigError;
 
     fn try_from(args: RouterArgs) -> Result<Self, ConfigError> {
-        check_nonzero(&args)?;
-        if args.max_input_tokens >= args.max_total_tokens {
-            return Err(ConfigError::InputNotBelowTotal {
-                max_input_tokens: args.max_input_tokens,
-                max_total_tokens: args.max_total_tokens,
-            });
-        }
-        if args.model_id.trim().is_empty() {
-            return Err(ConfigError::EmptyModelId);
-        }
-        if args.speculate > 0
-            && args.speculative_method == DraftMethod::Radix
-            && !args.prefix_caching
-        {
-            return Err(ConfigError::RadixDraftsWithoutPrefixCache);
-        }
-        if let Some(max_queued_tokens) = args.max_queued_tokens {
-            if max_queued_tokens < args.max_total_tokens {
-                return Err(ConfigError::QueuedTokensBelowTotal {
-                    max_queued_tokens,
-                    max_total_tokens: args.max_total_tokens,
-                });
-            }
-        }
+        check_consistent(&args)?;
         Ok(Self {
             hostname: args.hostname,
             port: args.port,
@@ -209,10 +186,10 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 block_size: args.block_size,
                 prefix_caching: args.prefix_caching,
                 max_state_checkpoints: args.max_state_checkpoints,
-                state_checkpoint_interval: args
-                    .state_checkpoint_interval
-                    .max(1)
-                    .next_multiple_of(args.block_size.max(1)),
+                state_checkpoint_interval: whole_blocks(
+                    args.state_checkpoint_interval,
+                    args.block_size,
+                ),
                 async_scheduling: args.async_scheduling,
                 speculate: args.speculate,
                 speculative_method: args.speculative_method,
@@ -250,4 +227,35 @@ impl TryFrom<RouterArgs> for RouterConfig {
             kv_events: args.kv_events,
         })
     }
+}
+
+/// `tokens` rounded up to whole blocks of `block_size`, at least one.
+fn whole_blocks(tokens: usize, block_size: usize) -> usize {
+    tokens.max(1).next_multiple_of(block_size.max(1))
+}
+
+/// The flags that must agree with each other.
+fn check_consistent(args: &RouterArgs) -> Result<(), ConfigError> {
+    check_nonzero(args)?;
+    if args.max_input_tokens >= args.max_total_tokens {
+        return Err(ConfigError::InputNotBelowTotal {
+            max_input_tokens: args.max_input_tokens,
+            max_total_tokens: args.max_total_tokens,
+        });
+    }
+    if args.model_id.trim().is_empty() {
+        return Err(ConfigError::EmptyModelId);
+    }
+    if args.speculate > 0 && args.speculative_method == DraftMethod::Radix && !args.prefix_caching {
+        return Err(ConfigError::RadixDraftsWithoutPrefixCache);
+    }
+    if let Some(max_queued_tokens) = args.max_queued_tokens {
+        if max_queued_tokens < args.max_total_tokens {
+            return Err(ConfigError::QueuedTokensBelowTotal {
+                max_queued_tokens,
+                max_total_tokens: args.max_total_tokens,
+            });
+        }
+    }
+    Ok(())
 }

@@ -433,3 +433,11 @@ fn a_model_with_recurrent_state_and_no_state_checkpoint_turns_prefix_reuse_off()
     assert_eq!(body["prefix_caching"], false);
     assert_eq!(body["model_recurrent_state"], true);
 }
+
+#[test]
+fn the_state_checkpoint_interval_is_whole_blocks() {
+    let config = parse(&["--state-checkpoint-interval", "20", "--block-size", "16"]).unwrap();
+    assert_eq!(config.limits.state_checkpoint_interval, 32);
+    assert_eq!(parse(&[]).unwrap().limits.state_checkpoint_interval, 512);
+    assert_eq!(parse(&[]).unwrap().limits.max_state_checkpoints, 64);
+}

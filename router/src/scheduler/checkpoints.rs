@@ -11,6 +11,7 @@
 //!   so the next turn of a conversation resumes after all of it but its last partial block.
 
 use super::sequence::Sequence;
+use crate::shard::ScheduledSpan;
 
 /// The checkpoints a model with recurrent state keeps, and how often prompts save one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,22 @@ impl CheckpointPlan {
         .map_or(usize::MAX, |position| position - start)
     }
 
+    /// Makes `sequence`'s `span`, just scheduled, save its state into a reserved checkpoint
+    /// where one is wanted (none when no checkpoint can be had).
+    pub(crate) fn save_after(
+        &self,
+        sequence: &mut Sequence,
+        span: &mut ScheduledSpan,
+        block_size: usize,
+    ) {
+        let end = span.num_computed_tokens + span.num_tokens;
+        if let Some(save) = self.save_at(sequence, end, block_size) {
+            span.save_state_checkpoint = sequence
+                .blocks
+                .reserve_checkpoint(end, save.replaces_previous);
+        }
+    }
+
     /// Whether `sequence`'s span ending at `end` saves a checkpoint there.
     pub(crate) fn save_at(
         &self,
@@ -55,12 +72,13 @@ impl CheckpointPlan {
         end: usize,
         block_size: usize,
     ) -> Option<CheckpointSave> {
-        if end == 0 || end % block_size != 0 {
+        if end == 0 || !end.is_multiple_of(block_size) {
             return None;
         }
         let prompt_anchor = last_resumable(sequence.prompt_len, block_size);
-        let wanted =
-            end % self.interval == 0 || sequence.branch_point == Some(end) || end >= prompt_anchor;
+        let wanted = end.is_multiple_of(self.interval)
+            || sequence.branch_point == Some(end)
+            || end >= prompt_anchor;
         wanted.then_some(CheckpointSave {
             replaces_previous: end > prompt_anchor,
         })

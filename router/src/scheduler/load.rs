@@ -13,6 +13,10 @@ pub struct LoadSnapshot {
     pub kv_blocks_total: usize,
     /// Blocks caching a prompt prefix, held or idle (idle ones are reclaimable).
     pub kv_blocks_cached: usize,
+    /// A model with recurrent state: state checkpoints the prefix cache names, of all the
+    /// shards keep.
+    pub state_checkpoints_cached: usize,
+    pub state_checkpoints_total: usize,
     /// What the shards had compiled at their latest step; `None` before the first one.
     pub compilation: Option<Compilation>,
 }

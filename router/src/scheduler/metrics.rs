@@ -25,6 +25,7 @@ pub(super) fn describe() {
         "tandem_prefix_cache_queries_tokens_total",
         "tandem_prefix_cache_hits_tokens_total",
         "tandem_prefix_cache_evictions_total",
+        "tandem_prefix_cache_uncheckpointed_tokens_total",
         "tandem_preemptions_total",
         "tandem_cancelled_requests_total",
         "tandem_shard_recoveries_total",
@@ -104,6 +105,8 @@ pub(super) fn record_load(load: &LoadSnapshot) {
     gauge!("tandem_kv_blocks_used").set(as_f64(load.kv_blocks_used));
     gauge!("tandem_kv_blocks_total").set(as_f64(load.kv_blocks_total));
     gauge!("tandem_prefix_cache_blocks").set(as_f64(load.kv_blocks_cached));
+    gauge!("tandem_state_checkpoints_cached").set(as_f64(load.state_checkpoints_cached));
+    gauge!("tandem_state_checkpoints_total").set(as_f64(load.state_checkpoints_total));
     let usage = if load.kv_blocks_total == 0 {
         0.0
     } else {
@@ -286,6 +289,19 @@ fn describe_kv_cache() {
         "tandem_prefix_cache_blocks",
         "KV blocks caching a prompt prefix, held or idle (idle ones are reclaimable)"
     );
+    describe_counter!(
+        "tandem_prefix_cache_uncheckpointed_tokens_total",
+        "Prompt tokens in cached blocks recomputed because no state checkpoint covered them (models with \
+         recurrent state)"
+    );
+    describe_gauge!(
+        "tandem_state_checkpoints_cached",
+        "State checkpoints the prefix cache holds (models with recurrent state)"
+    );
+    describe_gauge!(
+        "tandem_state_checkpoints_total",
+        "State checkpoints the shards keep (models with recurrent state; 0 otherwise)"
+    );
 }
 
 #[cfg(test)]
@@ -324,6 +340,7 @@ mod tests {
                 kv_blocks_total: 80,
                 kv_blocks_cached: 7,
                 compilation: None,
+                ..LoadSnapshot::default()
             });
         });
         let text = handle.render();
@@ -355,6 +372,8 @@ mod tests {
                 kv_blocks_used: 25,
                 kv_blocks_total: 100,
                 kv_blocks_cached: 7,
+                state_checkpoints_cached: 5,
+                state_checkpoints_total: 16,
                 compilation: Some(Compilation {
                     decode_rows: 8,
                     compiling: true,
@@ -384,6 +403,9 @@ mod tests {
             "tandem_queue_tokens 40",
             "tandem_kv_cache_usage_ratio 0.25",
             "tandem_prefix_cache_blocks 7",
+            "tandem_state_checkpoints_cached 5",
+            "tandem_state_checkpoints_total 16",
+            "tandem_prefix_cache_uncheckpointed_tokens_total 0",
             "tandem_compiled_decode_rows 8",
             "tandem_compiling 1",
             "tandem_prefix_cache_hits_tokens_total 0",

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::checkpoints::CheckpointPlan;
 use super::drafting::{DraftMethod, Drafts};
 use super::request::{GenerationEvent, GenerationRequest};
 use crate::kv::BlockTable;
@@ -193,21 +192,6 @@ impl Sequence {
         });
         self.num_computed = end;
         scheduled
-    }
-
-    /// Makes `span`, just scheduled, save the state into a reserved checkpoint where `plan`
-    /// wants one (none when no checkpoint can be had).
-    pub fn save_state_after(
-        &mut self,
-        span: &mut ScheduledSpan,
-        plan: &CheckpointPlan,
-        block_size: usize,
-    ) {
-        let end = span.num_computed_tokens + span.num_tokens;
-        if let Some(save) = plan.save_at(self, end, block_size) {
-            span.save_state_checkpoint =
-                self.blocks.reserve_checkpoint(end, save.replaces_previous);
-        }
     }
 
     /// The span step `step_id` answers for, if this request had one in it.

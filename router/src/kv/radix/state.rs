@@ -37,7 +37,7 @@ impl RadixCache {
     /// The node whose prefix is exactly `prefix` (whole blocks), if cached.
     fn node_at(&self, prefix: &[u32], block_size: usize) -> Option<NodeId> {
         let whole = prefix.len() / block_size;
-        if prefix.len() % block_size != 0 || whole == 0 {
+        if !prefix.len().is_multiple_of(block_size) || whole == 0 {
             return None;
         }
         let path = self.path(prefix, block_size, whole);

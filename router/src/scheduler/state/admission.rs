@@ -99,7 +99,7 @@ impl SchedulerState {
         let mut scheduled = sequence.schedule(step.step_id, num_tokens, blocks, None);
         scheduled.restore_state_checkpoint = adopted.state_checkpoint;
         if let Some(plan) = self.config.state_checkpoints {
-            sequence.save_state_after(&mut scheduled, &plan, self.config.block_size);
+            plan.save_after(&mut sequence, &mut scheduled, self.config.block_size);
         }
         step.scheduled.push(scheduled);
         sequence.known_to_shards = true;

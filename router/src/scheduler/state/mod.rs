@@ -90,7 +90,10 @@ impl SchedulerState {
     }
 
     pub fn load(&self) -> LoadSnapshot {
+        let checkpoints = self.pool.state_checkpoints();
         LoadSnapshot {
+            state_checkpoints_cached: checkpoints.named,
+            state_checkpoints_total: checkpoints.total,
             queued_requests: self.waiting.len(),
             queued_tokens: self.waiting.iter().map(Sequence::remaining).sum(),
             running_requests: self.running.len(),
@@ -180,7 +183,7 @@ impl SchedulerState {
     /// Makes `running[index]`'s span, just scheduled, save its state where it is checkpointed.
     fn save_state_after(&mut self, index: usize, span: &mut ScheduledSpan) {
         if let Some(plan) = self.config.state_checkpoints {
-            self.running[index].save_state_after(span, &plan, self.config.block_size);
+            plan.save_after(&mut self.running[index], span, self.config.block_size);
         }
     }
 

@@ -211,4 +211,3 @@ def _depthwise_taps(rows: range, kernel: int, bias: bool) -> tuple[nn.Parameter,
     checkpoint_rows = CheckpointSlice.of(0, rows)
     weight = sliced_parameter((len(rows), 1, kernel), checkpoint_rows)
     return weight, sliced_parameter((len(rows),), checkpoint_rows) if bias else None
-
