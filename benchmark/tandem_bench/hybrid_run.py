@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sections = _measure(args, model_dir)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
-        print(f"{COMMAND}: {error}", file=sys.stderr)
+        detail = f"\n{error.stderr[-2000:]}" if isinstance(error, subprocess.CalledProcessError) else ""
+        print(f"{COMMAND}: {error}{detail}", file=sys.stderr)
         return 2
     command = shlex.join([*COMMAND.split(), *arguments])
     load_after = _load_average()
