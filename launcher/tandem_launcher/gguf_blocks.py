@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,21 +23,18 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tandem_server.weights.gguf_format import BLOCK_BYTES, GGUF_BLOCKS_DIR, GGUF_TYPES_KEY
-from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+from tandem_launcher.gguf_experts import EXPERT_STACK, GATE_UP_ORDER, stack_gate_up
+from tandem_launcher.gguf_families import gguf_weight_names
 
 logger = logging.getLogger(__name__)
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
-EXPERT_STACK = re.compile(r"(?P<stack>.*\.ffn_(?P<part>gate|up|down)_exps)\.weight$")
-# The order in which transformers stacks a layer's gate and up experts into one tensor.
-GATE_UP_ORDER = ("gate", "up")
 
 
 def write_gguf_blocks(gguf_path: Path, model: Any, output_dir: Path) -> int:
     """Writes `output_dir/GGUF_BLOCKS_DIR/model.safetensors`; returns how many tensors it keeps as blocks."""
     reader = GGUFReader(gguf_path)
-    architecture = str(reader.fields["general.architecture"].contents())
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
-    hf_names = get_gguf_hf_weights_map(model, processor)
+    processor, hf_names = gguf_weight_names(reader, model)
     float_tensors = model.state_dict()
     kept: dict[str, tuple[torch.Tensor, str]] = {}
     unsupported: Counter[str] = Counter()
@@ -109,11 +105,12 @@ def _keep_expert_stack(
         return
     if set(parts) != set(GATE_UP_ORDER):
         return
-    (gate_name, gate, gate_type), (up_name, up, up_type) = (parts[part] for part in GATE_UP_ORDER)
+    (gate_name, _, gate_type), (up_name, _, up_type) = (parts[part] for part in GATE_UP_ORDER)
     if gate_type != up_type:
         logger.warning(
             "%s (%s) and %s (%s) stay float: one stacked tensor holds one block type",
             gate_name, gate_type.name, up_name, up_type.name,
         )  # fmt: skip
         return
-    _keep(hf_name, gate_name, np.concatenate([gate, up], axis=1), gate_type, float_tensors, kept)
+    blocks = stack_gate_up({part: rows for part, (_, rows, _) in parts.items()})
+    _keep(hf_name, gate_name, blocks, gate_type, float_tensors, kept)

@@ -57,7 +57,7 @@ GGUF_RELATIVE = 0.02
 SAME_ROUNDING_ATOL = 1e-4
 
 
-def _load(path: Path, mode: QuantizeMode) -> tuple[CausalLM, QuantizationReport]:
+def load_quantized(path: Path, mode: QuantizeMode) -> tuple[CausalLM, QuantizationReport]:
     checkpoint = read_checkpoint_config(path)
     check_quantization(mode, checkpoint, CPU)
     model = load_model(
@@ -71,7 +71,7 @@ def _load(path: Path, mode: QuantizeMode) -> tuple[CausalLM, QuantizationReport]
     return model, quantize_model(model, mode)
 
 
-def _expected(reference: torch.nn.Module) -> tuple[torch.Tensor, list[int]]:
+def reference_outputs(reference: torch.nn.Module) -> tuple[torch.Tensor, list[int]]:
     """The reference's logits over PROMPT and its greedy tokens."""
     with torch.no_grad():
         logits = reference(torch.tensor([PROMPT])).logits[0]
@@ -79,7 +79,7 @@ def _expected(reference: torch.nn.Module) -> tuple[torch.Tensor, list[int]]:
     return logits, tokens[0, len(PROMPT) :].tolist()
 
 
-def _experts(model: CausalLM) -> list[RoutedExperts]:
+def routed_experts(model: CausalLM) -> list[RoutedExperts]:
     return [module for module in model.modules() if isinstance(module, RoutedExperts)]
 
 
@@ -114,11 +114,11 @@ def test_the_conversion_keeps_each_layers_expert_stacks_as_blocks(gguf_moe: dict
 
 
 def test_gguf_experts_served_from_their_blocks_match_transformers_on_the_same_file(gguf_moe: dict[str, Any]) -> None:
-    model, report = _load(gguf_moe["converted"], QuantizeMode.GGUF)
+    model, report = load_quantized(gguf_moe["converted"], QuantizeMode.GGUF)
     assert report.formats[f"experts: {EXPERT_FORMATS[gguf_moe['kind']]}"] == TINY_QWEN3_MOE["num_hidden_layers"]
     # The float stacks never got storage: the experts multiply by the blocks alone.
-    assert all(experts.quantized is not None and experts.gate_up.numel() == 0 for experts in _experts(model))
-    logits, tokens = _expected(gguf_moe["reference"])
+    assert all(experts.quantized is not None and experts.gate_up.numel() == 0 for experts in routed_experts(model))
+    logits, tokens = reference_outputs(gguf_moe["reference"])
     ours = prompt_logits(model)
     assert (ours - logits).abs().max() <= GGUF_RELATIVE * logits.abs().max()
     assert generate(model, (2,))[1][: len(tokens)] == tokens
@@ -126,8 +126,8 @@ def test_gguf_experts_served_from_their_blocks_match_transformers_on_the_same_fi
 
 def test_gguf_experts_take_about_the_bytes_of_their_blocks(gguf_moe: dict[str, Any]) -> None:
     blocks_bytes = (gguf_moe["converted"] / GGUF_BLOCKS_DIR / "model.safetensors").stat().st_size
-    _, report = _load(gguf_moe["converted"], QuantizeMode.GGUF)
-    _, float_report = _load(gguf_moe["converted"], QuantizeMode.NONE)
+    _, report = load_quantized(gguf_moe["converted"], QuantizeMode.GGUF)
+    _, float_report = load_quantized(gguf_moe["converted"], QuantizeMode.NONE)
     assert report.weight_bytes <= 1.5 * blocks_bytes
     assert float_report.weight_bytes >= 3 * report.weight_bytes
 
@@ -152,13 +152,13 @@ def test_gate_and_up_stacks_of_different_types_are_served_float_beside_quantized
     with safe_open(str(tmp_path / "converted" / GGUF_BLOCKS_DIR / "model.safetensors"), framework="pt") as handle:
         kept = set(handle.keys())
     assert "model.layers.0.mlp.experts.down_proj" in kept and "model.layers.0.mlp.experts.gate_up_proj" not in kept
-    model, report = _load(tmp_path / "converted", QuantizeMode.GGUF)
+    model, report = load_quantized(tmp_path / "converted", QuantizeMode.GGUF)
     assert report.formats["experts: float32"] == TINY_QWEN3_MOE["num_hidden_layers"]
     config = AutoConfig.from_pretrained(tmp_path, gguf_file="tiny.gguf", **moe_config_overrides(tmp_path / "tiny.gguf"))
     reference = AutoModelForCausalLM.from_pretrained(
         tmp_path, gguf_file="tiny.gguf", config=config, dtype=torch.float32
     )
-    logits, tokens = _expected(reference.eval())
+    logits, tokens = reference_outputs(reference.eval())
     # The experts multiply by the stacks' exact values, the down stacks dequantized into theirs.
     assert (prompt_logits(model) - logits).abs().max() <= GGUF_RELATIVE * logits.abs().max()
     assert generate(model, (2,))[1][: len(tokens)] == tokens
@@ -223,9 +223,9 @@ def test_an_fp8_moe_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(
     float_model = write_float(tmp_path / "float")
     values = write_fp8(tmp_path / "float", tmp_path / layout, layout)
     model, report = load_fp8_checkpoint(tmp_path / layout)
-    sparse_layers = len(_experts(model))
+    sparse_layers = len(routed_experts(model))
     assert sparse_layers and report.formats["experts: float8 checkpoint as fp8"] == sparse_layers
-    assert all(experts.gate_up.numel() == 0 for experts in _experts(model))
+    assert all(experts.gate_up.numel() == 0 for experts in routed_experts(model))
     (tmp_path / "values").mkdir()
     save_file(
         {name: tensor.contiguous() for name, tensor in values.items()}, str(tmp_path / "values" / "model.safetensors")
@@ -241,7 +241,7 @@ def test_an_fp8_moe_checkpoint_gives_the_logits_and_greedy_tokens_of_its_values(
     width = TEST_BLOCK[1] if layout == "block" else None
     round_activations_like_fp8(reference, input_group=width)
     _round_expert_inputs(reference, width)
-    logits, tokens = _expected(reference)
+    logits, tokens = reference_outputs(reference)
     assert (prompt_logits(model) - logits).abs().max() <= SAME_ROUNDING_ATOL
     assert generate(model, (2,))[1][: len(tokens)] == tokens
 
