@@ -226,8 +226,14 @@ impl BlockManager {
         self.cache_block_size.is_some() && self.cache.insert(parent, key, block)
     }
 
-    /// Records the prefix cache's stored, removed and cleared blocks into `log`.
+    /// Records the prefix cache's stored, removed and cleared blocks into `log` (and, for a
+    /// model with recurrent state, its state checkpoints, each event naming its cache group).
     pub fn record_events(&mut self, log: KvEventLog) {
+        let log = if self.keeps_state() {
+            log.with_cache_groups()
+        } else {
+            log
+        };
         self.cache.record_events(log);
     }
 

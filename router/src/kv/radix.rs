@@ -271,6 +271,9 @@ impl RadixCache {
         self.vacant.push(id);
         self.node_of_block.remove(&node.block);
         if let Some(log) = &self.events {
+            if node.checkpoint.is_some() {
+                log.state_removed(&node.digest);
+            }
             log.removed(&node.digest);
         }
         let parent = self.node_mut(node.parent);

@@ -11,6 +11,32 @@ use super::block_hash::{external, BlockDigest, BlockHasher};
 /// Events kept for the publisher at most; beyond, the oldest are dropped.
 pub const QUEUE_CAPACITY: usize = 100_000;
 
+/// Which cache a block's event concerns, for a model with recurrent state (a hybrid): its
+/// attention layers' KV blocks, or the state checkpoint taken after the block. Other models'
+/// events name no group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheGroup {
+    Attention,
+    State,
+}
+
+impl CacheGroup {
+    /// The group's index and kind as vLLM's events for hybrid models name them.
+    pub fn index(self) -> u64 {
+        match self {
+            Self::Attention => 0,
+            Self::State => 1,
+        }
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Attention => "full_attention",
+            Self::State => "mamba",
+        }
+    }
+}
+
 /// One change to the set of cached blocks; hashes as consumers see them (see `block_hash`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
@@ -21,9 +47,11 @@ pub enum KvEvent {
         parent_block_hash: Option<u64>,
         token_ids: Vec<u32>,
         block_size: usize,
+        group: Option<CacheGroup>,
     },
     BlockRemoved {
         block_hashes: Vec<u64>,
+        group: Option<CacheGroup>,
     },
     AllBlocksCleared,
 }
@@ -93,6 +121,7 @@ fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<Kv
                 block_hashes,
                 token_ids,
                 block_size,
+                group,
                 ..
             }),
             KvEvent::BlockStored {
@@ -100,18 +129,26 @@ fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<Kv
                 parent_block_hash: Some(parent),
                 token_ids: new_tokens,
                 block_size: new_block_size,
+                group: new_group,
             },
-        ) if block_hashes.last() == Some(&parent) && *block_size == new_block_size => {
+        ) if block_hashes.last() == Some(&parent)
+            && *block_size == new_block_size
+            && *group == new_group =>
+        {
             block_hashes.extend(new_hashes);
             token_ids.extend(new_tokens);
             None
         }
         (
-            Some(KvEvent::BlockRemoved { block_hashes }),
+            Some(KvEvent::BlockRemoved {
+                block_hashes,
+                group,
+            }),
             KvEvent::BlockRemoved {
                 block_hashes: new_hashes,
+                group: new_group,
             },
-        ) => {
+        ) if *group == new_group => {
             block_hashes.extend(new_hashes);
             None
         }
@@ -124,11 +161,29 @@ fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<Kv
 pub struct KvEventLog {
     hasher: BlockHasher,
     queue: Arc<KvEventQueue>,
+    /// Set for a model with recurrent state: block events name their cache group.
+    groups: bool,
 }
 
 impl KvEventLog {
     pub fn new(hasher: BlockHasher, queue: Arc<KvEventQueue>) -> Self {
-        Self { hasher, queue }
+        Self {
+            hasher,
+            queue,
+            groups: false,
+        }
+    }
+
+    /// The same log, its block events naming their cache group (a model with recurrent state).
+    pub(crate) fn with_cache_groups(self) -> Self {
+        Self {
+            groups: true,
+            ..self
+        }
+    }
+
+    fn attention(&self) -> Option<CacheGroup> {
+        self.groups.then_some(CacheGroup::Attention)
     }
 
     /// Records that the block holding `tokens` after `parent` is cached; returns its digest.
@@ -139,6 +194,7 @@ impl KvEventLog {
             parent_block_hash: parent.map(external),
             token_ids: tokens.to_vec(),
             block_size: tokens.len(),
+            group: self.attention(),
         });
         digest
     }
@@ -146,6 +202,32 @@ impl KvEventLog {
     pub(crate) fn removed(&self, digest: &BlockDigest) {
         self.queue.push(KvEvent::BlockRemoved {
             block_hashes: vec![external(digest)],
+            group: self.attention(),
+        });
+    }
+
+    /// Records that a state checkpoint now holds the state after the block `digest` (holding
+    /// `tokens` after `parent`): a consumer may resume there.
+    pub(crate) fn state_stored(
+        &self,
+        parent: Option<&BlockDigest>,
+        digest: &BlockDigest,
+        tokens: &[u32],
+    ) {
+        self.queue.push(KvEvent::BlockStored {
+            block_hashes: vec![external(digest)],
+            parent_block_hash: parent.map(external),
+            token_ids: tokens.to_vec(),
+            block_size: tokens.len(),
+            group: Some(CacheGroup::State),
+        });
+    }
+
+    /// Records that no state checkpoint holds the state after the block `digest` any more.
+    pub(crate) fn state_removed(&self, digest: &BlockDigest) {
+        self.queue.push(KvEvent::BlockRemoved {
+            block_hashes: vec![external(digest)],
+            group: Some(CacheGroup::State),
         });
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::block_hash::{external, BlockHasher};
-use super::event_log::{KvEvent, KvEventLog, KvEventQueue};
+use super::event_log::{CacheGroup, KvEvent, KvEventLog, KvEventQueue};
 use crate::kv::BlockPool;
 
 const BLOCK_SIZE: usize = 2;
@@ -56,6 +56,7 @@ fn caching_a_prompt_stores_its_whole_blocks_as_one_chained_event() {
             parent_block_hash: None,
             token_ids: vec![1, 2, 3, 4],
             block_size: BLOCK_SIZE,
+            group: None,
         }]
     );
 }
@@ -77,6 +78,7 @@ fn a_shared_prefix_is_stored_once_and_the_rest_chains_from_it() {
             parent_block_hash: Some(second),
             token_ids: vec![7, 8],
             block_size: BLOCK_SIZE,
+            group: None,
         }]
     );
 }
@@ -95,6 +97,7 @@ fn eviction_removes_the_least_recently_used_leaf_first() {
         drain(&queue),
         [KvEvent::BlockRemoved {
             block_hashes: vec![hashes[1], hashes[0]],
+            group: None,
         }]
     );
 }
@@ -130,7 +133,7 @@ fn stored_minus_removed_is_what_the_cache_holds() {
     for event in drain(&queue) {
         match event {
             KvEvent::BlockStored { block_hashes, .. } => held.extend(block_hashes),
-            KvEvent::BlockRemoved { block_hashes } => {
+            KvEvent::BlockRemoved { block_hashes, .. } => {
                 for hash in block_hashes {
                     assert!(held.remove(&hash), "removed a block never stored");
                 }
@@ -147,13 +150,15 @@ fn a_full_queue_drops_its_oldest_event() {
     queue.push(KvEvent::AllBlocksCleared);
     queue.push(KvEvent::BlockRemoved {
         block_hashes: vec![1],
+        group: None,
     });
     queue.push(KvEvent::AllBlocksCleared);
     assert_eq!(
         drain(&queue),
         [
             KvEvent::BlockRemoved {
-                block_hashes: vec![1]
+                block_hashes: vec![1],
+                group: None,
             },
             KvEvent::AllBlocksCleared
         ]
@@ -170,4 +175,55 @@ async fn next_batch_waits_for_an_event_and_takes_all_pending() {
     tokio::task::yield_now().await;
     queue.push(KvEvent::AllBlocksCleared);
     assert_eq!(waiting.await.expect("joins"), [KvEvent::AllBlocksCleared]);
+}
+
+#[test]
+fn a_hybrids_state_checkpoints_are_stored_and_removed_as_their_own_group() {
+    let pool = BlockPool::with_state_checkpoints(3, Some(BLOCK_SIZE), Some(1));
+    let queue = KvEventQueue::new(64);
+    pool.record_events(KvEventLog::new(BlockHasher::new(SEED), Arc::clone(&queue)));
+    let tokens = [1, 2, 3, 4, 5];
+    let mut table = pool.new_table();
+    table.grow(3).expect("the pool has room");
+    let checkpoint = table.reserve_checkpoint(4, false);
+    assert_eq!(checkpoint, Some(0));
+    table.publish(&tokens, tokens.len());
+    drop(table);
+    let hashes = chain(&[1, 2, 3, 4]);
+    assert_eq!(
+        drain(&queue),
+        [
+            KvEvent::BlockStored {
+                block_hashes: hashes.clone(),
+                parent_block_hash: None,
+                token_ids: vec![1, 2, 3, 4],
+                block_size: BLOCK_SIZE,
+                group: Some(CacheGroup::Attention),
+            },
+            KvEvent::BlockStored {
+                block_hashes: vec![hashes[1]],
+                parent_block_hash: Some(hashes[0]),
+                token_ids: vec![3, 4],
+                block_size: BLOCK_SIZE,
+                group: Some(CacheGroup::State),
+            },
+        ]
+    );
+    // Evicting the checkpointed leaf removes its checkpoint before its block.
+    pool.new_table()
+        .grow(3)
+        .expect("the idle cached blocks are evictable");
+    assert_eq!(
+        drain(&queue),
+        [
+            KvEvent::BlockRemoved {
+                block_hashes: vec![hashes[1]],
+                group: Some(CacheGroup::State),
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![hashes[1], hashes[0]],
+                group: Some(CacheGroup::Attention),
+            },
+        ]
+    );
 }

@@ -2,15 +2,17 @@
 //! (`array_like=True`, `omit_defaults=True`, `tag=True`) encode a `KVEventBatch`:
 //!
 //! - batch: `[ts, [event...], data_parallel_rank]`
-//! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name]`
-//! - `["BlockRemoved", block_hashes, medium]`
+//! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name]`,
+//!   for a model with recurrent state followed by `extra_keys, group_idx, kv_cache_spec_kind`
+//! - `["BlockRemoved", block_hashes, medium]`, for such a model followed by `group_idx,
+//!   kv_cache_spec_kind`
 //! - `["AllBlocksCleared"]`
 //!
 //! Fields with a default that holds their value are omitted at the end, as msgspec does.
 
 use rmp::encode::{self, RmpWrite, ValueWriteError};
 
-use super::event_log::KvEvent;
+use super::event_log::{CacheGroup, KvEvent};
 
 /// Where the blocks live, as vLLM names its device tier.
 const MEDIUM: &str = "GPU";
@@ -44,8 +46,9 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
             parent_block_hash,
             token_ids,
             block_size,
+            group,
         } => {
-            encode::write_array_len(out, 8)?;
+            encode::write_array_len(out, if group.is_some() { 11 } else { 8 })?;
             encode::write_str(out, "BlockStored")?;
             write_hashes(out, block_hashes)?;
             match parent_block_hash {
@@ -60,12 +63,23 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
             write_nil(out)?;
             encode::write_str(out, MEDIUM)?;
             write_nil(out)?;
+            if let Some(group) = group {
+                // No extra keys, then the group.
+                write_nil(out)?;
+                write_group(out, *group)?;
+            }
         }
-        KvEvent::BlockRemoved { block_hashes } => {
-            encode::write_array_len(out, 3)?;
+        KvEvent::BlockRemoved {
+            block_hashes,
+            group,
+        } => {
+            encode::write_array_len(out, if group.is_some() { 5 } else { 3 })?;
             encode::write_str(out, "BlockRemoved")?;
             write_hashes(out, block_hashes)?;
             encode::write_str(out, MEDIUM)?;
+            if let Some(group) = group {
+                write_group(out, *group)?;
+            }
         }
         KvEvent::AllBlocksCleared => {
             encode::write_array_len(out, 1)?;
@@ -73,6 +87,11 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
         }
     }
     Ok(())
+}
+
+fn write_group(out: &mut Vec<u8>, group: CacheGroup) -> Result<(), WriteError> {
+    encode::write_uint(out, group.index())?;
+    encode::write_str(out, group.kind())
 }
 
 fn write_hashes(out: &mut Vec<u8>, hashes: &[u64]) -> Result<(), WriteError> {
@@ -103,9 +122,11 @@ mod tests {
                 parent_block_hash: None,
                 token_ids: vec![7, 300],
                 block_size: 1,
+                group: None,
             },
             KvEvent::BlockRemoved {
                 block_hashes: vec![2],
+                group: None,
             },
             KvEvent::AllBlocksCleared,
         ];
@@ -126,6 +147,41 @@ mod tests {
         expected.extend_from_slice(b"GPU");
         expected.extend_from_slice(&[0x91, 0xb0]);
         expected.extend_from_slice(b"AllBlocksCleared");
+        expected.push(0x00);
+        assert_eq!(encoded, expected);
+    }
+
+    #[test]
+    fn a_hybrids_events_name_their_cache_group_after_the_lora_name() {
+        let events = [
+            KvEvent::BlockStored {
+                block_hashes: vec![1],
+                parent_block_hash: Some(3),
+                token_ids: vec![7],
+                block_size: 1,
+                group: Some(CacheGroup::State),
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![2],
+                group: Some(CacheGroup::Attention),
+            },
+        ];
+        let encoded = encode_batch(0.0, &events);
+        let mut expected = vec![0x93, 0xcb];
+        expected.extend_from_slice(&0.0f64.to_be_bytes());
+        expected.push(0x92);
+        expected.extend_from_slice(&[0x9b, 0xab]);
+        expected.extend_from_slice(b"BlockStored");
+        expected.extend_from_slice(&[0x91, 0x01, 0x03, 0x91, 0x07, 0x01, 0xc0, 0xa3]);
+        expected.extend_from_slice(b"GPU");
+        expected.extend_from_slice(&[0xc0, 0xc0, 0x01, 0xa5]);
+        expected.extend_from_slice(b"mamba");
+        expected.extend_from_slice(&[0x95, 0xac]);
+        expected.extend_from_slice(b"BlockRemoved");
+        expected.extend_from_slice(&[0x91, 0x02, 0xa3]);
+        expected.extend_from_slice(b"GPU");
+        expected.extend_from_slice(&[0x00, 0xae]);
+        expected.extend_from_slice(b"full_attention");
         expected.push(0x00);
         assert_eq!(encoded, expected);
     }

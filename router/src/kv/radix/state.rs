@@ -105,6 +105,11 @@ impl RadixCache {
         node.checkpoint = Some(checkpoint);
         let access = node.last_access;
         self.checkpointed.insert((access, id));
+        if let Some(log) = &self.events {
+            let node = self.node(id);
+            let parent = (node.parent != ROOT).then(|| &self.node(node.parent).digest);
+            log.state_stored(parent, &node.digest, &node.key);
+        }
         true
     }
 
@@ -126,12 +131,20 @@ impl RadixCache {
         node.checkpoint = None;
         let access = node.last_access;
         self.checkpointed.remove(&(access, id));
+        self.record_state_removed(id);
         true
+    }
+
+    fn record_state_removed(&self, id: NodeId) {
+        if let Some(log) = &self.events {
+            log.state_removed(&self.node(id).digest);
+        }
     }
 
     /// Takes the least recently used checkpoint off its node (the node's blocks stay cached).
     pub fn evict_lru_checkpoint(&mut self) -> Option<u32> {
         let (_, id) = self.checkpointed.pop_first()?;
+        self.record_state_removed(id);
         self.node_mut(id).checkpoint.take()
     }
 
