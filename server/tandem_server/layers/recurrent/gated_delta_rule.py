@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from tandem_server.layers.recurrent.padded_spans import PaddedSpans, decode_only
+
 DELTA_RULE_CHUNK = 64
 L2_NORM_EPS = 1e-6
 
@@ -106,22 +108,9 @@ def gated_delta_rule_spans(
     """The gated delta rule over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its
     sequence's `state`: the token-by-token form when every span is one token, else the chunked form over the spans
     padded to the longest. Returns the outputs `[tokens, heads, value_dim]` and the states after each span."""
-    tokens, num_seqs = query.shape[0], len(query_lens)
-    if max(query_lens) == 1 and num_seqs == tokens:
+    if decode_only(query_lens, query.shape[0]):
         return recurrent_gated_delta_rule(query, key, value, decay, beta, state)
-    device = query.device
-    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
-    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
-    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
-    longest = max(query_lens)
-
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
-        out = x.new_zeros(num_seqs, longest, *x.shape[1:])
-        out[sequence, column] = x
-        return out.transpose(1, 2)
-
-    outputs, state = chunked_gated_delta_rule(
-        padded(query), padded(key), padded(value), padded(decay), padded(beta), state
-    )
-    return outputs.transpose(1, 2)[sequence, column], state
+    spans = PaddedSpans(query_lens, query.shape[0], query.device)
+    pad = spans.pad
+    outputs, state = chunked_gated_delta_rule(pad(query), pad(key), pad(value), pad(decay), pad(beta), state)
+    return spans.flatten(outputs), state

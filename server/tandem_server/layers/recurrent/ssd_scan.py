@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem_server.layers.recurrent.padded_spans import PaddedSpans, decode_only
+
 
 def recurrent_ssd(
     weighted_x: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor, c: torch.Tensor, state: torch.Tensor
@@ -73,21 +75,9 @@ def ssd_scan_spans(
     """The scan over a step's spans, flat `[tokens, heads, dim]` in the spans' order, each from its sequence's `state`:
     the token-by-token form when every span is one token, else the chunked form over the spans padded to the
     longest. Returns the outputs `[tokens, heads, head_dim]` (without the `D` skip) and the states after each span."""
-    tokens, num_seqs = weighted_x.shape[0], len(query_lens)
-    if max(query_lens) == 1 and num_seqs == tokens:
+    if decode_only(query_lens, weighted_x.shape[0]):
         return recurrent_ssd(weighted_x, log_decay, b, c, state)
-    device = weighted_x.device
-    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
-    sequence = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens, output_size=tokens)
-    column = torch.arange(tokens, device=device) - (torch.cumsum(lens, 0) - lens)[sequence]
-    longest = max(query_lens)
-
-    def padded(t: torch.Tensor) -> torch.Tensor:
-        # [sequences, heads, longest, ...]: zeros after each span's end leave its state unchanged.
-        out = t.new_zeros(num_seqs, longest, *t.shape[1:])
-        out[sequence, column] = t
-        return out.transpose(1, 2)
-
-    chunk = min(chunk, longest)
-    outputs, state = chunked_ssd(padded(weighted_x), padded(log_decay), padded(b), padded(c), state, chunk)
-    return outputs.transpose(1, 2)[sequence, column], state
+    spans = PaddedSpans(query_lens, weighted_x.shape[0], weighted_x.device)
+    pad = spans.pad
+    outputs, state = chunked_ssd(pad(weighted_x), pad(log_decay), pad(b), pad(c), state, min(chunk, spans.longest))
+    return spans.flatten(outputs), state
