@@ -143,6 +143,7 @@ impl From<NewRequest> for pb::NewRequest {
             top_logprobs: request.logprobs.top_logprobs,
             prompt_logprobs: request.logprobs.prompt_logprobs,
             grammar: request.grammar.map(grammar_message),
+            lora_adapter: String::new(),
         }
     }
 }
