@@ -51,8 +51,9 @@ impl RouterConfig {
         }
     }
 
-    /// The scheduler's budget over the shards' `kv_cache`.
-    pub fn scheduler_config(&self, kv_cache: &KvCacheSize) -> SchedulerConfig {
+    /// The scheduler's budget over the shards' `kv_cache`, running requests selecting at most
+    /// `max_loras` LoRA adapters at once.
+    pub fn scheduler_config(&self, kv_cache: &KvCacheSize, max_loras: usize) -> SchedulerConfig {
         let state_checkpoints = (self.limits.prefix_caching && kv_cache.state_checkpoints > 0)
             .then_some(CheckpointPlan {
                 count: kv_cache.state_checkpoints,
@@ -69,6 +70,7 @@ impl RouterConfig {
             draft_method: self.limits.speculative_method,
             max_drafting_batch: self.limits.speculative_disable_by_batch_size,
             state_checkpoints,
+            max_loras,
         }
     }
 

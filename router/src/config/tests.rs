@@ -95,7 +95,7 @@ fn drafts_from_the_shards_draft_model_need_no_prefix_cache() {
     assert_eq!(drafting.limits.speculative_method, DraftMethod::Model);
     assert_eq!(
         drafting
-            .scheduler_config(&KvCacheSize::default())
+            .scheduler_config(&KvCacheSize::default(), 0)
             .draft_method,
         DraftMethod::Model
     );
@@ -412,7 +412,7 @@ fn a_model_with_recurrent_state_and_no_state_checkpoint_turns_prefix_reuse_off()
         num_blocks: 8,
         ..KvCacheSize::default()
     };
-    assert!(!config.scheduler_config(&kv_cache).prefix_caching);
+    assert!(!config.scheduler_config(&kv_cache, 0).prefix_caching);
     let served = ServedModel {
         architecture: "Lfm2ForCausalLM".to_owned(),
         dtype: "float32".to_owned(),

@@ -16,7 +16,7 @@ use crate::limits::RequestLimits;
 use crate::scheduler::Backend;
 use crate::stream::TokenDecoding;
 use crate::tools::ToolFormat;
-use crate::validation::{SamplingDefaults, Validator};
+use crate::validation::{GenerationParams, SamplingDefaults, Validator};
 
 /// What the handlers enforce and apply. `/info` reports the same values in its own body
 /// (`ServerInfo`); both are derived from the router's configuration in `config::derived`.
@@ -131,6 +131,14 @@ impl AppState {
     pub fn with_request_logging(mut self, enabled: bool) -> Self {
         self.log_requests = enabled;
         self
+    }
+
+    /// The `model` an answer to a request with `params` names: its LoRA adapter, else the
+    /// served model.
+    pub fn answering_model(&self, params: &GenerationParams) -> &str {
+        self.validator
+            .lora_adapters()
+            .answering(params.adapter.as_ref(), &self.config.model_id)
     }
 
     /// What starting a generation needs from this state.

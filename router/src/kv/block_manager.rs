@@ -9,6 +9,7 @@
 
 use super::events::KvEventLog;
 use super::radix::{Evicted, RadixCache, StatePrefix};
+use super::AdapterKey;
 
 /// Where the state checkpoints are: the rest of `total` is reserved by sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,16 +137,18 @@ impl BlockManager {
     /// Held blocks caching the longest whole-block prefix of `tokens` that can be resumed,
     /// leaving at least the last token to compute (its logits are needed); with recurrent
     /// state, the prefix ends at the deepest checkpoint, which it names.
-    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> StatePrefix {
+    pub fn acquire_prefix(&mut self, adapter: Option<&AdapterKey>, tokens: &[u32]) -> StatePrefix {
         let Some(block_size) = self.cache_block_size else {
             return StatePrefix::default();
         };
         let max_blocks = reusable_blocks(tokens, block_size);
         let prefix = if self.keeps_state() {
             self.cache
-                .longest_prefix_with_state(tokens, block_size, max_blocks)
+                .longest_prefix_with_state(adapter, tokens, block_size, max_blocks)
         } else {
-            let blocks = self.cache.longest_prefix(tokens, block_size, max_blocks);
+            let blocks = self
+                .cache
+                .longest_prefix(adapter, tokens, block_size, max_blocks);
             StatePrefix {
                 matched_blocks: blocks.len(),
                 blocks,
@@ -159,17 +162,17 @@ impl BlockManager {
     }
 
     /// Tokens of `tokens` that `acquire_prefix` would reuse now.
-    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> usize {
+    pub fn cached_prefix_tokens(&self, adapter: Option<&AdapterKey>, tokens: &[u32]) -> usize {
         let Some(block_size) = self.cache_block_size else {
             return 0;
         };
         let max_blocks = reusable_blocks(tokens, block_size);
         let blocks = if self.keeps_state() {
             self.cache
-                .peek_prefix_blocks_with_state(tokens, block_size, max_blocks)
+                .peek_prefix_blocks_with_state(adapter, tokens, block_size, max_blocks)
         } else {
             self.cache
-                .peek_prefix_blocks(tokens, block_size, max_blocks)
+                .peek_prefix_blocks(adapter, tokens, block_size, max_blocks)
         };
         blocks * block_size
     }
@@ -191,10 +194,16 @@ impl BlockManager {
 
     /// Names reserved `checkpoint` as holding the state after `prefix` (whole blocks, cached);
     /// frees it when the prefix is not cached or has a checkpoint already. True when named.
-    pub fn attach_checkpoint(&mut self, prefix: &[u32], checkpoint: u32) -> bool {
-        let attached = self
-            .cache_block_size
-            .is_some_and(|size| self.cache.attach_checkpoint(prefix, size, checkpoint));
+    pub fn attach_checkpoint(
+        &mut self,
+        adapter: Option<&AdapterKey>,
+        prefix: &[u32],
+        checkpoint: u32,
+    ) -> bool {
+        let attached = self.cache_block_size.is_some_and(|size| {
+            self.cache
+                .attach_checkpoint(adapter, prefix, size, checkpoint)
+        });
         if !attached {
             self.free_checkpoint(checkpoint);
         }
@@ -202,10 +211,16 @@ impl BlockManager {
     }
 
     /// Frees `checkpoint` if the node of `prefix` still names it.
-    pub fn detach_checkpoint(&mut self, prefix: &[u32], checkpoint: u32) {
-        let detached = self
-            .cache_block_size
-            .is_some_and(|size| self.cache.detach_checkpoint(prefix, size, checkpoint));
+    pub fn detach_checkpoint(
+        &mut self,
+        adapter: Option<&AdapterKey>,
+        prefix: &[u32],
+        checkpoint: u32,
+    ) {
+        let detached = self.cache_block_size.is_some_and(|size| {
+            self.cache
+                .detach_checkpoint(adapter, prefix, size, checkpoint)
+        });
         if detached {
             self.free_checkpoint(checkpoint);
         }
@@ -213,17 +228,30 @@ impl BlockManager {
 
     /// Up to `max_tokens` tokens an earlier sequence computed after `tokens`, from the prefix
     /// cache (empty without one).
-    pub fn cached_continuation(&self, tokens: &[u32], max_tokens: usize) -> Vec<u32> {
+    pub fn cached_continuation(
+        &self,
+        adapter: Option<&AdapterKey>,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> Vec<u32> {
         match self.cache_block_size {
-            Some(block_size) => self.cache.continuation(tokens, block_size, max_tokens),
+            Some(block_size) => self
+                .cache
+                .continuation(adapter, tokens, block_size, max_tokens),
             None => Vec::new(),
         }
     }
 
     /// Caches `block` as holding `key` after the prefix ending at `parent`; false when it
     /// cannot (caching off, parent not cached, or the same run is cached elsewhere).
-    pub fn publish(&mut self, parent: Option<u32>, key: &[u32], block: u32) -> bool {
-        self.cache_block_size.is_some() && self.cache.insert(parent, key, block)
+    pub fn publish(
+        &mut self,
+        adapter: Option<&AdapterKey>,
+        parent: Option<u32>,
+        key: &[u32],
+        block: u32,
+    ) -> bool {
+        self.cache_block_size.is_some() && self.cache.insert(adapter, parent, key, block)
     }
 
     /// Records the prefix cache's stored, removed and cleared blocks into `log` (and, for a

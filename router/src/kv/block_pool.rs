@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::block_manager::{BlockManager, CheckpointCounts};
 use super::events::KvEventLog;
+use super::AdapterKey;
 
 /// The KV blocks `0..total`. Cloning shares the same blocks.
 #[derive(Debug, Clone)]
@@ -65,15 +66,21 @@ impl BlockPool {
         self.lock().cached()
     }
 
-    /// Tokens of `tokens` a new table would reuse from the cache now (a peek: nothing is held).
-    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> usize {
-        self.lock().cached_prefix_tokens(tokens)
+    /// Tokens of `tokens` a new table under `adapter` would reuse from the cache now (a peek:
+    /// nothing is held).
+    pub fn cached_prefix_tokens(&self, adapter: Option<&AdapterKey>, tokens: &[u32]) -> usize {
+        self.lock().cached_prefix_tokens(adapter, tokens)
     }
 
-    /// Up to `max_tokens` tokens that an earlier sequence computed after `tokens`, as the
-    /// prefix cache holds them (a peek: nothing is held or marked used).
-    pub fn cached_continuation(&self, tokens: &[u32], max_tokens: usize) -> Vec<u32> {
-        self.lock().cached_continuation(tokens, max_tokens)
+    /// Up to `max_tokens` tokens that an earlier sequence under `adapter` computed after
+    /// `tokens`, as the prefix cache holds them (a peek: nothing is held or marked used).
+    pub fn cached_continuation(
+        &self,
+        adapter: Option<&AdapterKey>,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> Vec<u32> {
+        self.lock().cached_continuation(adapter, tokens, max_tokens)
     }
 
     /// State checkpoints now named by the cache, free (neither named nor reserved), and in all
@@ -100,9 +107,16 @@ impl BlockPool {
         self.lock().clear_cache();
     }
 
-    /// An empty table that draws from this pool.
+    /// An empty table that draws from this pool, for a sequence of the base model.
     pub fn new_table(&self) -> BlockTable {
+        self.new_table_under(None)
+    }
+
+    /// An empty table for a sequence computed under `adapter`: it adopts and publishes only
+    /// that adapter's cached prefixes.
+    pub fn new_table_under(&self, adapter: Option<AdapterKey>) -> BlockTable {
         BlockTable {
+            adapter,
             blocks: Vec::new(),
             published: 0,
             publishing_stopped: false,
@@ -149,12 +163,18 @@ pub struct BlockTable {
     reserved_checkpoints: Vec<ReservedCheckpoint>,
     /// The latest named answer checkpoint: (position, checkpoint).
     answer_checkpoint: Option<(usize, u32)>,
+    /// The adapter the sequence runs under (`None`: the base model).
+    adapter: Option<AdapterKey>,
     pool: BlockPool,
 }
 
 impl BlockTable {
     pub fn blocks(&self) -> &[u32] {
         &self.blocks
+    }
+
+    pub fn adapter(&self) -> Option<&AdapterKey> {
+        self.adapter.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -185,7 +205,7 @@ impl BlockTable {
         let Some(block_size) = manager.cache_block_size() else {
             return AdoptedPrefix::default();
         };
-        let prefix = manager.acquire_prefix(tokens);
+        let prefix = manager.acquire_prefix(self.adapter.as_ref(), tokens);
         self.blocks = prefix.blocks;
         self.published = self.blocks.len();
         AdoptedPrefix {
@@ -220,7 +240,7 @@ impl BlockTable {
             let index = self.published;
             let parent = index.checked_sub(1).map(|previous| self.blocks[previous]);
             let key = &tokens[index * block_size..(index + 1) * block_size];
-            if manager.publish(parent, key, self.blocks[index]) {
+            if manager.publish(self.adapter.as_ref(), parent, key, self.blocks[index]) {
                 self.published += 1;
             } else {
                 self.publishing_stopped = true;
@@ -233,11 +253,13 @@ impl BlockTable {
             .count();
         for reserved in self.reserved_checkpoints.drain(..saved) {
             let prefix = &tokens[..reserved.position];
-            if manager.attach_checkpoint(prefix, reserved.checkpoint) && reserved.replaces_previous
+            let adapter = self.adapter.as_ref();
+            if manager.attach_checkpoint(adapter, prefix, reserved.checkpoint)
+                && reserved.replaces_previous
             {
                 let latest = (reserved.position, reserved.checkpoint);
                 if let Some((position, checkpoint)) = self.answer_checkpoint.replace(latest) {
-                    manager.detach_checkpoint(&tokens[..position], checkpoint);
+                    manager.detach_checkpoint(adapter, &tokens[..position], checkpoint);
                 }
             }
         }

@@ -8,5 +8,16 @@ mod radix;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
 pub use block_manager::CheckpointCounts;
 pub use block_pool::{AdoptedPrefix, BlockPool, BlockTable};
+
+/// The LoRA adapter whose weights computed a block. Blocks are shared only between requests under
+/// the same adapter, or under none (the base model). `id` never names another adapter while the
+/// router runs, even after this one is unloaded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AdapterKey {
+    pub id: u32,
+    pub name: Arc<str>,
+}

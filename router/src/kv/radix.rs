@@ -8,19 +8,26 @@
 //! because a sequence that holds a cached block holds the whole path leading to it.
 //! Hence every unreferenced cached node can be evicted, leaves first.
 //!
+//! Blocks computed under a LoRA adapter hang below that adapter's own root, so a prefix is
+//! only ever found by requests under the adapter that computed it.
+//!
 //! A node may also name a state checkpoint (a hybrid model's recurrent state after its
 //! prefix; see `state`): the checkpoint lives exactly as long as the node, or less.
 
 use std::collections::{BTreeSet, HashMap};
 
 use super::events::{BlockDigest, KvEventLog};
+use super::AdapterKey;
 
 mod state;
 
 pub(crate) use state::StatePrefix;
 
 type NodeId = usize;
+/// The base model's root.
 const ROOT: NodeId = 0;
+/// The block of a root: roots hold none.
+const NO_BLOCK: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Node {
@@ -33,6 +40,23 @@ struct Node {
     digest: BlockDigest,
     /// The state checkpoint holding the recurrent state after this node's prefix, if any.
     checkpoint: Option<u32>,
+    /// The adapter that computed the block (every node below an adapter's root has it).
+    adapter: Option<AdapterKey>,
+}
+
+impl Node {
+    fn root(adapter: Option<AdapterKey>) -> Self {
+        Self {
+            parent: ROOT,
+            key: Vec::new(),
+            block: NO_BLOCK,
+            children: HashMap::new(),
+            last_access: 0,
+            digest: [0; 32],
+            checkpoint: None,
+            adapter,
+        }
+    }
 }
 
 /// What evicting a leaf frees: its block, and its state checkpoint if it had one.
@@ -47,6 +71,8 @@ pub(crate) struct RadixCache {
     /// Slot `ROOT` is the root (it holds no block); `None` slots are reusable.
     nodes: Vec<Option<Node>>,
     vacant: Vec<NodeId>,
+    /// Each adapter's root by adapter id; made by its first block, kept while the tree lives.
+    adapter_roots: HashMap<u32, NodeId>,
     node_of_block: HashMap<u32, NodeId>,
     /// Unreferenced leaves by (last access, node): the LRU eviction order.
     evictable_leaves: BTreeSet<(u64, NodeId)>,
@@ -59,18 +85,10 @@ pub(crate) struct RadixCache {
 
 impl RadixCache {
     pub fn new() -> Self {
-        let root = Node {
-            parent: ROOT,
-            key: Vec::new(),
-            block: u32::MAX,
-            children: HashMap::new(),
-            last_access: 0,
-            digest: [0; 32],
-            checkpoint: None,
-        };
         Self {
-            nodes: vec![Some(root)],
+            nodes: vec![Some(Node::root(None))],
             vacant: Vec::new(),
+            adapter_roots: HashMap::new(),
             node_of_block: HashMap::new(),
             evictable_leaves: BTreeSet::new(),
             checkpointed: BTreeSet::new(),
@@ -100,6 +118,41 @@ impl RadixCache {
             .expect("invariant: live node ids point at occupied slots")
     }
 
+    /// The root prefixes computed under `adapter` start from, if any is cached.
+    fn root(&self, adapter: Option<&AdapterKey>) -> Option<NodeId> {
+        match adapter {
+            None => Some(ROOT),
+            Some(adapter) => self.adapter_roots.get(&adapter.id).copied(),
+        }
+    }
+
+    fn root_or_insert(&mut self, adapter: Option<&AdapterKey>) -> NodeId {
+        if let Some(root) = self.root(adapter) {
+            return root;
+        }
+        let adapter = adapter.expect("invariant: the base model's root always exists");
+        let id = self.vacant_slot(Node::root(Some(adapter.clone())));
+        self.adapter_roots.insert(adapter.id, id);
+        id
+    }
+
+    fn is_root(&self, id: NodeId) -> bool {
+        self.node(id).block == NO_BLOCK
+    }
+
+    fn vacant_slot(&mut self, node: Node) -> NodeId {
+        match self.vacant.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        }
+    }
+
     pub fn contains(&self, block: u32) -> bool {
         self.node_of_block.contains_key(&block)
     }
@@ -112,13 +165,16 @@ impl RadixCache {
     /// `max_blocks` of them; marks them recently used.
     pub fn longest_prefix(
         &mut self,
+        adapter: Option<&AdapterKey>,
         tokens: &[u32],
         block_size: usize,
         max_blocks: usize,
     ) -> Vec<u32> {
         self.clock += 1;
         let mut blocks = Vec::new();
-        let mut current = ROOT;
+        let Some(mut current) = self.root(adapter) else {
+            return blocks;
+        };
         for chunk in tokens.chunks_exact(block_size).take(max_blocks) {
             let Some(&child) = self.node(current).children.get(chunk) else {
                 break;
@@ -133,12 +189,15 @@ impl RadixCache {
     /// How many whole blocks of `tokens` are cached (at most `max_blocks`), without marking them used.
     pub fn peek_prefix_blocks(
         &self,
+        adapter: Option<&AdapterKey>,
         tokens: &[u32],
         block_size: usize,
         max_blocks: usize,
     ) -> usize {
-        let mut current = ROOT;
         let mut matched = 0;
+        let Some(mut current) = self.root(adapter) else {
+            return matched;
+        };
         for chunk in tokens.chunks_exact(block_size).take(max_blocks) {
             let Some(&child) = self.node(current).children.get(chunk) else {
                 break;
@@ -152,9 +211,17 @@ impl RadixCache {
     /// Up to `max_tokens` tokens that an earlier sequence computed right after `tokens`: the
     /// whole blocks of `tokens` must be cached, its last partial block must begin a cached child,
     /// and the rest follows the most recently used child at each node. Nothing is marked used.
-    pub fn continuation(&self, tokens: &[u32], block_size: usize, max_tokens: usize) -> Vec<u32> {
+    pub fn continuation(
+        &self,
+        adapter: Option<&AdapterKey>,
+        tokens: &[u32],
+        block_size: usize,
+        max_tokens: usize,
+    ) -> Vec<u32> {
         let whole_blocks = tokens.len() / block_size;
-        let mut current = ROOT;
+        let Some(mut current) = self.root(adapter) else {
+            return Vec::new();
+        };
         for chunk in tokens.chunks_exact(block_size) {
             let Some(&child) = self.node(current).children.get(chunk) else {
                 return Vec::new();
@@ -197,11 +264,18 @@ impl RadixCache {
     }
 
     /// Caches `block` as holding `key`, the run after the prefix ending at `parent_block`
-    /// (`None`: at the start of a sequence). Returns false when that prefix is not cached
-    /// or another block already caches the same run (the caller keeps its block private).
-    pub fn insert(&mut self, parent_block: Option<u32>, key: &[u32], block: u32) -> bool {
+    /// (`None`: at the start of a sequence computed under `adapter`). Returns false when that
+    /// prefix is not cached or another block already caches the same run (the caller keeps
+    /// its block private).
+    pub fn insert(
+        &mut self,
+        adapter: Option<&AdapterKey>,
+        parent_block: Option<u32>,
+        key: &[u32],
+        block: u32,
+    ) -> bool {
         let parent = match parent_block {
-            None => ROOT,
+            None => self.root_or_insert(adapter),
             Some(parent_block) => match self.node_of_block.get(&parent_block) {
                 Some(&parent) => parent,
                 None => return false,
@@ -211,8 +285,12 @@ impl RadixCache {
             return false;
         }
         self.clock += 1;
+        let adapter = self.node(parent).adapter.clone();
         let digest = match &self.events {
-            Some(log) => log.stored((parent != ROOT).then(|| &self.node(parent).digest), key),
+            Some(log) => {
+                let parent_digest = (!self.is_root(parent)).then(|| &self.node(parent).digest);
+                log.stored(parent_digest, key, adapter.as_ref())
+            }
             None => [0; 32],
         };
         let node = Node {
@@ -223,17 +301,9 @@ impl RadixCache {
             last_access: self.clock,
             digest,
             checkpoint: None,
+            adapter,
         };
-        let id = match self.vacant.pop() {
-            Some(id) => {
-                self.nodes[id] = Some(node);
-                id
-            }
-            None => {
-                self.nodes.push(Some(node));
-                self.nodes.len() - 1
-            }
-        };
+        let id = self.vacant_slot(node);
         self.node_mut(parent).children.insert(key.to_vec(), id);
         let parent_access = self.node(parent).last_access;
         self.evictable_leaves.remove(&(parent_access, parent));
@@ -280,7 +350,7 @@ impl RadixCache {
         parent.children.remove(&node.key);
         let parent_becomes_leaf = parent.children.is_empty();
         let (parent_block, parent_access) = (parent.block, parent.last_access);
-        if node.parent != ROOT && parent_becomes_leaf && parent_is_free(parent_block) {
+        if parent_block != NO_BLOCK && parent_becomes_leaf && parent_is_free(parent_block) {
             self.evictable_leaves.insert((parent_access, node.parent));
         }
         Some(Evicted {

@@ -1,10 +1,11 @@
 //! Block accounting and the prefix cache: unit cases and random operation sequences.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::{BlockPool, BlockTable};
+use super::{AdapterKey, BlockPool, BlockTable};
 
 #[test]
 fn grow_is_all_or_nothing() {
@@ -61,6 +62,78 @@ fn filled_table(pool: &BlockPool, tokens: &[u32], block_size: usize) -> (BlockTa
     table.grow(missing).expect("enough blocks");
     table.publish(tokens, tokens.len());
     (table, hit)
+}
+
+fn adapter(id: u32, name: &str) -> Option<AdapterKey> {
+    Some(AdapterKey {
+        id,
+        name: Arc::from(name),
+    })
+}
+
+/// Like `filled_table`, for a sequence under `adapter`.
+fn filled_table_under(
+    pool: &BlockPool,
+    adapter: Option<AdapterKey>,
+    tokens: &[u32],
+    block_size: usize,
+) -> (BlockTable, usize) {
+    let mut table = pool.new_table_under(adapter);
+    let hit = table.adopt_cached_prefix(tokens).tokens;
+    let missing = tokens.len().div_ceil(block_size) - table.len();
+    table.grow(missing).expect("enough blocks");
+    table.publish(tokens, tokens.len());
+    (table, hit)
+}
+
+#[test]
+fn a_prefix_computed_under_an_adapter_is_reused_only_under_that_adapter() {
+    let pool = BlockPool::with_prefix_cache(32, Some(4));
+    let tokens: Vec<u32> = (0..13).collect();
+    drop(filled_table_under(&pool, adapter(1, "sql"), &tokens, 4));
+    assert_eq!(pool.cached_prefix_tokens(None, &tokens), 0);
+    assert_eq!(
+        pool.cached_prefix_tokens(adapter(2, "chat").as_ref(), &tokens),
+        0
+    );
+    assert_eq!(
+        pool.cached_prefix_tokens(adapter(1, "sql").as_ref(), &tokens),
+        12
+    );
+    let (_, hit) = filled_table_under(&pool, None, &tokens, 4);
+    assert_eq!(hit, 0, "the base model computes its own blocks");
+    let (_, hit) = filled_table_under(&pool, adapter(2, "chat"), &tokens, 4);
+    assert_eq!(hit, 0, "another adapter computes its own blocks");
+    let (_, hit) = filled_table_under(&pool, adapter(1, "sql"), &tokens, 4);
+    assert_eq!(hit, 12);
+    assert_eq!(pool.cached(), 9, "three copies of the three whole blocks");
+    assert!(pool
+        .cached_continuation(adapter(2, "chat").as_ref(), &tokens[..4], 4)
+        .starts_with(&[4, 5, 6, 7]));
+    assert!(pool
+        .cached_continuation(adapter(3, "other").as_ref(), &tokens[..4], 4)
+        .is_empty());
+}
+
+#[test]
+fn an_adapters_idle_blocks_are_evicted_like_the_base_models() {
+    let pool = BlockPool::with_prefix_cache(6, Some(2));
+    drop(filled_table_under(
+        &pool,
+        adapter(1, "sql"),
+        &[1, 2, 3, 4, 5, 6],
+        2,
+    ));
+    assert_eq!(pool.cached(), 3);
+    let mut table = pool.new_table();
+    table
+        .grow(6)
+        .expect("every idle cached block can be evicted");
+    assert_eq!(pool.cached(), 0);
+    assert_eq!(
+        pool.cached_prefix_tokens(adapter(1, "sql").as_ref(), &[1, 2, 3]),
+        0
+    );
 }
 
 #[test]
@@ -125,17 +198,21 @@ fn the_cache_proposes_what_an_earlier_sequence_computed_after_the_same_tokens() 
     let _earlier = filled_table(&pool, &earlier, 4);
     // Mid-block: the partial block 8 9 must begin a cached block; the walk goes on below it.
     assert_eq!(
-        pool.cached_continuation(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 8),
+        pool.cached_continuation(None, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 8),
         vec![10, 11]
     );
     assert_eq!(
-        pool.cached_continuation(&[0, 1, 2, 3, 4], 5),
+        pool.cached_continuation(None, &[0, 1, 2, 3, 4], 5),
         vec![5, 6, 7, 8, 9]
     );
-    assert_eq!(pool.cached_continuation(&[0, 1], 3), vec![2, 3, 4]);
-    assert!(pool.cached_continuation(&[0, 1, 2, 3, 4, 9], 4).is_empty());
-    assert!(pool.cached_continuation(&[5, 1, 2, 3, 4], 4).is_empty());
-    assert!(pool.cached_continuation(&[0, 1, 2, 3], 0).is_empty());
+    assert_eq!(pool.cached_continuation(None, &[0, 1], 3), vec![2, 3, 4]);
+    assert!(pool
+        .cached_continuation(None, &[0, 1, 2, 3, 4, 9], 4)
+        .is_empty());
+    assert!(pool
+        .cached_continuation(None, &[5, 1, 2, 3, 4], 4)
+        .is_empty());
+    assert!(pool.cached_continuation(None, &[0, 1, 2, 3], 0).is_empty());
 }
 
 #[test]
@@ -143,12 +220,12 @@ fn the_most_recently_used_branch_is_proposed_and_a_pool_without_cache_proposes_n
     let pool = BlockPool::with_prefix_cache(16, Some(2));
     drop(filled_table(&pool, &[1, 2, 3, 4, 5, 6, 0], 2));
     drop(filled_table(&pool, &[1, 2, 3, 7, 8, 9, 0], 2));
-    assert_eq!(pool.cached_continuation(&[1, 2, 3], 3), vec![7, 8, 9]);
+    assert_eq!(pool.cached_continuation(None, &[1, 2, 3], 3), vec![7, 8, 9]);
     drop(filled_table(&pool, &[1, 2, 3, 4, 5, 6, 0], 2));
-    assert_eq!(pool.cached_continuation(&[1, 2, 3], 3), vec![4, 5, 6]);
+    assert_eq!(pool.cached_continuation(None, &[1, 2, 3], 3), vec![4, 5, 6]);
     let uncached = BlockPool::new(16);
     drop(filled_table(&uncached, &[1, 2, 3, 4, 5], 2));
-    assert!(uncached.cached_continuation(&[1, 2], 2).is_empty());
+    assert!(uncached.cached_continuation(None, &[1, 2], 2).is_empty());
 }
 
 #[test]

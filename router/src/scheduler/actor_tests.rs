@@ -119,6 +119,7 @@ fn config() -> SchedulerConfig {
         max_drafts: 0,
         draft_method: super::drafting::DraftMethod::Ngram,
         max_drafting_batch: usize::MAX,
+        max_loras: 0,
         state_checkpoints: None,
     }
 }

@@ -16,6 +16,7 @@ const INTERVAL: usize = 16;
 
 fn hybrid(checkpoints: usize) -> SchedulerConfig {
     SchedulerConfig {
+        max_loras: 0,
         state_checkpoints: Some(CheckpointPlan {
             count: checkpoints,
             interval: INTERVAL,

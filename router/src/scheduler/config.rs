@@ -29,4 +29,7 @@ pub struct SchedulerConfig {
     /// A model with recurrent state and prefix caching: the state checkpoints that let a
     /// request resume after a cached prefix (`None`: no checkpoints).
     pub state_checkpoints: Option<CheckpointPlan>,
+    /// Most distinct LoRA adapters the running requests may select at once (the shards'
+    /// `max_loras`); a request under another adapter waits until one is no longer selected.
+    pub max_loras: usize,
 }

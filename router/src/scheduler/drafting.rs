@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::kv::BlockPool;
+use crate::kv::{AdapterKey, BlockPool};
 
 /// Where a server's drafts come from (`--speculative-method`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +92,7 @@ pub fn propose(
     tokens: &[u32],
     max_drafts: usize,
     pool: &BlockPool,
+    adapter: Option<&AdapterKey>,
 ) -> Option<Drafts> {
     if max_drafts == 0 {
         return None;
@@ -100,7 +101,7 @@ pub fn propose(
         return Some(Drafts::FromModel(max_drafts));
     }
     if method == DraftMethod::Radix {
-        let cached = pool.cached_continuation(tokens, max_drafts);
+        let cached = pool.cached_continuation(adapter, tokens, max_drafts);
         if !cached.is_empty() {
             return Some(Drafts::Tokens {
                 tokens: cached,
@@ -189,7 +190,7 @@ mod tests {
         let computed = [1, 2, 3, 4, 5, 6];
         earlier.grow(3).expect("free blocks");
         earlier.publish(&computed, computed.len());
-        let proposed = |tokens: &[u32]| propose(DraftMethod::Radix, tokens, 3, &pool);
+        let proposed = |tokens: &[u32]| propose(DraftMethod::Radix, tokens, 3, &pool, None);
         assert_eq!(
             proposed(&[1, 2, 3]),
             Some(Drafts::Tokens {
@@ -205,21 +206,27 @@ mod tests {
             })
         );
         assert_eq!(
-            propose(DraftMethod::Ngram, &[1, 2, 3], 3, &pool),
+            propose(DraftMethod::Ngram, &[1, 2, 3], 3, &pool, None),
             None,
             "prompt lookup never reads the cache"
         );
-        assert_eq!(propose(DraftMethod::Radix, &[1, 2, 3], 0, &pool), None);
+        assert_eq!(
+            propose(DraftMethod::Radix, &[1, 2, 3], 0, &pool, None),
+            None
+        );
     }
 
     #[test]
     fn the_draft_model_is_asked_for_every_draft_the_room_allows_whatever_the_text() {
         let pool = BlockPool::with_prefix_cache(8, None);
-        let drafts = propose(DraftMethod::Model, &[1, 2, 3, 4], 3, &pool);
+        let drafts = propose(DraftMethod::Model, &[1, 2, 3, 4], 3, &pool, None);
         assert_eq!(drafts, Some(Drafts::FromModel(3)));
         let drafts = drafts.expect("three drafts");
         assert_eq!((drafts.count(), drafts.method()), (3, DraftMethod::Model));
-        assert_eq!(propose(DraftMethod::Model, &[1, 2, 3, 4], 0, &pool), None);
+        assert_eq!(
+            propose(DraftMethod::Model, &[1, 2, 3, 4], 0, &pool, None),
+            None
+        );
     }
 
     #[test]

@@ -71,7 +71,8 @@ impl SchedulerHandle {
         check_capacity(&config, &request)?;
         let (sender, events) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut sequence = Sequence::new(id, request, self.pool.new_table(), sender);
+        let table = self.pool.new_table_under(request.adapter.clone());
+        let mut sequence = Sequence::new(id, request, table, sender);
         sequence.leader = leader;
         self.submissions
             .send(Command::Submit(Box::new(sequence)))

@@ -325,6 +325,7 @@ mod tests {
             max_drafts: 0,
             draft_method: DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
+            max_loras: 0,
             state_checkpoints: None,
         };
         metrics::with_local_recorder(&recorder, || {

@@ -18,6 +18,8 @@ mod fake_shard;
 mod handle;
 mod in_flight;
 mod load;
+#[cfg(test)]
+mod lora_tests;
 mod metrics;
 #[cfg(test)]
 mod model_draft_tests;

@@ -114,6 +114,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         max_drafts: if state.is_some() { 0 } else { max_drafts },
                         draft_method,
                         max_drafting_batch: usize::MAX,
+                        max_loras: 0,
                         state_checkpoints: state.map(|(count, blocks)| CheckpointPlan {
                             count,
                             interval: blocks * block_size,

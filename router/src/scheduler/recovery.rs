@@ -109,6 +109,7 @@ mod tests {
             max_drafts: 0,
             draft_method: super::super::drafting::DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
+            max_loras: 0,
             state_checkpoints: None,
         })
     }

@@ -3,6 +3,7 @@
 use tokio::sync::mpsc;
 
 use super::error::SchedulerError;
+use crate::kv::AdapterKey;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
 };
@@ -19,6 +20,9 @@ pub struct GenerationRequest {
     /// Most draft tokens per step for this request (`speculate`); `None` leaves the server's
     /// `--speculate`, which also bounds any value here.
     pub max_drafts: Option<usize>,
+    /// The LoRA adapter the request runs under (`None`: the base model); its KV blocks are
+    /// shared only with requests under the same adapter.
+    pub adapter: Option<AdapterKey>,
 }
 
 /// Events delivered to the HTTP layer for one request, in order.

@@ -247,6 +247,7 @@ impl Sequence {
             stopping: self.stopping.clone(),
             logprobs: self.logprobs,
             grammar: self.grammar.clone(),
+            lora_adapter: self.blocks.adapter().map(|adapter| adapter.name.clone()),
         }
     }
 }

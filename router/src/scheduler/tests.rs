@@ -18,6 +18,7 @@ pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerCon
         max_drafts: 0,
         draft_method: super::drafting::DraftMethod::Ngram,
         max_drafting_batch: usize::MAX,
+        max_loras: 0,
         state_checkpoints: None,
         block_size: 4,
         num_blocks,

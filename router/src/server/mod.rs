@@ -25,8 +25,8 @@ use crate::shard::{ClusterAuth, KvCacheSize, ModelInfo, ShardError, ShardFleet, 
 use crate::stream::TokenDecoding;
 use crate::tools::ToolFormat;
 use crate::validation::{
-    tokenization_peak_bytes, ChatTemplate, ChatUnavailable, GrammarCompiler, ModelFiles,
-    ModelFilesError, SamplingDefaults, TemplateSource, TemplateSourceError, Validator,
+    tokenization_peak_bytes, ChatTemplate, ChatUnavailable, GrammarCompiler, LoraAdapters,
+    ModelFiles, ModelFilesError, SamplingDefaults, TemplateSource, TemplateSourceError, Validator,
 };
 
 /// Why the router could not start or keep serving.
@@ -117,7 +117,7 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
              (--max-state-checkpoints)"
         );
     }
-    let backend = start_scheduler(&config, &fleet, &kv_cache).await?;
+    let backend = start_scheduler(&config, &fleet, &kv_cache, model.max_loras).await?;
     let served = ServedModel {
         architecture: model.architecture.clone(),
         dtype: model.dtype.clone(),
@@ -181,6 +181,7 @@ async fn start_scheduler(
     config: &RouterConfig,
     fleet: &ShardFleet,
     kv_cache: &KvCacheSize,
+    max_loras: usize,
 ) -> Result<Arc<dyn Backend>, StartupError> {
     let recovery = RecoveryConfig::new(
         warmup_plan(config),
@@ -189,7 +190,7 @@ async fn start_scheduler(
     );
     let kv_events = kv::events::start(&config.kv_events).await?;
     Ok(scheduler::spawn(
-        config.scheduler_config(kv_cache),
+        config.scheduler_config(kv_cache, max_loras),
         recovery,
         Arc::new(fleet.clone()),
         kv_events,
@@ -229,7 +230,9 @@ fn bound_to_model(
     model: &ModelInfo,
     config: &RouterConfig,
 ) -> Validator {
-    let mut validator = validator.with_eos_token_ids(model.eos_token_ids.clone());
+    let mut validator = validator
+        .with_eos_token_ids(model.eos_token_ids.clone())
+        .with_lora_adapters(lora_adapters(config, model));
     if let Some(grammars) = grammar_compiler(config, &model.eos_token_ids) {
         validator = validator.with_grammars(Arc::new(grammars));
     }
@@ -245,6 +248,24 @@ fn bound_to_model(
         return validator;
     }
     validator.with_model_vocab_size(model_vocab)
+}
+
+/// The adapters the shards hold, logged once.
+fn lora_adapters(config: &RouterConfig, model: &ModelInfo) -> LoraAdapters {
+    for adapter in &model.lora_adapters {
+        info!(
+            name = %adapter.name,
+            rank = adapter.rank,
+            target_modules = %adapter.target_modules.join(","),
+            max_loras = model.max_loras,
+            "LoRA adapter served"
+        );
+    }
+    let names = model
+        .lora_adapters
+        .iter()
+        .map(|adapter| adapter.name.clone());
+    LoraAdapters::new(&config.model_id, names)
 }
 
 /// The Warmup sent at start-up and again after every shard restart.

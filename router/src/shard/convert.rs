@@ -30,6 +30,31 @@ pub struct ModelInfo {
     pub draft_model: Option<String>,
     /// The model keeps a recurrent state per sequence beside its KV cache (a hybrid).
     pub recurrent_state: bool,
+    /// The LoRA adapters the shards hold, in the order they loaded them.
+    pub lora_adapters: Vec<LoraAdapterInfo>,
+    /// Most distinct adapters one step may carry (0: the shards serve no adapters).
+    pub max_loras: usize,
+    /// Highest adapter rank the shards accept.
+    pub max_lora_rank: usize,
+}
+
+/// One LoRA adapter as the shards describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraAdapterInfo {
+    pub name: String,
+    pub rank: usize,
+    /// The base model's projections it changes (`q_proj`, ..., `down_proj`), sorted.
+    pub target_modules: Vec<String>,
+}
+
+impl From<pb::LoraAdapter> for LoraAdapterInfo {
+    fn from(adapter: pb::LoraAdapter) -> Self {
+        Self {
+            name: adapter.name,
+            rank: adapter.rank as usize,
+            target_modules: adapter.target_modules,
+        }
+    }
 }
 
 impl From<pb::InfoResponse> for ModelInfo {
@@ -47,6 +72,9 @@ impl From<pb::InfoResponse> for ModelInfo {
             eos_token_ids: info.eos_token_ids,
             draft_model: (!info.draft_model.is_empty()).then_some(info.draft_model),
             recurrent_state: info.recurrent_state,
+            lora_adapters: info.lora_adapters.into_iter().map(Into::into).collect(),
+            max_loras: info.max_loras as usize,
+            max_lora_rank: info.max_lora_rank as usize,
         }
     }
 }
@@ -143,7 +171,9 @@ impl From<NewRequest> for pb::NewRequest {
             top_logprobs: request.logprobs.top_logprobs,
             prompt_logprobs: request.logprobs.prompt_logprobs,
             grammar: request.grammar.map(grammar_message),
-            lora_adapter: String::new(),
+            lora_adapter: request
+                .lora_adapter
+                .map_or_else(String::new, |name| name.to_string()),
         }
     }
 }

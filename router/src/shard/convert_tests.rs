@@ -97,7 +97,9 @@ fn a_new_request_sends_neutral_sampling_values_as_the_contracts_zero() {
         },
         logprobs: LogprobOptions::default(),
         grammar: Some(Grammar::Regex("a+".to_owned())),
+        lora_adapter: Some("sql".into()),
     });
+    assert_eq!(request.lora_adapter, "sql");
     let sampling = request.sampling.expect("sampling is always sent");
     assert_eq!(
         (

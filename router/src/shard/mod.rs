@@ -13,7 +13,7 @@ mod step_answer;
 
 pub use address::{ShardAddress, ShardAddressError};
 pub use cluster_secret::ClusterAuth;
-pub use convert::{KvCacheSize, ModelInfo, WarmupPlan};
+pub use convert::{KvCacheSize, LoraAdapterInfo, ModelInfo, WarmupPlan};
 pub use error::ShardError;
 pub use fleet::ShardFleet;
 pub use sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};

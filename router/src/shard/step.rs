@@ -1,6 +1,8 @@
 //! One Step as the scheduler plans it: the requests the shards meet for the first time, the
 //! token span each scheduled request runs, and the requests they must forget first.
 
+use std::sync::Arc;
+
 use super::sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
 
 /// One forward pass over every scheduled request. Steps run in `step_id` order on every rank.
@@ -27,6 +29,9 @@ pub struct NewRequest {
     pub logprobs: LogprobOptions,
     /// `None` means unconstrained.
     pub grammar: Option<Grammar>,
+    /// The LoRA adapter the request runs under, by the name the shards know it by; `None`: the
+    /// base model.
+    pub lora_adapter: Option<Arc<str>>,
 }
 
 /// The tokens one request runs in a step, starting at its computed-token count.

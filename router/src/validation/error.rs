@@ -67,6 +67,12 @@ pub enum ValidationError {
     Template(String),
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
+    #[error("`{param}` is `{name}`, which this server does not serve; it serves {served}")]
+    UnknownAdapter {
+        param: &'static str,
+        name: String,
+        served: String,
+    },
     #[error("`{param}`: {refusal}")]
     InvalidGrammar {
         param: &'static str,
@@ -101,7 +107,8 @@ impl ValidationError {
             | Self::UnknownToken { param, .. }
             | Self::TooMany { param, .. }
             | Self::TooLong { param, .. }
-            | Self::InvalidGrammar { param, .. } => Some(param),
+            | Self::InvalidGrammar { param, .. }
+            | Self::UnknownAdapter { param, .. } => Some(param),
             Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
         }
     }

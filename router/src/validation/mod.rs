@@ -1,5 +1,6 @@
 //! Turns a client's prompt and parameters into a tokenized, bounded `GenerationRequest`.
 
+mod adapters;
 mod bounds;
 mod budget;
 mod chat_template;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+pub use adapters::{AdapterChoice, LoraAdapters};
 pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
 pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate, TemplateExtras};
 pub use error::ValidationError;
@@ -110,6 +112,8 @@ pub struct Validator {
     max_drafts: u32,
     /// The reasoning format of chat output; `None`: output is not split.
     reasoning: Option<ReasoningParser>,
+    /// The LoRA adapters requests may select.
+    adapters: LoraAdapters,
 }
 
 impl Validator {
@@ -131,7 +135,20 @@ impl Validator {
             tokenizing: budget::TokenizationBudget::new(DEFAULT_TOKENIZATION_BUDGET),
             max_drafts: 0,
             reasoning: None,
+            adapters: LoraAdapters::default(),
         }
+    }
+
+    /// Lets requests select one of `adapters`.
+    #[must_use]
+    pub fn with_lora_adapters(mut self, adapters: LoraAdapters) -> Self {
+        self.adapters = adapters;
+        self
+    }
+
+    /// The LoRA adapters requests may select.
+    pub fn lora_adapters(&self) -> &LoraAdapters {
+        &self.adapters
     }
 
     /// Lets a request ask for at most `max_drafts` drafts per step (`speculate`).
@@ -186,6 +203,7 @@ impl Validator {
         params: &GenerationParams,
     ) -> Result<ValidRequest, ValidationError> {
         bounds::check(params, &self.request_limits)?;
+        let adapter = self.adapters.select(params.adapter.as_ref())?;
         let checked = params::check(params, self.limits.max_stop_sequences)?;
         self.check_token_ids(&params.stop_token_ids, &checked.sampling.logit_bias)?;
         self.check_prompt(&prompt)?;
@@ -251,6 +269,7 @@ impl Validator {
                 logprobs: params.logprobs,
                 grammar: reasoning.grammar.map(|g| g.grammar),
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
+                adapter,
             },
             stop: checked.stop,
             reasoning: reasoning.splitter,

@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::adapters::AdapterChoice;
 use super::error::ValidationError;
 use super::processors::{self, ProcessorParams};
 use super::requested_grammar::RequestedGrammar;
@@ -43,6 +44,8 @@ pub struct GenerationParams {
     pub speculate: Option<i64>,
     /// What the request asks of a reasoning model's reasoning.
     pub reasoning: ReasoningRequest,
+    /// The LoRA adapter the request names (`None`: the base model).
+    pub adapter: Option<AdapterChoice>,
 }
 
 /// Parameters that passed their range checks.

@@ -8,7 +8,7 @@ use crate::http::state::HandlerConfig;
 use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, request_rules, GenerationParams,
+    check_choices, check_count, reject_unsupported, request_rules, AdapterChoice, GenerationParams,
     ProcessorParams, Prompt, RequestedGrammar, ValidationError,
 };
 
@@ -66,7 +66,8 @@ struct GenerateParameters {
     truncate: Option<i64>,
     /// Only `false`: the Kirchenbauer watermark is not implemented.
     watermark: Option<bool>,
-    /// Only `null`: no LoRA adapters are loaded.
+    /// The LoRA adapter to generate with, by name (`/v1/models` lists them); `null` or empty: the
+    /// base model.
     adapter_id: Option<String>,
     /// Tandem extension: at most this many draft tokens per decode step for this request, from 0
     /// (no speculative decoding) to the server's `--speculate` (the default).
@@ -87,13 +88,11 @@ pub struct ResponseOptions {
 }
 
 impl GenerateParameters {
-    /// `watermark` and `adapter_id` are accepted only with values that change nothing.
+    /// `watermark` is accepted only with a value that changes nothing.
     fn reject_unimplemented(&self) -> Result<(), ValidationError> {
         let watermark = self.watermark == Some(true);
         let no_watermark = ": the Kirchenbauer watermark is not implemented";
-        request_rules::refuse_feature(watermark, "watermark", no_watermark)?;
-        let adapter = self.adapter_id.as_deref().is_some_and(|id| !id.is_empty());
-        request_rules::refuse_feature(adapter, "adapter_id", ": no LoRA adapters are loaded")
+        request_rules::refuse_feature(watermark, "watermark", no_watermark)
     }
 
     fn sampling_requested(&self) -> bool {
@@ -152,6 +151,7 @@ impl GenerateRequest {
             grammar,
             speculate: p.speculate,
             reasoning: ReasoningRequest::default(),
+            adapter: p.adapter_id.map(AdapterChoice::AdapterId),
         };
         let options = ResponseOptions {
             best_of,

@@ -114,6 +114,7 @@ impl SamplingFields {
             grammar: None,
             speculate: self.speculate,
             reasoning: ReasoningRequest::default(),
+            adapter: None,
         }
     }
 }

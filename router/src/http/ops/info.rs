@@ -47,7 +47,7 @@ pub struct ModelList {
     data: Vec<Model>,
 }
 
-/// The served model.
+/// A model requests may name: the served model, or a LoRA adapter of it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Model {
     id: String,
@@ -56,19 +56,28 @@ pub struct Model {
     /// When the router started (seconds since the Unix epoch).
     created: u64,
     owned_by: &'static str,
+    /// The model an adapter applies to; `null` for the served model itself.
+    parent: Option<String>,
 }
 
-/// `GET /v1/models`: the one served model.
+/// `GET /v1/models`: the served model, then each LoRA adapter with the served model as its
+/// `parent`.
 #[utoipa::path(get, path = "/v1/models", tag = "OpenAI",
-    responses((status = 200, description = "The served model", body = ModelList)))]
+    responses((status = 200, description = "The served model and its LoRA adapters", body = ModelList)))]
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    let base = &state.config.model_id;
+    let model = |id: &str, parent: Option<&String>| Model {
+        id: id.to_owned(),
+        object: "model",
+        created: state.config.started_at,
+        owned_by: "tandem",
+        parent: parent.cloned(),
+    };
+    let adapters = state.validator.lora_adapters().names();
     Json(ModelList {
         object: "list",
-        data: vec![Model {
-            id: state.config.model_id.clone(),
-            object: "model",
-            created: state.config.started_at,
-            owned_by: "tandem",
-        }],
+        data: std::iter::once(model(base, None))
+            .chain(adapters.map(|name| model(name, Some(base))))
+            .collect(),
     })
 }

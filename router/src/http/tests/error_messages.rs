@@ -73,6 +73,7 @@ fn variant(error: &ValidationError) -> &'static str {
         ValidationError::Template(_) => "Template",
         ValidationError::Tokenizer(_) => "Tokenizer",
         ValidationError::InvalidGrammar { .. } => "InvalidGrammar",
+        ValidationError::UnknownAdapter { .. } => "UnknownAdapter",
     }
 }
 
@@ -130,6 +131,11 @@ fn one_of_each() -> Vec<ValidationError> {
         ValidationError::Template(String::new()),
         ValidationError::Tokenizer(String::new()),
         grammar,
+        ValidationError::UnknownAdapter {
+            param: "model",
+            name: String::new(),
+            served: String::new(),
+        },
     ]
 }
 
@@ -204,6 +210,7 @@ fn cases() -> Vec<Case> {
         case(MESSAGES, r#"{"model": "m", "messages": [{"role": "user", "content": "a"}]}"#.into(), Validation("Missing"), Some("max_tokens"), &[]),
         case(CHAT, r#"{"messages": []}"#.into(), Validation("Empty"), Some("messages"), &[]),
         case(COMPLETIONS, r#"{"prompt": "a", "suffix": "x"}"#.into(), Validation("Unsupported"), Some("suffix"), &[]),
+        case(GENERATE, r#"{"inputs": "a", "parameters": {"adapter_id": "sql-lora"}}"#.into(), Validation("UnknownAdapter"), Some("adapter_id"), &["sql-lora", "no LoRA adapters are loaded"]),
         case(CHAT, r#"{"messages": [{"role": "robot", "content": "a"}]}"#.into(), Validation("InvalidRole"), Some("messages[0].role"), &["robot"]),
         case(CHAT, chat(r#", "stop": ["a", "b", "c", "d", "e"]"#), Validation("TooManyStops"), Some("stop"), &["5", "4"]),
         case(CHAT, chat(&format!(r#", "stop_token_ids": {:?}"#, vec![1; 65])), Validation("TooMany"), Some("stop_token_ids"), &["65", "64"]),

@@ -147,7 +147,8 @@ async fn unimplemented_parameters_are_rejected_by_name() {
         &post(&app_ok(), "/generate", body).await,
         StatusCode::UNPROCESSABLE_ENTITY,
     );
-    assert!(message.contains("`adapter_id`"), "{message}");
+    assert!(message.contains("`adapter_id` is `lora-1`"), "{message}");
+    assert!(message.contains("no LoRA adapters are loaded"), "{message}");
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ mod hostile;
 mod launch_identity;
 mod lifecycle;
 mod logprobs;
+mod lora;
 mod native;
 mod openai;
 mod openapi;
@@ -274,6 +275,15 @@ pub fn test_app_with(backend: Arc<FakeBackend>, config: HandlerConfig) -> axum::
 
 /// The state over `backend` and the test model directory, limited as `config` says.
 pub fn test_state(backend: Arc<dyn Backend>, config: HandlerConfig) -> AppState {
+    test_state_adapted(backend, config, |validator| validator)
+}
+
+/// Like `test_state`, its validator changed by `adapt` first.
+pub fn test_state_adapted(
+    backend: Arc<dyn Backend>,
+    config: HandlerConfig,
+    adapt: impl FnOnce(Validator) -> Validator,
+) -> AppState {
     let dir = testing::chat_model_dir();
     let files = ModelFiles::load(dir.path()).unwrap();
     let template = ChatTemplate::new(
@@ -288,8 +298,10 @@ pub fn test_state(backend: Arc<dyn Backend>, config: HandlerConfig) -> AppState 
         max_total_tokens: MAX_TOTAL_TOKENS,
         max_stop_sequences: 4,
     };
-    let validator = Validator::new(Arc::clone(&tokenizer), Ok(template), limits)
-        .with_request_limits(config.request_limits);
+    let validator = adapt(
+        Validator::new(Arc::clone(&tokenizer), Ok(template), limits)
+            .with_request_limits(config.request_limits),
+    );
     state_with_validator(backend, validator, TokenDecoding::new(tokenizer), config)
 }
 

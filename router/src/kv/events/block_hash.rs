@@ -3,9 +3,10 @@
 //! recompute them from token ids:
 //!
 //! - root: `sha256(cbor(seed))`, the seed being the text vLLM reads from `PYTHONHASHSEED`;
-//! - block: `sha256(cbor([parent_hash_bytes, [token ids...], null]))`, the parent being the
-//!   previous block's 32-byte hash or the root for a sequence's first block (`null`: no extra
-//!   keys, as Tandem has no LoRA, multimodal input or cache salt);
+//! - block: `sha256(cbor([parent_hash_bytes, [token ids...], extra_keys]))`, the parent being
+//!   the previous block's 32-byte hash or the root for a sequence's first block; the extra keys
+//!   are `[lora_name]` for a block computed under a LoRA adapter, else `null` (Tandem has no
+//!   multimodal input or cache salt);
 //! - on the wire: the digest's last 8 bytes as a big-endian `u64` (vLLM's integer block hashes).
 //!
 //! CBOR here is canonical (RFC 8949 preferred serialization): every length and integer in its
@@ -40,8 +41,13 @@ impl BlockHasher {
     }
 
     /// The digest of the block holding `tokens` after the prefix ending in `parent`
-    /// (`None`: the first block of a sequence).
-    pub(crate) fn block(&self, parent: Option<&BlockDigest>, tokens: &[u32]) -> BlockDigest {
+    /// (`None`: the first block of a sequence), computed under the LoRA adapter `lora`.
+    pub(crate) fn block(
+        &self,
+        parent: Option<&BlockDigest>,
+        tokens: &[u32],
+        lora: Option<&str>,
+    ) -> BlockDigest {
         let parent = parent.unwrap_or(&self.root);
         let mut encoded = Vec::with_capacity(40 + tokens.len() * 5);
         write_head(&mut encoded, MAJOR_ARRAY, 3);
@@ -51,7 +57,14 @@ impl BlockHasher {
         for &token in tokens {
             write_head(&mut encoded, MAJOR_UNSIGNED, u64::from(token));
         }
-        encoded.push(CBOR_NULL);
+        match lora {
+            Some(name) => {
+                write_head(&mut encoded, MAJOR_ARRAY, 1);
+                write_head(&mut encoded, MAJOR_TEXT, name.len() as u64);
+                encoded.extend_from_slice(name.as_bytes());
+            }
+            None => encoded.push(CBOR_NULL),
+        }
         Sha256::digest(&encoded).into()
     }
 }
@@ -119,11 +132,24 @@ mod tests {
         let mut expected = vec![0x83, 0x58, 0x20];
         expected.extend_from_slice(&hasher.root);
         expected.extend_from_slice(&[0x83, 0x01, 0x18, 24, 0x19, 0x01, 0x2c, 0xf6]);
-        let first = hasher.block(None, &tokens);
+        let first = hasher.block(None, &tokens, None);
         assert_eq!(first, <[u8; 32]>::from(Sha256::digest(&expected)));
-        let second = hasher.block(Some(&first), &tokens);
+        let second = hasher.block(Some(&first), &tokens, None);
         assert_ne!(second, first, "a block's hash depends on its prefix");
-        assert_eq!(second, hasher.block(Some(&first), &tokens));
+        assert_eq!(second, hasher.block(Some(&first), &tokens, None));
+    }
+
+    /// A block computed under a LoRA adapter carries `(lora_name,)` as its extra keys, as
+    /// vLLM's `_gen_lora_extra_hash_keys` makes them; reference values from Python's
+    /// `sha256(cbor2.dumps((parent, (1, 2, 3, 4), ("sql-expert",)), canonical=True))`.
+    #[test]
+    fn a_lora_blocks_hash_carries_the_adapter_name_as_its_extra_key() {
+        let hasher = BlockHasher::new("42");
+        let first = hasher.block(None, &[1, 2, 3, 4], Some("sql-expert"));
+        let second = hasher.block(Some(&first), &[5, 6, 7, 8], Some("sql-expert"));
+        assert_eq!(external(&first), 1_019_035_049_252_241_792);
+        assert_eq!(external(&second), 7_648_855_173_845_807_848);
+        assert_ne!(first, hasher.block(None, &[1, 2, 3, 4], None));
     }
 
     /// Reference values from the published algorithm in Python:
@@ -133,13 +159,13 @@ mod tests {
     fn known_sequences_hash_to_vllms_sha256_cbor_reference_values() {
         let hasher = BlockHasher::new("42");
         let tokens: Vec<u32> = (1..=32).collect();
-        let first = hasher.block(None, &tokens[..16]);
-        let second = hasher.block(Some(&first), &tokens[16..]);
+        let first = hasher.block(None, &tokens[..16], None);
+        let second = hasher.block(Some(&first), &tokens[16..], None);
         assert_eq!(external(&first), 0xe235_fcc8_4bc5_706d);
         assert_eq!(external(&second), 0x7856_ae50_e4ba_5af8);
         let widths = [0, 23, 24, 255, 256, 65_535, 65_536, u32::MAX];
         assert_eq!(
-            external(&hasher.block(None, &widths)),
+            external(&hasher.block(None, &widths, None)),
             0xf4d4_c217_6844_8575
         );
     }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::block_hash::{external, BlockDigest, BlockHasher};
+use crate::kv::AdapterKey;
 
 /// Events kept for the publisher at most; beyond, the oldest are dropped.
 pub const QUEUE_CAPACITY: usize = 100_000;
@@ -47,6 +48,8 @@ pub enum KvEvent {
         parent_block_hash: Option<u64>,
         token_ids: Vec<u32>,
         block_size: usize,
+        /// The LoRA adapter that computed the blocks (`None`: the base model).
+        lora: Option<AdapterKey>,
         group: Option<CacheGroup>,
     },
     BlockRemoved {
@@ -121,6 +124,7 @@ fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<Kv
                 block_hashes,
                 token_ids,
                 block_size,
+                lora,
                 group,
                 ..
             }),
@@ -129,10 +133,12 @@ fn merge_into_last(pending: &mut VecDeque<KvEvent>, event: KvEvent) -> Option<Kv
                 parent_block_hash: Some(parent),
                 token_ids: new_tokens,
                 block_size: new_block_size,
+                lora: new_lora,
                 group: new_group,
             },
         ) if block_hashes.last() == Some(&parent)
             && *block_size == new_block_size
+            && *lora == new_lora
             && *group == new_group =>
         {
             block_hashes.extend(new_hashes);
@@ -186,14 +192,23 @@ impl KvEventLog {
         self.groups.then_some(CacheGroup::Attention)
     }
 
-    /// Records that the block holding `tokens` after `parent` is cached; returns its digest.
-    pub(crate) fn stored(&self, parent: Option<&BlockDigest>, tokens: &[u32]) -> BlockDigest {
-        let digest = self.hasher.block(parent, tokens);
+    /// Records that the block holding `tokens` after `parent`, computed under `lora`, is
+    /// cached; returns its digest.
+    pub(crate) fn stored(
+        &self,
+        parent: Option<&BlockDigest>,
+        tokens: &[u32],
+        lora: Option<&AdapterKey>,
+    ) -> BlockDigest {
+        let digest = self
+            .hasher
+            .block(parent, tokens, lora.map(|adapter| &*adapter.name));
         self.queue.push(KvEvent::BlockStored {
             block_hashes: vec![external(&digest)],
             parent_block_hash: parent.map(external),
             token_ids: tokens.to_vec(),
             block_size: tokens.len(),
+            lora: lora.cloned(),
             group: self.attention(),
         });
         digest
@@ -213,12 +228,14 @@ impl KvEventLog {
         parent: Option<&BlockDigest>,
         digest: &BlockDigest,
         tokens: &[u32],
+        lora: Option<&AdapterKey>,
     ) {
         self.queue.push(KvEvent::BlockStored {
             block_hashes: vec![external(digest)],
             parent_block_hash: parent.map(external),
             token_ids: tokens.to_vec(),
             block_size: tokens.len(),
+            lora: lora.cloned(),
             group: Some(CacheGroup::State),
         });
     }

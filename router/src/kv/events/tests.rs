@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::block_hash::{external, BlockHasher};
 use super::event_log::{CacheGroup, KvEvent, KvEventLog, KvEventQueue};
-use crate::kv::BlockPool;
+use crate::kv::{AdapterKey, BlockPool};
 
 const BLOCK_SIZE: usize = 2;
 const SEED: &str = "0";
@@ -38,7 +38,7 @@ fn chain(tokens: &[u32]) -> Vec<u64> {
     tokens
         .chunks_exact(BLOCK_SIZE)
         .map(|block| {
-            let digest = hasher.block(parent.as_ref(), block);
+            let digest = hasher.block(parent.as_ref(), block, None);
             parent = Some(digest);
             external(&digest)
         })
@@ -52,6 +52,7 @@ fn caching_a_prompt_stores_its_whole_blocks_as_one_chained_event() {
     assert_eq!(
         drain(&queue),
         [KvEvent::BlockStored {
+            lora: None,
             block_hashes: chain(&[1, 2, 3, 4]),
             parent_block_hash: None,
             token_ids: vec![1, 2, 3, 4],
@@ -74,6 +75,7 @@ fn a_shared_prefix_is_stored_once_and_the_rest_chains_from_it() {
     assert_eq!(
         drain(&queue),
         [KvEvent::BlockStored {
+            lora: None,
             block_hashes: vec![third],
             parent_block_hash: Some(second),
             token_ids: vec![7, 8],
@@ -194,6 +196,7 @@ fn a_hybrids_state_checkpoints_are_stored_and_removed_as_their_own_group() {
         drain(&queue),
         [
             KvEvent::BlockStored {
+                lora: None,
                 block_hashes: hashes.clone(),
                 parent_block_hash: None,
                 token_ids: vec![1, 2, 3, 4],
@@ -201,6 +204,7 @@ fn a_hybrids_state_checkpoints_are_stored_and_removed_as_their_own_group() {
                 group: Some(CacheGroup::Attention),
             },
             KvEvent::BlockStored {
+                lora: None,
                 block_hashes: vec![hashes[1]],
                 parent_block_hash: Some(hashes[0]),
                 token_ids: vec![3, 4],
@@ -225,5 +229,32 @@ fn a_hybrids_state_checkpoints_are_stored_and_removed_as_their_own_group() {
                 group: Some(CacheGroup::Attention),
             },
         ]
+    );
+}
+
+#[test]
+fn blocks_cached_under_an_adapter_name_it_and_hash_with_it() {
+    let (pool, queue) = recording_pool(8);
+    let sql = AdapterKey {
+        id: 7,
+        name: Arc::from("sql"),
+    };
+    let mut table = pool.new_table_under(Some(sql.clone()));
+    table.adopt_cached_prefix(&[1, 2, 3, 4]);
+    table.grow(2).expect("the pool has room");
+    table.publish(&[1, 2, 3, 4], 4);
+    let hasher = BlockHasher::new(SEED);
+    let first = hasher.block(None, &[1, 2], Some("sql"));
+    let second = hasher.block(Some(&first), &[3, 4], Some("sql"));
+    assert_eq!(
+        drain(&queue),
+        [KvEvent::BlockStored {
+            lora: Some(sql),
+            block_hashes: vec![external(&first), external(&second)],
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: BLOCK_SIZE,
+            group: None,
+        }]
     );
 }

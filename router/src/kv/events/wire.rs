@@ -46,6 +46,7 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
             parent_block_hash,
             token_ids,
             block_size,
+            lora,
             group,
         } => {
             encode::write_array_len(out, if group.is_some() { 11 } else { 8 })?;
@@ -60,9 +61,15 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
                 encode::write_uint(out, u64::from(token))?;
             }
             encode::write_uint(out, *block_size as u64)?;
-            write_nil(out)?;
+            match lora {
+                Some(adapter) => encode::write_uint(out, u64::from(adapter.id)).map(drop)?,
+                None => write_nil(out)?,
+            }
             encode::write_str(out, MEDIUM)?;
-            write_nil(out)?;
+            match lora {
+                Some(adapter) => encode::write_str(out, &adapter.name)?,
+                None => write_nil(out)?,
+            }
             if let Some(group) = group {
                 // No extra keys, then the group.
                 write_nil(out)?;
@@ -118,6 +125,7 @@ mod tests {
     fn batch_encodes_as_msgspec_array_like_tagged_structs() {
         let events = [
             KvEvent::BlockStored {
+                lora: None,
                 block_hashes: vec![1, 0xffff_ffff_ffff_ffff],
                 parent_block_hash: None,
                 token_ids: vec![7, 300],
@@ -152,9 +160,37 @@ mod tests {
     }
 
     #[test]
+    fn a_lora_blocks_stored_event_names_the_adapters_id_and_name() {
+        let events = [KvEvent::BlockStored {
+            lora: Some(crate::kv::AdapterKey {
+                id: 3,
+                name: "sql".into(),
+            }),
+            block_hashes: vec![1],
+            parent_block_hash: None,
+            token_ids: vec![7],
+            block_size: 1,
+            group: None,
+        }];
+        let encoded = encode_batch(0.0, &events);
+        let mut expected = vec![0x93, 0xcb];
+        expected.extend_from_slice(&0.0f64.to_be_bytes());
+        expected.push(0x91);
+        expected.extend_from_slice(&[0x98, 0xab]);
+        expected.extend_from_slice(b"BlockStored");
+        expected.extend_from_slice(&[0x91, 0x01, 0xc0, 0x91, 0x07, 0x01, 0x03, 0xa3]);
+        expected.extend_from_slice(b"GPU");
+        expected.push(0xa3);
+        expected.extend_from_slice(b"sql");
+        expected.push(0x00);
+        assert_eq!(encoded, expected);
+    }
+
+    #[test]
     fn a_hybrids_events_name_their_cache_group_after_the_lora_name() {
         let events = [
             KvEvent::BlockStored {
+                lora: None,
                 block_hashes: vec![1],
                 parent_block_hash: Some(3),
                 token_ids: vec![7],

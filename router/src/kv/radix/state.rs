@@ -5,7 +5,8 @@
 //! A checkpoint depends on its node's whole path, which outlives it: a node is evicted
 //! only as a leaf, and evicting it frees its checkpoint.
 
-use super::{NodeId, RadixCache, ROOT};
+use super::{NodeId, RadixCache};
+use crate::kv::AdapterKey;
 
 /// The longest cached prefix a request with recurrent state can resume after.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -21,9 +22,17 @@ pub(crate) struct StatePrefix {
 impl RadixCache {
     /// The nodes spelling `tokens`' whole blocks from the root, at most `max_blocks` of them,
     /// as far as they are cached.
-    fn path(&self, tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<NodeId> {
+    fn path(
+        &self,
+        adapter: Option<&AdapterKey>,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+    ) -> Vec<NodeId> {
         let mut path = Vec::new();
-        let mut current = ROOT;
+        let Some(mut current) = self.root(adapter) else {
+            return path;
+        };
         for chunk in tokens.chunks_exact(block_size).take(max_blocks) {
             let Some(&child) = self.node(current).children.get(chunk) else {
                 break;
@@ -35,12 +44,17 @@ impl RadixCache {
     }
 
     /// The node whose prefix is exactly `prefix` (whole blocks), if cached.
-    fn node_at(&self, prefix: &[u32], block_size: usize) -> Option<NodeId> {
+    fn node_at(
+        &self,
+        adapter: Option<&AdapterKey>,
+        prefix: &[u32],
+        block_size: usize,
+    ) -> Option<NodeId> {
         let whole = prefix.len() / block_size;
         if !prefix.len().is_multiple_of(block_size) || whole == 0 {
             return None;
         }
-        let path = self.path(prefix, block_size, whole);
+        let path = self.path(adapter, prefix, block_size, whole);
         (path.len() == whole).then(|| path[whole - 1])
     }
 
@@ -48,11 +62,12 @@ impl RadixCache {
     /// blocks it returns (and the checkpoint) recently used.
     pub fn longest_prefix_with_state(
         &mut self,
+        adapter: Option<&AdapterKey>,
         tokens: &[u32],
         block_size: usize,
         max_blocks: usize,
     ) -> StatePrefix {
-        let path = self.path(tokens, block_size, max_blocks);
+        let path = self.path(adapter, tokens, block_size, max_blocks);
         let usable = path
             .iter()
             .rposition(|&id| self.node(id).checkpoint.is_some())
@@ -77,11 +92,12 @@ impl RadixCache {
     /// could resume after now, without marking anything used.
     pub fn peek_prefix_blocks_with_state(
         &self,
+        adapter: Option<&AdapterKey>,
         tokens: &[u32],
         block_size: usize,
         max_blocks: usize,
     ) -> usize {
-        let path = self.path(tokens, block_size, max_blocks);
+        let path = self.path(adapter, tokens, block_size, max_blocks);
         path.iter()
             .rposition(|&id| self.node(id).checkpoint.is_some())
             .map_or(0, |index| index + 1)
@@ -91,11 +107,12 @@ impl RadixCache {
     /// prefix is not cached or already has a checkpoint: the caller keeps `checkpoint` free.
     pub fn attach_checkpoint(
         &mut self,
+        adapter: Option<&AdapterKey>,
         prefix: &[u32],
         block_size: usize,
         checkpoint: u32,
     ) -> bool {
-        let Some(id) = self.node_at(prefix, block_size) else {
+        let Some(id) = self.node_at(adapter, prefix, block_size) else {
             return false;
         };
         let node = self.node_mut(id);
@@ -107,8 +124,8 @@ impl RadixCache {
         self.checkpointed.insert((access, id));
         if let Some(log) = &self.events {
             let node = self.node(id);
-            let parent = (node.parent != ROOT).then(|| &self.node(node.parent).digest);
-            log.state_stored(parent, &node.digest, &node.key);
+            let parent = (!self.is_root(node.parent)).then(|| &self.node(node.parent).digest);
+            log.state_stored(parent, &node.digest, &node.key, node.adapter.as_ref());
         }
         true
     }
@@ -117,11 +134,12 @@ impl RadixCache {
     /// it did (the caller frees the checkpoint).
     pub fn detach_checkpoint(
         &mut self,
+        adapter: Option<&AdapterKey>,
         prefix: &[u32],
         block_size: usize,
         checkpoint: u32,
     ) -> bool {
-        let Some(id) = self.node_at(prefix, block_size) else {
+        let Some(id) = self.node_at(adapter, prefix, block_size) else {
             return false;
         };
         let node = self.node_mut(id);

@@ -1,5 +1,7 @@
 //! Admission: which waiting requests join the next step, and where each one starts.
 
+use std::collections::HashSet;
+
 use super::{Budget, SchedulerState};
 use crate::kv::AdoptedPrefix;
 use crate::scheduler::request::GenerationEvent;
@@ -33,7 +35,8 @@ impl SchedulerState {
             .take(ADMISSION_LOOKAHEAD)
             .map(|sequence| {
                 (
-                    self.pool.cached_prefix_tokens(&sequence.tokens),
+                    self.pool
+                        .cached_prefix_tokens(sequence.blocks.adapter(), &sequence.tokens),
                     sequence.id,
                 )
             })
@@ -60,7 +63,7 @@ impl SchedulerState {
         let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) else {
             return false;
         };
-        if self.gated_by_leader(&self.waiting[index]) {
+        if self.gated_by_leader(&self.waiting[index]) || !self.adapter_fits(&self.waiting[index]) {
             return false;
         }
         let sequence = &mut self.waiting[index];
@@ -113,6 +116,24 @@ impl SchedulerState {
         budget.requests -= 1;
         self.running.push(sequence);
         true
+    }
+
+    /// A request under a LoRA adapter that no running request selects joins only while the
+    /// running requests select fewer than `max_loras` adapters: a step never carries more.
+    fn adapter_fits(&self, sequence: &Sequence) -> bool {
+        let Some(adapter) = sequence.blocks.adapter() else {
+            return true;
+        };
+        let mut selected = HashSet::new();
+        for running in &self.running {
+            if let Some(other) = running.blocks.adapter() {
+                if other.id == adapter.id {
+                    return true;
+                }
+                selected.insert(other.id);
+            }
+        }
+        selected.len() < self.config.max_loras
     }
 
     /// Sibling gate: a waiting sequence is held back while its leader is waiting or running

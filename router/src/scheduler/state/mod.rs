@@ -196,7 +196,13 @@ impl SchedulerState {
             .draft_room()
             .min(sequence.draft_limit(server_limit))
             .min(spare_tokens);
-        let drafts = propose(self.config.draft_method, &sequence.tokens, room, &self.pool);
+        let drafts = propose(
+            self.config.draft_method,
+            &sequence.tokens,
+            room,
+            &self.pool,
+            sequence.blocks.adapter(),
+        );
         if room > 0 && drafts.is_none() {
             pause_after_fruitless_try(sequence, false);
         }

@@ -16,7 +16,7 @@ use crate::validation::{
     check_choices, check_count, reject_unsupported, template_kwargs, ChatEnding, ChatMessage,
     GenerationParams, Prompt, SamplingDefaults, TemplateExtras, ValidationError,
 };
-use crate::validation::{request_rules, response_format};
+use crate::validation::{request_rules, response_format, AdapterChoice};
 
 /// Most alternatives per token OpenAI's chat route returns.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -254,6 +254,7 @@ impl ChatRequest {
             .or_defaults(defaults)
             .into_params((max_new_tokens, max_new_tokens_param), logprobs);
         params.grammar = response_format::grammar(response_format)?;
+        params.adapter = self.model.take().map(AdapterChoice::Model);
         params.reasoning = reasoning_effort(self.reasoning_effort.as_deref(), "reasoning_effort")?;
         if let Some(plan) = tool_plan.as_ref().filter(|plan| plan.may_call()) {
             apply_tool_plan(plan, &mut params, &mut messages)?;

@@ -10,8 +10,8 @@ use crate::http::openai::{StopSpec, StreamOptions};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::validation::{
-    check_choices, check_count, reject_unsupported, request_rules, GenerationParams, Prompt,
-    ValidationError,
+    check_choices, check_count, reject_unsupported, request_rules, AdapterChoice, GenerationParams,
+    Prompt, ValidationError,
 };
 
 /// Most alternatives per token OpenAI's completions route returns.
@@ -192,6 +192,7 @@ impl CompletionRequest {
             .or_defaults(&limits.default_sampling)
             .into_params((self.max_tokens, "max_tokens"), logprobs);
         params.grammar = crate::validation::response_format::grammar(response_format)?;
+        params.adapter = self.model.take().map(AdapterChoice::Model);
         Ok(CompletionPlan {
             prompts,
             params,

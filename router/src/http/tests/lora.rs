@@ -1,0 +1,92 @@
+//! LoRA adapters over HTTP: `/v1/models` lists them, OpenAI's `model` and TGI's `adapter_id`
+//! select one, and a name that is not served is refused before anything reaches the engine.
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::*;
+use crate::validation::LoraAdapters;
+
+fn app_with_adapters(backend: Arc<FakeBackend>) -> axum::Router {
+    let config = handler_config(4);
+    let adapters = LoraAdapters::new(&config.model_id, ["sql".to_owned(), "chat".to_owned()]);
+    app(test_state_adapted(backend, config, |validator| {
+        validator.with_lora_adapters(adapters)
+    }))
+}
+
+fn selected(backend: &FakeBackend) -> Vec<Option<String>> {
+    let requests = backend.requests.lock().unwrap();
+    requests
+        .iter()
+        .map(|request| request.adapter.as_ref().map(|key| key.name.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn models_lists_the_served_model_then_each_adapter_with_its_parent() {
+    let reply = get(&app_with_adapters(ok_backend()), "/v1/models").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let data = reply.json()["data"].as_array().cloned().unwrap_or_default();
+    let listed: Vec<(Value, Value)> = data
+        .iter()
+        .map(|model| (model["id"].clone(), model["parent"].clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (Value::from(MODEL_ID), Value::Null),
+            (Value::from("sql"), Value::from(MODEL_ID)),
+            (Value::from("chat"), Value::from(MODEL_ID)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn model_and_adapter_id_select_the_adapter_and_answers_name_it() {
+    let backend = ok_backend();
+    let app = app_with_adapters(Arc::clone(&backend));
+    let chat =
+        r#"{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let reply = post(&app, "/v1/chat/completions", chat).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["model"], "chat");
+    let completion = format!(r#"{{"model": "{MODEL_ID}", "prompt": "hi", "max_tokens": 2}}"#);
+    let reply = post(&app, "/v1/completions", &completion).await;
+    assert_eq!(reply.json()["model"], MODEL_ID);
+    let generate = r#"{"inputs": "hi", "parameters": {"adapter_id": "sql", "max_new_tokens": 2}}"#;
+    assert_eq!(
+        post(&app, "/generate", generate).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        selected(&backend),
+        [Some("chat".to_owned()), None, Some("sql".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_name_that_is_not_served_is_refused_naming_what_is() {
+    let backend = ok_backend();
+    let app = app_with_adapters(Arc::clone(&backend));
+    let chat = r#"{"model": "sq1", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let reply = post(&app, "/v1/chat/completions", chat).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("`model` is `sq1`"), "{message}");
+    assert!(
+        message.contains(&format!("{MODEL_ID}, sql, chat")),
+        "{message}"
+    );
+    assert_eq!(reply.json()["error"]["param"], "model");
+    let generate = r#"{"inputs": "hi", "parameters": {"adapter_id": "nope"}}"#;
+    let reply = post(&app, "/generate", generate).await;
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(reply.json()["error"]
+        .as_str()
+        .is_some_and(|message| message.contains("it serves sql, chat")));
+    assert!(selected(&backend).is_empty(), "nothing reached the engine");
+}

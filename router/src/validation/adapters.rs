@@ -1,0 +1,178 @@
+//! Which LoRA adapter a request runs under: OpenAI routes name it as their `model`, TGI's
+//! routes as `parameters.adapter_id`.
+
+use std::sync::Arc;
+
+use super::error::ValidationError;
+use crate::kv::AdapterKey;
+
+/// How a request names the model or adapter it wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// An OpenAI-style `model`: the base model's id or an adapter's name.
+    Model(String),
+    /// TGI's `adapter_id`: an adapter's name (empty: the base model).
+    AdapterId(String),
+}
+
+/// The LoRA adapters the shards hold, by name; an adapter's `id` is its position plus one, so
+/// the base model's cache namespace (no adapter) never collides with one.
+#[derive(Debug, Clone, Default)]
+pub struct LoraAdapters {
+    base_model: String,
+    adapters: Vec<AdapterKey>,
+}
+
+impl LoraAdapters {
+    pub fn new(base_model: &str, names: impl IntoIterator<Item = String>) -> Self {
+        let adapters = names
+            .into_iter()
+            .zip(1u32..)
+            .map(|(name, id)| AdapterKey {
+                id,
+                name: Arc::from(name),
+            })
+            .collect();
+        Self {
+            base_model: base_model.to_owned(),
+            adapters,
+        }
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.adapters.iter().map(|adapter| &*adapter.name)
+    }
+
+    /// The adapter `choice` selects: `None` for the base model. Without adapters any `model`
+    /// selects the base model, as before; with some, `model` must name the base model or one
+    /// of them. An `adapter_id` must name a loaded adapter.
+    pub fn select(
+        &self,
+        choice: Option<&AdapterChoice>,
+    ) -> Result<Option<AdapterKey>, ValidationError> {
+        let (param, name) = match choice {
+            None => return Ok(None),
+            Some(AdapterChoice::AdapterId(name)) if name.is_empty() => return Ok(None),
+            Some(AdapterChoice::Model(name))
+                if self.adapters.is_empty() || *name == self.base_model =>
+            {
+                return Ok(None)
+            }
+            Some(AdapterChoice::Model(name)) => ("model", name),
+            Some(AdapterChoice::AdapterId(name)) => ("adapter_id", name),
+        };
+        self.adapters
+            .iter()
+            .find(|adapter| *adapter.name == **name)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| self.unknown(param, name))
+    }
+
+    /// The name answers report as their `model`: the adapter `choice` selects, else `base`.
+    pub fn answering<'a>(&'a self, choice: Option<&AdapterChoice>, base: &'a str) -> &'a str {
+        let name = match choice {
+            Some(AdapterChoice::Model(name) | AdapterChoice::AdapterId(name)) => name,
+            None => return base,
+        };
+        self.names().find(|adapter| adapter == name).unwrap_or(base)
+    }
+
+    fn unknown(&self, param: &'static str, name: &str) -> ValidationError {
+        let mut served: Vec<&str> = Vec::new();
+        if param == "model" {
+            served.push(&self.base_model);
+        }
+        served.extend(self.names());
+        ValidationError::UnknownAdapter {
+            param,
+            name: name.chars().take(MAX_ECHOED_CHARS).collect(),
+            served: if served.is_empty() {
+                "none (no LoRA adapters are loaded)".to_owned()
+            } else {
+                served.join(", ")
+            },
+        }
+    }
+}
+
+/// A name echoed in an error message is cut to this many characters.
+const MAX_ECHOED_CHARS: usize = 128;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapters() -> LoraAdapters {
+        LoraAdapters::new("org/base", ["sql".to_owned(), "chat".to_owned()])
+    }
+
+    fn model(name: &str) -> Option<AdapterChoice> {
+        Some(AdapterChoice::Model(name.to_owned()))
+    }
+
+    fn adapter_id(name: &str) -> Option<AdapterChoice> {
+        Some(AdapterChoice::AdapterId(name.to_owned()))
+    }
+
+    #[test]
+    fn model_and_adapter_id_select_an_adapter_by_name() {
+        let adapters = adapters();
+        let chat = adapters.select(model("chat").as_ref()).expect("loaded");
+        assert_eq!(
+            chat.map(|key| (key.id, key.name.to_string())),
+            Some((2, "chat".to_owned()))
+        );
+        let sql = adapters.select(adapter_id("sql").as_ref()).expect("loaded");
+        assert_eq!(sql.map(|key| key.id), Some(1));
+        assert_eq!(
+            adapters.answering(model("chat").as_ref(), "org/base"),
+            "chat"
+        );
+        assert_eq!(
+            adapters.answering(model("other").as_ref(), "org/base"),
+            "org/base"
+        );
+        for base in [None, model("org/base"), adapter_id("")] {
+            assert_eq!(
+                adapters.select(base.as_ref()).expect("the base model"),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_naming_what_is_served() {
+        let adapters = adapters();
+        let error = adapters.select(model("sq1").as_ref()).expect_err("unknown");
+        assert_eq!(
+            error.to_string(),
+            "`model` is `sq1`, which this server does not serve; it serves org/base, sql, chat"
+        );
+        let error = adapters
+            .select(adapter_id("org/base").as_ref())
+            .expect_err("not an adapter");
+        assert_eq!(
+            error.to_string(),
+            "`adapter_id` is `org/base`, which this server does not serve; it serves sql, chat"
+        );
+    }
+
+    #[test]
+    fn without_adapters_any_model_is_the_base_model_and_no_adapter_id_is_accepted() {
+        let none = LoraAdapters::new("org/base", []);
+        assert_eq!(
+            none.select(model("gpt-4o").as_ref()).expect("as before"),
+            None
+        );
+        let error = none
+            .select(adapter_id("sql").as_ref())
+            .expect_err("nothing loaded");
+        assert!(
+            error
+                .to_string()
+                .ends_with("none (no LoRA adapters are loaded)"),
+            "{error}"
+        );
+    }
+}
