@@ -300,6 +300,11 @@ impl Actor {
     fn publish_load(&self) {
         let snapshot = self.state.load();
         super::metrics::record_load(&snapshot);
+        let max_loras = self.state.max_loras();
+        if max_loras > 0 {
+            let (running, waiting) = self.state.adapters();
+            super::lora_metrics::record_adapters(max_loras, &running, &waiting);
+        }
         self.load.send_replace(snapshot);
     }
 }

@@ -71,6 +71,9 @@ impl SchedulerHandle {
         check_capacity(&config, &request)?;
         let (sender, events) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Some(adapter) = &request.adapter {
+            super::lora_metrics::record_submitted(&adapter.name);
+        }
         let table = self.pool.new_table_under(request.adapter.clone());
         let mut sequence = Sequence::new(id, request, table, sender);
         sequence.leader = leader;

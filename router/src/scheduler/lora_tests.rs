@@ -90,6 +90,10 @@ fn a_request_under_an_adapter_beyond_max_loras_waits_until_one_is_free() {
     let mut sql = submit(&mut state, 1, under(Some((1, "sql")), 3));
     let mut chat = submit(&mut state, 2, under(Some((2, "chat")), 3));
     let mut seen_together = false;
+    let step = state.schedule().expect("two requests wait");
+    let (running, waiting) = state.adapters();
+    assert_eq!((running, waiting), (["sql"].into(), ["chat"].into()));
+    state.apply(shard.step(step));
     while let Some(step) = state.schedule() {
         let ids: Vec<u64> = step.scheduled.iter().map(|span| span.id).collect();
         seen_together |= ids.contains(&1) && ids.contains(&2);

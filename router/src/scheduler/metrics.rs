@@ -17,6 +17,7 @@ use crate::shard::ShardTimings;
 /// Describes every series the scheduler emits and registers its event counters at 0, so
 /// rates and alerts have a series before the first event.
 pub(super) fn describe() {
+    super::lora_metrics::describe();
     describe_load();
     describe_steps();
     describe_step_parts();

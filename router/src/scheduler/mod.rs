@@ -18,6 +18,7 @@ mod fake_shard;
 mod handle;
 mod in_flight;
 mod load;
+mod lora_metrics;
 #[cfg(test)]
 mod lora_tests;
 mod metrics;

@@ -1,7 +1,7 @@
 //! The scheduler's bookkeeping: which requests run, how many tokens each gets, which
 //! blocks they use. Pure state, no I/O: `schedule` plans a step, `apply` takes its result.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 mod admission;
@@ -62,6 +62,11 @@ impl SchedulerState {
         }
     }
 
+    /// Most distinct LoRA adapters the running requests may select (0: the shards serve none).
+    pub fn max_loras(&self) -> usize {
+        self.config.max_loras
+    }
+
     pub fn pool(&self) -> &BlockPool {
         &self.pool
     }
@@ -102,6 +107,14 @@ impl SchedulerState {
             kv_blocks_cached: self.pool.cached(),
             compilation: self.compilation,
         }
+    }
+
+    /// The LoRA adapters running requests and waiting requests select, by name.
+    pub fn adapters(&self) -> (BTreeSet<&str>, BTreeSet<&str>) {
+        (
+            adapter_names(&self.running),
+            adapter_names(self.waiting.iter()),
+        )
     }
 
     /// Plans the next step, or `None` when there is nothing to tell the shards.
@@ -412,4 +425,11 @@ impl SchedulerState {
         super::metrics::record_cache_config(&self.config, Some(previous));
         true
     }
+}
+
+fn adapter_names<'a>(sequences: impl IntoIterator<Item = &'a Sequence>) -> BTreeSet<&'a str> {
+    sequences
+        .into_iter()
+        .filter_map(|sequence| sequence.blocks.adapter().map(|key| &*key.name))
+        .collect()
 }
