@@ -189,6 +189,10 @@ pub struct ApiArgs {
     pub reasoning_parser: ReasoningParserFlag,
     #[command(flatten)]
     pub responses_store: ResponseStoreLimits,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's routes), which
+    /// change the shards' LoRA adapters while serving. Off: the adapters given at start-up.
+    #[arg(long, env = "ALLOW_RUNTIME_LORA_UPDATING")]
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// Whether the model's recommended sampling values are OpenAI requests' defaults.

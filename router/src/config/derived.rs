@@ -96,6 +96,7 @@ impl RouterConfig {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |elapsed| elapsed.as_secs()),
             tool_format,
+            runtime_lora_updates: self.api.runtime_lora_updates,
         }
     }
 

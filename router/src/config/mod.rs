@@ -105,6 +105,8 @@ pub struct ApiConfig {
     pub responses_store: ResponseStoreLimits,
     /// How chat output splits into reasoning and answer (`auto`: from the model).
     pub reasoning_parser: ReasoningParserFlag,
+    /// Whether LoRA adapters may be loaded and unloaded while serving.
+    pub runtime_lora_updates: bool,
 }
 
 /// How the router rides through shard restarts and shuts down.
@@ -218,6 +220,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 model_sampling_defaults: args.api.generation_config == GenerationConfigUse::Auto,
                 responses_store: args.api.responses_store,
                 reasoning_parser: args.api.reasoning_parser,
+                runtime_lora_updates: args.api.allow_runtime_lora_updating,
             },
             request_limits: args.request_limits,
             connections: args.connections,

@@ -19,7 +19,7 @@ pub use bodies::{
     OpenAiError, OpenAiErrorBody, OpenAiErrorResponses,
 };
 
-use crate::scheduler::{RequestFailureKind, SchedulerError};
+use crate::scheduler::{AdapterUpdateError, RequestFailureKind, SchedulerError};
 use crate::stream::StreamError;
 use crate::validation::ValidationError;
 
@@ -53,6 +53,8 @@ pub enum AppError {
     Stream(#[from] StreamError),
     #[error("the model is not healthy: {0}")]
     Unhealthy(SchedulerError),
+    #[error(transparent)]
+    AdapterUpdate(#[from] AdapterUpdateError),
     #[error("{what} with id '{id}' not found")]
     NotFound {
         what: &'static str,
@@ -70,6 +72,7 @@ enum Kind {
     Overloaded,
     Unauthorized,
     NotFound,
+    Conflict,
     Generation,
     Unavailable,
 }
@@ -102,7 +105,14 @@ impl AppError {
             Self::NotJson => Kind::NotJson,
             Self::Overloaded(_) | Self::QueueFull { .. } => Kind::Overloaded,
             Self::Unauthorized(_) => Kind::Unauthorized,
-            Self::NotFound { .. } => Kind::NotFound,
+            Self::NotFound { .. } | Self::AdapterUpdate(AdapterUpdateError::NotLoaded(_)) => {
+                Kind::NotFound
+            }
+            Self::AdapterUpdate(
+                AdapterUpdateError::AlreadyLoaded(_) | AdapterUpdateError::Refused { .. },
+            ) => Kind::Validation,
+            Self::AdapterUpdate(AdapterUpdateError::InUse { .. }) => Kind::Conflict,
+            Self::AdapterUpdate(AdapterUpdateError::Shards(_)) => Kind::Generation,
             Self::Scheduler(
                 SchedulerError::ShuttingDown
                 | SchedulerError::Recovering
@@ -128,7 +138,10 @@ impl AppError {
         match (self.kind(), scheduler) {
             (_, Some(SchedulerError::QueueTimeout(_))) => "timeout",
             (_, Some(SchedulerError::ShardFailed(_))) => "shard_error",
-            (Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::NotFound, _) => "validation",
+            (
+                Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::NotFound | Kind::Conflict,
+                _,
+            ) => "validation",
             (Kind::Overloaded, _) => "overloaded",
             (Kind::Unauthorized, _) => "unauthorized",
             (Kind::Unavailable, _) => "unavailable",
@@ -212,6 +225,7 @@ fn native_type(kind: Kind) -> &'static str {
         Kind::Overloaded => "overloaded",
         Kind::Unauthorized => "unauthorized",
         Kind::NotFound => "not_found",
+        Kind::Conflict => "conflict",
         Kind::Generation => "generation",
         Kind::Unavailable => "unhealthy",
     }
@@ -226,6 +240,7 @@ fn status(api: Api, kind: Kind) -> StatusCode {
         (Kind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
         (Kind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
         (Kind::NotFound, _) => StatusCode::NOT_FOUND,
+        (Kind::Conflict, _) => StatusCode::CONFLICT,
         (Kind::Generation, Api::OpenAi | Api::Anthropic) => StatusCode::INTERNAL_SERVER_ERROR,
         (Kind::Generation, Api::Native) => StatusCode::FAILED_DEPENDENCY,
         (Kind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
@@ -238,6 +253,7 @@ fn anthropic_type(kind: Kind) -> &'static str {
         Kind::TooLarge => "request_too_large",
         Kind::Unauthorized => "authentication_error",
         Kind::NotFound => "not_found_error",
+        Kind::Conflict => "invalid_request_error",
         Kind::Overloaded => "rate_limit_error",
         Kind::Generation => "api_error",
         Kind::Unavailable => "overloaded_error",
@@ -265,7 +281,8 @@ pub fn error_body(api: Api, error: &AppError) -> Value {
                 | Kind::TooLarge
                 | Kind::NotJson
                 | Kind::Unauthorized
-                | Kind::NotFound => "invalid_request_error",
+                | Kind::NotFound
+                | Kind::Conflict => "invalid_request_error",
                 Kind::Overloaded => "overloaded",
                 Kind::Generation => "server_error",
                 Kind::Unavailable => "service_unavailable",
@@ -309,7 +326,12 @@ pub fn error_response(api: Api, error: &AppError) -> Response {
         Kind::Unauthorized => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        Kind::Validation | Kind::TooLarge | Kind::NotJson | Kind::NotFound | Kind::Generation => {}
+        Kind::Validation
+        | Kind::TooLarge
+        | Kind::NotJson
+        | Kind::NotFound
+        | Kind::Conflict
+        | Kind::Generation => {}
     }
     response
 }

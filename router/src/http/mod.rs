@@ -35,7 +35,7 @@ pub use state::{AppState, HandlerConfig};
 pub use transport::connections::serve as serve_connections;
 
 use middleware::{auth, launch_identity, request_log, serving};
-use ops::{info, lifecycle, openapi};
+use ops::{info, lifecycle, lora_updates, openapi};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -62,15 +62,20 @@ pub fn app(state: AppState) -> Router {
         inference =
             inference.route_layer(from_fn_with_state(state.clone(), request_log::log_bodies));
     }
-    let protected = OpenApiRouter::new()
+    let mut protected = OpenApiRouter::new()
         .merge(inference)
         .routes(routes!(
             openai::responses::retrieve,
             openai::responses::delete
         ))
         .routes(routes!(info::models))
-        .routes(routes!(info::info))
-        .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
+        .routes(routes!(info::info));
+    if state.config.runtime_lora_updates {
+        protected = protected
+            .routes(routes!(lora_updates::load))
+            .routes(routes!(lora_updates::unload));
+    }
+    let protected = protected.route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
     let health = OpenApiRouter::new()
         .routes(routes!(lifecycle::health))
         .route_layer(from_fn_with_state(

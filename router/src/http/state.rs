@@ -46,6 +46,8 @@ pub struct HandlerConfig {
     pub started_at: u64,
     /// The syntax tool calls are rendered, constrained and parsed in.
     pub tool_format: ToolFormat,
+    /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served.
+    pub runtime_lora_updates: bool,
 }
 
 /// What every handler shares.
@@ -135,7 +137,7 @@ impl AppState {
 
     /// The `model` an answer to a request with `params` names: its LoRA adapter, else the
     /// served model.
-    pub fn answering_model(&self, params: &GenerationParams) -> &str {
+    pub fn answering_model(&self, params: &GenerationParams) -> String {
         self.validator
             .lora_adapters()
             .answering(params.adapter.as_ref(), &self.config.model_id)

@@ -177,6 +177,9 @@ impl Actor {
         match command {
             Command::Submit(sequence) => self.state.enqueue(*sequence),
             Command::DeepHealth(reply) => self.probes.push(reply),
+            Command::CountUnderAdapter(name, reply) => {
+                let _ = reply.send(self.state.requests_under_adapter(&name));
+            }
         }
     }
 
@@ -216,6 +219,9 @@ impl Actor {
             Command::Submit(sequence) => self.state.enqueue(*sequence),
             Command::DeepHealth(reply) => {
                 let _ = reply.send(Err(SchedulerError::Recovering));
+            }
+            Command::CountUnderAdapter(name, reply) => {
+                let _ = reply.send(self.state.requests_under_adapter(&name));
             }
         }
     }

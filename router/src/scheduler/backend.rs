@@ -1,9 +1,10 @@
 //! The engine as the HTTP layer sees it.
 
-use super::error::SchedulerError;
+use super::error::{AdapterUpdateError, SchedulerError};
 use super::load::LoadSnapshot;
 use super::recovery::EnginePhase;
 use super::request::{GenerationRequest, GenerationStream};
+use crate::shard::LoraAdapterInfo;
 
 /// What the HTTP layer needs from the engine behind it. Tests swap in a fake.
 #[async_trait::async_trait]
@@ -32,5 +33,28 @@ pub trait Backend: Send + Sync {
     /// Whether the engine takes requests or waits for restarted shards.
     fn phase(&self) -> EnginePhase {
         EnginePhase::Serving
+    }
+    /// Every shard loads the PEFT adapter at `path` (a directory on the shards' machines) as
+    /// `name`.
+    async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, AdapterUpdateError> {
+        let _ = path;
+        Err(AdapterUpdateError::Shards(format!(
+            "this engine cannot load '{name}'"
+        )))
+    }
+    /// Every shard forgets the adapter `name`.
+    async fn unload_lora_adapter(&self, name: &str) -> Result<(), AdapterUpdateError> {
+        Err(AdapterUpdateError::Shards(format!(
+            "this engine cannot unload '{name}'"
+        )))
+    }
+    /// Requests waiting or running under the adapter `name`.
+    async fn requests_under_adapter(&self, name: &str) -> usize {
+        let _ = name;
+        0
     }
 }

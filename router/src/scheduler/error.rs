@@ -23,3 +23,18 @@ pub enum SchedulerError {
     #[error("the deep health check got no answer within {0}s")]
     HealthTimeout(u64),
 }
+
+/// Why loading or unloading a LoRA adapter at run time failed; nothing changed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AdapterUpdateError {
+    #[error("LoRA adapter '{0}' is already loaded")]
+    AlreadyLoaded(String),
+    #[error("LoRA adapter '{0}' is not loaded")]
+    NotLoaded(String),
+    #[error("LoRA adapter '{name}' has {requests} requests waiting or running; unload it once they finish")]
+    InUse { name: String, requests: usize },
+    #[error("LoRA adapter '{name}' cannot be loaded: {message}")]
+    Refused { name: String, message: String },
+    #[error("the shards failed to change their LoRA adapters: {0}")]
+    Shards(String),
+}

@@ -8,13 +8,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::backend::Backend;
 use super::config::SchedulerConfig;
-use super::error::SchedulerError;
+use super::error::{AdapterUpdateError, SchedulerError};
 use super::load::LoadSnapshot;
 use super::recovery::EnginePhase;
 use super::request::{GenerationRequest, GenerationStream};
 use super::sequence::Sequence;
 use crate::kv::BlockPool;
-use crate::shard::ShardGroup;
+use crate::shard::{LoraAdapterInfo, ShardError, ShardGroup};
 
 /// What the handle asks of the step loop.
 pub(crate) enum Command {
@@ -23,6 +23,8 @@ pub(crate) enum Command {
     /// Run a deep health probe between two steps and answer here; skipped or cancelled
     /// once the asker stops waiting.
     DeepHealth(oneshot::Sender<Result<(), SchedulerError>>),
+    /// Answer how many requests wait or run under the named LoRA adapter.
+    CountUnderAdapter(String, oneshot::Sender<usize>),
 }
 
 pub(crate) struct SchedulerHandle {
@@ -137,5 +139,58 @@ impl Backend for SchedulerHandle {
 
     fn phase(&self) -> EnginePhase {
         *self.phase.borrow()
+    }
+
+    async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, AdapterUpdateError> {
+        self.shards
+            .load_lora_adapter(name, path)
+            .await
+            .map_err(|error| adapter_update_error(name, error))
+    }
+
+    async fn unload_lora_adapter(&self, name: &str) -> Result<(), AdapterUpdateError> {
+        self.shards
+            .unload_lora_adapter(name)
+            .await
+            .map_err(|error| adapter_update_error(name, error))
+    }
+
+    async fn requests_under_adapter(&self, name: &str) -> usize {
+        let (reply, answer) = oneshot::channel();
+        let asked = self
+            .submissions
+            .send(Command::CountUnderAdapter(name.to_owned(), reply));
+        // A scheduler that is gone runs nothing.
+        if asked.is_err() {
+            return 0;
+        }
+        answer.await.unwrap_or(0)
+    }
+}
+
+/// A shard's refusal as the client's error (the adapter, its name), anything else as the shards'.
+fn adapter_update_error(name: &str, error: ShardError) -> AdapterUpdateError {
+    match error {
+        ShardError::Rpc {
+            code: tonic::Code::AlreadyExists,
+            ..
+        } => AdapterUpdateError::AlreadyLoaded(name.to_owned()),
+        ShardError::Rpc {
+            code: tonic::Code::NotFound,
+            ..
+        } => AdapterUpdateError::NotLoaded(name.to_owned()),
+        ShardError::Rpc {
+            code: tonic::Code::InvalidArgument,
+            message,
+            ..
+        } => AdapterUpdateError::Refused {
+            name: name.to_owned(),
+            message,
+        },
+        other => AdapterUpdateError::Shards(other.to_string()),
     }
 }

@@ -55,7 +55,7 @@ pub use backend::Backend;
 pub use checkpoints::CheckpointPlan;
 pub use config::SchedulerConfig;
 pub use drafting::DraftMethod;
-pub use error::SchedulerError;
+pub use error::{AdapterUpdateError, SchedulerError};
 pub use load::LoadSnapshot;
 pub use recovery::{EnginePhase, RecoveryConfig};
 

@@ -47,6 +47,17 @@ pub struct LoraAdapterInfo {
     pub target_modules: Vec<String>,
 }
 
+impl LoraAdapterInfo {
+    /// An adapter known only by name (a shard that described nothing more).
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            rank: 0,
+            target_modules: Vec::new(),
+        }
+    }
+}
+
 impl From<pb::LoraAdapter> for LoraAdapterInfo {
     fn from(adapter: pb::LoraAdapter) -> Self {
         Self {

@@ -20,6 +20,8 @@ pub enum ShardError {
     Inconsistent(String),
     #[error("no shard socket was given")]
     NoShards,
+    #[error("this shard group does not support {0}")]
+    Unsupported(&'static str),
     #[error("cannot use the cluster secret file {path}: {message}")]
     ClusterSecret { path: String, message: String },
 }

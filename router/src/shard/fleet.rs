@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 use super::address::ShardAddress;
 use super::cluster_secret::ClusterAuth;
 use super::connect::connect;
-use super::convert::{KvCacheSize, ModelInfo, WarmupPlan};
+use super::convert::{KvCacheSize, LoraAdapterInfo, ModelInfo, WarmupPlan};
 use super::error::ShardError;
 use super::step::Step;
 use super::step_answer::StepAnswer;
@@ -114,8 +114,70 @@ impl ShardFleet {
             .map(drop)
     }
 
+    pub async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, ShardError> {
+        let request = pb::LoadLoraAdapterRequest {
+            name: name.to_owned(),
+            path: path.to_owned(),
+        };
+        let answers = self
+            .each_rank(|mut client| {
+                let request = request.clone();
+                async move { client.load_lora_adapter(request).await }
+            })
+            .await;
+        let loaded: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, answer)| answer.is_ok().then_some(rank))
+            .collect();
+        match answers.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(mut answers) => Ok(answers
+                .swap_remove(0)
+                .adapter
+                .map(LoraAdapterInfo::from)
+                .unwrap_or_else(|| LoraAdapterInfo::named(name))),
+            Err(error) => {
+                for rank in loaded {
+                    // Best effort: a rank that cannot unload keeps an adapter nobody selects.
+                    let _ = self.clients[rank]
+                        .clone()
+                        .unload_lora_adapter(pb::UnloadLoraAdapterRequest {
+                            name: name.to_owned(),
+                        })
+                        .await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    pub async fn unload_lora_adapter(&self, name: &str) -> Result<(), ShardError> {
+        let request = pb::UnloadLoraAdapterRequest {
+            name: name.to_owned(),
+        };
+        self.fan_out(|mut client| {
+            let request = request.clone();
+            async move { client.unload_lora_adapter(request).await }
+        })
+        .await
+        .map(drop)
+    }
+
     /// Sends one call to every rank concurrently; the answers come back in rank order.
     async fn fan_out<T, F, Fut>(&self, call: F) -> Result<Vec<T>, ShardError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.each_rank(call).await.into_iter().collect()
+    }
+
+    /// Each rank's answer to one call sent to all of them concurrently, in rank order.
+    async fn each_rank<T, F, Fut>(&self, call: F) -> Vec<Result<T, ShardError>>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,

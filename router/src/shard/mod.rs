@@ -36,6 +36,21 @@ pub trait ShardGroup: Send + Sync + 'static {
     async fn reset(&self) -> Result<(), ShardError>;
     /// Every rank (re)allocates its KV cache; the smallest rank's answer.
     async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError>;
+    /// Every rank loads the PEFT adapter at `path` as `name`; on any rank's refusal the ranks
+    /// that loaded it unload it again, so all ranks keep the same set.
+    async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, ShardError> {
+        let _ = (name, path);
+        Err(ShardError::Unsupported("loading LoRA adapters"))
+    }
+    /// Every rank forgets the adapter `name`.
+    async fn unload_lora_adapter(&self, name: &str) -> Result<(), ShardError> {
+        let _ = name;
+        Err(ShardError::Unsupported("unloading LoRA adapters"))
+    }
 }
 
 #[async_trait::async_trait]
@@ -54,5 +69,17 @@ impl ShardGroup for ShardFleet {
 
     async fn warmup(&self, plan: WarmupPlan) -> Result<KvCacheSize, ShardError> {
         ShardFleet::warmup(self, plan).await
+    }
+
+    async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, ShardError> {
+        ShardFleet::load_lora_adapter(self, name, path).await
+    }
+
+    async fn unload_lora_adapter(&self, name: &str) -> Result<(), ShardError> {
+        ShardFleet::unload_lora_adapter(self, name).await
     }
 }

@@ -1,7 +1,7 @@
 //! Which LoRA adapter a request runs under: OpenAI routes name it as their `model`, TGI's
 //! routes as `parameters.adapter_id`.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use super::error::ValidationError;
 use crate::kv::AdapterKey;
@@ -15,32 +15,89 @@ pub enum AdapterChoice {
     AdapterId(String),
 }
 
-/// The LoRA adapters the shards hold, by name; an adapter's `id` is its position plus one, so
-/// the base model's cache namespace (no adapter) never collides with one.
+/// The LoRA adapters the shards hold, by name, in the order they were loaded. Clones share one
+/// set, which loads and unloads at run time change. Ids count up from 1 and are never reused, so
+/// an adapter loaded again under an old name never meets the blocks its predecessor computed, and
+/// none collides with the base model's cache namespace (no adapter).
 #[derive(Debug, Clone, Default)]
 pub struct LoraAdapters {
-    base_model: String,
+    base_model: Arc<str>,
+    set: Arc<RwLock<AdapterSet>>,
+}
+
+#[derive(Debug, Default)]
+struct AdapterSet {
     adapters: Vec<AdapterKey>,
+    last_id: u32,
 }
 
 impl LoraAdapters {
     pub fn new(base_model: &str, names: impl IntoIterator<Item = String>) -> Self {
-        let adapters = names
-            .into_iter()
-            .zip(1u32..)
-            .map(|(name, id)| AdapterKey {
-                id,
-                name: Arc::from(name),
-            })
-            .collect();
-        Self {
-            base_model: base_model.to_owned(),
-            adapters,
+        let adapters = Self {
+            base_model: Arc::from(base_model),
+            set: Arc::default(),
+        };
+        for name in names {
+            adapters.add(&name);
+        }
+        adapters
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, AdapterSet> {
+        // Every critical section leaves the set whole, so a poisoned lock is still valid.
+        self.set
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds `name` under a new id; `None` when it is taken.
+    pub fn add(&self, name: &str) -> Option<AdapterKey> {
+        let mut set = self
+            .set
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if set.adapters.iter().any(|adapter| *adapter.name == *name) {
+            return None;
+        }
+        set.last_id += 1;
+        let key = AdapterKey {
+            id: set.last_id,
+            name: Arc::from(name),
+        };
+        set.adapters.push(key.clone());
+        Some(key)
+    }
+
+    /// Removes `name`: requests can no longer select it. `None` when it is not in the set.
+    pub fn remove(&self, name: &str) -> Option<AdapterKey> {
+        let mut set = self
+            .set
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let index = set
+            .adapters
+            .iter()
+            .position(|adapter| *adapter.name == *name)?;
+        Some(set.adapters.remove(index))
+    }
+
+    /// Puts back an adapter `remove` took out, under its old id.
+    pub fn restore(&self, key: AdapterKey) {
+        let mut set = self
+            .set
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !set.adapters.iter().any(|adapter| adapter.name == key.name) {
+            set.adapters.push(key);
         }
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.adapters.iter().map(|adapter| &*adapter.name)
+    pub fn names(&self) -> Vec<String> {
+        self.read()
+            .adapters
+            .iter()
+            .map(|adapter| adapter.name.to_string())
+            .collect()
     }
 
     /// The adapter `choice` selects: `None` for the base model. Without adapters any `model`
@@ -54,34 +111,39 @@ impl LoraAdapters {
             None => return Ok(None),
             Some(AdapterChoice::AdapterId(name)) if name.is_empty() => return Ok(None),
             Some(AdapterChoice::Model(name))
-                if self.adapters.is_empty() || *name == self.base_model =>
+                if self.read().adapters.is_empty() || **name == *self.base_model =>
             {
                 return Ok(None)
             }
             Some(AdapterChoice::Model(name)) => ("model", name),
             Some(AdapterChoice::AdapterId(name)) => ("adapter_id", name),
         };
-        self.adapters
+        let found = self
+            .read()
+            .adapters
             .iter()
             .find(|adapter| *adapter.name == **name)
-            .cloned()
-            .map(Some)
-            .ok_or_else(|| self.unknown(param, name))
+            .cloned();
+        found.map(Some).ok_or_else(|| self.unknown(param, name))
     }
 
-    /// The name answers report as their `model`: the adapter `choice` selects, else `base`.
-    pub fn answering<'a>(&'a self, choice: Option<&AdapterChoice>, base: &'a str) -> &'a str {
-        let name = match choice {
-            Some(AdapterChoice::Model(name) | AdapterChoice::AdapterId(name)) => name,
-            None => return base,
-        };
-        self.names().find(|adapter| adapter == name).unwrap_or(base)
+    /// The name answers report as their `model`: the adapter `choice` names when it is one, else
+    /// `base`.
+    pub fn answering(&self, choice: Option<&AdapterChoice>, base: &str) -> String {
+        match choice {
+            Some(AdapterChoice::Model(name) | AdapterChoice::AdapterId(name))
+                if self.names().contains(name) =>
+            {
+                name.clone()
+            }
+            _ => base.to_owned(),
+        }
     }
 
     fn unknown(&self, param: &'static str, name: &str) -> ValidationError {
-        let mut served: Vec<&str> = Vec::new();
+        let mut served: Vec<String> = Vec::new();
         if param == "model" {
-            served.push(&self.base_model);
+            served.push(self.base_model.to_string());
         }
         served.extend(self.names());
         ValidationError::UnknownAdapter {
@@ -156,6 +218,22 @@ mod tests {
             error.to_string(),
             "`adapter_id` is `org/base`, which this server does not serve; it serves sql, chat"
         );
+    }
+
+    #[test]
+    fn an_adapter_loaded_again_gets_a_new_id_and_a_taken_name_is_refused() {
+        let adapters = adapters();
+        assert!(adapters.add("sql").is_none(), "the name is taken");
+        let old = adapters.remove("sql").expect("loaded");
+        assert_eq!(
+            adapters
+                .select(model("sql").as_ref())
+                .map_err(|e| e.param().map(str::to_owned)),
+            Err(Some("model".to_owned()))
+        );
+        let new = adapters.add("sql").expect("free again");
+        assert_eq!((old.id, new.id), (1, 3));
+        assert_eq!(adapters.names(), ["chat", "sql"]);
     }
 
     #[test]

@@ -66,8 +66,8 @@ pub struct Model {
     responses((status = 200, description = "The served model and its LoRA adapters", body = ModelList)))]
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let base = &state.config.model_id;
-    let model = |id: &str, parent: Option<&String>| Model {
-        id: id.to_owned(),
+    let model = |id: String, parent: Option<&String>| Model {
+        id,
         object: "model",
         created: state.config.started_at,
         owned_by: "tandem",
@@ -76,8 +76,8 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let adapters = state.validator.lora_adapters().names();
     Json(ModelList {
         object: "list",
-        data: std::iter::once(model(base, None))
-            .chain(adapters.map(|name| model(name, Some(base))))
+        data: std::iter::once(model(base.clone(), None))
+            .chain(adapters.into_iter().map(|name| model(name, Some(base))))
             .collect(),
     })
 }

@@ -90,3 +90,121 @@ async fn a_name_that_is_not_served_is_refused_naming_what_is() {
         .is_some_and(|message| message.contains("it serves sql, chat")));
     assert!(selected(&backend).is_empty(), "nothing reached the engine");
 }
+
+fn load_body(name: &str, path: &str) -> String {
+    format!(r#"{{"lora_name": "{name}", "lora_path": "{path}"}}"#)
+}
+
+async fn model_ids(app: &axum::Router) -> Vec<String> {
+    let reply = get(app, "/v1/models").await;
+    let data = reply.json()["data"].as_array().cloned().unwrap_or_default();
+    data.iter()
+        .filter_map(|model| model["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_adapter_loaded_at_run_time_serves_and_unloading_it_stops_new_requests() {
+    let backend = ok_backend();
+    let app = app_with_adapters(Arc::clone(&backend));
+    let reply = post(
+        &app,
+        "/v1/load_lora_adapter",
+        &load_body("summaries", "/adapters/s"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.body,
+        "Success: LoRA adapter 'summaries' added successfully."
+    );
+    assert_eq!(
+        model_ids(&app).await,
+        [MODEL_ID, "sql", "chat", "summaries"]
+    );
+    let chat = r#"{"model": "summaries", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat).await.status,
+        StatusCode::OK
+    );
+    let reply = post(
+        &app,
+        "/v1/unload_lora_adapter",
+        r#"{"lora_name": "summaries"}"#,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(model_ids(&app).await, [MODEL_ID, "sql", "chat"]);
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        *backend.lora_updates.lock().unwrap(),
+        ["load summaries", "unload summaries"]
+    );
+    assert_eq!(selected(&backend), [Some("summaries".to_owned())]);
+}
+
+#[tokio::test]
+async fn refused_loads_and_unloads_change_nothing() {
+    let backend = ok_backend();
+    let app = app_with_adapters(Arc::clone(&backend));
+    let taken = post(
+        &app,
+        "/v1/load_lora_adapter",
+        &load_body("sql", "/adapters/sql"),
+    )
+    .await;
+    assert_eq!(taken.status, StatusCode::BAD_REQUEST);
+    assert!(
+        taken.body.contains("LoRA adapter 'sql' is already loaded"),
+        "{}",
+        taken.body
+    );
+    let bad = post(&app, "/v1/load_lora_adapter", &load_body("broken", "/bad")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(
+        bad.body.contains("lora_B of q_proj has shape"),
+        "{}",
+        bad.body
+    );
+    let base = post(
+        &app,
+        "/v1/load_lora_adapter",
+        &load_body(MODEL_ID, "/adapters/x"),
+    )
+    .await;
+    assert_eq!(base.status, StatusCode::BAD_REQUEST);
+    let unknown = post(&app, "/v1/unload_lora_adapter", r#"{"lora_name": "nope"}"#).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    backend
+        .requests_under_adapter
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let busy = post(&app, "/v1/unload_lora_adapter", r#"{"lora_name": "chat"}"#).await;
+    assert_eq!(busy.status, StatusCode::CONFLICT);
+    assert!(
+        busy.body
+            .contains("'chat' has 2 requests waiting or running"),
+        "{}",
+        busy.body
+    );
+    assert_eq!(model_ids(&app).await, [MODEL_ID, "sql", "chat"]);
+    assert!(backend.lora_updates.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn without_runtime_updates_the_routes_are_not_served() {
+    let config = HandlerConfig {
+        runtime_lora_updates: false,
+        ..handler_config(4)
+    };
+    let app = app(test_state(ok_backend(), config));
+    let reply = post(
+        &app,
+        "/v1/load_lora_adapter",
+        &load_body("x", "/adapters/x"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+}

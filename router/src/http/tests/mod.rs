@@ -34,9 +34,10 @@ use tower::ServiceExt;
 use super::{app, AppState, HandlerConfig, ServerInfo};
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::scheduler::{
-    Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, GenerationStream,
-    LoadSnapshot, SchedulerError, TokenLogprob,
+    AdapterUpdateError, Backend, FinishReason, GeneratedToken, GenerationEvent, GenerationRequest,
+    GenerationStream, LoadSnapshot, SchedulerError, TokenLogprob,
 };
+use crate::shard::LoraAdapterInfo;
 use crate::stream::TokenDecoding;
 use crate::tools::ToolFormat;
 use crate::validation::{testing, ChatTemplate, Limits, ModelFiles, SamplingDefaults, Validator};
@@ -71,6 +72,10 @@ pub struct FakeBackend {
     pub deep_probes: std::sync::atomic::AtomicUsize,
     /// What a deep probe answers besides the plain health.
     deep_failure: Option<SchedulerError>,
+    /// LoRA adapter loads and unloads the shards carried out, as `load NAME` / `unload NAME`.
+    pub lora_updates: Mutex<Vec<String>>,
+    /// What `requests_under_adapter` answers.
+    pub requests_under_adapter: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeBackend {
@@ -111,6 +116,8 @@ impl FakeBackend {
             logprob_by_seed: false,
             deep_probes: std::sync::atomic::AtomicUsize::new(0),
             deep_failure: None,
+            lora_updates: Mutex::new(Vec::new()),
+            requests_under_adapter: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -191,6 +198,38 @@ impl Backend for FakeBackend {
         self.health().await?;
         self.deep_failure.clone().map_or(Ok(()), Err)
     }
+
+    /// Loads any path but `/bad`, which the shards refuse.
+    async fn load_lora_adapter(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> Result<LoraAdapterInfo, AdapterUpdateError> {
+        if path == "/bad" {
+            return Err(AdapterUpdateError::Refused {
+                name: name.to_owned(),
+                message: "lora_B of q_proj has shape [8, 4], expected [64, 8]".to_owned(),
+            });
+        }
+        self.lora_updates
+            .lock()
+            .unwrap()
+            .push(format!("load {name}"));
+        Ok(LoraAdapterInfo::named(name))
+    }
+
+    async fn unload_lora_adapter(&self, name: &str) -> Result<(), AdapterUpdateError> {
+        self.lora_updates
+            .lock()
+            .unwrap()
+            .push(format!("unload {name}"));
+        Ok(())
+    }
+
+    async fn requests_under_adapter(&self, _name: &str) -> usize {
+        self.requests_under_adapter
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// The test server's handler configuration, admitting `max_concurrent_requests` at once.
@@ -208,6 +247,7 @@ pub fn handler_config(max_concurrent_requests: usize) -> HandlerConfig {
         default_sampling: SamplingDefaults::default(),
         started_at: 1,
         tool_format: ToolFormat::default(),
+        runtime_lora_updates: true,
     }
 }
 

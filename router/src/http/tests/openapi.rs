@@ -12,7 +12,7 @@ fn app() -> axum::Router {
 }
 
 /// Every route the router serves besides the document and its page.
-const ROUTES: [(&str, &str); 16] = [
+const ROUTES: [(&str, &str); 18] = [
     ("post", "/"),
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
@@ -22,6 +22,8 @@ const ROUTES: [(&str, &str); 16] = [
     ("get", "/v1/responses/{response_id}"),
     ("delete", "/v1/responses/{response_id}"),
     ("get", "/v1/models"),
+    ("post", "/v1/load_lora_adapter"),
+    ("post", "/v1/unload_lora_adapter"),
     ("post", "/generate"),
     ("post", "/generate_stream"),
     ("post", "/tokenize"),

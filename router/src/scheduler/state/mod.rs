@@ -109,6 +109,20 @@ impl SchedulerState {
         }
     }
 
+    /// Requests waiting or running under the adapter `name`.
+    pub fn requests_under_adapter(&self, name: &str) -> usize {
+        self.running
+            .iter()
+            .chain(&self.waiting)
+            .filter(|sequence| {
+                sequence
+                    .blocks
+                    .adapter()
+                    .is_some_and(|key| *key.name == *name)
+            })
+            .count()
+    }
+
     /// The LoRA adapters running requests and waiting requests select, by name.
     pub fn adapters(&self) -> (BTreeSet<&str>, BTreeSet<&str>) {
         (

@@ -54,7 +54,7 @@ pub async fn completions(
         plan.n,
     )
     .await?;
-    let meta = ResponseMeta::new("chatcmpl", state.answering_model(&plan.params));
+    let meta = ResponseMeta::new("chatcmpl", &state.answering_model(&plan.params));
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
         let reasoning = generations.first().and_then(|g| g.reasoning.clone());

@@ -189,7 +189,7 @@ pub async fn completions(
         .iter()
         .map(|siblings| siblings.first().map_or(0, |g| g.input_tokens))
         .sum();
-    let meta = ResponseMeta::new("cmpl", state.answering_model(&plan.params));
+    let meta = ResponseMeta::new("cmpl", &state.answering_model(&plan.params));
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
         let echoes = echo_texts.map(|texts| {
