@@ -1,0 +1,97 @@
+"""The shard's LoRA adapters: loaded and forgotten by name, and turned into each step's per-row deltas. It owns the
+adapters' tensors; request state holds only adapter names."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError, StateMismatchError
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
+from tandem_server.lora.step import LoraStep, RowsDelta
+from tandem_server.lora.targets import find_targets
+
+logger = logging.getLogger(__name__)
+
+# The name that selects the base model alone.
+BASE_MODEL = ""
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """`--max-loras` (distinct adapters one Step may carry; 0 serves none) and `--max-lora-rank`."""
+
+    max_loras: int = 4
+    max_rank: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 0 or self.max_rank < 1:
+            raise ValueError(f"invariant: --max-loras >= 0 and --max-lora-rank >= 1, got {self}")
+
+
+class LoraRegistry:
+    """Adapters by name in load order; every loaded adapter stays resident on the model's device."""
+
+    def __init__(self, model: nn.Module, limits: LoraLimits, dtype: torch.dtype, device: torch.device) -> None:
+        self.limits = limits
+        self._targets = find_targets(model)
+        self._placement = AdapterPlacement(dtype, device, limits.max_rank)
+        self._adapters: dict[str, LoraAdapter] = {}
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        return tuple(self._adapters.values())
+
+    def names(self) -> frozenset[str]:
+        return frozenset(self._adapters)
+
+    def load(self, name: str, directory: Path) -> LoraAdapter:
+        """Loads adapter `name` from a PEFT directory; on any error nothing changes."""
+        if self.limits.max_loras == 0:
+            raise LoraAdapterError(f"LoRA adapter {name!r}: this shard serves no adapters (--max-loras 0)")
+        if name == BASE_MODEL:
+            raise LoraAdapterError("a LoRA adapter needs a non-empty name (the empty name selects the base model)")
+        if name in self._adapters:
+            raise LoraAdapterExistsError(f"LoRA adapter {name!r} is already loaded")
+        adapter = load_adapter(name, directory, self._targets, self._placement)
+        self._adapters[name] = adapter
+        logger.info(
+            "loaded LoRA adapter %r (rank %d, %s; %.1f MiB)",
+            name,
+            adapter.rank,
+            ", ".join(adapter.target_modules),
+            adapter.nbytes / 2**20,
+        )
+        return adapter
+
+    def unload(self, name: str) -> None:
+        """Forgets adapter `name`; a step already launched under it keeps its tensors until it completes."""
+        if self._adapters.pop(name, None) is None:
+            raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        logger.info("unloaded LoRA adapter %r", name)
+
+    def step(self, adapter_names: Sequence[str], row_counts: Sequence[int], device: torch.device) -> LoraStep | None:
+        """The deltas of a step whose span i runs `row_counts[i]` rows under `adapter_names[i]` (BASE_MODEL: none);
+        None when no span names an adapter, so the step runs exactly as without LoRA."""
+        present = list(dict.fromkeys(name for name in adapter_names if name != BASE_MODEL))
+        if not present:
+            return None
+        missing = [name for name in present if name not in self._adapters]
+        if missing:
+            raise StateMismatchError(f"requests run under LoRA adapters {missing}, which are no longer loaded")
+        # Each token row's adapter (0: the base model, k: present[k - 1]), then each adapter's rows in order.
+        span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
+        row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
+        changes: dict[str, list[RowsDelta]] = {}
+        for number, name in enumerate(present, start=1):
+            rows = (row_adapter == number).nonzero().squeeze(1).to(device)
+            for gemm_path, delta in self._adapters[name].deltas.items():
+                changes.setdefault(gemm_path, []).append(RowsDelta(rows, delta))
+        modules: dict[str, GemmModule] = {path: target.module for path, target in self._targets.gemms.items()}
+        return LoraStep(tuple((modules[path], tuple(deltas)) for path, deltas in changes.items()), len(present))
