@@ -14,7 +14,9 @@ from torch import nn
 from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError, StateMismatchError
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
-from tandem_server.lora.step import LoraStep, RowsDelta
+from tandem_server.lora.segmented import GroupedDeltas, RowsDelta
+from tandem_server.lora.slots import DeviceSlots, SlottedDeltas
+from tandem_server.lora.step import LoraStep
 from tandem_server.lora.targets import find_targets
 
 logger = logging.getLogger(__name__)
@@ -36,13 +38,27 @@ class LoraLimits:
 
 
 class LoraRegistry:
-    """Adapters by name in load order; every loaded adapter stays resident on the model's device."""
+    """Adapters by name in load order: on the model's device (CPU), or on the host with the ones steps run in
+    device slots (CUDA)."""
 
-    def __init__(self, model: nn.Module, limits: LoraLimits, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        limits: LoraLimits,
+        dtype: torch.dtype,
+        device: torch.device,
+        device_slots: bool | None = None,
+    ) -> None:
+        """`device_slots` (default: on CUDA) keeps the adapters on the host and `max_loras` slots of them on
+        `device`, applied by the Triton kernels; otherwise every adapter stays on `device`, applied in torch."""
         self.limits = limits
         self._targets = find_targets(model)
-        self._placement = AdapterPlacement(dtype, device, limits.max_rank)
         self._adapters: dict[str, LoraAdapter] = {}
+        self._slots: DeviceSlots | None = None
+        if device_slots if device_slots is not None else device.type == "cuda":
+            self._slots = DeviceSlots(self._targets, max(limits.max_loras, 1), limits.max_rank, dtype, device)
+            device = torch.device("cpu")
+        self._placement = AdapterPlacement(dtype, device, limits.max_rank)
 
     @property
     def adapters(self) -> tuple[LoraAdapter, ...]:
@@ -74,6 +90,8 @@ class LoraRegistry:
         """Forgets adapter `name`; a step already launched under it keeps its tensors until it completes."""
         if self._adapters.pop(name, None) is None:
             raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        if self._slots is not None:
+            self._slots.forget(name)
         logger.info("unloaded LoRA adapter %r", name)
 
     def step(self, adapter_names: Sequence[str], row_counts: Sequence[int], device: torch.device) -> LoraStep | None:
@@ -85,13 +103,34 @@ class LoraRegistry:
         missing = [name for name in present if name not in self._adapters]
         if missing:
             raise StateMismatchError(f"requests run under LoRA adapters {missing}, which are no longer loaded")
-        # Each token row's adapter (0: the base model, k: present[k - 1]), then each adapter's rows in order.
+        # Each token row's adapter: 0 the base model, k the adapter present[k - 1].
         span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
         row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
+        adapters = [self._adapters[name] for name in present]
+        if self._slots is None:
+            return self._grouped(adapters, row_adapter, device)
+        return self._slotted(self._slots, adapters, row_adapter, device)
+
+    def _grouped(self, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device) -> LoraStep:
         changes: dict[str, list[RowsDelta]] = {}
-        for number, name in enumerate(present, start=1):
+        for number, adapter in enumerate(adapters, start=1):
             rows = (row_adapter == number).nonzero().squeeze(1).to(device)
-            for gemm_path, delta in self._adapters[name].deltas.items():
+            for gemm_path, delta in adapter.deltas.items():
                 changes.setdefault(gemm_path, []).append(RowsDelta(rows, delta))
-        modules: dict[str, GemmModule] = {path: target.module for path, target in self._targets.gemms.items()}
-        return LoraStep(tuple((modules[path], tuple(deltas)) for path, deltas in changes.items()), len(present))
+        modules = tuple((self._module(path), GroupedDeltas(tuple(groups))) for path, groups in changes.items())
+        return LoraStep(modules, len(adapters))
+
+    def _slotted(
+        self, slots: DeviceSlots, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device
+    ) -> LoraStep:
+        slot_of = slots.place(adapters)
+        slot_by_number = torch.tensor([-1, *(slot_of[adapter.name] for adapter in adapters)])
+        rows = (row_adapter > 0).nonzero().squeeze(1)
+        row_slots = slot_by_number[row_adapter[rows]].to(device)
+        rows = rows.to(device)
+        paths = dict.fromkeys(path for adapter in adapters for path in adapter.deltas)
+        modules = tuple((self._module(path), SlottedDeltas(slots.stacks[path], rows, row_slots)) for path in paths)
+        return LoraStep(modules, len(adapters))
+
+    def _module(self, gemm_path: str) -> GemmModule:
+        return self._targets.gemms[gemm_path].module

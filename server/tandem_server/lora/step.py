@@ -1,34 +1,33 @@
-"""One step's adapters: the rows each adapter runs on, and the weight formats that add their deltas to the outputs
-of the GEMM modules they change while the step runs."""
+"""One step's adapters: the weight formats that add their deltas to the outputs of the GEMM modules they change,
+in place only while the step runs."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.lora.adapter import LoraDelta
-from tandem_server.lora.segmented import add_segmented_deltas
 from tandem_server.quant.format import WeightFormat
 from tandem_server.quant.kernels import QuantizedWeight
 
 
-@dataclass(frozen=True)
-class RowsDelta:
-    """One adapter's delta on one GEMM module, for the step's rows under that adapter (ascending)."""
+class StepDeltas(Protocol):
+    """The deltas of one GEMM module for the step's adapter rows."""
 
-    rows: torch.Tensor
-    delta: LoraDelta
+    def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`out` (the base GEMM's output for `x`) with each adapter row's delta added; other rows unchanged."""
+        ...
 
 
 class LoraFormat:
-    """The module's own format, then each adapter's delta added to its rows: works over any format (float,
+    """The module's own format, then the step's deltas added to the adapter rows: works over any format (float,
     quantized, prepacked), since the base GEMM runs unchanged and the deltas follow it."""
 
-    def __init__(self, base: WeightFormat, deltas: tuple[RowsDelta, ...]) -> None:
+    def __init__(self, base: WeightFormat, deltas: StepDeltas) -> None:
         self.base = base
         self.deltas = deltas
 
@@ -45,16 +44,16 @@ class LoraFormat:
         return self.base.quantized
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return add_segmented_deltas(self.base.linear(x, bias), x, self.deltas)
+        return self.deltas.add(self.base.linear(x, bias), x)
 
 
 @dataclass(frozen=True)
 class LoraStep:
-    """The step's adapter rows, as the deltas each changed GEMM module adds; a step without adapter rows has none
-    (its batch carries None), and runs the model exactly as without LoRA."""
+    """The deltas each changed GEMM module adds in one step; a step without adapter rows has none (its batch
+    carries None), and runs the model exactly as without LoRA."""
 
-    changes: tuple[tuple[GemmModule, tuple[RowsDelta, ...]], ...]
-    # How many distinct adapters the step runs (for the executors and logs).
+    changes: tuple[tuple[GemmModule, StepDeltas], ...]
+    # How many distinct adapters the step runs.
     num_adapters: int
 
     @contextlib.contextmanager

@@ -1,0 +1,103 @@
+"""The adapters resident on a CUDA device: `max_loras` slots per changed GEMM module, filled from the host copies as
+steps need them and reused least recently used first."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem_server.lora.adapter import LoraAdapter
+from tandem_server.lora.targets import ModelTargets
+
+
+@dataclass(frozen=True)
+class SlotStack:
+    """One GEMM module's slots: `a [slots, projections * max_rank, in]`, `b [slots, out, projections * max_rank]`;
+    an adapter's packed delta fills the first columns of its slot, zero beyond (and zero where it changes nothing)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class DeviceSlots:
+    """Which adapter holds which slot; a slot changes hands only between steps that need it."""
+
+    def __init__(self, targets: ModelTargets, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device):
+        self._targets = targets
+        self._num_slots = num_slots
+        self._max_rank = max_rank
+        self._dtype = dtype
+        self._device = device
+        self.stacks: dict[str, SlotStack] = {}
+        # Adapter name -> (slot, the adapter written there), least recently used first.
+        self._resident: OrderedDict[str, tuple[int, LoraAdapter]] = OrderedDict()
+
+    def place(self, adapters: Sequence[LoraAdapter]) -> dict[str, int]:
+        """The slot of each adapter a step runs (no more than the slots: the step's adapters were counted),
+        writing in those not resident over the least recently used others."""
+        needed = {adapter.name for adapter in adapters}
+        for adapter in adapters:
+            resident = self._resident.get(adapter.name)
+            if resident is None or resident[1] is not adapter:
+                slot = resident[0] if resident is not None else self._free_slot(needed)
+                self._write(slot, adapter)
+                self._resident[adapter.name] = (slot, adapter)
+            self._resident.move_to_end(adapter.name)
+        return {adapter.name: self._resident[adapter.name][0] for adapter in adapters}
+
+    def forget(self, name: str) -> None:
+        """Frees the slot of adapter `name` (unloaded)."""
+        self._resident.pop(name, None)
+
+    def _free_slot(self, needed: set[str]) -> int:
+        taken = {slot for slot, _ in self._resident.values()}
+        free = next((slot for slot in range(self._num_slots) if slot not in taken), None)
+        if free is not None:
+            return free
+        evicted = next((name for name in self._resident if name not in needed), None)
+        if evicted is None:
+            raise ValueError(f"invariant: a step runs at most {self._num_slots} adapters (--max-loras)")
+        slot, _ = self._resident.pop(evicted)
+        return slot
+
+    def _write(self, slot: int, adapter: LoraAdapter) -> None:
+        for path, delta in adapter.deltas.items():
+            if path not in self.stacks:
+                self.stacks[path] = self._allocate(path, delta.a.shape[1])
+        for path, stack in self.stacks.items():
+            stack.a[slot].zero_()
+            stack.b[slot].zero_()
+            written = adapter.deltas.get(path)
+            if written is not None:
+                stack.a[slot, : written.a.shape[0]].copy_(written.a)
+                stack.b[slot, :, : written.b.shape[1]].copy_(written.b)
+
+    def _allocate(self, path: str, in_features: int) -> SlotStack:
+        gemm = self._targets.gemms[path]
+        width = len(gemm.row_offsets) * self._max_rank
+        shape_a = (self._num_slots, width, in_features)
+        shape_b = (self._num_slots, gemm.output_size, width)
+        return SlotStack(
+            torch.zeros(shape_a, dtype=self._dtype, device=self._device),
+            torch.zeros(shape_b, dtype=self._dtype, device=self._device),
+        )
+
+
+@dataclass(frozen=True)
+class SlottedDeltas:
+    """One GEMM module's deltas for a step's adapter rows on CUDA: `rows[i]` runs under the adapter in slot
+    `slots[i]` of `stack` (the Triton kernels of `triton_bgmv`)."""
+
+    stack: SlotStack
+    rows: torch.Tensor
+    slots: torch.Tensor
+
+    def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """In place: on CUDA every weight format returns a new output tensor."""
+        # Imported here: Triton is there only where adapters run on CUDA.
+        from tandem_server.lora.triton_bgmv import add_slotted_deltas  # noqa: PLC0415
+
+        return add_slotted_deltas(out, x, self.stack.a, self.stack.b, self.rows, self.slots)

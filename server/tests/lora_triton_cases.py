@@ -1,0 +1,72 @@
+"""Cases for test_lora_triton.py, run under TRITON_INTERPRET=1 (set before Triton is first imported): the BGMV
+kernels against the torch product, and the engine's adapter steps through device slots against the merged
+reference, with more adapters than slots."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from lora_testing import AdapterSpec, greedy, merged, write_adapter
+from shard_testing import CPU, StepDriver, make_runner, new_request, warmed, write_tiny_llama
+from tandem_server.lora import LoraLimits, LoraRegistry
+from tandem_server.lora.triton_bgmv import add_slotted_deltas
+
+PROMPT = [5, 17, 33, 8, 61, 12, 40, 9]
+NEW_TOKENS = 4
+ADAPTERS = {
+    "values": AdapterSpec(rank=8, alpha=16, targets=("v_proj", "down_proj"), seed=1),
+    "everything": AdapterSpec(
+        rank=16,
+        alpha=8,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        use_rslora=True,
+        seed=2,
+    ),
+    "late": AdapterSpec(rank=4, alpha=12, targets=("q_proj", "gate_proj"), layers=(1,), seed=3),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_add_each_rows_slot_delta_and_leave_other_rows_alone(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    num_slots, rank, in_features, out_features, tokens = 3, 24, 70, 50, 9
+    x = torch.randn(tokens, in_features, generator=generator).to(dtype)
+    a = torch.randn(num_slots, rank, in_features, generator=generator).to(dtype)
+    b = torch.randn(num_slots, out_features, rank, generator=generator).to(dtype)
+    base = torch.randn(tokens, out_features, generator=generator).to(dtype)
+    rows = torch.tensor([0, 2, 3, 7, 8])
+    slots = torch.tensor([2, 0, 0, 1, 2])
+    out = add_slotted_deltas(base.clone(), x, a, b, rows, slots)
+    expected = base.float().clone()
+    for row, slot in zip(rows.tolist(), slots.tolist(), strict=True):
+        expected[row] += (x[row].float() @ a[slot].float().T) @ b[slot].float().T
+    tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-1}
+    torch.testing.assert_close(out.float(), expected, **tolerance)
+    untouched = [row for row in range(tokens) if row not in rows.tolist()]
+    assert torch.equal(out[untouched], base[untouched])
+
+
+def test_adapter_steps_through_two_device_slots_give_each_row_its_merged_reference(tmp_path: Path) -> None:
+    reference = write_tiny_llama(tmp_path / "model")
+    runner = warmed(make_runner(tmp_path / "model"))
+    runner.lora = LoraRegistry(runner.model, LoraLimits(max_loras=2), torch.float32, CPU, device_slots=True)
+    for name, spec in ADAPTERS.items():
+        runner.lora.load(name, write_adapter(tmp_path / name, reference, spec))
+    # Three adapters take turns in two slots: each pair of requests evicts the least recently used adapter.
+    for first, second in (("values", "everything"), ("late", "values"), ("everything", "late")):
+        driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size=5)
+        requests = [
+            dataclasses.replace(new_request(1, PROMPT, max_new_tokens=NEW_TOKENS), lora_adapter=first),
+            new_request(2, PROMPT[::-1], max_new_tokens=NEW_TOKENS),
+            dataclasses.replace(new_request(3, PROMPT[2:], max_new_tokens=NEW_TOKENS), lora_adapter=second),
+        ]
+        driver.step(requests)
+        while driver.tracked:
+            driver.step([])
+        assert driver.done[1] == greedy(merged(reference, tmp_path / first, ADAPTERS[first]), PROMPT, NEW_TOKENS)[0]
+        assert driver.done[2] == greedy(reference, PROMPT[::-1], NEW_TOKENS)[0]
+        third = merged(reference, tmp_path / second, ADAPTERS[second])
+        assert driver.done[3] == greedy(third, PROMPT[2:], NEW_TOKENS)[0]
