@@ -54,15 +54,24 @@ class LoraRegistry:
         self.limits = limits
         self._targets = find_targets(model)
         self._adapters: dict[str, LoraAdapter] = {}
+        # What `adapters` reads: replaced whole at each change, so another thread reads one consistent listing.
+        self._listing: tuple[LoraAdapter, ...] = ()
         self._slots: DeviceSlots | None = None
-        if device_slots if device_slots is not None else device.type == "cuda":
-            self._slots = DeviceSlots(self._targets, max(limits.max_loras, 1), limits.max_rank, dtype, device)
+        if (device_slots if device_slots is not None else device.type == "cuda") and limits.max_loras > 0:
+            self._slots = DeviceSlots(self._targets, limits.max_loras, limits.max_rank, dtype, device)
+            logger.info(
+                "LoRA: %d device slots of rank up to %d take %.1f MiB",
+                limits.max_loras,
+                limits.max_rank,
+                self._slots.nbytes / 2**20,
+            )
             device = torch.device("cpu")
         self._placement = AdapterPlacement(dtype, device, limits.max_rank)
 
     @property
     def adapters(self) -> tuple[LoraAdapter, ...]:
-        return tuple(self._adapters.values())
+        """The loaded adapters in load order; safe to read from any thread."""
+        return self._listing
 
     def names(self) -> frozenset[str]:
         return frozenset(self._adapters)
@@ -77,6 +86,7 @@ class LoraRegistry:
             raise LoraAdapterExistsError(f"LoRA adapter {name!r} is already loaded")
         adapter = load_adapter(name, directory, self._targets, self._placement)
         self._adapters[name] = adapter
+        self._listing = tuple(self._adapters.values())
         logger.info(
             "loaded LoRA adapter %r (rank %d, %s; %.1f MiB)",
             name,
@@ -90,6 +100,7 @@ class LoraRegistry:
         """Forgets adapter `name`; a step already launched under it keeps its tensors until it completes."""
         if self._adapters.pop(name, None) is None:
             raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        self._listing = tuple(self._adapters.values())
         if self._slots is not None:
             self._slots.forget(name)
         logger.info("unloaded LoRA adapter %r", name)

@@ -23,7 +23,8 @@ class SlotStack:
 
 
 class DeviceSlots:
-    """Which adapter holds which slot; a slot changes hands only between steps that need it."""
+    """Which adapter holds which slot; a slot changes hands only between steps that need it. Every slot of every
+    targetable module takes device memory from start-up: num_slots * max_rank * (in + out) per projection."""
 
     def __init__(self, targets: ModelTargets, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device):
         self._targets = targets
@@ -31,7 +32,8 @@ class DeviceSlots:
         self._max_rank = max_rank
         self._dtype = dtype
         self._device = device
-        self.stacks: dict[str, SlotStack] = {}
+        # Every targetable module's slots, allocated before Warmup sizes the KV cache from the memory left.
+        self.stacks = {path: self._allocate(path) for path in targets.gemms}
         # Adapter name -> (slot, the adapter written there), least recently used first.
         self._resident: OrderedDict[str, tuple[int, LoraAdapter]] = OrderedDict()
 
@@ -63,10 +65,11 @@ class DeviceSlots:
         slot, _ = self._resident.pop(evicted)
         return slot
 
+    @property
+    def nbytes(self) -> int:
+        return sum(stack.a.nbytes + stack.b.nbytes for stack in self.stacks.values())
+
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
-        for path, delta in adapter.deltas.items():
-            if path not in self.stacks:
-                self.stacks[path] = self._allocate(path, delta.a.shape[1])
         for path, stack in self.stacks.items():
             stack.a[slot].zero_()
             stack.b[slot].zero_()
@@ -75,10 +78,10 @@ class DeviceSlots:
                 stack.a[slot, : written.a.shape[0]].copy_(written.a)
                 stack.b[slot, :, : written.b.shape[1]].copy_(written.b)
 
-    def _allocate(self, path: str, in_features: int) -> SlotStack:
+    def _allocate(self, path: str) -> SlotStack:
         gemm = self._targets.gemms[path]
         width = len(gemm.row_offsets) * self._max_rank
-        shape_a = (self._num_slots, width, in_features)
+        shape_a = (self._num_slots, width, gemm.input_size)
         shape_b = (self._num_slots, gemm.output_size, width)
         return SlotStack(
             torch.zeros(shape_a, dtype=self._dtype, device=self._device),

@@ -41,6 +41,8 @@ class GemmTarget:
     output_size: int
     # Start of each stacked projection's rows in the module's output.
     row_offsets: tuple[int, ...]
+    # This rank's input features (a row-parallel layer's slice).
+    input_size: int
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,14 @@ def find_targets(model: nn.Module) -> ModelTargets:
             if named is None:
                 continue
             offsets = _offsets([len(layer.output_range) for layer in module.layers])
-            gemms[path] = GemmTarget(module, sum(module.sizes), offsets)
+            gemms[path] = GemmTarget(module, sum(module.sizes), offsets, module.layers[0].in_features)
             for index, (name, layer) in enumerate(zip(named, module.layers, strict=True)):
                 full_input = range(layer.in_features)
                 parts[f"{parent_path}.{name}"] = TargetPart(
                     path, index, layer.in_features, layer.out_features, layer.output_range, full_input
                 )
         elif isinstance(module, RowParallelLinear) and own_name in TARGET_MODULES:
-            gemms[path] = GemmTarget(module, module.out_features, (0,))
+            gemms[path] = GemmTarget(module, module.out_features, (0,), len(module.input_range))
             full_output = range(module.out_features)
             parts[path] = TargetPart(path, 0, module.in_features, module.out_features, full_output, module.input_range)
     return ModelTargets(parts, gemms, max(layer_numbers, default=-1) + 1)

@@ -83,8 +83,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
         info = shard_pb2.InfoResponse()
         info.CopyFrom(self._info)
-        # Read on the event loop: the registry's adapter dict changes only on the model thread, one whole entry at
-        # a time, so a snapshot taken here is each adapter as loaded.
+        # Read on the event loop while the model thread may load or unload: the listing is replaced whole.
         info.lora_adapters.extend(convert.lora_adapter_to_pb(adapter) for adapter in self._runner.lora.adapters)
         return info
 
