@@ -159,3 +159,16 @@ def test_a_step_running_more_adapters_than_max_loras_is_refused_before_any_state
     driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size=16)
     driver.step([lora_request(60, "values"), lora_request(61, "late"), lora_request(62, "")])
     assert len(runner.requests) == 3
+
+
+def test_a_running_request_whose_adapter_is_unloaded_fails_alone(served: Served) -> None:
+    runner = served.runner
+    runner.lora.load("transient", served.root / "values")
+    driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size=16)
+    driver.step([lora_request(70, "transient"), lora_request(71, "values")])
+    runner.lora.unload("transient")
+    while driver.tracked:
+        driver.step([])
+    assert driver.failed[70].kind is FailureKind.INVALID_PARAMETERS
+    assert driver.failed[70].message == "LoRA adapter 'transient' was unloaded while the request ran"
+    assert driver.done[71] == greedy(served.merged["values"], PROMPT, NEW_TOKENS)[0]

@@ -191,6 +191,7 @@ class RequestTable:
         self._ended_before, self._ended_now = self._ended_now, set()
         self.forget(step.finished)
         incoming, failures = self._check_new(step.new_requests, limits)
+        failures.extend(self._end_unloaded_adapters(step.scheduled, limits))
         self._ended_now.update(failure.id for failure in failures)
         skipped = {failure.id for failure in failures}
         scheduled_ids: set[int] = set()
@@ -229,6 +230,22 @@ class RequestTable:
             if scheduled.save_state_checkpoint is not None:
                 saves[scheduled.id] = scheduled.save_state_checkpoint
         return AppliedStep(plan, failures, drafts, model_drafts, restores, saves)
+
+    def _end_unloaded_adapters(self, scheduled: Sequence[ScheduledRequest], limits: StepLimits) -> list[RequestFailure]:
+        """Running requests whose LoRA adapter was unloaded since they started: each fails alone."""
+        failures = [
+            RequestFailure(
+                state.id,
+                FailureKind.INVALID_PARAMETERS,
+                f"LoRA adapter {state.lora_adapter!r} was unloaded while the request ran",
+            )
+            for request in scheduled
+            if (state := self._states.get(request.id)) is not None
+            and state.lora_adapter
+            and state.lora_adapter not in limits.lora_adapters
+        ]
+        self.end(failure.id for failure in failures)
+        return failures
 
     def _check_new(
         self, requests: Sequence[NewRequest], limits: StepLimits

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError, StateMismatchError
+from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
 from tandem_server.lora.segmented import GroupedDeltas, RowsDelta
@@ -113,7 +113,7 @@ class LoraRegistry:
             return None
         missing = [name for name in present if name not in self._adapters]
         if missing:
-            raise StateMismatchError(f"requests run under LoRA adapters {missing}, which are no longer loaded")
+            raise ValueError(f"invariant: requests under unloaded LoRA adapters {missing} failed before the step")
         # Each token row's adapter: 0 the base model, k the adapter present[k - 1].
         span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
         row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
