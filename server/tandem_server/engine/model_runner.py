@@ -197,10 +197,11 @@ class ModelRunner:
         bytes_per_block = geometry.bytes_per_block + (draft_geometry.bytes_per_block if draft_geometry else 0)
         draft_shapes = drafting_shapes(shapes) if drafting is not None else ()
         if self.device.type == "cuda":
-            # The recurrent state pool is allocated beside the cache, out of the same budget.
+            # The recurrent state pool and the LoRA slots are allocated beside the cache, out of the same budget.
             budget = profile_cuda_budget(self.model, geometry, limits) - state_pool_bytes(
                 spec.state_shapes, max_batch_requests, self.dtype, spec.state_dtypes
             )
+            budget -= self.lora.device_bytes
             if drafting is not None and draft_geometry is not None:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             budget_flag = "--cuda-memory-fraction"

@@ -60,7 +60,7 @@ class LoraRegistry:
         if (device_slots if device_slots is not None else device.type == "cuda") and limits.max_loras > 0:
             self._slots = DeviceSlots(self._targets, limits.max_loras, limits.max_rank, dtype, device)
             logger.info(
-                "LoRA: %d device slots of rank up to %d take %.1f MiB",
+                "LoRA: %d device slots of rank up to %d will take %.1f MiB",
                 limits.max_loras,
                 limits.max_rank,
                 self._slots.nbytes / 2**20,
@@ -72,6 +72,11 @@ class LoraRegistry:
     def adapters(self) -> tuple[LoraAdapter, ...]:
         """The loaded adapters in load order; safe to read from any thread."""
         return self._listing
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory the adapter slots take once a step runs an adapter (0 without slots)."""
+        return self._slots.nbytes if self._slots is not None else 0
 
     def names(self) -> frozenset[str]:
         return frozenset(self._adapters)

@@ -3,6 +3,7 @@ steps need them and reused least recently used first."""
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ class SlotStack:
 
 
 class DeviceSlots:
-    """Which adapter holds which slot; a slot changes hands only between steps that need it. Every slot of every
-    targetable module takes device memory from start-up: num_slots * max_rank * (in + out) per projection."""
+    """Which adapter holds which slot; a slot changes hands only between steps that need it. Every targetable
+    module's slots take num_slots * max_rank * (in + out) elements per projection."""
 
     def __init__(self, targets: ModelTargets, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device):
         self._targets = targets
@@ -32,8 +33,10 @@ class DeviceSlots:
         self._max_rank = max_rank
         self._dtype = dtype
         self._device = device
-        # Every targetable module's slots, allocated before Warmup sizes the KV cache from the memory left.
-        self.stacks = {path: self._allocate(path) for path in targets.gemms}
+        # Every targetable module's slots, allocated when the first step runs an adapter; Warmup keeps their
+        # bytes (`nbytes`) out of the KV cache's budget.
+        self._shapes = {path: self._shape(path) for path in targets.gemms}
+        self._stacks: dict[str, SlotStack] | None = None
         # Adapter name -> (slot, the adapter written there), least recently used first.
         self._resident: OrderedDict[str, tuple[int, LoraAdapter]] = OrderedDict()
 
@@ -67,7 +70,22 @@ class DeviceSlots:
 
     @property
     def nbytes(self) -> int:
-        return sum(stack.a.nbytes + stack.b.nbytes for stack in self.stacks.values())
+        """Device bytes of every slot, allocated or not."""
+        elements = sum(math.prod(shape_a) + math.prod(shape_b) for shape_a, shape_b in self._shapes.values())
+        return elements * self._dtype.itemsize
+
+    @property
+    def stacks(self) -> dict[str, SlotStack]:
+        """The slot stacks by GEMM module path, allocated (zero) on first use."""
+        if self._stacks is None:
+            self._stacks = {
+                path: SlotStack(
+                    torch.zeros(shape_a, dtype=self._dtype, device=self._device),
+                    torch.zeros(shape_b, dtype=self._dtype, device=self._device),
+                )
+                for path, (shape_a, shape_b) in self._shapes.items()
+            }
+        return self._stacks
 
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         for path, stack in self.stacks.items():
@@ -78,15 +96,10 @@ class DeviceSlots:
                 stack.a[slot, : written.a.shape[0]].copy_(written.a)
                 stack.b[slot, :, : written.b.shape[1]].copy_(written.b)
 
-    def _allocate(self, path: str) -> SlotStack:
+    def _shape(self, path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         gemm = self._targets.gemms[path]
         width = len(gemm.row_offsets) * self._max_rank
-        shape_a = (self._num_slots, width, gemm.input_size)
-        shape_b = (self._num_slots, gemm.output_size, width)
-        return SlotStack(
-            torch.zeros(shape_a, dtype=self._dtype, device=self._device),
-            torch.zeros(shape_b, dtype=self._dtype, device=self._device),
-        )
+        return (self._num_slots, width, gemm.input_size), (self._num_slots, gemm.output_size, width)
 
 
 @dataclass(frozen=True)
