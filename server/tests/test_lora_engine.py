@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from draft_testing import oracle
+from draft_testing import run as run_with_drafts
 from lora_testing import AdapterSpec, greedy, merged, write_adapter
 from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
@@ -172,3 +174,16 @@ def test_a_running_request_whose_adapter_is_unloaded_fails_alone(served: Served)
     assert driver.failed[70].kind is FailureKind.INVALID_PARAMETERS
     assert driver.failed[70].message == "LoRA adapter 'transient' was unloaded while the request ran"
     assert driver.done[71] == greedy(served.merged["values"], PROMPT, NEW_TOKENS)[0]
+
+
+def test_drafts_verified_under_an_adapter_keep_the_adapters_greedy_tokens(served: Served) -> None:
+    requests = [lora_request(80, ""), lora_request(81, "everything", PROMPT[::-1])]
+    expected = {
+        80: greedy(served.reference, PROMPT, NEW_TOKENS)[0],
+        81: greedy(served.merged["everything"], PROMPT[::-1], NEW_TOKENS)[0],
+    }
+    # Every other draft is wrong: some drafts are kept, the others rejected, under the adapter and without it.
+    drafter = oracle(expected, {request.id: len(request.token_ids) for request in requests}, wrong_every=2)
+    outcome = run_with_drafts(served.runner, requests, drafter)
+    assert outcome.tokens == expected
+    assert 0 < outcome.accepted < outcome.drafted
