@@ -1,9 +1,12 @@
-"""The CUDA LoRA path (BGMV Triton kernels over device slots) checked on the CPU under Triton's interpreter."""
+"""The CUDA LoRA path (BGMV Triton kernels over device slots) checked without a GPU: its results under Triton's
+interpreter, and its kernels compiled ahead of time for sm80 and sm90 within shared memory."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
-from triton_testing import assert_cases_pass_under_the_interpreter
+from triton_testing import SHARED_MEMORY, assert_cases_pass_under_the_interpreter, compile_all
 
 triton = pytest.importorskip("triton")
 
@@ -11,3 +14,59 @@ triton = pytest.importorskip("triton")
 @pytest.mark.slow
 def test_lora_kernels_and_device_slots_match_the_references_under_the_interpreter() -> None:
     assert_cases_pass_under_the_interpreter("lora_triton_cases.py")
+
+
+@dataclass(frozen=True)
+class CompileCase:
+    arch: int
+    kernel: str
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"sm{self.arch}-{self.kernel}-{self.dtype}"
+
+
+CASES = [
+    CompileCase(arch, kernel, dtype)
+    for arch in SHARED_MEMORY
+    for kernel in ("shrink", "expand")
+    for dtype in ("bf16", "fp16", "fp32")
+]
+
+
+def compile_case(case: CompileCase) -> int:
+    """Shared memory (bytes) of one kernel as `add_slotted_deltas` launches it for a model of `case.dtype`."""
+    from tandem_server.lora import triton_bgmv  # noqa: PLC0415
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    if case.kernel == "shrink":
+        kernel = triton_bgmv._shrink
+        pointers = {"x_ptr": case.dtype, "a_ptr": case.dtype, "shrunk_ptr": "fp32"}
+        constants = {"BLOCK_R": triton_bgmv.BLOCK_RANK, "BLOCK_K": triton_bgmv.BLOCK_IN}
+    else:
+        kernel = triton_bgmv._expand
+        pointers = {"shrunk_ptr": "fp32", "b_ptr": case.dtype, "out_ptr": case.dtype}
+        constants = {"BLOCK_N": triton_bgmv.BLOCK_OUT, "BLOCK_R": triton_bgmv.BLOCK_RANK}
+    pointers |= {"rows_ptr": "i64", "slots_ptr": "i64"}
+    signature = {
+        name: "constexpr" if name in constants else f"*{pointers[name]}" if name in pointers else "i32"
+        for name in kernel.arg_names
+    }
+    source = ASTSource(kernel, signature, constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", case.arch, 32), options={"num_warps": 4})
+    return int(compiled.metadata.shared)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[CompileCase, int]:
+    return compile_all(CASES, compile_case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_lora_kernels_compile_ahead_of_time_within_shared_memory(
+    compiled: dict[CompileCase, int], case: CompileCase
+) -> None:
+    assert compiled[case] <= SHARED_MEMORY[case.arch]
