@@ -70,3 +70,16 @@ def test_adapter_steps_through_two_device_slots_give_each_row_its_merged_referen
         assert driver.done[2] == greedy(reference, PROMPT[::-1], NEW_TOKENS)[0]
         third = merged(reference, tmp_path / second, ADAPTERS[second])
         assert driver.done[3] == greedy(third, PROMPT[2:], NEW_TOKENS)[0]
+
+
+def test_the_kernels_read_rows_of_a_transposed_input() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 6, generator=generator).T
+    a = torch.randn(2, 8, 40, generator=generator)
+    b = torch.randn(2, 24, 8, generator=generator)
+    rows, slots = torch.tensor([1, 4]), torch.tensor([1, 0])
+    out = add_slotted_deltas(torch.zeros(6, 24), x, a, b, rows, slots)
+    expected = torch.zeros(6, 24)
+    expected[1] = (x[1] @ a[1].T) @ b[1].T
+    expected[4] = (x[4] @ a[0].T) @ b[0].T
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
