@@ -15,7 +15,7 @@ from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraA
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
 from tandem_server.lora.segmented import GroupedDeltas, RowsDelta
-from tandem_server.lora.slots import DeviceSlots, SlottedDeltas
+from tandem_server.lora.slots import SEGMENTED_ROWS, DeviceSlots, RowBlocks, SlottedDeltas
 from tandem_server.lora.step import LoraStep
 from tandem_server.lora.targets import find_targets
 
@@ -142,10 +142,13 @@ class LoraRegistry:
         slot_of = slots.place(adapters)
         slot_by_number = torch.tensor([-1, *(slot_of[adapter.name] for adapter in adapters)])
         rows = (row_adapter > 0).nonzero().squeeze(1)
-        row_slots = slot_by_number[row_adapter[rows]].to(device)
-        rows = rows.to(device)
+        row_slots = slot_by_number[row_adapter[rows]]
+        blocks = RowBlocks.of(rows, row_slots, device) if rows.shape[0] >= SEGMENTED_ROWS else None
+        rows, row_slots = rows.to(device), row_slots.to(device)
         paths = dict.fromkeys(path for adapter in adapters for path in adapter.deltas)
-        modules = tuple((self._module(path), SlottedDeltas(slots.stacks[path], rows, row_slots)) for path in paths)
+        modules = tuple(
+            (self._module(path), SlottedDeltas(slots.stacks[path], rows, row_slots, blocks)) for path in paths
+        )
         return LoraStep(modules, len(adapters))
 
     def _module(self, gemm_path: str) -> GemmModule:

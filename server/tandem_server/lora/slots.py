@@ -13,6 +13,12 @@ import torch
 from tandem_server.lora.adapter import LoraAdapter
 from tandem_server.lora.targets import ModelTargets
 
+# Rows per block of the segmented kernels (`triton_sgmv`): tl.dot's least.
+ROW_BLOCK = 16
+# Steps with at least this many adapter rows (prompt chunks) run the segmented kernels; fewer (decodes), the
+# per-row kernels (`triton_bgmv`), which waste nothing on a segment's partial block.
+SEGMENTED_ROWS = 64
+
 
 @dataclass(frozen=True)
 class SlotStack:
@@ -103,17 +109,52 @@ class DeviceSlots:
 
 
 @dataclass(frozen=True)
+class RowBlocks:
+    """A step's adapter rows sorted by slot (`rows`), and for each block of at most ROW_BLOCK of them: its slot and
+    its sorted positions [start, end), never crossing a segment."""
+
+    rows: torch.Tensor
+    block_slots: torch.Tensor
+    block_starts: torch.Tensor
+    block_ends: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, slots: torch.Tensor, device: torch.device) -> RowBlocks:
+        """From host tensors of the adapter rows and their slots; a loop over slots present, never over rows."""
+        order = torch.argsort(slots, stable=True)
+        rows, slots = rows[order], slots[order]
+        present, counts = torch.unique_consecutive(slots, return_counts=True)
+        block_slots, starts, ends = [], [], []
+        segment_start = 0
+        for slot, count in zip(present.tolist(), counts.tolist(), strict=True):
+            segment_end = segment_start + count
+            block_starts = list(range(segment_start, segment_end, ROW_BLOCK))
+            block_slots += [slot] * len(block_starts)
+            starts += block_starts
+            ends += [segment_end] * len(block_starts)
+            segment_start = segment_end
+        as_device = lambda values: torch.tensor(values, dtype=torch.int64).to(device)  # noqa: E731
+        return cls(rows.to(device), as_device(block_slots), as_device(starts), as_device(ends))
+
+
+@dataclass(frozen=True)
 class SlottedDeltas:
     """One GEMM module's deltas for a step's adapter rows on CUDA: `rows[i]` runs under the adapter in slot
-    `slots[i]` of `stack` (the Triton kernels of `triton_bgmv`)."""
+    `slots[i]` of `stack`; with `blocks` (many rows), through the segmented kernels of `triton_sgmv`, else the
+    per-row kernels of `triton_bgmv`."""
 
     stack: SlotStack
     rows: torch.Tensor
     slots: torch.Tensor
+    blocks: RowBlocks | None
 
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """In place: on CUDA every weight format returns a new output tensor."""
         # Imported here: Triton is there only where adapters run on CUDA.
+        if self.blocks is not None:
+            from tandem_server.lora.triton_sgmv import add_segmented_deltas  # noqa: PLC0415
+
+            return add_segmented_deltas(out, x, self.stack.a, self.stack.b, self.blocks)
         from tandem_server.lora.triton_bgmv import add_slotted_deltas  # noqa: PLC0415
 
         return add_slotted_deltas(out, x, self.stack.a, self.stack.b, self.rows, self.slots)
