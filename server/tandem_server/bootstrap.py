@@ -12,11 +12,12 @@ from tandem_server.config import CompileMode, ShardConfig, dtype_name
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.errors import ConfigError
+from tandem_server.errors import ConfigError, LoraAdapterError, LoraAdapterExistsError
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.layers.attention import AttentionBackend, create_backend
 from tandem_server.layers.attention.selection import detect_packages, needs_from_hf_config, select_backend
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
+from tandem_server.lora import LoraLimits
 from tandem_server.models.config import CheckpointConfig, read_checkpoint_config
 from tandem_server.models.loader import load_model
 from tandem_server.models.parameter_counts import parameter_counts
@@ -79,6 +80,7 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         grammar_compiler,
         draft_model,
     )
+    load_startup_adapters(runner, config)
     logger.info(
         "loaded %s (%s on %s, KV cache in %s; rank %d/%d holds %s) in %.1fs",
         checkpoint.architecture,
@@ -91,6 +93,15 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         time.perf_counter() - started,
     )
     return LoadedShard(runner, build_info(runner, checkpoint.architecture, backend.name, parallel, weights))
+
+
+def load_startup_adapters(runner: ModelRunner, config: ShardConfig) -> None:
+    """Loads every `--lora-adapter` before the shard serves; one that cannot serve is a start-up error naming it."""
+    for name, directory in config.lora_adapters:
+        try:
+            runner.lora.load(name, directory)
+        except (LoraAdapterError, LoraAdapterExistsError) as error:
+            raise ConfigError(f"--lora-adapter {name}={directory}: {error}") from error
 
 
 def load_draft_model(
@@ -168,6 +179,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         launch_ahead=config.launches_ahead,
         compile_mode=config.torch_compile,
         decode_package=decode_package_spec(config, backend),
+        lora=LoraLimits(config.max_loras, config.max_lora_rank),
     )
 
 

@@ -109,8 +109,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds one model job may run before Health reports the shard stalled (default: never)",
     )
+    _add_lora_flags(parser)
     _add_fault_flags(parser)
     return parser
+
+
+def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
+    lora = parser.add_argument_group("LoRA adapters")
+    lora.add_argument(
+        "--lora-adapter",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="load the PEFT LoRA adapter in local directory PATH as NAME before serving (repeatable)",
+    )
+    lora.add_argument(
+        "--max-loras", type=int, default=4, help="most distinct LoRA adapters one step runs (0: serve no adapters)"
+    )
+    lora.add_argument("--max-lora-rank", type=int, default=64, help="highest LoRA adapter rank the shard accepts")
+
+
+def lora_adapter_flags(values: Sequence[str]) -> tuple[tuple[str, Path], ...]:
+    """`--lora-adapter NAME=PATH` values as (name, directory) pairs, in the order given."""
+    pairs = []
+    for value in values:
+        name, equals, path = value.partition("=")
+        if not equals or not name or not path:
+            raise ConfigError(f"--lora-adapter {value!r}: expected NAME=PATH (a name and a local directory)")
+        pairs.append((name, Path(path).expanduser()))
+    return tuple(pairs)
 
 
 def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
@@ -262,6 +289,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         allow_pickle_weights=args.allow_pickle_weights,
         expert_parallel=args.expert_parallel,
         step_timeout_s=args.step_timeout,
+        lora_adapters=lora_adapter_flags(args.lora_adapter),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         faults=_fault_plan(args),
     )
 

@@ -110,6 +110,11 @@ class ShardConfig:
     expert_parallel: bool = False
     # A model job running longer than this makes Health fail (a wedged device); None: never.
     step_timeout_s: float | None = None
+    # LoRA adapters (name, local PEFT directory) loaded before the shard reports ready, in this order.
+    lora_adapters: tuple[tuple[str, Path], ...] = ()
+    # Most distinct LoRA adapters one Step runs (0: none are served), and the highest rank accepted.
+    max_loras: int = 4
+    max_lora_rank: int = 64
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
     faults: FaultPlan = field(default_factory=FaultPlan)
 
@@ -125,6 +130,7 @@ class ShardConfig:
                 f"unknown attention backend {self.attention_backend!r}; available: {', '.join(ATTENTION_BACKENDS)}"
             )
         self._check_device_options()
+        self._check_lora_options()
         if self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
@@ -147,6 +153,18 @@ class ShardConfig:
     def cache_dtype(self) -> torch.dtype:
         """The dtype the KV cache is allocated in."""
         return self.kv_cache_dtype or self.dtype
+
+    def _check_lora_options(self) -> None:
+        if self.max_loras < 0:
+            raise ConfigError(f"--max-loras must be 0 or more, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ConfigError(f"--max-lora-rank must be at least 1, got {self.max_lora_rank}")
+        if self.lora_adapters and self.max_loras == 0:
+            raise ConfigError("--lora-adapter needs --max-loras of at least 1")
+        names = [name for name, _ in self.lora_adapters]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ConfigError(f"--lora-adapter names {repeated} more than once; each adapter needs its own name")
 
     def _check_device_options(self) -> None:
         if not 0.0 < self.cuda_memory_fraction <= 1.0:

@@ -28,6 +28,19 @@ class WeightsError(ConfigError):
     """The checkpoint's tensors do not match the model (missing, unexpected or misshapen)."""
 
 
+class LoraAdapterError(ShardError):
+    """A LoRA adapter cannot serve on this base model (its files, configuration, targets, shapes or rank); the
+    message names the adapter, the tensor or setting at fault, and what was expected."""
+
+
+class LoraAdapterExistsError(ShardError):
+    """A LoRA adapter of that name is already loaded."""
+
+
+class LoraAdapterNotFoundError(ShardError):
+    """No LoRA adapter of that name is loaded."""
+
+
 class InvalidStepError(ShardError):
     """A Step contradicts itself or the model (duplicate ids, too few blocks, unknown ids)."""
 

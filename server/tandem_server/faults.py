@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tandem_server.engine.launched import LaunchedStep
     from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
     from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
+    from tandem_server.lora import LoraRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,10 @@ class FaultInjectingRunner:
 
     def compilation(self) -> CompilationState:
         return self._runner.compilation()
+
+    @property
+    def lora(self) -> LoraRegistry:
+        return self._runner.lora
 
     def launch(self, step: StepInput) -> LaunchedStep:
         """The runner's launch, unless this is the Step planned to fail or hang."""

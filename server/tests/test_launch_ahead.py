@@ -16,6 +16,7 @@ from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, StepInput, WarmupPlan
 from tandem_server.layers.attention import SdpaAttentionBackend
+from tandem_server.lora import LoraLimits
 from tandem_server.sampling import SamplingParams
 
 
@@ -86,7 +87,8 @@ def test_a_launch_on_cuda_queues_its_copies_without_waiting_for_the_device(
     fake = FakeCuda(free_bytes=2 * 1024 * 1024)
     fake.install(monkeypatch)
     device = torch.device("cuda", 0)
-    options = ExecutionOptions(cuda_memory_fraction=0.5, launch_ahead=True)
+    # No LoRA slots: the fake device's 2 MiB would not hold them beside the cache.
+    options = ExecutionOptions(cuda_memory_fraction=0.5, launch_ahead=True, lora=LoraLimits(max_loras=0))
     runner = ModelRunner(model, (2,), torch.float32, device, options=options)
     seeded = SamplingParams(temperature=0.7, seed=3)
     requests = [new_request(1, [5, 20, 21, 22, 23], sampling=seeded), new_request(2, [6, 30, 31])]

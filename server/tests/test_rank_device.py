@@ -14,6 +14,7 @@ from shard_testing import load_tiny_model, write_tiny_llama
 from tandem_server.distributed import ParallelContext
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.layers.attention import SdpaAttentionBackend
+from tandem_server.lora import LoraLimits
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import ShardServicer, build_info
 
@@ -45,7 +46,8 @@ def test_rank_one_runs_warmup_and_steps_on_device_one_from_its_model_thread(
     write_tiny_llama(tmp_path)
     # The model's weights live on the CPU (the fake places every CUDA tensor there); the runner believes cuda:1.
     model = load_tiny_model(tmp_path, backend=SdpaAttentionBackend())
-    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2))
+    # No LoRA slots: the fake device's 2 MiB would not hold them beside the cache.
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), lora=LoraLimits(max_loras=0))
     fake = FakeCuda(free_bytes=2 * 1024 * 1024)
     fake.graph_pool_bytes = 256 * 1024
     fake.install(monkeypatch)

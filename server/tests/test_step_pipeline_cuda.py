@@ -19,6 +19,7 @@ from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, StepInput, WarmupPlan
 from tandem_server.layers.attention import SdpaAttentionBackend
+from tandem_server.lora import LoraLimits
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 
 CUDA = torch.device("cuda", 0)
@@ -37,7 +38,9 @@ def _logged_runner(checkpoint: Path, fake: FakeCuda, launch_ahead: bool) -> Mode
     """A runner on the fake `cuda:0` whose launches and forward passes mark the stream log; decode steps of one and
     two requests replay captured graphs, as on a GPU by default."""
     model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), launch_ahead=launch_ahead)
+    # No LoRA slots: the fake device's 2 MiB would not hold them beside the cache.
+    lora = LoraLimits(max_loras=0)
+    options = ExecutionOptions(cuda_memory_fraction=0.5, cuda_graph_sizes=(1, 2), launch_ahead=launch_ahead, lora=lora)
     runner = ModelRunner(model, (2,), torch.float32, CUDA, options=options)
     forward, launch = model.forward, runner.launch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
@@ -41,6 +41,7 @@ from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.moe.expert_tokens import ExpertTokenCounters
 from tandem_server.layers.recurrent.state_pool import state_pool_bytes
+from tandem_server.lora import LoraLimits, LoraRegistry
 from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
@@ -72,6 +73,8 @@ class ExecutionOptions:
     # BACKGROUND on one CPU rank: how a child process loads the model to build its decode package; None compiles on
     # a thread beside serving instead.
     decode_package: DecodePackageSpec | None = None
+    # --max-loras and --max-lora-rank: the LoRA adapters the shard accepts and runs in one step.
+    lora: LoraLimits = field(default_factory=LoraLimits)
 
 
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
@@ -147,6 +150,7 @@ class ModelRunner:
         self.requests = RequestTable(grammar_compiler)
         self.cache: KVCache | None = None
         self.execution = Execution.build(model, device, options.compile_mode, options.decode_package)
+        self.lora = LoraRegistry(model, options.lora, dtype, device)
         self.expert_tokens = ExpertTokenCounters(model)
         self.sampler = Sampler()
         # The timer of the latest step that ran a forward pass, until Warmup or Reset.
@@ -193,10 +197,11 @@ class ModelRunner:
         bytes_per_block = geometry.bytes_per_block + (draft_geometry.bytes_per_block if draft_geometry else 0)
         draft_shapes = drafting_shapes(shapes) if drafting is not None else ()
         if self.device.type == "cuda":
-            # The recurrent state pool is allocated beside the cache, out of the same budget.
+            # The recurrent state pool and the LoRA slots are allocated beside the cache, out of the same budget.
             budget = profile_cuda_budget(self.model, geometry, limits) - state_pool_bytes(
                 spec.state_shapes, max_batch_requests, self.dtype, spec.state_dtypes
             )
+            budget -= self.lora.device_bytes
             if drafting is not None and draft_geometry is not None:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             budget_flag = "--cuda-memory-fraction"
@@ -266,7 +271,15 @@ class ModelRunner:
         timer = StepTimer(self.device)
         spec = self.model.spec
         drafting = self.draft_model is not None
-        limits = StepLimits(cache.block_size, cache.num_blocks, spec.max_position_embeddings, spec.vocab_size, drafting)
+        limits = StepLimits(
+            cache.block_size,
+            cache.num_blocks,
+            spec.max_position_embeddings,
+            spec.vocab_size,
+            drafting,
+            self.lora.names(),
+            self.options.lora.max_loras,
+        )
         applied = self.requests.apply(step, limits)
         plan = applied.plan
         # The router never lists the requests the shard ended itself: what the execution keeps for them goes too.
@@ -287,7 +300,9 @@ class ModelRunner:
             )
             for state, num_tokens in plan
         ]
-        batch = build_step_batch(spans, cache.block_size, self.device)
+        adapters = [state.lora_adapter for state, _ in plan]
+        lora = self.lora.step(adapters, [len(span.token_ids) for span in spans], self.device)
+        batch = build_step_batch(spans, cache.block_size, self.device, lora)
         self._copy_pending_tokens(plan, batch, open_step)
         # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
         # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).

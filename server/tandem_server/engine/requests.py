@@ -41,6 +41,8 @@ class RequestState:
     grammar: GrammarMatcher | None = None
     # Bias and penalty vectors, built at the request's first sampling and updated by every token after it.
     statistics: TokenStatistics | None = None
+    # The LoRA adapter every token of the request runs under; empty: the base model.
+    lora_adapter: str = ""
 
     @classmethod
     def from_new(cls, request: NewRequest, grammar: GrammarMatcher | None = None) -> RequestState:
@@ -53,6 +55,7 @@ class RequestState:
             top_logprobs=request.top_logprobs,
             prompt_logprobs=request.prompt_logprobs,
             grammar=grammar,
+            lora_adapter=request.lora_adapter,
         )
 
     @property
@@ -120,6 +123,9 @@ class StepLimits:
     vocab_size: int
     # Whether a draft model runs beside the model, so a request may ask it for drafts.
     draft_model: bool = False
+    # The LoRA adapters a new request may name, and how many distinct ones a step may run.
+    lora_adapters: frozenset[str] = frozenset()
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,10 +190,12 @@ class RequestTable:
         and so is a request the shard ended in the previous step."""
         self._ended_before, self._ended_now = self._ended_now, set()
         self.forget(step.finished)
-        incoming, failures = self._check_new(step.new_requests, limits.vocab_size)
+        incoming, failures = self._check_new(step.new_requests, limits)
+        failures.extend(self._end_unloaded_adapters(step.scheduled, limits))
         self._ended_now.update(failure.id for failure in failures)
         skipped = {failure.id for failure in failures}
         scheduled_ids: set[int] = set()
+        step_adapters: set[str] = set()
         for scheduled in step.scheduled:
             if scheduled.id in scheduled_ids:
                 raise InvalidStepError(f"request {scheduled.id} is scheduled twice")
@@ -201,6 +209,8 @@ class RequestTable:
             if state is None:
                 raise StateMismatchError(f"request {scheduled.id} is scheduled but unknown to the shard")
             _check_scheduled(state, scheduled, scheduled.id in incoming, limits)
+            step_adapters.add(state.lora_adapter)
+        _check_adapter_count(step_adapters - {""}, limits.max_loras)
         self._states.update(incoming)
         plan = []
         drafts, model_drafts, restores, saves = {}, {}, {}, {}
@@ -221,8 +231,24 @@ class RequestTable:
                 saves[scheduled.id] = scheduled.save_state_checkpoint
         return AppliedStep(plan, failures, drafts, model_drafts, restores, saves)
 
+    def _end_unloaded_adapters(self, scheduled: Sequence[ScheduledRequest], limits: StepLimits) -> list[RequestFailure]:
+        """Running requests whose LoRA adapter was unloaded since they started: each fails alone."""
+        failures = [
+            RequestFailure(
+                state.id,
+                FailureKind.INVALID_PARAMETERS,
+                f"LoRA adapter {state.lora_adapter!r} was unloaded while the request ran",
+            )
+            for request in scheduled
+            if (state := self._states.get(request.id)) is not None
+            and state.lora_adapter
+            and state.lora_adapter not in limits.lora_adapters
+        ]
+        self.end(failure.id for failure in failures)
+        return failures
+
     def _check_new(
-        self, requests: Sequence[NewRequest], vocab_size: int
+        self, requests: Sequence[NewRequest], limits: StepLimits
     ) -> tuple[dict[int, RequestState], list[RequestFailure]]:
         incoming: dict[int, RequestState] = {}
         failures: list[RequestFailure] = []
@@ -234,7 +260,7 @@ class RequestTable:
             if request.num_output_tokens > len(request.token_ids):
                 raise InvalidStepError(f"request {request.id} has more output tokens than tokens")
             try:
-                _check_request_inputs(request, vocab_size)
+                _check_request_inputs(request, limits)
                 incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request))
             except RequestFailedError as error:
                 failures.append(RequestFailure(request.id, error.kind, str(error)))
@@ -250,7 +276,10 @@ class RequestTable:
         return self._grammar_compiler.matcher(request.grammar, generated)
 
 
-def _check_request_inputs(request: NewRequest, vocab_size: int) -> None:
+def _check_request_inputs(request: NewRequest, limits: StepLimits) -> None:
+    if request.lora_adapter and request.lora_adapter not in limits.lora_adapters:
+        raise RequestFailedError(FailureKind.INVALID_PARAMETERS, f"unknown LoRA adapter {request.lora_adapter!r}")
+    vocab_size = limits.vocab_size
     # Every id indexes the embedding or a [rows, vocab] tensor: one out of range would fail the whole step.
     named = (
         ("prompt token", request.token_ids),
@@ -284,6 +313,14 @@ def _check_sampling(params: SamplingParams) -> None:
     positive = params.top_p > 0 and params.typical_p > 0 and params.repetition_penalty > 0
     if params.temperature < 0 or params.min_p < 0 or not positive:
         raise RequestFailedError(FailureKind.INVALID_PARAMETERS, "a sampling parameter is out of its range")
+
+
+def _check_adapter_count(adapters: set[str], max_loras: int) -> None:
+    if len(adapters) > max_loras:
+        raise InvalidStepError(
+            f"the step runs {len(adapters)} LoRA adapters ({', '.join(sorted(adapters))}); this shard runs at most "
+            f"{max_loras} in one step (--max-loras)"
+        )
 
 
 def _check_scheduled(state: RequestState, scheduled: ScheduledRequest, is_new: bool, limits: StepLimits) -> None:

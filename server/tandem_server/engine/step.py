@@ -52,6 +52,8 @@ class NewRequest:
     prompt_logprobs: bool = False
     # None means unconstrained.
     grammar: GrammarSpec | None = None
+    # The LoRA adapter the request runs under, by name; empty: the base model.
+    lora_adapter: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 
 from tandem_server.device_copy import to_device
 from tandem_server.layers.attention import AttentionMetadata, HostLayout, PagedLayout, start_offsets
+from tandem_server.lora import LoraStep
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,15 @@ class StepBatch:
     positions: torch.Tensor
     metadata: AttentionMetadata
     last_rows: tuple[int, ...]
+    # The LoRA adapters some rows run under; None: every row runs the base model alone.
+    lora: LoraStep | None = None
 
 
-def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: torch.device) -> StepBatch:
-    """Flattens the spans in order into the model's inputs and the metadata every attention backend reads."""
+def build_step_batch(
+    spans: Sequence[ScheduledSpan], block_size: int, device: torch.device, lora: LoraStep | None = None
+) -> StepBatch:
+    """Flattens the spans in order into the model's inputs and the metadata every attention backend reads; `lora`
+    carries the deltas of the rows run under adapters."""
     query_lens = [len(span.token_ids) for span in spans]
     seq_lens = [span.context_len for span in spans]
     tables = [span.block_table[: -(-span.context_len // block_size)] for span in spans]
@@ -73,4 +79,5 @@ def build_step_batch(spans: Sequence[ScheduledSpan], block_size: int, device: to
         positions=to_device(positions, device),
         metadata=AttentionMetadata(slot_mapping=to_device(slots, device), paged=paged, host=host),
         last_rows=tuple(int(end) - 1 for end in query_offsets[1:]),
+        lora=lora,
     )

@@ -64,7 +64,12 @@ class DecodePackageExecutor:
         return self._package
 
     def serves(self, step: PlannedStep) -> bool:
-        return self._package is not None and is_steady_single_decode(step.batch, step.prepared.metadata)
+        # The package runs the base model's GEMMs: rows under an adapter run eagerly.
+        return (
+            self._package is not None
+            and step.batch.lora is None
+            and is_steady_single_decode(step.batch, step.prepared.metadata)
+        )
 
     def run(self, step: PlannedStep) -> torch.Tensor:
         package = self._package

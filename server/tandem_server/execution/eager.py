@@ -1,5 +1,5 @@
 """Eager execution: the attention backend prepares the step's metadata, then the model runs operator by operator.
-It serves every step, so the runner tries it last."""
+It serves every step, so the runner tries it last: the only executor that applies LoRA adapters."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ def forward_step(model: CausalLM, batch: StepBatch, layers: Sequence[LayerCache]
 
 def run_prepared(model: CausalLM, step: PlannedStep) -> torch.Tensor:
     prepared = step.prepared
-    return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
+    lora = step.batch.lora
+    if lora is None:
+        return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
+    with lora.applied():
+        return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
 
 
 class EagerExecutor:

@@ -57,7 +57,7 @@ class StepExecutor(Protocol):
         ...
 
     def serves(self, step: PlannedStep) -> bool:
-        """Whether `run` can run this step."""
+        """Whether `run` can run this step; an executor that cannot apply the step's LoRA deltas declines it."""
         ...
 
     def run(self, step: PlannedStep) -> torch.Tensor:

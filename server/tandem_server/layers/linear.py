@@ -41,6 +41,8 @@ class ColumnParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         run = rank_run(output_range, out_features, parallel, "output features")
+        # The unsplit sizes: what a checkpoint tensor of this layer (or an adapter of it) holds on every rank.
+        self.in_features, self.out_features = in_features, out_features
         self.output_range = run
         self.weight = sliced_parameter((len(run), in_features), CheckpointSlice.of(0, run))
         self.bias = sliced_parameter((len(run),), CheckpointSlice.of(0, run)) if bias else None
@@ -65,6 +67,8 @@ class RowParallelLinear(GemmModule):
     ) -> None:
         super().__init__()
         run = rank_run(input_range, in_features, parallel, "input features")
+        # The unsplit sizes: what a checkpoint tensor of this layer (or an adapter of it) holds on every rank.
+        self.in_features, self.out_features = in_features, out_features
         self.input_range = run
         self.parallel = parallel
         self.weight = sliced_parameter((out_features, len(run)), CheckpointSlice.of(1, run))

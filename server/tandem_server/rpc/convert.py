@@ -15,6 +15,7 @@ from tandem_server.engine.step import (
     WarmupResult,
 )
 from tandem_server.errors import FailureKind
+from tandem_server.lora import LoraAdapter
 from tandem_server.metrics import CompilationState
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
@@ -92,6 +93,7 @@ def _new_request_from_pb(request: shard_pb2.NewRequest) -> NewRequest:
         top_logprobs=request.top_logprobs,
         prompt_logprobs=request.prompt_logprobs,
         grammar=_grammar_from_pb(request),
+        lora_adapter=request.lora_adapter,
     )
 
 
@@ -169,3 +171,7 @@ def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:
         num_state_checkpoints=result.num_state_checkpoints,
         state_checkpoint_bytes=result.state_checkpoint_bytes,
     )
+
+
+def lora_adapter_to_pb(adapter: LoraAdapter) -> shard_pb2.LoraAdapter:
+    return shard_pb2.LoraAdapter(name=adapter.name, rank=adapter.rank, target_modules=sorted(adapter.target_modules))

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -17,6 +18,7 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.engine.launched import LaunchedStep
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StepOutput, WarmupPlan, WarmupResult
+from tandem_server.lora import LoraRegistry
 from tandem_server.metrics import CompilationState, ShardMetrics
 from tandem_server.quant.quantize import QuantizationReport
 from tandem_server.rpc import convert
@@ -53,6 +55,9 @@ class ShardRunner(Protocol):
 
     def compilation(self) -> CompilationState: ...
 
+    @property
+    def lora(self) -> LoraRegistry: ...
+
 
 class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
     """Translates RPCs into ModelRunner calls; the lock serialises everything that touches tensors."""
@@ -76,7 +81,28 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
 
     @translate_errors
     async def Info(self, request: shard_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> shard_pb2.InfoResponse:
-        return self._info
+        info = shard_pb2.InfoResponse()
+        info.CopyFrom(self._info)
+        # Read on the event loop while the model thread may load or unload: the listing is replaced whole.
+        info.lora_adapters.extend(convert.lora_adapter_to_pb(adapter) for adapter in self._runner.lora.adapters)
+        return info
+
+    @translate_errors
+    async def LoadLoraAdapter(
+        self, request: shard_pb2.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> shard_pb2.LoadLoraAdapterResponse:
+        load = lambda: self._runner.lora.load(request.name, Path(request.path))  # noqa: E731
+        async with self._lock:
+            adapter = await self._model.run(load, stall_limited=False)
+        return shard_pb2.LoadLoraAdapterResponse(adapter=convert.lora_adapter_to_pb(adapter))
+
+    @translate_errors
+    async def UnloadLoraAdapter(
+        self, request: shard_pb2.UnloadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> shard_pb2.UnloadLoraAdapterResponse:
+        async with self._lock:
+            await self._model.run(lambda: self._runner.lora.unload(request.name))
+        return shard_pb2.UnloadLoraAdapterResponse()
 
     @translate_errors
     async def Health(
@@ -178,7 +204,7 @@ def build_info(
     parallel: ParallelContext,
     weights: QuantizationReport | None = None,
 ) -> shard_pb2.InfoResponse:
-    """Model facts reported by Info, fixed for the life of the process."""
+    """Model facts reported by Info, fixed for the life of the process (Info adds the LoRA adapters held now)."""
     spec = runner.model.spec
     return shard_pb2.InfoResponse(
         architecture=architecture,
@@ -197,4 +223,6 @@ def build_info(
         weight_bytes=weights.weight_bytes if weights is not None else 0,
         draft_model=runner.draft_model.describe() if runner.draft_model is not None else "",
         recurrent_state=bool(spec.state_shapes),
+        max_loras=runner.options.lora.max_loras,
+        max_lora_rank=runner.options.lora.max_rank,
     )

@@ -13,6 +13,9 @@ from tandem_server.errors import (
     CacheBudgetError,
     ConfigError,
     InvalidStepError,
+    LoraAdapterError,
+    LoraAdapterExistsError,
+    LoraAdapterNotFoundError,
     ModelThreadStalledError,
     NotWarmedUpError,
     StateMismatchError,
@@ -27,6 +30,9 @@ Response = TypeVar("Response")
 
 _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidStepError, grpc.StatusCode.INVALID_ARGUMENT),
+    (LoraAdapterError, grpc.StatusCode.INVALID_ARGUMENT),
+    (LoraAdapterExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (LoraAdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
     (StateMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotWarmedUpError, grpc.StatusCode.FAILED_PRECONDITION),
     (StepRefusedError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -37,7 +43,8 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 
 
 def status_code_for(error: Exception) -> grpc.StatusCode:
-    """INVALID_ARGUMENT for self-contradictory steps, FAILED_PRECONDITION for state problems, else INTERNAL."""
+    """INVALID_ARGUMENT for self-contradictory steps and unusable adapters, ALREADY_EXISTS/NOT_FOUND for adapter
+    names, FAILED_PRECONDITION for state problems, else INTERNAL."""
     for error_type, code in _STATUS_CODES:
         if isinstance(error, error_type):
             return code

@@ -1,0 +1,155 @@
+"""The shard's LoRA adapters: loaded and forgotten by name, and turned into each step's per-row deltas. It owns the
+adapters' tensors; request state holds only adapter names."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError
+from tandem_server.layers.gemm import GemmModule
+from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
+from tandem_server.lora.segmented import GroupedDeltas, RowsDelta
+from tandem_server.lora.slots import SEGMENTED_ROWS, DeviceSlots, RowBlocks, SlottedDeltas
+from tandem_server.lora.step import LoraStep
+from tandem_server.lora.targets import find_targets
+
+logger = logging.getLogger(__name__)
+
+# The name that selects the base model alone.
+BASE_MODEL = ""
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """`--max-loras` (distinct adapters one Step may carry; 0 serves none) and `--max-lora-rank`."""
+
+    max_loras: int = 4
+    max_rank: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 0 or self.max_rank < 1:
+            raise ValueError(f"invariant: --max-loras >= 0 and --max-lora-rank >= 1, got {self}")
+
+
+class LoraRegistry:
+    """Adapters by name in load order: on the model's device (CPU), or on the host with the ones steps run in
+    device slots (CUDA)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        limits: LoraLimits,
+        dtype: torch.dtype,
+        device: torch.device,
+        device_slots: bool | None = None,
+    ) -> None:
+        """`device_slots` (default: on CUDA) keeps the adapters on the host and `max_loras` slots of them on
+        `device`, applied by the Triton kernels; otherwise every adapter stays on `device`, applied in torch."""
+        self.limits = limits
+        self._targets = find_targets(model)
+        self._adapters: dict[str, LoraAdapter] = {}
+        # What `adapters` reads: replaced whole at each change, so another thread reads one consistent listing.
+        self._listing: tuple[LoraAdapter, ...] = ()
+        self._slots: DeviceSlots | None = None
+        if (device_slots if device_slots is not None else device.type == "cuda") and limits.max_loras > 0:
+            self._slots = DeviceSlots(self._targets, limits.max_loras, limits.max_rank, dtype, device)
+            logger.info(
+                "LoRA: %d device slots of rank up to %d will take %.1f MiB",
+                limits.max_loras,
+                limits.max_rank,
+                self._slots.nbytes / 2**20,
+            )
+            device = torch.device("cpu")
+        self._placement = AdapterPlacement(dtype, device, limits.max_rank)
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """The loaded adapters in load order; safe to read from any thread."""
+        return self._listing
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory the adapter slots take once a step runs an adapter (0 without slots)."""
+        return self._slots.nbytes if self._slots is not None else 0
+
+    def names(self) -> frozenset[str]:
+        return frozenset(self._adapters)
+
+    def load(self, name: str, directory: Path) -> LoraAdapter:
+        """Loads adapter `name` from a PEFT directory; on any error nothing changes."""
+        if self.limits.max_loras == 0:
+            raise LoraAdapterError(f"LoRA adapter {name!r}: this shard serves no adapters (--max-loras 0)")
+        if name == BASE_MODEL:
+            raise LoraAdapterError("a LoRA adapter needs a non-empty name (the empty name selects the base model)")
+        if name in self._adapters:
+            raise LoraAdapterExistsError(f"LoRA adapter {name!r} is already loaded")
+        adapter = load_adapter(name, directory, self._targets, self._placement)
+        self._adapters[name] = adapter
+        self._listing = tuple(self._adapters.values())
+        logger.info(
+            "loaded LoRA adapter %r (rank %d, %s; %.1f MiB)",
+            name,
+            adapter.rank,
+            ", ".join(adapter.target_modules),
+            adapter.nbytes / 2**20,
+        )
+        return adapter
+
+    def unload(self, name: str) -> None:
+        """Forgets adapter `name`; a step already launched under it keeps its tensors until it completes."""
+        if self._adapters.pop(name, None) is None:
+            raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        self._listing = tuple(self._adapters.values())
+        if self._slots is not None:
+            self._slots.forget(name)
+        logger.info("unloaded LoRA adapter %r", name)
+
+    def step(self, adapter_names: Sequence[str], row_counts: Sequence[int], device: torch.device) -> LoraStep | None:
+        """The deltas of a step whose span i runs `row_counts[i]` rows under `adapter_names[i]` (BASE_MODEL: none);
+        None when no span names an adapter, so the step runs exactly as without LoRA."""
+        present = list(dict.fromkeys(name for name in adapter_names if name != BASE_MODEL))
+        if not present:
+            return None
+        missing = [name for name in present if name not in self._adapters]
+        if missing:
+            raise ValueError(f"invariant: requests under unloaded LoRA adapters {missing} failed before the step")
+        # Each token row's adapter: 0 the base model, k the adapter present[k - 1].
+        span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
+        row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
+        adapters = [self._adapters[name] for name in present]
+        if self._slots is None:
+            return self._grouped(adapters, row_adapter, device)
+        return self._slotted(self._slots, adapters, row_adapter, device)
+
+    def _grouped(self, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device) -> LoraStep:
+        changes: dict[str, list[RowsDelta]] = {}
+        for number, adapter in enumerate(adapters, start=1):
+            rows = (row_adapter == number).nonzero().squeeze(1).to(device)
+            for gemm_path, delta in adapter.deltas.items():
+                changes.setdefault(gemm_path, []).append(RowsDelta(rows, delta))
+        modules = tuple((self._module(path), GroupedDeltas(tuple(groups))) for path, groups in changes.items())
+        return LoraStep(modules, len(adapters))
+
+    def _slotted(
+        self, slots: DeviceSlots, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device
+    ) -> LoraStep:
+        slot_of = slots.place(adapters)
+        slot_by_number = torch.tensor([-1, *(slot_of[adapter.name] for adapter in adapters)])
+        rows = (row_adapter > 0).nonzero().squeeze(1)
+        row_slots = slot_by_number[row_adapter[rows]]
+        blocks = RowBlocks.of(rows, row_slots, device) if rows.shape[0] >= SEGMENTED_ROWS else None
+        rows, row_slots = rows.to(device), row_slots.to(device)
+        paths = dict.fromkeys(path for adapter in adapters for path in adapter.deltas)
+        modules = tuple(
+            (self._module(path), SlottedDeltas(slots.stacks[path], rows, row_slots, blocks)) for path in paths
+        )
+        return LoraStep(modules, len(adapters))
+
+    def _module(self, gemm_path: str) -> GemmModule:
+        return self._targets.gemms[gemm_path].module
