@@ -59,6 +59,16 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "kvEvents.replayPort=null",
         ),
     ),
+    # LoRA adapters: one fetched from the Hub by the init container, one on a mounted volume, loadable at run time.
+    "lora": (
+        (),
+        (
+            "lora.adapters=sql=acme/sql-lora\\,chat=/adapters/chat",
+            "lora.maxLoras=2",
+            "lora.runtimeUpdates=true",
+            "lora.volume.existingClaim=lora-adapters",
+        ),
+    ),
     # Speculative decoding with a draft model fetched by the init container beside the served model.
     "speculative": (
         (),

@@ -83,7 +83,10 @@ def test_a_repo_id_is_downloaded_by_an_init_container_with_the_launchers_model_f
     draft = (args.speculative_model, args.speculative_model_revision)
     assert draft == (served.speculative_model, served.speculative_model_revision)
     assert {"name": "HF_HOME", "value": "/data/huggingface"} in download["env"]
+    assert args.lora_adapters == list(served.lora_adapters)
     mounts = {mount["name"]: mount["mountPath"] for mount in download["volumeMounts"]}
+    # The adapters' volume, where the values give one, so local adapter paths are checked where they are served.
+    mounts.pop("lora-adapters", None)
     assert mounts == {"model-cache": "/data", "tmp": "/tmp"}
 
 
@@ -224,3 +227,28 @@ def test_speculative_values_reach_the_launcher_and_the_draft_model_is_fetched_be
     # Off by default: no speculative flag at all, so the launcher's defaults hold.
     default_args = container(rendered["default"])["args"]
     assert not [arg for arg in default_args if arg.startswith("--speculat")]
+
+
+def test_lora_values_reach_the_launcher_and_the_init_container_which_mount_the_adapters_volume(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    served = launcher_config(container(rendered["lora"])["args"])
+    assert [(spec.name, spec.source) for spec in served.lora_adapters] == [
+        ("sql", "acme/sql-lora"),
+        ("chat", "/adapters/chat"),
+    ]
+    assert served.forwarded["max_loras"] == 2
+    assert served.forwarded["allow_runtime_lora_updating"] is True
+    (download,) = init_containers(rendered["lora"])
+    args = build_download_parser({}).parse_args(download["args"][1:])
+    assert [spec.name for spec in args.lora_adapters] == ["sql", "chat"]
+    for mounts in (container(rendered["lora"])["volumeMounts"], download["volumeMounts"]):
+        assert {"name": "lora-adapters", "mountPath": "/adapters", "readOnly": True} in mounts
+    volumes = serving_pod(rendered["lora"])["spec"]["volumes"]
+    assert {
+        "name": "lora-adapters",
+        "persistentVolumeClaim": {"claimName": "lora-adapters", "readOnly": True},
+    } in volumes
+    # Off by default: no LoRA flag at all, so the launcher serves no adapters and reserves nothing for them.
+    default = launcher_config(container(rendered["default"])["args"])
+    assert (default.lora_adapters, default.forwarded["max_loras"]) == ((), 0)

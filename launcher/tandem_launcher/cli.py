@@ -22,6 +22,7 @@ from tandem_launcher.config import (
 from tandem_launcher.flags import FlagAdder, key_list
 from tandem_launcher.forwarded import add_forwarded
 from tandem_launcher.gpus import resolve_device, resolve_num_shard, visible_cuda_devices
+from tandem_launcher.lora_adapters import add_lora_flags, resolve_max_loras
 from tandem_launcher.router_flags import API, KV_EVENTS, OBSERVABILITY, QUEUE, REQUEST_LIMITS, SCHEDULING
 from tandem_launcher.shard_flags import DTYPE, EXECUTION
 from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config, choose_speculative_method
@@ -98,6 +99,7 @@ def _add_scheduling_flags(add: FlagAdder) -> None:
     add.value("--max-total-tokens", int, None, "prompt + generated tokens per request; derived: min(positions, 4096)")
     add.value("--block-size", int, None, f"tokens per KV-cache block; {describe_block_sizes()}")
     add_speculation_flags(add)
+    add_lora_flags(add)
 
 
 def _add_supervision_flags(add: FlagAdder) -> None:
@@ -178,6 +180,10 @@ def parse_config(
         apply_speculative_config(values)
         values["speculative_method"] = choose_speculative_method(
             values["speculative_method"], values["speculative_model"]
+        )
+        values["lora_adapters"] = (*values["lora_adapters"], *values.pop("lora_modules"))
+        values["max_loras"] = resolve_max_loras(
+            values["max_loras"], values["lora_adapters"], values["allow_runtime_lora_updating"]
         )
         forwarded = {entry.dest: values.pop(entry.dest) for entry in FORWARDED_FLAGS}
         return LauncherConfig(**values, forwarded=forwarded)

@@ -74,6 +74,8 @@ def shard_argv(
         ]  # fmt: skip
     if model.draft_path is not None:
         argv += ["--draft-model-path", str(model.draft_path)]
+    for name, path in model.lora_adapters:
+        argv += ["--lora-adapter", f"{name}={path}"]
     if config.allow_pickle_weights:
         argv.append("--allow-pickle-weights")
     if inject_faults and config.fault_inject_step_error is not None:

@@ -21,6 +21,7 @@ from tandem_launcher.cluster import (
 )
 from tandem_launcher.fault_flags import fault_problems
 from tandem_launcher.forwarded import defaults, forwarded_problems
+from tandem_launcher.lora_adapters import AdapterSpec, adapter_problems
 from tandem_launcher.router_flags import ROUTER_FLAGS
 from tandem_launcher.shard_flags import SHARD_FLAGS, device_problems
 from tandem_launcher.speculation import speculation_problems
@@ -92,6 +93,8 @@ class LauncherConfig:
     speculative_disable_by_batch_size: int = 4
     speculative_model: str | None = None
     speculative_model_revision: str | None = None
+    # LoRA adapters every shard loads (`--lora-adapters`, `--lora-modules`), resolved as `model_id` is.
+    lora_adapters: tuple[AdapterSpec, ...] = ()
     model_cache_dir: Path = DEFAULT_MODEL_CACHE_DIR
     shard_start_timeout: float = 300.0
     # Covers the shards' Warmup; None: `ROUTER_START_TIMEOUT_S`, or `COMPILING_ROUTER_START_TIMEOUT_S` with
@@ -194,6 +197,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _cluster_problems(config)
     speculation = (config.speculate, config.speculative_method, config.speculative_disable_by_batch_size)
     problems += speculation_problems(*speculation, config.forwarded["prefix_caching"], config.speculative_model)
+    problems += adapter_problems(config.lora_adapters)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

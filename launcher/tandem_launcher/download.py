@@ -13,6 +13,7 @@ from types import FrameType
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID, LOG_LEVELS
 from tandem_launcher.flags import FlagAdder
 from tandem_launcher.logs import LOGGER, configure_logging, phase
+from tandem_launcher.lora_adapters import AdapterResolutionError, resolve_adapters, tgi_adapters
 from tandem_launcher.model_resolution import ModelResolutionError, ModelSource, named_as_draft, prepare_model
 
 INTERRUPTED_STATUS = 128
@@ -41,6 +42,10 @@ def build_download_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser
     add.value("--gguf-file", str, None, "fetch only this .gguf file of the repo and convert it")
     add.value("--speculative-model", str, None, "also fetch this draft model (speculative decoding), as MODEL_ID is")
     add.value("--speculative-model-revision", str, None, "revision of a --speculative-model repo id; none: main")
+    add.value(
+        "--lora-adapters", tgi_adapters, "",
+        "also fetch these LoRA adapters (Hub repo ids or NAME=REPO items, comma-separated; local paths are checked)",
+    )  # fmt: skip
     add.value("--model-cache-dir", Path, str(DEFAULT_MODEL_CACHE_DIR), "where converted models are kept")
     add.value("--hf-token-file", Path, None, "a file holding the Hugging Face token (a mounted secret); else HF_TOKEN")
     add.switch(
@@ -74,7 +79,9 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         if args.speculative_model is not None:
             with named_as_draft():
                 _prepare(source.draft(args.speculative_model, args.speculative_model_revision), environ)
-    except ModelResolutionError as error:
+        for name, path in resolve_adapters(args.lora_adapters, source.hf_token_file, environ):
+            LOGGER.info("LoRA adapter %s is ready to serve from %s", name, path)
+    except (ModelResolutionError, AdapterResolutionError) as error:
         if args.error_file is not None:
             args.error_file.write_text(f"{error}\n")
         else:

@@ -26,6 +26,7 @@ from tandem_launcher.hub import fetch_file, fetch_snapshot, read_token_file
 from tandem_launcher.hub_cache import cache_state, cached_file
 from tandem_launcher.hub_errors import HubError
 from tandem_launcher.hub_request import HubRequest, hub_cache_dir, hub_offline
+from tandem_launcher.lora_adapters import AdapterResolutionError, resolve_adapters
 from tandem_launcher.orphan_guard import guarded_argv
 from tandem_launcher.pickle_weights import PickleConversionError, converted_pickle_dir, has_only_pickle_weights
 from tandem_launcher.progress import DownloadProgress
@@ -52,6 +53,8 @@ class ResolvedModel:
     max_position_embeddings: int | None
     # The draft model's directory (`--speculative-method draft`), which every shard loads beside `path`.
     draft_path: Path | None = None
+    # The LoRA adapters' PEFT directories by name, which every shard loads beside `path`.
+    lora_adapters: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,11 @@ def resolve_configured_model(config: LauncherConfig) -> ResolvedModel:
     )
     download = download_in_child(sys.executable, config.log_level, config.json_output)
     model = resolve_source(source, download=download)
+    try:
+        adapters = resolve_adapters(config.lora_adapters, config.hf_token_file, os.environ)
+    except AdapterResolutionError as error:
+        raise ModelResolutionError(str(error)) from error
+    model = replace(model, lora_adapters=adapters)
     if config.speculative_model is None:
         return model
     draft = source.draft(config.speculative_model, config.speculative_model_revision)

@@ -168,6 +168,11 @@ API = (
         check=_readable_file,
     ),
     switch("--disable-chat-completions", ROUTER, "serve no chat (the chat routes answer 400)"),
+    switch(
+        "--allow-runtime-lora-updating", ROUTER,
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes), which change the shards' LoRA "
+        "adapters while serving",
+    ),
     Forwarded(
         "--tool-call-parser", ROUTER, str, None,
         "the tool-call syntax: hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), deepseek_v31, deepseek_v32 "

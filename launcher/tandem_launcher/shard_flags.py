@@ -14,6 +14,7 @@ from tandem_server.weights.gguf_format import QUANTIZE_CHOICES
 
 from tandem_launcher.flags import compile_mode
 from tandem_launcher.forwarded import Check, Child, Forwarded, switch
+from tandem_launcher.lora_adapters import LORA_FLAGS
 
 SHARD = Child.SHARD
 AUTO = "auto"
@@ -162,7 +163,7 @@ EXECUTION = (
     ),
 )  # fmt: skip
 
-SHARD_FLAGS = DTYPE + EXECUTION
+SHARD_FLAGS = DTYPE + EXECUTION + LORA_FLAGS
 
 
 def device_problems(device: str, values: Mapping[str, Any]) -> list[str]:

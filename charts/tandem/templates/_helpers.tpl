@@ -45,10 +45,10 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the init container fetches something: model.id or the draft model is a Hugging Face repo id and the
-     install is not offline. */}}
+{{/* "true" when the init container fetches something: model.id or the draft model is a Hugging Face repo id, or
+     LoRA adapters are given, and the install is not offline. */}}
 {{- define "tandem.downloadsModel" -}}
-{{- if and (not .Values.model.offline) (or (include "tandem.isRepoId" .Values.model.id) (include "tandem.isRepoId" (include "tandem.draftModel" .))) -}}
+{{- if and (not .Values.model.offline) (or (include "tandem.isRepoId" .Values.model.id) (include "tandem.isRepoId" (include "tandem.draftModel" .)) .Values.lora.adapters) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -106,6 +106,31 @@ true
 {{- end }}
 {{- include "tandem.modelArgs" . }}
 {{- include "tandem.draftModelArgs" . }}
+{{- include "tandem.loraAdapterArgs" . }}
+{{- end -}}
+
+{{/* The adapters flag the init container's download and the launcher share. */}}
+{{- define "tandem.loraAdapterArgs" -}}
+{{- if .Values.lora.adapters }}
+- --lora-adapters
+- {{ .Values.lora.adapters | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The launcher's LoRA flags beyond the adapters; none by default, so the launcher's defaults hold. */}}
+{{- define "tandem.loraArgs" -}}
+{{- include "tandem.loraAdapterArgs" . }}
+{{- if ne .Values.lora.maxLoras nil }}
+- --max-loras
+- {{ .Values.lora.maxLoras | quote }}
+{{- end }}
+{{- if ne (int .Values.lora.maxLoraRank) 64 }}
+- --max-lora-rank
+- {{ .Values.lora.maxLoraRank | quote }}
+{{- end }}
+{{- if .Values.lora.runtimeUpdates }}
+- --allow-runtime-lora-updating
+{{- end }}
 {{- end -}}
 
 {{/* "true" when the chart renders a LeaderWorkerSet of multiNode.size pods per group instead of the Deployment. */}}
@@ -184,6 +209,7 @@ leaderworkerset.sigs.k8s.io/worker-index: "0"
 - {{ $limits.kvCacheMemory | quote }}
 {{- end }}
 {{- include "tandem.speculativeArgs" . }}
+{{- include "tandem.loraArgs" . }}
 {{- if include "tandem.multiNode" . }}
 {{- include "tandem.multiNodeArgs" (dict "root" . "role" $role) }}
 {{- end }}

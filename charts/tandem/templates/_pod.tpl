@@ -72,6 +72,7 @@ containers:
         mountPath: /tmp
       - name: model-cache
         mountPath: /data
+      {{- include "tandem.loraVolumeMount" . | nindent 6 }}
       {{- if include "tandem.multiNode" . }}
       - name: cluster-secret
         mountPath: /etc/tandem/cluster
@@ -95,6 +96,12 @@ volumes:
   {{- else if not .Values.modelCache.create }}
   - name: model-cache
     emptyDir: {}
+  {{- end }}
+  {{- if .Values.lora.volume.existingClaim }}
+  - name: lora-adapters
+    persistentVolumeClaim:
+      claimName: {{ .Values.lora.volume.existingClaim }}
+      readOnly: true
   {{- end }}
   {{- if include "tandem.multiNode" . }}
   - name: cluster-secret
@@ -155,6 +162,16 @@ affinity:
       mountPath: /tmp
     - name: model-cache
       mountPath: /data
+    {{- include "tandem.loraVolumeMount" . | nindent 4 }}
+{{- end -}}
+
+{{/* The adapters' volume (lora.volume), read-only, where adapter paths point. */}}
+{{- define "tandem.loraVolumeMount" -}}
+{{- if .Values.lora.volume.existingClaim }}
+- name: lora-adapters
+  mountPath: {{ .Values.lora.volume.mountPath }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{/* Ports of the tandem container: the router's HTTP (and KV events) where it runs, each local rank's metrics

@@ -111,6 +111,7 @@ def main() -> int:
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--allow-pickle-weights", action="store_true")
     parser.add_argument("--draft-model-path")
+    parser.add_argument("--lora-adapter", action="append", default=[])
     parser.add_argument("--fault-inject-step-error")
     parser.add_argument("--fault-inject-step-hang")
     args = parser.parse_args()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tandem_launcher.config import FORWARDED_FLAGS, ChildCommands, LauncherConfig
 from tandem_launcher.launch import launch
+from tandem_launcher.lora_adapters import AdapterSpec
 
 
 def main() -> int:
@@ -17,6 +18,7 @@ def main() -> int:
     if values.get("cluster_secret_file") is not None:
         values["cluster_secret_file"] = Path(values["cluster_secret_file"])
     values["worker_addr"] = tuple(values.get("worker_addr", ()))
+    values["lora_adapters"] = tuple(AdapterSpec(name, source) for name, source in values.get("lora_adapters", ()))
     forwarded = {entry.dest: values.pop(entry.dest) for entry in FORWARDED_FLAGS if entry.dest in values}
     config = LauncherConfig(
         **values,
