@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tandem_server.device_copy import to_device
 from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
@@ -90,6 +91,8 @@ class LoraRegistry:
         if name in self._adapters:
             raise LoraAdapterExistsError(f"LoRA adapter {name!r} is already loaded")
         adapter = load_adapter(name, directory, self._targets, self._placement)
+        if self._slots is not None:
+            adapter = self._slots.staged(adapter)
         self._adapters[name] = adapter
         self._listing = tuple(self._adapters.values())
         logger.info(
@@ -130,7 +133,7 @@ class LoraRegistry:
     def _grouped(self, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device) -> LoraStep:
         changes: dict[str, list[RowsDelta]] = {}
         for number, adapter in enumerate(adapters, start=1):
-            rows = (row_adapter == number).nonzero().squeeze(1).to(device)
+            rows = to_device((row_adapter == number).nonzero().squeeze(1), device)
             for gemm_path, delta in adapter.deltas.items():
                 changes.setdefault(gemm_path, []).append(RowsDelta(rows, delta))
         modules = tuple((self._module(path), GroupedDeltas(tuple(groups))) for path, groups in changes.items())
@@ -144,7 +147,7 @@ class LoraRegistry:
         rows = (row_adapter > 0).nonzero().squeeze(1)
         row_slots = slot_by_number[row_adapter[rows]]
         blocks = RowBlocks.of(rows, row_slots, device) if rows.shape[0] >= SEGMENTED_ROWS else None
-        rows, row_slots = rows.to(device), row_slots.to(device)
+        rows, row_slots = to_device(rows, device), to_device(row_slots, device)
         paths = dict.fromkeys(path for adapter in adapters for path in adapter.deltas)
         modules = tuple(
             (self._module(path), SlottedDeltas(slots.stacks[path], rows, row_slots, blocks)) for path in paths

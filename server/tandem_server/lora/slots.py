@@ -3,6 +3,7 @@ steps need them and reused least recently used first."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_server.lora.adapter import LoraAdapter
+from tandem_server.device_copy import to_device
+from tandem_server.lora.adapter import LoraAdapter, LoraDelta
 from tandem_server.lora.targets import ModelTargets
 
 # Rows per block of the segmented kernels (`triton_sgmv`): tl.dot's least.
@@ -59,6 +61,14 @@ class DeviceSlots:
             self._resident.move_to_end(adapter.name)
         return {adapter.name: self._resident[adapter.name][0] for adapter in adapters}
 
+    def staged(self, adapter: LoraAdapter) -> LoraAdapter:
+        """`adapter` as the host keeps it for the slots: in pinned memory on CUDA, so writing it into a slot is an
+        asynchronous copy queued behind the steps before it."""
+        if self._device.type != "cuda":
+            return adapter
+        pinned = {path: LoraDelta(delta.a.pin_memory(), delta.b.pin_memory()) for path, delta in adapter.deltas.items()}
+        return dataclasses.replace(adapter, deltas=pinned)
+
     def forget(self, name: str) -> None:
         """Frees the slot of adapter `name` (unloaded)."""
         self._resident.pop(name, None)
@@ -99,8 +109,8 @@ class DeviceSlots:
             stack.b[slot].zero_()
             written = adapter.deltas.get(path)
             if written is not None:
-                stack.a[slot, : written.a.shape[0]].copy_(written.a)
-                stack.b[slot, :, : written.b.shape[1]].copy_(written.b)
+                stack.a[slot, : written.a.shape[0]].copy_(written.a, non_blocking=True)
+                stack.b[slot, :, : written.b.shape[1]].copy_(written.b, non_blocking=True)
 
     def _shape(self, path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         gemm = self._targets.gemms[path]
@@ -133,8 +143,8 @@ class RowBlocks:
             starts += block_starts
             ends += [segment_end] * len(block_starts)
             segment_start = segment_end
-        as_device = lambda values: torch.tensor(values, dtype=torch.int64).to(device)  # noqa: E731
-        return cls(rows.to(device), as_device(block_slots), as_device(starts), as_device(ends))
+        as_device = lambda values: to_device(torch.tensor(values, dtype=torch.int64), device)  # noqa: E731
+        return cls(to_device(rows, device), as_device(block_slots), as_device(starts), as_device(ends))
 
 
 @dataclass(frozen=True)
