@@ -10,7 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tandem_bench import hostile_run, hybrid_run, moe_run, overhead_run, quantized_run, soak_run, speculative_run
+from tandem_bench import (
+    hostile_run,
+    hybrid_run,
+    lora_run,
+    moe_run,
+    overhead_run,
+    quantized_run,
+    soak_run,
+    speculative_run,
+)
 from tandem_bench.client import API_PATHS, Endpoint
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
@@ -67,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench quantized --help`: the embedded GGUF served float32 and quantized, side by side; "
         "`tandem-bench moe --help`: a tiny mixture-of-experts model at 32 streams against transformers static "
         "batching; `tandem-bench hybrid --help`: a tiny hybrid (recurrent-state) model at 32 streams against "
-        "transformers static batching, and multi-turn chats' time to first token with and without the prefix cache.",
+        "transformers static batching, and multi-turn chats' time to first token with and without the prefix cache; "
+        "`tandem-bench lora --help`: 32 streams spread over four LoRA adapters against the base model alone.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -174,6 +184,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "quantized": quantized_run.main,
     "moe": moe_run.main,
     "hybrid": hybrid_run.main,
+    "lora": lora_run.main,
 }
 
 

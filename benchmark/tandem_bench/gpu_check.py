@@ -43,6 +43,7 @@ CUDA_TESTS = [
     "server/tests/moe_triton_cases.py",
     "server/tests/latent_triton_cases.py",
     "server/tests/recurrent_kernel_cases.py",
+    "server/tests/lora_triton_cases.py",
     "server/tests/test_attention_backends.py",
     "server/tests/test_attention_selection.py",
     "server/tests/test_cuda_path_logic.py",
@@ -77,8 +78,8 @@ class CheckReport:
 def run_cuda_tests(report: CheckReport, timeout_s: float) -> None:
     """Phase 1: pytest over the CUDA and attention test files, output streamed to the console."""
     started = time.monotonic()
-    # triton_cases.py, int4_triton_cases.py, moe_triton_cases.py, latent_triton_cases.py and recurrent_kernel_cases.py
-    # run their kernels on the GPU itself, so their CPU-interpreter twins are left out here.
+    # triton_cases.py, int4_triton_cases.py, moe_triton_cases.py, latent_triton_cases.py, recurrent_kernel_cases.py and
+    # lora_triton_cases.py run their kernels on the GPU itself, so their CPU-interpreter twins are left out here.
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "not under_the_interpreter"]
     command += CUDA_TESTS
     try:

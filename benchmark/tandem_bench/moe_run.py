@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from tandem_bench.peers import run_transformers_static
 from tandem_bench.random_model import TOKENIZER_FILES
 from tandem_bench.server_process import LaunchedTandem
-from tandem_bench.side_by_side import post_completion, served_model
+from tandem_bench.side_by_side import completion_tokens, post_completion, served_model
 from tandem_bench.words import WORDS
 
 COMMAND = "tandem-bench moe"
@@ -149,14 +149,7 @@ def concurrent_streams(
     with ThreadPoolExecutor(args.streams) as pool:
         answers = list(pool.map(post_completion, [server.base_url] * len(bodies), bodies))
     seconds = time.perf_counter() - started
-    return StreamsResult(args.streams, sum(_completion_tokens(answer) for answer in answers), seconds)
-
-
-def _completion_tokens(answer: dict[str, object]) -> int:
-    usage = answer.get("usage")
-    if not isinstance(usage, dict):
-        raise ValueError(f"a completion without usage: {answer}")
-    return int(usage["completion_tokens"])
+    return StreamsResult(args.streams, sum(completion_tokens(answer) for answer in answers), seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:

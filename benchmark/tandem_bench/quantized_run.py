@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tandem_bench.server_process import LaunchedTandem
-from tandem_bench.side_by_side import Timing, post_completion, served_model, timed_completion
+from tandem_bench.side_by_side import Timing, completion_tokens, post_completion, served_model, timed_completion
 from tandem_bench.words import WORDS
 
 COMMAND = "tandem-bench quantized"
@@ -64,7 +64,7 @@ def _concurrent(servers: dict[str, LaunchedTandem], model: str, args: argparse.N
         started = time.perf_counter()
         with ThreadPoolExecutor(args.streams) as pool:
             answers = list(pool.map(post_completion, [server.base_url] * len(bodies), bodies))
-        tokens = sum(_completion_tokens(answer) for answer in answers)
+        tokens = sum(completion_tokens(answer) for answer in answers)
         rates[name] = tokens / (time.perf_counter() - started)
     return rates
 
@@ -134,10 +134,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _completion_tokens(answer: dict[str, object]) -> int:
-    usage = answer.get("usage")
-    if not isinstance(usage, dict):
-        raise ValueError(f"a completion without usage: {answer}")
-    return int(usage["completion_tokens"])

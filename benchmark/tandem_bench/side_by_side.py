@@ -20,6 +20,13 @@ def post_completion(base_url: str, body: dict[str, object]) -> dict[str, object]
         return json.loads(response.read())
 
 
+def completion_tokens(answer: dict[str, object]) -> int:
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        raise ValueError(f"a completion without usage: {answer}")
+    return int(usage["completion_tokens"])
+
+
 def served_model(base_url: str) -> str:
     with urllib.request.urlopen(f"{base_url}/v1/models", timeout=30) as response:
         return str(json.loads(response.read())["data"][0]["id"])
