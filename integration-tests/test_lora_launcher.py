@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server" / "tests")
 from lora_testing import AdapterSpec, greedy, merged, write_adapter
 
 MAX_NEW_TOKENS = 8
+# Long enough to stream through the run-time loads and unloads.
+STREAMED_TOKENS = 400
 # Below this logit gap between the reference's two likeliest tokens, float32 sums in another order may pick either.
 NEAR_TIE = 1e-3
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time there was")
@@ -101,7 +103,7 @@ def generate(server: TandemServer, prompt: str, adapter: str | None) -> list[int
 
 def assert_reference_tokens(model: PreTrainedModel, prompt_ids: list[int], got: list[int], what: str) -> None:
     """`got` equals the reference's greedy tokens, or departs from them only where its two likeliest nearly tie."""
-    want, logits = greedy(model, prompt_ids, MAX_NEW_TOKENS)
+    want, logits = greedy(model, prompt_ids, len(got))
     for position, (wanted, token) in enumerate(zip(want, got, strict=True)):
         if wanted != token:
             top2 = torch.topk(logits[position], 2).values
@@ -162,10 +164,23 @@ def test_a_prompt_cached_under_one_adapter_is_recomputed_under_another(server: T
     assert server.metric(hits) == after_same, "another adapter or the base model reused blocks it did not compute"
 
 
+def stream_ids(server: TandemServer, prompt: str, adapter: str, max_new_tokens: int) -> list[int]:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "adapter_id": adapter}}
+    ids = []
+    with requests.post(f"{server.base_url}/generate_stream", json=body, stream=True, timeout=300) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                ids.append(json.loads(line[len("data:") :])["token"]["id"])
+    return ids
+
+
 def test_an_adapter_loads_and_unloads_at_run_time_and_a_malformed_one_changes_nothing(
     server: TandemServer, files: dict[str, Path], references: dict[str | None, PreTrainedModel]
 ) -> None:
     url = server.base_url
+    # A stream under another adapter runs through every load and unload below, untouched by them.
+    streaming = ThreadPoolExecutor(1).submit(stream_ids, server, PROMPTS[0], "chat", STREAMED_TOKENS)
     broken = {"lora_name": "broken", "lora_path": str(files["broken"])}
     refused = requests.post(f"{url}/v1/load_lora_adapter", json=broken, timeout=60)
     assert refused.status_code == 400, refused.text
@@ -175,6 +190,7 @@ def test_an_adapter_loads_and_unloads_at_run_time_and_a_malformed_one_changes_no
     later = {"lora_name": "later", "lora_path": str(files["later"])}
     loaded = requests.post(f"{url}/v1/load_lora_adapter", json=later, timeout=60)
     assert loaded.status_code == 200, loaded.text
+    assert not streaming.done(), "the stream ended before the adapter loaded"
     models = [model["id"] for model in requests.get(f"{url}/v1/models", timeout=10).json()["data"]]
     assert models[1:] == ["sql", "chat", "later"]
     tokenizer = AutoTokenizer.from_pretrained(files["base"])
@@ -187,3 +203,7 @@ def test_an_adapter_loads_and_unloads_at_run_time_and_a_malformed_one_changes_no
     )
     assert gone.status_code == 422
     assert_reference_tokens(references["sql"], prompt_ids, generate(server, PROMPTS[2], "sql"), "sql afterwards")
+    streamed = streaming.result(timeout=300)
+    assert len(streamed) == STREAMED_TOKENS
+    chat_ids = tokenizer(PROMPTS[0]).input_ids
+    assert_reference_tokens(references["chat"], chat_ids, streamed, "the stream under chat")

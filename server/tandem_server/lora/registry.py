@@ -15,7 +15,7 @@ from tandem_server.device_copy import to_device
 from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError
 from tandem_server.layers.gemm import GemmModule
 from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
-from tandem_server.lora.segmented import GroupedDeltas, RowsDelta
+from tandem_server.lora.segmented import STACKED_ROWS, AdapterStack, GroupedDeltas, RowsDelta, StackedDeltas
 from tandem_server.lora.slots import SEGMENTED_ROWS, DeviceSlots, RowBlocks, SlottedDeltas
 from tandem_server.lora.step import LoraStep
 from tandem_server.lora.targets import find_targets
@@ -68,6 +68,9 @@ class LoraRegistry:
             )
             device = torch.device("cpu")
         self._placement = AdapterPlacement(dtype, device, limits.max_rank)
+        # Per GEMM module, the stacked deltas of the adapters (by name) the latest small step ran: at most one stack
+        # per module, reused while steps run the same adapters; emptied whenever the adapters change.
+        self._stacks: dict[str, tuple[tuple[str, ...], AdapterStack]] = {}
 
     @property
     def adapters(self) -> tuple[LoraAdapter, ...]:
@@ -95,6 +98,7 @@ class LoraRegistry:
             adapter = self._slots.staged(adapter)
         self._adapters[name] = adapter
         self._listing = tuple(self._adapters.values())
+        self._stacks.clear()
         logger.info(
             "loaded LoRA adapter %r (rank %d, %s; %.1f MiB)",
             name,
@@ -109,6 +113,7 @@ class LoraRegistry:
         if self._adapters.pop(name, None) is None:
             raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
         self._listing = tuple(self._adapters.values())
+        self._stacks.clear()
         if self._slots is not None:
             self._slots.forget(name)
         logger.info("unloaded LoRA adapter %r", name)
@@ -116,7 +121,7 @@ class LoraRegistry:
     def step(self, adapter_names: Sequence[str], row_counts: Sequence[int], device: torch.device) -> LoraStep | None:
         """The deltas of a step whose span i runs `row_counts[i]` rows under `adapter_names[i]` (BASE_MODEL: none);
         None when no span names an adapter, so the step runs exactly as without LoRA."""
-        present = list(dict.fromkeys(name for name in adapter_names if name != BASE_MODEL))
+        present = sorted(set(adapter_names) - {BASE_MODEL})
         if not present:
             return None
         missing = [name for name in present if name not in self._adapters]
@@ -126,6 +131,8 @@ class LoraRegistry:
         span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
         row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
         adapters = [self._adapters[name] for name in present]
+        if self._slots is None and row_adapter.shape[0] <= STACKED_ROWS:
+            return self._stacked(adapters, row_adapter, device)
         if self._slots is None:
             return self._grouped(adapters, row_adapter, device)
         return self._slotted(self._slots, adapters, row_adapter, device)
@@ -138,6 +145,19 @@ class LoraRegistry:
                 changes.setdefault(gemm_path, []).append(RowsDelta(rows, delta))
         modules = tuple((self._module(path), GroupedDeltas(tuple(groups))) for path, groups in changes.items())
         return LoraStep(modules, len(adapters))
+
+    def _stacked(self, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device) -> LoraStep:
+        names = tuple(adapter.name for adapter in adapters)
+        row_adapter = to_device(row_adapter, device)
+        modules = []
+        for path in dict.fromkeys(path for adapter in adapters for path in adapter.deltas):
+            cached_names, stack = self._stacks.get(path, ((), None))
+            if stack is None or cached_names != names:
+                numbered = [(n, a.deltas[path]) for n, a in enumerate(adapters, start=1) if path in a.deltas]
+                stack = AdapterStack.of(numbered)
+                self._stacks[path] = (names, stack)
+            modules.append((self._module(path), StackedDeltas.of(stack, row_adapter)))
+        return LoraStep(tuple(modules), len(adapters))
 
     def _slotted(
         self, slots: DeviceSlots, adapters: list[LoraAdapter], row_adapter: torch.Tensor, device: torch.device
