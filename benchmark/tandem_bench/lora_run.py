@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tandem_bench.moe_run import StreamsResult
+from tandem_bench.moe_run import StreamsResult, concurrent_streams
 from tandem_bench.server_process import LaunchedTandem
-from tandem_bench.side_by_side import completion_tokens, post_completion, served_model
+from tandem_bench.side_by_side import served_model
 
 COMMAND = "tandem-bench lora"
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -66,23 +64,6 @@ def write_random_adapter(directory: Path, config: dict[str, int], rank: int, see
     return directory
 
 
-def spread_over(
-    models: list[str], lengths: list[int], server: LaunchedTandem, args: argparse.Namespace
-) -> StreamsResult:
-    """One greedy request per entry of `lengths`, request i under `models[i % len(models)]`, at most `args.streams`
-    at a time; the same prompts whatever the models."""
-    prompts = [" ".join(f"w{(seed * 31 + 7 * i) % 997}" for i in range(args.input_len)) for seed in range(len(lengths))]
-    bodies = [
-        {"model": models[i % len(models)], "prompt": prompts[i], "max_tokens": length, "ignore_eos": True}
-        for i, length in enumerate(lengths)
-    ]
-    started = time.perf_counter()
-    with ThreadPoolExecutor(args.streams) as pool:
-        answers = list(pool.map(post_completion, [server.base_url] * len(bodies), bodies))
-    seconds = time.perf_counter() - started
-    return StreamsResult(args.streams, sum(completion_tokens(answer) for answer in answers), seconds)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--streams", type=int, default=32, help="concurrent requests")
@@ -114,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     spread: list[StreamsResult] = []
     with LaunchedTandem(args.log_dir / "tandem.log", flags) as server:
         model = served_model(server.base_url)
-        spread_over([model], lengths, server, args)
-        spread_over(names, lengths, server, args)
+        concurrent_streams(server, [model], lengths, args)
+        concurrent_streams(server, names, lengths, args)
         for _ in range(args.rounds):
-            base.append(spread_over([model], lengths, server, args))
-            spread.append(spread_over(names, lengths, server, args))
+            base.append(concurrent_streams(server, [model], lengths, args))
+            spread.append(concurrent_streams(server, names, lengths, args))
     base_tps = sum(r.tokens for r in base) / sum(r.seconds for r in base)
     lora_tps = sum(r.tokens for r in spread) / sum(r.seconds for r in spread)
     print(

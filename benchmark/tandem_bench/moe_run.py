@@ -16,6 +16,7 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,12 +138,17 @@ def _prompt(words: int, seed: int) -> str:
 
 
 def concurrent_streams(
-    server: LaunchedTandem, model: str, lengths: list[int], args: argparse.Namespace
+    server: LaunchedTandem, models: Sequence[str], lengths: list[int], args: argparse.Namespace
 ) -> StreamsResult:
-    """One greedy request per entry of `lengths`, at most `args.streams` at a time (each stream sends its next
-    request as soon as its last one ends)."""
+    """One greedy request per entry of `lengths`, request i under `models[i % len(models)]`, at most `args.streams`
+    at a time (each stream sends its next request as soon as its last one ends)."""
     bodies = [
-        {"model": model, "prompt": _prompt(args.input_len, seed), "max_tokens": length, "ignore_eos": True}
+        {
+            "model": models[seed % len(models)],
+            "prompt": _prompt(args.input_len, seed),
+            "max_tokens": length,
+            "ignore_eos": True,
+        }
         for seed, length in enumerate(lengths)
     ]
     started = time.perf_counter()
@@ -186,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = ["--model-id", str(model_dir), "--dtype", args.dtype, *args.launcher_args.split()]
     with LaunchedTandem(args.log_dir / "tandem.log", flags) as server:
         model = served_model(server.base_url)
-        concurrent_streams(server, model, lengths, args)
-        rounds = [concurrent_streams(server, model, lengths, args) for _ in range(args.rounds)]
+        concurrent_streams(server, [model], lengths, args)
+        rounds = [concurrent_streams(server, [model], lengths, args) for _ in range(args.rounds)]
     static.append(static_batches(lengths, args.streams, args.input_len, args.dtype, model_dir))
     baseline = StaticBatches.mean(static)
     tandem = StreamsResult(args.streams, sum(r.tokens for r in rounds), sum(r.seconds for r in rounds))

@@ -36,6 +36,18 @@ class AdapterSpec:
         return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
 
 
+# Rank 8 on the value and down projections only (q/k rows of the fused qkv stay unchanged), and rank 16 with rsLoRA
+# on every projection.
+VALUES = AdapterSpec(rank=8, alpha=16, targets=("v_proj", "down_proj"), seed=1)
+EVERYTHING = AdapterSpec(
+    rank=16,
+    alpha=8,
+    targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    use_rslora=True,
+    seed=2,
+)
+
+
 def projection(model: PreTrainedModel, layer: int, module: str) -> nn.Linear:
     block = model.model.layers[layer]
     return getattr(block.self_attn if module in ATTENTION_MODULES else block.mlp, module)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lora_testing import AdapterSpec, greedy, merged, write_adapter
+from lora_testing import EVERYTHING, VALUES, AdapterSpec, greedy, merged, write_adapter
 from shard_testing import CPU, StepDriver, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.lora import LoraLimits, LoraRegistry
 from tandem_server.lora.slots import ROW_BLOCK, SEGMENTED_ROWS, RowBlocks
@@ -30,14 +30,8 @@ engine_under_the_interpreter = pytest.mark.skipif(ON_CUDA, reason="drives a CPU 
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 9]
 NEW_TOKENS = 4
 ADAPTERS = {
-    "values": AdapterSpec(rank=8, alpha=16, targets=("v_proj", "down_proj"), seed=1),
-    "everything": AdapterSpec(
-        rank=16,
-        alpha=8,
-        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        use_rslora=True,
-        seed=2,
-    ),
+    "values": VALUES,
+    "everything": EVERYTHING,
     "late": AdapterSpec(rank=4, alpha=12, targets=("q_proj", "gate_proj"), layers=(1,), seed=3),
 }
 

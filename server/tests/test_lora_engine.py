@@ -10,7 +10,7 @@ import pytest
 import torch
 from draft_testing import oracle
 from draft_testing import run as run_with_drafts
-from lora_testing import AdapterSpec, greedy, merged, write_adapter
+from lora_testing import EVERYTHING, VALUES, AdapterSpec, greedy, merged, write_adapter
 from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest
@@ -21,16 +21,8 @@ from transformers import LlamaForCausalLM
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 9, 22]
 NEW_TOKENS = 6
 ADAPTERS = {
-    # Rank 8, the value projection and the down projection only: q/k rows of the fused qkv stay unchanged.
-    "values": AdapterSpec(rank=8, alpha=16, targets=("v_proj", "down_proj"), seed=1),
-    # Rank 16 with rsLoRA over every projection.
-    "everything": AdapterSpec(
-        rank=16,
-        alpha=8,
-        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        use_rslora=True,
-        seed=2,
-    ),
+    "values": VALUES,
+    "everything": EVERYTHING,
     # One layer of two, the query and the gate projections: a target regex as PEFT writes one.
     "late": AdapterSpec(
         rank=4,

@@ -9,20 +9,14 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from lora_testing import AdapterSpec, write_adapter
+from lora_testing import EVERYTHING, VALUES, write_adapter
 from lora_tp_worker import WORLD_SIZE, run_adapters, run_rank
 from shard_testing import write_tiny_llama
 from tandem_server.distributed import ParallelContext
 
 ADAPTERS = {
-    "values": AdapterSpec(rank=8, alpha=16, targets=("v_proj", "down_proj"), seed=1),
-    "everything": AdapterSpec(
-        rank=16,
-        alpha=8,
-        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        use_rslora=True,
-        seed=2,
-    ),
+    "values": VALUES,
+    "everything": EVERYTHING,
 }
 
 
