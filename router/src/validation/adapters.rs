@@ -13,6 +13,9 @@ pub enum AdapterChoice {
     Model(String),
     /// TGI's `adapter_id`: an adapter's name (empty: the base model).
     AdapterId(String),
+    /// Anthropic's and the Responses API's `model`: an adapter when it names one, else the base model
+    /// (their clients send model names of their own).
+    ModelIfAdapter(String),
 }
 
 /// The LoRA adapters the shards hold, by name, in the order they were loaded. Clones share one
@@ -109,6 +112,7 @@ impl LoraAdapters {
     ) -> Result<Option<AdapterKey>, ValidationError> {
         let (param, name) = match choice {
             None => return Ok(None),
+            Some(AdapterChoice::ModelIfAdapter(name)) => return Ok(self.find(name)),
             Some(AdapterChoice::AdapterId(name)) if name.is_empty() => return Ok(None),
             Some(AdapterChoice::Model(name))
                 if self.read().adapters.is_empty() || **name == *self.base_model =>
@@ -118,24 +122,28 @@ impl LoraAdapters {
             Some(AdapterChoice::Model(name)) => ("model", name),
             Some(AdapterChoice::AdapterId(name)) => ("adapter_id", name),
         };
-        let found = self
-            .read()
+        self.find(name)
+            .map(Some)
+            .ok_or_else(|| self.unknown(param, name))
+    }
+
+    fn find(&self, name: &str) -> Option<AdapterKey> {
+        self.read()
             .adapters
             .iter()
-            .find(|adapter| *adapter.name == **name)
-            .cloned();
-        found.map(Some).ok_or_else(|| self.unknown(param, name))
+            .find(|adapter| *adapter.name == *name)
+            .cloned()
     }
 
     /// The name answers report as their `model`: the adapter `choice` names when it is one, else
     /// `base`.
     pub fn answering(&self, choice: Option<&AdapterChoice>, base: &str) -> String {
         match choice {
-            Some(AdapterChoice::Model(name) | AdapterChoice::AdapterId(name))
-                if self.names().contains(name) =>
-            {
-                name.clone()
-            }
+            Some(
+                AdapterChoice::Model(name)
+                | AdapterChoice::AdapterId(name)
+                | AdapterChoice::ModelIfAdapter(name),
+            ) if self.names().contains(name) => name.clone(),
             _ => base.to_owned(),
         }
     }
@@ -201,6 +209,26 @@ mod tests {
                 None
             );
         }
+    }
+
+    #[test]
+    fn an_anthropic_or_responses_model_selects_an_adapter_only_when_it_names_one() {
+        let adapters = adapters();
+        let lenient = |name: &str| Some(AdapterChoice::ModelIfAdapter(name.to_owned()));
+        let chat = adapters
+            .select(lenient("chat").as_ref())
+            .expect("never refused");
+        assert_eq!(chat.map(|key| key.id), Some(2));
+        assert_eq!(
+            adapters
+                .select(lenient("claude-sonnet-4").as_ref())
+                .expect("never refused"),
+            None
+        );
+        assert_eq!(
+            adapters.answering(lenient("chat").as_ref(), "org/base"),
+            "chat"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::validation::{
     reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, TemplateExtras,
     ValidationError,
 };
-use crate::validation::{request_rules, serde_wording};
+use crate::validation::{request_rules, serde_wording, AdapterChoice};
 
 /// The conversation part shared by both routes' bodies.
 #[derive(Debug)]
@@ -80,6 +80,7 @@ pub fn generation(
         .into_params((Some(max_tokens), "max_tokens"), no_logprobs);
     let plan = plan.filter(ToolPlan::may_call);
     params.grammar = plan.as_ref().and_then(ToolPlan::grammar);
+    params.adapter = request.model.take().map(AdapterChoice::ModelIfAdapter);
     params.reasoning = reasoning_request(request.thinking)?;
     Ok(Generation {
         prompt,

@@ -73,7 +73,7 @@ pub async fn messages(
     )
     .await?;
     let id = message_id();
-    let model = state.config.model_id.clone();
+    let model = state.answering_model(&generation.params);
     let renderer = MessageEvents::new(tools_callable, call_required)
         .with_tool_family(state.config.tool_format.family)
         .with_tools(generation.tools.as_ref())

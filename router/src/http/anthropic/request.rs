@@ -9,8 +9,7 @@ use utoipa::ToSchema;
 /// `POST /v1/messages` body.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct MessagesRequest {
-    /// Accepted and ignored: the served model answers.
-    #[allow(dead_code)]
+    /// A LoRA adapter's name selects it (`/v1/models` lists them); any other name, the served model.
     pub model: Option<String>,
     /// The conversation; required and non-empty.
     pub messages: Option<Vec<InputMessage>>,

@@ -208,3 +208,28 @@ async fn without_runtime_updates_the_routes_are_not_served() {
     .await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn anthropic_and_responses_models_select_an_adapter_only_when_they_name_one() {
+    let backend = ok_backend();
+    let app = app_with_adapters(Arc::clone(&backend));
+    let message = |model: &str| {
+        format!(
+            r#"{{"model": "{model}", "max_tokens": 2, "messages": [{{"role": "user", "content": "hi"}}]}}"#
+        )
+    };
+    let reply = post(&app, "/v1/messages", &message("chat")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["model"], "chat");
+    let reply = post(&app, "/v1/messages", &message("claude-sonnet-4")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.json()["model"], MODEL_ID);
+    let response = r#"{"model": "sql", "input": "hi", "max_output_tokens": 2}"#;
+    let reply = post(&app, "/v1/responses", response).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.json()["model"], "sql");
+    assert_eq!(
+        selected(&backend),
+        [Some("chat".to_owned()), None, Some("sql".to_owned())]
+    );
+}

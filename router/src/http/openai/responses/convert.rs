@@ -14,11 +14,11 @@ use crate::http::openai::{reasoning_effort, SamplingFields};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
-use crate::validation::serde_wording;
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
     RequestedGrammar, TemplateExtras, ValidationError,
 };
+use crate::validation::{serde_wording, AdapterChoice};
 
 /// What a responses request generates from.
 #[derive(Debug)]
@@ -165,10 +165,12 @@ fn sampling(request: &ResponsesRequest, config: &HandlerConfig) -> GenerationPar
         top_logprobs: 0,
         prompt_logprobs: false,
     };
-    sampling.or_defaults(&config.default_sampling).into_params(
+    let mut params = sampling.or_defaults(&config.default_sampling).into_params(
         (request.max_output_tokens, "max_output_tokens"),
         no_logprobs,
-    )
+    );
+    params.adapter = request.model.clone().map(AdapterChoice::ModelIfAdapter);
+    params
 }
 
 /// The chat prompt: instructions and the tool preamble as one system message first, then the

@@ -89,7 +89,7 @@ pub async fn create(
         .with_tool_family(state.config.tool_format.family)
         .with_tools(generation.tools.as_ref());
     let draft = Draft::new(
-        state.config.model_id.clone(),
+        state.answering_model(&generation.params),
         generation.echo,
         generation.conversation,
         owner,
