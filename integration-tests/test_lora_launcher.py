@@ -1,7 +1,8 @@
 """LoRA adapters through the real stack: a tiny random Llama served by `tandem-launcher` with two PEFT adapters given
-at start-up and a third loaded at run time. Each adapter's greedy tokens equal transformers' with that adapter merged
-into the weights, alone and mixed with the base model and each other in the same batches; cached prefixes stay with
-the adapter that computed them; a malformed adapter is refused and changes nothing."""
+at start-up and a third loaded at run time, which sends the least recently used out of memory (`--max-cpu-loras 2`).
+Each adapter's greedy tokens equal transformers' with that adapter merged into the weights, alone and mixed with the
+base model and each other in the same batches; cached prefixes stay with the adapter that computed them; a malformed
+adapter is refused and changes nothing."""
 
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def server(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
         "--kv-cache-memory", "16MiB",
         "--lora-adapters", adapters,
         "--max-loras", "2",
+        # Two adapters' weights in memory: loading a third at run time lets the least recently used one go.
+        "--max-cpu-loras", "2",
         "--allow-runtime-lora-updating",
     )  # fmt: skip
     yield server
@@ -202,7 +205,9 @@ def test_an_adapter_loads_and_unloads_at_run_time_and_a_malformed_one_changes_no
         f"{url}/generate", json={"inputs": PROMPTS[2], "parameters": {"adapter_id": "later"}}, timeout=30
     )
     assert gone.status_code == 422
+    # "sql" left memory when "later" loaded beside the streaming "chat", and was read again for this request.
     assert_reference_tokens(references["sql"], prompt_ids, generate(server, PROMPTS[2], "sql"), "sql afterwards")
+    assert "read LoRA adapter 'sql' again from" in server.log_path.read_text(errors="replace")
     streamed = streaming.result(timeout=300)
     assert len(streamed) == STREAMED_TOKENS
     chat_ids = tokenizer(PROMPTS[0]).input_ids

@@ -65,6 +65,7 @@ VALUE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "lora.adapters=sql=acme/sql-lora\\,chat=/adapters/chat",
             "lora.maxLoras=2",
+            "lora.maxCpuLoras=3",
             "lora.runtimeUpdates=true",
             "lora.volume.existingClaim=lora-adapters",
         ),

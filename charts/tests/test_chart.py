@@ -237,7 +237,7 @@ def test_lora_values_reach_the_launcher_and_the_init_container_which_mount_the_a
         ("sql", "acme/sql-lora"),
         ("chat", "/adapters/chat"),
     ]
-    assert served.forwarded["max_loras"] == 2
+    assert (served.forwarded["max_loras"], served.forwarded["max_cpu_loras"]) == (2, 3)
     assert served.forwarded["allow_runtime_lora_updating"] is True
     (download,) = init_containers(rendered["lora"])
     args = build_download_parser({}).parse_args(download["args"][1:])
@@ -251,4 +251,4 @@ def test_lora_values_reach_the_launcher_and_the_init_container_which_mount_the_a
     } in volumes
     # Off by default: no LoRA flag at all, so the launcher serves no adapters and reserves nothing for them.
     default = launcher_config(container(rendered["default"])["args"])
-    assert (default.lora_adapters, default.forwarded["max_loras"]) == ((), 0)
+    assert (default.lora_adapters, default.forwarded["max_loras"], default.forwarded["max_cpu_loras"]) == ((), 0, None)

@@ -197,7 +197,8 @@ def _problems(config: LauncherConfig) -> list[str]:
     problems += _cluster_problems(config)
     speculation = (config.speculate, config.speculative_method, config.speculative_disable_by_batch_size)
     problems += speculation_problems(*speculation, config.forwarded["prefix_caching"], config.speculative_model)
-    problems += adapter_problems(config.lora_adapters)
+    lora_limits = (config.forwarded["max_loras"], config.forwarded["max_cpu_loras"])
+    problems += adapter_problems(config.lora_adapters, *lora_limits)
     if config.max_restarts < 0:
         problems.append(f"--max-restarts must not be negative, got {config.max_restarts}")
     if config.graceful_termination_timeout < 0:

@@ -39,6 +39,13 @@ LORA_FLAGS = (
         "--max-lora-rank", Child.SHARD, int, 64,
         "LoRA: highest adapter rank the shards accept", check=positive,
     ),
+    Forwarded(
+        "--max-cpu-loras", Child.SHARD, int, None,
+        "LoRA: most adapters whose weights stay in each shard's memory, at least --max-loras; a request under one of "
+        "the others reads it again from its directory first, in place of the least recently used; none: --max-loras "
+        "or the number of start-up adapters, whichever is larger",
+        check=positive,
+    ),
 )  # fmt: skip
 
 
@@ -110,11 +117,19 @@ def add_lora_flags(add: FlagAdder) -> None:
     add_forwarded(add, LORA_FLAGS)
 
 
-def adapter_problems(specs: Sequence[AdapterSpec]) -> list[str]:
-    """Names given twice."""
+def adapter_problems(specs: Sequence[AdapterSpec], max_loras: int | None, max_cpu_loras: int | None) -> list[str]:
+    """Names given twice, and fewer adapters kept in memory than one batch carries."""
     counts = Counter(spec.name for spec in specs)
     twice = sorted(name for name, count in counts.items() if count > 1)
-    return [f"LoRA adapter name {name!r} is given more than once (--lora-adapters, --lora-modules)" for name in twice]
+    problems = [
+        f"LoRA adapter name {name!r} is given more than once (--lora-adapters, --lora-modules)" for name in twice
+    ]
+    if max_cpu_loras is not None and max_loras is not None and max_cpu_loras < max_loras:
+        problems.append(
+            f"--max-cpu-loras {max_cpu_loras} is below --max-loras {max_loras}: every adapter of a batch must be in "
+            "memory at once"
+        )
+    return problems
 
 
 def resolve_adapters(

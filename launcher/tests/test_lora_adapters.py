@@ -63,6 +63,8 @@ def test_without_adapters_the_shards_keep_no_adapter_slots_unless_runtime_loadin
     assert parse_config([], {}).forwarded["max_loras"] == 0
     assert parse_config(["--allow-runtime-lora-updating"], {}).forwarded["max_loras"] == 4
     assert parse_config(["--max-loras", "1"], {}).forwarded["max_loras"] == 1
+    assert parse_config([], {}).forwarded["max_cpu_loras"] is None
+    assert parse_config(["--max-cpu-loras", "8"], {}).forwarded["max_cpu_loras"] == 8
 
 
 @pytest.mark.parametrize(
@@ -73,6 +75,8 @@ def test_without_adapters_the_shards_keep_no_adapter_slots_unless_runtime_loadin
         (["--lora-adapters", "bad name=/p"], "not an adapter NAME=PATH_OR_REPO"),
         (["--lora-adapters", "a=/p", "--lora-modules", "a=/q"], "name 'a' is given more than once"),
         (["--max-loras", "-1"], "--max-loras must not be negative"),
+        (["--max-cpu-loras", "0"], "--max-cpu-loras must be positive"),
+        (["--lora-adapters", "a=/p", "--max-cpu-loras", "3"], "--max-cpu-loras 3 is below --max-loras 4"),
     ],
 )
 def test_malformed_adapter_flags_are_usage_errors(
@@ -103,7 +107,9 @@ def test_hub_adapters_are_fetched_and_every_shard_gets_each_adapter_and_the_boun
 ) -> None:
     point_launcher_at(monkeypatch, tmp_path / "hf", standin.url)
     local = write_adapter(tmp_path / "chat")
-    launch = launch_fakes(num_shard=2, lora_adapters=[["sql", "acme/sql-lora"], ["chat", str(local)]], max_loras=3)
+    launch = launch_fakes(
+        num_shard=2, lora_adapters=[["sql", "acme/sql-lora"], ["chat", str(local)]], max_loras=3, max_cpu_loras=5
+    )
     launch.wait_for_output("Tandem is ready")
     snapshot = snapshot_of(tmp_path / "hf", "acme/sql-lora")
     assert (snapshot / "adapter_model.safetensors").read_bytes() == b"weights"
@@ -111,7 +117,7 @@ def test_hub_adapters_are_fetched_and_every_shard_gets_each_adapter_and_the_boun
     assert len(shard_argvs) == 2
     for argv in shard_argvs:
         assert f"--lora-adapter sql={snapshot} --lora-adapter chat={local.resolve()}" in argv
-        assert "--max-loras 3 --max-lora-rank 64" in argv
+        assert "--max-loras 3 --max-lora-rank 64 --max-cpu-loras 5" in argv
     launch.process.send_signal(signal.SIGTERM)
     assert launch.finish() == 0
 

@@ -179,7 +179,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         launch_ahead=config.launches_ahead,
         compile_mode=config.torch_compile,
         decode_package=decode_package_spec(config, backend),
-        lora=LoraLimits(config.max_loras, config.max_lora_rank),
+        lora=LoraLimits(config.max_loras, config.max_lora_rank, config.lora_memory_limit),
     )
 
 

@@ -127,6 +127,14 @@ def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
         "--max-loras", type=int, default=4, help="most distinct LoRA adapters one step runs (0: serve no adapters)"
     )
     lora.add_argument("--max-lora-rank", type=int, default=64, help="highest LoRA adapter rank the shard accepts")
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="most LoRA adapters whose weights stay in memory (at least --max-loras); the least recently used others "
+        "are read again from their directories when a request names them; default: --max-loras or the number of "
+        "--lora-adapter, whichever is larger",
+    )
 
 
 def lora_adapter_flags(values: Sequence[str]) -> tuple[tuple[str, Path], ...]:
@@ -292,6 +300,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         lora_adapters=lora_adapter_flags(args.lora_adapter),
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
         faults=_fault_plan(args),
     )
 

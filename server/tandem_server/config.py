@@ -115,6 +115,8 @@ class ShardConfig:
     # Most distinct LoRA adapters one Step runs (0: none are served), and the highest rank accepted.
     max_loras: int = 4
     max_lora_rank: int = 64
+    # Most adapters whose weights stay in memory; None: --max-loras or the start-up adapters, whichever is more.
+    max_cpu_loras: int | None = None
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
     faults: FaultPlan = field(default_factory=FaultPlan)
 
@@ -161,10 +163,22 @@ class ShardConfig:
             raise ConfigError(f"--max-lora-rank must be at least 1, got {self.max_lora_rank}")
         if self.lora_adapters and self.max_loras == 0:
             raise ConfigError("--lora-adapter needs --max-loras of at least 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(
+                f"--max-cpu-loras {self.max_cpu_loras} is below --max-loras {self.max_loras}: every adapter of a step "
+                "must be in memory at once"
+            )
         names = [name for name, _ in self.lora_adapters]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ConfigError(f"--lora-adapter names {repeated} more than once; each adapter needs its own name")
+
+    @property
+    def lora_memory_limit(self) -> int:
+        """`--max-cpu-loras`, or its default: every start-up adapter stays in memory, and at least `max_loras`."""
+        if self.max_cpu_loras is not None:
+            return self.max_cpu_loras
+        return max(self.max_loras, len(self.lora_adapters))
 
     def _check_device_options(self) -> None:
         if not 0.0 < self.cuda_memory_fraction <= 1.0:

@@ -53,6 +53,7 @@ class FailureKind(Enum):
     GRAMMAR = "grammar"
     NO_VALID_TOKEN = "no_valid_token"
     NON_FINITE_LOGITS = "non_finite_logits"
+    ADAPTER_UNAVAILABLE = "adapter_unavailable"
 
 
 class RequestFailedError(ShardError):

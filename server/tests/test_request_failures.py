@@ -9,8 +9,10 @@ import pytest
 import torch
 from shard_testing import StepDriver, make_runner, new_request, warmed, write_tiny_llama
 from tandem_server.engine.model_runner import ModelRunner
-from tandem_server.engine.step import StoppingCriteria
+from tandem_server.engine.step import RequestFailure, StepOutput, StoppingCriteria
 from tandem_server.errors import FailureKind
+from tandem_server.rpc.convert import step_output_to_pb
+from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
 
 PROMPT = [5, 17, 33, 8, 61, 12]
@@ -105,3 +107,16 @@ def test_non_finite_logits_in_one_row_fail_that_request_mid_generation(
     assert driver.done == expected
     assert driver.failed[1].kind is FailureKind.NON_FINITE_LOGITS
     assert len(runner.requests) == 0
+
+
+def test_every_failure_kind_reaches_the_router_as_its_own_contract_value() -> None:
+    output = StepOutput(
+        generations=(),
+        forward_ms=0.0,
+        sampling_ms=0.0,
+        failures=tuple(RequestFailure(index, kind, kind.value) for index, kind in enumerate(FailureKind)),
+    )
+    kinds = [failure.kind for failure in step_output_to_pb(output).failures]
+    assert shard_pb2.FAILURE_KIND_UNSPECIFIED not in kinds
+    assert len(set(kinds)) == len(FailureKind)
+    assert kinds[list(FailureKind).index(FailureKind.ADAPTER_UNAVAILABLE)] == shard_pb2.FAILURE_KIND_ADAPTER_UNAVAILABLE

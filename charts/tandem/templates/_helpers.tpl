@@ -128,6 +128,10 @@ true
 - --max-lora-rank
 - {{ .Values.lora.maxLoraRank | quote }}
 {{- end }}
+{{- if ne .Values.lora.maxCpuLoras nil }}
+- --max-cpu-loras
+- {{ .Values.lora.maxCpuLoras | quote }}
+{{- end }}
 {{- if .Values.lora.runtimeUpdates }}
 - --allow-runtime-lora-updating
 {{- end }}

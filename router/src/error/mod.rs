@@ -92,13 +92,15 @@ impl AppError {
             Self::Validation(_)
             | Self::InvalidBody { .. }
             | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,
-            // The shards ended this request alone; only non-finite logits are not the request's own doing.
+            // The shards ended this request alone; non-finite logits and an unreadable adapter are not the
+            // request's own doing.
             Self::Scheduler(SchedulerError::RequestFailed(failure))
             | Self::Stream(StreamError::Scheduler(SchedulerError::RequestFailed(failure))) => {
-                if failure.kind == RequestFailureKind::Model {
-                    Kind::Generation
-                } else {
-                    Kind::Validation
+                match failure.kind {
+                    RequestFailureKind::Model | RequestFailureKind::AdapterUnavailable => {
+                        Kind::Generation
+                    }
+                    _ => Kind::Validation,
                 }
             }
             Self::PayloadTooLarge(_) => Kind::TooLarge,

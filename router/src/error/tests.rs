@@ -70,6 +70,11 @@ fn a_request_failed_by_its_own_constraints_is_a_4xx_and_by_its_logits_a_5xx() {
         status(Api::Native, model.kind()),
         StatusCode::FAILED_DEPENDENCY
     );
+    let adapter = failed(RequestFailureKind::AdapterUnavailable);
+    assert_eq!(
+        status(Api::OpenAi, adapter.kind()),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
 }
 
 #[test]

@@ -317,6 +317,7 @@ fn request_failure(failure: pb::RequestFailure) -> RequestFailure {
         Ok(pb::FailureKind::InvalidParameters) => RequestFailureKind::InvalidParameters,
         Ok(pb::FailureKind::Grammar) => RequestFailureKind::Grammar,
         Ok(pb::FailureKind::NoValidToken) => RequestFailureKind::NoValidToken,
+        Ok(pb::FailureKind::AdapterUnavailable) => RequestFailureKind::AdapterUnavailable,
         Ok(pb::FailureKind::NonFiniteLogits) | Ok(pb::FailureKind::Unspecified) | Err(_) => {
             RequestFailureKind::Model
         }

@@ -39,6 +39,8 @@ pub enum RequestFailureKind {
     NoValidToken,
     /// The model produced non-finite logits for the request (not the client's doing).
     Model,
+    /// The request's LoRA adapter could not be read again into memory (not the client's doing).
+    AdapterUnavailable,
 }
 
 impl RequestFailureKind {
@@ -50,6 +52,7 @@ impl RequestFailureKind {
             Self::Grammar => "grammar",
             Self::NoValidToken => "no_valid_token",
             Self::Model => "non_finite_logits",
+            Self::AdapterUnavailable => "adapter_unavailable",
         }
     }
 }

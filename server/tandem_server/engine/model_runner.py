@@ -281,6 +281,8 @@ class ModelRunner:
             self.options.lora.max_loras,
         )
         applied = self.requests.apply(step, limits)
+        unreadable = self.lora.make_resident(state.lora_adapter for state, _ in applied.plan)
+        applied = self.requests.fail_under_adapters(applied, unreadable) if unreadable else applied
         plan = applied.plan
         # The router never lists the requests the shard ended itself: what the execution keeps for them goes too.
         forgotten = [*step.finished, *(request.id for request in step.new_requests), *self.requests.ended_before]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tandem_server.engine.step import (
     FinishReason,
@@ -18,6 +19,8 @@ from tandem_server.errors import FailureKind, InvalidStepError, RequestFailedErr
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.statistics import TokenStatistics
 from tandem_server.structured import GrammarCompiler, GrammarMatcher
+
+_V = TypeVar("_V")
 
 # Stands for a sampled token the host has not read yet; never a valid token id.
 PENDING_TOKEN = -1
@@ -230,6 +233,29 @@ class RequestTable:
             if scheduled.save_state_checkpoint is not None:
                 saves[scheduled.id] = scheduled.save_state_checkpoint
         return AppliedStep(plan, failures, drafts, model_drafts, restores, saves)
+
+    def fail_under_adapters(self, applied: AppliedStep, reasons: Mapping[str, str]) -> AppliedStep:
+        """`applied` without the requests under the LoRA adapters `reasons` names: each fails alone, with its
+        adapter's reason, and the rest of the step runs."""
+        failures = [
+            RequestFailure(state.id, FailureKind.ADAPTER_UNAVAILABLE, reasons[state.lora_adapter])
+            for state, _ in applied.plan
+            if state.lora_adapter in reasons
+        ]
+        failed = {failure.id for failure in failures}
+        self.end(failed)
+
+        def kept(by_id: dict[int, _V]) -> dict[int, _V]:
+            return {request_id: value for request_id, value in by_id.items() if request_id not in failed}
+
+        return AppliedStep(
+            [(state, num_tokens) for state, num_tokens in applied.plan if state.id not in failed],
+            [*applied.failures, *failures],
+            kept(applied.drafts),
+            kept(applied.model_drafts),
+            kept(applied.state_restores),
+            kept(applied.state_saves),
+        )
 
     def _end_unloaded_adapters(self, scheduled: Sequence[ScheduledRequest], limits: StepLimits) -> list[RequestFailure]:
         """Running requests whose LoRA adapter was unloaded since they started: each fails alone."""

@@ -46,6 +46,16 @@ class LoraAdapter:
 
 
 @dataclass(frozen=True)
+class AdapterSummary:
+    """What Info reports of a loaded adapter, and the PEFT directory the shard reads it from again."""
+
+    name: str
+    rank: int
+    target_modules: tuple[str, ...]
+    directory: Path
+
+
+@dataclass(frozen=True)
 class AdapterPlacement:
     """Where and how an adapter's tensors are kept: the model's dtype and device, and the largest rank served."""
 

@@ -1,10 +1,11 @@
-"""The shard's LoRA adapters: loaded and forgotten by name, and turned into each step's per-row deltas. It owns the
-adapters' tensors; request state holds only adapter names."""
+"""The shard's LoRA adapters: loaded and forgotten by name, kept in memory least recently used first, and turned
+into each step's per-row deltas. It owns the adapters' tensors; request state holds only adapter names."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from torch import nn
 from tandem_server.device_copy import to_device
 from tandem_server.errors import LoraAdapterError, LoraAdapterExistsError, LoraAdapterNotFoundError
 from tandem_server.layers.gemm import GemmModule
-from tandem_server.lora.adapter import AdapterPlacement, LoraAdapter, load_adapter
+from tandem_server.lora.adapter import AdapterPlacement, AdapterSummary, LoraAdapter, load_adapter
 from tandem_server.lora.segmented import STACKED_ROWS, AdapterStack, GroupedDeltas, RowsDelta, StackedDeltas
 from tandem_server.lora.slots import SEGMENTED_ROWS, DeviceSlots, RowBlocks, SlottedDeltas
 from tandem_server.lora.step import LoraStep
@@ -28,19 +29,24 @@ BASE_MODEL = ""
 
 @dataclass(frozen=True)
 class LoraLimits:
-    """`--max-loras` (distinct adapters one Step may carry; 0 serves none) and `--max-lora-rank`."""
+    """`--max-loras` (distinct adapters one Step may carry; 0 serves none), `--max-lora-rank`, and
+    `--max-cpu-loras` (adapters whose tensors stay in memory; None: every loaded one)."""
 
     max_loras: int = 4
     max_rank: int = 64
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_loras < 0 or self.max_rank < 1:
             raise ValueError(f"invariant: --max-loras >= 0 and --max-lora-rank >= 1, got {self}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"invariant: --max-cpu-loras >= --max-loras, got {self}")
 
 
 class LoraRegistry:
-    """Adapters by name in load order: on the model's device (CPU), or on the host with the ones steps run in
-    device slots (CUDA)."""
+    """Adapters by name in load order. Each keeps its tensors in memory while it is among the `max_cpu_loras` most
+    recently used, and is read again from its directory when a step needs it after that. The tensors live on the
+    model's device (CPU), or on the host with the ones steps run in device slots (CUDA)."""
 
     def __init__(
         self,
@@ -54,9 +60,11 @@ class LoraRegistry:
         `device`, applied by the Triton kernels; otherwise every adapter stays on `device`, applied in torch."""
         self.limits = limits
         self._targets = find_targets(model)
-        self._adapters: dict[str, LoraAdapter] = {}
+        self._known: dict[str, AdapterSummary] = {}
+        # The adapters whose tensors are in memory, least recently used first; their names are a subset of `_known`.
+        self._resident: OrderedDict[str, LoraAdapter] = OrderedDict()
         # What `adapters` reads: replaced whole at each change, so another thread reads one consistent listing.
-        self._listing: tuple[LoraAdapter, ...] = ()
+        self._listing: tuple[AdapterSummary, ...] = ()
         self._slots: DeviceSlots | None = None
         if (device_slots if device_slots is not None else device.type == "cuda") and limits.max_loras > 0:
             self._slots = DeviceSlots(self._targets, limits.max_loras, limits.max_rank, dtype, device)
@@ -73,9 +81,14 @@ class LoraRegistry:
         self._stacks: dict[str, tuple[tuple[str, ...], AdapterStack]] = {}
 
     @property
-    def adapters(self) -> tuple[LoraAdapter, ...]:
-        """The loaded adapters in load order; safe to read from any thread."""
+    def adapters(self) -> tuple[AdapterSummary, ...]:
+        """The loaded adapters in load order, in memory or not; safe to read from any thread."""
         return self._listing
+
+    @property
+    def resident(self) -> tuple[str, ...]:
+        """The adapters whose tensors are in memory, least recently used first."""
+        return tuple(self._resident)
 
     @property
     def device_bytes(self) -> int:
@@ -83,22 +96,21 @@ class LoraRegistry:
         return self._slots.nbytes if self._slots is not None else 0
 
     def names(self) -> frozenset[str]:
-        return frozenset(self._adapters)
+        return frozenset(self._known)
 
-    def load(self, name: str, directory: Path) -> LoraAdapter:
+    def load(self, name: str, directory: Path) -> AdapterSummary:
         """Loads adapter `name` from a PEFT directory; on any error nothing changes."""
         if self.limits.max_loras == 0:
             raise LoraAdapterError(f"LoRA adapter {name!r}: this shard serves no adapters (--max-loras 0)")
         if name == BASE_MODEL:
             raise LoraAdapterError("a LoRA adapter needs a non-empty name (the empty name selects the base model)")
-        if name in self._adapters:
+        if name in self._known:
             raise LoraAdapterExistsError(f"LoRA adapter {name!r} is already loaded")
-        adapter = load_adapter(name, directory, self._targets, self._placement)
-        if self._slots is not None:
-            adapter = self._slots.staged(adapter)
-        self._adapters[name] = adapter
-        self._listing = tuple(self._adapters.values())
-        self._stacks.clear()
+        adapter = self._read(name, directory)
+        summary = AdapterSummary(name, adapter.rank, adapter.target_modules, directory)
+        self._known[name] = summary
+        self._listing = tuple(self._known.values())
+        self._keep(adapter, protected={name})
         logger.info(
             "loaded LoRA adapter %r (rank %d, %s; %.1f MiB)",
             name,
@@ -106,17 +118,62 @@ class LoraRegistry:
             ", ".join(adapter.target_modules),
             adapter.nbytes / 2**20,
         )
-        return adapter
+        return summary
 
     def unload(self, name: str) -> None:
         """Forgets adapter `name`; a step already launched under it keeps its tensors until it completes."""
-        if self._adapters.pop(name, None) is None:
+        if self._known.pop(name, None) is None:
             raise LoraAdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
-        self._listing = tuple(self._adapters.values())
+        self._listing = tuple(self._known.values())
+        self._release(name)
+        logger.info("unloaded LoRA adapter %r", name)
+
+    def make_resident(self, names: Iterable[str]) -> dict[str, str]:
+        """Brings the tensors of the loaded adapters `names` (at most `max_loras`, BASE_MODEL ignored) into memory,
+        reading again those that left it, and marks them most recently used. Returns why each adapter that could
+        not be read again is unavailable, by name; it stays loaded, and the others are resident."""
+        unreadable: dict[str, str] = {}
+        needed = set(names) - {BASE_MODEL}
+        for name in sorted(needed):
+            if name in self._resident:
+                self._resident.move_to_end(name)
+                continue
+            summary = self._known[name]
+            try:
+                adapter = self._read(name, summary.directory)
+            except LoraAdapterError as error:
+                unreadable[name] = f"LoRA adapter {name!r} could not be read again from {summary.directory}: {error}"
+                continue
+            logger.info("read LoRA adapter %r again from %s", name, summary.directory)
+            self._keep(adapter, protected=needed)
+        return unreadable
+
+    def _read(self, name: str, directory: Path) -> LoraAdapter:
+        adapter = load_adapter(name, directory, self._targets, self._placement)
+        return self._slots.staged(adapter) if self._slots is not None else adapter
+
+    def _keep(self, adapter: LoraAdapter, protected: set[str]) -> None:
+        """Makes `adapter` resident, then lets the least recently used adapters outside `protected` leave memory
+        while more than `max_cpu_loras` are resident."""
+        self._resident[adapter.name] = adapter
+        self._stacks.clear()
+        limit = self.limits.max_cpu_loras
+        evictable = [name for name in self._resident if name not in protected]
+        while limit is not None and len(self._resident) > limit and evictable:
+            name = evictable.pop(0)
+            self._release(name)
+            logger.info(
+                "LoRA adapter %r left memory (--max-cpu-loras %d); it is read again when a request names it",
+                name,
+                limit,
+            )
+
+    def _release(self, name: str) -> None:
+        """Drops the tensors of adapter `name`, wherever they are kept."""
+        self._resident.pop(name, None)
         self._stacks.clear()
         if self._slots is not None:
             self._slots.forget(name)
-        logger.info("unloaded LoRA adapter %r", name)
 
     def step(self, adapter_names: Sequence[str], row_counts: Sequence[int], device: torch.device) -> LoraStep | None:
         """The deltas of a step whose span i runs `row_counts[i]` rows under `adapter_names[i]` (BASE_MODEL: none);
@@ -124,13 +181,13 @@ class LoraRegistry:
         present = sorted(set(adapter_names) - {BASE_MODEL})
         if not present:
             return None
-        missing = [name for name in present if name not in self._adapters]
+        missing = [name for name in present if name not in self._resident]
         if missing:
-            raise ValueError(f"invariant: requests under unloaded LoRA adapters {missing} failed before the step")
+            raise ValueError(f"invariant: requests under adapters {missing} out of memory failed before the step")
         # Each token row's adapter: 0 the base model, k the adapter present[k - 1].
         span_adapter = torch.tensor([present.index(name) + 1 if name in present else 0 for name in adapter_names])
         row_adapter = torch.repeat_interleave(span_adapter, torch.tensor(list(row_counts)))
-        adapters = [self._adapters[name] for name in present]
+        adapters = [self._resident[name] for name in present]
         if self._slots is None and row_adapter.shape[0] <= STACKED_ROWS:
             return self._stacked(adapters, row_adapter, device)
         if self._slots is None:

@@ -15,7 +15,7 @@ from tandem_server.engine.step import (
     WarmupResult,
 )
 from tandem_server.errors import FailureKind
-from tandem_server.lora import LoraAdapter
+from tandem_server.lora import AdapterSummary
 from tandem_server.metrics import CompilationState
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.sampling import SamplingParams
@@ -35,6 +35,7 @@ _FAILURE_KINDS = {
     FailureKind.GRAMMAR: shard_pb2.FAILURE_KIND_GRAMMAR,
     FailureKind.NO_VALID_TOKEN: shard_pb2.FAILURE_KIND_NO_VALID_TOKEN,
     FailureKind.NON_FINITE_LOGITS: shard_pb2.FAILURE_KIND_NON_FINITE_LOGITS,
+    FailureKind.ADAPTER_UNAVAILABLE: shard_pb2.FAILURE_KIND_ADAPTER_UNAVAILABLE,
 }
 
 
@@ -173,5 +174,5 @@ def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:
     )
 
 
-def lora_adapter_to_pb(adapter: LoraAdapter) -> shard_pb2.LoraAdapter:
+def lora_adapter_to_pb(adapter: AdapterSummary) -> shard_pb2.LoraAdapter:
     return shard_pb2.LoraAdapter(name=adapter.name, rank=adapter.rank, target_modules=sorted(adapter.target_modules))
