@@ -27,6 +27,11 @@ def _stream(tandem: TandemServer, path: str, body: dict[str, Any]) -> list[dict[
     return [json.loads(event) for event in events[:-1]]
 
 
+def counts(usage: dict[str, Any]) -> dict[str, Any]:
+    """`usage` without the cached prompt tokens, which a repeated request may have more of."""
+    return {key: value for key, value in usage.items() if key != "prompt_tokens_details"}
+
+
 def test_chat_with_n_3_and_its_stream_with_usage_validate(tandem: TandemServer) -> None:
     body = {"messages": QUESTION, "max_tokens": 6, "n": 3, "seed": 5, "temperature": 0.8}
     completion = _post(tandem, "/v1/chat/completions", body)
@@ -35,7 +40,7 @@ def test_chat_with_n_3_and_its_stream_with_usage_validate(tandem: TandemServer) 
     chunks = _stream(tandem, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
     for chunk in chunks:
         conformance.openai("CreateChatCompletionStreamResponse", chunk)
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == completion["usage"]
+    assert chunks[-1]["choices"] == [] and counts(chunks[-1]["usage"]) == counts(completion["usage"])
 
 
 def test_completions_of_every_prompt_form_validate(tandem: TandemServer) -> None:
@@ -62,7 +67,7 @@ def test_echo_prepends_the_prompt_streamed_or_not(tandem: TandemServer) -> None:
     for chunk in chunks:
         conformance.openai_completion_chunk(chunk)
     assert "".join(choice["text"] for chunk in chunks for choice in chunk["choices"]) == text
-    assert chunks[-1]["usage"] == completion["usage"]
+    assert counts(chunks[-1]["usage"]) == counts(completion["usage"])
 
 
 def test_models_list_validates(tandem: TandemServer) -> None:

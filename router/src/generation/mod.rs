@@ -52,6 +52,8 @@ pub struct Completed {
     pub tokens: Vec<TokenText>,
     pub finish: Finish,
     pub input_tokens: usize,
+    /// Prompt tokens the prefix cache served when the request was first admitted.
+    pub cached_tokens: usize,
     pub seed: u64,
     pub input_ids: Vec<u32>,
     /// From prompt position 1 on; empty unless prompt logprobs were asked for.
@@ -288,6 +290,7 @@ impl AdmittedRequest {
                             tokens,
                             finish,
                             input_tokens: self.input_tokens,
+                            cached_tokens: delta.cached_tokens,
                             seed: self.seed,
                             input_ids: std::mem::take(&mut self.input_ids),
                             prompt_logprobs: self.prompt_logprobs().clone(),

@@ -151,7 +151,7 @@ async fn outcome(
                 }
             }
             GenerationEvent::Error(error) => return Err(error),
-            GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+            GenerationEvent::Started { .. } | GenerationEvent::PromptLogprobs(_) => {}
         }
     }
     panic!("the stream closed without a last token");
@@ -258,7 +258,7 @@ fn requests_that_never_started_fail_once_their_queue_time_runs_out() {
     state.expire_unstarted(Instant::now(), &SchedulerError::QueueTimeout(60));
     assert!(matches!(
         receivers[0].try_recv(),
-        Ok(GenerationEvent::Started)
+        Ok(GenerationEvent::Started { .. })
     ));
     assert!(
         receivers[0].try_recv().is_err(),

@@ -139,7 +139,7 @@ impl Client {
         };
         while let Ok(event) = events.try_recv() {
             match event {
-                GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+                GenerationEvent::Started { .. } | GenerationEvent::PromptLogprobs(_) => {}
                 GenerationEvent::Token(token) => {
                     self.tokens.push(token.id);
                     self.finished |= token.finish.is_some();

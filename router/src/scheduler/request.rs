@@ -29,8 +29,11 @@ pub struct GenerationRequest {
 /// After a `Token` with `finish` set, or an `Error`, nothing more arrives.
 #[derive(Debug, Clone)]
 pub enum GenerationEvent {
-    /// The request left the queue and its first step was scheduled.
-    Started,
+    /// The request left the queue and its first step was scheduled, its first
+    /// `cached_tokens` prompt tokens taken from the prefix cache.
+    Started {
+        cached_tokens: usize,
+    },
     /// Prompt log-probabilities of one prefill chunk; a recomputed request may repeat
     /// positions it delivered before.
     PromptLogprobs(PromptLogprobs),

@@ -65,7 +65,7 @@ pub(super) fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>)
     while let Ok(event) = receiver.try_recv() {
         match event {
             GenerationEvent::Token(token) => tokens.push(token.id),
-            GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+            GenerationEvent::Started { .. } | GenerationEvent::PromptLogprobs(_) => {}
             GenerationEvent::Error(error) => panic!("unexpected error: {error}"),
         }
     }
@@ -238,7 +238,7 @@ fn a_request_the_shard_fails_alone_ends_with_its_error_and_frees_its_blocks() {
         match event {
             GenerationEvent::Token(_) => failing_tokens += 1,
             GenerationEvent::Error(error) => failure = Some(error),
-            GenerationEvent::Started | GenerationEvent::PromptLogprobs(_) => {}
+            GenerationEvent::Started { .. } | GenerationEvent::PromptLogprobs(_) => {}
         }
     }
     assert_eq!(failing_tokens, 3);

@@ -69,6 +69,8 @@ pub struct TextDelta {
     pub finish: Option<Finish>,
     /// With `Finish::StopSequence`: the stop string that matched.
     pub stop_sequence: Option<String>,
+    /// Prompt tokens taken from the prefix cache when the request was first admitted.
+    pub cached_tokens: usize,
 }
 
 /// A generation that ended without its last token.
@@ -139,6 +141,8 @@ pub struct TextStream {
     stops: StopMatcher,
     prompt_logprobs: PromptLogprobs,
     admitted_at: Option<Instant>,
+    /// Prompt tokens the first admission took from the prefix cache (0 until it happened).
+    cached_tokens: usize,
 }
 
 impl TextStream {
@@ -168,6 +172,7 @@ impl TextStream {
                 top: Vec::new(),
             },
             admitted_at: None,
+            cached_tokens: 0,
         }
     }
 
@@ -199,8 +204,11 @@ impl TextStream {
         loop {
             let event = self.events.as_mut()?.events.recv().await;
             match event {
-                Some(GenerationEvent::Started) => {
-                    self.admitted_at.get_or_insert_with(Instant::now);
+                Some(GenerationEvent::Started { cached_tokens }) => {
+                    if self.admitted_at.is_none() {
+                        self.admitted_at = Some(Instant::now());
+                        self.cached_tokens = cached_tokens;
+                    }
                 }
                 Some(GenerationEvent::PromptLogprobs(chunk)) => self.on_prompt_logprobs(chunk),
                 Some(GenerationEvent::Token(token)) => {
@@ -254,6 +262,7 @@ impl TextStream {
             token,
             finish,
             stop_sequence,
+            cached_tokens: self.cached_tokens,
         })
     }
 }

@@ -43,7 +43,9 @@ async fn chat_text_keeps_the_formats_markers_and_other_text_does_not() {
 }
 
 fn send_tokens(sender: &mpsc::UnboundedSender<GenerationEvent>, ids: &[u32], last: FinishReason) {
-    sender.send(GenerationEvent::Started).unwrap();
+    sender
+        .send(GenerationEvent::Started { cached_tokens: 0 })
+        .unwrap();
     for (index, &id) in ids.iter().enumerate() {
         let finish = (index + 1 == ids.len()).then_some(last);
         let token = GeneratedToken {

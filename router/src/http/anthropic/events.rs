@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::response::{stop_reason, tool_use_id};
+use super::response::{stop_reason, tool_use_id, MessageUsage};
 use crate::reasoning::{ReasoningSplitter, Split};
 use crate::stream::Finish;
 use crate::tools::{route_text, ChoiceOutput, ToolFamily, ToolPlan};
@@ -73,7 +73,7 @@ impl MessageEvents {
         json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+            "usage": MessageUsage::new(input_tokens, 0, 0),
         }})
     }
 
@@ -147,7 +147,7 @@ impl MessageEvents {
         &mut self,
         finish: Finish,
         stop_sequence: Option<String>,
-        output_tokens: usize,
+        usage: MessageUsage,
     ) -> Vec<Value> {
         // The splitter's held-back text first (its answer part goes through the calls parser),
         // then what the calls parser still holds.
@@ -163,7 +163,7 @@ impl MessageEvents {
         let stop_sequence = stop_sequence.filter(|_| finish == Finish::StopSequence);
         events.push(json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(finish, self.called_tools), "stop_sequence": stop_sequence},
-            "usage": {"output_tokens": output_tokens}}));
+            "usage": usage}));
         events.push(json!({"type": "message_stop"}));
         events
     }

@@ -12,7 +12,7 @@ fn render(mut events: MessageEvents, pieces: &[&str], finish: Finish) -> Vec<Val
         .iter()
         .flat_map(|piece| events.text((*piece).to_owned()))
         .collect();
-    out.extend(events.finish(finish, Some("END".into()), 4));
+    out.extend(events.finish(finish, Some("END".into()), MessageUsage::new(9, 0, 4)));
     out
 }
 
@@ -46,7 +46,11 @@ fn text_streams_as_one_text_block_then_the_message_delta_and_stop() {
         events[4]["delta"],
         json!({"stop_reason": "end_turn", "stop_sequence": null})
     );
-    assert_eq!(events[4]["usage"], json!({"output_tokens": 4}));
+    assert_eq!(
+        events[4]["usage"],
+        json!({"input_tokens": 9, "output_tokens": 4, "cache_creation_input_tokens": 0,
+               "cache_read_input_tokens": 0})
+    );
 }
 
 #[test]
@@ -128,7 +132,8 @@ fn message_start_carries_an_empty_assistant_message_and_input_usage() {
     assert_eq!(start["message"]["content"], json!([]));
     assert_eq!(
         start["message"]["usage"],
-        json!({"input_tokens": 9, "output_tokens": 0})
+        json!({"input_tokens": 9, "output_tokens": 0, "cache_creation_input_tokens": 0,
+               "cache_read_input_tokens": 0})
     );
 }
 

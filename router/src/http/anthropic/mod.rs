@@ -108,10 +108,11 @@ pub async fn messages(
                 content,
                 stop_reason: stop_reason(finish, called_tools),
                 stop_sequence: delta.stop_sequence,
-                usage: MessageUsage {
+                usage: MessageUsage::new(
                     input_tokens,
-                    output_tokens: sibling.generated_tokens,
-                },
+                    delta.cached_tokens,
+                    sibling.generated_tokens,
+                ),
             };
             return Ok(Json(body).into_response());
         }
@@ -143,9 +144,8 @@ impl SurfaceEvents for MessageStream {
     fn delta(&mut self, _index: usize, delta: TextDelta, generated_tokens: usize) -> Vec<Event> {
         let mut payloads = self.renderer.text(delta.token.text);
         if let Some(finish) = delta.finish {
-            let closing = self
-                .renderer
-                .finish(finish, delta.stop_sequence, generated_tokens);
+            let usage = MessageUsage::new(self.input_tokens, delta.cached_tokens, generated_tokens);
+            let closing = self.renderer.finish(finish, delta.stop_sequence, usage);
             payloads.extend(closing);
         }
         payloads.iter().map(named_event).collect()

@@ -46,11 +46,29 @@ pub enum OutputBlock {
     },
 }
 
-/// Token accounting of one message.
+/// Token accounting of one message, as Anthropic counts it: the prompt is `input_tokens`
+/// computed plus `cache_read_input_tokens` served by the prefix cache (Tandem writes to the
+/// cache without charge, so `cache_creation_input_tokens` is always 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct MessageUsage {
     pub input_tokens: usize,
     pub output_tokens: usize,
+    pub cache_creation_input_tokens: usize,
+    pub cache_read_input_tokens: usize,
+}
+
+impl MessageUsage {
+    /// A prompt of `prompt_tokens`, `cached_tokens` of them from the prefix cache, and
+    /// `output_tokens` generated.
+    pub fn new(prompt_tokens: usize, cached_tokens: usize, output_tokens: usize) -> Self {
+        let cached_tokens = cached_tokens.min(prompt_tokens);
+        Self {
+            input_tokens: prompt_tokens - cached_tokens,
+            output_tokens,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached_tokens,
+        }
+    }
 }
 
 /// `POST /v1/messages/count_tokens` answer.

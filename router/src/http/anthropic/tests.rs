@@ -44,10 +44,12 @@ async fn a_message_answers_with_text_usage_and_the_stop_reason() {
     assert_eq!(body["content"], json!([{"type": "text", "text": "Hello!"}]));
     assert_eq!(body["stop_reason"], "end_turn");
     assert_eq!(body["stop_sequence"], Value::Null);
-    let input_tokens = backend.requests.lock().unwrap()[0].input_ids.len();
+    // The fake's prefix cache served half the prompt.
+    let prompt_tokens = backend.requests.lock().unwrap()[0].input_ids.len();
     assert_eq!(
         body["usage"],
-        json!({"input_tokens": input_tokens, "output_tokens": ids("Hello!").len()})
+        json!({"input_tokens": prompt_tokens - prompt_tokens / 2, "output_tokens": ids("Hello!").len(),
+               "cache_creation_input_tokens": 0, "cache_read_input_tokens": prompt_tokens / 2})
     );
     assert_eq!(last_prompt(&backend), "<|user|>Hi\n<|assistant|>");
 }

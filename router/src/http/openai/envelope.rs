@@ -16,9 +16,19 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// How many prompt tokens the prefix cache served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
     /// A reasoning model's chat usage: how many completion tokens were reasoning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// The part of the prompt tokens that was already computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose keys and values came from the prefix cache instead of a forward pass.
+    pub cached_tokens: usize,
 }
 
 /// The parts of the completion tokens.
@@ -35,8 +45,16 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
             completion_tokens_details: None,
         }
+    }
+
+    /// This usage with `cached_tokens` of its prompt tokens served by the prefix cache.
+    #[must_use]
+    pub fn with_cached_tokens(mut self, cached_tokens: usize) -> Self {
+        self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
+        self
     }
 
     /// This usage with `reasoning_tokens` of its completion tokens counted as reasoning.

@@ -23,18 +23,28 @@ use crate::http::transport::streaming::{stream_generations, SurfaceEvents};
 use crate::scheduler::PromptLogprobs;
 use crate::stream::TextDelta;
 
+/// What the usage chunk that ends a stream counts of its prompts.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptUsage {
+    /// Prompt tokens, each prompt counted once.
+    pub tokens: usize,
+    /// Consecutive choices that share one prompt; the first of them computed it.
+    pub choices_per_prompt: usize,
+}
+
 /// Streams the choices' `generations` as OpenAI chunks (see `ChunkStream`).
-/// `usage_prompt_tokens`: send a usage chunk last, counting that many prompt tokens.
+/// `usage`: send a usage chunk last, counting those prompt tokens.
 pub fn stream_chunks(
     generations: Vec<AdmittedRequest>,
     chunks: impl ChunkBuilder,
-    usage_prompt_tokens: Option<usize>,
+    usage: Option<PromptUsage>,
 ) -> Response {
     let surface = ChunkStream {
         chunks,
         choices: generations.len(),
-        usage_prompt_tokens,
+        usage,
         completion_tokens: 0,
+        cached_tokens: 0,
     };
     stream_generations(generations, surface)
 }
@@ -45,9 +55,11 @@ pub fn stream_chunks(
 struct ChunkStream<C> {
     chunks: C,
     choices: usize,
-    usage_prompt_tokens: Option<usize>,
+    usage: Option<PromptUsage>,
     /// Tokens of the choices finished so far.
     completion_tokens: usize,
+    /// Cached prompt tokens of the prompts whose first choice finished so far.
+    cached_tokens: usize,
 }
 
 impl<C: ChunkBuilder> SurfaceEvents for ChunkStream<C> {
@@ -67,14 +79,21 @@ impl<C: ChunkBuilder> SurfaceEvents for ChunkStream<C> {
         let finish = delta.finish.map(finish_reason);
         if finish.is_some() {
             self.completion_tokens += generated_tokens;
+            let first_of_prompt = self
+                .usage
+                .is_some_and(|usage| index.is_multiple_of(usage.choices_per_prompt.max(1)));
+            if first_of_prompt {
+                self.cached_tokens += delta.cached_tokens;
+            }
         }
         let chunk = self.chunks.token(index, delta.token, finish);
         chunk.iter().map(json_event).collect()
     }
 
     fn closing(&mut self) -> Vec<Event> {
-        let usage = self.usage_prompt_tokens.map(|prompt_tokens| {
-            let usage = Usage::new(prompt_tokens, self.completion_tokens);
+        let usage = self.usage.map(|prompts| {
+            let usage = Usage::new(prompts.tokens, self.completion_tokens)
+                .with_cached_tokens(self.cached_tokens);
             json_event(&self.chunks.usage(usage))
         });
         usage.into_iter().chain([done_event()]).collect()

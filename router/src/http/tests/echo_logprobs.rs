@@ -35,12 +35,12 @@ impl Backend for ScoringBackend {
         });
         let mut inner = self.inner.submit(request)?;
         let (sender, events) = mpsc::unbounded_channel();
-        let _ = sender.send(GenerationEvent::Started);
+        let _ = sender.send(GenerationEvent::Started { cached_tokens: 0 });
         if let Some(prompt) = prompt {
             let _ = sender.send(GenerationEvent::PromptLogprobs(prompt));
         }
         while let Ok(event) = inner.events.try_recv() {
-            if !matches!(event, GenerationEvent::Started) {
+            if !matches!(event, GenerationEvent::Started { .. }) {
                 let _ = sender.send(event);
             }
         }

@@ -4,6 +4,7 @@ mod admission;
 mod api_limits;
 mod auth;
 mod bounds;
+mod cached_usage;
 mod chat_endings;
 mod connections;
 mod echo_logprobs;
@@ -161,9 +162,11 @@ impl Backend for FakeBackend {
         } else {
             -0.25
         };
+        // As if the prefix cache held the first half of every prompt.
+        let cached_tokens = request.input_ids.len() / 2;
         self.requests.lock().unwrap().push(request);
         let (sender, events) = mpsc::unbounded_channel();
-        let _ = sender.send(GenerationEvent::Started);
+        let _ = sender.send(GenerationEvent::Started { cached_tokens });
         let (ids, last) = match &self.script {
             Script::Tokens(ids, reason) => (ids.clone(), Some(*reason)),
             Script::Hold(ids) | Script::FailAfter(ids, _) => (ids.clone(), None),

@@ -29,7 +29,8 @@ async fn chat_completion_returns_the_message_usage_and_stop() {
     assert_eq!(
         body["usage"],
         json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-               "total_tokens": prompt_tokens + completion_tokens})
+               "total_tokens": prompt_tokens + completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": prompt_tokens / 2}})
     );
     let request = backend.requests.lock().unwrap()[0].clone();
     assert_eq!(request.stopping.max_new_tokens, 20);

@@ -110,7 +110,9 @@ impl SchedulerState {
             sequence.started = true;
             metrics::histogram!("tandem_request_queue_duration_seconds")
                 .record(sequence.arrived_at.elapsed().as_secs_f64());
-            sequence.notify(GenerationEvent::Started);
+            sequence.notify(GenerationEvent::Started {
+                cached_tokens: cached,
+            });
         }
         budget.tokens -= num_tokens;
         budget.requests -= 1;

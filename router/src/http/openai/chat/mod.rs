@@ -18,7 +18,7 @@ pub use response::ChatCompletion;
 pub use streaming::ChatChunks;
 
 use super::chunks::ChatChunk;
-use super::{stream_chunks, ResponseMeta, StreamOptions};
+use super::{stream_chunks, PromptUsage, ResponseMeta, StreamOptions};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest};
 use crate::http::state::AppState;
@@ -60,11 +60,14 @@ pub async fn completions(
         let reasoning = generations.first().and_then(|g| g.reasoning.clone());
         let chunks = ChatChunks::new(meta, decoding, plan.tool_plan.as_ref(), plan.n)
             .with_reasoning(reasoning.as_ref());
-        let prompt_tokens = generations.first().map_or(0, |g| g.input_tokens);
+        let usage = PromptUsage {
+            tokens: generations.first().map_or(0, |g| g.input_tokens),
+            choices_per_prompt: generations.len(),
+        };
         return Ok(stream_chunks(
             generations,
             chunks,
-            include_usage.then_some(prompt_tokens),
+            include_usage.then_some(usage),
         ));
     }
     let completed = collect_siblings(generations).await?;

@@ -58,6 +58,7 @@ impl ChatCompletion {
         callable: Option<&ToolPlan>,
     ) -> Self {
         let prompt_tokens = completed.first().map_or(0, |choice| choice.input_tokens);
+        let cached_tokens = completed.first().map_or(0, |choice| choice.cached_tokens);
         let completion_tokens = completed.iter().map(|choice| choice.tokens.len()).sum();
         let reasoning_tokens: Option<usize> = completed
             .iter()
@@ -93,11 +94,13 @@ impl ChatCompletion {
             created: meta.created,
             model: meta.model,
             choices,
-            usage: match reasoning_tokens {
-                Some(tokens) => {
-                    Usage::new(prompt_tokens, completion_tokens).with_reasoning_tokens(tokens)
+            usage: {
+                let usage =
+                    Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached_tokens);
+                match reasoning_tokens {
+                    Some(tokens) => usage.with_reasoning_tokens(tokens),
+                    None => usage,
                 }
-                None => Usage::new(prompt_tokens, completion_tokens),
             },
         }
     }

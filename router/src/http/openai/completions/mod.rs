@@ -16,7 +16,9 @@ use request::{Choices, Echo};
 
 use super::chunks::{completion_chunk, CompletionChunk, CompletionChunkChoice};
 use super::logprobs::CompletionLogprobs;
-use super::{finish_reason, stream_chunks, ChunkBuilder, ResponseMeta, StreamOptions, Usage};
+use super::{
+    finish_reason, stream_chunks, ChunkBuilder, PromptUsage, ResponseMeta, StreamOptions, Usage,
+};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest, Completed};
 use crate::http::state::AppState;
@@ -140,7 +142,11 @@ impl ChunkBuilder for CompletionChunks {
         } else {
             usage.completion_tokens
         };
-        let usage = Usage::new(usage.prompt_tokens, completion_tokens);
+        let usage = Usage {
+            completion_tokens,
+            total_tokens: usage.prompt_tokens + completion_tokens,
+            ..usage
+        };
         completion_chunk(&self.meta, Vec::new(), Some(usage))
     }
 }
@@ -185,10 +191,7 @@ pub async fn completions(
         .await?;
         per_prompt.push(generations);
     }
-    let prompt_tokens = per_prompt
-        .iter()
-        .map(|siblings| siblings.first().map_or(0, |g| g.input_tokens))
-        .sum();
+    let prompt_tokens = prompt_tokens(&per_prompt);
     let meta = ResponseMeta::new("cmpl", &state.answering_model(&plan.params));
     let decoding = with_logprobs.then(|| Arc::clone(&state.decoding));
     if stream {
@@ -212,11 +215,15 @@ pub async fn completions(
             echo: plan.echo,
             n,
         };
-        let usage = include_usage.then_some(prompt_tokens);
+        let usage = include_usage.then_some(PromptUsage {
+            tokens: prompt_tokens,
+            choices_per_prompt: best_of,
+        });
         return Ok(stream_chunks(generations, chunks, usage));
     }
     let collected =
         futures::future::try_join_all(per_prompt.into_iter().map(collect_siblings)).await?;
+    let cached_tokens = cached_prompt_tokens(&collected);
     let echoed = EchoedPrompts {
         texts: echo_texts.as_deref(),
         echo: plan.echo,
@@ -229,9 +236,26 @@ pub async fn completions(
         created: meta.created,
         model: meta.model,
         choices,
-        usage: Usage::new(prompt_tokens, completion_tokens),
+        usage: Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached_tokens),
     };
     Ok(Json(body).into_response())
+}
+
+/// The prompts' tokens, each prompt counted once however many choices share it.
+fn prompt_tokens(per_prompt: &[Vec<AdmittedRequest>]) -> usize {
+    per_prompt
+        .iter()
+        .map(|siblings| siblings.first().map_or(0, |g| g.input_tokens))
+        .sum()
+}
+
+/// The prompt tokens the prefix cache served, each prompt counted once, as its first choice
+/// found it.
+fn cached_prompt_tokens(per_prompt: &[Vec<Completed>]) -> usize {
+    per_prompt
+        .iter()
+        .map(|siblings| siblings.first().map_or(0, |choice| choice.cached_tokens))
+        .sum()
 }
 
 /// What the choices of each prompt start with.

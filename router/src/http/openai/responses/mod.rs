@@ -119,6 +119,7 @@ pub async fn create(
     renderer.answer(completed.text);
     let (_, output) = renderer.finish(completed.finish);
     let usage = ResponseUsage::new(completed.input_tokens, completed.tokens.len())
+        .with_cached_tokens(completed.cached_tokens)
         .with_reasoning_tokens(reasoning.tokens);
     let generated: String = completed
         .tokens
@@ -165,6 +166,7 @@ impl SurfaceEvents for ResponseStream {
             payloads.extend(closing);
             if let Some(draft) = self.draft.take() {
                 let usage = ResponseUsage::new(self.input_tokens, generated_tokens)
+                    .with_cached_tokens(delta.cached_tokens)
                     .with_reasoning_tokens(self.renderer.reasoning_tokens());
                 let text = std::mem::take(&mut self.text);
                 let body = draft.finish(output, finish, usage, text, &self.store);

@@ -152,7 +152,7 @@ pub struct ResponseUsage {
     pub total_tokens: usize,
 }
 
-/// Always zeros: prefix cache hits are counted by `/metrics`, not per response.
+/// `cached_tokens`: input tokens the prefix cache served; `cache_write_tokens` is always 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct InputTokensDetails {
     pub cached_tokens: usize,
@@ -179,6 +179,13 @@ impl ResponseUsage {
             },
             total_tokens: input_tokens + output_tokens,
         }
+    }
+
+    /// Counts `cached_tokens` of the input as served by the prefix cache.
+    #[must_use]
+    pub fn with_cached_tokens(mut self, cached_tokens: usize) -> Self {
+        self.input_tokens_details.cached_tokens = cached_tokens;
+        self
     }
 
     /// Counts `reasoning_tokens` of the output as reasoning.
