@@ -16,8 +16,10 @@ from typing import Any
 
 import psutil
 import requests
+import torch
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID
 from tandem_launcher.model_resolution import ModelSource, resolve_source
+from transformers import LlamaConfig, LlamaForCausalLM
 
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
 FIRST_START_TIMEOUT_S = 600.0
@@ -145,6 +147,31 @@ def model_cache_dir() -> Path:
 def embedded_model_dir() -> Path:
     """The embedded model as the launcher serves it (converted once into the model cache)."""
     return resolve_source(ModelSource(EMBEDDED_MODEL_ID, None, model_cache_dir())).path
+
+
+def write_tiny_llama(directory: Path) -> LlamaForCausalLM:
+    """Saves a random two-layer Llama (seed 0) with the embedded model's vocabulary, tokenizer and chat template in
+    `directory`, where the launcher serves it in seconds; returns the `transformers` model."""
+    embedded = embedded_model_dir()
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=embedded_config["vocab_size"],
+        bos_token_id=embedded_config["bos_token_id"],
+        eos_token_id=embedded_config["eos_token_id"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (directory / name).symlink_to(embedded / name)
+    return model
 
 
 def all_gone(processes: list[psutil.Process]) -> bool:

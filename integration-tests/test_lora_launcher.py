@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from tandem_harness import FLOAT32_EAGER, TandemServer, write_tiny_llama
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server" / "tests"))
 
@@ -39,25 +39,7 @@ LOADED_LATER = AdapterSpec(rank=4, alpha=8, targets=("gate_proj", "up_proj"), se
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The base checkpoint with the embedded model's tokenizer, and one PEFT directory per adapter."""
     root = tmp_path_factory.mktemp("lora")
-    embedded = embedded_model_dir()
-    embedded_config = json.loads((embedded / "config.json").read_text())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=embedded_config["vocab_size"],
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    base = LlamaForCausalLM(config).eval()
-    base.save_pretrained(root / "base")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (root / "base" / name).symlink_to(embedded / name)
+    base = write_tiny_llama(root / "base")
     paths = {"base": root / "base"}
     for name, spec in {**ADAPTERS, "later": LOADED_LATER}.items():
         paths[name] = write_adapter(root / name, base, spec)

@@ -55,6 +55,8 @@ def _readable_file(flag: str, value: Any) -> str | None:
     return f"{flag} must be a readable file, got {str(value)!r}"
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
 SCHEDULING = (
     Forwarded(
         "--max-concurrent-requests", ROUTER, int, 128,
@@ -87,6 +89,12 @@ SCHEDULING = (
     Forwarded(
         "--async-scheduling", ROUTER, bool_value, True,
         "plan and send the next step while the shards run the current one", word=true_false,
+    ),
+    Forwarded(
+        "--scheduling-policy", ROUTER, str, "fcfs",
+        "the order requests are admitted, served and preempted in: fcfs (arrival) or priority (each request's "
+        "priority, lower first, then arrival; requests may set a priority other than 0 only under this policy)",
+        choices=SCHEDULING_POLICIES,
     ),
 )  # fmt: skip
 

@@ -8,7 +8,7 @@ use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::reasoning::ReasoningParserFlag;
-use crate::scheduler::DraftMethod;
+use crate::scheduler::{DraftMethod, SchedulingPolicy};
 use crate::shard::ShardAddress;
 use crate::tools::ToolCallParser;
 
@@ -103,6 +103,11 @@ pub struct RouterArgs {
     /// `speculative_disable_by_batch_size`): a large batch already keeps the shards busy.
     #[arg(long, env = "SPECULATIVE_DISABLE_BY_BATCH_SIZE", default_value_t = 4)]
     pub speculative_disable_by_batch_size: usize,
+    /// The order requests are admitted, served and preempted in: `fcfs` by arrival; `priority`
+    /// by each request's `priority` (lower first, then arrival), which requests may set only
+    /// under this policy.
+    #[arg(long, env = "SCHEDULING_POLICY", default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
     /// Log as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

@@ -71,6 +71,7 @@ impl RouterConfig {
             max_drafting_batch: self.limits.speculative_disable_by_batch_size,
             state_checkpoints,
             max_loras,
+            policy: self.limits.scheduling_policy,
         }
     }
 

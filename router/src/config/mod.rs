@@ -16,7 +16,7 @@ use crate::http::ResponseStoreLimits;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::reasoning::ReasoningParserFlag;
-use crate::scheduler::DraftMethod;
+use crate::scheduler::{DraftMethod, SchedulingPolicy};
 use crate::shard::ShardAddress;
 use crate::tools::ToolCallParser;
 
@@ -61,6 +61,7 @@ pub struct Limits {
     pub speculate: usize,
     pub speculative_method: DraftMethod,
     pub speculative_disable_by_batch_size: usize,
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 /// The checked configuration.
@@ -195,6 +196,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 async_scheduling: args.async_scheduling,
                 speculate: args.speculate,
                 speculative_method: args.speculative_method,
+                scheduling_policy: args.scheduling_policy,
                 speculative_disable_by_batch_size: args.speculative_disable_by_batch_size,
             },
             json_output: args.json_output,

@@ -17,6 +17,7 @@ const INTERVAL: usize = 16;
 fn hybrid(checkpoints: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_loras: 0,
+        policy: crate::scheduler::SchedulingPolicy::Fcfs,
         state_checkpoints: Some(CheckpointPlan {
             count: checkpoints,
             interval: INTERVAL,

@@ -2,6 +2,7 @@
 
 use super::checkpoints::CheckpointPlan;
 use super::drafting::DraftMethod;
+use super::policy::SchedulingPolicy;
 
 /// Sizes the scheduler works within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,4 +33,6 @@ pub struct SchedulerConfig {
     /// Most distinct LoRA adapters the running requests may select at once (the shards'
     /// `max_loras`); a request under another adapter waits until one is no longer selected.
     pub max_loras: usize,
+    /// The order of admission, service and preemption.
+    pub policy: SchedulingPolicy,
 }

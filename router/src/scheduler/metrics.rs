@@ -327,6 +327,7 @@ mod tests {
             draft_method: DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
             max_loras: 0,
+            policy: crate::scheduler::SchedulingPolicy::Fcfs,
             state_checkpoints: None,
         };
         metrics::with_local_recorder(&recorder, || {

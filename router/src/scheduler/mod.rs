@@ -26,6 +26,9 @@ mod metrics;
 mod model_draft_tests;
 #[cfg(test)]
 mod pipeline_tests;
+mod policy;
+#[cfg(test)]
+mod priority_tests;
 #[cfg(test)]
 mod proptests;
 mod recovery;
@@ -57,6 +60,7 @@ pub use config::SchedulerConfig;
 pub use drafting::DraftMethod;
 pub use error::{AdapterUpdateError, SchedulerError};
 pub use load::LoadSnapshot;
+pub use policy::SchedulingPolicy;
 pub use recovery::{EnginePhase, RecoveryConfig};
 
 /// Starts the step loop on the current tokio runtime and returns its handle.

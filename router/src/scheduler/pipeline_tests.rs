@@ -32,6 +32,7 @@ fn config() -> SchedulerConfig {
         draft_method: super::drafting::DraftMethod::Ngram,
         max_drafting_batch: usize::MAX,
         max_loras: 0,
+        policy: crate::scheduler::SchedulingPolicy::Fcfs,
         state_checkpoints: None,
     }
 }

@@ -115,6 +115,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         draft_method,
                         max_drafting_batch: usize::MAX,
                         max_loras: 0,
+                        policy: crate::scheduler::SchedulingPolicy::Fcfs,
                         state_checkpoints: state.map(|(count, blocks)| CheckpointPlan {
                             count,
                             interval: blocks * block_size,

@@ -110,6 +110,7 @@ mod tests {
             draft_method: super::super::drafting::DraftMethod::Ngram,
             max_drafting_batch: usize::MAX,
             max_loras: 0,
+            policy: crate::scheduler::SchedulingPolicy::Fcfs,
             state_checkpoints: None,
         })
     }

@@ -23,6 +23,8 @@ pub struct GenerationRequest {
     /// The LoRA adapter the request runs under (`None`: the base model); its KV blocks are
     /// shared only with requests under the same adapter.
     pub adapter: Option<AdapterKey>,
+    /// Lower runs earlier under `SchedulingPolicy::Priority`; 0 unless the request set it.
+    pub priority: i32,
 }
 
 /// Events delivered to the HTTP layer for one request, in order.

@@ -66,6 +66,8 @@ pub(crate) struct Sequence {
     /// A model with recurrent state: the end of the cached prefix this request shared with
     /// earlier ones when it was admitted, where no checkpoint was yet (see `checkpoints`).
     pub branch_point: Option<usize>,
+    /// Lower runs earlier under `SchedulingPolicy::Priority`.
+    pub priority: i32,
 }
 
 impl Sequence {
@@ -96,7 +98,14 @@ impl Sequence {
             fruitless_in_a_row: 0,
             max_drafts: request.max_drafts,
             branch_point: None,
+            priority: request.priority,
         }
+    }
+
+    /// The order `SchedulingPolicy::Priority` keeps requests in: lower priority values first,
+    /// then arrival (ids grow with arrival).
+    pub fn urgency(&self) -> (i32, u64) {
+        (self.priority, self.id)
     }
 
     /// Most drafts per step for it under the server's bound `server_max_drafts`.

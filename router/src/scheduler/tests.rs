@@ -19,6 +19,7 @@ pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerCon
         draft_method: super::drafting::DraftMethod::Ngram,
         max_drafting_batch: usize::MAX,
         max_loras: 0,
+        policy: crate::scheduler::SchedulingPolicy::Fcfs,
         state_checkpoints: None,
         block_size: 4,
         num_blocks,
@@ -27,7 +28,7 @@ pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerCon
     }
 }
 
-fn request(prompt_len: u32, max_new_tokens: u32) -> GenerationRequest {
+pub(super) fn request(prompt_len: u32, max_new_tokens: u32) -> GenerationRequest {
     GenerationRequest {
         input_ids: (0..prompt_len).map(|i| (i * 7 + prompt_len) % 50).collect(),
         sampling: SamplingParams::default(),
@@ -73,7 +74,7 @@ pub(super) fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>)
 }
 
 /// The request's output when it runs alone, which must equal the fake model applied directly.
-fn alone_output(prompt_len: u32, max_new_tokens: u32) -> Vec<u32> {
+pub(super) fn alone_output(prompt_len: u32, max_new_tokens: u32) -> Vec<u32> {
     let mut state = SchedulerState::new(config(64, 64));
     let mut shard = FakeShard::new(4);
     let request = request(prompt_len, max_new_tokens);

@@ -114,6 +114,8 @@ pub struct Validator {
     reasoning: Option<ReasoningParser>,
     /// The LoRA adapters requests may select.
     adapters: LoraAdapters,
+    /// Whether the scheduler orders requests by their `priority` (else only 0 is accepted).
+    by_priority: bool,
 }
 
 impl Validator {
@@ -136,7 +138,15 @@ impl Validator {
             max_drafts: 0,
             reasoning: None,
             adapters: LoraAdapters::default(),
+            by_priority: false,
         }
+    }
+
+    /// Lets requests set a `priority` other than 0, which the scheduler orders them by.
+    #[must_use]
+    pub fn with_priorities(mut self, by_priority: bool) -> Self {
+        self.by_priority = by_priority;
+        self
     }
 
     /// Lets requests select one of `adapters`.
@@ -211,6 +221,7 @@ impl Validator {
             self.check_grammar(requested).await?;
         }
         let truncate = self.check_truncate(params.truncate)?;
+        let priority = params::check_priority(params.priority, self.by_priority)?;
         let max_drafts = params
             .speculate
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
@@ -270,6 +281,7 @@ impl Validator {
                 grammar: reasoning.grammar.map(|g| g.grammar),
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
                 adapter,
+                priority,
             },
             stop: checked.stop,
             reasoning: reasoning.splitter,

@@ -46,6 +46,8 @@ pub struct GenerationParams {
     pub reasoning: ReasoningRequest,
     /// The LoRA adapter the request names (`None`: the base model).
     pub adapter: Option<AdapterChoice>,
+    /// vLLM's `priority`: lower runs earlier under `--scheduling-policy priority`.
+    pub priority: Option<i64>,
 }
 
 /// Parameters that passed their range checks.
@@ -220,6 +222,29 @@ pub fn check_choices(
                 value: format!("{n} (maximum {max})"),
             }),
     }
+}
+
+/// A request's `priority`: any 32-bit integer where the server schedules by priority
+/// (`by_priority`), else only 0, as vLLM refuses it.
+pub fn check_priority(priority: Option<i64>, by_priority: bool) -> Result<i32, ValidationError> {
+    let Some(asked) = priority else {
+        return Ok(0);
+    };
+    if !by_priority && asked != 0 {
+        return Err(ValidationError::OutOfRange {
+            param: "priority".to_owned(),
+            expected: "0 on this server, which schedules first come, first served \
+                       (`--scheduling-policy priority` serves priorities)",
+            value: asked.to_string(),
+        });
+    }
+    i32::try_from(asked).map_err(|_| {
+        ValidationError::out_of_range(
+            "priority",
+            "an integer from -2147483648 to 2147483647",
+            asked,
+        )
+    })
 }
 
 #[cfg(test)]

@@ -323,3 +323,39 @@ async fn speculate_caps_drafts_up_to_the_servers_bound_and_names_it_beyond() {
         );
     }
 }
+
+#[tokio::test]
+async fn priority_reaches_the_scheduler_only_where_it_schedules_by_priority() {
+    let asked = |priority: Option<i64>| GenerationParams {
+        priority,
+        ..params()
+    };
+    let by_priority = validator(false).with_priorities(true);
+    for (priority, expected) in [(None, 0), (Some(-3), -3), (Some(7), 7)] {
+        let valid = by_priority
+            .validate(Prompt::Text("hello".into()), &asked(priority))
+            .await
+            .unwrap();
+        assert_eq!(valid.request.priority, expected, "{priority:?}");
+    }
+    let too_large = by_priority
+        .validate(Prompt::Text("hello".into()), &asked(Some(1 << 40)))
+        .await
+        .unwrap_err();
+    assert_eq!(too_large.param(), Some("priority"));
+    let first_come = validator(false);
+    let zero = first_come
+        .validate(Prompt::Text("hello".into()), &asked(Some(0)))
+        .await
+        .unwrap();
+    assert_eq!(zero.request.priority, 0);
+    let refused = first_come
+        .validate(Prompt::Text("hello".into()), &asked(Some(2)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "`priority` must be 0 on this server, which schedules first come, first served \
+         (`--scheduling-policy priority` serves priorities), got 2"
+    );
+}

@@ -152,6 +152,7 @@ impl GenerateRequest {
             speculate: p.speculate,
             reasoning: ReasoningRequest::default(),
             adapter: p.adapter_id.map(AdapterChoice::AdapterId),
+            priority: None,
         };
         let options = ResponseOptions {
             best_of,

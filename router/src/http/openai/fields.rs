@@ -26,6 +26,7 @@ macro_rules! impl_sampling_fields {
                     ignore_eos: self.ignore_eos,
                     stop_token_ids: self.stop_token_ids.take(),
                     speculate: self.speculate,
+                    priority: self.priority,
                     processors: $crate::validation::ProcessorParams {
                         min_p: self.min_p,
                         typical_p: None,
@@ -74,6 +75,8 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<u32>>,
     /// Most draft tokens per step (Tandem's extension); `None` means the server's `--speculate`.
     pub speculate: Option<i64>,
+    /// vLLM's `priority`: lower runs earlier under `--scheduling-policy priority`.
+    pub priority: Option<i64>,
     pub processors: ProcessorParams,
 }
 
@@ -115,6 +118,7 @@ impl SamplingFields {
             speculate: self.speculate,
             reasoning: ReasoningRequest::default(),
             adapter: None,
+            priority: self.priority,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use super::{Budget, SchedulerState};
 use crate::kv::AdoptedPrefix;
+use crate::scheduler::policy::SchedulingPolicy;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
 use crate::shard::Step;
@@ -15,8 +16,9 @@ impl SchedulerState {
     /// Admission rule: the queue head (the first waiting request the sibling gate lets
     /// through) always goes first, and when it does not fit nothing
     /// is admitted, so the head cannot starve. Behind it, the next `ADMISSION_LOOKAHEAD`
-    /// waiting requests are admitted in order of longest cached prefix (ties: arrival
-    /// order), each that fits the remaining budget and blocks.
+    /// waiting requests are admitted in order of longest cached prefix (ties: queue order;
+    /// under `SchedulingPolicy::Priority`, more urgent priorities first), each that fits the
+    /// remaining budget and blocks.
     pub(super) fn admit_waiting(&mut self, budget: &mut Budget, step: &mut Step) {
         let Some(head) = self
             .waiting
@@ -29,21 +31,23 @@ impl SchedulerState {
         if !self.try_admit(head_id, budget, step) {
             return;
         }
-        let mut candidates: Vec<(usize, u64)> = self
+        let by_priority = self.config.policy == SchedulingPolicy::Priority;
+        let mut candidates: Vec<(i32, usize, u64)> = self
             .waiting
             .iter()
             .take(ADMISSION_LOOKAHEAD)
             .map(|sequence| {
                 (
+                    if by_priority { sequence.priority } else { 0 },
                     self.pool
                         .cached_prefix_tokens(sequence.blocks.adapter(), &sequence.tokens),
                     sequence.id,
                 )
             })
             .collect();
-        // Stable: equal hits keep arrival order.
-        candidates.sort_by_key(|&(cached, _)| std::cmp::Reverse(cached));
-        for (_, id) in candidates {
+        // Stable: equal keys keep queue order.
+        candidates.sort_by_key(|&(priority, cached, _)| (priority, std::cmp::Reverse(cached)));
+        for (_, _, id) in candidates {
             if budget.tokens == 0 || budget.requests == 0 {
                 return;
             }
@@ -116,7 +120,7 @@ impl SchedulerState {
         }
         budget.tokens -= num_tokens;
         budget.requests -= 1;
-        self.running.push(sequence);
+        self.add_running(sequence);
         true
     }
 

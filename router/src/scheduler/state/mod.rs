@@ -14,6 +14,7 @@ use super::config::SchedulerConfig;
 use super::drafting::{propose, Drafts};
 use super::error::SchedulerError;
 use super::load::LoadSnapshot;
+use super::policy::SchedulingPolicy;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
 use crate::kv::BlockPool;
@@ -87,7 +88,33 @@ impl SchedulerState {
     }
 
     pub fn enqueue(&mut self, sequence: Sequence) {
-        self.waiting.push_back(sequence);
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.waiting.push_back(sequence),
+            SchedulingPolicy::Priority => insert_by_urgency(&mut self.waiting, sequence),
+        }
+    }
+
+    /// Puts a preempted request back in the queue: at its head (FCFS: it arrived before every
+    /// waiting request), or in its place by urgency.
+    fn requeue(&mut self, sequence: Sequence) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.waiting.push_front(sequence),
+            SchedulingPolicy::Priority => insert_by_urgency(&mut self.waiting, sequence),
+        }
+    }
+
+    /// Adds an admitted request to the running ones, which are served in order and preempted
+    /// from the back: by admission (FCFS), or by urgency.
+    fn add_running(&mut self, sequence: Sequence) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.running.push(sequence),
+            SchedulingPolicy::Priority => {
+                let index = self
+                    .running
+                    .partition_point(|running| running.urgency() <= sequence.urgency());
+                self.running.insert(index, sequence);
+            }
+        }
     }
 
     pub fn is_idle(&self) -> bool {
@@ -275,7 +302,7 @@ impl SchedulerState {
             self.forget.push(sequence.id);
         }
         sequence.reset_for_recompute();
-        self.waiting.push_front(sequence);
+        self.requeue(sequence);
     }
 
     fn drop_cancelled(&mut self) {
@@ -446,4 +473,10 @@ fn adapter_names<'a>(sequences: impl IntoIterator<Item = &'a Sequence>) -> BTree
         .into_iter()
         .filter_map(|sequence| sequence.blocks.adapter().map(|key| &*key.name))
         .collect()
+}
+
+/// Inserts `sequence` after every waiting request at least as urgent.
+fn insert_by_urgency(waiting: &mut VecDeque<Sequence>, sequence: Sequence) {
+    let index = waiting.partition_point(|queued| queued.urgency() <= sequence.urgency());
+    waiting.insert(index, sequence);
 }

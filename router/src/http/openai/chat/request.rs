@@ -60,6 +60,9 @@ pub struct ChatRequest {
     /// (no speculative decoding) to the server's `--speculate` (the default).
     #[schema(minimum = 0)]
     speculate: Option<i64>,
+    /// vLLM's extension: lower runs earlier; only 0 unless the server runs
+    /// `--scheduling-policy priority`.
+    priority: Option<i64>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     min_p: Option<f64>,
     #[schema(exclusive_minimum = 0.0)]
