@@ -57,7 +57,8 @@ def test_the_shard_states_each_default_and_why(defaults: TandemServer) -> None:
     assert "30 qkv_proj: Q4_1 as int4" in log
     assert "--cuda-graphs 0: a CUDA option" in log
     assert "--packed-gemm-rows 32: decode batches of up to 32 rows multiply by prepacked weights on CPU" in log
-    assert "--decode-mirror-memory 512MiB: half of --kv-cache-memory" in log
+    assert "--kv-cache-memory 270MiB: room for 12288 tokens of 23040 bytes (30 layers x 3 kv heads x 64" in log
+    assert "--decode-mirror-memory 135MiB: half of the KV cache" in log
     assert "--torch-compile background: single streams' decode steps move to a graph compiled ahead of time" in log
     if BFLOAT16_CPU:
         assert "--dtype bfloat16: the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)" in log
@@ -116,9 +117,11 @@ def test_single_stream_graphs_compile_in_the_background_and_take_over_with_the_s
         assert_follows_up_to_near_ties(greedy_tokens(tandem, prompt), greedy_tokens(defaults, prompt), prompt)
 
 
-# The default shard's resident memory on the embedded model once its decode package serves, its 1 GiB KV cache
-# included: the cache and the decode mirror become resident as they fill. After a 32-stream benchmark: 1,365 MiB (peak
-# 1,479 MiB, while loading), where the package's own copy of the weights made it 1,581 MiB.
+# The default shard's resident memory on the embedded model once its decode package serves, its KV cache included:
+# the cache and the decode mirror become resident as they fill. With the 1 GiB cache of earlier defaults, after a
+# 32-stream benchmark: 1,365 MiB (peak 1,479 MiB, while loading), where the package's own copy of the weights made it
+# 1,581 MiB; with the 270 MiB cache `auto` gives it, at most 1,401 MiB with the cache filled twice over
+# (`tandem-bench kv-memory`, docs/benchmarks.md).
 SHARD_RSS_LIMIT = int(1.5 * 2**30)
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from tandem_bench import (
     hostile_run,
     hybrid_run,
+    kv_memory_run,
     lora_run,
     moe_run,
     overhead_run,
@@ -72,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench overhead --help`: Tandem's per-step overhead against the forward pass; "
         "`tandem-bench soak --help`: a long run at half capacity with cancellations, watching memory and KV usage; "
         "`tandem-bench hostile --help`: what floods of hostile requests cost a concurrent stream and the router's "
-        "memory; `tandem-bench speculative --help`: single-stream speed with and without speculative decoding; "
+        "memory; `tandem-bench kv-memory --help`: the shards' peak memory while long prompts fill the KV cache; "
+        "`tandem-bench speculative --help`: single-stream speed with and without speculative decoding; "
         "`tandem-bench quantized --help`: the embedded GGUF served float32 and quantized, side by side; "
         "`tandem-bench moe --help`: a tiny mixture-of-experts model at 32 streams against transformers static "
         "batching; `tandem-bench hybrid --help`: a tiny hybrid (recurrent-state) model at 32 streams against "
@@ -180,6 +182,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "overhead": overhead_run.main,
     "soak": soak_run.main,
     "hostile": hostile_run.main,
+    "kv-memory": kv_memory_run.main,
     "speculative": speculative_run.main,
     "quantized": quantized_run.main,
     "moe": moe_run.main,

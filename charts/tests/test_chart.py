@@ -139,7 +139,7 @@ def test_cpu_value_set_runs_the_embedded_model_without_gpus(rendered: dict[str, 
     tandem = container(rendered["cpu"])
     assert "nvidia.com/gpu" not in tandem["resources"].get("limits", {})
     config = launcher_config(tandem["args"])
-    assert (config.device, config.forwarded["dtype"], config.forwarded["kv_cache_memory"]) == ("cpu", "auto", "512MiB")
+    assert (config.device, config.forwarded["dtype"], config.forwarded["kv_cache_memory"]) == ("cpu", "auto", "auto")
     assert config.forwarded["kv_cache_dtype"] == "auto"
     assert "--model-id" not in tandem["args"]
 

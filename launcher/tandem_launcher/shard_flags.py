@@ -85,7 +85,9 @@ DTYPE = (
 
 EXECUTION = (
     Forwarded(
-        "--kv-cache-memory", SHARD, memory_size, "1GiB", "CPU: memory each shard's KV cache takes, e.g. 1GiB",
+        "--kv-cache-memory", SHARD, memory_or_auto, AUTO,
+        "CPU: memory each shard's KV cache takes, e.g. 1GiB; auto: room for 12288 tokens of the model, at most 1GiB "
+        "and a quarter of the memory available after loading (split between shards), logged with the reason",
         check=_memory_check,
     ),
     Forwarded(
@@ -129,8 +131,8 @@ EXECUTION = (
     Forwarded(
         "--decode-mirror-memory", SHARD, memory_or_auto, AUTO,
         "CPU: memory each shard may use for contiguous copies of decoding requests' keys and values, which decode "
-        "attention reads instead of gathering cache blocks every step; 0 disables; auto: half of --kv-cache-memory "
-        "on CPU, 0 on CUDA",
+        "attention reads instead of gathering cache blocks every step; 0 disables; auto: half of the KV cache on CPU, "
+        "0 on CUDA",
         check=_memory_check,
     ),
     Forwarded(

@@ -16,7 +16,7 @@ def test_defaults_serve_the_embedded_model_on_localhost_3000() -> None:
     assert (config.max_input_tokens, config.max_total_tokens) == (None, None)
     forwarded = config.forwarded
     assert (forwarded["max_batch_prefill_tokens"], forwarded["max_batch_size"], config.block_size) == (512, 64, 16)
-    assert forwarded["kv_cache_memory"] == "1GiB"
+    assert forwarded["kv_cache_memory"] == "auto"
     assert config.model_cache_dir == Path("~/.cache/tandem/models").expanduser()
     assert config.shard_start_timeout == 300.0
     assert not config.json_output

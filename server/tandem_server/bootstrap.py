@@ -147,7 +147,7 @@ def weight_preparation(config: ShardConfig, device: torch.device) -> WeightPrepa
 
 
 def choose_attention_backend(
-    config: ShardConfig, checkpoint: CheckpointConfig, decode_mirror_memory: int
+    config: ShardConfig, checkpoint: CheckpointConfig, decode_mirror_memory: int | None
 ) -> AttentionBackend:
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
@@ -173,6 +173,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         graph_sizes = ()
     return ExecutionOptions(
         kv_cache_memory=config.kv_cache_memory,
+        ranks_on_node=config.world_size,
         cuda_memory_fraction=config.cuda_memory_fraction,
         cuda_graph_sizes=graph_sizes,
         kv_cache_dtype=config.cache_dtype,
@@ -188,7 +189,7 @@ def decode_package_spec(config: ShardConfig, backend: AttentionBackend) -> Decod
     backend's decode mirror. None elsewhere (several ranks compile on a thread; other backends compile nothing)."""
     if config.torch_compile is not CompileMode.BACKGROUND or config.world_size != 1 or config.device != "cpu":
         return None
-    if not isinstance(backend, TorchAttentionBackend) or backend.decode_mirror_memory <= 0:
+    if not isinstance(backend, TorchAttentionBackend) or not backend.mirrors_decodes:
         return None
     return DecodePackageSpec(
         model_path=str(config.model_path),

@@ -23,7 +23,6 @@ from tandem_server.config import (
     DTYPES,
     CompileMode,
     ShardConfig,
-    parse_byte_size,
     resolve_kv_cache_dtype,
 )
 from tandem_server.device_defaults import choose_device_settings
@@ -31,6 +30,8 @@ from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
 from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
+from tandem_server.kv_cache_default import AUTO as KV_AUTO
+from tandem_server.kv_cache_default import AUTO_KV_MAX_BYTES, AUTO_KV_TOKENS, parse_kv_cache_memory
 from tandem_server.metrics import ShardMetrics
 from tandem_server.quant.mode import QuantizeMode
 from tandem_server.rpc.cluster_auth import read_cluster_secret
@@ -66,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"{' or '.join(ATTENTION_REGISTRY.names_with(lambda capabilities: capabilities.other_kv_cache_dtype))} "
         "attention backend)",
     )
-    parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB, 2GiB, 1GB")
+    parser.add_argument(
+        "--kv-cache-memory",
+        default=KV_AUTO,
+        help="CPU: KV cache budget, e.g. 512MiB, 2GiB, 1GB; auto (default): room for "
+        f"{AUTO_KV_TOKENS} tokens of the model, at most {AUTO_KV_MAX_BYTES >> 30}GiB and a quarter of the memory "
+        "available after loading (split between ranks)",
+    )
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: cpus / world size)")
     parser.add_argument(
         "--attention-backend",
@@ -169,8 +176,8 @@ def _add_cpu_weight_flags(parser: argparse.ArgumentParser) -> None:
         "--decode-mirror-memory",
         default=AUTO,
         help="CPU: memory for contiguous copies of decoding requests' keys and values, read by decode attention "
-        "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables; auto (default): half of "
-        "--kv-cache-memory on CPU, 0 on CUDA",
+        "instead of gathering cache blocks every step, e.g. 1GiB; 0 disables; auto (default): half of the KV cache "
+        "on CPU, 0 on CUDA",
     )
     parser.add_argument(
         "--quantized-dense-memory",
@@ -247,7 +254,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
     args = build_parser().parse_args(argv)
     world_size = max(1, args.world_size)
     default_threads = max(1, (os.cpu_count() or 1) // world_size)
-    kv_cache_memory = parse_byte_size(args.kv_cache_memory)
+    kv_cache_memory = parse_kv_cache_memory(args.kv_cache_memory)
     weights = choose_weight_settings(
         args.quantize,
         args.dtype,

@@ -71,7 +71,8 @@ class ShardConfig:
     dtype: torch.dtype = torch.float32
     # The paged KV cache's (and decode mirror's) dtype; attention computes in it. None: the model's dtype.
     kv_cache_dtype: torch.dtype | None = None
-    kv_cache_memory: int = 1024**3
+    # CPU: bytes the KV cache takes; None: `auto` (sized from the model and the machine at Warmup).
+    kv_cache_memory: int | None = None
     num_threads: int = 1
     attention_backend: str = "auto"
     # Tokens per KV block the router pages with; None: unknown until Warmup.
@@ -86,8 +87,9 @@ class ShardConfig:
     # GEMM weights as int4/int8 (GGUF: the converted model's kept blocks, CPU; int8: quantized at load, CPU; int4:
     # quantized at load, CPU or CUDA), or float8 e4m3 quantized at load (fp8: CPU, or CUDA from compute capability 8.9).
     quantize: QuantizeMode = QuantizeMode.NONE
-    # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step.
-    decode_mirror_memory: int = 0
+    # CPU only: bytes for contiguous copies of decoding requests' K/V (the decode mirror); 0: gather every step;
+    # None: half of the KV cache, once `auto` has sized it.
+    decode_mirror_memory: int | None = 0
     # CPU only: bytes for bfloat16 copies of quantized GEMM weights, which batches multiply by; None: `auto` (half the
     # available memory, split between ranks, where the CPU has bfloat16 matrix instructions); 0: none.
     quantized_dense_memory: int | None = 0
@@ -133,7 +135,7 @@ class ShardConfig:
             )
         self._check_device_options()
         self._check_lora_options()
-        if self.kv_cache_memory <= 0:
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
         if self.num_threads < 1:
             raise ConfigError("--num-threads must be at least 1")

@@ -3,7 +3,7 @@
 - `--cuda-graphs auto`: decode steps of batches 1, 2, 4, ..., 64 replay CUDA graphs on CUDA; none on CPU.
 - `--packed-gemm-rows auto`: decode GEMMs of 32 rows use prepacked weights on CPU; none on CUDA.
 - `--decode-mirror-memory auto`: half of `--kv-cache-memory` for contiguous copies of decoding requests' keys and
-  values on CPU; none on CUDA.
+  values on CPU (with `--kv-cache-memory auto`, half of the cache Warmup sizes); none on CUDA.
 
 A value the user gave is kept as given (the device checks in `ShardConfig` then judge it).
 """
@@ -23,18 +23,20 @@ DEFAULT_PACKED_GEMM_ROWS = (32,)
 
 @dataclass(frozen=True)
 class DeviceSettings:
-    """The resolved `--cuda-graphs`, `--packed-gemm-rows` and `--decode-mirror-memory` (bytes)."""
+    """The resolved `--cuda-graphs`, `--packed-gemm-rows` and `--decode-mirror-memory` (bytes; None: half of the KV
+    cache `--kv-cache-memory auto` sizes at Warmup)."""
 
     cuda_graph_sizes: tuple[int, ...]
     packed_gemm_rows: tuple[int, ...]
-    decode_mirror_memory: int
+    decode_mirror_memory: int | None
     reasons: tuple[str, ...]
 
 
 def choose_device_settings(
-    cuda_graphs: str, packed_gemm_rows: str, decode_mirror_memory: str, device: str, kv_cache_memory: int
+    cuda_graphs: str, packed_gemm_rows: str, decode_mirror_memory: str, device: str, kv_cache_memory: int | None
 ) -> DeviceSettings:
-    """Resolves the three flags for a shard on `device` whose KV cache takes `kv_cache_memory` bytes."""
+    """Resolves the three flags for a shard on `device` whose KV cache takes `kv_cache_memory` bytes (None: sized
+    at Warmup)."""
     graphs, graphs_reason = _cuda_graphs(cuda_graphs, device)
     rows, rows_reason = _packed_gemm_rows(packed_gemm_rows, device)
     mirror, mirror_reason = _decode_mirror(decode_mirror_memory, device, kv_cache_memory)
@@ -63,15 +65,19 @@ def _packed_gemm_rows(value: str, device: str) -> tuple[tuple[int, ...], str]:
     return (), "a CPU option"
 
 
-def _decode_mirror(value: str, device: str, kv_cache_memory: int) -> tuple[int, str]:
+def _decode_mirror(value: str, device: str, kv_cache_memory: int | None) -> tuple[int | None, str]:
     if value.strip() != AUTO:
         return parse_byte_size(value), "as given"
-    if device == "cpu":
-        return kv_cache_memory // 2, "half of --kv-cache-memory: decode attention on CPU reads contiguous copies"
-    return 0, "a CPU option"
+    if device != "cpu":
+        return 0, "a CPU option"
+    if kv_cache_memory is None:
+        return None, "half of the KV cache, sized with it at Warmup: decode attention on CPU reads contiguous copies"
+    return kv_cache_memory // 2, "half of --kv-cache-memory: decode attention on CPU reads contiguous copies"
 
 
-def _mebibytes(size: int) -> str:
+def _mebibytes(size: int | None) -> str:
+    if size is None:
+        return AUTO
     return f"{size / 2**20:g}MiB" if size else "0"
 
 

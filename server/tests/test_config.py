@@ -34,7 +34,7 @@ def test_byte_size_rejects_unknown_units() -> None:
 def test_cli_defaults_and_auto_dtype(tmp_path: Path) -> None:
     config = config_from_args(["--model-path", str(tmp_path), "--uds-path", str(tmp_path / "s.sock")])
     cpu_dtype = torch.bfloat16 if cpu_multiplies_bfloat16() else torch.float32
-    assert config.dtype == cpu_dtype and config.device == "cpu" and config.kv_cache_memory == 2**30
+    assert config.dtype == cpu_dtype and config.device == "cpu" and config.kv_cache_memory is None
     assert config.num_threads >= 1 and config.world_size == 1
     cuda = config_from_args(["--model-path", "m", "--uds-path", "s", "--device", "cuda", "--kv-cache-memory", "2GiB"])
     assert cuda.dtype == torch.bfloat16 and cuda.kv_cache_memory == 2 * 2**30

@@ -27,6 +27,7 @@ from tandem_server.engine.timing import StepTimer
 from tandem_server.engine.warmup import (
     WarmupLimits,
     blocks_for_budget,
+    cpu_cache_budget,
     profile_cuda_budget,
     run_reserved_forward,
     state_checkpoints_for_budget,
@@ -53,8 +54,11 @@ from tandem_server.structured import GrammarCompiler, grammar_token_mask
 class ExecutionOptions:
     """How steps run on the device: the KV cache's budget and dtype, and the CUDA-only features."""
 
-    # CPU: bytes the KV cache takes (the draft model's beside the model's, when one runs).
-    kv_cache_memory: int = 1024**3
+    # CPU: bytes the KV cache takes (the draft model's beside the model's, when one runs); None: `auto`, sized at
+    # Warmup from the cache's bytes per token and the memory available (kv_cache_default.py).
+    kv_cache_memory: int | None = 1024**3
+    # Ranks sharing this machine's memory, which `auto` budgets split.
+    ranks_on_node: int = 1
 
     # CUDA: the KV cache takes this share of the memory left free after a profiled full-budget step.
     cuda_memory_fraction: float = 0.9
@@ -206,7 +210,8 @@ class ModelRunner:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             budget_flag = "--cuda-memory-fraction"
         else:
-            budget, budget_flag = self.options.kv_cache_memory, "--kv-cache-memory"
+            budget = cpu_cache_budget(options.kv_cache_memory, geometry, draft_geometry, options.ranks_on_node)
+            budget_flag = "--kv-cache-memory"
         bytes_per_checkpoint = state_pool_bytes(spec.state_shapes, 1, self.dtype, spec.state_dtypes)
         num_checkpoints = state_checkpoints_for_budget(plan.max_state_checkpoints, bytes_per_checkpoint, budget)
         num_blocks = blocks_for_budget(bytes_per_block, budget - num_checkpoints * bytes_per_checkpoint, budget_flag)

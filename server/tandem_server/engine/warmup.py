@@ -12,8 +12,10 @@ from tandem_server.execution.batch import ScheduledSpan, build_step_batch
 from tandem_server.execution.cuda_graphs import profile_graph_bytes
 from tandem_server.execution.eager import forward_step
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.kv_cache_default import CacheFootprint, auto_kv_cache_memory
 from tandem_server.layers.attention import UniformShape
 from tandem_server.models.registry import CausalLM
+from tandem_server.quant.dense_copies import available_memory
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
 
@@ -54,6 +56,32 @@ def blocks_for_budget(bytes_per_block: int, budget_bytes: int, budget_flag: str 
             f"plus the reserved one; raise {budget_flag}"
         )
     return num_blocks
+
+
+def cpu_cache_budget(
+    given: int | None, geometry: CacheGeometry, draft: CacheGeometry | None, ranks_on_node: int
+) -> int:
+    """`--kv-cache-memory` as given, or for `auto` (None) the budget chosen from the cache's bytes per token (the
+    draft model's beside the model's) and the memory available now that the weights are loaded, logged with why."""
+    if given is not None:
+        return given
+    footprint = CacheFootprint(
+        geometry.bytes_per_token + (draft.bytes_per_token if draft is not None else 0),
+        describe_geometry(geometry) + (f", plus the draft model's {describe_geometry(draft)}" if draft else ""),
+        reserved_tokens=geometry.block_size,
+    )
+    budget, reason = auto_kv_cache_memory(footprint, available_memory(), ranks_on_node)
+    logger.info("%s", reason)
+    return budget
+
+
+def describe_geometry(geometry: CacheGeometry) -> str:
+    """`30 layers x 3 kv heads x 64 x keys and values in bfloat16`: the factors of a token's bytes."""
+    shapes = set(geometry.shapes)
+    heads = f"{geometry.shapes[0][0]} kv heads x {geometry.shapes[0][1]}" if len(shapes) == 1 else "their own kv heads"
+    kinds = "latent rows" if geometry.latent_dim is not None else "keys and values"
+    dtype = str(geometry.dtype).removeprefix("torch.")
+    return f"{geometry.num_layers} layers x {heads} x {kinds} in {dtype}"
 
 
 def cuda_cache_budget(free_bytes: int, step_peak_bytes: int, memory_fraction: float, graph_bytes: int = 0) -> int:

@@ -158,10 +158,10 @@ class DecodeGraph:
         The thread places its made-up requests in a decode mirror of its own: the backend's mirror belongs to the
         steps being served."""
         served = self._model.backend
-        if not isinstance(served, TorchAttentionBackend) or served.decode_mirror_memory <= 0:
+        if not isinstance(served, TorchAttentionBackend) or served.mirror is None:
             logger.info("torch.compile: nothing compiles, since decode graphs need the torch backend's decode mirror")
             return None
-        backend = TorchAttentionBackend(served.decode_mirror_memory)
+        backend = TorchAttentionBackend(served.mirror.budget_bytes)
         backend.bind_cache(cache.layers)
         self._run = torch._dynamo.run(self._compiled)
 

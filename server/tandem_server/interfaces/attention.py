@@ -124,8 +124,9 @@ class BackendCapabilities:
 class BackendSettings:
     """The shard's flags a backend may be built with."""
 
-    # The torch backend's budget for its decode mirror, in bytes; the other backends keep none.
-    decode_mirror_memory: int = 0
+    # The torch backend's budget for its decode mirror, in bytes (None: half of the KV cache it binds); the other
+    # backends keep none.
+    decode_mirror_memory: int | None = 0
 
 
 class BackendClass(Protocol):

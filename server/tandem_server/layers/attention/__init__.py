@@ -18,10 +18,11 @@ from tandem_server.layers.attention.static_metadata import StaticStepMetadata, U
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
 
 
-def create_backend(name: str, decode_mirror_memory: int = 0) -> AttentionBackend:
+def create_backend(name: str, decode_mirror_memory: int | None = 0) -> AttentionBackend:
     """A new instance of the registered backend `name`; flash and triton import their optional packages here.
 
-    `decode_mirror_memory` is the `torch` backend's budget for its decode mirror; the other backends need none.
+    `decode_mirror_memory` is the `torch` backend's budget for its decode mirror (None: half of the KV cache it binds);
+    the other backends need none.
     """
     backend: AttentionBackend = ATTENTION_REGISTRY.create(name, BackendSettings(decode_mirror_memory))
     return backend

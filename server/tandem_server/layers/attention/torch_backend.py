@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 
@@ -22,6 +23,8 @@ from tandem_server.layers.attention.torch_metadata import (
     TorchAttentionMetadata,
     build_torch_metadata,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class GatherBuffers:
@@ -63,7 +66,8 @@ class TorchAttentionBackend:
     """Portable backend for CPU and as a CUDA fallback.
 
     With a decode mirror budget, decoding requests attend through the mirror's contiguous rows instead of gathering
-    their blocks in every layer; the mirror is sized once the cache exists and placed once per step.
+    their blocks in every layer; the mirror is sized once the cache exists and placed once per step. A budget of None
+    is half of the bytes of the cache bound (`--decode-mirror-memory auto` beside `--kv-cache-memory auto`).
     """
 
     name = "torch"
@@ -75,18 +79,30 @@ class TorchAttentionBackend:
         """The backend with the decode mirror budget the settings give."""
         return cls(settings.decode_mirror_memory)
 
-    def __init__(self, decode_mirror_memory: int = 0) -> None:
+    def __init__(self, decode_mirror_memory: int | None = 0) -> None:
         self.gather_buffers = GatherBuffers()
         self.decode_mirror_memory = decode_mirror_memory
         self.mirror: DecodeMirror | None = None
+
+    @property
+    def mirrors_decodes(self) -> bool:
+        """Whether decodes may attend through a decode mirror (a positive budget, or half of the cache's)."""
+        return self.decode_mirror_memory is None or self.decode_mirror_memory > 0
 
     def bind_cache(self, layers: Sequence[LayerCache]) -> None:
         """A fresh mirror for the new cache's layers when the budget allows one; latent (MLA) caches decode from
         their blocks, as their attention reads the slot lists alone."""
         self.mirror = None
-        if self.decode_mirror_memory > 0 and layers and not isinstance(layers[0], LatentLayerCache):
-            device = layers[0].key.device
-            self.mirror = DecodeMirror(MirrorGeometry.of(layers), self.decode_mirror_memory, device)
+        if not self.mirrors_decodes or not layers or isinstance(layers[0], LatentLayerCache):
+            return
+        budget = self.decode_mirror_memory
+        if budget is None:
+            budget = sum(layer.key.nbytes + layer.value.nbytes for layer in layers) // 2
+            logger.info(
+                "--decode-mirror-memory %.0fMiB: half of the KV cache: decode attention on CPU reads contiguous copies",
+                budget / 2**20,
+            )
+        self.mirror = DecodeMirror(MirrorGeometry.of(layers), budget, layers[0].key.device)
 
     def prepare(self, metadata: AttentionMetadata, layers: Sequence[LayerCache]) -> PreparedStep:
         """Slot lists for the step and, for a step of requests, mirror rows for its decodes."""

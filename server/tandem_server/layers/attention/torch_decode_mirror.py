@@ -98,6 +98,11 @@ class DecodeMirror:
         return 2 * sum(kv_heads * head_dim for kv_heads, head_dim in geometry.shapes) * element_size
 
     @property
+    def budget_bytes(self) -> int:
+        """The most its tensors may take."""
+        return self._budget_bytes
+
+    @property
     def nbytes(self) -> int:
         return self._rows * self._capacity * self.bytes_per_position
 
