@@ -58,7 +58,7 @@ def test_the_shard_states_each_default_and_why(defaults: TandemServer) -> None:
     assert "--cuda-graphs 0: a CUDA option" in log
     assert "--packed-gemm-rows 32: decode batches of up to 32 rows multiply by prepacked weights on CPU" in log
     assert "--kv-cache-memory 270MiB: room for 12288 tokens of 23040 bytes (30 layers x 3 kv heads x 64" in log
-    assert "--decode-mirror-memory 135MiB: half of the KV cache" in log
+    assert "--decode-mirror-memory 203MiB: three quarters of the KV cache" in log
     assert "--torch-compile background: single streams' decode steps move to a graph compiled ahead of time" in log
     if BFLOAT16_CPU:
         assert "--dtype bfloat16: the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)" in log

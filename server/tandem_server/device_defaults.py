@@ -3,7 +3,7 @@
 - `--cuda-graphs auto`: decode steps of batches 1, 2, 4, ..., 64 replay CUDA graphs on CUDA; none on CPU.
 - `--packed-gemm-rows auto`: decode GEMMs of 32 rows use prepacked weights on CPU; none on CUDA.
 - `--decode-mirror-memory auto`: half of `--kv-cache-memory` for contiguous copies of decoding requests' keys and
-  values on CPU (with `--kv-cache-memory auto`, half of the cache Warmup sizes); none on CUDA.
+  values on CPU (with `--kv-cache-memory auto`, three quarters of the cache Warmup sizes); none on CUDA.
 
 A value the user gave is kept as given (the device checks in `ShardConfig` then judge it).
 """
@@ -23,8 +23,8 @@ DEFAULT_PACKED_GEMM_ROWS = (32,)
 
 @dataclass(frozen=True)
 class DeviceSettings:
-    """The resolved `--cuda-graphs`, `--packed-gemm-rows` and `--decode-mirror-memory` (bytes; None: half of the KV
-    cache `--kv-cache-memory auto` sizes at Warmup)."""
+    """The resolved `--cuda-graphs`, `--packed-gemm-rows` and `--decode-mirror-memory` (bytes; None: three quarters of
+    the KV cache `--kv-cache-memory auto` sizes at Warmup)."""
 
     cuda_graph_sizes: tuple[int, ...]
     packed_gemm_rows: tuple[int, ...]
@@ -71,7 +71,9 @@ def _decode_mirror(value: str, device: str, kv_cache_memory: int | None) -> tupl
     if device != "cpu":
         return 0, "a CPU option"
     if kv_cache_memory is None:
-        return None, "half of the KV cache, sized with it at Warmup: decode attention on CPU reads contiguous copies"
+        return None, (
+            "three quarters of the KV cache, sized with it at Warmup: decode attention on CPU reads contiguous copies"
+        )
     return kv_cache_memory // 2, "half of --kv-cache-memory: decode attention on CPU reads contiguous copies"
 
 

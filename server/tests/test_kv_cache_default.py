@@ -78,7 +78,8 @@ def test_a_given_size_is_kept_as_given() -> None:
 def test_the_flag_defaults_to_auto_and_the_mirror_follows_the_cache_warmup_sizes() -> None:
     cpu = config_from_args(SHARD)
     assert (cpu.kv_cache_memory, cpu.decode_mirror_memory) == (None, None)
-    assert "--decode-mirror-memory auto: half of the KV cache, sized with it at Warmup" in " ".join(cpu.auto_reasons)
+    reasons = " ".join(cpu.auto_reasons)
+    assert "--decode-mirror-memory auto: three quarters of the KV cache, sized with it at Warmup" in reasons
 
 
 def test_cuda_keeps_no_mirror_and_sizes_its_cache_from_device_memory() -> None:
@@ -99,6 +100,6 @@ def test_warmup_sizes_an_auto_cache_from_the_model_and_mirrors_half_of_it(
     assert cache is not None
     # Blocks of 4 tokens, every one of the tokens for the router; one more block is reserved for health checks.
     assert cache.num_blocks == AUTO_KV_TOKENS // 4
-    assert backend.mirror is not None and backend.mirror.budget_bytes == cache.nbytes // 2
+    assert backend.mirror is not None and backend.mirror.budget_bytes == cache.nbytes * 3 // 4
     assert f"room for {AUTO_KV_TOKENS} tokens of {cache.geometry.bytes_per_token} bytes" in caplog.text
-    assert "--decode-mirror-memory" in caplog.text and "half of the KV cache" in caplog.text
+    assert "--decode-mirror-memory" in caplog.text and "three quarters of the KV cache" in caplog.text
