@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import shlex
 import sys
 import time
 from collections import Counter
@@ -22,6 +20,7 @@ import psutil
 
 from tandem_bench.client import Endpoint, RequestResult, discover_model, stream_request
 from tandem_bench.hostile import HostileReport, StreamBeside, TokenizeFlood, format_report
+from tandem_bench.run_output import print_and_save
 from tandem_bench.server_process import LaunchedTandem
 from tandem_bench.soak import process_role
 from tandem_bench.words import WORDS
@@ -234,10 +233,5 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, ValueError, aiohttp.ClientError, asyncio.TimeoutError) as error:
         print(f"{COMMAND}: {error}", file=sys.stderr)
         return 2
-    print(f"\n`{shlex.join([*COMMAND.split(), *argv])}`")
-    print(format_report(report))
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-        print(f"results: {args.output}")
+    print_and_save(COMMAND, argv, format_report(report), report.to_dict(), args.output)
     return 0

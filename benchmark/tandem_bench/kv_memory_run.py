@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import shlex
 import sys
@@ -19,6 +18,7 @@ import aiohttp
 
 from tandem_bench.kv_memory import FillPlan, KvMemoryReport, format_report, plan_fill
 from tandem_bench.prometheus import parse_samples
+from tandem_bench.run_output import print_and_save
 from tandem_bench.server_process import LaunchedTandem
 from tandem_bench.soak_run import tree_rss
 from tandem_bench.words import WORDS
@@ -173,10 +173,5 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, ValueError, aiohttp.ClientError, asyncio.TimeoutError) as error:
         print(f"{COMMAND}: {error}", file=sys.stderr)
         return 2
-    print(f"\n`{shlex.join([*COMMAND.split(), *argv])}`")
-    print(format_report(report))
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-        print(f"results: {args.output}")
+    print_and_save(COMMAND, argv, format_report(report), report.to_dict(), args.output)
     return 0

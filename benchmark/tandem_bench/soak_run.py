@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import json
 import random
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import psutil
 
 from tandem_bench.client import Endpoint, build_payload, discover_model, stream_request
 from tandem_bench.prometheus import parse_samples, total
+from tandem_bench.run_output import print_and_save
 from tandem_bench.server_process import LaunchedTandem
 from tandem_bench.soak import (
     Sample,
@@ -300,10 +300,5 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, ValueError, aiohttp.ClientError, asyncio.TimeoutError) as error:
         print(f"{COMMAND}: {error}", file=sys.stderr)
         return 2
-    print(f"\n`{shlex.join([*COMMAND.split(), *argv])}`")
-    print(format_summary(summary))
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-        print(f"results: {args.output}")
+    print_and_save(COMMAND, argv, format_summary(summary), summary.to_dict(), args.output)
     return 1 if summary.counts.errors else 0
