@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Image files travel as shared buffers: a Step sent to every rank copies none of them.
+        .bytes(".tandem.shard.v1.ImageInput.data")
         .compile_protos(&[contract], &[proto_root])?;
     Ok(())
 }

@@ -158,6 +158,18 @@ REQUEST_LIMITS = (
         "most generations one request may start: n (or best_of) times its prompts", check=positive,
     ),
     Forwarded(
+        "--max-images-per-request", ROUTER, int, 8, "most images one request may carry (a text-only model takes none)",
+        check=not_negative,
+    ),
+    Forwarded(
+        "--max-image-bytes", ROUTER, int, 20 * 1024 * 1024, "largest image file, in bytes after base64 decoding",
+        check=positive,
+    ),
+    Forwarded(
+        "--max-image-pixels", ROUTER, int, 4096 * 4096,
+        "most pixels (width times height) of one image, refused before it is decoded", check=positive,
+    ),
+    Forwarded(
         "--max-connections", ROUTER, int, 1024, "client connections open at once; more are closed at once",
         check=positive,
     ),

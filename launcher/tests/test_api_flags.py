@@ -98,6 +98,9 @@ BOUNDS = {
     "--max-tools": ("128", "MAX_TOOLS", "3"),
     "--max-grammar-bytes": ("131072", "MAX_GRAMMAR_BYTES", "4096"),
     "--max-choices": ("16", "MAX_CHOICES", "2"),
+    "--max-images-per-request": ("8", "MAX_IMAGES_PER_REQUEST", "0"),
+    "--max-image-bytes": ("20971520", "MAX_IMAGE_BYTES", "1000"),
+    "--max-image-pixels": ("16777216", "MAX_IMAGE_PIXELS", "4096"),
     "--max-connections": ("1024", "MAX_CONNECTIONS", "50"),
     "--header-read-timeout": ("10", "HEADER_READ_TIMEOUT", "3"),
 }
@@ -113,7 +116,8 @@ def test_request_and_connection_bounds_reach_the_router_from_flags_or_env_vars()
 
 
 @pytest.mark.parametrize("flag", ["--max-stop-sequence-length", "--max-grammar-bytes", "--max-choices",
-                                  "--max-connections", "--header-read-timeout"])  # fmt: skip
+                                  "--max-image-bytes", "--max-image-pixels", "--max-connections",
+                                  "--header-read-timeout"])  # fmt: skip
 def test_bounds_that_must_allow_something_refuse_zero(capsys: pytest.CaptureFixture[str], flag: str) -> None:
     with pytest.raises(SystemExit):
         parse_config([flag, "0"], {})

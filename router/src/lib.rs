@@ -11,6 +11,7 @@ pub mod error;
 pub mod generation;
 pub mod harmony;
 pub mod http;
+pub mod images;
 pub mod kv;
 pub mod limits;
 pub mod metrics;

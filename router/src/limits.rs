@@ -6,6 +6,8 @@ use std::time::Duration;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::images::ImageLimits;
+
 /// Bounds on one request's inputs beyond its token counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args, Serialize, ToSchema)]
 pub struct RequestLimits {
@@ -27,6 +29,9 @@ pub struct RequestLimits {
     /// Most generations one request may start: `n` (or `best_of`) times the prompts it lists.
     #[arg(long, env = "MAX_CHOICES", default_value_t = 16)]
     pub max_choices: usize,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub images: ImageLimits,
 }
 
 /// Bounds on client connections.
@@ -50,6 +55,11 @@ impl RequestLimits {
             ("max-stop-sequence-length", self.max_stop_sequence_length),
             ("max-grammar-bytes", self.max_grammar_bytes),
             ("max-choices", self.max_choices),
+            ("max-image-bytes", self.images.max_image_bytes),
+            (
+                "max-image-pixels",
+                usize::try_from(self.images.max_image_pixels).unwrap_or(usize::MAX),
+            ),
         ]
         .into_iter()
         .find_map(|(flag, value)| (value == 0).then_some(flag))
@@ -82,6 +92,7 @@ impl Default for RequestLimits {
             max_tools: 128,
             max_grammar_bytes: 128 * 1024,
             max_choices: 16,
+            images: ImageLimits::default(),
         }
     }
 }

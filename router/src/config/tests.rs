@@ -171,6 +171,19 @@ fn input_limit_must_be_below_total_limit() {
 fn zero_sizes_are_rejected() {
     let error = parse(&["--block-size", "0"]).unwrap_err();
     assert_eq!(error, ConfigError::Zero("block-size"));
+    let error = parse(&["--max-image-pixels", "0"]).unwrap_err();
+    assert_eq!(error, ConfigError::Zero("max-image-pixels"));
+}
+
+#[test]
+fn image_limits_are_parsed_into_the_request_limits() {
+    let config = parse(&["--max-images-per-request", "2", "--max-image-bytes", "100"]).unwrap();
+    let images = config.request_limits.images;
+    assert_eq!(
+        (images.max_images_per_request, images.max_image_bytes),
+        (2, 100)
+    );
+    assert_eq!(images.max_image_pixels, 4096 * 4096);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::kv::{AdapterKey, BlockPool};
+use crate::kv::{self, AdapterKey, BlockPool};
 
 /// Where a server's drafts come from (`--speculative-method`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +85,9 @@ impl Drafts {
     }
 }
 
-/// Up to `max_drafts` drafts after `tokens` by `method`; `None` when no method has any. The
-/// draft model always has `max_drafts`.
+/// Up to `max_drafts` drafts after `tokens` (as the prefix cache keys them) by `method`; `None`
+/// when no method has any. The draft model always has `max_drafts`. Drafts stop before an image
+/// position: only a prompt places images.
 pub fn propose(
     method: DraftMethod,
     tokens: &[u32],
@@ -101,7 +102,7 @@ pub fn propose(
         return Some(Drafts::FromModel(max_drafts));
     }
     if method == DraftMethod::Radix {
-        let cached = pool.cached_continuation(adapter, tokens, max_drafts);
+        let cached = before_images(pool.cached_continuation(adapter, tokens, max_drafts));
         if !cached.is_empty() {
             return Some(Drafts::Tokens {
                 tokens: cached,
@@ -109,11 +110,19 @@ pub fn propose(
             });
         }
     }
-    let looked_up = propose_from_context(tokens, max_drafts);
+    let looked_up = before_images(propose_from_context(tokens, max_drafts));
     (!looked_up.is_empty()).then_some(Drafts::Tokens {
         tokens: looked_up,
         method: DraftMethod::Ngram,
     })
+}
+
+/// `drafts` up to the first image position.
+fn before_images(mut drafts: Vec<u32>) -> Vec<u32> {
+    if let Some(image) = drafts.iter().position(|&key| kv::is_image_key(key)) {
+        drafts.truncate(image);
+    }
+    drafts
 }
 
 /// The longest and shortest suffix looked up in the request's earlier tokens.

@@ -16,6 +16,8 @@ mod error;
 #[cfg(test)]
 mod fake_shard;
 mod handle;
+#[cfg(test)]
+mod image_tests;
 mod in_flight;
 mod load;
 mod lora_metrics;

@@ -3,6 +3,7 @@
 use tokio::sync::mpsc;
 
 use super::error::SchedulerError;
+use crate::images::PromptImage;
 use crate::kv::AdapterKey;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
@@ -25,6 +26,8 @@ pub struct GenerationRequest {
     pub adapter: Option<AdapterKey>,
     /// Lower runs earlier under `SchedulingPolicy::Priority`; 0 unless the request set it.
     pub priority: i32,
+    /// The prompt's images, each placed at its span of `input_ids`.
+    pub images: Vec<PromptImage>,
 }
 
 /// Events delivered to the HTTP layer for one request, in order.

@@ -1,5 +1,6 @@
 //! One request as the scheduler tracks it: its tokens, its progress and its KV blocks.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -7,7 +8,8 @@ use tokio::sync::mpsc;
 
 use super::drafting::{DraftMethod, Drafts};
 use super::request::{GenerationEvent, GenerationRequest};
-use crate::kv::BlockTable;
+use crate::images::PromptImage;
+use crate::kv::{self, BlockTable};
 use crate::shard::{
     Grammar, LogprobOptions, NewRequest, SamplingParams, ScheduledSpan, StoppingParams,
 };
@@ -68,6 +70,8 @@ pub(crate) struct Sequence {
     pub branch_point: Option<usize>,
     /// Lower runs earlier under `SchedulingPolicy::Priority`.
     pub priority: i32,
+    /// The prompt's images at their spans of `tokens`.
+    pub images: Vec<PromptImage>,
 }
 
 impl Sequence {
@@ -99,7 +103,13 @@ impl Sequence {
             max_drafts: request.max_drafts,
             branch_point: None,
             priority: request.priority,
+            images: request.images,
         }
+    }
+
+    /// `tokens` as the prefix cache keys them (image spans keyed by their images).
+    pub fn cache_keys(&self) -> Cow<'_, [u32]> {
+        kv::cache_keys(&self.tokens, &self.images)
     }
 
     /// The order `SchedulingPolicy::Priority` keeps requests in: lower priority values first,
@@ -257,6 +267,7 @@ impl Sequence {
             logprobs: self.logprobs,
             grammar: self.grammar.clone(),
             lora_adapter: self.blocks.adapter().map(|adapter| adapter.name.clone()),
+            images: self.images.clone(),
         }
     }
 }

@@ -18,6 +18,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
+use crate::images::{ImageTokens, ImageTokensError};
 use crate::kv::{self, events::PublisherError};
 use crate::reasoning::ReasoningParser;
 use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig, SchedulingPolicy};
@@ -49,6 +50,8 @@ pub enum StartupError {
         max_total_tokens: usize,
         max_position_embeddings: usize,
     },
+    #[error("images: {0}")]
+    Images(#[from] ImageTokensError),
     #[error("API keys: {0}")]
     ApiKeys(#[from] ApiKeyError),
     #[error(transparent)]
@@ -105,7 +108,10 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
-    let validator = bound_to_model(validator, vocab, &model, &config);
+    let image_tokens =
+        ImageTokens::for_encoder(&config.tokenizer_path, model.vision_encoder.as_deref())?;
+    let validator =
+        bound_to_model(validator, vocab, &model, &config).with_image_tokens(image_tokens);
     let phase = Instant::now();
     let kv_cache = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");

@@ -8,6 +8,7 @@ use super::step_answer::{
     PromptLogprobsChunk, RequestFailure, RequestFailureKind, ShardTimings, StepAnswer,
     TokenLogprob,
 };
+use crate::images::PromptImage;
 use crate::pb;
 
 /// What the shards report about the model they serve.
@@ -36,6 +37,8 @@ pub struct ModelInfo {
     pub max_loras: usize,
     /// Highest adapter rank the shards accept.
     pub max_lora_rank: usize,
+    /// The vision encoder the shards run on images; `None`: the model takes text only.
+    pub vision_encoder: Option<String>,
 }
 
 /// One LoRA adapter as the shards describe it.
@@ -86,6 +89,7 @@ impl From<pb::InfoResponse> for ModelInfo {
             lora_adapters: info.lora_adapters.into_iter().map(Into::into).collect(),
             max_loras: info.max_loras as usize,
             max_lora_rank: info.max_lora_rank as usize,
+            vision_encoder: (!info.vision_encoder.is_empty()).then_some(info.vision_encoder),
         }
     }
 }
@@ -185,7 +189,17 @@ impl From<NewRequest> for pb::NewRequest {
             lora_adapter: request
                 .lora_adapter
                 .map_or_else(String::new, |name| name.to_string()),
+            images: request.images.into_iter().map(image_input).collect(),
         }
+    }
+}
+
+fn image_input(image: PromptImage) -> pb::ImageInput {
+    pb::ImageInput {
+        data: image.data,
+        digest: image.digest.to_vec(),
+        offset: saturating_u32(image.offset),
+        num_tokens: saturating_u32(image.num_tokens),
     }
 }
 

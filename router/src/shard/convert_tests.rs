@@ -98,8 +98,24 @@ fn a_new_request_sends_neutral_sampling_values_as_the_contracts_zero() {
         logprobs: LogprobOptions::default(),
         grammar: Some(Grammar::Regex("a+".to_owned())),
         lora_adapter: Some("sql".into()),
+        images: vec![crate::images::PromptImage {
+            data: bytes::Bytes::from_static(b"png"),
+            digest: [7; 32],
+            offset: 1,
+            num_tokens: 2,
+        }],
     });
     assert_eq!(request.lora_adapter, "sql");
+    let image = &request.images[0];
+    assert_eq!(
+        (
+            &image.data[..],
+            &image.digest[..],
+            image.offset,
+            image.num_tokens
+        ),
+        (&b"png"[..], &[7; 32][..], 1, 2)
+    );
     let sampling = request.sampling.expect("sampling is always sent");
     assert_eq!(
         (

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
+use crate::images::PromptImage;
 
 /// One forward pass over every scheduled request. Steps run in `step_id` order on every rank.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -32,6 +33,8 @@ pub struct NewRequest {
     /// The LoRA adapter the request runs under, by the name the shards know it by; `None`: the
     /// base model.
     pub lora_adapter: Option<Arc<str>>,
+    /// The prompt's images at their spans of `token_ids`.
+    pub images: Vec<PromptImage>,
 }
 
 /// The tokens one request runs in a step, starting at its computed-token count.

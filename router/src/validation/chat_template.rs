@@ -1,8 +1,9 @@
 //! Renders a model's Jinja chat template the way `transformers`' `apply_chat_template` does.
 
+use bytes::Bytes;
 use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ValidationError;
 use super::template_clock::strftime_now;
@@ -29,6 +30,27 @@ pub struct ChatMessage {
     pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thinking: Option<String>,
+    /// A message with images: its text and images in order, which the template sees as its
+    /// `content` list (`content` keeps the text alone).
+    #[serde(skip)]
+    pub parts: Option<Vec<ContentPart>>,
+}
+
+/// A piece of a message's content, as a multimodal chat template iterates them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentPart {
+    Text(String),
+    /// An image's encoded bytes, unchecked; the template sees `{"type": "image"}`.
+    Image(Bytes),
+}
+
+impl ContentPart {
+    fn template_value(&self) -> Value {
+        match self {
+            Self::Text(text) => json!({"type": "text", "text": text}),
+            Self::Image(_) => json!({"type": "image"}),
+        }
+    }
 }
 
 impl ChatMessage {
@@ -42,7 +64,45 @@ impl ChatMessage {
             tool_calls: None,
             reasoning_content: None,
             thinking: None,
+            parts: None,
         }
+    }
+
+    /// The message's images, in order.
+    pub fn images(&self) -> impl Iterator<Item = &Bytes> {
+        self.parts.iter().flatten().filter_map(|part| match part {
+            ContentPart::Image(data) => Some(data),
+            ContentPart::Text(_) => None,
+        })
+    }
+}
+
+/// The messages as the template reads them: as they are, or with the content of messages
+/// that hold images as a list of parts.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TemplateMessages<'a> {
+    Plain(&'a [ChatMessage]),
+    WithParts(Vec<Value>),
+}
+
+impl<'a> TemplateMessages<'a> {
+    fn new(messages: &'a [ChatMessage]) -> Result<Self, ValidationError> {
+        if messages.iter().all(|message| message.parts.is_none()) {
+            return Ok(Self::Plain(messages));
+        }
+        messages
+            .iter()
+            .map(|message| {
+                let mut value = serde_json::to_value(message)
+                    .map_err(|error| ValidationError::Template(error.to_string()))?;
+                if let Some(parts) = &message.parts {
+                    value["content"] = parts.iter().map(ContentPart::template_value).collect();
+                }
+                Ok(value)
+            })
+            .collect::<Result<_, _>>()
+            .map(Self::WithParts)
     }
 }
 
@@ -109,7 +169,7 @@ pub struct ChatTemplate {
 
 #[derive(Serialize)]
 struct TemplateInput<'a> {
-    messages: &'a [ChatMessage],
+    messages: TemplateMessages<'a>,
     tools: Option<&'a Value>,
     /// The tools again under the name SmolLM3's template reads them by.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -159,7 +219,7 @@ impl ChatTemplate {
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ValidationError::Template(e.to_string()))?;
         let input = TemplateInput {
-            messages,
+            messages: TemplateMessages::new(messages)?,
             tools: extras.tools.as_ref(),
             xml_tools: extras.tools.as_ref(),
             kwargs: &extras.kwargs,

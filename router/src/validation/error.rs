@@ -2,6 +2,7 @@
 
 use super::grammar_refusal::GrammarRefusal;
 use super::template_source::ChatUnavailable;
+use crate::images::{ImageError, ImageTokensError};
 
 /// A request the router refuses, with a message naming the offending parameter.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -78,6 +79,12 @@ pub enum ValidationError {
         param: &'static str,
         refusal: GrammarRefusal,
     },
+    #[error("{at}: {source}")]
+    Image { at: String, source: ImageError },
+    #[error("the request carries images, but this model takes text only")]
+    TextOnlyModel,
+    #[error(transparent)]
+    ImagePlacement(ImageTokensError),
 }
 
 impl ValidationError {
@@ -100,6 +107,7 @@ impl ValidationError {
             Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
             Self::Missing(param) | Self::Empty(param) => Some(param),
             Self::InvalidRole { .. } | Self::NoChat(_) | Self::Template(_) => Some("messages"),
+            Self::Image { .. } | Self::TextOnlyModel | Self::ImagePlacement(_) => Some("messages"),
             Self::TooManyStops { .. } => Some("stop"),
             Self::TooManyPrompts { .. } => Some("prompt"),
             Self::TotalTooLong { param, .. }

@@ -11,6 +11,9 @@ mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
+mod prompt_images;
+#[cfg(test)]
+mod prompt_images_tests;
 mod reasoning;
 pub mod request_rules;
 mod requested_grammar;
@@ -31,7 +34,7 @@ use tokenizers::Tokenizer;
 
 pub use adapters::{AdapterChoice, LoraAdapters};
 pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
-pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate, TemplateExtras};
+pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate, ContentPart, TemplateExtras};
 pub use error::ValidationError;
 pub use family_templates::FamilyTemplate;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
@@ -44,9 +47,11 @@ pub use sampling_defaults::SamplingDefaults;
 pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
+use crate::images::{image_count_tokens, ImageTokens, PromptImage};
 use crate::limits::RequestLimits;
 use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
+use prompt_images::{check_images, place_images};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
 /// otherwise: two `/tokenize` answers for bodies of the default payload limit.
@@ -116,6 +121,8 @@ pub struct Validator {
     adapters: LoraAdapters,
     /// Whether the scheduler orders requests by their `priority` (else only 0 is accepted).
     by_priority: bool,
+    /// How the model's prompts hold images; `None`: the model takes text only.
+    image_tokens: Option<ImageTokens>,
 }
 
 impl Validator {
@@ -139,6 +146,7 @@ impl Validator {
             reasoning: None,
             adapters: LoraAdapters::default(),
             by_priority: false,
+            image_tokens: None,
         }
     }
 
@@ -146,6 +154,13 @@ impl Validator {
     #[must_use]
     pub fn with_priorities(mut self, by_priority: bool) -> Self {
         self.by_priority = by_priority;
+        self
+    }
+
+    /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only).
+    #[must_use]
+    pub fn with_image_tokens(mut self, tokens: Option<ImageTokens>) -> Self {
+        self.image_tokens = tokens;
         self
     }
 
@@ -230,10 +245,7 @@ impl Validator {
         let switches = reasoning
             .map(|parser| params.reasoning.template_switches(parser))
             .unwrap_or_default();
-        let mut input_ids = self.tokenize(prompt, switches).await?;
-        if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
-            input_ids.drain(..input_ids.len() - keep);
-        }
+        let (input_ids, images) = self.prompt_ids(prompt, switches, truncate).await?;
         let input_tokens = input_ids.len();
         if input_tokens > self.limits.max_input_tokens {
             return Err(ValidationError::InputTooLong {
@@ -282,10 +294,42 @@ impl Validator {
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
                 adapter,
                 priority,
+                images,
             },
             stop: checked.stop,
             reasoning: reasoning.splitter,
         })
+    }
+
+    /// The prompt's token ids, with its images checked and placed at their spans, and only its
+    /// last `truncate` tokens kept (a prompt with images is never cut).
+    async fn prompt_ids(
+        &self,
+        prompt: Prompt,
+        switches: Vec<(&'static str, serde_json::Value)>,
+        truncate: Option<usize>,
+    ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
+        let image_limits = &self.request_limits.images;
+        let images = check_images(
+            prompt.images(),
+            self.image_tokens,
+            image_limits,
+            &self.tokenizing,
+        )
+        .await?;
+        let input_ids = self.tokenize(prompt, switches).await?;
+        let (mut input_ids, images) = place_images(input_ids, images, self.image_tokens)?;
+        if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
+            if !images.is_empty() {
+                return Err(ValidationError::OutOfRange {
+                    param: "truncate".to_owned(),
+                    expected: "at least the prompt's length when the prompt holds images",
+                    value: format!("{keep} (the prompt has {} tokens)", input_ids.len()),
+                });
+            }
+            input_ids.drain(..input_ids.len() - keep);
+        }
+        Ok((input_ids, images))
     }
 
     /// A grammar must compile, and only a model with a grammar engine accepts one.
@@ -418,7 +462,12 @@ impl Validator {
     /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
     pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
         self.check_prompt(&prompt)?;
-        Ok(self.tokenize(prompt, Vec::new()).await?.len())
+        let has_images = !prompt.images().is_empty();
+        let ids = self.tokenize(prompt, Vec::new()).await?;
+        Ok(image_count_tokens(
+            &ids,
+            self.image_tokens.filter(|_| has_images),
+        ))
     }
 
     /// Renders (with the template variables the reasoning setting implies, `switches`) and

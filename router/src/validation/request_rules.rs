@@ -4,7 +4,8 @@
 
 use tokenizers::Tokenizer;
 
-use super::{GenerationParams, Prompt, ValidationError};
+use super::{ContentPart, GenerationParams, Prompt, ValidationError};
+use crate::images;
 
 /// The value of a required field.
 pub fn required<T>(param: &'static str, value: Option<T>) -> Result<T, ValidationError> {
@@ -98,25 +99,50 @@ pub fn in_message(index: usize, error: ValidationError) -> ValidationError {
     }
 }
 
-/// Message `index`'s content parts, given as (type, text), joined by newlines; only text parts
-/// are supported.
-pub fn join_text_parts(
+/// A content part as the client sent it: its type, with its text or its image's URL.
+pub struct SentPart {
+    pub kind: String,
+    pub text: Option<String>,
+    pub image_url: Option<String>,
+}
+
+/// Message `index`'s content from its parts: the text parts joined by newlines, and, when it
+/// holds images, every part in order. Images come as `data:` URLs of at most `max_image_bytes`.
+pub fn message_content(
     index: usize,
-    parts: impl IntoIterator<Item = (String, Option<String>)>,
-) -> Result<String, ValidationError> {
+    parts: impl IntoIterator<Item = SentPart>,
+    max_image_bytes: usize,
+) -> Result<(String, Option<Vec<ContentPart>>), ValidationError> {
     let mut texts = Vec::new();
-    for (part_index, (kind, text)) in parts.into_iter().enumerate() {
-        match (kind.as_str(), text) {
-            ("text", Some(text)) => texts.push(text),
-            _ => {
+    let mut ordered = Vec::new();
+    for (part_index, part) in parts.into_iter().enumerate() {
+        let at = format!("messages[{index}].content[{part_index}]");
+        match (part.kind.as_str(), part.text, part.image_url) {
+            ("text", Some(text), _) => {
+                ordered.push(ContentPart::Text(text.clone()));
+                texts.push(text);
+            }
+            ("image_url", _, Some(url)) => {
+                let data = images::inline_image(&url, max_image_bytes).map_err(|source| {
+                    ValidationError::Image {
+                        at: format!("`{at}.image_url`"),
+                        source,
+                    }
+                })?;
+                ordered.push(ContentPart::Image(data));
+            }
+            (kind, ..) => {
                 return Err(ValidationError::Unsupported {
-                    param: format!("messages[{index}].content[{part_index}]"),
+                    param: at,
                     detail: format!(": content of type `{kind}`"),
                 })
             }
         }
     }
-    Ok(texts.join("\n"))
+    let has_images = ordered
+        .iter()
+        .any(|part| matches!(part, ContentPart::Image(_)));
+    Ok((texts.join("\n"), has_images.then_some(ordered)))
 }
 
 /// Tools the model may call constrain the generation themselves, so no other grammar may.
@@ -234,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn message_errors_are_named_from_the_root_and_only_text_parts_join() {
+    fn message_errors_are_named_from_the_root() {
         let error = in_message(
             2,
             ValidationError::Unsupported {
@@ -246,15 +272,51 @@ mod tests {
             error.to_string(),
             "`messages[2].audio` is not supported yet"
         );
+    }
+
+    fn part(kind: &str, text: Option<&str>, image_url: Option<&str>) -> SentPart {
+        SentPart {
+            kind: kind.to_owned(),
+            text: text.map(str::to_owned),
+            image_url: image_url.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn text_parts_join_and_keep_no_part_list() {
+        let parts = [part("text", Some("a"), None), part("text", Some("b"), None)];
+        assert_eq!(message_content(0, parts, 16), Ok(("a\nb".to_owned(), None)));
+    }
+
+    #[test]
+    fn a_message_with_an_image_keeps_its_parts_in_order() {
         let parts = [
-            ("text".to_owned(), Some("a".to_owned())),
-            ("text".to_owned(), Some("b".to_owned())),
+            part("image_url", None, Some("data:image/png;base64,AQID")),
+            part("text", Some("what is it?"), None),
         ];
-        assert_eq!(join_text_parts(0, parts).as_deref(), Ok("a\nb"));
-        let error = join_text_parts(1, [("image_url".to_owned(), None)]).unwrap_err();
+        let (text, parts) = message_content(0, parts, 16).expect("accepted");
+        assert_eq!(text, "what is it?");
+        assert_eq!(
+            parts,
+            Some(vec![
+                ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+                ContentPart::Text("what is it?".to_owned())
+            ])
+        );
+    }
+
+    #[test]
+    fn image_parts_without_an_inline_url_and_unknown_parts_are_refused_by_path() {
+        let remote = [part("image_url", None, Some("http://example.com/a.png"))];
+        let error = message_content(1, remote, 16).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "`messages[1].content[0]` is not supported yet: content of type `image_url`"
+            "`messages[1].content[0].image_url`: only `data:` image URLs are accepted (`data:image/png;base64,...`), not `http:` URLs"
+        );
+        let error = message_content(1, [part("input_audio", None, None)], 16).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "`messages[1].content[0]` is not supported yet: content of type `input_audio`"
         );
     }
 

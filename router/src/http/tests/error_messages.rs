@@ -6,13 +6,18 @@ use axum::http::header;
 use serde_json::json;
 
 use super::*;
+use image::ImageFormat;
+
+use crate::images::testing::{data_url, encoded};
+use crate::images::{ImageTokens, ImageTokensError};
 use crate::validation::{ChatUnavailable, GrammarCompiler, ValidationError};
 
 /// A template that refuses a system message anywhere but first, as many models' do.
 const STRICT_TEMPLATE: &str = "{% for message in messages %}{% if message.role == 'system' and not loop.first %}{{ raise_exception('System message must be first') }}{% endif %}<|{{ message.role }}|>{{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
 
-/// The test server with a grammar engine, and with `template` as its chat template.
-fn app_with_template(template: Option<&str>) -> axum::Router {
+/// The test server with a grammar engine, `template` as its chat template, and images placed
+/// as `image_tokens` says (`None`: a text-only model).
+fn app_with_template(template: Option<&str>, image_tokens: Option<ImageTokens>) -> axum::Router {
     let config = json!({"bos_token": "<s>", "eos_token": "</s>"});
     let dir = testing::write_model_dir(&config, template);
     let files = ModelFiles::load(dir.path()).unwrap();
@@ -29,8 +34,9 @@ fn app_with_template(template: Option<&str>) -> axum::Router {
     let grammars =
         GrammarCompiler::from_tokenizer_json(&testing::tokenizer_json(), &[testing::EOS_ID])
             .unwrap();
-    let validator =
-        Validator::new(Arc::clone(&tokenizer), template, limits).with_grammars(Arc::new(grammars));
+    let validator = Validator::new(Arc::clone(&tokenizer), template, limits)
+        .with_grammars(Arc::new(grammars))
+        .with_image_tokens(image_tokens);
     let config = handler_config(4);
     let info = server_info_for(&config);
     app(AppState::new(
@@ -74,6 +80,9 @@ fn variant(error: &ValidationError) -> &'static str {
         ValidationError::Tokenizer(_) => "Tokenizer",
         ValidationError::InvalidGrammar { .. } => "InvalidGrammar",
         ValidationError::UnknownAdapter { .. } => "UnknownAdapter",
+        ValidationError::Image { .. } => "Image",
+        ValidationError::TextOnlyModel => "TextOnlyModel",
+        ValidationError::ImagePlacement(_) => "ImagePlacement",
     }
 }
 
@@ -136,6 +145,15 @@ fn one_of_each() -> Vec<ValidationError> {
             name: String::new(),
             served: String::new(),
         },
+        ValidationError::Image {
+            at: String::new(),
+            source: crate::images::ImageError::UnknownFormat,
+        },
+        ValidationError::TextOnlyModel,
+        ValidationError::ImagePlacement(ImageTokensError::PlaceholderCount {
+            found: 0,
+            images: 1,
+        }),
     ]
 }
 
@@ -156,6 +174,8 @@ struct Case {
     quotes: &'static [&'static str],
     /// A server without a chat template.
     no_template: bool,
+    /// A server whose model takes images.
+    vision: bool,
 }
 
 const CHAT: &str = "/v1/chat/completions";
@@ -193,7 +213,15 @@ fn case(
         field,
         quotes,
         no_template: false,
+        vision: false,
     }
+}
+
+/// A chat request whose one message holds an image at `url` and a question.
+fn image_chat(url: &str) -> String {
+    format!(
+        r#"{{"messages": [{{"role": "user", "content": [{{"type": "image_url", "image_url": {{"url": "{url}"}}}}, {{"type": "text", "text": "what is it?"}}]}}]}}"#
+    )
 }
 
 fn cases() -> Vec<Case> {
@@ -201,7 +229,14 @@ fn cases() -> Vec<Case> {
     let recursive = json!({"$ref": "#"});
     let tool_lookahead = r##", "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "a(?=b)"}}}}}]"##;
     let tool_if_auto = r##", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}]"##;
+    let png = encoded(ImageFormat::Png, 8, 8);
+    let truncated_png = data_url(&png[..png.len() / 2]);
+    let png = data_url(&png);
     vec![
+        case(CHAT, image_chat("http://10.0.0.1/a.png"), Validation("Image"), Some("messages[0].content[0].image_url"), &["`http:` URLs", "data:"]),
+        Case { vision: true, ..case(CHAT, image_chat(&truncated_png), Validation("Image"), None, &["image 1 of the request", "cannot be decoded"]) },
+        case(CHAT, image_chat(&png), Validation("TextOnlyModel"), None, &["text only"]),
+        Case { vision: true, ..case(CHAT, image_chat(&png), Validation("ImagePlacement"), None, &["0 image placeholders", "1 images"]) },
         case(CHAT, chat(r#", "temperature": 101"#), Validation("OutOfRange"), Some("temperature"), &["101", "100"]),
         case(GENERATE, r#"{"inputs": "a", "parameters": {"top_p": 1.5}}"#.into(), Validation("OutOfRange"), Some("top_p"), &["1.5", "(0, 1]"]),
         case(CHAT, chat(r#", "logprobs": true, "top_logprobs": 10000000000"#), Validation("CountOutOfRange"), Some("top_logprobs"), &["10000000000", "20"]),
@@ -318,14 +353,19 @@ fn every_variant_has_a_case() {
 
 #[tokio::test]
 async fn every_refusal_names_the_field_and_the_value_and_no_internals() {
-    let app = app_with_template(Some(STRICT_TEMPLATE));
-    let without_template = app_with_template(None);
+    let app = app_with_template(Some(STRICT_TEMPLATE), None);
+    let without_template = app_with_template(None, None);
+    let image_tokens = ImageTokens {
+        image_token_id: testing::EOS_ID,
+        tokens_per_image: 4,
+    };
+    let vision = app_with_template(Some(STRICT_TEMPLATE), Some(image_tokens));
     let mut failures = Vec::new();
     for case in cases() {
-        let server = if case.no_template {
-            &without_template
-        } else {
-            &app
+        let server = match (case.no_template, case.vision) {
+            (true, _) => &without_template,
+            (false, true) => &vision,
+            (false, false) => &app,
         };
         let reply = send(server, request(&case)).await;
         let label = format!("{} {:?}", case.path, case.refusal);

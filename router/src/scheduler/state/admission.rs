@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::{Budget, SchedulerState};
-use crate::kv::AdoptedPrefix;
+use crate::kv::{self, AdoptedPrefix};
 use crate::scheduler::policy::SchedulingPolicy;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
@@ -40,7 +40,7 @@ impl SchedulerState {
                 (
                     if by_priority { sequence.priority } else { 0 },
                     self.pool
-                        .cached_prefix_tokens(sequence.blocks.adapter(), &sequence.tokens),
+                        .cached_prefix_tokens(sequence.blocks.adapter(), &sequence.cache_keys()),
                     sequence.id,
                 )
             })
@@ -75,7 +75,8 @@ impl SchedulerState {
         let adopted = if sequence.logprobs.prompt_logprobs {
             AdoptedPrefix::default()
         } else {
-            sequence.blocks.adopt_cached_prefix(&sequence.tokens)
+            let keys = kv::cache_keys(&sequence.tokens, &sequence.images);
+            sequence.blocks.adopt_cached_prefix(&keys)
         };
         let cached = adopted.tokens;
         sequence.num_computed = cached;

@@ -17,7 +17,7 @@ use super::load::LoadSnapshot;
 use super::policy::SchedulingPolicy;
 use super::request::GenerationEvent;
 use super::sequence::Sequence;
-use crate::kv::BlockPool;
+use crate::kv::{self, BlockPool};
 use crate::shard::{Compilation, FailedRequest, Generation, ScheduledSpan, Step, StepAnswer};
 
 /// What one step may still take.
@@ -252,7 +252,7 @@ impl SchedulerState {
             .min(spare_tokens);
         let drafts = propose(
             self.config.draft_method,
-            &sequence.tokens,
+            &sequence.cache_keys(),
             room,
             &self.pool,
             sequence.blocks.adapter(),
@@ -368,7 +368,8 @@ impl SchedulerState {
                 );
             // Every token of the span is in the KV cache now: full blocks become shareable.
             let computed = sequence.computed_on_shards();
-            sequence.blocks.publish(&sequence.tokens, computed);
+            let keys = kv::cache_keys(&sequence.tokens, &sequence.images);
+            sequence.blocks.publish(&keys, computed);
             sequence.prompt_published = computed >= sequence.prompt_len;
             if !alive {
                 ended.push(index);

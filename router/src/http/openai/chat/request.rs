@@ -12,6 +12,7 @@ use crate::http::openai::fields::{
 use crate::limits::RequestLimits;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
+use crate::validation::request_rules::SentPart;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, template_kwargs, ChatEnding, ChatMessage,
     GenerationParams, Prompt, SamplingDefaults, TemplateExtras, ValidationError,
@@ -110,24 +111,50 @@ enum ChatRole {
     Tool,
 }
 
-/// A message's text, or a list of text parts joined by newlines.
+/// A message's text, or a list of text and image parts; the text parts join by newlines.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(
     untagged,
-    expecting = "expected a string or an array of `{\"type\": \"text\", \"text\": ...}` parts"
+    expecting = "expected a string or an array of `{\"type\": \"text\", \"text\": ...}` and `{\"type\": \"image_url\", \"image_url\": {\"url\": ...}}` parts"
 )]
 enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-/// A content part; only `text` parts are supported.
+/// A content part: `text`, or `image_url` with a base64 `data:` URL.
 #[derive(Debug, Deserialize, ToSchema)]
 struct ContentPart {
     #[serde(rename = "type")]
     #[schema(rename = "type")]
     kind: String,
     text: Option<String>,
+    image_url: Option<ImageUrl>,
+}
+
+/// An image's URL, as OpenAI sends it (`{"url": ...}`, with a `detail` Tandem does not use) or
+/// as a bare string.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+enum ImageUrl {
+    Object {
+        url: String,
+        #[allow(dead_code)]
+        detail: Option<String>,
+    },
+    Bare(String),
+}
+
+impl ContentPart {
+    fn sent(self) -> SentPart {
+        SentPart {
+            kind: self.kind,
+            text: self.text,
+            image_url: self.image_url.map(|url| match url {
+                ImageUrl::Object { url, .. } | ImageUrl::Bare(url) => url,
+            }),
+        }
+    }
 }
 
 /// What a chat request asks the generation for.
@@ -140,12 +167,14 @@ pub struct ChatPlan {
 }
 
 impl RequestMessage {
-    /// Flattens text parts (joined by newlines); other part types are not supported yet.
-    /// Assistant calls are shown to the model in the format it is asked to call in.
+    /// Flattens text parts (joined by newlines), keeping the part list of a message with images
+    /// (at most `max_image_bytes` each). Assistant calls are shown to the model in the format it
+    /// is asked to call in.
     fn into_chat_message(
         mut self,
         index: usize,
         format: ToolFormat,
+        max_image_bytes: usize,
     ) -> Result<ChatMessage, ValidationError> {
         let calls = self
             .extra
@@ -164,12 +193,13 @@ impl RequestMessage {
         };
         reject_unsupported(&self.extra, &[])
             .map_err(|error| request_rules::in_message(index, error))?;
-        let content = match self.content {
-            None => String::new(),
-            Some(MessageContent::Text(text)) => text,
-            Some(MessageContent::Parts(parts)) => request_rules::join_text_parts(
+        let (content, parts) = match self.content {
+            None => (String::new(), None),
+            Some(MessageContent::Text(text)) => (text, None),
+            Some(MessageContent::Parts(parts)) => request_rules::message_content(
                 index,
-                parts.into_iter().map(|part| (part.kind, part.text)),
+                parts.into_iter().map(ContentPart::sent),
+                max_image_bytes,
             )?,
         };
         let param = format!("messages[{index}].tool_calls");
@@ -189,6 +219,7 @@ impl RequestMessage {
             tool_calls,
             reasoning_content: reasoning.clone(),
             thinking: reasoning,
+            parts,
         })
     }
 }
@@ -215,11 +246,15 @@ impl ChatRequest {
     }
 
     /// The conversation as chat messages; `messages` is required.
-    fn chat_messages(&mut self, format: ToolFormat) -> Result<Vec<ChatMessage>, ValidationError> {
+    fn chat_messages(
+        &mut self,
+        format: ToolFormat,
+        max_image_bytes: usize,
+    ) -> Result<Vec<ChatMessage>, ValidationError> {
         request_rules::required("messages", self.messages.take())?
             .into_iter()
             .enumerate()
-            .map(|(index, message)| message.into_chat_message(index, format))
+            .map(|(index, message)| message.into_chat_message(index, format, max_image_bytes))
             .collect()
     }
 
@@ -236,7 +271,7 @@ impl ChatRequest {
         let kwargs = template_kwargs(self.extra.remove("chat_template_kwargs"))?;
         reject_unsupported(&self.extra, &[])?;
         let n = check_choices("n", self.n, limits.max_choices)?;
-        let mut messages = self.chat_messages(format)?;
+        let mut messages = self.chat_messages(format, limits.images.max_image_bytes)?;
         let ending = ChatEnding::from_flags(
             self.add_generation_prompt,
             self.continue_final_message,

@@ -1,0 +1,87 @@
+//! A prompt's images: refused by a text-only model, bounded in number, size and pixels, decoded
+//! to the end within the decoding budget, and placed at their spans once the prompt is tokenized.
+
+use bytes::Bytes;
+
+use super::budget::TokenizationBudget;
+use super::{Prompt, ValidationError};
+use crate::images::{
+    check_image, expand_placeholders, CheckedImage, ImageHeader, ImageLimits, ImageTokens,
+    PromptImage,
+};
+
+impl Prompt {
+    /// The images of a chat prompt, in message order.
+    pub fn images(&self) -> Vec<Bytes> {
+        match self {
+            Prompt::Chat(messages, ..) => messages
+                .iter()
+                .flat_map(|message| message.images().cloned())
+                .collect(),
+            Prompt::Text(_) | Prompt::Tokens(_) => Vec::new(),
+        }
+    }
+}
+
+/// Checks `images` for a model whose images take `tokens` (`None`: a text-only model) one at a
+/// time: each holds its decoded size from `budget` while a blocking thread decodes it, so
+/// concurrent requests never decode more than the budget at once.
+pub async fn check_images(
+    images: Vec<Bytes>,
+    tokens: Option<ImageTokens>,
+    limits: &ImageLimits,
+    budget: &TokenizationBudget,
+) -> Result<Vec<CheckedImage>, ValidationError> {
+    if images.is_empty() {
+        return Ok(Vec::new());
+    }
+    if tokens.is_none() {
+        return Err(ValidationError::TextOnlyModel);
+    }
+    let max = limits.max_images_per_request;
+    if images.len() > max {
+        return Err(ValidationError::TooMany {
+            param: "images",
+            max,
+            got: images.len(),
+        });
+    }
+    let mut checked = Vec::with_capacity(images.len());
+    for (index, data) in images.into_iter().enumerate() {
+        let refused = |source| ValidationError::Image {
+            at: format!("image {} of the request", index + 1),
+            source,
+        };
+        if data.len() > limits.max_image_bytes {
+            return Err(refused(crate::images::ImageError::TooLarge {
+                bytes: data.len(),
+                max: limits.max_image_bytes,
+            }));
+        }
+        let header = ImageHeader::read(&data, limits).map_err(refused)?;
+        let reserved = budget.reserve(header.decoded_bytes()).await;
+        let image = tokio::task::spawn_blocking(move || {
+            let _reserved = reserved;
+            check_image(data, header)
+        })
+        .await
+        .map_err(|error| ValidationError::Tokenizer(error.to_string()))?
+        .map_err(refused)?;
+        checked.push(image);
+    }
+    Ok(checked)
+}
+
+/// `ids` with each image placeholder widened into its image's span; unchanged without images.
+pub fn place_images(
+    ids: Vec<u32>,
+    images: Vec<CheckedImage>,
+    tokens: Option<ImageTokens>,
+) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
+    match tokens {
+        Some(tokens) if !images.is_empty() => {
+            expand_placeholders(&ids, images, tokens).map_err(ValidationError::ImagePlacement)
+        }
+        _ => Ok((ids, Vec::new())),
+    }
+}
