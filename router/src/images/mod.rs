@@ -8,7 +8,7 @@ mod spans;
 pub(crate) mod testing;
 
 pub use check::{check_image, CheckedImage, ImageHeader};
-pub use source::inline_image;
+pub use source::{base64_image, inline_image};
 pub use spans::{expand_placeholders, image_count_tokens, ImageTokens, ImageTokensError};
 
 use bytes::Bytes;

@@ -1,4 +1,5 @@
-//! Where an image's bytes come from: a base64 `data:` URL inside the request.
+//! Where an image's bytes come from: base64 inside the request, as a `data:` URL or a bare
+//! payload.
 
 use base64::Engine;
 use bytes::Bytes;
@@ -22,6 +23,11 @@ pub fn inline_image(url: &str, max_bytes: usize) -> Result<Bytes, ImageError> {
             reason: "its payload is not marked `;base64`".to_owned(),
         });
     }
+    base64_image(payload, max_bytes)
+}
+
+/// The bytes of a base64 `payload`, at most `max_bytes` of them.
+pub fn base64_image(payload: &str, max_bytes: usize) -> Result<Bytes, ImageError> {
     // Base64 takes 4 characters for 3 bytes: a longer payload cannot fit the limit.
     let most_bytes = payload.len() / 4 * 3;
     if most_bytes > max_bytes.saturating_add(3) {

@@ -79,8 +79,10 @@ pub enum ValidationError {
         param: &'static str,
         refusal: GrammarRefusal,
     },
-    #[error("{at}: {source}")]
-    Image { at: String, source: ImageError },
+    #[error("`{param}`: {source}")]
+    ImagePart { param: String, source: ImageError },
+    #[error("image {number} of the request: {source}")]
+    Image { number: usize, source: ImageError },
     #[error("the request carries images, but this model takes text only")]
     TextOnlyModel,
     #[error(transparent)]
@@ -104,7 +106,9 @@ impl ValidationError {
     /// The request parameter at fault, when there is one.
     pub fn param(&self) -> Option<&str> {
         match self {
-            Self::OutOfRange { param, .. } | Self::Unsupported { param, .. } => Some(param),
+            Self::OutOfRange { param, .. }
+            | Self::Unsupported { param, .. }
+            | Self::ImagePart { param, .. } => Some(param),
             Self::Missing(param) | Self::Empty(param) => Some(param),
             Self::InvalidRole { .. } | Self::NoChat(_) | Self::Template(_) => Some("messages"),
             Self::Image { .. } | Self::TextOnlyModel | Self::ImagePlacement(_) => Some("messages"),

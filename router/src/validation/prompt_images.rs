@@ -49,7 +49,7 @@ pub async fn check_images(
     let mut checked = Vec::with_capacity(images.len());
     for (index, data) in images.into_iter().enumerate() {
         let refused = |source| ValidationError::Image {
-            at: format!("image {} of the request", index + 1),
+            number: index + 1,
             source,
         };
         if data.len() > limits.max_image_bytes {

@@ -106,17 +106,18 @@ pub struct SentPart {
     pub image_url: Option<String>,
 }
 
-/// Message `index`'s content from its parts: the text parts joined by newlines, and, when it
-/// holds images, every part in order. Images come as `data:` URLs of at most `max_image_bytes`.
+/// A message's content (at `param`, such as `messages[0].content`) from its parts: the text
+/// parts joined by newlines, and, when it holds images, every part in order. Images come as
+/// `data:` URLs of at most `max_image_bytes`.
 pub fn message_content(
-    index: usize,
+    param: &str,
     parts: impl IntoIterator<Item = SentPart>,
     max_image_bytes: usize,
 ) -> Result<(String, Option<Vec<ContentPart>>), ValidationError> {
     let mut texts = Vec::new();
     let mut ordered = Vec::new();
     for (part_index, part) in parts.into_iter().enumerate() {
-        let at = format!("messages[{index}].content[{part_index}]");
+        let at = format!("{param}[{part_index}]");
         match (part.kind.as_str(), part.text, part.image_url) {
             ("text", Some(text), _) => {
                 ordered.push(ContentPart::Text(text.clone()));
@@ -124,8 +125,8 @@ pub fn message_content(
             }
             ("image_url", _, Some(url)) => {
                 let data = images::inline_image(&url, max_image_bytes).map_err(|source| {
-                    ValidationError::Image {
-                        at: format!("`{at}.image_url`"),
+                    ValidationError::ImagePart {
+                        param: format!("{at}.image_url"),
                         source,
                     }
                 })?;
@@ -285,7 +286,10 @@ mod tests {
     #[test]
     fn text_parts_join_and_keep_no_part_list() {
         let parts = [part("text", Some("a"), None), part("text", Some("b"), None)];
-        assert_eq!(message_content(0, parts, 16), Ok(("a\nb".to_owned(), None)));
+        assert_eq!(
+            message_content("messages[0].content", parts, 16),
+            Ok(("a\nb".to_owned(), None))
+        );
     }
 
     #[test]
@@ -294,7 +298,7 @@ mod tests {
             part("image_url", None, Some("data:image/png;base64,AQID")),
             part("text", Some("what is it?"), None),
         ];
-        let (text, parts) = message_content(0, parts, 16).expect("accepted");
+        let (text, parts) = message_content("messages[0].content", parts, 16).expect("accepted");
         assert_eq!(text, "what is it?");
         assert_eq!(
             parts,
@@ -308,12 +312,13 @@ mod tests {
     #[test]
     fn image_parts_without_an_inline_url_and_unknown_parts_are_refused_by_path() {
         let remote = [part("image_url", None, Some("http://example.com/a.png"))];
-        let error = message_content(1, remote, 16).unwrap_err();
+        let error = message_content("messages[1].content", remote, 16).unwrap_err();
         assert_eq!(
             error.to_string(),
             "`messages[1].content[0].image_url`: only `data:` image URLs are accepted (`data:image/png;base64,...`), not `http:` URLs"
         );
-        let error = message_content(1, [part("input_audio", None, None)], 16).unwrap_err();
+        let error = message_content("messages[1].content", [part("input_audio", None, None)], 16)
+            .unwrap_err();
         assert_eq!(
             error.to_string(),
             "`messages[1].content[0]` is not supported yet: content of type `input_audio`"

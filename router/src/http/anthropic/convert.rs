@@ -8,8 +8,10 @@ use super::request::{
     ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, SystemPrompt, ThinkingConfig,
     ToolChoiceSpec, ToolDefinition, ToolResultContent, TypedTextBlock,
 };
+use super::turn_content::{image_bytes, TurnContent};
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
+use crate::limits::RequestLimits;
 use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
@@ -59,11 +61,7 @@ pub fn generation(
         tools: request.tools.take(),
         tool_choice: request.tool_choice.take(),
     };
-    let (prompt, plan) = prompt(
-        conversation,
-        config.request_limits.max_tools,
-        config.tool_format,
-    )?;
+    let (prompt, plan) = prompt(conversation, &config.request_limits, config.tool_format)?;
     let sampling = SamplingFields {
         temperature: request.temperature,
         top_p: request.top_p,
@@ -137,12 +135,7 @@ pub fn counted_prompt(
         tools: request.tools,
         tool_choice: request.tool_choice,
     };
-    Ok(prompt(
-        conversation,
-        config.request_limits.max_tools,
-        config.tool_format,
-    )?
-    .0)
+    Ok(prompt(conversation, &config.request_limits, config.tool_format)?.0)
 }
 
 /// The chat prompt (the tool preamble joined to the system prompt, or the tools in the
@@ -150,11 +143,15 @@ pub fn counted_prompt(
 /// an assistant turn is continued (a prefilled answer).
 pub fn prompt(
     conversation: Conversation,
-    max_tools: usize,
+    limits: &RequestLimits,
     format: ToolFormat,
 ) -> Result<(Prompt, Option<ToolPlan>), ValidationError> {
-    let plan = tool_plan(conversation.tools, conversation.tool_choice, max_tools)?
-        .map(|plan| plan.with_format(format));
+    let plan = tool_plan(
+        conversation.tools,
+        conversation.tool_choice,
+        limits.max_tools,
+    )?
+    .map(|plan| plan.with_format(format));
     let turns = request_rules::required("messages", conversation.messages)?;
     let mut messages = Vec::with_capacity(turns.len() + 1);
     let system = match conversation.system {
@@ -172,8 +169,9 @@ pub fn prompt(
         (None, Some(preamble)) => messages.push(preamble),
         (None, None) => {}
     }
+    let max_image_bytes = limits.images.max_image_bytes;
     for (index, turn) in turns.into_iter().enumerate() {
-        turn_messages(turn, index, format, &mut messages)?;
+        turn_messages(turn, (index, max_image_bytes), format, &mut messages)?;
     }
     let ending = match messages.last() {
         Some(last) if last.role == "assistant" => ChatEnding::ContinueFinal,
@@ -200,11 +198,12 @@ fn check_role(role: &str, index: usize) -> Result<(), ValidationError> {
     request_rules::refuse_value(&param, "\"user\" or \"assistant\"", format!("{role:?}"))
 }
 
-/// Appends one turn: a user turn's tool results become `tool` messages, in order; an
-/// assistant turn's tool calls are written in the call format the model is shown.
+/// Appends one turn (the `index`th, whose images take at most `max_image_bytes` each): a user
+/// turn's tool results become `tool` messages, in order; an assistant turn's tool calls are
+/// written in the call format the model is shown.
 fn turn_messages(
     turn: InputMessage,
-    index: usize,
+    (index, max_image_bytes): (usize, usize),
     format: ToolFormat,
     messages: &mut Vec<ChatMessage>,
 ) -> Result<(), ValidationError> {
@@ -223,25 +222,27 @@ fn turn_messages(
         }
     };
     let first = messages.len();
-    let mut texts = Vec::new();
+    let mut content = TurnContent::default();
     let mut calls = Vec::new();
     for (position, block) in blocks.into_iter().enumerate() {
         let param = || format!("messages[{index}].content[{position}]");
         let expected =
-            "a `text`, `tool_use`, `tool_result`, `thinking` or `redacted_thinking` block";
+            "a `text`, `image`, `tool_use`, `tool_result`, `thinking` or `redacted_thinking` block";
         let block: ContentBlock = serde_json::from_value(block).map_err(|error| {
             request_rules::out_of_range(&param(), expected, serde_wording::error_text(&error))
         })?;
         match (block, role) {
-            (ContentBlock::Text(block), _) => texts.push(block.text),
+            (ContentBlock::Text(block), _) => content.push_text(block.text),
+            (ContentBlock::Image(block), "user") => {
+                content.push_image(image_bytes(block, param(), max_image_bytes)?);
+            }
             (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({
                 "type": "function",
                 "function": {"name": call.name, "arguments": Value::Object(call.input).to_string()},
             })),
             (ContentBlock::ToolResult(result), "user") => {
-                if !texts.is_empty() {
-                    messages.push(ChatMessage::new(role, texts.join("\n")));
-                    texts.clear();
+                if !content.is_empty() {
+                    messages.push(content.take_message(role));
                 }
                 messages.push(tool_message(
                     result.tool_use_id,
@@ -253,12 +254,13 @@ fn turn_messages(
             (
                 ContentBlock::ToolUse(_)
                 | ContentBlock::ToolResult(_)
+                | ContentBlock::Image(_)
                 | ContentBlock::Thinking(_)
                 | ContentBlock::RedactedThinking(_),
                 _,
             ) => {
                 let expected = "`tool_use` and thinking blocks only in assistant turns and \
-                     `tool_result` only in user turns";
+                     `tool_result` and `image` only in user turns";
                 return request_rules::refuse_value(
                     &param(),
                     expected,
@@ -271,14 +273,14 @@ fn turn_messages(
     if !calls.is_empty() {
         let param = format!("messages[{index}].content");
         match tools::history(format.family, Value::Array(calls), &param)? {
-            HistoryCalls::Text(text) => texts.push(text),
+            HistoryCalls::Text(text) => content.push_text(text),
             HistoryCalls::Native(calls) => tool_calls = Some(calls),
         }
     }
-    if !texts.is_empty() || tool_calls.is_some() || messages.len() == first {
+    if !content.is_empty() || tool_calls.is_some() || messages.len() == first {
         messages.push(ChatMessage {
             tool_calls,
-            ..ChatMessage::new(role, texts.join("\n"))
+            ..content.take_message(role)
         });
     }
     Ok(())

@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::scheduler::Grammar;
+use crate::validation::ContentPart;
 
 fn config() -> HandlerConfig {
     crate::http::tests::handler_config(8)
@@ -167,10 +168,10 @@ fn invalid_requests_name_their_parameter() {
         param(json!({"max_tokens": 5, "messages": [{"role": "user", "content": 3}]})),
         Some("messages[0].content".into())
     );
-    let image = json!([{"role": "user", "content": [{"type": "text", "text": "see"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]);
+    let document = json!([{"role": "user", "content": [{"type": "text", "text": "see"},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": ""}}]}]);
     assert_eq!(
-        param(json!({"max_tokens": 5, "messages": image})),
+        param(json!({"max_tokens": 5, "messages": document})),
         Some("messages[0].content[1]".into())
     );
     let misplaced = json!([{"role": "user", "content": [
@@ -251,4 +252,57 @@ fn thinking_blocks_passed_back_in_assistant_turns_are_dropped() {
     let generation = converted(json!({"max_tokens": 5, "messages": past}));
     let (messages, _) = chat(&generation);
     assert_eq!(messages[1], ChatMessage::new("assistant", "Hello!"));
+}
+
+#[test]
+fn image_blocks_of_a_user_turn_reach_the_template_in_order() {
+    let generation = converted(json!({
+        "model": "any", "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Compare"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AQID"}},
+            {"type": "text", "text": "please"},
+        ]}],
+    }));
+    let (messages, _) = chat(&generation);
+    assert_eq!(messages[0].content, "Compare\nplease");
+    assert_eq!(
+        messages[0].parts,
+        Some(vec![
+            ContentPart::Text("Compare".to_owned()),
+            ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+            ContentPart::Text("please".to_owned()),
+        ])
+    );
+}
+
+#[test]
+fn image_blocks_by_url_or_in_assistant_turns_are_refused_by_position() {
+    let by_url = refused(json!({
+        "model": "any", "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        ]}],
+    }));
+    assert!(
+        by_url
+            .to_string()
+            .starts_with("`messages[0].content[0].source`: only `data:` image URLs"),
+        "{by_url}"
+    );
+    let from_assistant = refused(json!({
+        "model": "any", "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [
+                {"type": "image", "source": {"type": "base64", "data": "AQID"}},
+            ]},
+        ],
+    }));
+    assert!(
+        from_assistant
+            .to_string()
+            .contains("`image` only in user turns"),
+        "{from_assistant}"
+    );
 }

@@ -5,6 +5,7 @@ mod convert;
 mod events;
 mod request;
 mod response;
+mod turn_content;
 
 use axum::extract::State;
 use axum::response::sse::Event;

@@ -88,11 +88,12 @@ pub enum MessageContent {
     Blocks(Vec<ContentBlock>),
 }
 
-/// A content block of a turn; image and document blocks are not served.
+/// A content block of a turn; document blocks are not served.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     Text(TextBlock),
+    Image(ImageBlock),
     ToolUse(ToolUseBlock),
     ToolResult(ToolResultBlock),
     /// An earlier answer's thinking, passed back: dropped, as chat templates drop past reasoning.
@@ -117,6 +118,32 @@ pub struct PastThinking {
 #[allow(dead_code)] // read to check its shape, then dropped
 pub struct PastRedactedThinking {
     pub data: String,
+}
+
+/// `{"type": "image", "source": ...}` in a user turn.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageBlock {
+    pub source: ImageSource,
+    /// Accepted and ignored: the prefix cache needs no hints.
+    #[allow(dead_code)]
+    #[schema(value_type = Option<Object>)]
+    pub cache_control: Option<Map<String, Value>>,
+}
+
+/// Where an image block's file is: inline base64 (served), or a URL (refused).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ImageSource {
+    Base64 {
+        /// Accepted and not trusted: the file's own header decides its format.
+        #[allow(dead_code)]
+        media_type: Option<String>,
+        data: String,
+    },
+    Url {
+        url: String,
+    },
 }
 
 /// `{"type": "text", "text": ...}`.

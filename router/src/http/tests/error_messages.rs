@@ -80,6 +80,7 @@ fn variant(error: &ValidationError) -> &'static str {
         ValidationError::Tokenizer(_) => "Tokenizer",
         ValidationError::InvalidGrammar { .. } => "InvalidGrammar",
         ValidationError::UnknownAdapter { .. } => "UnknownAdapter",
+        ValidationError::ImagePart { .. } => "ImagePart",
         ValidationError::Image { .. } => "Image",
         ValidationError::TextOnlyModel => "TextOnlyModel",
         ValidationError::ImagePlacement(_) => "ImagePlacement",
@@ -145,8 +146,12 @@ fn one_of_each() -> Vec<ValidationError> {
             name: String::new(),
             served: String::new(),
         },
+        ValidationError::ImagePart {
+            param: String::new(),
+            source: crate::images::ImageError::UnknownFormat,
+        },
         ValidationError::Image {
-            at: String::new(),
+            number: 1,
             source: crate::images::ImageError::UnknownFormat,
         },
         ValidationError::TextOnlyModel,
@@ -233,7 +238,7 @@ fn cases() -> Vec<Case> {
     let truncated_png = data_url(&png[..png.len() / 2]);
     let png = data_url(&png);
     vec![
-        case(CHAT, image_chat("http://10.0.0.1/a.png"), Validation("Image"), Some("messages[0].content[0].image_url"), &["`http:` URLs", "data:"]),
+        case(CHAT, image_chat("http://10.0.0.1/a.png"), Validation("ImagePart"), Some("messages[0].content[0].image_url"), &["`http:` URLs", "data:"]),
         Case { vision: true, ..case(CHAT, image_chat(&truncated_png), Validation("Image"), None, &["image 1 of the request", "cannot be decoded"]) },
         case(CHAT, image_chat(&png), Validation("TextOnlyModel"), None, &["text only"]),
         Case { vision: true, ..case(CHAT, image_chat(&png), Validation("ImagePlacement"), None, &["0 image placeholders", "1 images"]) },

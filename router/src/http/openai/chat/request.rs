@@ -197,7 +197,7 @@ impl RequestMessage {
             None => (String::new(), None),
             Some(MessageContent::Text(text)) => (text, None),
             Some(MessageContent::Parts(parts)) => request_rules::message_content(
-                index,
+                &format!("messages[{index}].content"),
                 parts.into_iter().map(ContentPart::sent),
                 max_image_bytes,
             )?,

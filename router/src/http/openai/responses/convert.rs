@@ -123,7 +123,11 @@ pub fn generation(
         .input
         .take()
         .ok_or(ValidationError::Missing("input"))?;
-    conversation.extend(input::messages(input, config.tool_format.family)?);
+    conversation.extend(input::messages(
+        input,
+        config.tool_format.family,
+        config.request_limits.images.max_image_bytes,
+    )?);
     let prompt = prompt(
         request.instructions.as_deref(),
         plan.as_ref(),

@@ -209,8 +209,10 @@ fn unsupported_fields_and_items_are_refused_by_name() {
     let format = json!({"type": "json_object"});
     let both = json!({"input": "Hi", "tools": [weather_tool()], "text": {"format": format}});
     assert_eq!(refused_param(both), "text.format");
+    let file = json!([{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]);
+    assert_eq!(hi("input", file), "input[0].content[0].type");
     let image = json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]);
-    assert_eq!(hi("input", image), "input[0].content[0].type");
+    assert_eq!(hi("input", image), "input[0].content[0].image_url");
     assert_eq!(
         hi("input", json!([{"type": "web_search_call", "id": "ws_1"}])),
         "input[0].type"
@@ -269,5 +271,27 @@ fn a_reasoning_item_is_the_next_assistant_turns_reasoning() {
     assert_eq!(
         messages(&generation)[1].reasoning_content.as_deref(),
         Some("Call the tool.")
+    );
+}
+
+#[test]
+fn input_images_reach_the_template_with_the_text_in_order() {
+    let generation = converted(json!({"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,AQID", "detail": "auto"},
+        {"type": "input_text", "text": "What is this?"},
+    ]}]}));
+    let message = &messages(&generation)[0];
+    assert_eq!(message.content, "What is this?");
+    assert_eq!(
+        message.parts,
+        Some(vec![
+            crate::validation::ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+            crate::validation::ContentPart::Text("What is this?".to_owned()),
+        ])
+    );
+    let by_file = json!([{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]);
+    assert_eq!(
+        refused_param(json!({"input": by_file})),
+        "input[0].content[0]"
     );
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::request::{ContentPart, InputItem};
 use crate::tools::{self, HistoryCalls, ToolFamily};
-use crate::validation::serde_wording;
+use crate::validation::{request_rules, serde_wording};
 use crate::validation::{ChatMessage, ValidationError};
 
 const ITEM_TYPES: [&str; 4] = [
@@ -16,10 +16,15 @@ const ITEM_TYPES: [&str; 4] = [
     "function_call_output",
     "reasoning",
 ];
-const PART_TYPES: [&str; 2] = ["input_text", "output_text"];
+const PART_TYPES: [&str; 3] = ["input_text", "output_text", "input_image"];
 
-/// The chat messages of `input`: text is one user message; calls are written for `family`.
-pub fn messages(input: Value, family: ToolFamily) -> Result<Vec<ChatMessage>, ValidationError> {
+/// The chat messages of `input`: text is one user message; calls are written for `family`;
+/// images take at most `max_image_bytes` each.
+pub fn messages(
+    input: Value,
+    family: ToolFamily,
+    max_image_bytes: usize,
+) -> Result<Vec<ChatMessage>, ValidationError> {
     let items = match input {
         Value::String(text) => return Ok(vec![ChatMessage::new("user", text)]),
         Value::Array(items) => items,
@@ -50,11 +55,19 @@ pub fn messages(input: Value, family: ToolFamily) -> Result<Vec<ChatMessage>, Va
             InputItem::Message(message) => {
                 calls.flush(&mut messages)?;
                 let role = chat_role(&message.role, index)?;
-                let content = text(message.content, &format!("input[{index}].content"))?;
+                let param = format!("input[{index}].content");
+                let (content, parts) = match parts(message.content, &param)? {
+                    Ok(text) => (text, None),
+                    Err(parts) => {
+                        let sent = parts.into_iter().map(ContentPart::sent);
+                        request_rules::message_content(&param, sent, max_image_bytes)?
+                    }
+                };
                 let reasoning = calls.reasoning.take().filter(|_| role == "assistant");
                 messages.push(ChatMessage {
                     reasoning_content: reasoning.clone(),
                     thinking: reasoning,
+                    parts,
                     ..ChatMessage::new(role, content)
                 });
             }
@@ -143,31 +156,47 @@ fn parse_item(mut item: Value, index: usize) -> Result<InputItem, ValidationErro
     )
 }
 
-/// A message's or an output's text: a string, or text parts joined by newlines.
-fn text(content: Value, param: &str) -> Result<String, ValidationError> {
+/// A message's or an output's content at `param`: its text (`Ok`), or its parts.
+fn parts(content: Value, param: &str) -> Result<Result<String, Vec<ContentPart>>, ValidationError> {
     let parts = match content {
-        Value::String(text) => return Ok(text),
+        Value::String(text) => return Ok(Ok(text)),
         Value::Array(parts) => parts,
         other => {
             return Err(ValidationError::OutOfRange {
                 param: param.to_owned(),
-                expected: "a string or an array of `input_text` / `output_text` parts",
+                expected:
+                    "a string or an array of `input_text`, `output_text` or `input_image` parts",
                 value: other.to_string(),
             })
         }
     };
-    let mut texts = Vec::with_capacity(parts.len());
-    for (index, part) in parts.into_iter().enumerate() {
-        let part: ContentPart = parse(
+    let parsed = parts.into_iter().enumerate().map(|(index, part)| {
+        parse(
             part,
             &format!("{param}[{index}]"),
             &PART_TYPES,
-            "an `input_text` or `output_text` part",
+            "an `input_text`, `output_text` or `input_image` part",
             "content",
-        )?;
-        texts.push(part.text());
+        )
+    });
+    parsed.collect::<Result<_, _>>().map(Err)
+}
+
+/// An output's text: a string, or text parts joined by newlines (an output holds no image).
+fn text(content: Value, param: &str) -> Result<String, ValidationError> {
+    match parts(content, param)? {
+        Ok(text) => Ok(text),
+        Err(parts) if parts.iter().any(ContentPart::is_image) => {
+            Err(ValidationError::Unsupported {
+                param: param.to_owned(),
+                detail: ": images in a function call's output".to_owned(),
+            })
+        }
+        Err(parts) => {
+            let sent = parts.into_iter().map(ContentPart::sent);
+            Ok(request_rules::message_content(param, sent, 0)?.0)
+        }
     }
-    Ok(texts.join("\n"))
 }
 
 /// Parses a tagged `value`: a known type with bad fields is out of range, another type is

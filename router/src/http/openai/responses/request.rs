@@ -6,6 +6,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
+use crate::validation::request_rules::SentPart;
+
 /// `POST /v1/responses` body.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ResponsesRequest {
@@ -137,12 +139,20 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
-/// A text part of a message; images, files and audio are not served.
+/// A text or image part of a message; files and audio are not served.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ContentPart {
     InputText {
         text: String,
+    },
+    /// An image by a base64 `data:` URL; by `file_id` it is refused (Tandem keeps no files).
+    InputImage {
+        image_url: Option<String>,
+        file_id: Option<String>,
+        /// Accepted and ignored.
+        #[allow(dead_code)]
+        detail: Option<String>,
     },
     OutputText {
         text: String,
@@ -157,9 +167,25 @@ pub enum ContentPart {
 }
 
 impl ContentPart {
-    pub fn text(self) -> String {
-        match self {
-            Self::InputText { text } | Self::OutputText { text, .. } => text,
+    pub fn is_image(&self) -> bool {
+        matches!(self, Self::InputImage { .. })
+    }
+
+    /// The part as the chat route reads parts: an image by file is a part of type `input_file`.
+    pub fn sent(self) -> SentPart {
+        let (kind, text, image_url) = match self {
+            Self::InputText { text } | Self::OutputText { text, .. } => ("text", Some(text), None),
+            Self::InputImage {
+                image_url: Some(url),
+                file_id: None,
+                ..
+            } => ("image_url", None, Some(url)),
+            Self::InputImage { .. } => ("input_image without a data: `image_url`", None, None),
+        };
+        SentPart {
+            kind: kind.to_owned(),
+            text,
+            image_url,
         }
     }
 }

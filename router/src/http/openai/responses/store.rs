@@ -67,6 +67,7 @@ impl StoredResponse {
                     + message.content.len()
                     + message.name.as_ref().map_or(0, String::len)
                     + message.tool_call_id.as_ref().map_or(0, String::len)
+                    + message.images().map(bytes::Bytes::len).sum::<usize>()
             })
             .sum();
         body + conversation

@@ -1,0 +1,57 @@
+//! A user or assistant turn's text and images, gathered block by block into chat messages.
+
+use bytes::Bytes;
+
+use super::request::{ImageBlock, ImageSource};
+use crate::images;
+use crate::validation::{ChatMessage, ContentPart, ValidationError};
+
+/// The text and images of a turn gathered since its last tool result.
+#[derive(Default)]
+pub(super) struct TurnContent {
+    texts: Vec<String>,
+    /// Every text and image in order, kept for the template once an image arrived.
+    parts: Vec<ContentPart>,
+    has_image: bool,
+}
+
+impl TurnContent {
+    pub fn push_text(&mut self, text: String) {
+        self.parts.push(ContentPart::Text(text.clone()));
+        self.texts.push(text);
+    }
+
+    pub fn push_image(&mut self, data: Bytes) {
+        self.parts.push(ContentPart::Image(data));
+        self.has_image = true;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// The gathered content as one message of `role`, leaving none gathered.
+    pub fn take_message(&mut self, role: &str) -> ChatMessage {
+        let content = std::mem::take(self);
+        ChatMessage {
+            parts: content.has_image.then_some(content.parts),
+            ..ChatMessage::new(role, content.texts.join("\n"))
+        }
+    }
+}
+
+/// An image block's bytes: inline base64 of at most `max_bytes`; a URL source is refused.
+pub(super) fn image_bytes(
+    block: ImageBlock,
+    at: String,
+    max_bytes: usize,
+) -> Result<Bytes, ValidationError> {
+    let data = match block.source {
+        ImageSource::Base64 { data, .. } => images::base64_image(&data, max_bytes),
+        ImageSource::Url { url } => images::inline_image(&url, max_bytes),
+    };
+    data.map_err(|source| ValidationError::ImagePart {
+        param: format!("{at}.source"),
+        source,
+    })
+}
