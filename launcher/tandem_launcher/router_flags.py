@@ -170,6 +170,18 @@ REQUEST_LIMITS = (
         "most pixels (width times height) of one image, refused before it is decoded", check=positive,
     ),
     Forwarded(
+        "--allowed-media-domains", ROUTER, str, None,
+        "hosts whose http(s) image URLs are fetched, comma-separated exact names; unset: images come inline only",
+    ),
+    Forwarded(
+        "--media-fetch-timeout", ROUTER, int, 10, "seconds one image fetch may take, connection and body together",
+        check=positive,
+    ),
+    switch(
+        "--allow-private-media-addresses", ROUTER,
+        "allowed media hosts may resolve to private, loopback and link-local addresses (in-cluster media servers)",
+    ),
+    Forwarded(
         "--max-connections", ROUTER, int, 1024, "client connections open at once; more are closed at once",
         check=positive,
     ),

@@ -101,6 +101,7 @@ BOUNDS = {
     "--max-images-per-request": ("8", "MAX_IMAGES_PER_REQUEST", "0"),
     "--max-image-bytes": ("20971520", "MAX_IMAGE_BYTES", "1000"),
     "--max-image-pixels": ("16777216", "MAX_IMAGE_PIXELS", "4096"),
+    "--media-fetch-timeout": ("10", "MEDIA_FETCH_TIMEOUT", "3"),
     "--max-connections": ("1024", "MAX_CONNECTIONS", "50"),
     "--header-read-timeout": ("10", "HEADER_READ_TIMEOUT", "3"),
 }
@@ -144,3 +145,15 @@ def test_a_negative_responses_store_bound_exits_naming_the_flag(capsys: pytest.C
     with pytest.raises(SystemExit):
         parse_config(["--responses-store-max-bytes", "-1"], {})
     assert "--responses-store-max-bytes must not be negative" in capsys.readouterr().err
+
+
+def test_media_fetching_reaches_the_router_only_when_hosts_are_allowed() -> None:
+    defaults = _router_argv(LauncherConfig(commands=COMMANDS))
+    assert "--allowed-media-domains" not in defaults
+    assert "--allow-private-media-addresses" not in defaults
+    config = parse_config(
+        ["--allowed-media-domains", "media.example.com,cdn.example.com"], {"ALLOW_PRIVATE_MEDIA_ADDRESSES": "true"}
+    )
+    router = _router_argv(LauncherConfig(**{**vars(config), "commands": COMMANDS}))
+    assert _value(router, "--allowed-media-domains") == "media.example.com,cdn.example.com"
+    assert "--allow-private-media-addresses" in router

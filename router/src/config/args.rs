@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 
 use crate::http::ResponseStoreLimits;
+use crate::images::MediaFetchConfig;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::reasoning::ReasoningParserFlag;
@@ -147,6 +148,8 @@ pub struct RouterArgs {
     pub connections: ConnectionLimits,
     #[command(flatten)]
     pub kv_events: KvEventsConfig,
+    #[command(flatten)]
+    pub media_fetch: MediaFetchConfig,
 }
 
 /// Limits and behaviour of the client-facing API.

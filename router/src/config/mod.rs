@@ -13,6 +13,7 @@ pub use args::{ApiArgs, ApiKey, GenerationConfigUse, RouterArgs};
 pub use derived::ServedModel;
 
 use crate::http::ResponseStoreLimits;
+use crate::images::MediaFetchConfig;
 use crate::kv::events::KvEventsConfig;
 use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::reasoning::ReasoningParserFlag;
@@ -85,6 +86,8 @@ pub struct RouterConfig {
     pub api_key_files: Vec<PathBuf>,
     pub launch_id_file: Option<PathBuf>,
     pub kv_events: KvEventsConfig,
+    /// Which images may be fetched by URL.
+    pub media_fetch: MediaFetchConfig,
 }
 
 /// The client-facing API's limits and options.
@@ -230,6 +233,7 @@ impl TryFrom<RouterArgs> for RouterConfig {
             api_key_files: args.api_key_files,
             launch_id_file: args.launch_id_file,
             kv_events: args.kv_events,
+            media_fetch: args.media_fetch,
         })
     }
 }

@@ -2,12 +2,14 @@
 //! of image tokens each one takes in a prompt.
 
 mod check;
+mod fetch;
 mod source;
 mod spans;
 #[cfg(test)]
 pub(crate) mod testing;
 
 pub use check::{check_image, CheckedImage, ImageHeader};
+pub use fetch::{is_public, refuse_url, FetcherSetupError, MediaFetchConfig, MediaFetcher};
 pub use source::{base64_image, inline_image};
 pub use spans::{expand_placeholders, image_count_tokens, ImageTokens, ImageTokensError};
 
@@ -58,9 +60,15 @@ impl Default for ImageLimits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
     #[error(
-        "only `data:` image URLs are accepted (`data:image/png;base64,...`), not `{scheme}:` URLs"
+        "only `data:` image URLs (`data:image/png;base64,...`) and `http(s)` URLs are accepted, not `{scheme}:` URLs"
     )]
     NotInline { scheme: String },
+    #[error("its host `{host}` is not in --allowed-media-domains: send the image inline as a base64 `data:` URL")]
+    HostNotAllowed { host: String },
+    #[error("its host `{host}` is a private address, which images are not fetched from")]
+    PrivateAddress { host: String },
+    #[error("it could not be fetched: {reason}")]
+    Fetch { reason: String },
     #[error("its URL is not a base64 `data:` URL: {reason}")]
     BadDataUrl { reason: String },
     #[error("it takes {bytes} bytes, more than the {max} this server accepts (--max-image-bytes)")]

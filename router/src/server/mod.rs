@@ -18,7 +18,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{RouterConfig, ServedModel};
 use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
-use crate::images::{ImageTokens, ImageTokensError};
+use crate::images::{FetcherSetupError, ImageTokens, ImageTokensError, MediaFetcher};
 use crate::kv::{self, events::PublisherError};
 use crate::reasoning::ReasoningParser;
 use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig, SchedulingPolicy};
@@ -52,6 +52,8 @@ pub enum StartupError {
     },
     #[error("images: {0}")]
     Images(#[from] ImageTokensError),
+    #[error(transparent)]
+    MediaFetcher(#[from] FetcherSetupError),
     #[error("API keys: {0}")]
     ApiKeys(#[from] ApiKeyError),
     #[error(transparent)]
@@ -110,8 +112,9 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     check_draft_model(&config, &model)?;
     let image_tokens =
         ImageTokens::for_encoder(&config.tokenizer_path, model.vision_encoder.as_deref())?;
-    let validator =
-        bound_to_model(validator, vocab, &model, &config).with_image_tokens(image_tokens);
+    let validator = bound_to_model(validator, vocab, &model, &config)
+        .with_image_tokens(image_tokens)
+        .with_media_fetcher(MediaFetcher::new(config.media_fetch.clone())?);
     let phase = Instant::now();
     let kv_cache = warmup(&fleet, &config).await?;
     info!(elapsed_ms = phase.elapsed().as_millis(), "warmup done");

@@ -40,8 +40,25 @@ pub struct ChatMessage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ContentPart {
     Text(String),
-    /// An image's encoded bytes, unchecked; the template sees `{"type": "image"}`.
-    Image(Bytes),
+    /// An image, unchecked; the template sees `{"type": "image"}`.
+    Image(ImageData),
+}
+
+/// Where an image of a message is: its encoded bytes, or a URL to fetch them from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageData {
+    Inline(Bytes),
+    Remote(String),
+}
+
+impl ImageData {
+    /// Bytes the message holds for it.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            Self::Inline(data) => data.len(),
+            Self::Remote(url) => url.len(),
+        }
+    }
 }
 
 impl ContentPart {
@@ -69,7 +86,7 @@ impl ChatMessage {
     }
 
     /// The message's images, in order.
-    pub fn images(&self) -> impl Iterator<Item = &Bytes> {
+    pub fn images(&self) -> impl Iterator<Item = &ImageData> {
         self.parts.iter().flatten().filter_map(|part| match part {
             ContentPart::Image(data) => Some(data),
             ContentPart::Text(_) => None,

@@ -34,7 +34,9 @@ use tokenizers::Tokenizer;
 
 pub use adapters::{AdapterChoice, LoraAdapters};
 pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
-pub use chat_template::{ChatEnding, ChatMessage, ChatTemplate, ContentPart, TemplateExtras};
+pub use chat_template::{
+    ChatEnding, ChatMessage, ChatTemplate, ContentPart, ImageData, TemplateExtras,
+};
 pub use error::ValidationError;
 pub use family_templates::FamilyTemplate;
 pub use grammar::{GrammarCompiler, GrammarSetupError};
@@ -47,11 +49,11 @@ pub use sampling_defaults::SamplingDefaults;
 pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
-use crate::images::{image_count_tokens, ImageTokens, PromptImage};
+use crate::images::{image_count_tokens, ImageTokens, MediaFetcher, PromptImage};
 use crate::limits::RequestLimits;
 use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
-use prompt_images::{check_images, place_images};
+use prompt_images::{check_images, place_images, ImageIntake};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
 /// otherwise: two `/tokenize` answers for bodies of the default payload limit.
@@ -123,6 +125,8 @@ pub struct Validator {
     by_priority: bool,
     /// How the model's prompts hold images; `None`: the model takes text only.
     image_tokens: Option<ImageTokens>,
+    /// Fetches images by URL from the allowed hosts; `None`: no image is fetched.
+    media_fetcher: Option<Arc<MediaFetcher>>,
 }
 
 impl Validator {
@@ -147,6 +151,7 @@ impl Validator {
             adapters: LoraAdapters::default(),
             by_priority: false,
             image_tokens: None,
+            media_fetcher: None,
         }
     }
 
@@ -161,6 +166,13 @@ impl Validator {
     #[must_use]
     pub fn with_image_tokens(mut self, tokens: Option<ImageTokens>) -> Self {
         self.image_tokens = tokens;
+        self
+    }
+
+    /// Fetches images given by URL with `fetcher` (from the hosts it allows).
+    #[must_use]
+    pub fn with_media_fetcher(mut self, fetcher: MediaFetcher) -> Self {
+        self.media_fetcher = Some(Arc::new(fetcher));
         self
     }
 
@@ -309,14 +321,13 @@ impl Validator {
         switches: Vec<(&'static str, serde_json::Value)>,
         truncate: Option<usize>,
     ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
-        let image_limits = &self.request_limits.images;
-        let images = check_images(
-            prompt.images(),
-            self.image_tokens,
-            image_limits,
-            &self.tokenizing,
-        )
-        .await?;
+        let intake = ImageIntake {
+            tokens: self.image_tokens,
+            limits: &self.request_limits.images,
+            budget: &self.tokenizing,
+            fetcher: self.media_fetcher.as_deref(),
+        };
+        let images = check_images(prompt.images(), intake).await?;
         let input_ids = self.tokenize(prompt, switches).await?;
         let (mut input_ids, images) = place_images(input_ids, images, self.image_tokens)?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {

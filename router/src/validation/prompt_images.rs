@@ -4,15 +4,15 @@
 use bytes::Bytes;
 
 use super::budget::TokenizationBudget;
-use super::{Prompt, ValidationError};
+use super::{ImageData, Prompt, ValidationError};
 use crate::images::{
-    check_image, expand_placeholders, CheckedImage, ImageHeader, ImageLimits, ImageTokens,
-    PromptImage,
+    check_image, expand_placeholders, refuse_url, CheckedImage, ImageError, ImageHeader,
+    ImageLimits, ImageTokens, MediaFetcher, PromptImage,
 };
 
 impl Prompt {
     /// The images of a chat prompt, in message order.
-    pub fn images(&self) -> Vec<Bytes> {
+    pub fn images(&self) -> Vec<ImageData> {
         match self {
             Prompt::Chat(messages, ..) => messages
                 .iter()
@@ -23,15 +23,41 @@ impl Prompt {
     }
 }
 
-/// Checks `images` for a model whose images take `tokens` (`None`: a text-only model) one at a
-/// time: each holds its decoded size from `budget` while a blocking thread decodes it, so
-/// concurrent requests never decode more than the budget at once.
+/// How a validator takes images in: how they are placed (`None`: a text-only model), their
+/// bounds, the budget decoding draws on, and the fetcher of images by URL (`None`: none is
+/// fetched).
+pub struct ImageIntake<'a> {
+    pub tokens: Option<ImageTokens>,
+    pub limits: &'a ImageLimits,
+    pub budget: &'a TokenizationBudget,
+    pub fetcher: Option<&'a MediaFetcher>,
+}
+
+/// The bytes of `image`: its own, or fetched from its URL within `max_bytes`.
+async fn image_bytes(
+    image: ImageData,
+    fetcher: Option<&MediaFetcher>,
+    max_bytes: usize,
+) -> Result<Bytes, ImageError> {
+    match (image, fetcher) {
+        (ImageData::Inline(data), _) => Ok(data),
+        (ImageData::Remote(url), Some(fetcher)) => fetcher.fetch(&url, max_bytes).await,
+        (ImageData::Remote(url), None) => Err(refuse_url(&url)),
+    }
+}
+
+/// Checks `images` one at a time: each holds its decoded size from the budget while a blocking
+/// thread decodes it, so concurrent requests never decode more than the budget at once.
 pub async fn check_images(
-    images: Vec<Bytes>,
-    tokens: Option<ImageTokens>,
-    limits: &ImageLimits,
-    budget: &TokenizationBudget,
+    images: Vec<ImageData>,
+    intake: ImageIntake<'_>,
 ) -> Result<Vec<CheckedImage>, ValidationError> {
+    let ImageIntake {
+        tokens,
+        limits,
+        budget,
+        fetcher,
+    } = intake;
     if images.is_empty() {
         return Ok(Vec::new());
     }
@@ -47,13 +73,16 @@ pub async fn check_images(
         });
     }
     let mut checked = Vec::with_capacity(images.len());
-    for (index, data) in images.into_iter().enumerate() {
+    for (index, image) in images.into_iter().enumerate() {
         let refused = |source| ValidationError::Image {
             number: index + 1,
             source,
         };
+        let data = image_bytes(image, fetcher, limits.max_image_bytes)
+            .await
+            .map_err(refused)?;
         if data.len() > limits.max_image_bytes {
-            return Err(refused(crate::images::ImageError::TooLarge {
+            return Err(refused(ImageError::TooLarge {
                 bytes: data.len(),
                 max: limits.max_image_bytes,
             }));

@@ -36,7 +36,7 @@ fn image_token_id() -> u32 {
 fn prompt_with(images: usize) -> Prompt {
     let png = Bytes::from(encoded(ImageFormat::Png, 4, 4));
     let mut parts = vec![ContentPart::Text("a".to_owned())];
-    parts.extend((0..images).map(|_| ContentPart::Image(png.clone())));
+    parts.extend((0..images).map(|_| ContentPart::Image(ImageData::Inline(png.clone()))));
     parts.push(ContentPart::Text("b".to_owned()));
     let mut message = ChatMessage::new("user", "a\nb");
     message.parts = Some(parts);

@@ -4,7 +4,7 @@
 
 use tokenizers::Tokenizer;
 
-use super::{ContentPart, GenerationParams, Prompt, ValidationError};
+use super::{ContentPart, GenerationParams, ImageData, Prompt, ValidationError};
 use crate::images;
 
 /// The value of a required field.
@@ -99,6 +99,14 @@ pub fn in_message(index: usize, error: ValidationError) -> ValidationError {
     }
 }
 
+/// The image at `url`: a `data:` URL's bytes (at most `max_bytes`), or an `http(s)` URL to fetch.
+pub fn image_by_url(url: String, max_bytes: usize) -> Result<ImageData, images::ImageError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(ImageData::Remote(url));
+    }
+    images::inline_image(&url, max_bytes).map(ImageData::Inline)
+}
+
 /// A content part as the client sent it: its type, with its text or its image's URL.
 pub struct SentPart {
     pub kind: String,
@@ -124,13 +132,13 @@ pub fn message_content(
                 texts.push(text);
             }
             ("image_url", _, Some(url)) => {
-                let data = images::inline_image(&url, max_image_bytes).map_err(|source| {
+                let image = image_by_url(url, max_image_bytes).map_err(|source| {
                     ValidationError::ImagePart {
                         param: format!("{at}.image_url"),
                         source,
                     }
                 })?;
-                ordered.push(ContentPart::Image(data));
+                ordered.push(ContentPart::Image(image));
             }
             (kind, ..) => {
                 return Err(ValidationError::Unsupported {
@@ -303,7 +311,7 @@ mod tests {
         assert_eq!(
             parts,
             Some(vec![
-                ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+                ContentPart::Image(ImageData::Inline(bytes::Bytes::from_static(&[1, 2, 3]))),
                 ContentPart::Text("what is it?".to_owned())
             ])
         );
@@ -311,11 +319,11 @@ mod tests {
 
     #[test]
     fn image_parts_without_an_inline_url_and_unknown_parts_are_refused_by_path() {
-        let remote = [part("image_url", None, Some("http://example.com/a.png"))];
+        let remote = [part("image_url", None, Some("ftp://example.com/a.png"))];
         let error = message_content("messages[1].content", remote, 16).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "`messages[1].content[0].image_url`: only `data:` image URLs are accepted (`data:image/png;base64,...`), not `http:` URLs"
+            "`messages[1].content[0].image_url`: only `data:` image URLs (`data:image/png;base64,...`) and `http(s)` URLs are accepted, not `ftp:` URLs"
         );
         let error = message_content("messages[1].content", [part("input_audio", None, None)], 16)
             .unwrap_err();

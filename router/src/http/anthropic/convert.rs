@@ -8,7 +8,7 @@ use super::request::{
     ContentBlock, CountTokensRequest, InputMessage, MessagesRequest, SystemPrompt, ThinkingConfig,
     ToolChoiceSpec, ToolDefinition, ToolResultContent, TypedTextBlock,
 };
-use super::turn_content::{image_bytes, TurnContent};
+use super::turn_content::{block_image, TurnContent};
 use crate::http::openai::{SamplingFields, StopSpec};
 use crate::http::state::HandlerConfig;
 use crate::limits::RequestLimits;
@@ -234,7 +234,7 @@ fn turn_messages(
         match (block, role) {
             (ContentBlock::Text(block), _) => content.push_text(block.text),
             (ContentBlock::Image(block), "user") => {
-                content.push_image(image_bytes(block, param(), max_image_bytes)?);
+                content.push_image(block_image(block, param(), max_image_bytes)?);
             }
             (ContentBlock::ToolUse(call), "assistant") => calls.push(json!({
                 "type": "function",

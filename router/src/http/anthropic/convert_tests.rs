@@ -270,18 +270,20 @@ fn image_blocks_of_a_user_turn_reach_the_template_in_order() {
         messages[0].parts,
         Some(vec![
             ContentPart::Text("Compare".to_owned()),
-            ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+            ContentPart::Image(crate::validation::ImageData::Inline(
+                bytes::Bytes::from_static(&[1, 2, 3])
+            )),
             ContentPart::Text("please".to_owned()),
         ])
     );
 }
 
 #[test]
-fn image_blocks_by_url_or_in_assistant_turns_are_refused_by_position() {
+fn image_blocks_by_file_url_or_in_assistant_turns_are_refused_by_position() {
     let by_url = refused(json!({
         "model": "any", "max_tokens": 4,
         "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+            {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
         ]}],
     }));
     assert!(

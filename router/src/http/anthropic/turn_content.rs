@@ -1,10 +1,8 @@
 //! A user or assistant turn's text and images, gathered block by block into chat messages.
 
-use bytes::Bytes;
-
 use super::request::{ImageBlock, ImageSource};
 use crate::images;
-use crate::validation::{ChatMessage, ContentPart, ValidationError};
+use crate::validation::{request_rules, ChatMessage, ContentPart, ImageData, ValidationError};
 
 /// The text and images of a turn gathered since its last tool result.
 #[derive(Default)]
@@ -21,8 +19,8 @@ impl TurnContent {
         self.texts.push(text);
     }
 
-    pub fn push_image(&mut self, data: Bytes) {
-        self.parts.push(ContentPart::Image(data));
+    pub fn push_image(&mut self, image: ImageData) {
+        self.parts.push(ContentPart::Image(image));
         self.has_image = true;
     }
 
@@ -40,17 +38,19 @@ impl TurnContent {
     }
 }
 
-/// An image block's bytes: inline base64 of at most `max_bytes`; a URL source is refused.
-pub(super) fn image_bytes(
+/// An image block's image (at `at`): inline base64 of at most `max_bytes`, or a URL to fetch.
+pub(super) fn block_image(
     block: ImageBlock,
     at: String,
     max_bytes: usize,
-) -> Result<Bytes, ValidationError> {
-    let data = match block.source {
-        ImageSource::Base64 { data, .. } => images::base64_image(&data, max_bytes),
-        ImageSource::Url { url } => images::inline_image(&url, max_bytes),
+) -> Result<ImageData, ValidationError> {
+    let image = match block.source {
+        ImageSource::Base64 { data, .. } => {
+            images::base64_image(&data, max_bytes).map(ImageData::Inline)
+        }
+        ImageSource::Url { url } => request_rules::image_by_url(url, max_bytes),
     };
-    data.map_err(|source| ValidationError::ImagePart {
+    image.map_err(|source| ValidationError::ImagePart {
         param: format!("{at}.source"),
         source,
     })

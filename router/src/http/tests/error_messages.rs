@@ -238,7 +238,8 @@ fn cases() -> Vec<Case> {
     let truncated_png = data_url(&png[..png.len() / 2]);
     let png = data_url(&png);
     vec![
-        case(CHAT, image_chat("http://10.0.0.1/a.png"), Validation("ImagePart"), Some("messages[0].content[0].image_url"), &["`http:` URLs", "data:"]),
+        case(CHAT, image_chat("file:///etc/passwd"), Validation("ImagePart"), Some("messages[0].content[0].image_url"), &["`file:` URLs", "data:"]),
+        Case { vision: true, ..case(CHAT, image_chat("http://169.254.169.254/a.png"), Validation("Image"), None, &["image 1 of the request", "`169.254.169.254`", "--allowed-media-domains"]) },
         Case { vision: true, ..case(CHAT, image_chat(&truncated_png), Validation("Image"), None, &["image 1 of the request", "cannot be decoded"]) },
         case(CHAT, image_chat(&png), Validation("TextOnlyModel"), None, &["text only"]),
         Case { vision: true, ..case(CHAT, image_chat(&png), Validation("ImagePlacement"), None, &["0 image placeholders", "1 images"]) },

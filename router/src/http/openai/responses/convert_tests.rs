@@ -285,7 +285,9 @@ fn input_images_reach_the_template_with_the_text_in_order() {
     assert_eq!(
         message.parts,
         Some(vec![
-            crate::validation::ContentPart::Image(bytes::Bytes::from_static(&[1, 2, 3])),
+            crate::validation::ContentPart::Image(crate::validation::ImageData::Inline(
+                bytes::Bytes::from_static(&[1, 2, 3])
+            )),
             crate::validation::ContentPart::Text("What is this?".to_owned()),
         ])
     );

@@ -10,7 +10,7 @@ use metrics::{counter, describe_counter, describe_gauge, gauge};
 use serde_json::Value;
 
 use crate::http::middleware::api_keys::KeyId;
-use crate::validation::ChatMessage;
+use crate::validation::{ChatMessage, ImageData};
 
 /// How much the store may keep (`--responses-store-max-entries`, `--responses-store-max-bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
@@ -67,7 +67,7 @@ impl StoredResponse {
                     + message.content.len()
                     + message.name.as_ref().map_or(0, String::len)
                     + message.tool_call_id.as_ref().map_or(0, String::len)
-                    + message.images().map(bytes::Bytes::len).sum::<usize>()
+                    + message.images().map(ImageData::held_bytes).sum::<usize>()
             })
             .sum();
         body + conversation
