@@ -19,7 +19,14 @@ import requests
 import torch
 from tandem_launcher.config import DEFAULT_MODEL_CACHE_DIR, EMBEDDED_MODEL_ID
 from tandem_launcher.model_resolution import ModelSource, resolve_source
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    CLIPImageProcessorPil,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+)
 
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
 FIRST_START_TIMEOUT_S = 600.0
@@ -171,6 +178,66 @@ def write_tiny_llama(directory: Path) -> LlamaForCausalLM:
     model.save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (directory / name).symlink_to(embedded / name)
+    return model
+
+
+# LLaVA-1.5's prompt format: a message's text parts as they are, each image part as the image placeholder.
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ 'USER: ' }}"
+    "{% elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' }}{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+LLAVA_IMAGE_TOKEN = "<image>"
+
+
+def write_tiny_llava(directory: Path) -> LlavaForConditionalGeneration:
+    """Saves a random LLaVA (seed 0): a two-layer CLIP tower reading 56x56 images in 14x14 patches (16 image tokens)
+    and a two-layer Llama with the embedded model's vocabulary plus the special token `<image>` (its id is the
+    embedded vocabulary's size), its tokenizer, CLIP image processor and a LLaVA-1.5 chat template; returns the
+    `transformers` model."""
+    embedded = embedded_model_dir()
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    image_token_id = embedded_config["vocab_size"]
+    torch.manual_seed(0)
+    text = LlamaConfig(
+        vocab_size=image_token_id + 1,
+        bos_token_id=embedded_config["bos_token_id"],
+        eos_token_id=embedded_config["eos_token_id"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=56, patch_size=14
+    )
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id)
+    model = LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(directory)
+    CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(directory)
+    tokenizer = json.loads((embedded / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append(
+        {
+            "id": image_token_id,
+            "content": LLAVA_IMAGE_TOKEN,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (directory / "tokenizer_config.json").write_bytes((embedded / "tokenizer_config.json").read_bytes())
+    (directory / "chat_template.jinja").write_text(LLAVA_CHAT_TEMPLATE)
     return model
 
 

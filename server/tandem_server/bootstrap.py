@@ -10,6 +10,7 @@ import torch
 
 from tandem_server.config import CompileMode, ShardConfig, dtype_name
 from tandem_server.distributed import GroupAddress, ParallelContext, init_distributed
+from tandem_server.engine.companions import Companions
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.errors import ConfigError, LoraAdapterError, LoraAdapterExistsError
@@ -28,6 +29,7 @@ from tandem_server.quant.pipeline import WeightPreparation, prepare_weights
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
+from tandem_server.vision.loader import load_image_embedder
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +73,14 @@ def load_shard(config: ShardConfig) -> LoadedShard:
         config.model_path, model.spec.vocab_size, checkpoint.eos_token_ids
     )
     draft_model = load_draft_model(config, model, parallel, device)
+    images = load_image_embedder(checkpoint, config.dtype, device, config.encoder_cache_memory)
     runner = ModelRunner(
         model,
         checkpoint.eos_token_ids,
         config.dtype,
         device,
         options,
-        grammar_compiler,
-        draft_model,
+        Companions(grammar_compiler, draft_model, images),
     )
     load_startup_adapters(runner, config)
     logger.info(
@@ -151,14 +153,14 @@ def choose_attention_backend(
 ) -> AttentionBackend:
     """Builds the requested backend, or for `auto` the first one the device, packages and model allow."""
     # An unsupported architecture is the clearer error, and its config may lack the fields read below.
-    model_factory(checkpoint.architecture)
+    model_factory(checkpoint.family)
     needs = needs_from_hf_config(
         checkpoint.hf,
         config.device,
         config.dtype,
         config.kv_cache_dtype,
         config.block_size,
-        attention_sinks=checkpoint.architecture in ATTENTION_SINK_FAMILIES,
+        attention_sinks=checkpoint.family in ATTENTION_SINK_FAMILIES,
     )
     choice = select_backend(config.attention_backend, needs, detect_packages(config.device))
     logger.info("%s", choice.describe())

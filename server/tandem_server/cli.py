@@ -23,6 +23,7 @@ from tandem_server.config import (
     DTYPES,
     CompileMode,
     ShardConfig,
+    parse_byte_size,
     resolve_kv_cache_dtype,
 )
 from tandem_server.device_defaults import choose_device_settings
@@ -38,6 +39,7 @@ from tandem_server.rpc.cluster_auth import read_cluster_secret
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import TcpListener, serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
+from tandem_server.vision.encoder_cache import DEFAULT_ENCODER_CACHE_BYTES
 from tandem_server.weight_defaults import AUTO, choose_weight_settings, cpu_multiplies_bfloat16
 
 logger = logging.getLogger("tandem_server")
@@ -109,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--expert-parallel",
         action="store_true",
         help="each shard holds whole routed experts (a contiguous share) instead of a slice of every expert",
+    )
+    parser.add_argument(
+        "--encoder-cache-memory",
+        default=f"{DEFAULT_ENCODER_CACHE_BYTES >> 20}MiB",
+        help="vision-language models: memory for the embeddings of recent images, so a repeated image skips the "
+        "encoder, e.g. 512MiB; 0: encode every image",
     )
     parser.add_argument(
         "--step-timeout",
@@ -308,6 +316,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        encoder_cache_memory=parse_byte_size(args.encoder_cache_memory),
         faults=_fault_plan(args),
     )
 
@@ -356,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics.watch_compilation(shard.runner.compilation)
             if shard.runner.expert_tokens:
                 metrics.watch_expert_tokens(shard.runner.expert_tokens.read)
+            if shard.runner.images is not None:
+                metrics.watch_image_encoder(shard.runner.images.counts)
             metrics.serve(config.metrics_port, config.metrics_hostname)
         faulty = inject_faults(shard.runner, config.faults, config.rank)
         servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, model_thread)

@@ -13,6 +13,7 @@ from tandem_server.errors import ConfigError
 from tandem_server.faults import FaultPlan
 from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.quant.mode import QuantizeMode
+from tandem_server.vision.encoder_cache import DEFAULT_ENCODER_CACHE_BYTES
 
 ATTENTION_BACKENDS = ATTENTION_REGISTRY.choices
 DEVICES = ("cpu", "cuda")
@@ -119,6 +120,8 @@ class ShardConfig:
     max_lora_rank: int = 64
     # Most adapters whose weights stay in memory; None: --max-loras or the start-up adapters, whichever is more.
     max_cpu_loras: int | None = None
+    # Bytes of image embeddings the encoder cache keeps (vision-language models; on their device).
+    encoder_cache_memory: int = DEFAULT_ENCODER_CACHE_BYTES
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
     faults: FaultPlan = field(default_factory=FaultPlan)
 
@@ -137,6 +140,8 @@ class ShardConfig:
         self._check_lora_options()
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError("--kv-cache-memory must be positive")
+        if self.encoder_cache_memory < 0:
+            raise ConfigError("--encoder-cache-memory must not be negative")
         if self.num_threads < 1:
             raise ConfigError("--num-threads must be at least 1")
         if not 0 <= self.metrics_port < 65536:

@@ -85,3 +85,7 @@ class ModelThreadStalledError(ShardError):
 
 class CacheBudgetError(ShardError):
     """The KV cache budget cannot hold a single block."""
+
+
+class ImageError(ShardError):
+    """An image cannot be decoded or preprocessed; the request that carries it fails alone."""

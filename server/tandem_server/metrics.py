@@ -1,18 +1,22 @@
-"""The shard's own Prometheus endpoint: process and device memory, KV cache size, forward time by phase, and an
-MoE model's expert load."""
+"""The shard's own Prometheus endpoint: process and device memory, KV cache size, forward time by phase, an MoE
+model's expert load, and a vision-language model's image encoder."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from prometheus_client import CollectorRegistry, Gauge, Histogram, ProcessCollector, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tandem_server.expert_metrics import ExpertTokens, ExpertTokensCollector
+
+if TYPE_CHECKING:
+    from tandem_server.vision.embedder import EncoderCounts
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,32 @@ class _CompilationCollector(Collector):
         return [rows, compiling]
 
 
+class _ImageEncoderCollector(Collector):
+    """Reads the image embedder's counts at scrape time."""
+
+    def __init__(self, counts: Callable[[], EncoderCounts], rank: str) -> None:
+        self._counts = counts
+        self._rank = rank
+
+    def collect(self) -> list[CounterMetricFamily]:
+        counts = self._counts()
+        runs = CounterMetricFamily(
+            "tandem_shard_image_encoder_runs", "Images the vision encoder encoded", labels=["rank"]
+        )
+        runs.add_metric([self._rank], float(counts.runs))
+        hits = CounterMetricFamily(
+            "tandem_shard_image_encoder_cache_hits", "Images served from the encoder cache", labels=["rank"]
+        )
+        hits.add_metric([self._rank], float(counts.cache_hits))
+        seconds = CounterMetricFamily(
+            "tandem_shard_image_encoder_seconds",
+            "Time spent decoding, preprocessing and encoding images (CUDA: until the encoder's kernels are queued)",
+            labels=["rank"],
+        )
+        seconds.add_metric([self._rank], counts.seconds)
+        return [runs, hits, seconds]
+
+
 class ShardMetrics:
     """One shard's metrics in a private registry, every series labelled with the shard's rank."""
 
@@ -112,6 +142,10 @@ class ShardMetrics:
     def watch_expert_tokens(self, read: Callable[[], ExpertTokens]) -> None:
         """Reports the MoE layers' routed tokens that `read()` returns at each scrape (MoE models only)."""
         self.registry.register(ExpertTokensCollector(read, self._rank))
+
+    def watch_image_encoder(self, counts: Callable[[], EncoderCounts]) -> None:
+        """Reports the image embedder's `counts()` at each scrape (vision-language models only)."""
+        self.registry.register(_ImageEncoderCollector(counts, self._rank))
 
     def kv_cache_allocated(self, num_bytes: int) -> None:
         """Records the KV cache size after a warmup."""

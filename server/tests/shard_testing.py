@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from tandem_server.config import CompileMode
 from tandem_server.distributed import ParallelContext
+from tandem_server.engine.companions import Companions
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import (
@@ -147,7 +148,8 @@ def make_runner(
     if draft_path is not None:
         draft = read_checkpoint_config(draft_path)
         draft_model = DraftModel(load_tiny_model(draft_path), draft.architecture, kv_cache_dtype or torch.float32, CPU)
-    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, draft_model=draft_model)
+    companions = Companions(draft_model=draft_model)
+    return ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, companions)
 
 
 def new_request(

@@ -12,6 +12,7 @@ import torch
 from draft_testing import BLOCK_SIZE, Outcome, greedy_and_seeded_requests, oracle, run
 from fake_cuda import FakeCuda
 from shard_testing import load_tiny_model, step_graphs, write_tiny_llama
+from tandem_server.engine.companions import Companions
 from tandem_server.engine.draft_model import DraftModel
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import WarmupPlan
@@ -27,7 +28,7 @@ def _runner(
 ) -> ModelRunner:
     # The sdpa backend runs anywhere from device tensors alone, so the graphs replay it on the CPU too.
     model = load_tiny_model(checkpoint, backend=SdpaAttentionBackend())
-    return ModelRunner(model, (2,), torch.float32, device, options, draft_model=draft_model)
+    return ModelRunner(model, (2,), torch.float32, device, options, Companions(draft_model=draft_model))
 
 
 @pytest.fixture(scope="module")

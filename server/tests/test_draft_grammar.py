@@ -12,6 +12,7 @@ import torch
 from draft_testing import oracle, run
 from grammar_testing import VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
 from shard_testing import load_tiny_model, new_request
+from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest, ScheduledRequest, StepInput, WarmupPlan
 from tandem_server.models.config import read_checkpoint_config
@@ -50,7 +51,7 @@ def compiler(checkpoint: Path) -> GrammarCompiler:
 def _runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     eos = read_checkpoint_config(checkpoint).eos_token_ids
     options = ExecutionOptions(kv_cache_memory=8 << 20)
-    runner = ModelRunner(load_tiny_model(checkpoint), eos, torch.float32, CPU, options, compiler)
+    runner = ModelRunner(load_tiny_model(checkpoint), eos, torch.float32, CPU, options, Companions(compiler))
     runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner
 

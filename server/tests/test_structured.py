@@ -12,6 +12,7 @@ import pytest
 import torch
 from grammar_testing import EOS, VOCAB_SIZE, grammar_compiler, write_grammar_checkpoint
 from shard_testing import StepDriver, load_tiny_model, new_request
+from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import StepInput, StoppingCriteria, WarmupPlan
 from tandem_server.errors import FailureKind, RequestFailedError
@@ -55,7 +56,7 @@ def runner(checkpoint: Path, compiler: GrammarCompiler) -> ModelRunner:
     model = load_tiny_model(checkpoint)
     eos = read_checkpoint_config(checkpoint).eos_token_ids
     runner = ModelRunner(
-        model, eos, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 << 20), compiler
+        model, eos, torch.float32, torch.device("cpu"), ExecutionOptions(kv_cache_memory=4 << 20), Companions(compiler)
     )
     runner.warmup(WarmupPlan(block_size=4, max_batch_tokens=64, max_batch_requests=8))
     return runner

@@ -97,7 +97,8 @@ def record_graph_fits(runner: ModelRunner) -> list[tuple[int, bool]]:
 
     def checked_run(input_ids: object, positions: object, kv_cache: object, metadata: object) -> object:
         frame = {"self": runner.model, "input_ids": input_ids, "positions": positions, "kv_cache": kv_cache}
-        frame["metadata"] = metadata
+        # The forward's defaults: no recurrent states, no given input embeddings.
+        frame.update(metadata=metadata, states=None, embeddings=None)
         fit = any(entry.guard_manager.check(frame) for entry in forward_graphs(runner))
         fits.append((len(input_ids), fit))  # type: ignore[arg-type]
         return run(input_ids, positions, kv_cache, metadata)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
 
 from tandem_server.config import CompileMode
 from tandem_server.device_copy import to_device
-from tandem_server.engine.draft_model import DraftModel, DraftRow
+from tandem_server.engine.companions import Companions
+from tandem_server.engine.draft_model import DraftRow
 from tandem_server.engine.draws import apply_draws
+from tandem_server.engine.images import ImagePiece, input_embeddings, scheduled_pieces
 from tandem_server.engine.launched import DraftedRow, LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
-from tandem_server.engine.requests import RequestState, RequestTable, StepLimits
+from tandem_server.engine.requests import AppliedStep, RequestState, RequestTable, StepLimits
 from tandem_server.engine.step import (
     PromptLogprobs,
     StepInput,
@@ -47,7 +49,7 @@ from tandem_server.metrics import CompilationState
 from tandem_server.models.registry import CausalLM
 from tandem_server.sampling import Sampler, SamplingBatch, SamplingRow
 from tandem_server.sampling.statistics import TokenStatistics
-from tandem_server.structured import GrammarCompiler, grammar_token_mask
+from tandem_server.structured import grammar_token_mask
 
 
 @dataclass(frozen=True)
@@ -141,17 +143,18 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         options: ExecutionOptions = ExecutionOptions(),
-        grammar_compiler: GrammarCompiler | None = None,
-        draft_model: DraftModel | None = None,
+        companions: Companions | None = None,
     ) -> None:
+        companions = companions or Companions()
         self.model = model
-        self.draft_model = draft_model
+        self.draft_model = companions.draft_model
+        self.images = companions.images
         self.eos_token_ids = tuple(eos_token_ids)
         self.dtype = dtype
         self.cache_dtype = options.kv_cache_dtype or dtype
         self.device = device
         self.options = options
-        self.requests = RequestTable(grammar_compiler)
+        self.requests = RequestTable(companions.grammar_compiler)
         self.cache: KVCache | None = None
         self.execution = Execution.build(model, device, options.compile_mode, options.decode_package)
         self.lora = LoraRegistry(model, options.lora, dtype, device)
@@ -206,6 +209,7 @@ class ModelRunner:
                 spec.state_shapes, max_batch_requests, self.dtype, spec.state_dtypes
             )
             budget -= self.lora.device_bytes
+            budget -= self.images.cache.max_bytes if self.images is not None else 0
             if drafting is not None and draft_geometry is not None:
                 budget -= profile_graph_bytes(drafting.model, draft_geometry, draft_shapes, self.device)
             budget_flag = "--cuda-memory-fraction"
@@ -284,10 +288,9 @@ class ModelRunner:
             drafting,
             self.lora.names(),
             self.options.lora.max_loras,
+            self.images.image_token_id if self.images is not None else None,
         )
-        applied = self.requests.apply(step, limits)
-        unreadable = self.lora.make_resident(state.lora_adapter for state, _ in applied.plan)
-        applied = self.requests.fail_under_adapters(applied, unreadable) if unreadable else applied
+        applied, pieces = self._runnable(self.requests.apply(step, limits))
         plan = applied.plan
         # The router never lists the requests the shard ended itself: what the execution keeps for them goes too.
         forgotten = [*step.finished, *(request.id for request in step.new_requests), *self.requests.ended_before]
@@ -310,6 +313,8 @@ class ModelRunner:
         adapters = [state.lora_adapter for state, _ in plan]
         lora = self.lora.step(adapters, [len(span.token_ids) for span in spans], self.device)
         batch = build_step_batch(spans, cache.block_size, self.device, lora)
+        if pieces:
+            batch = replace(batch, embeddings=input_embeddings(pieces, spans, self.device))
         self._copy_pending_tokens(plan, batch, open_step)
         # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
         # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).
@@ -374,6 +379,17 @@ class ModelRunner:
             prompt_logprobs=launched.prompt_logprobs,
             failures=(*launched.failures, *(sampled.failures if sampled else ())),
         )
+
+    def _runnable(self, applied: AppliedStep) -> tuple[AppliedStep, list[ImagePiece]]:
+        """`applied` without the requests that cannot run (their LoRA adapter is unreadable, an image cannot be
+        encoded), each failing alone, and the image pieces the rest run on. A step with no image spans encodes
+        nothing."""
+        unreadable = self.lora.make_resident(state.lora_adapter for state, _ in applied.plan)
+        applied = self.requests.fail_under_adapters(applied, unreadable) if unreadable else applied
+        if self.images is None or not any(state.images for state, _ in applied.plan):
+            return applied, []
+        pieces, failures = scheduled_pieces(applied.plan, self.images)
+        return (self.requests.fail_planned(applied, failures) if failures else applied), pieces
 
     def _model_drafts(self, plan: list[tuple[RequestState, int]], counts: dict[int, int]) -> dict[int, tuple[int, ...]]:
         """The draft model's drafts for the planned requests that ask for some (checked: only with a draft model)."""

@@ -7,8 +7,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from tandem_server.engine.images import check_images
 from tandem_server.engine.step import (
     FinishReason,
+    ImageInput,
     NewRequest,
     RequestFailure,
     ScheduledRequest,
@@ -46,6 +48,8 @@ class RequestState:
     statistics: TokenStatistics | None = None
     # The LoRA adapter every token of the request runs under; empty: the base model.
     lora_adapter: str = ""
+    # The prompt's images, whose spans run on their embeddings.
+    images: tuple[ImageInput, ...] = ()
 
     @classmethod
     def from_new(cls, request: NewRequest, grammar: GrammarMatcher | None = None) -> RequestState:
@@ -59,6 +63,7 @@ class RequestState:
             prompt_logprobs=request.prompt_logprobs,
             grammar=grammar,
             lora_adapter=request.lora_adapter,
+            images=request.images,
         )
 
     @property
@@ -129,6 +134,8 @@ class StepLimits:
     # The LoRA adapters a new request may name, and how many distinct ones a step may run.
     lora_adapters: frozenset[str] = frozenset()
     max_loras: int = 0
+    # The token a prompt's image spans hold; None: the model reads text only.
+    image_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,10 @@ class RequestTable:
             for state, _ in applied.plan
             if state.lora_adapter in reasons
         ]
+        return self.fail_planned(applied, failures)
+
+    def fail_planned(self, applied: AppliedStep, failures: Sequence[RequestFailure]) -> AppliedStep:
+        """`applied` without the planned requests `failures` ends: each fails alone and the rest of the step runs."""
         failed = {failure.id for failure in failures}
         self.end(failed)
 
@@ -318,6 +329,7 @@ def _check_request_inputs(request: NewRequest, limits: StepLimits) -> None:
             raise RequestFailedError(
                 FailureKind.TOKEN_OUT_OF_RANGE, f"{what} id {bad} is outside the vocabulary of {vocab_size} tokens"
             )
+    check_images(request, limits.image_token_id)
     _check_sampling(request.sampling)
 
 

@@ -40,6 +40,22 @@ class StoppingCriteria:
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """An image in a prompt: its encoded file, the file's SHA-256, and the prompt positions [offset, offset +
+    num_tokens) that hold the image token and run on the image's embeddings instead."""
+
+    data: bytes
+    digest: bytes
+    offset: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        """The first position after the span."""
+        return self.offset + self.num_tokens
+
+
+@dataclass(frozen=True)
 class NewRequest:
     """A request the shard has not seen: prompt plus any tokens generated before a preemption."""
 
@@ -54,6 +70,8 @@ class NewRequest:
     grammar: GrammarSpec | None = None
     # The LoRA adapter the request runs under, by name; empty: the base model.
     lora_adapter: str = ""
+    # The prompt's images in prompt order, with disjoint spans.
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 
 from tandem_server.device_copy import to_device
 from tandem_server.layers.attention import AttentionMetadata, HostLayout, PagedLayout, start_offsets
+from tandem_server.layers.embedding import InputEmbeddings
 from tandem_server.lora import LoraStep
 
 
@@ -37,6 +38,14 @@ class StepBatch:
     last_rows: tuple[int, ...]
     # The LoRA adapters some rows run under; None: every row runs the base model alone.
     lora: LoraStep | None = None
+    # The rows that run on given embeddings (an image's positions); None: every row runs on its token's.
+    embeddings: InputEmbeddings | None = None
+
+    @property
+    def runs_base_model(self) -> bool:
+        """True when every row runs the base model on its token's embedding: the steps a captured or compiled graph
+        of the model can replay."""
+        return self.lora is None and self.embeddings is None
 
 
 def build_step_batch(

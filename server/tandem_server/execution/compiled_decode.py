@@ -260,8 +260,9 @@ class CompiledExecutor:
             self.background = self.graph.compile_in_background(cache, self._gate)
 
     def serves(self, step: PlannedStep) -> bool:
-        # The compiled graphs run the base model's GEMMs: rows under an adapter run eagerly.
-        return step.batch.lora is None and self.graph.serves(step.prepared.metadata)
+        # The compiled graphs run the base model on token embeddings: rows under an adapter or on given embeddings
+        # run eagerly.
+        return step.batch.runs_base_model and self.graph.serves(step.prepared.metadata)
 
     def run(self, step: PlannedStep) -> torch.Tensor:
         return self.graph.forward(step.batch, step.prepared)

@@ -208,8 +208,9 @@ class CudaGraphExecutor:
             self.graphs = graphs
 
     def serves(self, step: PlannedStep) -> bool:
-        # A captured graph replays the base model's GEMMs: rows under an adapter run eagerly.
-        return self.graphs is not None and step.batch.lora is None and self.graphs.holds(step.batch)
+        # A captured graph replays the base model on token embeddings: rows under an adapter or on given embeddings
+        # run eagerly.
+        return self.graphs is not None and step.batch.runs_base_model and self.graphs.holds(step.batch)
 
     def run(self, step: PlannedStep) -> torch.Tensor:
         if self.graphs is None:

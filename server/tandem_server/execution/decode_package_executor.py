@@ -64,10 +64,11 @@ class DecodePackageExecutor:
         return self._package
 
     def serves(self, step: PlannedStep) -> bool:
-        # The package runs the base model's GEMMs: rows under an adapter run eagerly.
+        # The package runs the base model on token embeddings: rows under an adapter or on given embeddings run
+        # eagerly.
         return (
             self._package is not None
-            and step.batch.lora is None
+            and step.batch.runs_base_model
             and is_steady_single_decode(step.batch, step.prepared.metadata)
         )
 

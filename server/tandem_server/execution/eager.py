@@ -1,5 +1,6 @@
 """Eager execution: the attention backend prepares the step's metadata, then the model runs operator by operator.
-It serves every step, so the runner tries it last: the only executor that applies LoRA adapters."""
+It serves every step, so the runner tries it last: the only executor that applies LoRA adapters and given input
+embeddings."""
 
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ def forward_step(model: CausalLM, batch: StepBatch, layers: Sequence[LayerCache]
 
 
 def run_prepared(model: CausalLM, step: PlannedStep) -> torch.Tensor:
-    prepared = step.prepared
-    lora = step.batch.lora
-    if lora is None:
-        return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
-    with lora.applied():
-        return model(step.batch.input_ids, step.batch.positions, prepared.layers, prepared.metadata, step.states)
+    prepared, batch = step.prepared, step.batch
+    inputs = (batch.input_ids, batch.positions, prepared.layers, prepared.metadata, step.states, batch.embeddings)
+    if batch.lora is None:
+        return model(*inputs)
+    with batch.lora.applied():
+        return model(*inputs)
 
 
 class EagerExecutor:

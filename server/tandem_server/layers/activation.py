@@ -1,4 +1,4 @@
-"""Gated activations for `down(act(gate(x)) * up(x))` feed-forwards, looked up by config.json's name."""
+"""Activations of feed-forwards (gated `down(act(gate(x)) * up(x))` or plain), looked up by config.json's name."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x).square()
 
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """The sigmoid approximation of GELU that CLIP was trained with."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 ACTIVATIONS: dict[str, Activation] = {
     "silu": F.silu,
     "swish": F.silu,
@@ -25,6 +30,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
     "gelu_new": partial(F.gelu, approximate="tanh"),
     "relu2": relu_squared,
+    "quick_gelu": quick_gelu,
 }
 
 

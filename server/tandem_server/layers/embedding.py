@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,6 +50,19 @@ class Embedding(nn.Module):
         if self.quantized is not None:
             return self.quantized.rows(ids, self.weight.dtype)
         return F.embedding(ids, self.weight)
+
+
+@dataclass(frozen=True)
+class InputEmbeddings:
+    """Rows of a step whose input is given rather than their token's embedding (an image's positions): row
+    `rows[i]` runs on `values[i]`, a vector of the model's hidden size. Every rank holds all of them."""
+
+    rows: torch.Tensor
+    values: torch.Tensor
+
+    def written_into(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`hidden` `[tokens, hidden]` with the given rows replaced."""
+        return hidden.index_copy(0, self.rows, self.values.to(hidden.dtype))
 
 
 class LMHead(GemmModule):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, LayerCache
+from tandem_server.layers.embedding import InputEmbeddings
 from tandem_server.layers.recurrent.state_pool import StepStates
 from tandem_server.models.config import ModelSpec
 from tandem_server.weights.layout import CheckpointLayout
@@ -28,9 +29,11 @@ class CausalLM(nn.Module):
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
         states: StepStates | None = None,
+        embeddings: InputEmbeddings | None = None,
     ) -> torch.Tensor:
         """The final hidden state of every row; the rows' keys and values land in `kv_cache`, and the recurrent
-        layers' states (of a hybrid model) in `states`."""
+        layers' states (of a hybrid model) in `states`. The rows `embeddings` names run on its values instead of
+        their tokens' embeddings (an image's positions)."""
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

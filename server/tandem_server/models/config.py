@@ -33,10 +33,17 @@ class CheckpointConfig:
     num_experts: int = 0
     # The expert weights are MXFP4 blocks (`quant_method: mxfp4`, gpt-oss), which the family's experts hold packed.
     mxfp4: bool = False
-    # A conditional-generation checkpoint served as its text decoder: `hf` is then the text configuration, and
-    # `skipped_parts` names the sub-models (vision, audio) that are not loaded.
+    # A conditional-generation checkpoint served as its text decoder: `hf` is then the text configuration,
+    # `skipped_parts` names the sub-models (vision, audio) that are not loaded, and `whole_hf` is config.json itself
+    # (the settings of the sub-models served beside the text decoder).
     text_part: TextPart | None = None
     skipped_parts: tuple[str, ...] = ()
+    whole_hf: dict[str, Any] | None = None
+
+    @property
+    def family(self) -> str:
+        """The registered family that serves the checkpoint: its architecture, or its text part's."""
+        return str(self.hf["architectures"][0])
 
 
 @dataclass(frozen=True)
@@ -81,9 +88,10 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         raise ConfigError(f"{config_file} names no architecture (`architectures` is empty)")
     text_part = TEXT_PARTS.get(architectures[0])
     skipped_parts: tuple[str, ...] = ()
+    whole_hf = None
     if text_part is not None:
         skipped_parts = tuple(text_part.skipped_parts(hf))
-        hf = text_part.text_config(hf)
+        whole_hf, hf = hf, text_part.text_config(hf)
     eos = _as_ids(hf.get("eos_token_id"))
     generation_file = model_path / "generation_config.json"
     if generation_file.is_file():
@@ -102,6 +110,7 @@ def read_checkpoint_config(model_path: Path) -> CheckpointConfig:
         mxfp4=mxfp4,
         text_part=text_part,
         skipped_parts=skipped_parts,
+        whole_hf=whole_hf,
     )
 
 

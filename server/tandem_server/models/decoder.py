@@ -15,7 +15,7 @@ from tandem_server.errors import ConfigError
 from tandem_server.interfaces.context import served_positions
 from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
-from tandem_server.layers.embedding import Embedding, LMHead
+from tandem_server.layers.embedding import Embedding, InputEmbeddings, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.mlp import GatedMLP
@@ -299,10 +299,14 @@ class DecoderModel(nn.Module):
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
         states: StepStates | None = None,
+        embeddings: InputEmbeddings | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             hidden = hidden * self.embedding_scale
+        # Given embeddings are the model's inputs as they are: the token embeddings' scale never applies to them.
+        if embeddings is not None:
+            hidden = embeddings.written_into(hidden)
         angles = [cast(RotaryEmbedding, table).angles(positions, hidden.dtype) for table in self.rotary_tables]
         # Paged caches and state pools are numbered among the layers of their own kind, in layer order.
         caches = iter(kv_cache)
@@ -357,10 +361,11 @@ class DecoderForCausalLM(CausalLM):
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
         states: StepStates | None = None,
+        embeddings: InputEmbeddings | None = None,
     ) -> torch.Tensor:
         """Final hidden states `[tokens, hidden]`; K/V of every token are written into `kv_cache`, the recurrent
-        layers' states into `states`."""
-        return self.model(input_ids, positions, kv_cache, metadata, states)
+        layers' states into `states`; the rows `embeddings` names run on its values."""
+        return self.model(input_ids, positions, kv_cache, metadata, states, embeddings)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[rows, vocab]` for the selected hidden rows."""

@@ -13,7 +13,7 @@ from torch import nn
 from tandem_server.distributed import ParallelContext
 from tandem_server.layers.activation import activation
 from tandem_server.layers.attention import AttentionBackend, AttentionMetadata, AttentionParams, LayerCache
-from tandem_server.layers.embedding import Embedding, LMHead
+from tandem_server.layers.embedding import Embedding, InputEmbeddings, LMHead
 from tandem_server.layers.head_partition import partition_heads
 from tandem_server.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear, StackedColumns
 from tandem_server.layers.mlp import GatedMLP
@@ -168,8 +168,11 @@ class Gemma4Model(nn.Module):
         positions: torch.Tensor,
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        embeddings: InputEmbeddings | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embedding_scale
+        if embeddings is not None:
+            hidden = embeddings.written_into(hidden)
         per_layer = self.per_layer_inputs(input_ids, hidden) if self.per_layer_inputs is not None else None
         angles = [cast(RotaryEmbedding, table).angles(positions, hidden.dtype) for table in self.rotary_tables]
         # Only the step's keys and values of layers that later layers reuse are kept.
@@ -227,10 +230,12 @@ class Gemma4ForCausalLM(CausalLM):
         kv_cache: Sequence[LayerCache],
         metadata: AttentionMetadata,
         states: StepStates | None = None,
+        embeddings: InputEmbeddings | None = None,
     ) -> torch.Tensor:
         """Final hidden states `[tokens, hidden]`; K/V of the layers that keep them are written into `kv_cache`
-        (Gemma 4 keeps no recurrent state, so `states` is always None)."""
-        return cast(torch.Tensor, self.model(input_ids, positions, kv_cache, metadata))
+        (Gemma 4 keeps no recurrent state, so `states` is always None); the rows `embeddings` names run on its
+        values."""
+        return cast(torch.Tensor, self.model(input_ids, positions, kv_cache, metadata, embeddings))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[rows, vocab]`, soft-capped when the config says so."""

@@ -30,13 +30,13 @@ def load_model(
     allow_pickle_weights: bool = False,
     gguf_blocks: bool = False,
 ) -> CausalLM:
-    """The model of `checkpoint.architecture`, loaded for this rank; an FP8 checkpoint's float8 layers (a GPTQ or AWQ
+    """The model of `checkpoint.family`, loaded for this rank; an FP8 checkpoint's float8 layers (a GPTQ or AWQ
     checkpoint's int4 ones, GGUF blocks with `gguf_blocks`) are ready once `quantize_model` has run.
 
     The weights the checkpoint holds quantized never get float storage: they stay on meta, carrying their values for
     `quantize_model`, so loading takes the quantized model's memory, not the float model's.
     """
-    factory = model_factory(checkpoint.architecture)
+    factory = model_factory(checkpoint.family)
     quantized = gguf_blocks or checkpoint.fp8 is not None or checkpoint.int4 is not None
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -55,7 +55,7 @@ def load_model(
         logger.info(
             "%s: serving its text decoder as %s; not loaded: %s",
             checkpoint.architecture,
-            text_part.text_architecture,
+            checkpoint.family,
             skipped,
         )
     if quantized:

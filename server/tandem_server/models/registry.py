@@ -74,10 +74,11 @@ ATTENTION_SINK_FAMILIES = frozenset({"GptOssForCausalLM"})
 
 
 def model_factory(architecture: str) -> CausalLMFactory:
-    """The registered class for `architecture` (a conditional-generation checkpoint's: its text family's), or an error
-    listing every supported one."""
+    """The registered class for `architecture` (a conditional-generation checkpoint's: the text family it fixes;
+    `CheckpointConfig.family` names the one its text configuration chooses), or an error listing every supported
+    one."""
     text_part = TEXT_PARTS.get(architecture)
-    family = text_part.text_architecture if text_part is not None else architecture
+    family = text_part.text_architecture if text_part is not None and text_part.text_architecture else architecture
     if family not in MODEL_FAMILIES:
         raise UnsupportedArchitectureError(architecture, [*MODEL_FAMILIES, *TEXT_PARTS])
     return MODEL_FAMILIES[family]

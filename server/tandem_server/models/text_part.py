@@ -16,23 +16,30 @@ INHERITED_KEYS = ("quantization_config", "eos_token_id", "tie_word_embeddings", 
 
 @dataclass(frozen=True)
 class TextPart:
-    """Where a conditional-generation checkpoint keeps its language model: the text family that serves it, the
-    config key of its text configuration, and the checkpoint prefixes of its weights, each paired with the prefix
-    the text family's parameters use. Tensors under no listed prefix (encoders, projectors) are never read."""
+    """Where a conditional-generation checkpoint keeps its language model: the text family that serves it (None: the
+    one its text configuration's `model_type` names), the config key of its text configuration, and the checkpoint
+    prefixes of its weights, each paired with the prefix the text family's parameters use. Tensors under no listed
+    prefix (encoders, projectors) are never read by the text family."""
 
-    text_architecture: str
+    text_architecture: str | None
     prefixes: tuple[tuple[str, str], ...]
     config_key: str = "text_config"
-    # The text configuration's defaults, for published configs that list only what differs from them.
+    # The text configuration's defaults, for published configs that list only what differs from them (for a family
+    # named by `model_type`: that model type's defaults).
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Sub-models the shard serves beside the text decoder (`vision_config` gives "vision").
+    served_parts: tuple[str, ...] = ()
 
     def text_config(self, hf: dict[str, Any]) -> dict[str, Any]:
-        """The text decoder's configuration, with the top level's settings it does not override, over its defaults."""
+        """The text decoder's configuration, with the top level's settings it does not override, over its defaults;
+        its `architectures` names the text family that serves it."""
         text = hf.get(self.config_key)
         if not isinstance(text, dict):
-            raise ConfigError(f"a {self.text_architecture} text part needs `{self.config_key}` in config.json")
+            raise ConfigError(f"a {hf['architectures'][0]} checkpoint needs `{self.config_key}` in config.json")
         inherited = {key: hf[key] for key in INHERITED_KEYS if key in hf and key not in text}
-        return {**self.defaults, **inherited, **text, "architectures": [self.text_architecture]}
+        architecture = self.text_architecture or _family_of_model_type(text, hf["architectures"][0])
+        defaults = self.defaults if self.text_architecture else MODEL_TYPE_DEFAULTS.get(str(text.get("model_type")), {})
+        return {**defaults, **inherited, **text, "architectures": [architecture]}
 
     def checkpoint_layout(self, layout: CheckpointLayout) -> CheckpointLayout:
         """The text family's `layout` read from under this checkpoint's text prefixes, everything else skipped."""
@@ -41,10 +48,42 @@ class TextPart:
         return replace(layout, kept_prefixes=kept, renamed=renamed + layout.renamed)
 
     def skipped_parts(self, hf: dict[str, Any]) -> list[str]:
-        """The other sub-models config.json declares (`vision_config` gives "vision"), none of which is loaded."""
-        own = (self.config_key, "quantization_config")
+        """The other sub-models config.json declares (`vision_config` gives "vision") that the shard does not load."""
+        own = (self.config_key, "quantization_config", *(f"{part}_config" for part in self.served_parts))
         others = (key for key, value in hf.items() if key.endswith("_config") and isinstance(value, dict))
         return sorted(key.removesuffix("_config") for key in others if key not in own)
+
+
+def _family_of_model_type(text: dict[str, Any], architecture: str) -> str:
+    model_type = text.get("model_type")
+    if model_type not in TEXT_FAMILIES:
+        supported = ", ".join(sorted(TEXT_FAMILIES))
+        raise ConfigError(f"{architecture}: its text model type {model_type!r} is not served; supported: {supported}")
+    return TEXT_FAMILIES[model_type]
+
+
+# The text families a text configuration's `model_type` names, where the checkpoint's architecture does not fix one.
+TEXT_FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+# LlamaConfig's defaults for the sizes the Llama family reads: llava-1.5's published configs give only the sizes
+# that differ.
+LLAMA_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "intermediate_size": 11_008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {"llama": LLAMA_TEXT_DEFAULTS}
 
 
 # Gemma3TextConfig's defaults for the sizes Gemma 3's family reads: the published multimodal configs (gemma-3-4b-it,
@@ -84,5 +123,16 @@ TEXT_PARTS: dict[str, TextPart] = {
     ),
     "Qwen3_5MoeForConditionalGeneration": TextPart(
         "Qwen3_5MoeForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
+    # Its vision tower and projector are served beside the text decoder (vision/llava.py).
+    "LlavaForConditionalGeneration": TextPart(
+        None,
+        (
+            ("model.language_model.", "model."),
+            ("language_model.model.", "model."),
+            ("language_model.lm_head.", "lm_head."),
+            ("lm_head.", "lm_head."),
+        ),
+        served_parts=("vision",),
     ),
 }

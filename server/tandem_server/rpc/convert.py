@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tandem_server.engine.step import (
     FinishReason,
+    ImageInput,
     NewRequest,
     PromptLogprobs,
     RequestFailure,
@@ -95,6 +96,10 @@ def _new_request_from_pb(request: shard_pb2.NewRequest) -> NewRequest:
         prompt_logprobs=request.prompt_logprobs,
         grammar=_grammar_from_pb(request),
         lora_adapter=request.lora_adapter,
+        images=tuple(
+            ImageInput(data=image.data, digest=image.digest, offset=image.offset, num_tokens=image.num_tokens)
+            for image in request.images
+        ),
     )
 
 

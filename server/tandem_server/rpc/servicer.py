@@ -225,4 +225,5 @@ def build_info(
         recurrent_state=bool(spec.state_shapes),
         max_loras=runner.options.lora.max_loras,
         max_lora_rank=runner.options.lora.max_rank,
+        vision_encoder=runner.images.description if runner.images is not None else "",
     )

@@ -1,0 +1,1 @@
+"""Vision-language models' image side: preprocessing, vision towers, projectors and the encoder cache."""

@@ -1,0 +1,57 @@
+"""Turns an encoded image file into the pixels a vision tower reads, with the checkpoint's own image processor."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from tandem_server.errors import ConfigError, ImageError
+
+# What PIL raises on a file it cannot read: unknown or truncated data (OSError and its UnidentifiedImageError), a
+# malformed chunk (SyntaxError, ValueError), data that ends early (EOFError), or a decompression bomb.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """The RGB image in the file `data` (a GIF's first frame), or an ImageError saying why it cannot be read."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except _DECODE_ERRORS as error:
+        raise ImageError(f"the image cannot be decoded ({error})") from error
+
+
+class ImagePreprocessor:
+    """The checkpoint's `preprocessor_config.json` as transformers' image processor applies it, on its PIL backend
+    (resize, crop, rescale, normalise: the same pixels as the reference implementation)."""
+
+    def __init__(self, model_path: Path, image_size: int) -> None:
+        # Imported here: transformers' image processors import its modeling code and with it torch's compiler stack
+        # (about 200 MiB), which only a shard serving images should pay for.
+        from transformers import AutoImageProcessor  # noqa: PLC0415
+
+        try:
+            self._processor = AutoImageProcessor.from_pretrained(model_path, backend="pil")
+        except (OSError, ValueError) as error:
+            raise ConfigError(
+                f"{model_path}: its image processor cannot be loaded ({error}); a vision-language checkpoint needs "
+                "its preprocessor_config.json"
+            ) from error
+        self.image_size = image_size
+        side = tuple(self.pixels(Image.new("RGB", (image_size + 5, image_size - 3))).shape[-2:])
+        if side != (image_size, image_size):
+            raise ConfigError(
+                f"{model_path}: its image processor makes {side[0]}x{side[1]} pixel images, its vision tower reads "
+                f"{image_size}x{image_size}"
+            )
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        """Float32 pixels `[1, channels, side, side]` of `image`."""
+        try:
+            pixel_values = self._processor(images=image, return_tensors="pt")["pixel_values"]
+        except (ValueError, OSError) as error:
+            raise ImageError(f"the image cannot be preprocessed ({error})") from error
+        return torch.as_tensor(pixel_values, dtype=torch.float32)

@@ -1,0 +1,36 @@
+"""LLaVA under tensor parallelism: the text decoder split over two gloo ranks, the vision tower whole on each, gives
+the single process's tokens and logits."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from tandem_server.distributed import ParallelContext
+from vision_testing import image_file, image_request, prompt_with_images, write_tiny_llava
+from vision_tp_worker import WORLD_SIZE, run_llava, run_rank
+
+# The slow tier (starts gloo process groups): `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_two_gloo_ranks_match_the_single_process_on_a_prompt_with_two_images(tmp_path: Path) -> None:
+    write_tiny_llava(tmp_path / "model")
+    tokens, images = prompt_with_images([[1, 12], image_file(2), [40, 9], image_file(3, (64, 48)), [71, 12]])
+    request = image_request(1, tokens, images, max_new_tokens=6)
+    torch.save(request, tmp_path / "request.pt")
+    single = run_llava(tmp_path / "model", request, ParallelContext())
+    mp.start_processes(run_rank, args=(tmp_path, free_port()), nprocs=WORLD_SIZE, start_method="spawn")
+    for rank in range(WORLD_SIZE):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert result["tokens"] == single["tokens"]
+        torch.testing.assert_close(result["logits"], single["logits"], rtol=1e-4, atol=1e-4)
