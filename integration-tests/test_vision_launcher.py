@@ -126,6 +126,7 @@ def test_the_same_image_reuses_its_kv_blocks_and_its_encoding(llava: TandemServe
     # Every full block is reused, the image's included: only the last partial block is recomputed.
     assert cached == (prompt_tokens - 1) // 16 * 16, second["usage"]
     assert shard_metric(llava, "tandem_shard_image_encoder_runs_total") == runs + 1
+    assert llava.metric("tandem_request_images_sum", route="chat_completions") >= 2
 
 
 def test_a_different_image_shares_only_the_text_before_it(llava: TandemServer) -> None:
@@ -262,3 +263,19 @@ def test_slow_huge_and_redirected_fetches_are_refused_within_the_limits(
     assert refused.status_code == 400, refused.text
     assert message in refused.json()["error"]["message"], refused.text
     assert time.monotonic() - started < 5
+
+
+def test_two_shards_answer_as_one(
+    tmp_path_factory: pytest.TempPathFactory, llava_dir: tuple[Path, object], llava: TandemServer
+) -> None:
+    body = chat_body(data_url(png("maroon")), max_tokens=12)
+    one = chat(llava, body)["choices"][0]["message"]["content"]
+    root = tmp_path_factory.mktemp("llava-tp2")
+    server = TandemServer.start(
+        root / "launcher.log", "--model-id", str(llava_dir[0]), *FLOAT32_EAGER, "--kv-cache-memory", "32MiB",
+        "--num-shard", "2",
+    )  # fmt: skip
+    try:
+        assert chat(server, body)["choices"][0]["message"]["content"] == one
+    finally:
+        assert server.stop() == 0, server.log_tail()

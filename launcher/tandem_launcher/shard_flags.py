@@ -91,6 +91,11 @@ EXECUTION = (
         check=_memory_check,
     ),
     Forwarded(
+        "--encoder-cache-memory", SHARD, memory_size, "256MiB",
+        "vision-language models: memory each shard keeps the embeddings of recent images in, so a repeated image "
+        "skips the vision encoder (on CUDA taken from the KV cache's share); 0: encode every image",
+    ),
+    Forwarded(
         "--kv-cache-dtype", SHARD, str, AUTO,
         "dtype of the KV cache, in which attention computes; auto: the model's --dtype; bfloat16 under a float32 "
         "model holds twice the tokens per byte (needs the "

@@ -29,6 +29,7 @@ def test_shard_argv_names_rank_socket_rendezvous_and_resources() -> None:
     assert values["--packed-gemm-rows"] == ["auto"]
     assert values["--decode-mirror-memory"] == ["auto"]
     assert values["--kv-cache-dtype"] == ["auto"]
+    assert values["--encoder-cache-memory"] == ["256MiB"]
     assert values["--step-timeout"] == ["120.0"]
 
 

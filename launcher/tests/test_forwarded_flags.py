@@ -25,6 +25,7 @@ SAMPLES = {
     "--packed-gemm-rows": "16",
     "--kv-events-endpoint": "tcp://*:5557",
     "--torch-compile": "background",
+    "--encoder-cache-memory": "64MiB",
 }
 # Flags only a CUDA shard takes; the rest are given to a CPU launch.
 CUDA_ONLY = ("--cuda-graphs",)

@@ -99,6 +99,8 @@ struct Submitted {
     texts: Vec<TextStream>,
     reasoning: Option<ReasoningSplitter>,
     input_ids: Vec<u32>,
+    /// Images the prompt carries.
+    images: usize,
     seed: u64,
     tickets: Vec<AdmissionTicket>,
 }
@@ -135,6 +137,7 @@ impl AdmittedRequest {
                     texts,
                     reasoning,
                     input_ids,
+                    images,
                     seed,
                     tickets,
                 } = submitted;
@@ -145,6 +148,7 @@ impl AdmittedRequest {
                     .zip(0u64..)
                     .map(|(((text, ticket), metrics), index)| {
                         metrics.input_tokens(input_ids.len());
+                        metrics.images(images);
                         Self {
                             text,
                             reasoning: reasoning.clone(),
@@ -178,6 +182,7 @@ impl AdmittedRequest {
             valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
         let tickets = engine.admission.admit(count, queued_tokens)?;
         let input_ids = valid.request.input_ids.clone();
+        let images = valid.request.images.len();
         let seed = valid.request.sampling.seed;
         let requests = (0u64..)
             .take(count)
@@ -205,6 +210,7 @@ impl AdmittedRequest {
             texts,
             reasoning: valid.reasoning,
             input_ids,
+            images,
             seed,
             tickets,
         })

@@ -21,6 +21,7 @@ const COUNT_BUCKETS: &[f64] = &[
 /// Histograms of counts (tokens, requests) rather than seconds.
 const COUNT_HISTOGRAMS: &[&str] = &[
     "tandem_request_input_tokens",
+    "tandem_request_images",
     "tandem_request_generated_tokens",
     "tandem_batch_size",
     "tandem_batch_tokens",
@@ -97,6 +98,10 @@ fn describe_requests() {
     describe_histogram!(
         "tandem_request_input_tokens",
         "Prompt tokens per admitted request"
+    );
+    describe_histogram!(
+        "tandem_request_images",
+        "Images per admitted request (0 for text-only prompts)"
     );
     describe_histogram!(
         "tandem_request_generated_tokens",

@@ -43,6 +43,11 @@ impl RequestMetrics {
         counter!("tandem_prompt_tokens_total", "route" => self.route).increment(count as u64);
     }
 
+    /// Records how many images the admitted request's prompt carries.
+    pub fn images(&self, count: usize) {
+        histogram!("tandem_request_images", "route" => self.route).record(as_f64(count));
+    }
+
     /// Records one delivered token; `admitted` is when the scheduler first admitted the
     /// request, `finish` (the `finish_reason` label) is set on the last token.
     pub fn token(&mut self, admitted: Option<Instant>, finish: Option<&'static str>) {
