@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from tandem_bench import (
     hostile_run,
     hybrid_run,
+    images_run,
     kv_memory_run,
     lora_run,
     moe_run,
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "`tandem-bench moe --help`: a tiny mixture-of-experts model at 32 streams against transformers static "
         "batching; `tandem-bench hybrid --help`: a tiny hybrid (recurrent-state) model at 32 streams against "
         "transformers static batching, and multi-turn chats' time to first token with and without the prefix cache; "
-        "`tandem-bench lora --help`: 32 streams spread over four LoRA adapters against the base model alone.",
+        "`tandem-bench lora --help`: 32 streams spread over four LoRA adapters against the base model alone; "
+        "`tandem-bench images --help`: time to first token of chat requests with images, fresh against repeated.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -188,6 +190,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "moe": moe_run.main,
     "hybrid": hybrid_run.main,
     "lora": lora_run.main,
+    "images": images_run.main,
 }
 
 

@@ -41,6 +41,8 @@ class RequestResult:
     success: bool = False
     prompt_words: int = 0
     prompt_tokens: int | None = None
+    # Prompt tokens the server reports it served from its prefix cache (`usage.prompt_tokens_details`), when it does.
+    cached_tokens: int | None = None
     output_tokens: int = 0
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
@@ -57,8 +59,15 @@ class RequestResult:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
-def build_payload(endpoint: Endpoint, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    """The JSON body; `/v1/completions` gets the messages' contents joined into one prompt."""
+def message_text(content: str | list[dict[str, Any]]) -> str:
+    """A message's text: the content itself, or its text parts joined (image parts carry none)."""
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
+
+
+def build_payload(endpoint: Endpoint, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """The JSON body; `/v1/completions` gets the messages' texts joined into one prompt."""
     payload: dict[str, Any] = {
         "model": endpoint.model,
         "max_tokens": max_tokens,
@@ -69,7 +78,7 @@ def build_payload(endpoint: Endpoint, messages: list[dict[str, str]], max_tokens
     if endpoint.api == "chat":
         payload["messages"] = messages
     else:
-        payload["prompt"] = "\n".join(message["content"] for message in messages)
+        payload["prompt"] = "\n".join(message_text(message["content"]) for message in messages)
     payload.update(endpoint.extra_body)
     return payload
 
@@ -106,6 +115,8 @@ class _StreamTimer:
         if usage:
             self.result.output_tokens = int(usage.get("completion_tokens") or 0)
             self.result.prompt_tokens = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            self.result.cached_tokens = details.get("cached_tokens")
         text = _chunk_text(chunk)
         if text:
             if self.chunks == 0:
@@ -128,10 +139,10 @@ class _StreamTimer:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict[str, str]], max_tokens: int
+    session: aiohttp.ClientSession, endpoint: Endpoint, messages: list[dict[str, Any]], max_tokens: int
 ) -> RequestResult:
     """Sends one streamed request; failures are recorded in the result, never raised."""
-    result = RequestResult(prompt_words=sum(len(message["content"].split()) for message in messages))
+    result = RequestResult(prompt_words=sum(len(message_text(message["content"]).split()) for message in messages))
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     start = time.perf_counter()
     timer = _StreamTimer(result, start)

@@ -21,6 +21,7 @@ class Script:
     pieces: tuple[str, ...] = ("a", "b", "c", "d")
     gaps_s: tuple[float, ...] = (0.1, 0.2, 0.3)
     send_usage: bool = True
+    cached_tokens: int | None = None
     status: int = 200
     error_after_first: bool = False
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -67,7 +68,10 @@ async def _answer(request: web.Request, script: Script, api_chat: bool) -> web.S
             await send({"error": {"message": "shard failed", "type": "generation"}})
             break
     if script.send_usage:
-        await send({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": len(script.pieces)}})
+        usage: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": len(script.pieces)}
+        if script.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": script.cached_tokens}
+        await send({"choices": [], "usage": usage})
     await send("[DONE]")
     await response.write_eof()
     return response
