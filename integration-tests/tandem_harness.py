@@ -156,24 +156,37 @@ def embedded_model_dir() -> Path:
     return resolve_source(ModelSource(EMBEDDED_MODEL_ID, None, model_cache_dir())).path
 
 
+def tiny_llama_config(vocab_size: int, **overrides: Any) -> LlamaConfig:
+    """A two-layer Llama over `vocab_size` tokens with the embedded model's BOS and EOS ids, which the launcher serves
+    in seconds; `overrides` change any other setting."""
+    embedded_config = json.loads((embedded_model_dir() / "config.json").read_text())
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "bos_token_id": embedded_config["bos_token_id"],
+        "eos_token_id": embedded_config["eos_token_id"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+    }
+    return LlamaConfig(**{**settings, **overrides})
+
+
+def added_token(token_id: int, content: str, *, special: bool) -> dict[str, Any]:
+    """An entry of tokenizer.json's `added_tokens`: `content` as one token, matched as written."""
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": special}  # fmt: skip
+
+
 def write_tiny_llama(directory: Path) -> LlamaForCausalLM:
     """Saves a random two-layer Llama (seed 0) with the embedded model's vocabulary, tokenizer and chat template in
     `directory`, where the launcher serves it in seconds; returns the `transformers` model."""
     embedded = embedded_model_dir()
     embedded_config = json.loads((embedded / "config.json").read_text())
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=embedded_config["vocab_size"],
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
+    config = tiny_llama_config(embedded_config["vocab_size"], tie_word_embeddings=True)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -205,17 +218,7 @@ def write_tiny_llava(directory: Path) -> LlavaForConditionalGeneration:
     embedded_config = json.loads((embedded / "config.json").read_text())
     image_token_id = embedded_config["vocab_size"]
     torch.manual_seed(0)
-    text = LlamaConfig(
-        vocab_size=image_token_id + 1,
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-    )
+    text = tiny_llama_config(image_token_id + 1)
     vision = CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=56, patch_size=14
     )
@@ -224,17 +227,7 @@ def write_tiny_llava(directory: Path) -> LlavaForConditionalGeneration:
     model.save_pretrained(directory)
     CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(directory)
     tokenizer = json.loads((embedded / "tokenizer.json").read_text())
-    tokenizer["added_tokens"].append(
-        {
-            "id": image_token_id,
-            "content": LLAVA_IMAGE_TOKEN,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-    )
+    tokenizer["added_tokens"].append(added_token(image_token_id, LLAVA_IMAGE_TOKEN, special=True))
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
     (directory / "tokenizer_config.json").write_bytes((embedded / "tokenizer_config.json").read_bytes())
     (directory / "chat_template.jinja").write_text(LLAVA_CHAT_TEMPLATE)

@@ -19,8 +19,8 @@ import torch
 from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from tandem_harness import FLOAT32_EAGER, TandemServer, embedded_model_dir, sse_lines
-from transformers import LlamaConfig, LlamaForCausalLM
+from tandem_harness import FLOAT32_EAGER, TandemServer, added_token, embedded_model_dir, sse_lines, tiny_llama_config
+from transformers import LlamaForCausalLM
 
 END = "</think>"
 # Opens the reasoning in the generation prompt and drops earlier answers' reasoning, as DeepSeek-R1's template does.
@@ -35,11 +35,6 @@ ANTHROPIC_EVENT = TypeAdapter(RawMessageStreamEvent)
 RESPONSES_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": False}  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def reasoning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded tokenizer with `<think>` and `</think>` added after its vocabulary, an R1-style template, and a
@@ -48,26 +43,17 @@ def reasoning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = tmp_path_factory.mktemp("reasoning-model")
     tokenizer = json.loads((embedded / "tokenizer.json").read_text())
     vocab_size = len(tokenizer["model"]["vocab"])
-    tokenizer["added_tokens"] += [_added_token(vocab_size, "<think>"), _added_token(vocab_size + 1, END)]
+    tokenizer["added_tokens"] += [
+        added_token(vocab_size, "<think>", special=False),
+        added_token(vocab_size + 1, END, special=False),
+    ]
     (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer))
     tokenizer_config = json.loads((embedded / "tokenizer_config.json").read_text())
     tokenizer_config.pop("chat_template", None)
     (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (model_dir / "chat_template.jinja").write_text(R1_TEMPLATE)
-    embedded_config = json.loads((embedded / "config.json").read_text())
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size + 2,
-        bos_token_id=embedded_config["bos_token_id"],
-        eos_token_id=embedded_config["eos_token_id"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
+    config = tiny_llama_config(vocab_size + 2, max_position_embeddings=2048, tie_word_embeddings=True)
     LlamaForCausalLM(config).save_pretrained(model_dir)
     return model_dir
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from tandem_bench import (
     soak_run,
     speculative_run,
 )
-from tandem_bench.client import API_PATHS, Endpoint
+from tandem_bench.client import API_PATHS, Endpoint, extra_body
 from tandem_bench.datasets import DATASET_KINDS, DatasetConfig
 from tandem_bench.load import LoadPoint
 from tandem_bench.plots import write_plots
@@ -41,16 +40,6 @@ def parse_server(spec: str) -> tuple[str, str]:
     if not urlparse(url).scheme.startswith("http"):
         raise argparse.ArgumentTypeError(f"not an http(s) URL: {url!r}")
     return name, url
-
-
-def _extra_body(text: str) -> dict[str, object]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"--extra-body is not JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("--extra-body must be a JSON object")
-    return value
 
 
 def _positive_int(text: str) -> int:
@@ -98,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--temperature", type=float, default=0.0)
     target.add_argument(
         "--extra-body",
-        type=_extra_body,
+        type=extra_body,
         default={},
         help="JSON merged into every request, e.g. '{\"ignore_eos\": true}'",
     )

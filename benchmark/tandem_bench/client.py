@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -181,3 +182,14 @@ async def discover_model(session: aiohttp.ClientSession, base_url: str, api_key:
             return str(models[0]["id"]) if models else ""
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
         return ""
+
+
+def extra_body(text: str) -> dict[str, object]:
+    """`--extra-body`'s value: a JSON object merged into every request's body."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--extra-body is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--extra-body must be a JSON object")
+    return value

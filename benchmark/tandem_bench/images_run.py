@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import secrets
 import shlex
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from tandem_bench.client import Endpoint, RequestResult, discover_model, stream_request
+from tandem_bench.client import Endpoint, RequestResult, discover_model, extra_body, stream_request
 from tandem_bench.cpu_features import cpu_features
 from tandem_bench.images import (
     FRESH,
@@ -113,16 +112,6 @@ async def measure(endpoint: Endpoint, workload: ImageWorkload, load: LoadShape) 
     return ImagesReport(fresh, pooled)
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     server = parser.add_mutually_exclusive_group(required=True)
@@ -131,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--launcher-args", default="", help="with --model-id: extra launcher flags (one string)")
     parser.add_argument("--model", default="", help="model name (default: the first id of /v1/models)")
     parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
-    parser.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into every request")
+    parser.add_argument("--extra-body", type=extra_body, default={}, help="JSON merged into every request")
     parser.add_argument("--requests", type=int, default=40, help="measured requests per mode")
     parser.add_argument("--pool-size", type=int, default=4, help="distinct images the pooled mode repeats")
     parser.add_argument("--image-size", type=int, nargs=2, default=[336, 336], metavar=("WIDTH", "HEIGHT"))

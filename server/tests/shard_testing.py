@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,23 @@ class StepDriver:
         scheduled = ScheduledRequest(rid, num_tokens, tuple(new_blocks), state.num_computed)
         state.num_computed += num_tokens
         return scheduled
+
+
+@contextlib.contextmanager
+def recorded_logits(runner: ModelRunner) -> Iterator[list[torch.Tensor]]:
+    """The logits of every sampling step `runner` runs inside the block, in order."""
+    logits: list[torch.Tensor] = []
+    compute_logits = runner.model.compute_logits
+
+    def recording(hidden: torch.Tensor) -> torch.Tensor:
+        logits.append(compute_logits(hidden))
+        return logits[-1]
+
+    runner.model.compute_logits = recording  # type: ignore[method-assign]
+    try:
+        yield logits
+    finally:
+        del runner.model.compute_logits
 
 
 def warmed(runner: ModelRunner) -> ModelRunner:

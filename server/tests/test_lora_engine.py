@@ -11,7 +11,16 @@ import torch
 from draft_testing import oracle
 from draft_testing import run as run_with_drafts
 from lora_testing import EVERYTHING, VALUES, AdapterSpec, greedy, merged, write_adapter
-from shard_testing import CPU, StepDriver, load_tiny_model, make_runner, new_request, warmed, write_tiny_llama
+from shard_testing import (
+    CPU,
+    StepDriver,
+    load_tiny_model,
+    make_runner,
+    new_request,
+    recorded_logits,
+    warmed,
+    write_tiny_llama,
+)
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import NewRequest
 from tandem_server.errors import FailureKind, InvalidStepError
@@ -64,21 +73,11 @@ def run_recording_logits(
     runner: ModelRunner, requests: list[NewRequest], chunk_size: int
 ) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
     """Every request admitted in the first step; the tokens of each and the logits of every sampling step."""
-    logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits.append(compute_logits(hidden))
-        return logits[-1]
-
-    runner.model.compute_logits = recording  # type: ignore[method-assign]
-    try:
+    with recorded_logits(runner) as logits:
         driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size)
         driver.step(requests)
         while driver.tracked:
             driver.step([])
-    finally:
-        del runner.model.compute_logits
     assert not driver.failed
     return driver.done, logits
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from shard_testing import CPU, TINY_SETTINGS, StepDriver, load_tiny_model, new_request, warmed
+from shard_testing import CPU, TINY_SETTINGS, StepDriver, load_tiny_model, new_request, recorded_logits, warmed
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import ImageInput, NewRequest
@@ -115,17 +115,7 @@ def make_llava_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRu
 
 def generate_alone(runner: ModelRunner, request: NewRequest, chunk_size: int) -> tuple[list[int], list[torch.Tensor]]:
     """The tokens of `request`, its prompt run in chunks of `chunk_size`, and the logits each of its draws read."""
-    logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits.append(compute_logits(hidden))
-        return logits[-1]
-
-    runner.model.compute_logits = recording  # type: ignore[method-assign]
-    try:
+    with recorded_logits(runner) as logits:
         driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size)
         done = driver.run([request])
-    finally:
-        del runner.model.compute_logits
     return done[request.id], logits

@@ -2,13 +2,11 @@
 //! prefixes are shared only over the same image.
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::fake_shard::FakeShard;
-use super::request::{GenerationEvent, GenerationRequest};
-use super::sequence::Sequence;
+use super::request::GenerationRequest;
 use super::state::SchedulerState;
-use super::tests::{config, run_until_idle, tokens_of};
+use super::tests::{config, run_until_idle, submit, tokens_of};
 use crate::images::PromptImage;
 use crate::shard::StoppingParams;
 
@@ -33,17 +31,6 @@ fn with_image(digest: u8) -> GenerationRequest {
         }],
         ..GenerationRequest::default()
     }
-}
-
-fn submit(
-    state: &mut SchedulerState,
-    id: u64,
-    request: GenerationRequest,
-) -> mpsc::UnboundedReceiver<GenerationEvent> {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let table = state.pool().new_table_under(None);
-    state.enqueue(Sequence::new(id, request, table, sender));
-    receiver
 }
 
 #[test]

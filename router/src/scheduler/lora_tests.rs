@@ -4,13 +4,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-
 use super::fake_shard::FakeShard;
-use super::request::{GenerationEvent, GenerationRequest};
-use super::sequence::Sequence;
+use super::request::GenerationRequest;
 use super::state::SchedulerState;
-use super::tests::{config, run_until_idle, tokens_of};
+use super::tests::{config, run_until_idle, submit, tokens_of};
 use crate::kv::AdapterKey;
 use crate::shard::StoppingParams;
 
@@ -27,17 +24,6 @@ fn under(adapter: Option<(u32, &str)>, max_new_tokens: u32) -> GenerationRequest
         }),
         ..GenerationRequest::default()
     }
-}
-
-fn submit(
-    state: &mut SchedulerState,
-    id: u64,
-    request: GenerationRequest,
-) -> mpsc::UnboundedReceiver<GenerationEvent> {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let table = state.pool().new_table_under(request.adapter.clone());
-    state.enqueue(Sequence::new(id, request, table, sender));
-    receiver
 }
 
 #[test]

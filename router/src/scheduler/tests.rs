@@ -40,13 +40,15 @@ pub(super) fn request(prompt_len: u32, max_new_tokens: u32) -> GenerationRequest
     }
 }
 
+/// Queues `request` as sequence `id`, its blocks under the request's adapter.
 pub(super) fn submit(
     state: &mut SchedulerState,
     id: u64,
     request: GenerationRequest,
 ) -> mpsc::UnboundedReceiver<GenerationEvent> {
     let (sender, receiver) = mpsc::unbounded_channel();
-    state.enqueue(Sequence::new(id, request, state.pool().new_table(), sender));
+    let table = state.pool().new_table_under(request.adapter.clone());
+    state.enqueue(Sequence::new(id, request, table, sender));
     receiver
 }
 
