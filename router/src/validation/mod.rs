@@ -49,11 +49,10 @@ pub use sampling_defaults::SamplingDefaults;
 pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
-use crate::images::{image_count_tokens, ImageTokens, MediaFetcher, PromptImage};
+use crate::images::{image_count_tokens, ImageTokens, MediaFetcher};
 use crate::limits::RequestLimits;
 use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
-use prompt_images::{check_images, place_images, ImageIntake};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
 /// otherwise: two `/tokenize` answers for bodies of the default payload limit.
@@ -159,20 +158,6 @@ impl Validator {
     #[must_use]
     pub fn with_priorities(mut self, by_priority: bool) -> Self {
         self.by_priority = by_priority;
-        self
-    }
-
-    /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only).
-    #[must_use]
-    pub fn with_image_tokens(mut self, tokens: Option<ImageTokens>) -> Self {
-        self.image_tokens = tokens;
-        self
-    }
-
-    /// Fetches images given by URL with `fetcher` (from the hosts it allows).
-    #[must_use]
-    pub fn with_media_fetcher(mut self, fetcher: MediaFetcher) -> Self {
-        self.media_fetcher = Some(Arc::new(fetcher));
         self
     }
 
@@ -311,36 +296,6 @@ impl Validator {
             stop: checked.stop,
             reasoning: reasoning.splitter,
         })
-    }
-
-    /// The prompt's token ids, with its images checked and placed at their spans, and only its
-    /// last `truncate` tokens kept (a prompt with images is never cut).
-    async fn prompt_ids(
-        &self,
-        prompt: Prompt,
-        switches: Vec<(&'static str, serde_json::Value)>,
-        truncate: Option<usize>,
-    ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
-        let intake = ImageIntake {
-            tokens: self.image_tokens,
-            limits: &self.request_limits.images,
-            budget: &self.tokenizing,
-            fetcher: self.media_fetcher.as_deref(),
-        };
-        let images = check_images(prompt.images(), intake).await?;
-        let input_ids = self.tokenize(prompt, switches).await?;
-        let (mut input_ids, images) = place_images(input_ids, images, self.image_tokens)?;
-        if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
-            if !images.is_empty() {
-                return Err(ValidationError::OutOfRange {
-                    param: "truncate".to_owned(),
-                    expected: "at least the prompt's length when the prompt holds images",
-                    value: format!("{keep} (the prompt has {} tokens)", input_ids.len()),
-                });
-            }
-            input_ids.drain(..input_ids.len() - keep);
-        }
-        Ok((input_ids, images))
     }
 
     /// A grammar must compile, and only a model with a grammar engine accepts one.

@@ -4,7 +4,9 @@
 use bytes::Bytes;
 
 use super::budget::TokenizationBudget;
-use super::{ImageData, Prompt, ValidationError};
+use std::sync::Arc;
+
+use super::{ImageData, Prompt, ValidationError, Validator};
 use crate::images::{
     check_image, expand_placeholders, refuse_url, CheckedImage, ImageError, ImageHeader,
     ImageLimits, ImageTokens, MediaFetcher, PromptImage,
@@ -112,5 +114,51 @@ pub fn place_images(
             expand_placeholders(&ids, images, tokens).map_err(ValidationError::ImagePlacement)
         }
         _ => Ok((ids, Vec::new())),
+    }
+}
+
+impl Validator {
+    /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only).
+    #[must_use]
+    pub fn with_image_tokens(mut self, tokens: Option<ImageTokens>) -> Self {
+        self.image_tokens = tokens;
+        self
+    }
+
+    /// Fetches images given by URL with `fetcher` (from the hosts it allows).
+    #[must_use]
+    pub fn with_media_fetcher(mut self, fetcher: MediaFetcher) -> Self {
+        self.media_fetcher = Some(Arc::new(fetcher));
+        self
+    }
+
+    /// The prompt's token ids, with its images checked and placed at their spans, and only its
+    /// last `truncate` tokens kept (a prompt with images is never cut).
+    pub(super) async fn prompt_ids(
+        &self,
+        prompt: Prompt,
+        switches: Vec<(&'static str, serde_json::Value)>,
+        truncate: Option<usize>,
+    ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
+        let intake = ImageIntake {
+            tokens: self.image_tokens,
+            limits: &self.request_limits.images,
+            budget: &self.tokenizing,
+            fetcher: self.media_fetcher.as_deref(),
+        };
+        let images = check_images(prompt.images(), intake).await?;
+        let input_ids = self.tokenize(prompt, switches).await?;
+        let (mut input_ids, images) = place_images(input_ids, images, self.image_tokens)?;
+        if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
+            if !images.is_empty() {
+                return Err(ValidationError::OutOfRange {
+                    param: "truncate".to_owned(),
+                    expected: "at least the prompt's length when the prompt holds images",
+                    value: format!("{keep} (the prompt has {} tokens)", input_ids.len()),
+                });
+            }
+            input_ids.drain(..input_ids.len() - keep);
+        }
+        Ok((input_ids, images))
     }
 }
