@@ -3,6 +3,7 @@
 
 mod check;
 mod fetch;
+mod placement;
 mod source;
 mod spans;
 #[cfg(test)]
@@ -11,7 +12,7 @@ pub(crate) mod testing;
 pub use check::{check_image, CheckedImage, ImageHeader};
 pub use fetch::{is_public, refuse_url, FetcherSetupError, MediaFetchConfig, MediaFetcher};
 pub use source::{base64_image, inline_image};
-pub use spans::{expand_placeholders, image_count_tokens, ImageTokens, ImageTokensError};
+pub use spans::{ImageMarks, ImageTokens, ImageTokensError};
 
 use bytes::Bytes;
 use serde::Serialize;

@@ -1,12 +1,12 @@
-//! How a model's prompts hold images: the chat template writes one placeholder token per
-//! image, which becomes a span of as many copies as the image has embeddings.
+//! How a model's prompts hold images: each image takes a span of copies of one image token, and
+//! the chat template marks where each image goes, either with that token (LLaVA: widened after
+//! tokenizing) or with a text mark (Gemma 3: expanded before tokenizing, as its processor does).
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
-
-use super::{CheckedImage, PromptImage};
+use tokenizers::Tokenizer;
 
 /// Why a model's image tokens cannot be known, or a prompt's images not placed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,29 +15,55 @@ pub enum ImageTokensError {
     Read { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     Config { path: PathBuf, reason: String },
-    #[error("the router cannot place images in `{model_type}` prompts (it knows `llava`)")]
+    #[error(
+        "the router cannot place images in `{model_type}` prompts (it knows `llava` and `gemma3`)"
+    )]
     UnknownFamily { model_type: String },
     #[error("the shards run a vision encoder ({encoder}), but {path} has no `vision_config`")]
     NoVisionConfig { encoder: String, path: PathBuf },
     #[error("the chat template wrote {found} image placeholders, but the request carries {images} images")]
     PlaceholderCount { found: usize, images: usize },
+    #[error(
+        "the prompt holds a run of {found} image tokens at position {offset}, but an image takes \
+         {expected}: image tokens may appear only where the chat template places an image"
+    )]
+    StrayImageTokens {
+        offset: usize,
+        found: usize,
+        expected: usize,
+    },
 }
 
-/// The token each image's span repeats and the span's length, for models whose images all
-/// take the same number of embeddings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a model's prompts hold images: every image takes a span of `tokens_per_image` copies of
+/// `image_token_id`, placed where the chat template marks the image as `marks` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageTokens {
     pub image_token_id: u32,
     pub tokens_per_image: usize,
+    pub marks: ImageMarks,
+}
+
+/// How the chat template marks where an image goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageMarks {
+    /// One `image_token_id` per image, widened into the image's span after tokenizing (LLaVA).
+    Token,
+    /// One `mark` per image in the rendered text, each replaced by `expansion` before
+    /// tokenizing; `expansion` tokenizes to the image's span among other tokens (Gemma 3: blank
+    /// lines, begin-of-image, the span, end-of-image, blank lines).
+    Text { mark: String, expansion: String },
 }
 
 #[derive(Debug, Deserialize)]
-struct LlavaConfig {
+struct ModelConfig {
     model_type: Option<String>,
     #[serde(alias = "image_token_id")]
     image_token_index: Option<u32>,
     vision_feature_select_strategy: Option<String>,
     vision_config: Option<VisionConfig>,
+    mm_tokens_per_image: Option<usize>,
+    boi_token_index: Option<u32>,
+    eoi_token_index: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -46,21 +72,39 @@ struct VisionConfig {
     patch_size: Option<u32>,
 }
 
+/// Gemma 3's defaults for what its `config.json` may leave out (`Gemma3Config`).
+const GEMMA3_IMAGE_TOKEN: u32 = 262_144;
+const GEMMA3_BOI_TOKEN: u32 = 255_999;
+const GEMMA3_EOI_TOKEN: u32 = 256_000;
+const GEMMA3_TOKENS_PER_IMAGE: usize = 256;
+
 impl ImageTokens {
-    /// The image tokens of the model in `dir` when the shards run a vision `encoder`; `None`
-    /// (every image refused) when they run none.
+    /// LLaVA's image tokens: the template writes `image_token_id` once per image, widened into
+    /// `tokens_per_image` copies.
+    pub fn widened(image_token_id: u32, tokens_per_image: usize) -> Self {
+        Self {
+            image_token_id,
+            tokens_per_image,
+            marks: ImageMarks::Token,
+        }
+    }
+
+    /// The image tokens of the model in `dir`, whose token strings `tokenizer` knows, when the
+    /// shards run a vision `encoder`; `None` (every image refused) when they run none.
     pub fn for_encoder(
         dir: &Path,
         encoder: Option<&str>,
+        tokenizer: &Tokenizer,
     ) -> Result<Option<Self>, ImageTokensError> {
         let Some(encoder) = encoder else {
             return Ok(None);
         };
-        let tokens =
-            Self::from_model_dir(dir)?.ok_or_else(|| ImageTokensError::NoVisionConfig {
+        let tokens = Self::from_model_dir(dir, tokenizer)?.ok_or_else(|| {
+            ImageTokensError::NoVisionConfig {
                 encoder: encoder.to_owned(),
                 path: dir.join("config.json"),
-            })?;
+            }
+        })?;
         tracing::info!(
             encoder,
             image_token_id = tokens.image_token_id,
@@ -72,47 +116,99 @@ impl ImageTokens {
     }
 
     /// A vision-language model's image tokens, from `config.json` and `preprocessor_config.json`
-    /// in `dir`; `None` for a model without a `vision_config`.
-    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>, ImageTokensError> {
+    /// in `dir` and the token strings of `tokenizer`; `None` for a model without a
+    /// `vision_config`.
+    pub fn from_model_dir(
+        dir: &Path,
+        tokenizer: &Tokenizer,
+    ) -> Result<Option<Self>, ImageTokensError> {
         let config_path = dir.join("config.json");
-        let config: LlavaConfig = read_json(&config_path)?;
-        let Some(vision) = config.vision_config else {
+        let config: ModelConfig = read_json(&config_path)?;
+        let Some(vision) = &config.vision_config else {
             return Ok(None);
         };
-        let model_type = config.model_type.unwrap_or_default();
-        if model_type != "llava" {
-            return Err(ImageTokensError::UnknownFamily { model_type });
+        match config.model_type.as_deref().unwrap_or_default() {
+            "llava" => llava(dir, &config, vision).map(Some),
+            "gemma3" => gemma3(&config_path, &config, tokenizer).map(Some),
+            other => Err(ImageTokensError::UnknownFamily {
+                model_type: other.to_owned(),
+            }),
         }
-        let missing = |reason: &str| ImageTokensError::Config {
-            path: config_path.clone(),
-            reason: reason.to_owned(),
-        };
-        let image_token_id = config
-            .image_token_index
-            .ok_or_else(|| missing("no `image_token_index`"))?;
-        let patch = vision
-            .patch_size
-            .filter(|&size| size > 0)
-            .ok_or_else(|| missing("no `vision_config.patch_size`"))?;
-        let processor_path = dir.join("preprocessor_config.json");
-        let (height, width) = match std::fs::metadata(&processor_path) {
-            Ok(_) => processed_size(&processor_path)?,
-            Err(_) => {
-                let side = vision
-                    .image_size
-                    .ok_or_else(|| missing("no `vision_config.image_size`"))?;
-                (side, side)
-            }
-        };
-        // The class embedding stays under the `full` strategy; `default` drops it.
-        let class_token =
-            usize::from(config.vision_feature_select_strategy.as_deref() == Some("full"));
-        let patches = (height / patch) as usize * (width / patch) as usize;
-        Ok(Some(Self {
-            image_token_id,
-            tokens_per_image: patches + class_token,
-        }))
     }
+}
+
+/// LLaVA: one token per patch of the processed image (plus the class token under the `full`
+/// feature strategy).
+fn llava(
+    dir: &Path,
+    config: &ModelConfig,
+    vision: &VisionConfig,
+) -> Result<ImageTokens, ImageTokensError> {
+    let config_path = dir.join("config.json");
+    let missing = |reason: &str| ImageTokensError::Config {
+        path: config_path.clone(),
+        reason: reason.to_owned(),
+    };
+    let image_token_id = config
+        .image_token_index
+        .ok_or_else(|| missing("no `image_token_index`"))?;
+    let patch = vision
+        .patch_size
+        .filter(|&size| size > 0)
+        .ok_or_else(|| missing("no `vision_config.patch_size`"))?;
+    let processor_path = dir.join("preprocessor_config.json");
+    let (height, width) = match std::fs::metadata(&processor_path) {
+        Ok(_) => processed_size(&processor_path)?,
+        Err(_) => {
+            let side = vision
+                .image_size
+                .ok_or_else(|| missing("no `vision_config.image_size`"))?;
+            (side, side)
+        }
+    };
+    // The class embedding stays under the `full` strategy; `default` drops it.
+    let class_token = usize::from(config.vision_feature_select_strategy.as_deref() == Some("full"));
+    let patches = (height / patch) as usize * (width / patch) as usize;
+    Ok(ImageTokens::widened(image_token_id, patches + class_token))
+}
+
+/// Gemma 3: `mm_tokens_per_image` soft tokens per image, between its begin- and end-of-image
+/// tokens and blank lines, written in place of each begin-of-image mark (`Gemma3Processor`).
+fn gemma3(
+    config_path: &Path,
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+) -> Result<ImageTokens, ImageTokensError> {
+    let token = |id: u32, key: &str| {
+        tokenizer
+            .id_to_token(id)
+            .ok_or_else(|| ImageTokensError::Config {
+                path: config_path.to_owned(),
+                reason: format!("`{key}` is {id}, a token the tokenizer does not have"),
+            })
+    };
+    let image_token_id = config.image_token_index.unwrap_or(GEMMA3_IMAGE_TOKEN);
+    let tokens_per_image = config
+        .mm_tokens_per_image
+        .unwrap_or(GEMMA3_TOKENS_PER_IMAGE);
+    let soft = token(image_token_id, "image_token_index")?;
+    let boi = token(
+        config.boi_token_index.unwrap_or(GEMMA3_BOI_TOKEN),
+        "boi_token_index",
+    )?;
+    let eoi = token(
+        config.eoi_token_index.unwrap_or(GEMMA3_EOI_TOKEN),
+        "eoi_token_index",
+    )?;
+    let expansion = format!("\n\n{boi}{}{eoi}\n\n", soft.repeat(tokens_per_image));
+    Ok(ImageTokens {
+        image_token_id,
+        tokens_per_image,
+        marks: ImageMarks::Text {
+            mark: boi,
+            expansion,
+        },
+    })
 }
 
 /// The height and width a CLIP-style image processor gives every image: its crop when it
@@ -153,63 +249,13 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ImageToke
     })
 }
 
-/// `ids` with each image placeholder widened into its image's span, and the images placed at
-/// their spans; the template must have written exactly one placeholder per image.
-pub fn expand_placeholders(
-    ids: &[u32],
-    images: Vec<CheckedImage>,
-    tokens: ImageTokens,
-) -> Result<(Vec<u32>, Vec<PromptImage>), ImageTokensError> {
-    let found = ids
-        .iter()
-        .filter(|&&id| id == tokens.image_token_id)
-        .count();
-    if found != images.len() {
-        return Err(ImageTokensError::PlaceholderCount {
-            found,
-            images: images.len(),
-        });
-    }
-    let span = tokens.tokens_per_image;
-    let mut expanded = Vec::with_capacity(ids.len() + found * span.saturating_sub(1));
-    let mut images = images.into_iter();
-    let mut placed = Vec::with_capacity(found);
-    for &id in ids {
-        if id != tokens.image_token_id {
-            expanded.push(id);
-            continue;
-        }
-        let image = images
-            .next()
-            .expect("invariant: one image per placeholder, counted above");
-        placed.push(PromptImage {
-            data: image.data,
-            digest: image.digest,
-            offset: expanded.len(),
-            num_tokens: span,
-        });
-        expanded.extend(std::iter::repeat_n(id, span));
-    }
-    Ok((expanded, placed))
-}
-
-/// Tokens `ids` take once each of its image placeholders is widened.
-pub fn image_count_tokens(ids: &[u32], tokens: Option<ImageTokens>) -> usize {
-    tokens.map_or(ids.len(), |tokens| {
-        let placeholders = ids
-            .iter()
-            .filter(|&&id| id == tokens.image_token_id)
-            .count();
-        ids.len() + placeholders * tokens.tokens_per_image.saturating_sub(1)
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use serde_json::json;
 
     use super::*;
+    use crate::images::testing::gemma3;
+    use crate::validation::testing::tokenizer;
 
     fn model_dir(config: &Value, processor: Option<&Value>) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -237,16 +283,12 @@ mod tests {
         let processor =
             json!({"crop_size": {"height": 56, "width": 56}, "size": {"shortest_edge": 56}});
         let dir = model_dir(&llava("default"), Some(&processor));
-        let tokens = ImageTokens::from_model_dir(dir.path()).unwrap();
-        assert_eq!(
-            tokens,
-            Some(ImageTokens {
-                image_token_id: 32000,
-                tokens_per_image: 16
-            })
-        );
+        let tokens = ImageTokens::from_model_dir(dir.path(), &tokenizer()).unwrap();
+        assert_eq!(tokens, Some(ImageTokens::widened(32000, 16)));
         let full = model_dir(&llava("full"), None);
-        let tokens = ImageTokens::from_model_dir(full.path()).unwrap().unwrap();
+        let tokens = ImageTokens::from_model_dir(full.path(), &tokenizer())
+            .unwrap()
+            .unwrap();
         assert_eq!(
             tokens.tokens_per_image,
             24 * 24 + 1,
@@ -257,64 +299,62 @@ mod tests {
     #[test]
     fn a_text_model_takes_no_images_and_an_unknown_vision_family_is_named() {
         let text = model_dir(&json!({"model_type": "llama"}), None);
-        assert_eq!(ImageTokens::from_model_dir(text.path()), Ok(None));
+        assert_eq!(
+            ImageTokens::from_model_dir(text.path(), &tokenizer()),
+            Ok(None)
+        );
         let other = model_dir(
             &json!({"model_type": "idefics9", "vision_config": {}}),
             None,
         );
+        let error = ImageTokens::from_model_dir(other.path(), &tokenizer()).unwrap_err();
         assert_eq!(
-            ImageTokens::from_model_dir(other.path()),
-            Err(ImageTokensError::UnknownFamily {
+            error,
+            ImageTokensError::UnknownFamily {
                 model_type: "idefics9".to_owned()
-            })
+            }
         );
-        let error = ImageTokens::for_encoder(text.path(), Some("CLIPVisionModel, 2 layers"));
+        let message = error.to_string();
+        assert!(message.contains("`llava` and `gemma3`"), "{message}");
+        let error =
+            ImageTokens::for_encoder(text.path(), Some("CLIPVisionModel, 2 layers"), &tokenizer());
         assert!(matches!(
             error,
             Err(ImageTokensError::NoVisionConfig { .. })
         ));
-        assert_eq!(ImageTokens::for_encoder(text.path(), None), Ok(None));
-    }
-
-    fn checked(byte: u8) -> CheckedImage {
-        let data = crate::images::testing::encoded(image::ImageFormat::Png, 2, 2);
-        let header =
-            crate::images::ImageHeader::read(&data, &crate::images::ImageLimits::default())
-                .expect("a small PNG");
-        let mut image = crate::images::check_image(Bytes::from(data), header).expect("decodes");
-        image.digest = [byte; 32];
-        image
-    }
-
-    #[test]
-    fn each_placeholder_becomes_its_images_span() {
-        let tokens = ImageTokens {
-            image_token_id: 9,
-            tokens_per_image: 3,
-        };
-        let (ids, images) =
-            expand_placeholders(&[1, 9, 2, 9], vec![checked(1), checked(2)], tokens).unwrap();
-        assert_eq!(ids, [1, 9, 9, 9, 2, 9, 9, 9]);
-        let spans: Vec<_> = images
-            .iter()
-            .map(|image| (image.digest[0], image.offset, image.num_tokens))
-            .collect();
-        assert_eq!(spans, [(1, 1, 3), (2, 5, 3)]);
-        assert_eq!(image_count_tokens(&[1, 9, 2, 9], Some(tokens)), 8);
-    }
-
-    #[test]
-    fn placeholders_must_match_the_images_one_for_one() {
-        let tokens = ImageTokens {
-            image_token_id: 9,
-            tokens_per_image: 3,
-        };
         assert_eq!(
-            expand_placeholders(&[1, 2], vec![checked(1)], tokens).unwrap_err(),
-            ImageTokensError::PlaceholderCount {
-                found: 0,
-                images: 1
+            ImageTokens::for_encoder(text.path(), None, &tokenizer()),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn a_gemma3_image_expands_its_begin_of_image_mark_as_the_processor_does() {
+        let (tokenizer, tokens) = gemma3(3);
+        let expansion = "\n\n<start_of_image><image_soft_token><image_soft_token>\
+                         <image_soft_token><end_of_image>\n\n";
+        assert_eq!(
+            tokens,
+            ImageTokens {
+                image_token_id: tokenizer.token_to_id("<image_soft_token>").unwrap(),
+                tokens_per_image: 3,
+                marks: ImageMarks::Text {
+                    mark: "<start_of_image>".to_owned(),
+                    expansion: expansion.to_owned()
+                }
             }
+        );
+    }
+
+    #[test]
+    fn gemma3_defaults_name_the_token_a_tokenizer_lacks() {
+        let config = json!({"model_type": "gemma3", "vision_config": {}});
+        let dir = model_dir(&config, None);
+        let error = ImageTokens::from_model_dir(dir.path(), &tokenizer()).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("`image_token_index` is 262144"),
+            "{message}"
         );
     }
 }

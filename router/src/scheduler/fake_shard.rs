@@ -19,6 +19,8 @@ pub(super) struct FakeRequest {
     blocks: Vec<u32>,
     generated: u32,
     max_new_tokens: u32,
+    /// Its images' spans of positions, `start..end`.
+    image_spans: Vec<(usize, usize)>,
 }
 
 #[derive(Default)]
@@ -145,6 +147,11 @@ impl FakeShard {
                     blocks: Vec::new(),
                     generated: u32::try_from(new.num_output_tokens).unwrap(),
                     max_new_tokens: new.stopping.max_new_tokens,
+                    image_spans: new
+                        .images
+                        .iter()
+                        .map(|image| (image.offset, image.offset + image.num_tokens))
+                        .collect(),
                 },
             );
             assert!(previous.is_none(), "request {} registered twice", new.id);
@@ -161,6 +168,9 @@ impl FakeShard {
             ) {
                 let end = scheduled.num_computed_tokens + scheduled.num_tokens;
                 saves.push((checkpoint, request.tokens[..end].to_vec()));
+            }
+            if let Some(request) = self.requests.get(&scheduled.id) {
+                assert_no_split_image(&scheduled, request);
             }
             match self.run(&scheduled) {
                 Some(Ok(generations)) => response.generations.extend(generations),
@@ -296,6 +306,21 @@ impl FakeShard {
 }
 
 /// The fake model: a hash of the whole sequence.
+/// A span's positions attend to each other both ways, so no chunk ends strictly inside one.
+fn assert_no_split_image(scheduled: &ScheduledSpan, request: &FakeRequest) {
+    let end = scheduled.num_computed_tokens + scheduled.num_tokens;
+    if let Some((start, stop)) = request
+        .image_spans
+        .iter()
+        .find(|&&(start, stop)| start < end && end < stop)
+    {
+        panic!(
+            "request {}'s chunk ends at {end}, inside its image span {start}..{stop}",
+            scheduled.id
+        );
+    }
+}
+
 pub(super) fn model(tokens: &[u32]) -> u32 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for &token in tokens {

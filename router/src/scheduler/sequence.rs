@@ -143,6 +143,28 @@ impl Sequence {
         self.pending.iter().filter(|span| span.samples).count()
     }
 
+    /// The next chunk's `wanted` tokens, cut so that it never ends strictly inside an image's
+    /// span: a span's positions may attend to each other both ways (Gemma 3), so the shards
+    /// compute all of a span not yet computed in one chunk. A chunk that would end inside a
+    /// span beginning after it ends where that span begins; one that begins at or inside a span
+    /// reaches the span's end if the step has `room` for it, else it takes nothing (`None`).
+    pub fn chunk_within_images(&self, wanted: usize, room: usize) -> Option<usize> {
+        let start = self.num_computed;
+        let end = start + wanted;
+        let Some(image) = self
+            .images
+            .iter()
+            .find(|image| image.offset < end && end < image.offset + image.num_tokens)
+        else {
+            return Some(wanted);
+        };
+        if image.offset > start {
+            return Some(image.offset - start);
+        }
+        let rest = image.offset + image.num_tokens - start;
+        (rest <= room).then_some(rest)
+    }
+
     /// Tokens whose K/V the shards hold once every step answered so far has run.
     pub fn computed_on_shards(&self) -> usize {
         self.pending

@@ -110,10 +110,13 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
-    let image_tokens =
-        ImageTokens::for_encoder(&config.tokenizer_path, model.vision_encoder.as_deref())?;
+    let image_tokens = ImageTokens::for_encoder(
+        &config.tokenizer_path,
+        model.vision_encoder.as_deref(),
+        &decoding.tokenizer,
+    )?;
     let validator = bound_to_model(validator, vocab, &model, &config)
-        .with_image_tokens(image_tokens)
+        .with_image_tokens(image_tokens, config.limits.max_batch_prefill_tokens)
         .with_media_fetcher(MediaFetcher::new(config.media_fetch.clone())?);
     let phase = Instant::now();
     let kv_cache = warmup(&fleet, &config).await?;

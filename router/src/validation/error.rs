@@ -87,6 +87,15 @@ pub enum ValidationError {
     TextOnlyModel,
     #[error(transparent)]
     ImagePlacement(ImageTokensError),
+    #[error(
+        "each image takes {tokens} prompt tokens, more than the {max_step_tokens} one step \
+         computes (--max-batch-prefill-tokens): an image's tokens are computed in one step, so \
+         this server takes no images"
+    )]
+    ImageSpanTooLong {
+        tokens: usize,
+        max_step_tokens: usize,
+    },
 }
 
 impl ValidationError {
@@ -111,7 +120,10 @@ impl ValidationError {
             | Self::ImagePart { param, .. } => Some(param),
             Self::Missing(param) | Self::Empty(param) => Some(param),
             Self::InvalidRole { .. } | Self::NoChat(_) | Self::Template(_) => Some("messages"),
-            Self::Image { .. } | Self::TextOnlyModel | Self::ImagePlacement(_) => Some("messages"),
+            Self::Image { .. }
+            | Self::TextOnlyModel
+            | Self::ImagePlacement(_)
+            | Self::ImageSpanTooLong { .. } => Some("messages"),
             Self::TooManyStops { .. } => Some("stop"),
             Self::TooManyPrompts { .. } => Some("prompt"),
             Self::TotalTooLong { param, .. }

@@ -11,6 +11,7 @@ mod grammar_refusal;
 mod model_files;
 mod params;
 mod processors;
+mod prompt_check;
 mod prompt_images;
 #[cfg(test)]
 mod prompt_images_tests;
@@ -27,6 +28,7 @@ mod template_python;
 mod template_source;
 #[cfg(test)]
 pub(crate) mod testing;
+mod tokenize;
 
 use std::sync::Arc;
 
@@ -49,7 +51,7 @@ pub use sampling_defaults::SamplingDefaults;
 pub use template_kwargs::template_kwargs;
 pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 
-use crate::images::{image_count_tokens, ImageTokens, MediaFetcher};
+use crate::images::{ImageTokens, MediaFetcher};
 use crate::limits::RequestLimits;
 use crate::reasoning::{ReasoningParser, ReasoningSplitter};
 use crate::scheduler::{GenerationRequest, StoppingParams};
@@ -123,7 +125,9 @@ pub struct Validator {
     /// Whether the scheduler orders requests by their `priority` (else only 0 is accepted).
     by_priority: bool,
     /// How the model's prompts hold images; `None`: the model takes text only.
-    image_tokens: Option<ImageTokens>,
+    image_tokens: Option<Arc<ImageTokens>>,
+    /// Most tokens one scheduler step computes: an image's whole span must fit in one step.
+    max_step_tokens: usize,
     /// Fetches images by URL from the allowed hosts; `None`: no image is fetched.
     media_fetcher: Option<Arc<MediaFetcher>>,
 }
@@ -150,6 +154,7 @@ impl Validator {
             adapters: LoraAdapters::default(),
             by_priority: false,
             image_tokens: None,
+            max_step_tokens: 0,
             media_fetcher: None,
         }
     }
@@ -346,139 +351,6 @@ impl Validator {
                     })
             })
             .transpose()
-    }
-
-    /// The prompt's own checks (non-empty, known token ids, valid roles), without tokenizing;
-    /// lets a route refuse a list of prompts before submitting any of them.
-    pub fn check_prompt(&self, prompt: &Prompt) -> Result<(), ValidationError> {
-        match prompt {
-            Prompt::Text(text) if text.is_empty() => Err(ValidationError::Empty("prompt")),
-            Prompt::Tokens(ids) if ids.is_empty() => Err(ValidationError::Empty("prompt")),
-            Prompt::Text(_) => Ok(()),
-            Prompt::Tokens(ids) if ids.len() > self.limits.max_input_tokens => {
-                Err(ValidationError::InputTooLong {
-                    input_tokens: ids.len(),
-                    max_input_tokens: self.limits.max_input_tokens,
-                })
-            }
-            Prompt::Tokens(ids) => {
-                let vocab_size = self.vocab_size;
-                match ids
-                    .iter()
-                    .find(|&&id| usize::try_from(id).map_or(true, |id| id >= vocab_size))
-                {
-                    Some(&id) => Err(ValidationError::UnknownToken {
-                        param: "prompt",
-                        id,
-                        vocab_size,
-                    }),
-                    None => Ok(()),
-                }
-            }
-            Prompt::Chat(messages, ..) => {
-                if let Err(reason) = &self.chat_template {
-                    return Err(ValidationError::NoChat(*reason));
-                }
-                if messages.is_empty() {
-                    return Err(ValidationError::Empty("messages"));
-                }
-                match messages
-                    .iter()
-                    .position(|m| !CHAT_ROLES.contains(&m.role.as_str()))
-                {
-                    Some(index) => Err(ValidationError::InvalidRole {
-                        index,
-                        role: messages[index].role.clone(),
-                    }),
-                    None => Ok(()),
-                }
-            }
-        }
-    }
-
-    /// The prompt's tokens with byte offsets into `text`, as `/tokenize` reports them, `text`
-    /// back, and the reservation of the memory the answer takes: the caller holds it until the
-    /// answer written from them is sent. Only the ids and offsets outlive the tokenizer's work.
-    pub async fn tokenize_with_offsets(
-        &self,
-        text: String,
-    ) -> Result<OffsetTokens, ValidationError> {
-        let tokenizer = Arc::clone(&self.tokenizer);
-        let peak = tokenization_peak_bytes(text.len());
-        let reservation = self.tokenizing.reserve(peak).await;
-        let job = move || {
-            let tokens = tokenizer
-                .encode(text.as_str(), true)
-                .map(|encoding| {
-                    let offsets = encoding.get_offsets().iter().copied();
-                    encoding.get_ids().iter().copied().zip(offsets).collect()
-                })
-                .map_err(|e| ValidationError::Tokenizer(e.to_string()))?;
-            Ok(OffsetTokens {
-                text,
-                tokens,
-                reservation,
-            })
-        };
-        tokio::task::spawn_blocking(job)
-            .await
-            .map_err(|e| ValidationError::Tokenizer(e.to_string()))?
-    }
-
-    /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it.
-    pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
-        self.check_prompt(&prompt)?;
-        let has_images = !prompt.images().is_empty();
-        let ids = self.tokenize(prompt, Vec::new()).await?;
-        Ok(image_count_tokens(
-            &ids,
-            self.image_tokens.filter(|_| has_images),
-        ))
-    }
-
-    /// Renders (with the template variables the reasoning setting implies, `switches`) and
-    /// tokenizes on the blocking pool: both can take milliseconds on long prompts.
-    async fn tokenize(
-        &self,
-        prompt: Prompt,
-        switches: Vec<(&'static str, serde_json::Value)>,
-    ) -> Result<Vec<u32>, ValidationError> {
-        let tokenizer = Arc::clone(&self.tokenizer);
-        let template = self.chat_template.clone();
-        let prompt = match prompt {
-            Prompt::Tokens(ids) => return Ok(ids),
-            other => other,
-        };
-        let text_bytes = match &prompt {
-            Prompt::Tokens(ids) => ids.len(),
-            Prompt::Text(text) => text.len(),
-            Prompt::Chat(messages, ..) => messages.iter().map(|m| m.content.len()).sum(),
-        };
-        let peak = tokenization_peak_bytes(text_bytes);
-        let reserved = self.tokenizing.reserve(peak).await;
-        let job = move || {
-            let _reserved = reserved;
-            let (text, add_special_tokens) = match prompt {
-                Prompt::Text(text) => (text, true),
-                Prompt::Tokens(ids) => return Ok(ids),
-                Prompt::Chat(messages, ending, mut extras) => {
-                    let template = template.map_err(ValidationError::NoChat)?;
-                    // The request's own `chat_template_kwargs` win over the switches its
-                    // reasoning setting implies.
-                    for (name, value) in switches {
-                        extras.kwargs.entry(name).or_insert(value);
-                    }
-                    (template.render(&messages, ending, &extras)?, false)
-                }
-            };
-            tokenizer
-                .encode_fast(text, add_special_tokens)
-                .map(|encoding| encoding.get_ids().to_vec())
-                .map_err(|e| ValidationError::Tokenizer(e.to_string()))
-        };
-        tokio::task::spawn_blocking(job)
-            .await
-            .map_err(|e| ValidationError::Tokenizer(e.to_string()))?
     }
 }
 

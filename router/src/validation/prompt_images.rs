@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use super::{ImageData, Prompt, ValidationError, Validator};
 use crate::images::{
-    check_image, expand_placeholders, refuse_url, CheckedImage, ImageError, ImageHeader,
-    ImageLimits, ImageTokens, MediaFetcher, PromptImage,
+    check_image, refuse_url, CheckedImage, ImageError, ImageHeader, ImageLimits, ImageTokens,
+    MediaFetcher, PromptImage,
 };
 
 impl Prompt {
@@ -25,11 +25,12 @@ impl Prompt {
     }
 }
 
-/// How a validator takes images in: how they are placed (`None`: a text-only model), their
-/// bounds, the budget decoding draws on, and the fetcher of images by URL (`None`: none is
-/// fetched).
+/// How a validator takes images in: how they are placed (`None`: a text-only model), the most
+/// tokens one step computes (an image's span must fit), their bounds, the budget decoding draws
+/// on, and the fetcher of images by URL (`None`: none is fetched).
 pub struct ImageIntake<'a> {
-    pub tokens: Option<ImageTokens>,
+    pub tokens: Option<&'a ImageTokens>,
+    pub max_step_tokens: usize,
     pub limits: &'a ImageLimits,
     pub budget: &'a TokenizationBudget,
     pub fetcher: Option<&'a MediaFetcher>,
@@ -56,6 +57,7 @@ pub async fn check_images(
 ) -> Result<Vec<CheckedImage>, ValidationError> {
     let ImageIntake {
         tokens,
+        max_step_tokens,
         limits,
         budget,
         fetcher,
@@ -63,8 +65,14 @@ pub async fn check_images(
     if images.is_empty() {
         return Ok(Vec::new());
     }
-    if tokens.is_none() {
+    let Some(tokens) = tokens else {
         return Err(ValidationError::TextOnlyModel);
+    };
+    if tokens.tokens_per_image > max_step_tokens {
+        return Err(ValidationError::ImageSpanTooLong {
+            tokens: tokens.tokens_per_image,
+            max_step_tokens,
+        });
     }
     let max = limits.max_images_per_request;
     if images.len() > max {
@@ -103,25 +111,34 @@ pub async fn check_images(
     Ok(checked)
 }
 
-/// `ids` with each image placeholder widened into its image's span; unchanged without images.
+/// `ids` with the images placed at their spans (see `ImageTokens::place`); unchanged without
+/// images.
 pub fn place_images(
     ids: Vec<u32>,
     images: Vec<CheckedImage>,
-    tokens: Option<ImageTokens>,
+    tokens: Option<&ImageTokens>,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
     match tokens {
-        Some(tokens) if !images.is_empty() => {
-            expand_placeholders(&ids, images, tokens).map_err(ValidationError::ImagePlacement)
-        }
+        Some(tokens) if !images.is_empty() => tokens
+            .place(ids, images)
+            .map_err(ValidationError::ImagePlacement),
         _ => Ok((ids, Vec::new())),
     }
 }
 
 impl Validator {
-    /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only).
+    /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only),
+    /// when one scheduler step computes at most `max_step_tokens` tokens
+    /// (`--max-batch-prefill-tokens`): a prompt chunk never ends inside an image's span, so a
+    /// model whose span is longer than that takes no images.
     #[must_use]
-    pub fn with_image_tokens(mut self, tokens: Option<ImageTokens>) -> Self {
-        self.image_tokens = tokens;
+    pub fn with_image_tokens(
+        mut self,
+        tokens: Option<ImageTokens>,
+        max_step_tokens: usize,
+    ) -> Self {
+        self.image_tokens = tokens.map(Arc::new);
+        self.max_step_tokens = max_step_tokens;
         self
     }
 
@@ -141,14 +158,16 @@ impl Validator {
         truncate: Option<usize>,
     ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
         let intake = ImageIntake {
-            tokens: self.image_tokens,
+            tokens: self.image_tokens.as_deref(),
+            max_step_tokens: self.max_step_tokens,
             limits: &self.request_limits.images,
             budget: &self.tokenizing,
             fetcher: self.media_fetcher.as_deref(),
         };
         let images = check_images(prompt.images(), intake).await?;
-        let input_ids = self.tokenize(prompt, switches).await?;
-        let (mut input_ids, images) = place_images(input_ids, images, self.image_tokens)?;
+        let input_ids = self.tokenize(prompt, switches, images.len()).await?;
+        let (mut input_ids, images) =
+            place_images(input_ids, images, self.image_tokens.as_deref())?;
         if let Some(keep) = truncate.filter(|&keep| keep < input_ids.len()) {
             if !images.is_empty() {
                 return Err(ValidationError::OutOfRange {

@@ -8,16 +8,31 @@ use image::ImageFormat;
 
 use super::testing;
 use super::*;
-use crate::images::testing::encoded;
-use crate::images::ImageTokens;
+use crate::images::testing::{encoded, gemma3, GEMMA3_SPECIAL_TOKENS};
+use crate::images::{ImageTokens, ImageTokensError};
 
 /// Renders list content with `<image>` for each image part.
 const IMAGE_TEMPLATE: &str = "{% for message in messages %}{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{% if part.type == 'image' %}<image>{% else %}{{ part.text }}{% endif %}{% endfor %}{% endif %}{% endfor %}";
 
+/// The step token budget the validators see.
+const MAX_STEP_TOKENS: usize = 16;
+
 fn validator(image_tokens: Option<ImageTokens>) -> Validator {
-    let template = ChatTemplate::new(IMAGE_TEMPLATE.to_owned(), None, None).unwrap();
+    validator_for(&["<image>"], "<image>", image_tokens, MAX_STEP_TOKENS)
+}
+
+/// A validator whose tokenizer knows `special` tokens, whose template writes `mark` for each
+/// image, and whose steps compute at most `max_step_tokens` tokens.
+fn validator_for(
+    special: &[&str],
+    mark: &str,
+    image_tokens: Option<ImageTokens>,
+    max_step_tokens: usize,
+) -> Validator {
+    let source = IMAGE_TEMPLATE.replace("<image>", mark);
+    let template = ChatTemplate::new(source, None, None).unwrap();
     Validator::new(
-        Arc::new(testing::tokenizer_with_special_tokens(&["<image>"])),
+        Arc::new(testing::tokenizer_with_special_tokens(special)),
         Ok(template),
         Limits {
             max_input_tokens: 30,
@@ -25,7 +40,7 @@ fn validator(image_tokens: Option<ImageTokens>) -> Validator {
             max_stop_sequences: 4,
         },
     )
-    .with_image_tokens(image_tokens)
+    .with_image_tokens(image_tokens, max_step_tokens)
 }
 
 fn image_token_id() -> u32 {
@@ -53,10 +68,7 @@ fn params() -> GenerationParams {
 #[tokio::test]
 async fn each_image_of_a_chat_takes_its_span_of_image_tokens() {
     let image_token_id = image_token_id();
-    let tokens = ImageTokens {
-        image_token_id,
-        tokens_per_image: 3,
-    };
+    let tokens = ImageTokens::widened(image_token_id, 3);
     let valid = validator(Some(tokens))
         .validate(prompt_with(2), &params())
         .await
@@ -84,10 +96,7 @@ async fn a_text_only_model_and_too_many_images_are_refused() {
         .await
         .unwrap_err();
     assert_eq!(error, ValidationError::TextOnlyModel);
-    let tokens = ImageTokens {
-        image_token_id: image_token_id(),
-        tokens_per_image: 1,
-    };
+    let tokens = ImageTokens::widened(image_token_id(), 1);
     let error = validator(Some(tokens))
         .validate(prompt_with(9), &params())
         .await
@@ -100,4 +109,82 @@ async fn a_text_only_model_and_too_many_images_are_refused() {
             got: 9
         }
     );
+}
+
+#[tokio::test]
+async fn a_gemma3_chat_is_tokenized_from_the_text_its_processor_writes() {
+    let (tokenizer, tokens) = gemma3(3);
+    let soft = tokens.image_token_id;
+    let validator = validator_for(
+        &GEMMA3_SPECIAL_TOKENS,
+        "<start_of_image>",
+        Some(tokens),
+        MAX_STEP_TOKENS,
+    );
+    let request = validator
+        .validate(prompt_with(1), &params())
+        .await
+        .unwrap()
+        .request;
+    let text = "a\n\n<start_of_image><image_soft_token><image_soft_token><image_soft_token>\
+                <end_of_image>\n\nb";
+    let expected = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    assert_eq!(request.input_ids, expected);
+    let offset = expected.iter().position(|&id| id == soft).unwrap();
+    assert_eq!(
+        (request.images[0].offset, request.images[0].num_tokens),
+        (offset, 3)
+    );
+    let counted = validator.count_tokens(prompt_with(1)).await.unwrap();
+    assert_eq!(counted, expected.len());
+}
+
+#[tokio::test]
+async fn a_gemma3_chat_with_a_mark_of_its_own_is_refused() {
+    let (_, tokens) = gemma3(3);
+    let validator = validator_for(
+        &GEMMA3_SPECIAL_TOKENS,
+        "<start_of_image>",
+        Some(tokens),
+        MAX_STEP_TOKENS,
+    );
+    let mut prompt = prompt_with(1);
+    if let Prompt::Chat(messages, ..) = &mut prompt {
+        let parts = messages[0].parts.as_mut().unwrap();
+        parts.push(ContentPart::Text("<start_of_image>".to_owned()));
+    }
+    let error = validator.validate(prompt, &params()).await.unwrap_err();
+    assert_eq!(
+        error,
+        ValidationError::ImagePlacement(ImageTokensError::PlaceholderCount {
+            found: 2,
+            images: 1
+        })
+    );
+}
+
+#[tokio::test]
+async fn an_image_span_longer_than_a_step_is_refused_naming_both_numbers() {
+    let tokens = ImageTokens::widened(image_token_id(), 5);
+    let error = validator_for(&["<image>"], "<image>", Some(tokens), 4)
+        .validate(prompt_with(1), &params())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error,
+        ValidationError::ImageSpanTooLong {
+            tokens: 5,
+            max_step_tokens: 4
+        }
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("5 prompt tokens") && message.contains("the 4 one step computes"),
+        "{message}"
+    );
+    let fits = ImageTokens::widened(image_token_id(), 4);
+    let valid = validator_for(&["<image>"], "<image>", Some(fits), 4)
+        .validate(prompt_with(1), &params())
+        .await;
+    assert!(valid.is_ok(), "a span as long as a step fits: {valid:?}");
 }

@@ -16,8 +16,8 @@ use crate::validation::{ChatUnavailable, GrammarCompiler, ValidationError};
 const STRICT_TEMPLATE: &str = "{% for message in messages %}{% if message.role == 'system' and not loop.first %}{{ raise_exception('System message must be first') }}{% endif %}<|{{ message.role }}|>{{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
 
 /// The test server with a grammar engine, `template` as its chat template, and images placed
-/// as `image_tokens` says (`None`: a text-only model).
-fn app_with_template(template: Option<&str>, image_tokens: Option<ImageTokens>) -> axum::Router {
+/// as `images`' tokens say in steps of at most its step tokens (`None`: a text-only model).
+fn app_with_template(template: Option<&str>, images: Option<(ImageTokens, usize)>) -> axum::Router {
     let config = json!({"bos_token": "<s>", "eos_token": "</s>"});
     let dir = testing::write_model_dir(&config, template);
     let files = ModelFiles::load(dir.path()).unwrap();
@@ -36,7 +36,10 @@ fn app_with_template(template: Option<&str>, image_tokens: Option<ImageTokens>) 
             .unwrap();
     let validator = Validator::new(Arc::clone(&tokenizer), template, limits)
         .with_grammars(Arc::new(grammars))
-        .with_image_tokens(image_tokens);
+        .with_image_tokens(
+            images.as_ref().map(|(tokens, _)| tokens.clone()),
+            images.map_or(0, |(_, max_step_tokens)| max_step_tokens),
+        );
     let config = handler_config(4);
     let info = server_info_for(&config);
     app(AppState::new(
@@ -84,6 +87,7 @@ fn variant(error: &ValidationError) -> &'static str {
         ValidationError::Image { .. } => "Image",
         ValidationError::TextOnlyModel => "TextOnlyModel",
         ValidationError::ImagePlacement(_) => "ImagePlacement",
+        ValidationError::ImageSpanTooLong { .. } => "ImageSpanTooLong",
     }
 }
 
@@ -159,6 +163,10 @@ fn one_of_each() -> Vec<ValidationError> {
             found: 0,
             images: 1,
         }),
+        ValidationError::ImageSpanTooLong {
+            tokens: 2,
+            max_step_tokens: 1,
+        },
     ]
 }
 
@@ -181,6 +189,8 @@ struct Case {
     no_template: bool,
     /// A server whose model takes images.
     vision: bool,
+    /// A vision server whose steps are shorter than an image's span.
+    narrow_steps: bool,
 }
 
 const CHAT: &str = "/v1/chat/completions";
@@ -219,6 +229,7 @@ fn case(
         quotes,
         no_template: false,
         vision: false,
+        narrow_steps: false,
     }
 }
 
@@ -243,6 +254,7 @@ fn cases() -> Vec<Case> {
         Case { vision: true, ..case(CHAT, image_chat(&truncated_png), Validation("Image"), None, &["image 1 of the request", "cannot be decoded"]) },
         case(CHAT, image_chat(&png), Validation("TextOnlyModel"), None, &["text only"]),
         Case { vision: true, ..case(CHAT, image_chat(&png), Validation("ImagePlacement"), None, &["0 image placeholders", "1 images"]) },
+        Case { vision: true, narrow_steps: true, ..case(CHAT, image_chat(&png), Validation("ImageSpanTooLong"), None, &["4 prompt tokens", "the 3 one step computes", "--max-batch-prefill-tokens"]) },
         case(CHAT, chat(r#", "temperature": 101"#), Validation("OutOfRange"), Some("temperature"), &["101", "100"]),
         case(GENERATE, r#"{"inputs": "a", "parameters": {"top_p": 1.5}}"#.into(), Validation("OutOfRange"), Some("top_p"), &["1.5", "(0, 1]"]),
         case(CHAT, chat(r#", "logprobs": true, "top_logprobs": 10000000000"#), Validation("CountOutOfRange"), Some("top_logprobs"), &["10000000000", "20"]),
@@ -361,17 +373,16 @@ fn every_variant_has_a_case() {
 async fn every_refusal_names_the_field_and_the_value_and_no_internals() {
     let app = app_with_template(Some(STRICT_TEMPLATE), None);
     let without_template = app_with_template(None, None);
-    let image_tokens = ImageTokens {
-        image_token_id: testing::EOS_ID,
-        tokens_per_image: 4,
-    };
-    let vision = app_with_template(Some(STRICT_TEMPLATE), Some(image_tokens));
+    let image_tokens = ImageTokens::widened(testing::EOS_ID, 4);
+    let vision = app_with_template(Some(STRICT_TEMPLATE), Some((image_tokens.clone(), 4)));
+    let narrow = app_with_template(Some(STRICT_TEMPLATE), Some((image_tokens, 3)));
     let mut failures = Vec::new();
     for case in cases() {
-        let server = match (case.no_template, case.vision) {
-            (true, _) => &without_template,
-            (false, true) => &vision,
-            (false, false) => &app,
+        let server = match (case.no_template, case.vision, case.narrow_steps) {
+            (true, ..) => &without_template,
+            (false, true, true) => &narrow,
+            (false, true, false) => &vision,
+            (false, false, _) => &app,
         };
         let reply = send(server, request(&case)).await;
         let label = format!("{} {:?}", case.path, case.refusal);

@@ -55,8 +55,8 @@ impl SchedulerState {
         }
     }
 
-    /// Admits waiting request `id` if the step has room and its blocks can be had; it
-    /// starts after its longest cached prefix.
+    /// Admits waiting request `id` if the step has room for its first chunk (see
+    /// `next_chunk`) and its blocks can be had; it starts after its longest cached prefix.
     fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut Step) -> bool {
         if budget.tokens == 0
             || budget.requests == 0
@@ -83,10 +83,14 @@ impl SchedulerState {
         if adopted.uncheckpointed_tokens > 0 {
             sequence.branch_point = Some(cached + adopted.uncheckpointed_tokens);
         }
-        let num_tokens = sequence
-            .remaining()
-            .min(budget.tokens)
-            .min(self.checkpoint_chunk_limit(&self.waiting[index]));
+        let Some(num_tokens) = self.next_chunk(&self.waiting[index], budget.tokens, budget.tokens)
+        else {
+            // It starts inside an image's span (after a cached prefix ending there) or at one,
+            // and the step has no room for the rest of the span. Waiting requests hold no
+            // blocks, cached or not.
+            self.waiting[index].reset_for_recompute();
+            return false;
+        };
         let sequence = &mut self.waiting[index];
         let missing = sequence.blocks_missing_for(cached + num_tokens, self.config.block_size);
         if sequence.blocks.grow(missing).is_none() {

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 mod admission;
+mod chunks;
 mod delivery;
 
 use delivery::{deliver_span, pause_after_fruitless_try};
@@ -162,7 +163,8 @@ impl SchedulerState {
     ///
     /// Running requests come first (oldest first), each getting its remaining tokens up to
     /// the budget; when blocks run out the newest running request is preempted. Then
-    /// waiting requests are admitted in arrival order while budget and blocks allow.
+    /// waiting requests are admitted in arrival order while budget and blocks allow. No
+    /// prompt chunk ends inside an image's span (see `next_chunk`).
     pub fn schedule(&mut self) -> Option<Step> {
         self.drop_cancelled();
         let mut budget = Budget {
@@ -208,9 +210,13 @@ impl SchedulerState {
             } else {
                 budget.tokens
             };
-            let num_tokens = remaining
-                .min(share)
-                .min(self.checkpoint_chunk_limit(&self.running[index]));
+            let Some(num_tokens) = self.next_chunk(&self.running[index], share, budget.tokens)
+            else {
+                // Its chunk must reach the end of an image's span, which this step has no
+                // room for: it takes nothing and holds no new block.
+                index += 1;
+                continue;
+            };
             let drafts = self.drafts_for(index, budget.tokens - num_tokens);
             let num_drafts = drafts.as_ref().map_or(0, Drafts::count);
             let Some(new_blocks) = self.reserve_blocks(index, num_tokens + num_drafts) else {
@@ -225,13 +231,6 @@ impl SchedulerState {
             budget.requests -= 1;
             index += 1;
         }
-    }
-
-    /// Most tokens `sequence`'s next chunk takes so that it ends where its state is checkpointed.
-    fn checkpoint_chunk_limit(&self, sequence: &Sequence) -> usize {
-        self.config.state_checkpoints.map_or(usize::MAX, |plan| {
-            plan.chunk_limit(sequence, self.config.block_size)
-        })
     }
 
     /// Makes `running[index]`'s span, just scheduled, save its state where it is checkpointed.
