@@ -192,6 +192,36 @@ def test_bad_images_get_a_4xx_and_leave_a_concurrent_stream_unchanged(llava: Tan
     assert llava.metric("tandem_running_requests") == 0
 
 
+# 2,000,000 bytes for text plus one base64 image of the default --max-image-bytes (20 MiB).
+VISION_PAYLOAD_LIMIT = 2_000_000 + (20 * 1024 * 1024 + 2) // 3 * 4
+
+
+def noise_png(side: int) -> bytes:
+    """A PNG of random pixels, which compress to about their raw size."""
+    buffer = io.BytesIO()
+    Image.frombytes(
+        "RGB", (side, side), torch.randint(0, 256, (side * side * 3,), dtype=torch.uint8).numpy().tobytes()
+    ).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_bodies_carry_an_image_over_2_mb_but_no_more_text_than_one_tokenization_takes(llava: TandemServer) -> None:
+    info = requests.get(f"{llava.base_url}/info", timeout=10).json()
+    assert info["payload_limit"] == VISION_PAYLOAD_LIMIT
+    large = noise_png(1000)
+    assert len(large) > 2_000_000
+    # The body is read whole and the image checked: it is refused for its pixels, not for its size.
+    refused = requests.post(f"{llava.base_url}/v1/chat/completions", json=chat_body(data_url(large)), timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert "--max-image-pixels" in refused.json()["error"]["message"]
+    # Text is bounded by what one tokenization job may take (two 2,000,000-byte bodies), not by the larger body.
+    text = {"messages": [{"role": "user", "content": "a" * 4_000_001}], "max_tokens": 1}
+    too_much = requests.post(f"{llava.base_url}/v1/chat/completions", json=text, timeout=60)
+    assert too_much.status_code == 413, too_much.text
+    assert "4000001 bytes of text" in too_much.json()["error"]["message"]
+    assert llava.metric("tandem_running_requests") == 0
+
+
 class MediaServer(http.server.BaseHTTPRequestHandler):
     """A stand-in media host: `/image.png`, `/slow.png` (answers after 10 s), `/huge.png` (1 MB) and
     `/elsewhere.png` (a redirect to the cloud metadata address)."""

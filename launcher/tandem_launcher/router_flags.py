@@ -137,7 +137,10 @@ REQUEST_LIMITS = (
         "--max-client-batch-size", ROUTER, int, 4, "most prompts one /v1/completions request may list", check=positive
     ),
     Forwarded(
-        "--payload-limit", ROUTER, int, 2_000_000, "largest request body in bytes; larger ones get 413", check=positive
+        "--payload-limit", ROUTER, int, None,
+        "largest request body in bytes; larger ones get 413 (unset: 2,000,000, plus one base64 image of "
+        "--max-image-bytes when the model reads images)",
+        check=positive,
     ),
     Forwarded(
         "--max-stop-sequence-length", ROUTER, int, 512, "longest stop string, in bytes of UTF-8", check=positive

@@ -31,14 +31,17 @@ def test_defaults_are_tgis_and_reach_the_router() -> None:
         "--max-top-n-tokens": "5",
         "--max-best-of": "2",
         "--max-client-batch-size": "4",
-        "--payload-limit": "2000000",
         "--generation-config": "auto",
         "--reasoning-parser": "auto",
     }
     assert {flag: _value(argv, flag) for flag in expected} == expected
     forwarded = config.forwarded
-    assert (forwarded["max_best_of"], forwarded["payload_limit"], forwarded["chat_template"]) == (2, 2_000_000, None)
-    for absent in ("--always-include-usage", "--disable-chat-completions", "--chat-template", "--tool-call-parser"):
+    assert (forwarded["max_best_of"], forwarded["payload_limit"], forwarded["chat_template"]) == (2, None, None)
+    # The router sizes the body limit for the model it serves.
+    for absent in (
+        "--always-include-usage", "--disable-chat-completions", "--chat-template", "--tool-call-parser",
+        "--payload-limit",
+    ):  # fmt: skip
         assert absent not in argv
 
 

@@ -167,9 +167,11 @@ pub struct ApiArgs {
     /// Most prompts one `/v1/completions` request may list.
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 4)]
     pub max_client_batch_size: usize,
-    /// Largest accepted request body, in bytes; larger ones are answered 413.
-    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
-    pub payload_limit: usize,
+    /// Largest accepted request body, in bytes; larger ones are answered 413. Unset:
+    /// 2,000,000, plus room for one base64 image of `--max-image-bytes` when the model reads
+    /// images.
+    #[arg(long, env = "PAYLOAD_LIMIT")]
+    pub payload_limit: Option<usize>,
     /// End every OpenAI stream with a usage chunk, as if `stream_options.include_usage` were set.
     #[arg(long, env = "ALWAYS_INCLUDE_USAGE")]
     pub always_include_usage: bool,

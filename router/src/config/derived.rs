@@ -4,7 +4,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::RouterConfig;
+use super::{RouterConfig, TEXT_PAYLOAD_LIMIT};
 use crate::http::{HandlerConfig, ServerInfo, VALIDATION_WORKERS};
 use crate::scheduler::{CheckpointPlan, SchedulerConfig};
 use crate::shard::KvCacheSize;
@@ -40,6 +40,18 @@ impl RouterConfig {
             self.limits.prefix_caching = false;
         }
         turned_off
+    }
+
+    /// A model that reads images takes request bodies big enough for one base64 image of
+    /// `--max-image-bytes` beside the text's 2,000,000 bytes, unless `--payload-limit` was
+    /// given; the raised limit when it was raised.
+    pub fn fit_payload_limit_to_images(&mut self, reads_images: bool) -> Option<usize> {
+        if !reads_images || self.api.payload_limit_is_explicit {
+            return None;
+        }
+        let base64_image = self.request_limits.images.max_image_bytes.div_ceil(3) * 4;
+        self.api.payload_limit = TEXT_PAYLOAD_LIMIT.saturating_add(base64_image);
+        Some(self.api.payload_limit)
     }
 
     /// The token bounds every request must respect.

@@ -21,6 +21,9 @@ use crate::scheduler::{DraftMethod, SchedulingPolicy};
 use crate::shard::ShardAddress;
 use crate::tools::ToolCallParser;
 
+/// `--payload-limit`'s default for a model that reads text only (TGI's).
+pub const TEXT_PAYLOAD_LIMIT: usize = 2_000_000;
+
 /// Flags that cannot work together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -98,6 +101,8 @@ pub struct ApiConfig {
     pub max_best_of: usize,
     pub max_client_batch_size: usize,
     pub payload_limit: usize,
+    /// Whether `--payload-limit` set `payload_limit`; otherwise it may grow for images.
+    pub payload_limit_is_explicit: bool,
     pub always_include_usage: bool,
     pub chat_template: Option<PathBuf>,
     /// `--tool-call-parser`; `None`: the syntax the chat template writes.
@@ -137,7 +142,7 @@ fn check_nonzero(args: &RouterArgs) -> Result<(), ConfigError> {
         ("block-size", args.block_size),
         ("max-best-of", args.api.max_best_of),
         ("max-client-batch-size", args.api.max_client_batch_size),
-        ("payload-limit", args.api.payload_limit),
+        ("payload-limit", args.api.payload_limit.unwrap_or(1)),
         ("max-queued-tokens", args.max_queued_tokens.unwrap_or(1)),
         (
             "max-queue-time",
@@ -217,7 +222,8 @@ impl TryFrom<RouterArgs> for RouterConfig {
                 max_top_n_tokens: args.api.max_top_n_tokens,
                 max_best_of: args.api.max_best_of,
                 max_client_batch_size: args.api.max_client_batch_size,
-                payload_limit: args.api.payload_limit,
+                payload_limit: args.api.payload_limit.unwrap_or(TEXT_PAYLOAD_LIMIT),
+                payload_limit_is_explicit: args.api.payload_limit.is_some(),
                 always_include_usage: args.api.always_include_usage,
                 chat_template: args.api.chat_template,
                 tool_call_parser: args.api.tool_call_parser,

@@ -454,3 +454,15 @@ fn the_state_checkpoint_interval_is_whole_blocks() {
     assert_eq!(parse(&[]).unwrap().limits.state_checkpoint_interval, 512);
     assert_eq!(parse(&[]).unwrap().limits.max_state_checkpoints, 64);
 }
+
+#[test]
+fn the_default_payload_limit_grows_by_one_base64_image_for_a_model_that_reads_images() {
+    let mut config = parse(&["--max-image-bytes", "3000"]).unwrap();
+    assert_eq!(config.fit_payload_limit_to_images(false), None);
+    assert_eq!(config.api.payload_limit, 2_000_000);
+    assert_eq!(config.fit_payload_limit_to_images(true), Some(2_004_000));
+    assert_eq!(config.api.payload_limit, 2_004_000);
+    let mut explicit = parse(&["--payload-limit", "5000", "--max-image-bytes", "3000"]).unwrap();
+    assert_eq!(explicit.fit_payload_limit_to_images(true), None);
+    assert_eq!(explicit.api.payload_limit, 5000);
+}

@@ -89,6 +89,7 @@ pub enum AuthError {
 impl AppError {
     fn kind(&self) -> Kind {
         match self {
+            Self::Validation(ValidationError::TextTooLarge(_)) => Kind::TooLarge,
             Self::Validation(_)
             | Self::InvalidBody { .. }
             | Self::Scheduler(SchedulerError::ExceedsKvCapacity { .. }) => Kind::Validation,

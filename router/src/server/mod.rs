@@ -110,11 +110,7 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
     let (fleet, model) = connect_shards(&config).await?;
     check_model_fits(&config, &model)?;
     check_draft_model(&config, &model)?;
-    let image_tokens = ImageTokens::for_encoder(
-        &config.tokenizer_path,
-        model.vision_encoder.as_deref(),
-        &decoding.tokenizer,
-    )?;
+    let image_tokens = image_tokens(&mut config, &model, &decoding)?;
     let validator = bound_to_model(validator, vocab, &model, &config)
         .with_image_tokens(image_tokens, config.limits.max_batch_prefill_tokens)
         .with_media_fetcher(MediaFetcher::new(config.media_fetch.clone())?);
@@ -165,6 +161,28 @@ pub async fn run(mut config: RouterConfig) -> Result<(), StartupError> {
         None => warn!("no API key configured: every route is open"),
     }
     serving::serve(&config, state).await
+}
+
+/// How the model's prompts hold images (`None`: it reads text only); a model that reads them
+/// takes bodies big enough for one, unless `--payload-limit` says otherwise.
+fn image_tokens(
+    config: &mut RouterConfig,
+    model: &ModelInfo,
+    decoding: &TokenDecoding,
+) -> Result<Option<ImageTokens>, StartupError> {
+    let image_tokens = ImageTokens::for_encoder(
+        &config.tokenizer_path,
+        model.vision_encoder.as_deref(),
+        &decoding.tokenizer,
+    )?;
+    if let Some(limit) = config.fit_payload_limit_to_images(image_tokens.is_some()) {
+        info!(
+            payload_limit = limit,
+            "request bodies up to {limit} bytes: 2,000,000 for text plus one base64 image of \
+             --max-image-bytes (--payload-limit sets another bound)"
+        );
+    }
+    Ok(image_tokens)
 }
 
 /// Connects to every rank (with the cluster secret, if any) and reads the model's facts.

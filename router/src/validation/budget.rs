@@ -14,6 +14,17 @@ pub type TokenizationReservation = OwnedSemaphorePermit;
 
 const KIB: usize = 1024;
 
+/// Text longer than one tokenization job may take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the prompt holds {bytes} bytes of text, more than the {max} this server tokenizes at once \
+     (two --payload-limit bodies of text)"
+)]
+pub struct TextTooLarge {
+    pub bytes: usize,
+    pub max: usize,
+}
+
 /// Peak bytes allocated per input byte while text is encoded (the encoding's per-byte
 /// alignments and per-token vectors; ~170 measured with one token per byte, the worst case,
 /// ~145 with a real BPE vocabulary), and also a bound on what `/tokenize` keeps afterwards
@@ -42,6 +53,24 @@ impl TokenizationBudget {
         }
     }
 
+    /// The longest text one job may tokenize: the job's peak fits the whole budget. Longer
+    /// texts are refused rather than run beyond it.
+    pub fn max_text_bytes(&self) -> usize {
+        (self.total_kib as usize * KIB) / PEAK_BYTES_PER_INPUT_BYTE
+    }
+
+    /// Refuses text of `input_bytes` longer than `max_text_bytes`.
+    pub fn check_text(&self, input_bytes: usize) -> Result<(), TextTooLarge> {
+        let max = self.max_text_bytes();
+        if input_bytes > max {
+            return Err(TextTooLarge {
+                bytes: input_bytes,
+                max,
+            });
+        }
+        Ok(())
+    }
+
     /// Waits until a job taking `bytes` of memory may run; the budget returns when the permit
     /// drops.
     pub async fn reserve(&self, bytes: usize) -> OwnedSemaphorePermit {
@@ -58,6 +87,20 @@ impl TokenizationBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_whose_peak_exceeds_the_whole_budget_is_refused() {
+        let budget = TokenizationBudget::new(peak_bytes(4 * KIB));
+        assert_eq!(budget.max_text_bytes(), 4 * KIB);
+        assert_eq!(budget.check_text(4 * KIB), Ok(()));
+        assert_eq!(
+            budget.check_text(4 * KIB + 1),
+            Err(TextTooLarge {
+                bytes: 4 * KIB + 1,
+                max: 4 * KIB
+            })
+        );
+    }
 
     #[tokio::test]
     async fn inputs_wait_while_the_budget_is_spent_and_large_ones_take_it_all() {

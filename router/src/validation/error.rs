@@ -68,6 +68,8 @@ pub enum ValidationError {
     Template(String),
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
+    #[error(transparent)]
+    TextTooLarge(#[from] super::TextTooLarge),
     #[error("`{param}` is `{name}`, which this server does not serve; it serves {served}")]
     UnknownAdapter {
         param: &'static str,
@@ -133,7 +135,7 @@ impl ValidationError {
             | Self::TooLong { param, .. }
             | Self::InvalidGrammar { param, .. }
             | Self::UnknownAdapter { param, .. } => Some(param),
-            Self::InputTooLong { .. } | Self::Tokenizer(_) => None,
+            Self::InputTooLong { .. } | Self::Tokenizer(_) | Self::TextTooLarge(_) => None,
         }
     }
 }

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 pub use adapters::{AdapterChoice, LoraAdapters};
-pub use budget::{peak_bytes as tokenization_peak_bytes, TokenizationReservation};
+pub use budget::{peak_bytes as tokenization_peak_bytes, TextTooLarge, TokenizationReservation};
 pub use chat_template::{
     ChatEnding, ChatMessage, ChatTemplate, ContentPart, ImageData, TemplateExtras,
 };

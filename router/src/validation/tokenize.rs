@@ -14,6 +14,7 @@ impl Validator {
         text: String,
     ) -> Result<OffsetTokens, ValidationError> {
         let tokenizer = Arc::clone(&self.tokenizer);
+        self.tokenizing.check_text(text.len())?;
         let peak = tokenization_peak_bytes(text.len());
         let reservation = self.tokenizing.reserve(peak).await;
         let job = move || {
@@ -72,7 +73,9 @@ impl Validator {
         let expanded_bytes = image_tokens
             .as_deref()
             .map_or(0, |tokens| images * tokens.expanded_bytes_per_image());
-        let peak = tokenization_peak_bytes(text_bytes.saturating_add(expanded_bytes));
+        let tokenized_bytes = text_bytes.saturating_add(expanded_bytes);
+        self.tokenizing.check_text(tokenized_bytes)?;
+        let peak = tokenization_peak_bytes(tokenized_bytes);
         let reserved = self.tokenizing.reserve(peak).await;
         let job = move || {
             let _reserved = reserved;

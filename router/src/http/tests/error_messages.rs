@@ -10,7 +10,12 @@ use image::ImageFormat;
 
 use crate::images::testing::{data_url, encoded};
 use crate::images::{ImageTokens, ImageTokensError};
-use crate::validation::{ChatUnavailable, GrammarCompiler, ValidationError};
+use crate::validation::{
+    tokenization_peak_bytes, ChatUnavailable, GrammarCompiler, ValidationError,
+};
+
+/// The text part of the test server's bodies; text beyond twice this is refused.
+const TEXT_LIMIT: usize = PAYLOAD_LIMIT / 4;
 
 /// A template that refuses a system message anywhere but first, as many models' do.
 const STRICT_TEMPLATE: &str = "{% for message in messages %}{% if message.role == 'system' and not loop.first %}{{ raise_exception('System message must be first') }}{% endif %}<|{{ message.role }}|>{{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
@@ -34,7 +39,10 @@ fn app_with_template(template: Option<&str>, images: Option<(ImageTokens, usize)
     let grammars =
         GrammarCompiler::from_tokenizer_json(&testing::tokenizer_json(), &[testing::EOS_ID])
             .unwrap();
+    // Tokenization budgeted for bodies of a quarter of the payload limit, as a server whose
+    // limit grew to carry an image budgets it for the text part alone.
     let validator = Validator::new(Arc::clone(&tokenizer), template, limits)
+        .with_tokenization_budget(2 * tokenization_peak_bytes(TEXT_LIMIT))
         .with_grammars(Arc::new(grammars))
         .with_image_tokens(
             images.as_ref().map(|(tokens, _)| tokens.clone()),
@@ -88,6 +96,7 @@ fn variant(error: &ValidationError) -> &'static str {
         ValidationError::TextOnlyModel => "TextOnlyModel",
         ValidationError::ImagePlacement(_) => "ImagePlacement",
         ValidationError::ImageSpanTooLong { .. } => "ImageSpanTooLong",
+        ValidationError::TextTooLarge(_) => "TextTooLarge",
     }
 }
 
@@ -167,6 +176,7 @@ fn one_of_each() -> Vec<ValidationError> {
             tokens: 2,
             max_step_tokens: 1,
         },
+        ValidationError::TextTooLarge(crate::validation::TextTooLarge { bytes: 2, max: 1 }),
     ]
 }
 
@@ -197,6 +207,7 @@ const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
 const GENERATE: &str = "/generate";
 const MESSAGES: &str = "/v1/messages";
+const TOKENIZE: &str = "/tokenize";
 
 fn chat(extra: &str) -> String {
     format!(r#"{{"messages": [{{"role": "user", "content": "a"}}]{extra}}}"#)
@@ -295,6 +306,8 @@ fn cases() -> Vec<Case> {
         case(MESSAGES, anthropic(r#", "thinking": {"type": "enabled", "budget_tokens": 0}"#), Validation("OutOfRange"), Some("thinking.budget_tokens"), &["0", "at least 1"]),
         case(MESSAGES, anthropic(r#", "thinking": {"type": "enabled"}"#), InvalidBody, Some("thinking"), &["budget_tokens"]),
         case(CHAT, "x".repeat(PAYLOAD_LIMIT + 1), PayloadTooLarge, None, &["65536"]),
+        case(CHAT, format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#, "x".repeat(2 * TEXT_LIMIT + 1)), Validation("TextTooLarge"), None, &["32769 bytes of text", "32768", "--payload-limit"]),
+        case(TOKENIZE, format!(r#"{{"inputs": "{}"}}"#, "x".repeat(2 * TEXT_LIMIT + 1)), Validation("TextTooLarge"), None, &["32769 bytes of text", "32768"]),
         case(GENERATE, "inputs=a".into(), NotJson, None, &["Content-Type: application/json"]),
     ]
 }
@@ -322,11 +335,13 @@ const RUST_TYPES: [&str; 12] = [
 
 fn status_of(refusal: Refusal, path: &str) -> StatusCode {
     match refusal {
+        Refusal::PayloadTooLarge | Refusal::Validation("TextTooLarge") => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
         Refusal::Validation(_) | Refusal::InvalidBody if path == GENERATE => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
         Refusal::Validation(_) | Refusal::InvalidBody => StatusCode::BAD_REQUEST,
-        Refusal::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Refusal::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
     }
 }
