@@ -79,6 +79,9 @@ class ClipEncoderLayer(nn.Module):
 
 
 class ClipEncoder(nn.Module):
+    """`depth` encoder layers, parameter names as CLIP's and SigLIP's checkpoints give them (their layers are the
+    same)."""
+
     def __init__(self, args: VitArgs, depth: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(ClipEncoderLayer(args) for _ in range(depth))
