@@ -22,10 +22,15 @@ from tandem_launcher.model_resolution import ModelSource, resolve_source
 from transformers import (
     CLIPImageProcessorPil,
     CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessorPil,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    SiglipVisionConfig,
 )
 
 LAUNCHER = Path(sys.executable).parent / "tandem-launcher"
@@ -231,6 +236,78 @@ def write_tiny_llava(directory: Path) -> LlavaForConditionalGeneration:
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
     (directory / "tokenizer_config.json").write_bytes((embedded / "tokenizer_config.json").read_bytes())
     (directory / "chat_template.jinja").write_text(LLAVA_CHAT_TEMPLATE)
+    return model
+
+
+# Gemma 3's prompt format: turns between `<start_of_turn>` and `<end_of_turn>`, each image part as the token that
+# Gemma3Processor expands (and the router likewise) into the image's whole span.
+GEMMA3_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+# The tokens around and inside an image's span, by the tokenizer attribute Gemma3Processor reads each from.
+GEMMA3_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
+GEMMA3_TOKENS_PER_IMAGE = 16
+
+
+def write_tiny_gemma3_vision(directory: Path) -> Gemma3ForConditionalGeneration:
+    """Saves a random Gemma 3 (seed 0): a two-layer SigLIP tower reading 64x64 images in 8x8 patches, pooled to 16
+    image tokens, and a sliding then a global text layer (window 8) over the embedded model's vocabulary plus the
+    special tokens `<start_of_image>`, `<image_soft_token>` and `<end_of_image>` (ids from the embedded vocabulary's
+    size on); its tokenizer, Gemma 3 image processor and processor settings (so `AutoProcessor` loads it) and a
+    Gemma 3 style chat template; returns the `transformers` model. Tensors whose init is one value (norms, biases, the
+    zero projection matrix) are randomised, so images change what it generates."""
+    embedded = embedded_model_dir()
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    boi_id, image_id, eoi_id = (embedded_config["vocab_size"] + offset for offset in range(3))
+    torch.manual_seed(0)
+    text = Gemma3TextConfig(
+        vocab_size=eoi_id + 1, bos_token_id=embedded_config["bos_token_id"],
+        eos_token_id=embedded_config["eos_token_id"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=64, patch_size=8
+    )
+    config = Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        boi_token_index=boi_id,
+        image_token_index=image_id,
+        eoi_token_index=eoi_id,
+    )
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() > 1 and bool((param == param.flatten()[0]).all()):
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(directory)
+    Gemma3ImageProcessorPil(size={"height": 64, "width": 64}).save_pretrained(directory)
+    processor = {"processor_class": "Gemma3Processor", "image_seq_length": GEMMA3_TOKENS_PER_IMAGE}
+    (directory / "processor_config.json").write_text(json.dumps(processor))
+    tokenizer = json.loads((embedded / "tokenizer.json").read_text())
+    for token_id, content in zip((boi_id, image_id, eoi_id), GEMMA3_IMAGE_TOKENS.values(), strict=True):
+        tokenizer["added_tokens"].append(added_token(token_id, content, special=True))
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    tokenizer_config = json.loads((embedded / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    tokenizer_config["extra_special_tokens"] = GEMMA3_IMAGE_TOKENS
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, ensure_ascii=False))
+    (directory / "chat_template.jinja").write_text(GEMMA3_CHAT_TEMPLATE)
     return model
 
 

@@ -29,7 +29,7 @@ from tandem_server.quant.pipeline import WeightPreparation, prepare_weights
 from tandem_server.rpc.generated import shard_pb2
 from tandem_server.rpc.servicer import build_info
 from tandem_server.structured import GrammarCompiler
-from tandem_server.vision.loader import load_image_embedder
+from tandem_server.vision.loader import attends_bidirectionally_within_images, load_image_embedder
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def choose_attention_backend(
         config.kv_cache_dtype,
         config.block_size,
         attention_sinks=checkpoint.family in ATTENTION_SINK_FAMILIES,
+        bidirectional_spans=attends_bidirectionally_within_images(checkpoint.architecture),
     )
     choice = select_backend(config.attention_backend, needs, detect_packages(config.device))
     logger.info("%s", choice.describe())

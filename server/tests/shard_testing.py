@@ -214,8 +214,12 @@ class StepDriver:
             self.step([pending.pop(0)] if pending else [])
         return self.done
 
+    def chunk_len(self, request_id: int, num_computed: int, remaining: int) -> int:
+        """The tokens request `request_id` runs next, of the `remaining` after its `num_computed`."""
+        return min(self.chunk_size, remaining)
+
     def _schedule(self, rid: int, state: _Tracked) -> ScheduledRequest:
-        num_tokens = min(self.chunk_size, len(state.tokens) - state.num_computed)
+        num_tokens = self.chunk_len(rid, state.num_computed, len(state.tokens) - state.num_computed)
         needed = -(-(state.num_computed + num_tokens) // self.block_size) - len(state.blocks)
         new_blocks = [self.free_blocks.pop() for _ in range(max(0, needed))]
         state.blocks.extend(new_blocks)

@@ -72,6 +72,8 @@ def test_auto_choice_explains_what_it_passed_over() -> None:
         ("sdpa", AttentionNeeds("cpu", torch.float32, 64, logit_softcap=True), BOTH_INSTALLED, "softcapping"),
         ("sdpa", AttentionNeeds("cpu", torch.float32, 64, attention_sinks=True), BOTH_INSTALLED, "attention sinks"),
         ("flash", replace(CUDA_BF16_TMA_PAGES, attention_sinks=True), BOTH_INSTALLED, "flash-attn cannot add"),
+        ("sdpa", AttentionNeeds("cpu", torch.float32, 64, bidirectional_spans=True), BOTH_INSTALLED, "bidirectional"),
+        ("triton", replace(CUDA_BF16, bidirectional_spans=True), BOTH_INSTALLED, "Triton kernel cannot let an image"),
         ("flashy", CUDA_BF16, BOTH_INSTALLED, "unknown attention backend 'flashy'"),
     ],
 )
@@ -192,3 +194,13 @@ def test_a_model_with_attention_sinks_gets_only_a_backend_that_adds_them() -> No
     # Without Triton, torch SDPA is passed over too.
     assert select_backend("auto", sinks, NEITHER).name == "torch"
     assert select_backend("auto", replace(sinks, device="cpu"), detect_packages("cpu")).name == "torch"
+
+
+def test_a_model_whose_image_spans_attend_bidirectionally_gets_the_torch_backend() -> None:
+    spans = replace(CUDA_BF16_TMA_PAGES, bidirectional_spans=True)
+    choice = select_backend("auto", spans, BOTH_INSTALLED)
+    assert choice.name == "torch"
+    assert "flash: flash-attn cannot let an image's positions attend to each other bidirectionally" in choice.describe()
+    assert "sdpa: torch SDPA cannot let an image's positions" in choice.describe()
+    assert select_backend("auto", replace(spans, device="cpu"), detect_packages("cpu")).name == "torch"
+    assert needs_from_hf_config({"head_dim": 16}, "cpu", torch.float32, bidirectional_spans=True).bidirectional_spans

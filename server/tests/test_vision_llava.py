@@ -20,9 +20,10 @@ from vision_testing import (
     generate_alone,
     image_file,
     image_request,
-    make_llava_runner,
+    make_vision_runner,
     prompt_with_images,
     reference_pixels,
+    renamed_tensor,
     write_tiny_llava,
 )
 
@@ -65,7 +66,7 @@ def test_greedy_tokens_and_logits_match_transformers(
     path, reference = llava
     parts = PROMPTS[prompt]
     tokens, images = prompt_with_images(parts)
-    runner = make_llava_runner(path)
+    runner = make_vision_runner(path)
     eos = tuple(runner.eos_token_ids)
     ours, logits = generate_alone(runner, image_request(0, tokens, images, NEW_TOKENS, stop_token_ids=eos), chunk_size)
     expected_tokens, expected_logits = reference_generate(reference, path, parts)
@@ -78,7 +79,7 @@ def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(llava: tupl
     path, reference = llava
     parts = PROMPTS["one-image"]
     tokens, images = prompt_with_images(parts)
-    runner = make_llava_runner(path)
+    runner = make_vision_runner(path)
     block_size = runner.cache.block_size if runner.cache else 0
     # The first request's prompt fills blocks 0..5; a second one with the same prompt starts after its first two
     # blocks (8 positions, 5 of them inside the image span at 3..18), as the router's prefix cache would hand them.
@@ -105,7 +106,7 @@ def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(llava: tupl
 def test_a_prefix_cache_hit_past_every_image_encodes_nothing(llava: tuple[Path, torch.nn.Module]) -> None:
     path, _ = llava
     tokens, images = prompt_with_images([[1, 5], image_file(4), [33, 8, 61, 7, 7, 7, 7, 7]])
-    runner = make_llava_runner(path)
+    runner = make_vision_runner(path)
     assert runner.images is not None
     # Positions 0..19 (the image at 2..17) are cached; only the text after them runs.
     request = image_request(1, tokens, images)
@@ -118,7 +119,7 @@ def test_a_prefix_cache_hit_past_every_image_encodes_nothing(llava: tuple[Path, 
 
 def test_chunked_and_whole_prompts_with_images_batch_together(llava: tuple[Path, torch.nn.Module]) -> None:
     path, reference = llava
-    runner = make_llava_runner(path)
+    runner = make_vision_runner(path)
     eos = tuple(runner.eos_token_ids)
     requests = [
         image_request(i, *prompt_with_images(PROMPTS[name]), NEW_TOKENS, stop_token_ids=eos)
@@ -127,14 +128,6 @@ def test_chunked_and_whole_prompts_with_images_batch_together(llava: tuple[Path,
     done = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size=11).run(requests)
     for i, name in enumerate(sorted(PROMPTS)):
         assert done[i] == reference_generate(reference, path, PROMPTS[name])[0], name
-
-
-def renamed_tensor(name: str, renames: tuple[tuple[str, str], ...]) -> str:
-    """`name` under the first of `renames` (old prefix, new prefix) that applies."""
-    for old, new in renames:
-        if name.startswith(old):
-            return new + name.removeprefix(old)
-    return name
 
 
 @pytest.mark.parametrize(
@@ -162,8 +155,8 @@ def test_both_checkpoint_namings_load_the_same_model(
             (tmp_path / file.name).write_bytes(file.read_bytes())
     save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
     tokens, images = prompt_with_images(PROMPTS["two-images"])
-    expected = generate_alone(make_llava_runner(path), image_request(0, tokens, images), 64)[0]
-    assert generate_alone(make_llava_runner(tmp_path), image_request(0, tokens, images), 64)[0] == expected, naming
+    expected = generate_alone(make_vision_runner(path), image_request(0, tokens, images), 64)[0]
+    assert generate_alone(make_vision_runner(tmp_path), image_request(0, tokens, images), 64)[0] == expected, naming
 
 
 @pytest.mark.parametrize(("feature_layer", "strategy"), [(-1, "default"), ([0, -2, -1], "full"), (0, "full")])
@@ -188,7 +181,7 @@ def test_selected_hidden_states_match_transformers_image_features(
 
 def test_the_image_token_is_read_from_config(llava: tuple[Path, torch.nn.Module]) -> None:
     path, _ = llava
-    runner = make_llava_runner(path)
+    runner = make_vision_runner(path)
     assert runner.images is not None and runner.images.image_token_id == IMAGE_TOKEN
     assert runner.images.description == "CLIPVisionModel, 2 layers"
 

@@ -23,7 +23,7 @@ from vision_testing import (
     image_file,
     image_input,
     image_request,
-    make_llava_runner,
+    make_vision_runner,
     prompt_with_images,
     write_tiny_llava,
 )
@@ -51,7 +51,7 @@ def run(runner: ModelRunner, requests: list[NewRequest]) -> StepDriver:
 
 
 def test_the_same_image_twice_runs_the_encoder_once(llava: Path) -> None:
-    runner = make_llava_runner(llava)
+    runner = make_vision_runner(llava)
     tokens, images = prompt_with_images([[1, 5], FIRST_IMAGE, [33, 8]])
     first = run(runner, [image_request(1, tokens, images, 6)]).done[1]
     second = run(runner, [image_request(2, tokens, images, 6)]).done[2]
@@ -66,8 +66,8 @@ def test_the_same_image_twice_runs_the_encoder_once(llava: Path) -> None:
 
 def test_a_zero_byte_encoder_cache_encodes_every_chunk_again_with_the_same_result(llava: Path) -> None:
     tokens, images = prompt_with_images([[1, 5], FIRST_IMAGE, [33, 8]])
-    cached = run(make_llava_runner(llava), [image_request(1, tokens, images, 6)]).done[1]
-    runner = make_llava_runner(llava, encoder_cache_bytes=0)
+    cached = run(make_vision_runner(llava), [image_request(1, tokens, images, 6)]).done[1]
+    runner = make_vision_runner(llava, encoder_cache_bytes=0)
     assert run(runner, [image_request(1, tokens, images, 6)]).done[1] == cached
     assert runner.images is not None and runner.images.counts().runs == 2
 
@@ -107,8 +107,8 @@ def test_the_encoder_cache_evicts_the_least_recently_used_to_stay_within_its_byt
     ids=["wrong-count", "not-an-image", "truncated", "span-not-image-tokens", "span-outside-prompt", "no-digest"],
 )
 def test_an_image_that_cannot_run_fails_its_request_alone(llava: Path, hostile: NewRequest, message: str) -> None:
-    expected = run(make_llava_runner(llava), healthy_requests()).done
-    runner = make_llava_runner(llava)
+    expected = run(make_vision_runner(llava), healthy_requests()).done
+    runner = make_vision_runner(llava)
     driver = run(runner, [*healthy_requests(), hostile])
     assert driver.done == expected
     assert driver.failed[1].kind is FailureKind.INVALID_PARAMETERS
@@ -129,7 +129,7 @@ def test_a_text_only_model_fails_a_request_with_images_alone(tmp_path: Path) -> 
 
 
 def test_info_names_the_vision_encoder_and_a_text_model_none(llava: Path, tmp_path: Path) -> None:
-    info = build_info(make_llava_runner(llava), "LlavaForConditionalGeneration", "torch", ParallelContext())
+    info = build_info(make_vision_runner(llava), "LlavaForConditionalGeneration", "torch", ParallelContext())
     assert info.vision_encoder == "CLIPVisionModel, 2 layers"
     write_tiny_llama(tmp_path)
     assert build_info(make_runner(tmp_path), "LlamaForCausalLM", "torch", ParallelContext()).vision_encoder == ""
@@ -143,7 +143,7 @@ def test_a_new_request_s_images_cross_the_contract() -> None:
 
 
 def test_encoder_counts_render_as_counters_at_each_scrape(llava: Path) -> None:
-    runner = make_llava_runner(llava)
+    runner = make_vision_runner(llava)
     assert runner.images is not None
     metrics = ShardMetrics(rank=1, device=torch.device("cpu"))
     metrics.watch_image_encoder(runner.images.counts)

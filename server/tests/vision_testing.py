@@ -1,4 +1,5 @@
-"""Test helpers for vision-language models: a tiny random LLaVA checkpoint, image files, and requests carrying them."""
+"""Test helpers for vision-language models: tiny random LLaVA and Gemma 3 checkpoints, image files, and requests
+carrying them."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ from tandem_server.vision.loader import load_image_embedder
 from transformers import (
     CLIPImageProcessorPil,
     CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessorPil,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    PreTrainedModel,
+    SiglipVisionConfig,
 )
 
 IMAGE_TOKEN = 95
@@ -39,9 +45,46 @@ TINY_VISION: dict[str, Any] = {
 }
 
 
+# Gemma 3's special tokens inside the tiny vocabulary: its image soft token, and the tokens around each image span.
+GEMMA3_IMAGE_TOKEN, GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN = 93, 91, 92
+# The token the processor's "\n\n" before and after an image becomes (a plain text token here).
+GEMMA3_BLANK_LINE = 10
+# 64x64 pixels in 8x8 patches, average-pooled 2x2 into a 4x4 grid.
+GEMMA3_IMAGE_SIZE = 64
+GEMMA3_TOKENS_PER_IMAGE = 16
+# Smaller than an image span, so a sliding layer's window cuts through it.
+GEMMA3_WINDOW = 8
+
+TINY_SIGLIP: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": GEMMA3_IMAGE_SIZE,
+    "patch_size": 8,
+}
+
+
+def randomized_norms(reference: PreTrainedModel) -> None:
+    """Shifts every norm's weights randomly (their init is constant), so a norm loaded wrongly cannot go unnoticed."""
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+
+
+def randomized_constants(reference: PreTrainedModel) -> None:
+    """Shifts randomly every tensor whose init holds one value (norms, biases, Gemma 3's zero projection matrix), so
+    one loaded wrongly cannot go unnoticed."""
+    with torch.no_grad():
+        for param in reference.parameters():
+            if param.numel() > 1 and bool((param == param.flatten()[0]).all()):
+                param.add_(torch.randn_like(param) * 0.2)
+
+
 def write_tiny_llava(path: Path, seed: int = 0, **overrides: Any) -> LlavaForConditionalGeneration:
     """Saves a random LLaVA (a 2-layer CLIP tower, a tiny Llama) with its CLIP image processor into `path` and
-    returns the transformers reference. Every norm is randomised, so one loaded wrongly cannot go unnoticed."""
+    returns the transformers reference."""
     torch.manual_seed(seed)
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(**TINY_VISION),
@@ -50,15 +93,40 @@ def write_tiny_llava(path: Path, seed: int = 0, **overrides: Any) -> LlavaForCon
         **overrides,
     )
     reference = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn_like(param) * 0.2)
+    randomized_norms(reference)
     reference.save_pretrained(path)
     processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     processor.save_pretrained(path)
+    return reference
+
+
+def write_tiny_gemma3_vision(
+    path: Path, seed: int = 0, do_pan_and_scan: bool | None = None
+) -> Gemma3ForConditionalGeneration:
+    """Saves a random Gemma 3 (a 2-layer SigLIP tower, a sliding then a global text layer) with its image processor
+    into `path` and returns the transformers reference. SiglipVisionConfig's default attention-pooling head is kept,
+    so the checkpoint holds tensors the shard must skip."""
+    torch.manual_seed(seed)
+    # Gemma3TextConfig's own head counts, as the published configs leave them out.
+    heads = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16}
+    layer_types = ["sliding_attention", "full_attention"]
+    text = {**TINY_SETTINGS, **heads, "sliding_window": GEMMA3_WINDOW, "layer_types": layer_types}
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=SiglipVisionConfig(**TINY_SIGLIP).to_dict(),
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        image_token_index=GEMMA3_IMAGE_TOKEN,
+        boi_token_index=GEMMA3_BOI_TOKEN,
+        eoi_token_index=GEMMA3_EOI_TOKEN,
+    )
+    config._attn_implementation = "eager"
+    reference = Gemma3ForConditionalGeneration(config).eval()
+    randomized_constants(reference)
+    reference.save_pretrained(path)
+    side = {"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}
+    Gemma3ImageProcessorPil(size=side, do_pan_and_scan=do_pan_and_scan).save_pretrained(path)
     return reference
 
 
@@ -102,8 +170,16 @@ def reference_pixels(checkpoint: Path, files: list[bytes]) -> torch.Tensor:
     return processor(images=images, return_tensors="pt")["pixel_values"]
 
 
-def make_llava_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRunner:
-    """A warmed-up float32 CPU runner of the LLaVA checkpoint at `path`, encoding its images."""
+def renamed_tensor(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """`name` under the first of `renames` (old prefix, new prefix) that applies."""
+    for old, new in renames:
+        if name.startswith(old):
+            return new + name.removeprefix(old)
+    return name
+
+
+def make_vision_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRunner:
+    """A warmed-up float32 CPU runner of the vision-language checkpoint at `path`, encoding its images."""
     checkpoint = read_checkpoint_config(path)
     images = load_image_embedder(checkpoint, torch.float32, CPU, encoder_cache_bytes)
     options = ExecutionOptions(kv_cache_memory=4 << 20)
@@ -113,9 +189,72 @@ def make_llava_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRu
     return warmed(runner)
 
 
-def generate_alone(runner: ModelRunner, request: NewRequest, chunk_size: int) -> tuple[list[int], list[torch.Tensor]]:
-    """The tokens of `request`, its prompt run in chunks of `chunk_size`, and the logits each of its draws read."""
+def generate_alone(
+    runner: ModelRunner, request: NewRequest, chunk_size: int, driver_class: type[StepDriver] = StepDriver
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The tokens of `request`, its prompt run in chunks of `chunk_size` by a `driver_class`, and the logits each of
+    its draws read."""
     with recorded_logits(runner) as logits:
-        driver = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size)
+        driver = driver_class(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size)
         done = driver.run([request])
     return done[request.id], logits
+
+
+class WholeSpanDriver(StepDriver):
+    """Schedules as the router does around images whose spans attend bidirectionally: a chunk that would end inside
+    a span ends before it, or, starting inside or at the span, runs the rest of it."""
+
+    def __init__(self, runner: ModelRunner, num_blocks: int, chunk_size: int, seed: int = 0) -> None:
+        super().__init__(runner, num_blocks, chunk_size, seed)
+        self.spans: dict[int, list[tuple[int, int]]] = {}
+
+    def step(self, new_requests: list[NewRequest]) -> None:
+        for request in new_requests:
+            self.spans[request.id] = [(image.offset, image.end) for image in request.images]
+        super().step(new_requests)
+
+    def chunk_len(self, request_id: int, num_computed: int, remaining: int) -> int:
+        stop = num_computed + min(self.chunk_size, remaining)
+        for start, end in self.spans.get(request_id, ()):
+            if start < stop < end:
+                stop = end if num_computed >= start else start
+        return stop - num_computed
+
+
+def gemma3_prompt(parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:
+    """Text runs and images as Gemma3Processor expands them (each image a blank line, its start token, its span of
+    soft tokens, its end token, a blank line), and the images."""
+    tokens: list[int] = []
+    images = []
+    for part in parts:
+        if isinstance(part, bytes):
+            tokens.extend([GEMMA3_BLANK_LINE, GEMMA3_BOI_TOKEN])
+            images.append(image_input(part, len(tokens), GEMMA3_TOKENS_PER_IMAGE))
+            tokens.extend([*[GEMMA3_IMAGE_TOKEN] * GEMMA3_TOKENS_PER_IMAGE, GEMMA3_EOI_TOKEN, GEMMA3_BLANK_LINE])
+        else:
+            tokens.extend(part)
+    return tokens, tuple(images)
+
+
+def gemma3_reference_generate(
+    reference: PreTrainedModel, checkpoint: Path, parts: list[list[int] | bytes], new_tokens: int, bidirectional: bool
+) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' greedy tokens and logits for the prompt, with the image spans marked in `token_type_ids` as
+    Gemma3Processor marks them (bidirectional) or left unmarked (causal throughout)."""
+    tokens, _ = gemma3_prompt(parts)
+    processor = Gemma3ImageProcessorPil.from_pretrained(checkpoint)
+    files = [Image.open(io.BytesIO(part)).convert("RGB") for part in parts if isinstance(part, bytes)]
+    pixels = processor(images=files, do_pan_and_scan=False, return_tensors="pt")["pixel_values"]
+    input_ids = torch.tensor([tokens])
+    token_type_ids = (input_ids == GEMMA3_IMAGE_TOKEN).long() if bidirectional else None
+    with torch.no_grad():
+        output = reference.generate(
+            input_ids=input_ids,
+            pixel_values=pixels,
+            token_type_ids=token_type_ids,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return output.sequences[0, len(tokens) :].tolist(), [step[0] for step in output.logits]

@@ -1,5 +1,5 @@
-"""One tensor-parallel rank serving a LLaVA checkpoint for the two-process test; it reads its request from a file, so
-spawned ranks import no test helper that builds checkpoints."""
+"""One tensor-parallel rank serving a vision-language checkpoint for the two-process test; it reads its request and
+chunk size from a file, so spawned ranks import no test helper that builds checkpoints."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from tandem_server.vision.loader import load_image_embedder
 
 WORLD_SIZE = 2
 BLOCK_SIZE = 4
-CHUNK = 7
 
 
 @torch.inference_mode()
-def run_llava(checkpoint: Path, request: NewRequest, parallel: ParallelContext) -> dict[str, object]:
-    """The greedy tokens of `request`, its prompt run in chunks that split its image spans, and every draw's logits."""
+def run_vision(checkpoint: Path, request: NewRequest, chunk: int, parallel: ParallelContext) -> dict[str, object]:
+    """The greedy tokens of `request`, its prompt run in chunks of `chunk`, and every draw's logits."""
     config = read_checkpoint_config(checkpoint)
     model = load_model(config, torch.float32, torch.device("cpu"), parallel, TorchAttentionBackend())
     images = load_image_embedder(config, torch.float32, torch.device("cpu"), 1 << 20)
@@ -44,7 +43,7 @@ def run_llava(checkpoint: Path, request: NewRequest, parallel: ParallelContext) 
     computed, tokens = 0, list(request.token_ids)
     new: tuple[NewRequest, ...] = (request,)
     while len(tokens) < total:
-        count = min(CHUNK, len(tokens) - computed)
+        count = min(chunk, len(tokens) - computed)
         scheduled = ScheduledRequest(request.id, count, blocks if new else (), computed)
         output = runner.step(StepInput(new_requests=new, scheduled=(scheduled,)))
         new, computed = (), computed + count
@@ -53,11 +52,12 @@ def run_llava(checkpoint: Path, request: NewRequest, parallel: ParallelContext) 
 
 
 def run_rank(rank: int, root: Path, port: int) -> None:
-    """Serves `root/request.pt` on this rank and saves the results to `root/rank{rank}.pt`."""
+    """Serves `root/request.pt` (a request and its chunk size) on this rank and saves the results to
+    `root/rank{rank}.pt`."""
     torch.set_num_threads(1)
     parallel = init_distributed(rank, WORLD_SIZE, GroupAddress("127.0.0.1", port), "cpu")
     try:
-        request = torch.load(root / "request.pt", weights_only=False)
-        torch.save(run_llava(root / "model", request, parallel), root / f"rank{rank}.pt")
+        saved = torch.load(root / "request.pt", weights_only=False)
+        torch.save(run_vision(root / "model", saved["request"], saved["chunk"], parallel), root / f"rank{rank}.pt")
     finally:
         shutdown_distributed()

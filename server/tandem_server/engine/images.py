@@ -24,11 +24,13 @@ SHA256_BYTES = 32
 @dataclass(frozen=True)
 class ImagePiece:
     """The part of an image's embeddings a step runs: `embeddings[i]` is the input of prompt position
-    `position + i` of request `request_id`."""
+    `position + i` of request `request_id`, inside the image's whole span [span_start, span_end)."""
 
     request_id: int
     position: int
     embeddings: torch.Tensor
+    span_start: int
+    span_end: int
 
 
 def check_images(request: NewRequest, image_token_id: int | None) -> None:
@@ -85,6 +87,14 @@ def _request_pieces(state: RequestState, num_tokens: int, embedder: ImageEmbedde
         first, last = max(start, image.offset), min(stop, image.end)
         if first >= last:
             continue
+        if embedder.bidirectional_spans and last < image.end:
+            # The span's first positions would attend to later ones whose keys are not yet computed.
+            raise RequestFailedError(
+                FailureKind.INVALID_PARAMETERS,
+                f"image {index}: the step's chunk ends at position {stop}, inside the image's span "
+                f"[{image.offset}, {image.end}), whose positions attend to each other bidirectionally; a chunk must "
+                "end before a span or after it",
+            )
         try:
             embeddings = embedder.embeddings(image.data, image.digest)
         except ImageError as error:
@@ -95,8 +105,17 @@ def _request_pieces(state: RequestState, num_tokens: int, embedder: ImageEmbedde
                 f"image {index} encodes to {embeddings.shape[0]} embeddings, its span holds {image.num_tokens} "
                 "positions",
             )
-        pieces.append(ImagePiece(state.id, first, embeddings[first - image.offset : last - image.offset]))
+        piece = embeddings[first - image.offset : last - image.offset]
+        pieces.append(ImagePiece(state.id, first, piece, image.offset, image.end))
     return pieces
+
+
+def bidirectional_spans(pieces: Sequence[ImagePiece]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """By request, the whole spans of the images whose pieces a step runs."""
+    spans: dict[int, tuple[tuple[int, int], ...]] = {}
+    for piece in pieces:
+        spans[piece.request_id] = (*spans.get(piece.request_id, ()), (piece.span_start, piece.span_end))
+    return spans
 
 
 def input_embeddings(

@@ -14,7 +14,7 @@ from tandem_server.device_copy import to_device
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.draft_model import DraftRow
 from tandem_server.engine.draws import apply_draws
-from tandem_server.engine.images import ImagePiece, input_embeddings, scheduled_pieces
+from tandem_server.engine.images import ImagePiece, bidirectional_spans, input_embeddings, scheduled_pieces
 from tandem_server.engine.launched import DraftedRow, LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
 from tandem_server.engine.requests import AppliedStep, RequestState, RequestTable, StepLimits
@@ -301,12 +301,14 @@ class ModelRunner:
             timer.mark()
             return LaunchedStep(timer, None, (*applied.failures,), ())
         drafts = {**applied.drafts, **self._model_drafts(plan, applied.model_drafts)}
+        both_ways = bidirectional_spans(pieces) if self.images is not None and self.images.bidirectional_spans else {}
         spans = [
             ScheduledSpan(
                 [*state.token_ids[state.num_computed : state.num_computed + num_tokens], *drafts.get(state.id, ())],
                 state.num_computed,
                 state.block_table,
                 state.id,
+                both_ways.get(state.id, ()),
             )
             for state, num_tokens in plan
         ]

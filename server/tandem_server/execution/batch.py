@@ -22,6 +22,8 @@ class ScheduledSpan:
     block_table: Sequence[int]
     # The request the tokens belong to; None for steps of no request (warm-up, health checks).
     request_id: int | None = None
+    # The position ranges [start, end) the tokens reach whose positions attend to each other in both directions.
+    bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def context_len(self) -> int:
@@ -80,6 +82,7 @@ def build_step_batch(
         seq_lens=tuple(seq_lens),
         block_tables=block_tables,
         request_ids=known_ids if len(known_ids) == len(spans) else (),
+        bidirectional_spans=tuple(span.bidirectional_spans for span in spans),
     )
     return StepBatch(
         input_ids=to_device(

@@ -106,6 +106,9 @@ class BackendCapabilities:
     latent_attention: bool = False
     # True when it adds a learned sink per head to the softmax's denominator (`AttentionParams.sinks`).
     attention_sinks: bool = False
+    # True when it lets the positions of one span (an image's) attend to each other in both directions, as the
+    # step's host layout lists the spans (`HostLayout.bidirectional_spans`).
+    bidirectional_spans: bool = False
     # True when a decode-only step runs with fixed shapes and no host sync, so it can be captured in a CUDA graph.
     cuda_graphs: bool = False
     # The block sizes it reads; a backend that drives a package release reads the sizes that release declares.

@@ -46,6 +46,7 @@ TORCH_CAPABILITIES = BackendCapabilities(
     other_kv_cache_dtype=True,
     latent_attention=True,
     attention_sinks=True,
+    bidirectional_spans=True,
     auto_priority={"cuda": 40, "cpu": 40},
 )
 SDPA_CAPABILITIES = BackendCapabilities(

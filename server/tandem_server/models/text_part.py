@@ -102,7 +102,8 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
 }
 
 # transformers 5 saves the text decoder under `model.language_model.`; the older layout (Gemma 3 as published) under
-# `language_model.model.` with its head at `language_model.lm_head.`.
+# `language_model.model.` with its head at `language_model.lm_head.`. Gemma 3's and LLaVA's vision towers and
+# projectors are served beside their text decoders (vision/gemma3.py, vision/llava.py).
 TEXT_PARTS: dict[str, TextPart] = {
     "Gemma3ForConditionalGeneration": TextPart(
         "Gemma3ForCausalLM",
@@ -113,6 +114,7 @@ TEXT_PARTS: dict[str, TextPart] = {
             ("lm_head.", "lm_head."),
         ),
         defaults=GEMMA3_TEXT_DEFAULTS,
+        served_parts=("vision",),
     ),
     "Gemma4ForConditionalGeneration": TextPart(
         "Gemma4ForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
@@ -124,7 +126,6 @@ TEXT_PARTS: dict[str, TextPart] = {
     "Qwen3_5MoeForConditionalGeneration": TextPart(
         "Qwen3_5MoeForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
     ),
-    # Its vision tower and projector are served beside the text decoder (vision/llava.py).
     "LlavaForConditionalGeneration": TextPart(
         None,
         (

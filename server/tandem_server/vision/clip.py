@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem_server.layers.activation import activation
-from tandem_server.vision.config import ClipArgs
+from tandem_server.vision.config import VitArgs
 
 
 class ClipEmbeddings(nn.Module):
     """Non-overlapping patches projected to the hidden size, after a learned class token, plus learned positions."""
 
-    def __init__(self, args: ClipArgs) -> None:
+    def __init__(self, args: VitArgs) -> None:
         super().__init__()
         self.class_embedding = nn.Parameter(torch.empty(args.hidden_size), requires_grad=False)
         self.patch_embedding = nn.Conv2d(
@@ -33,7 +33,7 @@ class ClipEmbeddings(nn.Module):
 class ClipAttention(nn.Module):
     """Bidirectional multi-head self-attention over one image's tokens."""
 
-    def __init__(self, args: ClipArgs) -> None:
+    def __init__(self, args: VitArgs) -> None:
         super().__init__()
         self.num_heads = args.num_heads
         self.head_dim = args.hidden_size // args.num_heads
@@ -53,7 +53,7 @@ class ClipAttention(nn.Module):
 
 
 class ClipMlp(nn.Module):
-    def __init__(self, args: ClipArgs) -> None:
+    def __init__(self, args: VitArgs) -> None:
         super().__init__()
         self.fc1 = nn.Linear(args.hidden_size, args.intermediate_size)
         self.fc2 = nn.Linear(args.intermediate_size, args.hidden_size)
@@ -66,7 +66,7 @@ class ClipMlp(nn.Module):
 class ClipEncoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each with a residual connection."""
 
-    def __init__(self, args: ClipArgs) -> None:
+    def __init__(self, args: VitArgs) -> None:
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.self_attn = ClipAttention(args)
@@ -79,7 +79,10 @@ class ClipEncoderLayer(nn.Module):
 
 
 class ClipEncoder(nn.Module):
-    def __init__(self, args: ClipArgs, depth: int) -> None:
+    """`depth` encoder layers, parameter names as CLIP's and SigLIP's checkpoints give them (their layers are the
+    same)."""
+
+    def __init__(self, args: VitArgs, depth: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(ClipEncoderLayer(args) for _ in range(depth))
 
@@ -88,7 +91,7 @@ class ClipVisionTower(nn.Module):
     """The first `depth` layers of a CLIP vision transformer; parameter names follow the checkpoint's (its final
     layers and `post_layernorm`, which no selected hidden state reads, are not built)."""
 
-    def __init__(self, args: ClipArgs, depth: int) -> None:
+    def __init__(self, args: VitArgs, depth: int) -> None:
         super().__init__()
         self.embeddings = ClipEmbeddings(args)
         self.pre_layrnorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)

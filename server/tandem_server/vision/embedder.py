@@ -45,6 +45,11 @@ class ImageEmbedder:
         return self.encoder.image_token_id
 
     @property
+    def bidirectional_spans(self) -> bool:
+        """Whether each image span's positions attend to each other in both directions."""
+        return self.encoder.bidirectional_spans
+
+    @property
     def description(self) -> str:
         return self.encoder.description
 

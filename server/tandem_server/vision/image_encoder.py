@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
-from tandem_server.weights.layout import CheckpointLayout
+from tandem_server.weights.layout import CheckpointLayout, Renamed
+
+# transformers 5 names a vision-language checkpoint's parts under `model.`; the published checkpoints at the top level,
+# with the tower's own `vision_model.` inside (LLaVA's from llava-hf, Gemma 3's). Both become the names below.
+TOWER_NAMES = Renamed(r"^(model\.)?vision_tower\.(vision_model\.)?", "vision_tower.")
+PROJECTOR_NAMES = Renamed(r"^(model\.)?multi_modal_projector\.", "multi_modal_projector.")
+KEPT_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def tower_and_projector_layout(skipped_prefixes: tuple[str, ...]) -> CheckpointLayout:
+    """A `vision_tower` and a `multi_modal_projector` read under either naming, the renamed `skipped_prefixes` not."""
+    return CheckpointLayout(
+        kept_prefixes=KEPT_PREFIXES, renamed=(TOWER_NAMES, PROJECTOR_NAMES), skipped_prefixes=skipped_prefixes
+    )
 
 
 class ImageEncoder(nn.Module):
@@ -18,6 +34,11 @@ class ImageEncoder(nn.Module):
     image_token_id: int
     # "<encoder architecture>, <N> layers", as Info reports it.
     description: str
+    # True when the text decoder lets the positions of one image's span attend to each other in both directions
+    # (Gemma 3); a step must then never end strictly inside a span, and the attention backend must apply the spans.
+    bidirectional_spans: ClassVar[bool] = False
+    # Arguments the image processor is always called with, whatever its preprocessor_config.json says.
+    processor_options: ClassVar[Mapping[str, Any]] = {}
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """The embeddings `[images, tokens, text hidden]` of preprocessed `pixels` `[images, channels, side, side]`,

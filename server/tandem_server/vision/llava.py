@@ -9,15 +9,9 @@ import torch
 
 from tandem_server.vision.clip import ClipVisionTower
 from tandem_server.vision.config import llava_args
-from tandem_server.vision.image_encoder import ImageEncoder
+from tandem_server.vision.image_encoder import ImageEncoder, tower_and_projector_layout
 from tandem_server.vision.projector import LlavaProjector
-from tandem_server.weights.layout import CheckpointLayout, Renamed
-
-# transformers 5 names the parts under `model.`; the published llava-hf checkpoints at the top level, with the CLIP
-# tower's own `vision_model.` inside. Both become the names below.
-TOWER_NAMES = Renamed(r"^(model\.)?vision_tower\.(vision_model\.)?", "vision_tower.")
-PROJECTOR_NAMES = Renamed(r"^(model\.)?multi_modal_projector\.", "multi_modal_projector.")
-KEPT_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+from tandem_server.weights.layout import CheckpointLayout
 
 
 class LlavaImageEncoder(ImageEncoder):
@@ -46,8 +40,4 @@ class LlavaImageEncoder(ImageEncoder):
         unused_layers = tuple(
             f"vision_tower.encoder.layers.{index}." for index in range(self.args.depth, self.args.vision.num_layers)
         )
-        return CheckpointLayout(
-            kept_prefixes=KEPT_PREFIXES,
-            renamed=(TOWER_NAMES, PROJECTOR_NAMES),
-            skipped_prefixes=(*unused_layers, "vision_tower.post_layernorm."),
-        )
+        return tower_and_projector_layout(skipped_prefixes=(*unused_layers, "vision_tower.post_layernorm."))

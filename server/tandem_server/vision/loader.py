@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from tandem_server.models.config import CheckpointConfig
 from tandem_server.vision.embedder import ImageEmbedder
 from tandem_server.vision.encoder_cache import EncoderCache
+from tandem_server.vision.gemma3 import Gemma3ImageEncoder
 from tandem_server.vision.image_encoder import ImageEncoder
 from tandem_server.vision.llava import LlavaImageEncoder
 from tandem_server.vision.preprocess import ImagePreprocessor
@@ -18,13 +17,19 @@ from tandem_server.weights.loader import load_weights
 
 logger = logging.getLogger(__name__)
 
-# A vision family's constructor: config.json whole, and the hidden size of the text decoder it feeds.
-ImageEncoderFactory = Callable[[dict[str, Any], int], ImageEncoder]
-
-# Maps `config.architectures[0]` to the vision family encoding its images.
-VISION_FAMILIES: dict[str, ImageEncoderFactory] = {
+# Maps `config.architectures[0]` to the vision family encoding its images; each is built from config.json whole and
+# the hidden size of the text decoder it feeds.
+VISION_FAMILIES: dict[str, type[ImageEncoder]] = {
+    "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
     "LlavaForConditionalGeneration": LlavaImageEncoder,
 }
+
+
+def attends_bidirectionally_within_images(architecture: str) -> bool:
+    """Whether the checkpoint's text decoder lets each image span's positions see each other both ways, which the
+    attention backend must then serve."""
+    family = VISION_FAMILIES.get(architecture)
+    return family is not None and family.bidirectional_spans
 
 
 def load_image_embedder(
@@ -45,6 +50,6 @@ def load_image_embedder(
         torch.set_default_dtype(previous_dtype)
     encoder = encoder.to_empty(device=device).requires_grad_(False)
     load_weights(encoder, checkpoint.path, encoder.checkpoint_layout())
-    preprocessor = ImagePreprocessor(checkpoint.path, encoder.image_size)
+    preprocessor = ImagePreprocessor(checkpoint.path, encoder.image_size, encoder.processor_options)
     logger.info("%s: encoding images with %s", checkpoint.architecture, encoder.description)
     return ImageEmbedder(encoder.eval(), preprocessor, EncoderCache(cache_bytes), device)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
 
 from tandem_server.errors import ConfigError, ImageError
+
+logger = logging.getLogger(__name__)
 
 # What PIL raises on a file it cannot read: unknown or truncated data (OSError and its UnidentifiedImageError), a
 # malformed chunk (SyntaxError, ValueError), data that ends early (EOFError), or a decompression bomb.
@@ -26,9 +31,10 @@ def decode_image(data: bytes) -> Image.Image:
 
 class ImagePreprocessor:
     """The checkpoint's `preprocessor_config.json` as transformers' image processor applies it, on its PIL backend
-    (resize, crop, rescale, normalise: the same pixels as the reference implementation)."""
+    (resize, crop, rescale, normalise: the same pixels as the reference implementation), called with the vision
+    family's `options` over what the file says."""
 
-    def __init__(self, model_path: Path, image_size: int) -> None:
+    def __init__(self, model_path: Path, image_size: int, options: Mapping[str, Any] | None = None) -> None:
         # Imported here: transformers' image processors import its modeling code and with it torch's compiler stack
         # (about 200 MiB), which only a shard serving images should pay for.
         from transformers import AutoImageProcessor  # noqa: PLC0415
@@ -40,6 +46,8 @@ class ImagePreprocessor:
                 f"{model_path}: its image processor cannot be loaded ({error}); a vision-language checkpoint needs "
                 "its preprocessor_config.json"
             ) from error
+        self._options = dict(options or {})
+        self._log_overridden_options(model_path)
         self.image_size = image_size
         side = tuple(self.pixels(Image.new("RGB", (image_size + 5, image_size - 3))).shape[-2:])
         if side != (image_size, image_size):
@@ -48,10 +56,19 @@ class ImagePreprocessor:
                 f"{image_size}x{image_size}"
             )
 
+    def _log_overridden_options(self, model_path: Path) -> None:
+        # One line per option that changes what preprocessor_config.json asks for (Gemma 3's pan-and-scan crops).
+        for name, value in self._options.items():
+            configured = getattr(self._processor, name, None)
+            if configured is not None and configured != value:
+                logger.info(
+                    "%s: images are preprocessed with %s=%s, not %s as configured", model_path, name, value, configured
+                )
+
     def pixels(self, image: Image.Image) -> torch.Tensor:
         """Float32 pixels `[1, channels, side, side]` of `image`."""
         try:
-            pixel_values = self._processor(images=image, return_tensors="pt")["pixel_values"]
+            pixel_values = self._processor(images=image, return_tensors="pt", **self._options)["pixel_values"]
         except (ValueError, OSError) as error:
             raise ImageError(f"the image cannot be preprocessed ({error})") from error
         return torch.as_tensor(pixel_values, dtype=torch.float32)

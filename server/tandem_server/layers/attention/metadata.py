@@ -43,6 +43,15 @@ class HostLayout:
     block_tables: torch.Tensor
     # The request each sequence belongs to; empty for steps of no request (warm-up, health checks).
     request_ids: tuple[int, ...] = ()
+    # Per sequence, the position ranges [start, end) this step's queries reach whose positions attend to each other
+    # in both directions (Gemma 3's image spans); empty: every sequence is causal. A step's queries never end strictly
+    # inside a span, so every key a span's query sees is cached or in the step; a step listing any span runs on given
+    # embeddings, which no captured or compiled graph replays.
+    bidirectional_spans: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    def spans_of(self, seq: int) -> tuple[tuple[int, int], ...]:
+        """Sequence `seq`'s bidirectional spans."""
+        return self.bidirectional_spans[seq] if self.bidirectional_spans else ()
 
 
 @dataclass(frozen=True)

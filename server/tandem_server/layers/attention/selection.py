@@ -40,6 +40,8 @@ class AttentionNeeds:
     latent_attention: bool = False
     # The model adds a learned sink per head to its attention softmax (gpt-oss).
     attention_sinks: bool = False
+    # The positions of each image span attend to each other in both directions (Gemma 3's vision).
+    bidirectional_spans: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,11 @@ def needs_from_hf_config(
     kv_cache_dtype: torch.dtype | None = None,
     block_size: int | None = None,
     attention_sinks: bool = False,
+    bidirectional_spans: bool = False,
 ) -> AttentionNeeds:
     """The attention features of a checkpoint's config.json that narrow the choice: head size, softcap, windows;
-    whether the family adds attention sinks is the model registry's to say (config.json does not)."""
+    whether the family adds attention sinks is the model registry's to say, whether its image spans attend
+    bidirectionally the vision family's (config.json says neither)."""
     head_dim = largest_head_dim(hf)
     softcap = hf.get("attn_logit_softcapping") is not None
     # A window applies where layer_types names sliding layers, else wherever one is set and not switched off (Qwen2's
@@ -93,7 +97,16 @@ def needs_from_hf_config(
     )
     latent = hf.get("kv_lora_rank") is not None
     return AttentionNeeds(
-        device, dtype, head_dim, softcap, kv_cache_dtype, block_size, windows, latent, attention_sinks
+        device,
+        dtype,
+        head_dim,
+        logit_softcap=softcap,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        sliding_window=windows,
+        latent_attention=latent,
+        attention_sinks=attention_sinks,
+        bidirectional_spans=bidirectional_spans,
     )
 
 
@@ -159,6 +172,10 @@ def _feature_problem(capabilities: BackendCapabilities, needs: AttentionNeeds) -
         (needs.sliding_window and not capabilities.sliding_window, "cannot apply sliding windows"),
         (needs.latent_attention and not capabilities.latent_attention, "has no multi-head latent attention (MLA) path"),
         (needs.attention_sinks and not capabilities.attention_sinks, "cannot add attention sinks"),
+        (
+            needs.bidirectional_spans and not capabilities.bidirectional_spans,
+            "cannot let an image's positions attend to each other bidirectionally",
+        ),
     )
     return next((f"{capabilities.kernel} {reason}" for missing, reason in lacking if missing), None)
 

@@ -236,13 +236,15 @@ def _prefill_keys(span: PrefillSpan, window: int | None) -> tuple[torch.Tensor, 
     start = context_len - span.query_len
     if window is None or context_len <= window:
         return span.key_slots, span.mask
-    # Keys older than the first query's window are never visible, so they are not even gathered.
+    # The window bounds what the span's mask lets a query see, bidirectional spans included (the reference's
+    # AND(window, OR(causal, span))): keys older than the first query's window are never visible, so they are not
+    # even gathered.
     first_key = max(0, start - window + 1)
     device = span.key_slots.device
     query_positions = torch.arange(start, context_len, device=device).unsqueeze(1)
     key_positions = torch.arange(first_key, context_len, device=device).unsqueeze(0)
-    visible = (key_positions <= query_positions) & (key_positions > query_positions - window)
-    return span.key_slots[first_key:], visible
+    seen = key_positions <= query_positions if span.mask is None else span.mask[:, first_key:]
+    return span.key_slots[first_key:], seen & (key_positions > query_positions - window)
 
 
 def _decode_mask(decode: DecodeGroup, window: int | None) -> torch.Tensor:

@@ -21,7 +21,8 @@ class PrefillSpan:
     query_len: int
     # Flat cache slots of positions [0, context_len), where context_len = num_computed + query_len.
     key_slots: torch.Tensor
-    # [query_len, context_len], True where a query may attend; None means plainly causal from position 0.
+    # [query_len, context_len], True where a query may attend (before any sliding window); None means plainly causal
+    # from position 0.
     mask: torch.Tensor | None
 
 
@@ -100,7 +101,7 @@ def prefill_span(
     """Sequence `seq`'s span: its query rows, its context's slots and its chunk mask, on `device`."""
     context_len = host.seq_lens[seq]
     context_slots = _context_slots(host.block_tables[seq], context_len, block_size)
-    mask = _chunk_mask(context_len - query_len, context_len)
+    mask = chunk_mask(context_len - query_len, context_len, host.spans_of(seq))
     return PrefillSpan(
         query_start, query_len, to_device(context_slots, device), None if mask is None else to_device(mask, device)
     )
@@ -113,12 +114,19 @@ def _context_slots(block_table: torch.Tensor, length: int, block_size: int) -> t
     return (table.unsqueeze(1) * block_size + offsets).flatten()[:length]
 
 
-def _chunk_mask(start: int, context_len: int) -> torch.Tensor | None:
-    # A chunk at an offset sees the whole cached prefix plus a causal triangle over itself.
-    if start == 0:
+def chunk_mask(start: int, context_len: int, bidirectional: tuple[tuple[int, int], ...] = ()) -> torch.Tensor | None:
+    """What the queries at positions [start, context_len) see of keys [0, context_len): the cached prefix and a causal
+    triangle over the chunk, and within each `bidirectional` span [begin, end) every position of the span; None
+    when that is plainly causal from position 0."""
+    if start == 0 and not bidirectional:
         return None
     query_positions = torch.arange(start, context_len).unsqueeze(1)
-    return torch.arange(context_len).unsqueeze(0) <= query_positions
+    key_positions = torch.arange(context_len).unsqueeze(0)
+    visible = key_positions <= query_positions
+    for begin, end in bidirectional:
+        query_inside = (query_positions >= begin) & (query_positions < end)
+        visible |= query_inside & (key_positions >= begin) & (key_positions < end)
+    return visible
 
 
 def _decode_group(
