@@ -20,6 +20,8 @@ pub mod scheduler;
 pub mod server;
 pub mod shard;
 pub mod stream;
+#[cfg(test)]
+pub mod test_tokenizer;
 pub mod tools;
 pub mod validation;
 

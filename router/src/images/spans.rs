@@ -255,7 +255,7 @@ mod tests {
 
     use super::*;
     use crate::images::testing::gemma3;
-    use crate::validation::testing::tokenizer;
+    use crate::test_tokenizer::tokenizer;
 
     fn model_dir(config: &Value, processor: Option<&Value>) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("a temporary directory");

@@ -34,8 +34,7 @@ pub const GEMMA3_SPECIAL_TOKENS: [&str; 3] =
 /// The test tokenizer knowing Gemma 3's image tokens, and Gemma 3's image tokens over it with
 /// `tokens_per_image` soft tokens per image, read from a model directory as the router reads it.
 pub fn gemma3(tokens_per_image: usize) -> (Tokenizer, ImageTokens) {
-    let tokenizer =
-        crate::validation::testing::tokenizer_with_special_tokens(&GEMMA3_SPECIAL_TOKENS);
+    let tokenizer = crate::test_tokenizer::tokenizer_with_special_tokens(&GEMMA3_SPECIAL_TOKENS);
     let id = |token: &str| tokenizer.token_to_id(token).expect("a special token");
     let config = serde_json::json!({
         "model_type": "gemma3",
