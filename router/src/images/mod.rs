@@ -2,8 +2,12 @@
 //! of image tokens each one takes in a prompt.
 
 mod check;
+mod families;
 mod fetch;
+mod model_config;
 mod placement;
+mod qwen2_vl;
+mod smart_resize;
 mod source;
 mod spans;
 #[cfg(test)]
@@ -11,8 +15,9 @@ pub(crate) mod testing;
 
 pub use check::{check_image, CheckedImage, ImageHeader};
 pub use fetch::{is_public, refuse_url, FetcherSetupError, MediaFetchConfig, MediaFetcher};
+pub use smart_resize::SmartResize;
 pub use source::{base64_image, inline_image};
-pub use spans::{ImageMarks, ImageTokens, ImageTokensError};
+pub use spans::{ImageMarks, ImageTokens, ImageTokensError, SpanLength};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -29,6 +34,13 @@ pub struct PromptImage {
     pub digest: ImageDigest,
     /// The span is positions `offset..offset + num_tokens`; spans of one prompt never overlap.
     pub offset: usize,
+    pub num_tokens: usize,
+}
+
+/// A checked image and the number of prompt tokens its span takes (see `SpanLength::tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizedImage {
+    pub image: CheckedImage,
     pub num_tokens: usize,
 }
 
@@ -76,6 +88,11 @@ pub enum ImageError {
     TooLarge { bytes: usize, max: usize },
     #[error("it is {width}x{height} pixels, more than the {max} this server accepts (--max-image-pixels)")]
     TooManyPixels { width: u32, height: u32, max: u64 },
+    #[error(
+        "it is {width}x{height} pixels, one side more than 200 times the other, which this \
+         model's image processor refuses"
+    )]
+    AspectRatio { width: u32, height: u32 },
     #[error("it is not a PNG, JPEG, WebP or GIF file")]
     UnknownFormat,
     #[error("it cannot be decoded: {reason}")]

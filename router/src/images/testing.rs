@@ -4,9 +4,10 @@ use std::io::Cursor;
 
 use base64::Engine;
 use image::{DynamicImage, ImageFormat, RgbImage};
+use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use super::ImageTokens;
+use super::{ImageTokens, SmartResize, SpanLength};
 
 /// A `width` x `height` gradient encoded as `format`.
 pub fn encoded(format: ImageFormat, width: u32, height: u32) -> Vec<u8> {
@@ -44,10 +45,63 @@ pub fn gemma3(tokens_per_image: usize) -> (Tokenizer, ImageTokens) {
         "mm_tokens_per_image": tokens_per_image,
         "vision_config": {"model_type": "siglip_vision_model"}
     });
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("writes");
+    let dir = model_dir(&config, None);
     let tokens = ImageTokens::from_model_dir(dir.path(), &tokenizer)
         .expect("a Gemma 3 config")
         .expect("with a vision config");
+    (tokenizer, tokens)
+}
+
+/// A model directory holding `config` as `config.json` and `processor`, if any, as
+/// `preprocessor_config.json`.
+pub fn model_dir(config: &Value, processor: Option<&Value>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let write = |name: &str, value: &Value| {
+        std::fs::write(dir.path().join(name), value.to_string()).expect("writes");
+    };
+    write("config.json", config);
+    if let Some(processor) = processor {
+        write("preprocessor_config.json", processor);
+    }
+    dir
+}
+
+/// Qwen2.5-VL's vision marks and image pad, as the test tokenizer is given them.
+pub const QWEN2_5_VL_SPECIAL_TOKENS: [&str; 3] =
+    ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"];
+
+/// The resize rule of Qwen2.5-VL's published `preprocessor_config.json`.
+pub const QWEN2_5_VL_RESIZE: SmartResize = match SmartResize::new(14, 2, 3136, 12_845_056) {
+    Some(rule) => rule,
+    None => panic!("published settings are valid"),
+};
+
+/// The test tokenizer knowing Qwen2.5-VL's image tokens, and Qwen2.5-VL's image tokens over it
+/// with the published processor configuration, read from a model directory as the router reads
+/// it.
+pub fn qwen2_5_vl() -> (Tokenizer, ImageTokens) {
+    let tokenizer =
+        crate::test_tokenizer::tokenizer_with_special_tokens(&QWEN2_5_VL_SPECIAL_TOKENS);
+    let pad = tokenizer
+        .token_to_id("<|image_pad|>")
+        .expect("a special token");
+    let config = serde_json::json!({
+        "model_type": "qwen2_5_vl",
+        "image_token_id": pad,
+        "vision_config": {"model_type": "qwen2_5_vl", "patch_size": 14, "spatial_merge_size": 2}
+    });
+    let processor = serde_json::json!({
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": QWEN2_5_VL_RESIZE.min_pixels(),
+        "max_pixels": QWEN2_5_VL_RESIZE.max_pixels(),
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2
+    });
+    let dir = model_dir(&config, Some(&processor));
+    let tokens = ImageTokens::from_model_dir(dir.path(), &tokenizer)
+        .expect("a Qwen2.5-VL config")
+        .expect("with a vision config");
+    assert_eq!(tokens.span, SpanLength::Resized(QWEN2_5_VL_RESIZE));
     (tokenizer, tokens)
 }

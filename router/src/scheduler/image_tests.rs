@@ -114,6 +114,32 @@ fn a_chunk_that_would_end_inside_an_image_ends_where_the_image_begins() {
 }
 
 #[test]
+fn images_of_different_span_lengths_are_each_computed_whole() {
+    // [0, 1], a 3-token span at 2..5, [2], a 7-token span at 6..13, [3, 4]: spans as long as a
+    // size-dependent family (Qwen2.5-VL) makes them, the longer one a whole step.
+    let mut request = image_between(&[0, 1], 1, 3, &[2]);
+    let second = image_between(&[], 2, 7, &[3, 4]);
+    let offset = request.input_ids.len();
+    request.input_ids.extend(&second.input_ids);
+    request
+        .images
+        .extend(second.images.into_iter().map(|image| PromptImage {
+            offset: offset + image.offset,
+            ..image
+        }));
+    let mut state = SchedulerState::new(config(64, 7));
+    let mut shard = FakeShard::new(4);
+    let mut receiver = submit(&mut state, 1, request);
+    let spans = spans_of(&mut state, &mut shard, 1);
+    assert_eq!(
+        spans,
+        [Some((0, 6)), Some((6, 7)), Some((13, 2)), Some((15, 1))],
+        "cut before the longer span, which then takes a step of its own"
+    );
+    assert_eq!(tokens_of(&mut receiver).len(), 2);
+}
+
+#[test]
 fn a_chunk_at_an_image_waits_for_room_for_the_whole_span_and_then_runs() {
     // The span is exactly the step's budget: the longest that validation lets through.
     let mut state = SchedulerState::new(config(64, 8));

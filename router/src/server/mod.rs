@@ -175,6 +175,19 @@ fn image_tokens(
         model.vision_encoder.as_deref(),
         &decoding.tokenizer,
     )?;
+    let step_tokens = config.limits.max_batch_prefill_tokens;
+    if let Some(most) = image_tokens
+        .as_ref()
+        .map(|tokens| tokens.span.token_bounds().1)
+    {
+        if most > step_tokens {
+            warn!(
+                max_batch_prefill_tokens = step_tokens,
+                "images whose span takes more than {step_tokens} tokens are refused, as a step \
+                 computes no more (--max-batch-prefill-tokens); the largest spans take {most}"
+            );
+        }
+    }
     if let Some(limit) = config.fit_payload_limit_to_images(image_tokens.is_some()) {
         info!(
             payload_limit = limit,

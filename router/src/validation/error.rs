@@ -90,11 +90,12 @@ pub enum ValidationError {
     #[error(transparent)]
     ImagePlacement(ImageTokensError),
     #[error(
-        "each image takes {tokens} prompt tokens, more than the {max_step_tokens} one step \
-         computes (--max-batch-prefill-tokens): an image's tokens are computed in one step, so \
-         this server takes no images"
+        "image {number} of the request takes {tokens} prompt tokens, more than the \
+         {max_step_tokens} one step computes (--max-batch-prefill-tokens): an image's tokens are \
+         computed in one step"
     )]
     ImageSpanTooLong {
+        number: usize,
         tokens: usize,
         max_step_tokens: usize,
     },

@@ -1,5 +1,6 @@
-//! A prompt's images: refused by a text-only model, bounded in number, size and pixels, decoded
-//! to the end within the decoding budget, and placed at their spans once the prompt is tokenized.
+//! A prompt's images: refused by a text-only model, bounded in number, size and pixels, their
+//! spans sized from their headers (each must fit one step), decoded to the end within the
+//! decoding budget, and placed at their spans once the prompt is tokenized.
 
 use bytes::Bytes;
 
@@ -8,8 +9,8 @@ use std::sync::Arc;
 
 use super::{ImageData, Prompt, ValidationError, Validator};
 use crate::images::{
-    check_image, refuse_url, CheckedImage, ImageError, ImageHeader, ImageLimits, ImageTokens,
-    MediaFetcher, PromptImage,
+    check_image, refuse_url, ImageError, ImageHeader, ImageLimits, ImageTokens, MediaFetcher,
+    PromptImage, SizedImage,
 };
 
 impl Prompt {
@@ -49,32 +50,19 @@ async fn image_bytes(
     }
 }
 
-/// Checks `images` one at a time: each holds its decoded size from the budget while a blocking
-/// thread decodes it, so concurrent requests never decode more than the budget at once.
-pub async fn check_images(
-    images: Vec<ImageData>,
-    intake: ImageIntake<'_>,
-) -> Result<Vec<CheckedImage>, ValidationError> {
-    let ImageIntake {
-        tokens,
-        max_step_tokens,
-        limits,
-        budget,
-        fetcher,
-    } = intake;
+/// The model's image tokens, when `images` may come in at all: none or at most the limit's
+/// number, and a model that reads images (`None`: there are no images).
+fn admitted<'a>(
+    images: &[ImageData],
+    intake: &ImageIntake<'a>,
+) -> Result<Option<&'a ImageTokens>, ValidationError> {
     if images.is_empty() {
-        return Ok(Vec::new());
+        return Ok(None);
     }
-    let Some(tokens) = tokens else {
+    let Some(tokens) = intake.tokens else {
         return Err(ValidationError::TextOnlyModel);
     };
-    if tokens.tokens_per_image > max_step_tokens {
-        return Err(ValidationError::ImageSpanTooLong {
-            tokens: tokens.tokens_per_image,
-            max_step_tokens,
-        });
-    }
-    let max = limits.max_images_per_request;
+    let max = intake.limits.max_images_per_request;
     if images.len() > max {
         return Err(ValidationError::TooMany {
             param: "images",
@@ -82,40 +70,91 @@ pub async fn check_images(
             got: images.len(),
         });
     }
+    Ok(Some(tokens))
+}
+
+/// Image `number`'s bytes, header and span, read without decoding it: refused when over a
+/// limit, of a size the model's processor refuses, or with a span longer than one step.
+async fn sized_header(
+    image: ImageData,
+    number: usize,
+    tokens: &ImageTokens,
+    intake: &ImageIntake<'_>,
+) -> Result<(Bytes, ImageHeader, usize), ValidationError> {
+    let limits = intake.limits;
+    let refused = |source| ValidationError::Image { number, source };
+    let data = image_bytes(image, intake.fetcher, limits.max_image_bytes)
+        .await
+        .map_err(refused)?;
+    if data.len() > limits.max_image_bytes {
+        return Err(refused(ImageError::TooLarge {
+            bytes: data.len(),
+            max: limits.max_image_bytes,
+        }));
+    }
+    let header = ImageHeader::read(&data, limits).map_err(refused)?;
+    let span = tokens
+        .span
+        .tokens(header.width, header.height)
+        .map_err(refused)?;
+    if span > intake.max_step_tokens {
+        return Err(ValidationError::ImageSpanTooLong {
+            number,
+            tokens: span,
+            max_step_tokens: intake.max_step_tokens,
+        });
+    }
+    Ok((data, header, span))
+}
+
+/// Checks `images` one at a time: each holds its decoded size from the budget while a blocking
+/// thread decodes it, so concurrent requests never decode more than the budget at once.
+pub async fn check_images(
+    images: Vec<ImageData>,
+    intake: ImageIntake<'_>,
+) -> Result<Vec<SizedImage>, ValidationError> {
+    let Some(tokens) = admitted(&images, &intake)? else {
+        return Ok(Vec::new());
+    };
     let mut checked = Vec::with_capacity(images.len());
     for (index, image) in images.into_iter().enumerate() {
-        let refused = |source| ValidationError::Image {
-            number: index + 1,
-            source,
-        };
-        let data = image_bytes(image, fetcher, limits.max_image_bytes)
-            .await
-            .map_err(refused)?;
-        if data.len() > limits.max_image_bytes {
-            return Err(refused(ImageError::TooLarge {
-                bytes: data.len(),
-                max: limits.max_image_bytes,
-            }));
-        }
-        let header = ImageHeader::read(&data, limits).map_err(refused)?;
-        let reserved = budget.reserve(header.decoded_bytes()).await;
+        let number = index + 1;
+        let (data, header, num_tokens) = sized_header(image, number, tokens, &intake).await?;
+        let reserved = intake.budget.reserve(header.decoded_bytes()).await;
         let image = tokio::task::spawn_blocking(move || {
             let _reserved = reserved;
             check_image(data, header)
         })
         .await
         .map_err(|error| ValidationError::Tokenizer(error.to_string()))?
-        .map_err(refused)?;
-        checked.push(image);
+        .map_err(|source| ValidationError::Image { number, source })?;
+        checked.push(SizedImage { image, num_tokens });
     }
     Ok(checked)
+}
+
+/// The span each of `images` takes, in order, from their headers alone (a count decodes
+/// nothing); refused as `check_images` refuses an image before decoding it.
+pub async fn image_spans(
+    images: Vec<ImageData>,
+    intake: ImageIntake<'_>,
+) -> Result<Vec<usize>, ValidationError> {
+    let Some(tokens) = admitted(&images, &intake)? else {
+        return Ok(Vec::new());
+    };
+    let mut spans = Vec::with_capacity(images.len());
+    for (index, image) in images.into_iter().enumerate() {
+        let (_, _, span) = sized_header(image, index + 1, tokens, &intake).await?;
+        spans.push(span);
+    }
+    Ok(spans)
 }
 
 /// `ids` with the images placed at their spans (see `ImageTokens::place`); unchanged without
 /// images.
 pub fn place_images(
     ids: Vec<u32>,
-    images: Vec<CheckedImage>,
+    images: Vec<SizedImage>,
     tokens: Option<&ImageTokens>,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
     match tokens {
@@ -129,8 +168,8 @@ pub fn place_images(
 impl Validator {
     /// Lets requests carry images, placed as `tokens` says (`None`: the model takes text only),
     /// when one scheduler step computes at most `max_step_tokens` tokens
-    /// (`--max-batch-prefill-tokens`): a prompt chunk never ends inside an image's span, so a
-    /// model whose span is longer than that takes no images.
+    /// (`--max-batch-prefill-tokens`): a prompt chunk never ends inside an image's span, so an
+    /// image whose span is longer than that is refused.
     #[must_use]
     pub fn with_image_tokens(
         mut self,
@@ -149,6 +188,17 @@ impl Validator {
         self
     }
 
+    /// How this validator takes images in.
+    pub(super) fn image_intake(&self) -> ImageIntake<'_> {
+        ImageIntake {
+            tokens: self.image_tokens.as_deref(),
+            max_step_tokens: self.max_step_tokens,
+            limits: &self.request_limits.images,
+            budget: &self.tokenizing,
+            fetcher: self.media_fetcher.as_deref(),
+        }
+    }
+
     /// The prompt's token ids, with its images checked and placed at their spans, and only its
     /// last `truncate` tokens kept (a prompt with images is never cut).
     pub(super) async fn prompt_ids(
@@ -157,14 +207,7 @@ impl Validator {
         switches: Vec<(&'static str, serde_json::Value)>,
         truncate: Option<usize>,
     ) -> Result<(Vec<u32>, Vec<PromptImage>), ValidationError> {
-        let intake = ImageIntake {
-            tokens: self.image_tokens.as_deref(),
-            max_step_tokens: self.max_step_tokens,
-            limits: &self.request_limits.images,
-            budget: &self.tokenizing,
-            fetcher: self.media_fetcher.as_deref(),
-        };
-        let images = check_images(prompt.images(), intake).await?;
+        let images = check_images(prompt.images(), self.image_intake()).await?;
         let input_ids = self.tokenize(prompt, switches, images.len()).await?;
         let (mut input_ids, images) =
             place_images(input_ids, images, self.image_tokens.as_deref())?;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::prompt_images::image_spans;
 use super::{tokenization_peak_bytes, OffsetTokens, Prompt, ValidationError, Validator};
 
 impl Validator {
@@ -37,15 +38,18 @@ impl Validator {
     }
 
     /// How many tokens `prompt` takes once rendered and tokenized, as a generation sees it: its
-    /// images' spans included.
+    /// images' spans included, each read from the image's header; an image a generation would
+    /// refuse before decoding it is refused here too.
     pub async fn count_tokens(&self, prompt: Prompt) -> Result<usize, ValidationError> {
         self.check_prompt(&prompt)?;
-        let images = prompt.images().len();
-        let ids = self.tokenize(prompt, Vec::new(), images).await?;
-        Ok(match self.image_tokens.as_deref().filter(|_| images > 0) {
-            Some(tokens) => tokens.count_tokens(&ids),
-            None => ids.len(),
-        })
+        let spans = image_spans(prompt.images(), self.image_intake()).await?;
+        let ids = self.tokenize(prompt, Vec::new(), spans.len()).await?;
+        match self.image_tokens.as_deref().filter(|_| !spans.is_empty()) {
+            Some(tokens) => tokens
+                .count_tokens(&ids, &spans)
+                .map_err(ValidationError::ImagePlacement),
+            None => Ok(ids.len()),
+        }
     }
 
     /// Renders (with the template variables the reasoning setting implies, `switches`) and

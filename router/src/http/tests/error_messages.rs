@@ -173,6 +173,7 @@ fn one_of_each() -> Vec<ValidationError> {
             images: 1,
         }),
         ValidationError::ImageSpanTooLong {
+            number: 1,
             tokens: 2,
             max_step_tokens: 1,
         },
@@ -265,7 +266,7 @@ fn cases() -> Vec<Case> {
         Case { vision: true, ..case(CHAT, image_chat(&truncated_png), Validation("Image"), None, &["image 1 of the request", "cannot be decoded"]) },
         case(CHAT, image_chat(&png), Validation("TextOnlyModel"), None, &["text only"]),
         Case { vision: true, ..case(CHAT, image_chat(&png), Validation("ImagePlacement"), None, &["0 image placeholders", "1 images"]) },
-        Case { vision: true, narrow_steps: true, ..case(CHAT, image_chat(&png), Validation("ImageSpanTooLong"), None, &["4 prompt tokens", "the 3 one step computes", "--max-batch-prefill-tokens"]) },
+        Case { vision: true, narrow_steps: true, ..case(CHAT, image_chat(&png), Validation("ImageSpanTooLong"), None, &["image 1 of the request takes 4 prompt tokens", "the 3 one step computes", "--max-batch-prefill-tokens"]) },
         case(CHAT, chat(r#", "temperature": 101"#), Validation("OutOfRange"), Some("temperature"), &["101", "100"]),
         case(GENERATE, r#"{"inputs": "a", "parameters": {"top_p": 1.5}}"#.into(), Validation("OutOfRange"), Some("top_p"), &["1.5", "(0, 1]"]),
         case(CHAT, chat(r#", "logprobs": true, "top_logprobs": 10000000000"#), Validation("CountOutOfRange"), Some("top_logprobs"), &["10000000000", "20"]),
