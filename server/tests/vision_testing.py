@@ -27,6 +27,9 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
     SiglipVisionConfig,
 )
 
@@ -62,6 +65,28 @@ TINY_SIGLIP: dict[str, Any] = {
     "num_attention_heads": 4,
     "image_size": GEMMA3_IMAGE_SIZE,
     "patch_size": 8,
+}
+
+
+# Qwen2.5-VL's special tokens inside the tiny vocabulary: the image pad token its spans hold, and the tokens around
+# each span.
+QWEN_VL_IMAGE_TOKEN, QWEN_VL_VISION_START, QWEN_VL_VISION_END = 95, 93, 94
+# 4x4-pixel patches merged 2x2: an image is resized to multiples of 8 pixels holding 4 to 16 merged units.
+QWEN_VL_PATCH, QWEN_VL_MERGE = 4, 2
+QWEN_VL_MIN_PIXELS, QWEN_VL_MAX_PIXELS = 4 * 64, 16 * 64
+
+TINY_QWEN_VL_VISION: dict[str, Any] = {
+    "depth": 3,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_heads": 2,
+    "patch_size": QWEN_VL_PATCH,
+    "spatial_merge_size": QWEN_VL_MERGE,
+    "temporal_patch_size": 2,
+    # Windows of 2x2 merged units, smaller than most images; the middle layer attends over the whole image.
+    "window_size": 16,
+    "fullatt_block_indexes": [1],
+    "out_hidden_size": 64,
 }
 
 
@@ -127,6 +152,32 @@ def write_tiny_gemma3_vision(
     reference.save_pretrained(path)
     side = {"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}
     Gemma3ImageProcessorPil(size=side, do_pan_and_scan=do_pan_and_scan).save_pretrained(path)
+    return reference
+
+
+def write_tiny_qwen2_5_vl(path: Path, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    """Saves a random Qwen2.5-VL (a 3-layer windowed vision tower, a tiny Qwen2 text decoder whose 8 rotary pairs
+    split 2/3/3 among the temporal, height and width positions) with its image processor into `path` and returns
+    the transformers reference."""
+    torch.manual_seed(seed)
+    rope = {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]}
+    config = Qwen2_5_VLConfig(
+        text_config={**TINY_SETTINGS, "rope_parameters": rope},
+        vision_config=TINY_QWEN_VL_VISION,
+        image_token_id=QWEN_VL_IMAGE_TOKEN,
+        vision_start_token_id=QWEN_VL_VISION_START,
+        vision_end_token_id=QWEN_VL_VISION_END,
+        video_token_id=92,
+    )
+    config._attn_implementation = "eager"
+    reference = Qwen2_5_VLForConditionalGeneration(config).eval()
+    randomized_constants(reference)
+    reference.save_pretrained(path)
+    Qwen2VLImageProcessorPil(
+        size={"shortest_edge": QWEN_VL_MIN_PIXELS, "longest_edge": QWEN_VL_MAX_PIXELS},
+        patch_size=QWEN_VL_PATCH,
+        merge_size=QWEN_VL_MERGE,
+    ).save_pretrained(path)
     return reference
 
 
