@@ -3,32 +3,30 @@ rotary positions following each image's grid (M-RoPE): the same tokens and logit
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file, save_file
 from shard_testing import StepDriver, recorded_logits
 from tandem_server.engine.grid_positions import GridPositions, ImageGrid
-from tandem_server.engine.step import ImageInput, ScheduledRequest, StepInput
+from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import FailureKind
 from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.loader import VISION_FAMILIES
 from tandem_server.vision.qwen2_5_vl import Qwen2_5_VLImageEncoder
-from transformers import PreTrainedModel, Qwen2VLImageProcessorPil
+from transformers import PreTrainedModel
 from vision_testing import (
     QWEN_VL_IMAGE_TOKEN,
-    QWEN_VL_VISION_END,
-    QWEN_VL_VISION_START,
     generate_alone,
     image_file,
     image_input,
     image_request,
     make_vision_runner,
+    qwen2_5_vl_images,
+    qwen2_5_vl_prompt,
     renamed_tensor,
     write_tiny_qwen2_5_vl,
 )
@@ -50,39 +48,13 @@ def qwen_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreTrainedM
     return path, write_tiny_qwen2_5_vl(path)
 
 
-def processed(checkpoint: Path, parts: list[list[int] | bytes]) -> dict[str, torch.Tensor]:
-    """What transformers' image processor makes of the prompt's images (nothing for a text-only prompt)."""
-    files = [Image.open(io.BytesIO(part)).convert("RGB") for part in parts if isinstance(part, bytes)]
-    if not files:
-        return {}
-    return dict(Qwen2VLImageProcessorPil.from_pretrained(checkpoint)(images=files, return_tensors="pt"))
-
-
-def qwen_prompt(checkpoint: Path, parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:
-    """Text runs and images as Qwen2.5-VL's processor expands them (each image its start token, one pad token per
-    merged patch of the processor's grid, its end token), and the images."""
-    grids = iter(processed(checkpoint, parts).get("image_grid_thw", torch.empty(0, 3)).tolist())
-    tokens: list[int] = []
-    images = []
-    for part in parts:
-        if isinstance(part, bytes):
-            frames, height, width = next(grids)
-            count = frames * height * width // 4
-            tokens.append(QWEN_VL_VISION_START)
-            images.append(image_input(part, len(tokens), count))
-            tokens.extend([*[QWEN_VL_IMAGE_TOKEN] * count, QWEN_VL_VISION_END])
-        else:
-            tokens.extend(part)
-    return tokens, tuple(images)
-
-
 def reference_generate(
     reference: PreTrainedModel, checkpoint: Path, parts: list[list[int] | bytes]
 ) -> tuple[list[int], list[torch.Tensor]]:
     """transformers' greedy tokens and logits for the prompt, its image tokens marked as the processor marks them."""
-    tokens, _ = qwen_prompt(checkpoint, parts)
+    tokens, _ = qwen2_5_vl_prompt(checkpoint, parts)
     input_ids = torch.tensor([tokens])
-    images = processed(checkpoint, parts)
+    images = qwen2_5_vl_images(checkpoint, parts)
     if images:
         images["mm_token_type_ids"] = (input_ids == QWEN_VL_IMAGE_TOKEN).int()
     reference.model.rope_deltas = None
@@ -100,7 +72,7 @@ def reference_generate(
 
 def served(path: Path, prompt: str, chunk_size: int) -> tuple[list[int], list[torch.Tensor]]:
     runner = make_vision_runner(path)
-    tokens, images = qwen_prompt(path, PROMPTS[prompt])
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS[prompt])
     request = image_request(0, tokens, images, NEW_TOKENS, stop_token_ids=tuple(runner.eos_token_ids))
     return generate_alone(runner, request, chunk_size, StepDriver)
 
@@ -121,9 +93,9 @@ def test_greedy_tokens_and_logits_match_transformers(
 
 def test_rotary_positions_of_any_chunk_are_transformers_rope_index(qwen_vl: tuple[Path, PreTrainedModel]) -> None:
     path, reference = qwen_vl
-    tokens, images = qwen_prompt(path, PROMPTS["two-images"])
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
     input_ids = torch.tensor([tokens])
-    grid_thw = processed(path, PROMPTS["two-images"])["image_grid_thw"]
+    grid_thw = qwen2_5_vl_images(path, PROMPTS["two-images"])["image_grid_thw"]
     expected, _ = reference.model.get_rope_index(
         input_ids, (input_ids == QWEN_VL_IMAGE_TOKEN).int(), image_grid_thw=grid_thw
     )
@@ -141,7 +113,7 @@ def test_rotary_positions_of_any_chunk_are_transformers_rope_index(qwen_vl: tupl
 
 def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(qwen_vl: tuple[Path, PreTrainedModel]) -> None:
     path, reference = qwen_vl
-    tokens, images = qwen_prompt(path, PROMPTS["two-images"])
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
     runner = make_vision_runner(path)
     block_size = runner.cache.block_size if runner.cache else 0
     cached = 2 * block_size
@@ -168,12 +140,27 @@ def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(qwen_vl: tu
         assert (got[0] - want).abs().max().item() <= LOGITS_ATOL, f"logits of draw {step}"
 
 
+def test_a_request_recomputed_after_preemption_continues_with_the_same_tokens(
+    qwen_vl: tuple[Path, PreTrainedModel],
+) -> None:
+    path, reference = qwen_vl
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
+    expected, _ = reference_generate(reference, path, PROMPTS["two-images"])
+    runner = make_vision_runner(path)
+    # Re-admitted with its first three generated tokens, as the router sends a preempted request back.
+    resumed = image_request(
+        1, [*tokens, *expected[:3]], images, NEW_TOKENS, num_output_tokens=3, stop_token_ids=tuple(runner.eos_token_ids)
+    )
+    done = StepDriver(runner, runner.cache.num_blocks if runner.cache else 0, chunk_size=7).run([resumed])
+    assert done[1] == expected[3:]
+
+
 def test_a_span_of_another_size_than_the_image_s_grid_fails_that_request_alone(
     qwen_vl: tuple[Path, PreTrainedModel],
 ) -> None:
     path, _ = qwen_vl
     runner = make_vision_runner(path)
-    tokens, images = qwen_prompt(path, PROMPTS["one-image"])
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["one-image"])
     # The 40x24 image is a 3x5 grid; the span is widened by one token.
     image = images[0]
     widened = [*tokens[: image.end], QWEN_VL_IMAGE_TOKEN, *tokens[image.end :]]
@@ -213,6 +200,6 @@ def test_the_published_layout_and_transformers_5_s_load_the_same_model(
     text = config.pop("text_config")
     text["rope_scaling"] = {"type": "mrope", "mrope_section": text.pop("rope_parameters")["mrope_section"]}
     (tmp_path / "config.json").write_text(json.dumps({**text, **config, "model_type": "qwen2_5_vl"}))
-    tokens, images = qwen_prompt(path, PROMPTS["two-images"])
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
     expected = generate_alone(make_vision_runner(path), image_request(0, tokens, images), 64)[0]
     assert generate_alone(make_vision_runner(tmp_path), image_request(0, tokens, images), 64)[0] == expected

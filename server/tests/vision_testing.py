@@ -272,6 +272,32 @@ class WholeSpanDriver(StepDriver):
         return stop - num_computed
 
 
+def qwen2_5_vl_images(checkpoint: Path, parts: list[list[int] | bytes]) -> dict[str, torch.Tensor]:
+    """What transformers' image processor makes of the prompt's images (nothing for a text-only prompt)."""
+    files = [Image.open(io.BytesIO(part)).convert("RGB") for part in parts if isinstance(part, bytes)]
+    if not files:
+        return {}
+    return dict(Qwen2VLImageProcessorPil.from_pretrained(checkpoint)(images=files, return_tensors="pt"))
+
+
+def qwen2_5_vl_prompt(checkpoint: Path, parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:
+    """Text runs and images as Qwen2.5-VL's processor expands them (each image its start token, one pad token per
+    merged patch of the processor's grid, its end token), and the images."""
+    grids = iter(qwen2_5_vl_images(checkpoint, parts).get("image_grid_thw", torch.empty(0, 3)).tolist())
+    tokens: list[int] = []
+    images = []
+    for part in parts:
+        if isinstance(part, bytes):
+            frames, height, width = next(grids)
+            count = frames * height * width // QWEN_VL_MERGE**2
+            tokens.append(QWEN_VL_VISION_START)
+            images.append(image_input(part, len(tokens), count))
+            tokens.extend([*[QWEN_VL_IMAGE_TOKEN] * count, QWEN_VL_VISION_END])
+        else:
+            tokens.extend(part)
+    return tokens, tuple(images)
+
+
 def gemma3_prompt(parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:
     """Text runs and images as Gemma3Processor expands them (each image a blank line, its start token, its span of
     soft tokens, its end token, a blank line), and the images."""
