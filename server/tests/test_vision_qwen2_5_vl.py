@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from shard_testing import StepDriver, recorded_logits
-from tandem_server.engine.grid_positions import GridPositions, ImageGrid
+from shard_testing import StepDriver, decode_graph, recorded_logits
+from tandem_server.config import CompileMode
+from tandem_server.engine.grid_positions import GridPositions, ImageGrid, rotary_positions
 from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import FailureKind
+from tandem_server.execution.batch import ScheduledSpan
 from tandem_server.layers.rope_config import RopeConfig
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.loader import VISION_FAMILIES
@@ -109,6 +111,34 @@ def test_rotary_positions_of_any_chunk_are_transformers_rope_index(qwen_vl: tupl
         assert torch.equal(grids.chunk(start, 3), grids.chunk(0, len(tokens) + 3)[:, start : start + 3])
     # Generated tokens continue after the last text token's position.
     assert grids.chunk(len(tokens), 1)[:, 0].tolist() == [int(expected.max()) + 1] * 3
+
+
+def test_a_step_past_every_image_rotates_by_one_position_per_row_so_graphs_replay_it() -> None:
+    grids = {1: GridPositions((ImageGrid(2, 3, 5),))}
+    # Request 1 decodes after its 3x5 image (15 tokens from position 2, 10 positions behind); request 2 is text.
+    decodes = [ScheduledSpan([7], 30, [0], 1), ScheduledSpan([8], 12, [1], 2)]
+    assert rotary_positions(decodes, grids, torch.device("cpu")).tolist() == [20, 12]
+    # The image's last token (row 2, column 4 from position 2), then text from 2 + max(3, 5).
+    prefill = [ScheduledSpan([7, 7, 7], 16, [0], 1)]
+    assert rotary_positions(prefill, grids, torch.device("cpu")).tolist() == [[2, 7, 8], [4, 7, 8], [6, 7, 8]]
+
+
+# The slow tier (compiles graphs with Inductor).
+@pytest.mark.slow
+def test_decodes_after_images_run_through_the_compiled_decode_graphs(qwen_vl: tuple[Path, PreTrainedModel]) -> None:
+    path, reference = qwen_vl
+    runner = make_vision_runner(path, compile_mode=CompileMode.WARMUP)
+    graph = decode_graph(runner)
+    assert graph is not None
+    warmup_steps = graph.steps
+    tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
+    request = image_request(0, tokens, images, NEW_TOKENS, stop_token_ids=tuple(runner.eos_token_ids))
+    ours, logits = generate_alone(runner, request, 64, StepDriver)
+    expected_tokens, expected_logits = reference_generate(reference, path, PROMPTS["two-images"])
+    assert ours == expected_tokens
+    assert graph.steps - warmup_steps == len(ours) - 1
+    for step, (got, want) in enumerate(zip(logits, expected_logits, strict=True)):
+        assert (got[0] - want).abs().max().item() <= LOGITS_ATOL, f"logits of draw {step}"
 
 
 def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(qwen_vl: tuple[Path, PreTrainedModel]) -> None:

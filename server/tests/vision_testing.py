@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from PIL import Image
 from shard_testing import CPU, TINY_SETTINGS, StepDriver, load_tiny_model, new_request, recorded_logits, warmed
+from tandem_server.config import CompileMode
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import ImageInput, NewRequest
+from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.loader import load_image_embedder
 from transformers import (
@@ -229,14 +231,18 @@ def renamed_tensor(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return name
 
 
-def make_vision_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRunner:
-    """A warmed-up float32 CPU runner of the vision-language checkpoint at `path`, encoding its images."""
+def make_vision_runner(
+    path: Path, encoder_cache_bytes: int = 1 << 20, compile_mode: CompileMode = CompileMode.OFF
+) -> ModelRunner:
+    """A warmed-up float32 CPU runner of the vision-language checkpoint at `path`, encoding its images; compiled as
+    --torch-compile `compile_mode` compiles (with a decode mirror, as on a CPU shard)."""
     checkpoint = read_checkpoint_config(path)
     images = load_image_embedder(checkpoint, torch.float32, CPU, encoder_cache_bytes)
-    options = ExecutionOptions(kv_cache_memory=4 << 20)
-    runner = ModelRunner(
-        load_tiny_model(path), checkpoint.eos_token_ids, torch.float32, CPU, options, Companions(images=images)
-    )
+    kv_cache_memory = 4 << 20
+    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, compile_mode=compile_mode)
+    mirror = kv_cache_memory // 2 if compile_mode is not CompileMode.OFF else 0
+    model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror))
+    runner = ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, Companions(images=images))
     return warmed(runner)
 
 

@@ -61,19 +61,20 @@ class GridPositions:
         return positions
 
 
-def step_rope_positions(
+def rotary_positions(
     spans: Sequence[ScheduledSpan], grids: Mapping[int, GridPositions], device: torch.device
-) -> torch.Tensor | None:
-    """The step's rotary positions `[3, tokens]` for the spans flattened in order, when some span's request has image
-    grids (`grids`, by request id); None when none has, so every row rotates by its sequence position."""
-    if not grids:
-        return None
+) -> torch.Tensor:
+    """The step's rotary positions for the spans flattened in order, where some span's request has image grids
+    (`grids`, by request id): `[tokens]` when every row's three positions agree (chunks past their requests' last
+    images, as decodes are), so graphs of the model replay the step; else `[3, tokens]`."""
     chunks = []
     for span in spans:
         request_grids = grids.get(span.request_id) if span.request_id is not None else None
-        count = len(span.token_ids)
         if request_grids is None:
             chunks.append(torch.arange(span.start_position, span.context_len).expand(AXES, -1))
         else:
-            chunks.append(request_grids.chunk(span.start_position, count))
-    return to_device(torch.cat(chunks, dim=1), device)
+            chunks.append(request_grids.chunk(span.start_position, len(span.token_ids)))
+    positions = torch.cat(chunks, dim=1)
+    if torch.equal(positions[0], positions[1]) and torch.equal(positions[0], positions[2]):
+        positions = positions[0]
+    return to_device(positions.contiguous(), device)

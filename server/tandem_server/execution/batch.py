@@ -35,6 +35,8 @@ class StepBatch:
     """The model's inputs for one step; `last_rows[i]` is the row of span i's final token."""
 
     input_ids: torch.Tensor
+    # Each row's rotary position `[tokens]`: its sequence position, unless its request's image grids move it
+    # (engine/grid_positions.py); `[3, tokens]` (temporal, height, width) where some row's three differ.
     positions: torch.Tensor
     metadata: AttentionMetadata
     last_rows: tuple[int, ...]
@@ -42,20 +44,12 @@ class StepBatch:
     lora: LoraStep | None = None
     # The rows that run on given embeddings (an image's positions); None: every row runs on its token's.
     embeddings: InputEmbeddings | None = None
-    # Multimodal rotary positions `[3, tokens]` (temporal, height, width) when some request's image grids move its
-    # rotary positions away from its sequence positions; None: every row rotates by its sequence position.
-    rope_positions: torch.Tensor | None = None
 
     @property
     def runs_base_model(self) -> bool:
-        """True when every row runs the base model on its token's embedding and rotates by its sequence position:
-        the steps a captured or compiled graph of the model can replay."""
-        return self.lora is None and self.embeddings is None and self.rope_positions is None
-
-    @property
-    def model_positions(self) -> torch.Tensor:
-        """The positions the model rotates its rows by."""
-        return self.positions if self.rope_positions is None else self.rope_positions
+        """True when every row runs the base model on its token's embedding at one rotary position: the steps a
+        captured or compiled graph of the model can replay."""
+        return self.lora is None and self.embeddings is None and self.positions.dim() == 1
 
 
 def build_step_batch(

@@ -261,7 +261,7 @@ class CompiledExecutor:
 
     def serves(self, step: PlannedStep) -> bool:
         # The compiled graphs run the base model on token embeddings at sequence positions: rows under an adapter, on
-        # given embeddings or at multimodal rotary positions run eagerly.
+        # given embeddings or at three-axis rotary positions run eagerly.
         return step.batch.runs_base_model and self.graph.serves(step.prepared.metadata)
 
     def run(self, step: PlannedStep) -> torch.Tensor:

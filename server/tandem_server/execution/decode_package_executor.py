@@ -65,7 +65,7 @@ class DecodePackageExecutor:
 
     def serves(self, step: PlannedStep) -> bool:
         # The package runs the base model on token embeddings at sequence positions: rows under an adapter, on given
-        # embeddings or at multimodal rotary positions run eagerly.
+        # embeddings or at three-axis rotary positions run eagerly.
         return (
             self._package is not None
             and step.batch.runs_base_model

@@ -22,7 +22,7 @@ def forward_step(model: CausalLM, batch: StepBatch, layers: Sequence[LayerCache]
 
 def run_prepared(model: CausalLM, step: PlannedStep) -> torch.Tensor:
     prepared, batch = step.prepared, step.batch
-    inputs = (batch.input_ids, batch.model_positions, prepared.layers, prepared.metadata, step.states, batch.embeddings)
+    inputs = (batch.input_ids, batch.positions, prepared.layers, prepared.metadata, step.states, batch.embeddings)
     if batch.lora is None:
         return model(*inputs)
     with batch.lora.applied():
