@@ -43,6 +43,16 @@ class GridPositions:
 
     grids: tuple[ImageGrid, ...]
 
+    @property
+    def end(self) -> int:
+        """The end of the last image's span."""
+        return max((grid.end for grid in self.grids), default=0)
+
+    @property
+    def lag(self) -> int:
+        """How far the rotary positions after the last image fall behind the sequence positions."""
+        return sum(grid.lag for grid in self.grids)
+
     def chunk(self, start: int, count: int) -> torch.Tensor:
         """The rotary positions `[3, count]` of sequence positions [start, start + count)."""
         positions = torch.arange(start, start + count).expand(AXES, -1).clone()
@@ -65,8 +75,19 @@ def rotary_positions(
     spans: Sequence[ScheduledSpan], grids: Mapping[int, GridPositions], device: torch.device
 ) -> torch.Tensor:
     """The step's rotary positions for the spans flattened in order, where some span's request has image grids
-    (`grids`, by request id): `[tokens]` when every row's three positions agree (chunks past their requests' last
-    images, as decodes are), so graphs of the model replay the step; else `[3, tokens]`."""
+    (`grids`, by request id): `[tokens]` when every span is past its request's images (as decodes are), so graphs of
+    the model replay the step; else `[3, tokens]`."""
+    lags = []
+    for span in spans:
+        request_grids = grids.get(span.request_id) if span.request_id is not None else None
+        if request_grids is not None and span.start_position < request_grids.end:
+            return to_device(_three_axis_positions(spans, grids), device)
+        lags.append(request_grids.lag if request_grids is not None else 0)
+    ranges = [torch.arange(span.start_position, span.context_len) - lag for span, lag in zip(spans, lags, strict=True)]
+    return to_device(torch.cat(ranges), device)
+
+
+def _three_axis_positions(spans: Sequence[ScheduledSpan], grids: Mapping[int, GridPositions]) -> torch.Tensor:
     chunks = []
     for span in spans:
         request_grids = grids.get(span.request_id) if span.request_id is not None else None
@@ -74,7 +95,4 @@ def rotary_positions(
             chunks.append(torch.arange(span.start_position, span.context_len).expand(AXES, -1))
         else:
             chunks.append(request_grids.chunk(span.start_position, len(span.token_ids)))
-    positions = torch.cat(chunks, dim=1)
-    if torch.equal(positions[0], positions[1]) and torch.equal(positions[0], positions[2]):
-        positions = positions[0]
-    return to_device(positions.contiguous(), device)
+    return torch.cat(chunks, dim=1)

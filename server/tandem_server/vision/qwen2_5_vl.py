@@ -56,6 +56,26 @@ def window_layout(grid: Grid, merge_size: int, window_units: int) -> WindowLayou
     return WindowLayout(order, window[order].repeat_interleave(unit), frame[order].repeat_interleave(unit))
 
 
+@dataclass(frozen=True)
+class Segments:
+    """Patches in contiguous runs that attend only within their own run, as a padded batch: `index[s, i]` is the
+    i-th patch of run s where `valid[s, i]` (padding repeats patch 0). None: one run holds every patch."""
+
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, runs: torch.Tensor) -> Segments:
+        """The segments of `runs`, each patch's run id, equal ids adjacent."""
+        counts = torch.unique_consecutive(runs, return_counts=True)[1]
+        if len(counts) == 1:
+            return cls()
+        offsets = torch.arange(int(counts.max()), device=runs.device)
+        valid = offsets.unsqueeze(0) < counts.unsqueeze(1)
+        starts = (torch.cumsum(counts, 0) - counts).unsqueeze(1)
+        return cls(torch.where(valid, starts + offsets, 0), valid)
+
+
 def patch_positions(grid: Grid, merge_size: int) -> torch.Tensor:
     """The (row, column) `[patches, 2]` of every patch in the image processor's order: frame by frame, merged units
     row-major, each unit's patches row-major."""
@@ -85,7 +105,7 @@ class VisionRotary:
 
 
 class VisionAttention(nn.Module):
-    """Bidirectional multi-head attention among the patches `mask` pairs, queries and keys rotated in float32."""
+    """Bidirectional multi-head attention within each segment, queries and keys rotated in float32."""
 
     def __init__(self, args: Qwen2_5_VisionArgs) -> None:
         super().__init__()
@@ -93,13 +113,20 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(args.hidden_size, 3 * args.hidden_size)
         self.proj = nn.Linear(args.hidden_size, args.hidden_size)
 
-    def forward(self, hidden: torch.Tensor, rotation: RotaryAngles, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rotation: RotaryAngles, segments: Segments) -> torch.Tensor:
         patches = hidden.shape[0]
         query, key, value = self.qkv(hidden).view(patches, 3, self.num_heads, self.head_dim).unbind(1)
         query, key = (rotation.rotate(x.float()).to(x.dtype) for x in (query, key))
-        query, key, value = (x.transpose(0, 1).unsqueeze(0) for x in (query, key, value))
-        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.proj(attended[0].transpose(0, 1).reshape(patches, -1))
+        scale = self.head_dim**-0.5
+        if segments.index is None or segments.valid is None:
+            query, key, value = (x.transpose(0, 1).unsqueeze(0) for x in (query, key, value))
+            attended = F.scaled_dot_product_attention(query, key, value, scale=scale)[0].transpose(0, 1)
+        else:
+            query, key, value = (x[segments.index].transpose(1, 2) for x in (query, key, value))
+            keys_valid = segments.valid.view(segments.valid.shape[0], 1, 1, -1)
+            padded = F.scaled_dot_product_attention(query, key, value, attn_mask=keys_valid, scale=scale)
+            attended = padded.transpose(1, 2)[segments.valid]
+        return self.proj(attended.reshape(patches, -1))
 
 
 class VisionMlp(nn.Module):
@@ -126,8 +153,8 @@ class VisionBlock(nn.Module):
         self.norm2 = RMSNorm(args.hidden_size, VISION_NORM_EPS)
         self.mlp = VisionMlp(args)
 
-    def forward(self, hidden: torch.Tensor, rotation: RotaryAngles, mask: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.attn(self.norm1(hidden), rotation, mask)
+    def forward(self, hidden: torch.Tensor, rotation: RotaryAngles, segments: Segments) -> torch.Tensor:
+        hidden = hidden + self.attn(self.norm1(hidden), rotation, segments)
         return hidden + self.mlp(self.norm2(hidden))
 
 
@@ -181,11 +208,9 @@ class Qwen2_5_VisionTower(nn.Module):
         hidden = hidden.view(-1, unit, hidden.shape[-1])[order].flatten(0, 1)
         positions = patch_positions(grid, args.merge_size).view(-1, unit, 2)[layout.unit_order].flatten(0, 1)
         rotation = self.rotary.angles(positions, hidden.device)
-        windows, frames = layout.windows.to(hidden.device), layout.frames.to(hidden.device)
-        window_mask = windows.unsqueeze(0) == windows.unsqueeze(1)
-        frame_mask = frames.unsqueeze(0) == frames.unsqueeze(1)
+        windows, frames = Segments.of(layout.windows.to(hidden.device)), Segments.of(layout.frames.to(hidden.device))
         for index, block in enumerate(self.blocks):
-            hidden = block(hidden, rotation, frame_mask if index in args.full_attention_layers else window_mask)
+            hidden = block(hidden, rotation, frames if index in args.full_attention_layers else windows)
         return self.merger(hidden)[torch.argsort(order)]
 
 
