@@ -30,6 +30,9 @@ from transformers import (
     LlamaForCausalLM,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
     SiglipVisionConfig,
 )
 
@@ -308,6 +311,69 @@ def write_tiny_gemma3_vision(directory: Path) -> Gemma3ForConditionalGeneration:
     tokenizer_config["extra_special_tokens"] = GEMMA3_IMAGE_TOKENS
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, ensure_ascii=False))
     (directory / "chat_template.jinja").write_text(GEMMA3_CHAT_TEMPLATE)
+    return model
+
+
+# Qwen2-VL's prompt format: ChatML turns, each image part as the span Qwen2_5_VLProcessor widens (and the router
+# likewise) to one pad token per merged patch.
+QWEN2_5_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# The tokens around and inside an image's span, and the video token the processor also looks up, in id order.
+QWEN2_5_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+# 8x8-pixel patches merged 2x2; images are resized to hold 4 to 64 merged patches.
+QWEN2_5_VL_PATCH, QWEN2_5_VL_MIN_PIXELS, QWEN2_5_VL_MAX_PIXELS = 8, 4 * 256, 64 * 256
+
+
+def write_tiny_qwen2_5_vl(directory: Path) -> Qwen2_5_VLForConditionalGeneration:
+    """Saves a random Qwen2.5-VL (seed 0): a two-layer vision tower over 8x8 patches (windowed, then full attention)
+    merged 2x2 into 4 to 64 image tokens per image, and a two-layer Qwen2 text decoder with multimodal rotary over
+    the embedded model's vocabulary plus the special tokens of QWEN2_5_VL_TOKENS (ids from the embedded vocabulary's
+    size on); its tokenizer, image processor, processor settings and a Qwen2-VL style chat template; returns the
+    `transformers` model. Tensors whose init is one value are randomised. (`AutoProcessor` also builds the video
+    processor, which needs torchvision: without it, widen each `<|image_pad|>` by the image processor's grid.)"""
+    embedded = embedded_model_dir()
+    embedded_config = json.loads((embedded / "config.json").read_text())
+    start_id, image_id, end_id, video_id = (embedded_config["vocab_size"] + offset for offset in range(4))
+    torch.manual_seed(0)
+    sizes = ("bos_token_id", "eos_token_id", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_key_value_heads", "max_position_embeddings")  # fmt: skip
+    text = {key: getattr(tiny_llama_config(video_id + 1), key) for key in ("vocab_size", *sizes)}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "patch_size": QWEN2_5_VL_PATCH,
+              "window_size": 32, "fullatt_block_indexes": [1], "out_hidden_size": 64}  # fmt: skip
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
+    )
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() > 1 and bool((param == param.flatten()[0]).all()):
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(directory)
+    size = {"shortest_edge": QWEN2_5_VL_MIN_PIXELS, "longest_edge": QWEN2_5_VL_MAX_PIXELS}
+    Qwen2VLImageProcessorPil(size=size, patch_size=QWEN2_5_VL_PATCH).save_pretrained(directory)
+    (directory / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}))
+    tokenizer = json.loads((embedded / "tokenizer.json").read_text())
+    for token_id, content in zip((start_id, image_id, end_id, video_id), QWEN2_5_VL_TOKENS, strict=True):
+        tokenizer["added_tokens"].append(added_token(token_id, content, special=True))
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    tokenizer_config = json.loads((embedded / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, ensure_ascii=False))
+    (directory / "chat_template.jinja").write_text(QWEN2_5_VL_CHAT_TEMPLATE)
     return model
 
 

@@ -1,5 +1,5 @@
-"""LLaVA and Gemma 3 under tensor parallelism: the text decoder split over two gloo ranks, the vision tower whole on
-each, gives the single process's tokens and logits."""
+"""LLaVA, Gemma 3 and Qwen2.5-VL under tensor parallelism: the text decoder split over two gloo ranks, the vision
+tower whole on each, gives the single process's tokens and logits."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from vision_testing import (
     image_file,
     image_request,
     prompt_with_images,
+    qwen2_5_vl_prompt,
     write_tiny_gemma3_vision,
     write_tiny_llava,
+    write_tiny_qwen2_5_vl,
 )
 from vision_tp_worker import WORLD_SIZE, run_rank, run_vision
 
@@ -53,3 +55,11 @@ def test_two_gloo_ranks_serve_gemma3_s_bidirectional_image_spans_as_one_process_
     tokens, images = gemma3_prompt([[1, 12], image_file(2), [40, 9], image_file(3, (64, 48)), [71, 12]])
     # The whole prompt in one chunk, both spans in it.
     assert_ranks_match_the_single_process(tmp_path, image_request(1, tokens, images, max_new_tokens=6), chunk=64)
+
+
+def test_two_gloo_ranks_serve_qwen2_5_vl_s_grid_positions_as_one_process_does(tmp_path: Path) -> None:
+    write_tiny_qwen2_5_vl(tmp_path / "model")
+    parts: list[list[int] | bytes] = [[1, 12], image_file(2, (40, 24)), [40, 9], image_file(3, (90, 70)), [71, 12]]
+    tokens, images = qwen2_5_vl_prompt(tmp_path / "model", parts)
+    # Chunks of 7 start and end inside the image spans.
+    assert_ranks_match_the_single_process(tmp_path, image_request(1, tokens, images, max_new_tokens=6), chunk=7)

@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from PIL import Image
 from shard_testing import CPU, TINY_SETTINGS, StepDriver, load_tiny_model, new_request, recorded_logits, warmed
+from tandem_server.config import CompileMode
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
 from tandem_server.engine.step import ImageInput, NewRequest
+from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.loader import load_image_embedder
 from transformers import (
@@ -27,6 +29,9 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
     SiglipVisionConfig,
 )
 
@@ -62,6 +67,28 @@ TINY_SIGLIP: dict[str, Any] = {
     "num_attention_heads": 4,
     "image_size": GEMMA3_IMAGE_SIZE,
     "patch_size": 8,
+}
+
+
+# Qwen2.5-VL's special tokens inside the tiny vocabulary: the image pad token its spans hold, and the tokens around
+# each span.
+QWEN_VL_IMAGE_TOKEN, QWEN_VL_VISION_START, QWEN_VL_VISION_END = 95, 93, 94
+# 4x4-pixel patches merged 2x2: an image is resized to multiples of 8 pixels holding 4 to 16 merged units.
+QWEN_VL_PATCH, QWEN_VL_MERGE = 4, 2
+QWEN_VL_MIN_PIXELS, QWEN_VL_MAX_PIXELS = 4 * 64, 16 * 64
+
+TINY_QWEN_VL_VISION: dict[str, Any] = {
+    "depth": 3,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_heads": 2,
+    "patch_size": QWEN_VL_PATCH,
+    "spatial_merge_size": QWEN_VL_MERGE,
+    "temporal_patch_size": 2,
+    # Windows of 2x2 merged units, smaller than most images; the middle layer attends over the whole image.
+    "window_size": 16,
+    "fullatt_block_indexes": [1],
+    "out_hidden_size": 64,
 }
 
 
@@ -130,6 +157,32 @@ def write_tiny_gemma3_vision(
     return reference
 
 
+def write_tiny_qwen2_5_vl(path: Path, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    """Saves a random Qwen2.5-VL (a 3-layer windowed vision tower, a tiny Qwen2 text decoder whose 8 rotary pairs
+    split 2/3/3 among the temporal, height and width positions) with its image processor into `path` and returns
+    the transformers reference."""
+    torch.manual_seed(seed)
+    rope = {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]}
+    config = Qwen2_5_VLConfig(
+        text_config={**TINY_SETTINGS, "rope_parameters": rope},
+        vision_config=TINY_QWEN_VL_VISION,
+        image_token_id=QWEN_VL_IMAGE_TOKEN,
+        vision_start_token_id=QWEN_VL_VISION_START,
+        vision_end_token_id=QWEN_VL_VISION_END,
+        video_token_id=92,
+    )
+    config._attn_implementation = "eager"
+    reference = Qwen2_5_VLForConditionalGeneration(config).eval()
+    randomized_constants(reference)
+    reference.save_pretrained(path)
+    Qwen2VLImageProcessorPil(
+        size={"shortest_edge": QWEN_VL_MIN_PIXELS, "longest_edge": QWEN_VL_MAX_PIXELS},
+        patch_size=QWEN_VL_PATCH,
+        merge_size=QWEN_VL_MERGE,
+    ).save_pretrained(path)
+    return reference
+
+
 def image_file(seed: int, size: tuple[int, int] = (90, 70), file_format: str = "PNG") -> bytes:
     """An encoded image of random pixels."""
     generator = torch.Generator().manual_seed(seed)
@@ -178,14 +231,18 @@ def renamed_tensor(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return name
 
 
-def make_vision_runner(path: Path, encoder_cache_bytes: int = 1 << 20) -> ModelRunner:
-    """A warmed-up float32 CPU runner of the vision-language checkpoint at `path`, encoding its images."""
+def make_vision_runner(
+    path: Path, encoder_cache_bytes: int = 1 << 20, compile_mode: CompileMode = CompileMode.OFF
+) -> ModelRunner:
+    """A warmed-up float32 CPU runner of the vision-language checkpoint at `path`, encoding its images; compiled as
+    --torch-compile `compile_mode` compiles (with a decode mirror, as on a CPU shard)."""
     checkpoint = read_checkpoint_config(path)
     images = load_image_embedder(checkpoint, torch.float32, CPU, encoder_cache_bytes)
-    options = ExecutionOptions(kv_cache_memory=4 << 20)
-    runner = ModelRunner(
-        load_tiny_model(path), checkpoint.eos_token_ids, torch.float32, CPU, options, Companions(images=images)
-    )
+    kv_cache_memory = 4 << 20
+    options = ExecutionOptions(kv_cache_memory=kv_cache_memory, compile_mode=compile_mode)
+    mirror = kv_cache_memory // 2 if compile_mode is not CompileMode.OFF else 0
+    model = load_tiny_model(path, backend=TorchAttentionBackend(decode_mirror_memory=mirror))
+    runner = ModelRunner(model, checkpoint.eos_token_ids, torch.float32, CPU, options, Companions(images=images))
     return warmed(runner)
 
 
@@ -219,6 +276,32 @@ class WholeSpanDriver(StepDriver):
             if start < stop < end:
                 stop = end if num_computed >= start else start
         return stop - num_computed
+
+
+def qwen2_5_vl_images(checkpoint: Path, parts: list[list[int] | bytes]) -> dict[str, torch.Tensor]:
+    """What transformers' image processor makes of the prompt's images (nothing for a text-only prompt)."""
+    files = [Image.open(io.BytesIO(part)).convert("RGB") for part in parts if isinstance(part, bytes)]
+    if not files:
+        return {}
+    return dict(Qwen2VLImageProcessorPil.from_pretrained(checkpoint)(images=files, return_tensors="pt"))
+
+
+def qwen2_5_vl_prompt(checkpoint: Path, parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:
+    """Text runs and images as Qwen2.5-VL's processor expands them (each image its start token, one pad token per
+    merged patch of the processor's grid, its end token), and the images."""
+    grids = iter(qwen2_5_vl_images(checkpoint, parts).get("image_grid_thw", torch.empty(0, 3)).tolist())
+    tokens: list[int] = []
+    images = []
+    for part in parts:
+        if isinstance(part, bytes):
+            frames, height, width = next(grids)
+            count = frames * height * width // QWEN_VL_MERGE**2
+            tokens.append(QWEN_VL_VISION_START)
+            images.append(image_input(part, len(tokens), count))
+            tokens.extend([*[QWEN_VL_IMAGE_TOKEN] * count, QWEN_VL_VISION_END])
+        else:
+            tokens.extend(part)
+    return tokens, tuple(images)
 
 
 def gemma3_prompt(parts: list[list[int] | bytes]) -> tuple[list[int], tuple[ImageInput, ...]]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from tandem_server.device_copy import to_device
+from tandem_server.engine.grid_positions import GridPositions, ImageGrid
 from tandem_server.engine.step import NewRequest, RequestFailure
 from tandem_server.errors import FailureKind, ImageError, RequestFailedError
 from tandem_server.execution.batch import ScheduledSpan
@@ -61,6 +62,27 @@ def check_images(request: NewRequest, image_token_id: int | None) -> None:
         if len(image.digest) != SHA256_BYTES:
             raise RequestFailedError(FailureKind.INVALID_PARAMETERS, f"image {index}: its digest is not a SHA-256")
         previous_end = image.end
+
+
+def image_grids(request: NewRequest, token_grid: Callable[[bytes], tuple[int, int]]) -> GridPositions | None:
+    """The token grids of the request's images (`token_grid` reads an image file's rows and columns from its header,
+    without decoding it); None for a request without images. An image whose grid holds another number of tokens than
+    its span, or whose header cannot be read, fails the request."""
+    if not request.images:
+        return None
+    grids = []
+    for index, image in enumerate(request.images):
+        try:
+            rows, columns = token_grid(image.data)
+        except ImageError as error:
+            raise RequestFailedError(FailureKind.INVALID_PARAMETERS, f"image {index}: {error}") from error
+        if rows * columns != image.num_tokens:
+            raise RequestFailedError(
+                FailureKind.INVALID_PARAMETERS,
+                f"image {index} becomes {rows}x{columns} tokens, its span holds {image.num_tokens} positions",
+            )
+        grids.append(ImageGrid(image.offset, rows, columns))
+    return GridPositions(tuple(grids))
 
 
 def scheduled_pieces(

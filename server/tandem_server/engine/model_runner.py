@@ -14,6 +14,7 @@ from tandem_server.device_copy import to_device
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.draft_model import DraftRow
 from tandem_server.engine.draws import apply_draws
+from tandem_server.engine.grid_positions import rotary_positions
 from tandem_server.engine.images import ImagePiece, bidirectional_spans, input_embeddings, scheduled_pieces
 from tandem_server.engine.launched import DraftedRow, LaunchedStep, PendingRow, StepSampling
 from tandem_server.engine.prompt_logprobs import ScoredChunk, chunk_prompt_logprobs
@@ -289,6 +290,7 @@ class ModelRunner:
             self.lora.names(),
             self.options.lora.max_loras,
             self.images.image_token_id if self.images is not None else None,
+            self.images.token_grid if self.images is not None and self.images.grid_positions else None,
         )
         applied, pieces = self._runnable(self.requests.apply(step, limits))
         plan = applied.plan
@@ -317,6 +319,9 @@ class ModelRunner:
         batch = build_step_batch(spans, cache.block_size, self.device, lora)
         if pieces:
             batch = replace(batch, embeddings=input_embeddings(pieces, spans, self.device))
+        grids = {state.id: state.image_grids for state, _ in plan if state.image_grids is not None}
+        if grids:
+            batch = replace(batch, positions=rotary_positions(spans, grids, self.device))
         self._copy_pending_tokens(plan, batch, open_step)
         # Every host-to-device copy happens here, before the forward pass; the results stay on the device until
         # `complete` reads them in one transfer (prompt logprobs, when asked for, add their own).

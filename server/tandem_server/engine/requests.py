@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tandem_server.engine.images import check_images
+from tandem_server.engine.grid_positions import GridPositions
+from tandem_server.engine.images import check_images, image_grids
 from tandem_server.engine.step import (
     FinishReason,
     ImageInput,
@@ -50,9 +51,14 @@ class RequestState:
     lora_adapter: str = ""
     # The prompt's images, whose spans run on their embeddings.
     images: tuple[ImageInput, ...] = ()
+    # The images' token grids, where the model's rotary positions follow them; None: rotary positions are sequence
+    # positions.
+    image_grids: GridPositions | None = None
 
     @classmethod
-    def from_new(cls, request: NewRequest, grammar: GrammarMatcher | None = None) -> RequestState:
+    def from_new(
+        cls, request: NewRequest, grammar: GrammarMatcher | None = None, grids: GridPositions | None = None
+    ) -> RequestState:
         return cls(
             id=request.id,
             token_ids=list(request.token_ids),
@@ -64,6 +70,7 @@ class RequestState:
             grammar=grammar,
             lora_adapter=request.lora_adapter,
             images=request.images,
+            image_grids=grids,
         )
 
     @property
@@ -136,6 +143,9 @@ class StepLimits:
     max_loras: int = 0
     # The token a prompt's image spans hold; None: the model reads text only.
     image_token_id: int | None = None
+    # The rows and columns of tokens an image file becomes, where the model's rotary positions follow image grids
+    # (M-RoPE); None: image tokens rotate by their sequence positions.
+    token_grid: Callable[[bytes], tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,7 +308,8 @@ class RequestTable:
                 raise InvalidStepError(f"request {request.id} has more output tokens than tokens")
             try:
                 _check_request_inputs(request, limits)
-                incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request))
+                grids = image_grids(request, limits.token_grid) if limits.token_grid is not None else None
+                incoming[request.id] = RequestState.from_new(request, self._grammar_matcher(request), grids)
             except RequestFailedError as error:
                 failures.append(RequestFailure(request.id, error.kind, str(error)))
         return incoming, failures

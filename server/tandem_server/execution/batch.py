@@ -35,6 +35,8 @@ class StepBatch:
     """The model's inputs for one step; `last_rows[i]` is the row of span i's final token."""
 
     input_ids: torch.Tensor
+    # Each row's rotary position `[tokens]`: its sequence position, unless its request's image grids move it
+    # (engine/grid_positions.py); `[3, tokens]` (temporal, height, width) where some row's three differ.
     positions: torch.Tensor
     metadata: AttentionMetadata
     last_rows: tuple[int, ...]
@@ -45,9 +47,9 @@ class StepBatch:
 
     @property
     def runs_base_model(self) -> bool:
-        """True when every row runs the base model on its token's embedding: the steps a captured or compiled graph
-        of the model can replay."""
-        return self.lora is None and self.embeddings is None
+        """True when every row runs the base model on its token's embedding at one rotary position: the steps a
+        captured or compiled graph of the model can replay."""
+        return self.lora is None and self.embeddings is None and self.positions.dim() == 1
 
 
 def build_step_batch(

@@ -260,8 +260,8 @@ class CompiledExecutor:
             self.background = self.graph.compile_in_background(cache, self._gate)
 
     def serves(self, step: PlannedStep) -> bool:
-        # The compiled graphs run the base model on token embeddings: rows under an adapter or on given embeddings
-        # run eagerly.
+        # The compiled graphs run the base model on token embeddings at sequence positions: rows under an adapter, on
+        # given embeddings or at three-axis rotary positions run eagerly.
         return step.batch.runs_base_model and self.graph.serves(step.prepared.metadata)
 
     def run(self, step: PlannedStep) -> torch.Tensor:

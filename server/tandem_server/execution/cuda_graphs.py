@@ -208,8 +208,8 @@ class CudaGraphExecutor:
             self.graphs = graphs
 
     def serves(self, step: PlannedStep) -> bool:
-        # A captured graph replays the base model on token embeddings: rows under an adapter or on given embeddings
-        # run eagerly.
+        # A captured graph replays the base model on token embeddings at sequence positions: rows under an adapter,
+        # on given embeddings or at three-axis rotary positions run eagerly.
         return self.graphs is not None and step.batch.runs_base_model and self.graphs.holds(step.batch)
 
     def run(self, step: PlannedStep) -> torch.Tensor:

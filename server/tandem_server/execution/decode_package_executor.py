@@ -64,8 +64,8 @@ class DecodePackageExecutor:
         return self._package
 
     def serves(self, step: PlannedStep) -> bool:
-        # The package runs the base model on token embeddings: rows under an adapter or on given embeddings run
-        # eagerly.
+        # The package runs the base model on token embeddings at sequence positions: rows under an adapter, on given
+        # embeddings or at three-axis rotary positions run eagerly.
         return (
             self._package is not None
             and step.batch.runs_base_model

@@ -10,7 +10,14 @@ from tandem_server.errors import ConfigError
 
 # Keys every rope type may carry; `original_max_position_embeddings` is read only by the types that name it below,
 # as transformers ignores it elsewhere.
-COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
+COMMON_KEYS = (
+    "rope_type",
+    "type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "original_max_position_embeddings",
+    "mrope_section",
+)
 # The options each supported type reads, beyond COMMON_KEYS (transformers' own lists).
 TYPE_KEYS: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -53,6 +60,10 @@ class RopeConfig:
     long_factor: tuple[float, ...] = ()
     # GLM's layout: each rotated pair is two adjacent dimensions instead of one from each half.
     interleaved: bool = False
+    # Multimodal rotary (Qwen2-VL's M-RoPE): consecutive runs of this many pairs, in order, rotate by a token's
+    # temporal, height and width position (then temporal again, and so on); empty: one position per token. A token
+    # whose three positions are equal rotates exactly as under plain rotary.
+    mrope_section: tuple[int, ...] = ()
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> RopeConfig:
@@ -61,6 +72,8 @@ class RopeConfig:
         params = dict(config.get("rope_scaling") or {})
         params.update(config.get("rope_parameters") or {})
         rope_type = params.get("rope_type", params.get("type", "default"))
+        # transformers reads Qwen2-VL's "mrope" type as the default frequencies split into `mrope_section`.
+        rope_type = "default" if rope_type == "mrope" else rope_type
         if rope_type not in TYPE_KEYS:
             raise ConfigError(f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
         known = COMMON_KEYS + TYPE_KEYS[rope_type]
@@ -93,6 +106,7 @@ class RopeConfig:
             truncate=bool(params.get("truncate", defaults.truncate)),
             short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
             long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+            mrope_section=tuple(int(pairs) for pairs in params.get("mrope_section") or ()),
         )
 
     def rotary_dim(self, head_dim: int) -> int:
@@ -102,8 +116,14 @@ class RopeConfig:
         return int(head_dim * self.partial_rotary_factor)
 
     def check_head_dim(self, head_dim: int) -> None:
-        """Refuses longrope factor lists that do not give one divisor per rotated pair."""
+        """Refuses longrope factor lists that do not give one divisor per rotated pair, and multimodal rotary sections
+        that do not add up to the rotated pairs."""
         pairs = self.rotary_dim(head_dim) // 2
+        if self.mrope_section and sum(self.mrope_section) != pairs:
+            raise ConfigError(
+                f"mrope_section {list(self.mrope_section)} adds up to {sum(self.mrope_section)} pairs; "
+                f"the heads rotate {pairs}"
+            )
         for name, factors in (("short_factor", self.short_factor), ("long_factor", self.long_factor)):
             if self.rope_type == "longrope" and len(factors) != pairs:
                 raise ConfigError(f"longrope {name} has {len(factors)} values; the heads rotate {pairs} pairs")

@@ -45,6 +45,7 @@ class RotaryEmbedding(nn.Module):
 
     cos: torch.Tensor
     sin: torch.Tensor
+    pair_axes: torch.Tensor
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
@@ -54,11 +55,25 @@ class RotaryEmbedding(nn.Module):
         # The reference scales cos and sin in float32 before casting them (yarn's and longrope's attention factor).
         self.register_buffer("cos", angles.cos() * rope.attention_factor, persistent=False)
         self.register_buffer("sin", angles.sin() * rope.attention_factor, persistent=False)
+        # Multimodal rotary: the position axis (0 temporal, 1 height, 2 width) each rotated pair reads.
+        axes = [index % 3 for index, pairs in enumerate(rope.mrope_section) for _ in range(pairs)]
+        self.register_buffer("pair_axes", torch.tensor(axes, dtype=torch.long), persistent=False)
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryAngles:
-        """The rotation of tokens at `positions`, cast to `dtype` as the reference casts its cos/sin."""
-        cos = self.cos[positions].unsqueeze(1).to(dtype)
-        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        """The rotation of tokens at `positions` (`[tokens]`, or `[3, tokens]` temporal, height and width positions
+        under multimodal rotary), cast to `dtype` as the reference casts its cos/sin."""
+        if positions.dim() == 2:
+            cos, sin = self._multimodal_table(positions)
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
         if self.interleaved:
             return RotaryAngles(cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2), True)
         return RotaryAngles(torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
+
+    def _multimodal_table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 cos and sin `[tokens, pairs]` of each pair at the position of its own axis."""
+        axes = self.pair_axes.expand(1, positions.shape[1], -1)
+        cos = self.cos[positions].gather(0, axes).squeeze(0)
+        sin = self.sin[positions].gather(0, axes).squeeze(0)
+        return cos, sin

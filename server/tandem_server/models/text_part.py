@@ -29,11 +29,16 @@ class TextPart:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     # Sub-models the shard serves beside the text decoder (`vision_config` gives "vision").
     served_parts: tuple[str, ...] = ()
+    # Whether a config.json without the text configuration keeps the text settings at its top level (Qwen2.5-VL as
+    # published).
+    text_at_top_level: bool = False
 
     def text_config(self, hf: dict[str, Any]) -> dict[str, Any]:
         """The text decoder's configuration, with the top level's settings it does not override, over its defaults;
         its `architectures` names the text family that serves it."""
         text = hf.get(self.config_key)
+        if text is None and self.text_at_top_level:
+            text = _top_level_text(hf)
         if not isinstance(text, dict):
             raise ConfigError(f"a {hf['architectures'][0]} checkpoint needs `{self.config_key}` in config.json")
         inherited = {key: hf[key] for key in INHERITED_KEYS if key in hf and key not in text}
@@ -52,6 +57,15 @@ class TextPart:
         own = (self.config_key, "quantization_config", *(f"{part}_config" for part in self.served_parts))
         others = (key for key, value in hf.items() if key.endswith("_config") and isinstance(value, dict))
         return sorted(key.removesuffix("_config") for key in others if key not in own)
+
+
+def _top_level_text(hf: dict[str, Any]) -> dict[str, Any]:
+    """config.json's own settings without its sub-model configurations."""
+    return {
+        key: value
+        for key, value in hf.items()
+        if key == "quantization_config" or not (key.endswith("_config") and isinstance(value, dict))
+    }
 
 
 def _family_of_model_type(text: dict[str, Any], architecture: str) -> str:
@@ -125,6 +139,20 @@ TEXT_PARTS: dict[str, TextPart] = {
     ),
     "Qwen3_5MoeForConditionalGeneration": TextPart(
         "Qwen3_5MoeForCausalLM", (("model.language_model.", "model."), ("lm_head.", "lm_head."))
+    ),
+    # transformers 5 saves the vision tower as `model.visual.`, the published checkpoints as `visual.`; both beside the
+    # text decoder's `model.` parts, which are listed one by one so the tower is not read as text.
+    "Qwen2_5_VLForConditionalGeneration": TextPart(
+        "Qwen2ForCausalLM",
+        (
+            ("model.language_model.", "model."),
+            ("model.embed_tokens.", "model.embed_tokens."),
+            ("model.layers.", "model.layers."),
+            ("model.norm.", "model.norm."),
+            ("lm_head.", "lm_head."),
+        ),
+        served_parts=("vision",),
+        text_at_top_level=True,
     ),
     "LlavaForConditionalGeneration": TextPart(
         None,

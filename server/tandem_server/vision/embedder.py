@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_server.errors import ImageError
 from tandem_server.vision.encoder_cache import EncoderCache
 from tandem_server.vision.image_encoder import ImageEncoder
-from tandem_server.vision.preprocess import ImagePreprocessor, decode_image
+from tandem_server.vision.preprocess import ImagePreprocessor, decode_image, image_dimensions
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,20 @@ class ImageEmbedder:
         return self.encoder.bidirectional_spans
 
     @property
+    def grid_positions(self) -> bool:
+        """Whether the text decoder's rotary positions of an image span follow the image's token grid."""
+        return self.encoder.grid_positions
+
+    def token_grid(self, data: bytes) -> tuple[int, int]:
+        """The rows and columns of tokens the image file `data` becomes, from its header alone (families with
+        `grid_positions`); an ImageError when its header cannot be read or its size cannot be served."""
+        width, height = image_dimensions(data)
+        try:
+            return self.encoder.token_grid(self.preprocessor.processor, width, height)
+        except ValueError as error:
+            raise ImageError(f"the image cannot be preprocessed ({error})") from error
+
+    @property
     def description(self) -> str:
         return self.encoder.description
 
@@ -66,8 +81,8 @@ class ImageEmbedder:
             self._count(EncoderCounts(cache_hits=1))
             return cached
         started = time.perf_counter()
-        pixels = self.preprocessor.pixels(decode_image(data)).to(self.device)
-        embeddings = self.encoder(pixels)[0]
+        inputs = self.preprocessor.inputs(decode_image(data))
+        embeddings = self.encoder({name: value.to(self.device) for name, value in inputs.items()})
         self.cache.put(digest, embeddings)
         self._count(EncoderCounts(runs=1, seconds=time.perf_counter() - started))
         return embeddings

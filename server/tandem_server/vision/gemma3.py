@@ -53,8 +53,8 @@ class Gemma3ImageEncoder(ImageEncoder):
         self.vision_tower = SiglipVisionTower(args.vision)
         self.multi_modal_projector = Gemma3Projector(args, text_hidden_size)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.multi_modal_projector(self.vision_tower(pixels))
+    def forward(self, pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.multi_modal_projector(self.vision_tower(pixels["pixel_values"]))[0]
 
     def checkpoint_layout(self) -> CheckpointLayout:
         """The tower and projector under either naming; an attention-pooling head, if saved, is skipped."""

@@ -28,8 +28,8 @@ class ImageEncoder(nn.Module):
     """The base of every vision family (its vision tower and projector). The attributes are set by the family's
     constructor; the two methods are the family's to define."""
 
-    # The square side, in pixels, of the images the tower reads.
-    image_size: int
+    # The square side, in pixels, of the images the tower reads; None: it reads images of any size.
+    image_size: int | None
     # The token id a prompt holds at every position of an image's span.
     image_token_id: int
     # "<encoder architecture>, <N> layers", as Info reports it.
@@ -39,10 +39,18 @@ class ImageEncoder(nn.Module):
     bidirectional_spans: ClassVar[bool] = False
     # Arguments the image processor is always called with, whatever its preprocessor_config.json says.
     processor_options: ClassVar[Mapping[str, Any]] = {}
+    # True when an image's tokens form a grid whose rows and columns the text decoder's rotary positions follow
+    # (M-RoPE), and its token count depends on the image's size; the family then defines `token_grid`.
+    grid_positions: ClassVar[bool] = False
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The embeddings `[images, tokens, text hidden]` of preprocessed `pixels` `[images, channels, side, side]`,
-        in the text model's input space."""
+    def forward(self, pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The embeddings `[tokens, text hidden]` of one image preprocessed into `pixels` (the image processor's
+        outputs: `pixel_values`, and whatever else the family reads), in the text model's input space."""
+        raise NotImplementedError
+
+    def token_grid(self, processor: Any, width: int, height: int) -> tuple[int, int]:
+        """The rows and columns of tokens an image of `width` x `height` pixels becomes under the image `processor`
+        (families with `grid_positions`)."""
         raise NotImplementedError
 
     def checkpoint_layout(self) -> CheckpointLayout:

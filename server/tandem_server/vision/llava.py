@@ -3,6 +3,7 @@ multimodal projector."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,11 +29,11 @@ class LlavaImageEncoder(ImageEncoder):
         features = args.vision.hidden_size * len(args.feature_layers)
         self.multi_modal_projector = LlavaProjector(features, text_hidden_size, args.projector_act, args.projector_bias)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        states = self.vision_tower(pixels, self.args.feature_layers)
+    def forward(self, pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        states = self.vision_tower(pixels["pixel_values"], self.args.feature_layers)
         if not self.args.keep_class_token:
             states = [state[:, 1:] for state in states]
-        return self.multi_modal_projector(torch.cat(states, dim=-1))
+        return self.multi_modal_projector(torch.cat(states, dim=-1))[0]
 
     def checkpoint_layout(self) -> CheckpointLayout:
         """The tower and projector under either naming; the tower layers past the deepest selected one and the

@@ -13,6 +13,7 @@ from tandem_server.vision.gemma3 import Gemma3ImageEncoder
 from tandem_server.vision.image_encoder import ImageEncoder
 from tandem_server.vision.llava import LlavaImageEncoder
 from tandem_server.vision.preprocess import ImagePreprocessor
+from tandem_server.vision.qwen2_5_vl import Qwen2_5_VLImageEncoder
 from tandem_server.weights.loader import load_weights
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 VISION_FAMILIES: dict[str, type[ImageEncoder]] = {
     "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
     "LlavaForConditionalGeneration": LlavaImageEncoder,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLImageEncoder,
 }
 
 
