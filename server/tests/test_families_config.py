@@ -12,6 +12,7 @@ from tandem_server.distributed import ParallelContext
 from tandem_server.errors import ConfigError, UnsupportedArchitectureError
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.layers.rope_config import RopeConfig
+from tandem_server.layers.rotary import RotaryEmbedding
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.models.gemma3 import gemma3_args
 from tandem_server.models.glm4 import glm4_args
@@ -56,14 +57,22 @@ def test_every_family_is_registered_and_unknown_ones_list_them() -> None:
 
 def test_unknown_rope_type_names_it_and_lists_supported() -> None:
     supported = "default, linear, llama3, yarn, longrope, dynamic"
-    with pytest.raises(ConfigError, match=rf"unsupported rope scaling 'mrope'; supported: {supported}"):
-        llama_args({**BASE, "rope_scaling": {"rope_type": "mrope", "mrope_section": [2, 1, 1]}})
+    with pytest.raises(ConfigError, match=rf"unsupported rope scaling 'alibi'; supported: {supported}"):
+        llama_args({**BASE, "rope_scaling": {"rope_type": "alibi"}})
+
+
+def test_multimodal_sections_are_read_as_default_frequencies_and_must_cover_the_rotated_pairs() -> None:
+    rope = llama_args({**BASE, "rope_scaling": {"type": "mrope", "mrope_section": [6, 1, 1]}}).layers[0].rope
+    assert (rope.rope_type, rope.mrope_section) == ("default", (6, 1, 1))
+    RotaryEmbedding(16, 8, rope)
+    with pytest.raises(ConfigError, match=r"mrope_section \[6, 1, 1\] adds up to 8 pairs; the heads rotate 16"):
+        RotaryEmbedding(32, 8, rope)
 
 
 @pytest.mark.parametrize(
     ("rope_scaling", "unknown"),
     [
-        ({"rope_type": "default", "mrope_section": [2, 1, 1]}, "'mrope_section'"),
+        ({"rope_type": "default", "beta_fast": 32.0}, "'beta_fast'"),
         ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "'low_freq_factor'"),
         ({"rope_type": "yarn", "factor": 4.0, "short_factor": [1.0], "finetuned": True}, "'finetuned', 'short_factor'"),
     ],
