@@ -5,7 +5,6 @@ prefix cache and the encoder cache for the same image."""
 
 from __future__ import annotations
 
-import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,9 @@ import pytest
 import requests
 import torch
 from PIL import Image
-from tandem_harness import FLOAT32_EAGER, TandemServer, free_port, write_tiny_gemma3_vision
+from tandem_harness import TandemServer, write_tiny_gemma3_vision
 from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+from vision_serving import chat, data_url, png, shard_metric, start_with_shard_metrics
 
 # Long enough that the text before the first image fills whole KV blocks of 16 tokens.
 PREAMBLE = "Look closely at the pictures below and describe their colours, shapes and mood in a few words. " * 2
@@ -26,16 +26,6 @@ SPAN_ACROSS_A_BLOCK = (
 )
 NEW_TOKENS = 8
 QUESTION = "What is it?"
-
-
-def png(colour: str, size: tuple[int, int] = (72, 40)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def chat_body(*images: bytes, question: str = QUESTION, preamble: str = PREAMBLE) -> dict[str, object]:
@@ -55,22 +45,9 @@ def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Gemma3Fo
     return directory, write_tiny_gemma3_vision(directory)
 
 
-def start(root: Path, model_dir: Path, *flags: str) -> TandemServer:
-    shard_metrics = free_port()
-    server = TandemServer.start(
-        root / "launcher.log",
-        "--model-id", str(model_dir), *FLOAT32_EAGER,
-        "--kv-cache-memory", "32MiB",
-        "--shard-metrics-port", str(shard_metrics),
-        *flags,
-    )  # fmt: skip
-    server.shard_metrics_url = f"http://127.0.0.1:{shard_metrics}/metrics"  # type: ignore[attr-defined]
-    return server
-
-
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory: pytest.TempPathFactory, gemma3_dir: tuple[Path, object]) -> Iterator[TandemServer]:
-    server = start(tmp_path_factory.mktemp("gemma3-server"), gemma3_dir[0])
+    server = start_with_shard_metrics(tmp_path_factory.mktemp("gemma3-server"), gemma3_dir[0])
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -78,20 +55,11 @@ def gemma3(tmp_path_factory: pytest.TempPathFactory, gemma3_dir: tuple[Path, obj
 @pytest.fixture(scope="module")
 def gemma3_chunked(tmp_path_factory: pytest.TempPathFactory, gemma3_dir: tuple[Path, object]) -> Iterator[TandemServer]:
     # Steps of 20 tokens: most chunk ends would fall inside a span, so the scheduler cuts them at its start.
-    server = start(tmp_path_factory.mktemp("gemma3-chunked"), gemma3_dir[0], "--max-batch-prefill-tokens", "20")
+    server = start_with_shard_metrics(
+        tmp_path_factory.mktemp("gemma3-chunked"), gemma3_dir[0], "--max-batch-prefill-tokens", "20"
+    )
     yield server
     assert server.stop() == 0, server.log_tail()
-
-
-def shard_metric(server: TandemServer, name: str) -> float:
-    text = requests.get(server.shard_metrics_url, timeout=10).text  # type: ignore[attr-defined]
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name))
-
-
-def chat(server: TandemServer, body: dict[str, object]) -> dict[str, object]:
-    response = requests.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def reference(
@@ -159,7 +127,7 @@ def test_two_shards_answer_as_one(
 ) -> None:
     body = chat_body(png("maroon"))
     one = chat(gemma3, body)["choices"][0]["message"]["content"]
-    server = start(tmp_path_factory.mktemp("gemma3-tp2"), gemma3_dir[0], "--num-shard", "2")
+    server = start_with_shard_metrics(tmp_path_factory.mktemp("gemma3-tp2"), gemma3_dir[0], "--num-shard", "2")
     try:
         assert chat(server, body)["choices"][0]["message"]["content"] == one
     finally:
@@ -170,7 +138,9 @@ def test_an_image_longer_than_a_step_is_refused_and_text_still_served(
     tmp_path_factory: pytest.TempPathFactory, gemma3_dir: tuple[Path, object]
 ) -> None:
     # Each image takes 16 positions that must run in one step; steps of 12 tokens can never hold them.
-    server = start(tmp_path_factory.mktemp("gemma3-short-steps"), gemma3_dir[0], "--max-batch-prefill-tokens", "12")
+    server = start_with_shard_metrics(
+        tmp_path_factory.mktemp("gemma3-short-steps"), gemma3_dir[0], "--max-batch-prefill-tokens", "12"
+    )
     try:
         refused = requests.post(f"{server.base_url}/v1/chat/completions", json=chat_body(png("teal")), timeout=60)
         assert refused.status_code == 400, refused.text

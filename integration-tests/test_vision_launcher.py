@@ -20,24 +20,15 @@ import pytest
 import requests
 import torch
 from PIL import Image
-from tandem_harness import FLOAT32_EAGER, LLAVA_IMAGE_TOKEN, TandemServer, free_port, write_tiny_llava
+from tandem_harness import FLOAT32_EAGER, LLAVA_IMAGE_TOKEN, TandemServer, write_tiny_llava
 from tokenizers import Tokenizer
 from transformers import AutoImageProcessor, LlavaForConditionalGeneration
+from vision_serving import chat, data_url, png, shard_metric, start_with_shard_metrics
 
 # Long enough that the text before the image fills whole KV blocks of 16 tokens.
 PREAMBLE = "Look closely at the picture below and describe its colours, its shapes and its mood in a few words. " * 2
 TOKENS_PER_IMAGE = 16
 MAX_PIXELS = 100 * 100
-
-
-def png(colour: str, size: tuple[int, int] = (64, 48)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def chat_body(*urls: str, max_tokens: int = 8, **extra: object) -> dict[str, object]:
@@ -62,30 +53,10 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlavaForC
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory, llava_dir: tuple[Path, object]) -> Iterator[TandemServer]:
     root = tmp_path_factory.mktemp("llava-server")
-    shard_metrics = free_port()
-    server = TandemServer.start(
-        root / "launcher.log",
-        "--model-id", str(llava_dir[0]), *FLOAT32_EAGER,
-        "--kv-cache-memory", "32MiB",
-        "--shard-metrics-port", str(shard_metrics),
-        "--max-image-pixels", str(MAX_PIXELS),
-        "--max-images-per-request", "2",
-    )  # fmt: skip
-    server.shard_metrics_url = f"http://127.0.0.1:{shard_metrics}/metrics"  # type: ignore[attr-defined]
+    limits = ("--max-image-pixels", str(MAX_PIXELS), "--max-images-per-request", "2")
+    server = start_with_shard_metrics(root, llava_dir[0], *limits)
     yield server
     assert server.stop() == 0, server.log_tail()
-
-
-def shard_metric(server: TandemServer, name: str) -> float:
-    text = requests.get(server.shard_metrics_url, timeout=10).text  # type: ignore[attr-defined]
-    values = [float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name)]
-    return sum(values)
-
-
-def chat(server: TandemServer, body: dict[str, object]) -> dict[str, object]:
-    response = requests.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def reference_text(directory: Path, model: LlavaForConditionalGeneration, image: bytes, max_tokens: int) -> str:

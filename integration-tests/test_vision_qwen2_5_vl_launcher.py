@@ -6,7 +6,6 @@ is refused before admission."""
 
 from __future__ import annotations
 
-import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,24 +14,15 @@ import pytest
 import requests
 import torch
 from PIL import Image
-from tandem_harness import FLOAT32_EAGER, TandemServer, free_port, write_tiny_qwen2_5_vl
+from tandem_harness import TandemServer, write_tiny_qwen2_5_vl
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+from vision_serving import chat, data_url, png, shard_metric, start_with_shard_metrics
 
 PREAMBLE = "Look closely at the pictures below and describe their colours, shapes and mood in a few words. " * 2
 QUESTION = "What is it?"
 NEW_TOKENS = 8
 # Merged 2x2 patches of 8 pixels: each image takes (height // 16) x (width // 16) tokens after resizing.
 MERGED_PATCH = 16
-
-
-def png(colour: str, size: tuple[int, int]) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def chat_body(*images: bytes) -> dict[str, object]:
@@ -52,22 +42,9 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Qwen2_5_VL
     return directory, write_tiny_qwen2_5_vl(directory)
 
 
-def start(root: Path, model_dir: Path, *flags: str) -> TandemServer:
-    shard_metrics = free_port()
-    server = TandemServer.start(
-        root / "launcher.log",
-        "--model-id", str(model_dir), *FLOAT32_EAGER,
-        "--kv-cache-memory", "32MiB",
-        "--shard-metrics-port", str(shard_metrics),
-        *flags,
-    )  # fmt: skip
-    server.shard_metrics_url = f"http://127.0.0.1:{shard_metrics}/metrics"  # type: ignore[attr-defined]
-    return server
-
-
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory: pytest.TempPathFactory, qwen_dir: tuple[Path, object]) -> Iterator[TandemServer]:
-    server = start(tmp_path_factory.mktemp("qwen-server"), qwen_dir[0])
+    server = start_with_shard_metrics(tmp_path_factory.mktemp("qwen-server"), qwen_dir[0])
     yield server
     assert server.stop() == 0, server.log_tail()
 
@@ -75,20 +52,11 @@ def qwen(tmp_path_factory: pytest.TempPathFactory, qwen_dir: tuple[Path, object]
 @pytest.fixture(scope="module")
 def qwen_chunked(tmp_path_factory: pytest.TempPathFactory, qwen_dir: tuple[Path, object]) -> Iterator[TandemServer]:
     # Steps of 20 tokens: prompts run in chunks, and an image of more than 20 tokens can never run.
-    server = start(tmp_path_factory.mktemp("qwen-chunked"), qwen_dir[0], "--max-batch-prefill-tokens", "20")
+    server = start_with_shard_metrics(
+        tmp_path_factory.mktemp("qwen-chunked"), qwen_dir[0], "--max-batch-prefill-tokens", "20"
+    )
     yield server
     assert server.stop() == 0, server.log_tail()
-
-
-def shard_metric(server: TandemServer, name: str) -> float:
-    text = requests.get(server.shard_metrics_url, timeout=10).text  # type: ignore[attr-defined]
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name))
-
-
-def chat(server: TandemServer, body: dict[str, object]) -> dict[str, object]:
-    response = requests.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def reference(
@@ -179,7 +147,7 @@ def test_two_shards_answer_as_one(
 ) -> None:
     body = chat_body(png("maroon", (40, 72)), png("olive", (48, 48)))
     one = chat(qwen, body)["choices"][0]["message"]["content"]
-    server = start(tmp_path_factory.mktemp("qwen-tp2"), qwen_dir[0], "--num-shard", "2")
+    server = start_with_shard_metrics(tmp_path_factory.mktemp("qwen-tp2"), qwen_dir[0], "--num-shard", "2")
     try:
         assert chat(server, body)["choices"][0]["message"]["content"] == one
     finally:
