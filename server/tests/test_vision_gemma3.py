@@ -12,10 +12,9 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from shard_testing import StepDriver, recorded_logits
+from shard_testing import StepDriver
 from tandem_server.bootstrap import choose_attention_backend
 from tandem_server.config import ShardConfig
-from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import ConfigError, FailureKind
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.config import gemma3_vision_args
@@ -28,6 +27,7 @@ from vision_testing import (
     WholeSpanDriver,
     gemma3_prompt,
     gemma3_reference_generate,
+    generate_after_cached_prefix,
     generate_alone,
     image_file,
     image_request,
@@ -86,27 +86,10 @@ def test_causal_attention_over_the_image_spans_would_compute_other_logits(
 def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(gemma3: tuple[Path, PreTrainedModel]) -> None:
     path, reference = gemma3
     tokens, images = gemma3_prompt(PROMPTS["one-image"])
-    runner = make_vision_runner(path)
-    block_size = runner.cache.block_size if runner.cache else 0
-    # The first request's prompt runs whole; a second one with the same prompt starts after its first two blocks
-    # (8 positions, 3 of them inside the image span at 5..20), as the router's prefix cache would hand them.
-    cached = 2 * block_size
+    # The second request starts after the first one's first two blocks (8 positions, 3 of them inside the image span
+    # at 5..20), as the router's prefix cache would hand them.
+    generated, logits, cached = generate_after_cached_prefix(make_vision_runner(path), tokens, images, NEW_TOKENS)
     assert images[0].offset < cached < images[0].end
-    first = image_request(1, tokens, images, NEW_TOKENS)
-    blocks = tuple(range(-(-(len(tokens) + NEW_TOKENS) // block_size)))
-    runner.step(StepInput(new_requests=(first,), scheduled=(ScheduledRequest(1, len(tokens), blocks, 0),)))
-    runner.step(StepInput(finished=(1,)))
-    second = image_request(2, tokens, images, NEW_TOKENS, stop_token_ids=tuple(runner.eos_token_ids))
-    table = (*blocks[:2], *range(len(blocks), 2 * len(blocks) - 2))
-    with recorded_logits(runner) as logits:
-        output = runner.step(
-            StepInput(new_requests=(second,), scheduled=(ScheduledRequest(2, len(tokens) - cached, table, cached),))
-        )
-        generated = [output.generations[0].token_id]
-        while len(generated) < NEW_TOKENS and output.generations[0].finish_reason is None:
-            position = len(tokens) + len(generated) - 1
-            output = runner.step(StepInput(scheduled=(ScheduledRequest(2, 1, (), position),)))
-            generated.append(output.generations[0].token_id)
     expected_tokens, expected_logits = gemma3_reference_generate(
         reference, path, PROMPTS["one-image"], NEW_TOKENS, bidirectional=True
     )

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from shard_testing import StepDriver, decode_graph, recorded_logits
+from shard_testing import StepDriver, decode_graph
 from tandem_server.config import CompileMode
 from tandem_server.engine.grid_positions import GridPositions, ImageGrid, rotary_positions
-from tandem_server.engine.step import ScheduledRequest, StepInput
 from tandem_server.errors import FailureKind
 from tandem_server.execution.batch import ScheduledSpan
 from tandem_server.layers.rope_config import RopeConfig
@@ -22,6 +21,7 @@ from tandem_server.vision.qwen2_5_vl import Qwen2_5_VLImageEncoder
 from transformers import PreTrainedModel
 from vision_testing import (
     QWEN_VL_IMAGE_TOKEN,
+    generate_after_cached_prefix,
     generate_alone,
     image_file,
     image_input,
@@ -144,26 +144,8 @@ def test_decodes_after_images_run_through_the_compiled_decode_graphs(qwen_vl: tu
 def test_a_prefix_cache_hit_inside_an_image_span_runs_the_rest_of_it(qwen_vl: tuple[Path, PreTrainedModel]) -> None:
     path, reference = qwen_vl
     tokens, images = qwen2_5_vl_prompt(path, PROMPTS["two-images"])
-    runner = make_vision_runner(path)
-    block_size = runner.cache.block_size if runner.cache else 0
-    cached = 2 * block_size
+    generated, logits, cached = generate_after_cached_prefix(make_vision_runner(path), tokens, images, NEW_TOKENS)
     assert images[0].offset < cached < images[0].end
-    first = image_request(1, tokens, images, NEW_TOKENS)
-    blocks = tuple(range(-(-(len(tokens) + NEW_TOKENS) // block_size)))
-    runner.step(StepInput(new_requests=(first,), scheduled=(ScheduledRequest(1, len(tokens), blocks, 0),)))
-    runner.step(StepInput(finished=(1,)))
-    # A new encoder cache: the second request's images are encoded afresh for the rest of their spans.
-    second = image_request(2, tokens, images, NEW_TOKENS, stop_token_ids=tuple(runner.eos_token_ids))
-    table = (*blocks[:2], *range(len(blocks), 2 * len(blocks) - 2))
-    with recorded_logits(runner) as logits:
-        output = runner.step(
-            StepInput(new_requests=(second,), scheduled=(ScheduledRequest(2, len(tokens) - cached, table, cached),))
-        )
-        generated = [output.generations[0].token_id]
-        while len(generated) < NEW_TOKENS and output.generations[0].finish_reason is None:
-            position = len(tokens) + len(generated) - 1
-            output = runner.step(StepInput(scheduled=(ScheduledRequest(2, 1, (), position),)))
-            generated.append(output.generations[0].token_id)
     expected_tokens, expected_logits = reference_generate(reference, path, PROMPTS["two-images"])
     assert generated == expected_tokens
     for step, (got, want) in enumerate(zip(logits, expected_logits, strict=True)):

@@ -15,7 +15,7 @@ from shard_testing import CPU, TINY_SETTINGS, StepDriver, load_tiny_model, new_r
 from tandem_server.config import CompileMode
 from tandem_server.engine.companions import Companions
 from tandem_server.engine.model_runner import ExecutionOptions, ModelRunner
-from tandem_server.engine.step import ImageInput, NewRequest
+from tandem_server.engine.step import ImageInput, NewRequest, ScheduledRequest, StepInput
 from tandem_server.layers.attention import TorchAttentionBackend
 from tandem_server.models.config import read_checkpoint_config
 from tandem_server.vision.loader import load_image_embedder
@@ -341,3 +341,29 @@ def gemma3_reference_generate(
             return_dict_in_generate=True,
         )
     return output.sequences[0, len(tokens) :].tolist(), [step[0] for step in output.logits]
+
+
+def generate_after_cached_prefix(
+    runner: ModelRunner, tokens: list[int], images: tuple[ImageInput, ...], max_new_tokens: int, cached_blocks: int = 2
+) -> tuple[list[int], list[torch.Tensor], int]:
+    """Runs the prompt whole as request 1, then request 2 with the same prompt resuming after request 1's first
+    `cached_blocks` KV blocks, as the router's prefix cache hands them over: request 2's greedy tokens, the logits
+    they were drawn from, and the positions it took from the cache."""
+    block_size = runner.cache.block_size if runner.cache else 0
+    cached = cached_blocks * block_size
+    first = image_request(1, tokens, images, max_new_tokens)
+    blocks = tuple(range(-(-(len(tokens) + max_new_tokens) // block_size)))
+    runner.step(StepInput(new_requests=(first,), scheduled=(ScheduledRequest(1, len(tokens), blocks, 0),)))
+    runner.step(StepInput(finished=(1,)))
+    second = image_request(2, tokens, images, max_new_tokens, stop_token_ids=tuple(runner.eos_token_ids))
+    table = (*blocks[:cached_blocks], *range(len(blocks), 2 * len(blocks) - cached_blocks))
+    with recorded_logits(runner) as logits:
+        output = runner.step(
+            StepInput(new_requests=(second,), scheduled=(ScheduledRequest(2, len(tokens) - cached, table, cached),))
+        )
+        generated = [output.generations[0].token_id]
+        while len(generated) < max_new_tokens and output.generations[0].finish_reason is None:
+            position = len(tokens) + len(generated) - 1
+            output = runner.step(StepInput(scheduled=(ScheduledRequest(2, 1, (), position),)))
+            generated.append(output.generations[0].token_id)
+    return generated, list(logits), cached
