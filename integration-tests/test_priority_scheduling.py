@@ -14,7 +14,9 @@ from tandem_harness import FLOAT32_EAGER, TandemServer, write_tiny_llama
 
 # Long enough that the others queue behind it.
 OCCUPYING_TOKENS = 300
-SHORT_TOKENS = 4
+# Long enough that whichever of the two queued requests runs second finishes many steps after the first, far beyond
+# the jitter of the client threads that record when each answer arrived.
+QUEUED_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +61,9 @@ def test_a_later_more_urgent_request_runs_before_an_earlier_less_urgent_one(by_p
     with ThreadPoolExecutor(3) as pool:
         occupying = pool.submit(complete, by_priority, 0, OCCUPYING_TOKENS)
         wait_until_running(by_priority)
-        relaxed: Future[float] = pool.submit(complete, by_priority, 10, SHORT_TOKENS)
+        relaxed: Future[float] = pool.submit(complete, by_priority, 10, QUEUED_TOKENS)
         wait_until_queued(by_priority, 1)
-        urgent: Future[float] = pool.submit(complete, by_priority, -5, SHORT_TOKENS)
+        urgent: Future[float] = pool.submit(complete, by_priority, -5, QUEUED_TOKENS)
         wait_until_queued(by_priority, 2)
         occupying.result(timeout=300)
         assert urgent.result(timeout=120) < relaxed.result(timeout=120)
