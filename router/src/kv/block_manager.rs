@@ -7,6 +7,8 @@
 //! For a model with recurrent state the manager also owns the state checkpoints: each is
 //! free, reserved by one sequence (its step will save into it), or named by a tree node.
 
+use std::time::Instant;
+
 use super::events::KvEventLog;
 use super::radix::{Evicted, RadixCache, StatePrefix};
 use super::AdapterKey;
@@ -88,6 +90,7 @@ impl BlockManager {
             return None;
         }
         let mut blocks = Vec::with_capacity(count);
+        let now = Instant::now();
         for _ in 0..count {
             let block = match self.free.pop() {
                 Some(block) => block,
@@ -95,7 +98,7 @@ impl BlockManager {
                     let ref_counts = &self.ref_counts;
                     let Evicted { block, checkpoint } = self
                         .cache
-                        .evict_lru(|parent| ref_counts[parent as usize] == 0)
+                        .evict_lru(now, |parent| ref_counts[parent as usize] == 0)
                         .expect("invariant: idle cached blocks are evictable");
                     self.idle_cached -= 1;
                     if let Some(checkpoint) = checkpoint {
@@ -159,6 +162,13 @@ impl BlockManager {
             self.retain(block);
         }
         prefix
+    }
+
+    /// Keeps the cached ones of `blocks` ahead of LRU eviction until `until` (a cache hint).
+    pub fn retain_cached(&mut self, blocks: &[u32], until: Instant) {
+        for &block in blocks {
+            self.cache.retain_until(block, until);
+        }
     }
 
     /// Tokens of `tokens` that `acquire_prefix` would reuse now.

@@ -2,6 +2,7 @@
 //! releases its blocks (cached ones stay cached until evicted).
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::block_manager::{BlockManager, CheckpointCounts};
 use super::events::KvEventLog;
@@ -122,6 +123,7 @@ impl BlockPool {
             publishing_stopped: false,
             reserved_checkpoints: Vec::new(),
             answer_checkpoint: None,
+            retention: None,
             pool: self.clone(),
         }
     }
@@ -165,6 +167,9 @@ pub struct BlockTable {
     answer_checkpoint: Option<(usize, u32)>,
     /// The adapter the sequence runs under (`None`: the base model).
     adapter: Option<AdapterKey>,
+    /// How long a cache hint keeps the published blocks ahead of LRU eviction once the
+    /// sequence releases them (`None`: no hint, plain LRU).
+    retention: Option<Duration>,
     pool: BlockPool,
 }
 
@@ -175,6 +180,12 @@ impl BlockTable {
 
     pub fn adapter(&self) -> Option<&AdapterKey> {
         self.adapter.as_ref()
+    }
+
+    /// Asks that the blocks this table publishes stay ahead of LRU eviction for `retention`
+    /// after the table releases them (a client's cache hint); `None` leaves them plain LRU.
+    pub fn retain_for(&mut self, retention: Option<Duration>) {
+        self.retention = retention;
     }
 
     pub fn len(&self) -> usize {
@@ -266,15 +277,19 @@ impl BlockTable {
     }
 
     /// Releases every block and every checkpoint not yet named in the cache (a step still in
-    /// flight may write one; nothing reads it before a later step's save is named).
+    /// flight may write one; nothing reads it before a later step's save is named). Under a
+    /// cache hint, the published blocks are retained for its duration from now.
     pub fn clear(&mut self) {
-        self.published = 0;
+        let published = std::mem::take(&mut self.published);
         self.publishing_stopped = false;
         self.answer_checkpoint = None;
         if self.blocks.is_empty() && self.reserved_checkpoints.is_empty() {
             return;
         }
         let mut manager = self.pool.lock();
+        if let Some(retention) = self.retention {
+            manager.retain_cached(&self.blocks[..published], Instant::now() + retention);
+        }
         for reserved in self.reserved_checkpoints.drain(..) {
             manager.free_checkpoint(reserved.checkpoint);
         }

@@ -7,6 +7,8 @@ pub mod events;
 mod image_keys;
 mod radix;
 #[cfg(test)]
+mod retention_tests;
+#[cfg(test)]
 mod tests;
 
 use std::sync::Arc;

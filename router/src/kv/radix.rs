@@ -13,12 +13,17 @@
 //!
 //! A node may also name a state checkpoint (a hybrid model's recurrent state after its
 //! prefix; see `state`): the checkpoint lives exactly as long as the node, or less.
+//!
+//! A node a client asked to keep (a cache hint; see `retention`) is evicted after every
+//! other idle leaf until its deadline passes; after that it is an ordinary LRU leaf.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
 
 use super::events::{BlockDigest, KvEventLog};
 use super::AdapterKey;
 
+mod retention;
 mod state;
 
 pub(crate) use state::StatePrefix;
@@ -42,6 +47,8 @@ struct Node {
     checkpoint: Option<u32>,
     /// The adapter that computed the block (every node below an adapter's root has it).
     adapter: Option<AdapterKey>,
+    /// Until when a cache hint keeps the block ahead of LRU eviction, if one does.
+    retained_until: Option<Instant>,
 }
 
 impl Node {
@@ -55,6 +62,7 @@ impl Node {
             digest: [0; 32],
             checkpoint: None,
             adapter,
+            retained_until: None,
         }
     }
 }
@@ -74,8 +82,13 @@ pub(crate) struct RadixCache {
     /// Each adapter's root by adapter id; made by its first block, kept while the tree lives.
     adapter_roots: HashMap<u32, NodeId>,
     node_of_block: HashMap<u32, NodeId>,
-    /// Unreferenced leaves by (last access, node): the LRU eviction order.
+    /// Unreferenced leaves without a retention deadline, by (last access, node): the LRU
+    /// eviction order. Invariant: every unreferenced leaf is in exactly one of this set and
+    /// `retained_leaves`, as its node's `retained_until` says.
     evictable_leaves: BTreeSet<(u64, NodeId)>,
+    /// Unreferenced leaves a cache hint retains, by (deadline, node): evicted only when no
+    /// other leaf is, earliest deadline first.
+    retained_leaves: BTreeSet<(Instant, NodeId)>,
     /// Nodes holding a state checkpoint by (last access, node): the checkpoints' LRU order.
     checkpointed: BTreeSet<(u64, NodeId)>,
     clock: u64,
@@ -91,6 +104,7 @@ impl RadixCache {
             adapter_roots: HashMap::new(),
             node_of_block: HashMap::new(),
             evictable_leaves: BTreeSet::new(),
+            retained_leaves: BTreeSet::new(),
             checkpointed: BTreeSet::new(),
             clock: 0,
             events: None,
@@ -302,11 +316,11 @@ impl RadixCache {
             digest,
             checkpoint: None,
             adapter,
+            retained_until: None,
         };
         let id = self.vacant_slot(node);
         self.node_mut(parent).children.insert(key.to_vec(), id);
-        let parent_access = self.node(parent).last_access;
-        self.evictable_leaves.remove(&(parent_access, parent));
+        self.unqueue_leaf(parent);
         self.node_of_block.insert(block, id);
         true
     }
@@ -315,8 +329,7 @@ impl RadixCache {
     pub fn mark_unreferenced(&mut self, block: u32) {
         if let Some(&id) = self.node_of_block.get(&block) {
             if self.node(id).children.is_empty() {
-                self.evictable_leaves
-                    .insert((self.node(id).last_access, id));
+                self.queue_leaf(id);
             }
         }
     }
@@ -324,16 +337,24 @@ impl RadixCache {
     /// Records that `block` is referenced again: it must not be evicted.
     pub fn mark_referenced(&mut self, block: u32) {
         if let Some(&id) = self.node_of_block.get(&block) {
-            let access = self.node(id).last_access;
-            self.evictable_leaves.remove(&(access, id));
+            self.unqueue_leaf(id);
         }
     }
 
-    /// Removes the least recently used unreferenced leaf; returns its block and checkpoint.
-    /// `parent_is_free` tells whether a block has no references, to expose the parent as the
-    /// next leaf.
-    pub fn evict_lru(&mut self, parent_is_free: impl Fn(u32) -> bool) -> Option<Evicted> {
-        let (_, id) = self.evictable_leaves.pop_first()?;
+    /// Removes the least recently used unreferenced leaf, or when every one is retained by a
+    /// cache hint still in force at `now`, the one whose retention ends first; returns its
+    /// block and checkpoint. `parent_is_free` tells whether a block has no references, to
+    /// expose the parent as the next leaf.
+    pub fn evict_lru(
+        &mut self,
+        now: Instant,
+        parent_is_free: impl Fn(u32) -> bool,
+    ) -> Option<Evicted> {
+        self.expire_retention(now);
+        let id = match self.evictable_leaves.pop_first() {
+            Some((_, id)) => id,
+            None => self.retained_leaves.pop_first()?.1,
+        };
         let node = self.nodes[id]
             .take()
             .expect("invariant: evictable leaves are live nodes");
@@ -349,9 +370,9 @@ impl RadixCache {
         let parent = self.node_mut(node.parent);
         parent.children.remove(&node.key);
         let parent_becomes_leaf = parent.children.is_empty();
-        let (parent_block, parent_access) = (parent.block, parent.last_access);
+        let parent_block = parent.block;
         if parent_block != NO_BLOCK && parent_becomes_leaf && parent_is_free(parent_block) {
-            self.evictable_leaves.insert((parent_access, node.parent));
+            self.queue_leaf(node.parent);
         }
         Some(Evicted {
             block: node.block,

@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -239,13 +240,21 @@ fn clearing_the_cache_forgets_every_prefix() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Start(Vec<u32>),
+    /// A sequence's tokens, and the cache hint its blocks are retained for, if any (a zero
+    /// retention expires at once).
+    Start(Vec<u32>, Option<Duration>),
     Finish(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    let retention = prop_oneof![
+        Just(None),
+        Just(Some(Duration::ZERO)),
+        Just(Some(Duration::from_secs(3600))),
+    ];
     prop_oneof![
-        3 => prop::collection::vec(0u32..3, 1..14).prop_map(Op::Start),
+        3 => (prop::collection::vec(0u32..3, 1..14), retention)
+            .prop_map(|(tokens, retention)| Op::Start(tokens, retention)),
         2 => (0usize..8).prop_map(Op::Finish),
     ]
 }
@@ -300,8 +309,9 @@ proptest! {
         let mut live: Vec<Live> = Vec::new();
         for op in ops {
             match op {
-                Op::Start(tokens) => {
+                Op::Start(tokens, retention) => {
                     let mut table = pool.new_table();
+                    table.retain_for(retention);
                     let hit = table.adopt_cached_prefix(&tokens).tokens;
                     prop_assert!(hit < tokens.len() && hit.is_multiple_of(block_size));
                     let missing = tokens.len().div_ceil(block_size) - table.len();

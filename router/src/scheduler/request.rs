@@ -1,5 +1,7 @@
 //! What the HTTP layer hands the scheduler, and what flows back per token.
 
+use std::time::Duration;
+
 use tokio::sync::mpsc;
 
 use super::error::SchedulerError;
@@ -26,6 +28,9 @@ pub struct GenerationRequest {
     pub adapter: Option<AdapterKey>,
     /// Lower runs earlier under `SchedulingPolicy::Priority`; 0 unless the request set it.
     pub priority: i32,
+    /// How long the request's cached blocks stay ahead of LRU eviction after it releases
+    /// them (a client's cache hint); `None`: plain LRU.
+    pub cache_retention: Option<Duration>,
     /// The prompt's images, each placed at its span of `input_ids`.
     pub images: Vec<PromptImage>,
 }

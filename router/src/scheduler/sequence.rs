@@ -78,9 +78,10 @@ impl Sequence {
     pub fn new(
         id: u64,
         request: GenerationRequest,
-        blocks: BlockTable,
+        mut blocks: BlockTable,
         events: mpsc::UnboundedSender<GenerationEvent>,
     ) -> Self {
+        blocks.retain_for(request.cache_retention);
         Self {
             id,
             prompt_len: request.input_ids.len(),

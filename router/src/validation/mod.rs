@@ -3,6 +3,7 @@
 mod adapters;
 mod bounds;
 mod budget;
+pub mod cache_hints;
 mod chat_template;
 mod error;
 mod family_templates;
@@ -239,6 +240,7 @@ impl Validator {
         }
         let truncate = self.check_truncate(params.truncate)?;
         let priority = params::check_priority(params.priority, self.by_priority)?;
+        let cache_retention = params.cache_hint.retention()?;
         let max_drafts = params
             .speculate
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
@@ -296,6 +298,7 @@ impl Validator {
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
                 adapter,
                 priority,
+                cache_retention,
                 images,
             },
             stop: checked.stop,

@@ -3,6 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::adapters::AdapterChoice;
+use super::cache_hints::CacheHint;
 use super::error::ValidationError;
 use super::processors::{self, ProcessorParams};
 use super::requested_grammar::RequestedGrammar;
@@ -48,6 +49,8 @@ pub struct GenerationParams {
     pub adapter: Option<AdapterChoice>,
     /// vLLM's `priority`: lower runs earlier under `--scheduling-policy priority`.
     pub priority: Option<i64>,
+    /// The route's prompt-cache hints, which the validator turns into a retention.
+    pub cache_hint: CacheHint,
 }
 
 /// Parameters that passed their range checks.

@@ -15,6 +15,7 @@ use crate::limits::RequestLimits;
 use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, HistoryCalls, ToolFormat, ToolPlan};
+use crate::validation::cache_hints::CacheHint;
 use crate::validation::{
     reject_unsupported, ChatEnding, ChatMessage, GenerationParams, Prompt, TemplateExtras,
     ValidationError,
@@ -55,6 +56,7 @@ pub fn generation(
             temperature.to_string(),
         );
     }
+    let cache_retention = super::cache_hints::cache_retention(&request)?;
     let conversation = Conversation {
         messages: request.messages.take(),
         system: request.system.take(),
@@ -67,6 +69,7 @@ pub fn generation(
         top_p: request.top_p,
         top_k: request.top_k,
         stop: request.stop_sequences.take().map(StopSpec::Many),
+        cache_hint: cache_retention.map_or(CacheHint::None, CacheHint::Retention),
         ..SamplingFields::default()
     };
     let no_logprobs = LogprobOptions {

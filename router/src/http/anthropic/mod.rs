@@ -1,6 +1,7 @@
 //! The Anthropic Messages API: `POST /v1/messages` (plain or streamed) and
 //! `POST /v1/messages/count_tokens`, on the chat route's template, sampling and tool paths.
 
+mod cache_hints;
 mod convert;
 mod events;
 mod request;

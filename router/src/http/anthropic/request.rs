@@ -125,7 +125,9 @@ pub struct PastRedactedThinking {
 #[serde(deny_unknown_fields)]
 pub struct ImageBlock {
     pub source: ImageSource,
-    /// Accepted and ignored: the prefix cache needs no hints.
+    /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`: the prompt's cached prefix stays ahead of
+    /// LRU eviction for the longest TTL in the request (`cache_hints`).
+    /// Read from the turn's raw blocks, before they are parsed into this type.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Map<String, Value>>,
@@ -155,8 +157,8 @@ pub struct TextBlock {
     #[allow(dead_code)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub citations: Option<Vec<Value>>,
-    /// Accepted and ignored: the prefix cache needs no hints.
-    #[allow(dead_code)]
+    /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`: the prompt's cached prefix stays ahead of
+    /// LRU eviction for the longest TTL in the request (`cache_hints`).
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Map<String, Value>>,
 }
@@ -174,6 +176,9 @@ pub struct ToolUseBlock {
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub caller: Option<Map<String, Value>>,
+    /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`: the prompt's cached prefix stays ahead of
+    /// LRU eviction for the longest TTL in the request (`cache_hints`).
+    /// Read from the turn's raw blocks, before they are parsed into this type.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Map<String, Value>>,
@@ -187,6 +192,9 @@ pub struct ToolResultBlock {
     pub content: Option<ToolResultContent>,
     /// Shown to the model as a prefix of the result.
     pub is_error: Option<bool>,
+    /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`: the prompt's cached prefix stays ahead of
+    /// LRU eviction for the longest TTL in the request (`cache_hints`).
+    /// Read from the turn's raw blocks, before they are parsed into this type.
     #[allow(dead_code)]
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Map<String, Value>>,
@@ -240,7 +248,8 @@ pub struct ToolDefinition {
     pub description: Option<String>,
     #[schema(value_type = Object)]
     pub input_schema: Map<String, Value>,
-    #[allow(dead_code)]
+    /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`: the prompt's cached prefix stays ahead of
+    /// LRU eviction for the longest TTL in the request (`cache_hints`).
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<Map<String, Value>>,
 }

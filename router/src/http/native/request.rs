@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 use crate::http::state::HandlerConfig;
 use crate::reasoning::ReasoningRequest;
 use crate::scheduler::LogprobOptions;
+use crate::validation::cache_hints::CacheHint;
 use crate::validation::{
     check_choices, check_count, reject_unsupported, request_rules, AdapterChoice, GenerationParams,
     ProcessorParams, Prompt, RequestedGrammar, ValidationError,
@@ -153,6 +154,7 @@ impl GenerateRequest {
             reasoning: ReasoningRequest::default(),
             adapter: p.adapter_id.map(AdapterChoice::AdapterId),
             priority: None,
+            cache_hint: CacheHint::None,
         };
         let options = ResponseOptions {
             best_of,

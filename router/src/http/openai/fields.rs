@@ -6,6 +6,7 @@ use utoipa::ToSchema;
 
 use crate::reasoning::{ReasoningEffort, ReasoningRequest};
 use crate::scheduler::LogprobOptions;
+use crate::validation::cache_hints::CacheHint;
 use crate::validation::{
     request_rules, GenerationParams, ProcessorParams, SamplingDefaults, ValidationError,
 };
@@ -27,6 +28,11 @@ macro_rules! impl_sampling_fields {
                     stop_token_ids: self.stop_token_ids.take(),
                     speculate: self.speculate,
                     priority: self.priority,
+                    cache_hint: $crate::validation::cache_hints::CacheHint::OpenAi {
+                        key: self.prompt_cache_key.take(),
+                        retention: self.prompt_cache_retention.take(),
+                        options: self.prompt_cache_options.take(),
+                    },
                     processors: $crate::validation::ProcessorParams {
                         min_p: self.min_p,
                         typical_p: None,
@@ -77,6 +83,8 @@ pub struct SamplingFields {
     pub speculate: Option<i64>,
     /// vLLM's `priority`: lower runs earlier under `--scheduling-policy priority`.
     pub priority: Option<i64>,
+    /// `prompt_cache_key` and `prompt_cache_retention`, checked by the validator.
+    pub cache_hint: CacheHint,
     pub processors: ProcessorParams,
 }
 
@@ -119,6 +127,7 @@ impl SamplingFields {
             reasoning: ReasoningRequest::default(),
             adapter: None,
             priority: self.priority,
+            cache_hint: self.cache_hint,
         }
     }
 }

@@ -4,6 +4,7 @@ mod admission;
 mod api_limits;
 mod auth;
 mod bounds;
+mod cache_hints;
 mod cached_usage;
 mod chat_endings;
 mod connections;

@@ -64,6 +64,17 @@ pub struct ChatRequest {
     /// vLLM's extension: lower runs earlier; only 0 unless the server runs
     /// `--scheduling-policy priority`.
     priority: Option<i64>,
+    /// Names the prompt's shared prefix; alone it asks for `in_memory` retention.
+    #[schema(max_length = 1024)]
+    prompt_cache_key: Option<String>,
+    /// `in_memory` (10 minutes) or `24h`: the cached prompt stays ahead of LRU eviction for
+    /// that long after the request, as a bias, never a lock.
+    #[schema(pattern = "^(in_memory|24h)$")]
+    prompt_cache_retention: Option<String>,
+    /// `{"ttl": "30m" | "12h"}`: the cached prompt's minimum lifetime ahead of LRU eviction
+    /// (`mode` `implicit` only).
+    #[schema(value_type = Option<Object>)]
+    prompt_cache_options: Option<Map<String, Value>>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     min_p: Option<f64>,
     #[schema(exclusive_minimum = 0.0)]

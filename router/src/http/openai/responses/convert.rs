@@ -14,6 +14,7 @@ use crate::http::openai::{reasoning_effort, SamplingFields};
 use crate::http::state::HandlerConfig;
 use crate::scheduler::LogprobOptions;
 use crate::tools::{self, ToolPlan};
+use crate::validation::cache_hints::CacheHint;
 use crate::validation::{
     reject_unsupported, response_format, ChatEnding, ChatMessage, GenerationParams, Prompt,
     RequestedGrammar, TemplateExtras, ValidationError,
@@ -163,6 +164,11 @@ fn sampling(request: &ResponsesRequest, config: &HandlerConfig) -> GenerationPar
         top_p: request.top_p,
         top_k: request.top_k,
         seed: request.seed,
+        cache_hint: CacheHint::OpenAi {
+            key: request.prompt_cache_key.clone(),
+            retention: request.prompt_cache_retention.clone(),
+            options: request.prompt_cache_options.clone(),
+        },
         ..SamplingFields::default()
     };
     let no_logprobs = LogprobOptions {

@@ -50,6 +50,17 @@ pub struct ResponsesRequest {
     pub metadata: Option<Map<String, Value>>,
     /// Accepted and ignored: an opaque end-user id.
     pub user: Option<String>,
+    /// Names the prompt's shared prefix; alone it asks for `in_memory` retention.
+    #[schema(max_length = 1024)]
+    pub prompt_cache_key: Option<String>,
+    /// `in_memory` (10 minutes) or `24h`: the cached prompt stays ahead of LRU eviction for
+    /// that long after the request, as a bias, never a lock.
+    #[schema(pattern = "^(in_memory|24h)$")]
+    pub prompt_cache_retention: Option<String>,
+    /// `{"ttl": "30m" | "12h"}`: the cached prompt's minimum lifetime ahead of LRU eviction
+    /// (`mode` `implicit` only).
+    #[schema(value_type = Option<Object>)]
+    pub prompt_cache_options: Option<Map<String, Value>>,
     /// Only `disabled`: a prompt over the limits is refused, never cut.
     #[schema(pattern = "^disabled$")]
     pub truncation: Option<String>,
