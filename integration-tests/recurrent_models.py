@@ -1,7 +1,7 @@
 """Small random hybrids that speak the embedded model's tokenizer, and the limits the recurrent-layer launcher tests
 serve them under: Qwen3.5 (Gated DeltaNet layers beside gated attention), Qwen3-Next (the same with experts),
 Granite 4.0-H (Mamba-2 layers beside attention without rotary, Granite's multipliers, routed experts beside the shared
-MLP) and Nemotron-H (Mamba-2, attention and relu² MLP blocks per `hybrid_override_pattern`)."""
+MLP) and Nemotron-H (Mamba-2, attention, relu² MLP and expert blocks per `hybrid_override_pattern`)."""
 
 from __future__ import annotations
 
@@ -113,8 +113,12 @@ def nemotron_h(tokens: dict[str, int]) -> PreTrainedModel:
         **tokens,
         hidden_size=64,
         intermediate_size=96,
-        # A Mamba-2 layer, a relu² MLP block, attention without rotary, then both again.
-        hybrid_override_pattern="M-*M-",
+        # A Mamba-2 layer, an expert block, attention without rotary, a Mamba-2 layer and a relu² MLP block.
+        hybrid_override_pattern="ME*M-",
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,

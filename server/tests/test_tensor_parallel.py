@@ -90,6 +90,7 @@ FAMILY_VARIANTS = (
     "qwen3-next-hybrid",
     "granite-hybrid-one-group",
     "nemotron-h-two-groups",
+    f"{EXPERTS_SPLIT}nemotron-h-two-groups",
     "gemma4-shared-kv",
 )
 # Per rank's KV heads at world size 2.
@@ -121,6 +122,7 @@ EXPECTED_KV_HEADS = {
     "qwen3-next-hybrid": (1, 1),
     "granite-hybrid-one-group": (1, 1),
     "nemotron-h-two-groups": (1, 1),
+    f"{EXPERTS_SPLIT}nemotron-h-two-groups": (1, 1),
     # The sliding layers' two KV heads split; the global layers' one KV head (32 wide) is replicated.
     "gemma4-shared-kv": (1, 1),
 }
@@ -265,6 +267,8 @@ def _checkpoints(root: Path) -> list[Path]:
     write_gated_delta_net(root / "qwen3-next-hybrid", small, Qwen3NextConfig, Qwen3NextForCausalLM, QWEN3_NEXT_EXPERTS)
     write_granite_hybrid(root / "granite-hybrid-one-group", small)
     write_nemotron_h(root / "nemotron-h-two-groups", small)
+    # --expert-parallel: each rank holds four whole ungated experts; the shared expert still splits by features.
+    write_nemotron_h(root / f"{EXPERTS_SPLIT}nemotron-h-two-groups", small)
     _gemma4_checkpoint(root / "gemma4-shared-kv", small)
     return [root / name for name in [*VARIANTS, *FAMILY_VARIANTS]]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from shard_testing import randomize_correction_biases
 from transformers import (
     GraniteMoeHybridConfig,
     GraniteMoeHybridForCausalLM,
@@ -103,12 +104,22 @@ def write_granite_hybrid(path: Path, small: dict[str, Any]) -> None:
 
 def write_nemotron_h(path: Path, small: dict[str, Any]) -> None:
     """Nemotron-H's groups split whole across ranks (two groups of two heads), with biased projections: each rank
-    reads its own group's `B` and `C` rows and normalises without the other rank."""
+    reads its own group's `B` and `C` rows and normalises without the other rank. Its expert block splits every
+    expert's features (18 a rank) behind the grouped router every rank holds whole; each rank maps its experts' latent
+    term back to the hidden size and the block adds the latent projection's and the shared expert's biases once."""
     torch.manual_seed(0)
     config = NemotronHConfig(**{**small, "num_hidden_layers": 5}, vocab_size=96, hidden_size=64, intermediate_size=96,
-                             hybrid_override_pattern="M-*M-", num_attention_heads=4, num_key_value_heads=2,
+                             hybrid_override_pattern="ME*M-", num_attention_heads=4, num_key_value_heads=2,
                              head_dim=16, mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=16,
-                             chunk_size=4, use_bias=True, use_conv_bias=True)  # fmt: skip
+                             chunk_size=4, use_bias=True, use_conv_bias=True, mlp_bias=True, n_routed_experts=8,
+                             n_group=4, topk_group=2, num_experts_per_tok=3, moe_intermediate_size=36,
+                             moe_shared_expert_intermediate_size=48, moe_latent_size=32,
+                             routed_scaling_factor=2.5)  # fmt: skip
     model = NemotronHForCausalLM(config).eval()
     randomize_mamba(model)
+    randomize_correction_biases(model)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn_like(param) * 0.5)
     model.save_pretrained(path)

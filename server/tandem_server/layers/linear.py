@@ -86,13 +86,19 @@ class RowParallelLinear(GemmModule):
 
 
 class ReplicatedLinear(nn.Module):
-    """A small linear layer every rank holds whole (an MoE router, a shared expert's gate), without bias."""
+    """A small linear layer every rank holds whole (an MoE router, a shared expert's gate, a latent projection)."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = sliced_parameter((out_features, in_features), None)
+        self.bias = sliced_parameter((out_features,), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def partial_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer without its bias, applied to one rank's term of a sum over ranks: its term of the output, to
+        which the bias is added once after the sum."""
         return F.linear(x, self.weight)
 
 

@@ -49,3 +49,7 @@ class UngatedMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.up_proj(hidden)))
+
+    def partial_sum(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the output, before the sum over ranks and without the down projection's bias."""
+        return self.down_proj.partial_sum(self.act(self.up_proj(hidden)))

@@ -157,15 +157,15 @@ def _quantize_experts(experts: RoutedExperts, mode: QuantizeMode, device: torch.
     if all(all(values) for values in fp8):
         gate_up: list[ExpertWeight] = []
         down: list[ExpertWeight] = []
-        for gate, up, down_values in fp8:
-            gate_up.append(Fp8Weight(Fp8Channels.concat([gate, up]).to(device)))  # type: ignore[list-item]  # all set
+        for *inputs, down_values in fp8:
+            gate_up.append(Fp8Weight(Fp8Channels.concat(inputs).to(device)))  # type: ignore[arg-type]  # all set
             down.append(Fp8Weight(down_values.to(device)))  # type: ignore[union-attr]  # all set
         label = "float8 checkpoint as fp8"
     elif mode is QuantizeMode.GGUF and all(all(values) for values in blocks):
         gate_up, down = [], []
-        for gate, up, down_blocks in blocks:
-            unpacked = [gate.unpack(), up.unpack()]  # type: ignore[union-attr]  # all set
-            if type(unpacked[0]) is not type(unpacked[1]):
+        for *input_blocks, down_blocks in blocks:
+            unpacked = [block.unpack() for block in input_blocks]  # type: ignore[union-attr]  # all set
+            if len({type(values) for values in unpacked}) > 1:
                 return f"{_float_name(experts)} (gate and up in different GGUF kinds, dequantized)"
             gate_up.append(quantized_weight(_concat_rows(unpacked)))
             down.append(quantized_weight(down_blocks.unpack()))  # type: ignore[union-attr]  # all set

@@ -2,7 +2,8 @@
 
 Each expert's gate and up rows are fused in one stack `gate_up [experts, 2 * intermediate, hidden]` (gate rows
 first), its down projection in `down [experts, hidden, intermediate]`, the intermediate features padded with zeros
-to a multiple of 8 (the grouped GEMM's row alignment). The per-expert parameters the checkpoint names
+to a multiple of 8 (the grouped GEMM's row alignment). Ungated experts (`down(act(up(x)))`, Nemotron-H's) hold only
+their up rows in `gate_up [experts, intermediate, hidden]`. The per-expert parameters the checkpoint names
 (`experts.{e}.gate_proj.weight`, ...) are views into the stacks, so loading fills the stacks and nothing is copied
 twice. Across ranks every expert's intermediate features split evenly: gate and up by rows (columns of the output),
 down by columns, so each rank returns a partial sum that the block reduces once. Under expert parallelism a rank
@@ -25,6 +26,7 @@ released (or never get storage).
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,21 @@ from tandem_server.weights.slicing import CheckpointSlice, load_full
 FUSED_ACTIVATIONS = ("silu", "swish")
 # Elements every row stride of a grouped GEMM's operands must be a multiple of (16 bytes of 16-bit values).
 GROUPED_GEMM_ALIGNMENT = 8
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """What an expert's input projection becomes before its down projection: `act(gate) * up` over its gate rows then
+    its up rows, or `act(up)` for an ungated expert."""
+
+    act: Activation
+    gated: bool = True
+
+    def __call__(self, projected: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return self.act(projected)
+        gate, up = projected.chunk(2, dim=-1)
+        return self.act(gate) * up
 
 
 class ExpertProjection(nn.Module):
@@ -67,15 +84,24 @@ def _absent_projection() -> ExpertProjection:
 
 
 class Expert(nn.Module):
-    """The checkpoint names of one expert: `gate_proj`, `up_proj` and `down_proj`, each with a `weight`."""
+    """The checkpoint names of one expert: `gate_proj` (a gated expert's), `up_proj` and `down_proj`, each with a
+    `weight`."""
 
-    def __init__(self, gate: ExpertProjection, up: ExpertProjection, down: ExpertProjection) -> None:
+    def __init__(self, gate: ExpertProjection | None, up: ExpertProjection, down: ExpertProjection) -> None:
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+        if gate is not None:
+            self.gate_proj = gate
+        self.up_proj, self.down_proj = up, down
+
+    def weights(self) -> tuple[nn.Parameter, ...]:
+        """The expert's input projections' weights in stacking order, then its down projection's."""
+        inputs = (self.gate_proj, self.up_proj) if hasattr(self, "gate_proj") else (self.up_proj,)
+        return (*(projection.weight for projection in inputs), self.down_proj.weight)
 
 
 class RoutedExperts(nn.ModuleList):
-    """Every routed expert of one layer, this rank's share of each one's intermediate features."""
+    """Every routed expert of one layer, this rank's share of each one's intermediate features; `gated` False: each
+    expert is `down(act(up(x)))`."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -87,6 +113,7 @@ class RoutedExperts(nn.ModuleList):
         intermediate_size: int,
         hidden_act: str,
         parallel: ParallelContext,
+        gated: bool = True,
     ) -> None:
         super().__init__()
         if hidden_size % GROUPED_GEMM_ALIGNMENT:
@@ -107,53 +134,63 @@ class RoutedExperts(nn.ModuleList):
         held = len(self.expert_run)
         self.local_features, self.padded_features = local, padded
         self.quantized: QuantizedExperts | None = None
-        self.num_weights = held * 3 * local * hidden_size
-        self.act: Activation = activation(hidden_act)
+        # The projections into each expert's features (gate and up, or up alone) stacked in `gate_up`.
+        inputs = 2 if gated else 1
+        self.num_weights = held * (inputs + 1) * local * hidden_size
+        self.act = ExpertActivation(activation(hidden_act), gated)
         self.fused_on_cuda = (
-            hidden_act in FUSED_ACTIVATIONS
+            gated
+            and hidden_act in FUSED_ACTIVATIONS
             and not self.split_across_ranks
             and importlib.util.find_spec("triton") is not None
         )
-        self.register_buffer("gate_up", torch.empty(held, 2 * padded, hidden_size), persistent=False)
+        self.register_buffer("gate_up", torch.empty(held, inputs * padded, hidden_size), persistent=False)
         self.register_buffer("down", torch.empty(held, hidden_size, padded), persistent=False)
         self._zero_padding()
         rows, columns = CheckpointSlice.of(0, run), CheckpointSlice.of(1, run)
         for e in range(num_experts):
             if e not in self.expert_run:
-                self.append(Expert(_absent_projection(), _absent_projection(), _absent_projection()))
+                gate = _absent_projection() if gated else None
+                self.append(Expert(gate, _absent_projection(), _absent_projection()))
                 continue
             i = e - self.expert_run.start
-            gate = ExpertProjection(self.gate_up[i, :local], rows)
-            up = ExpertProjection(self.gate_up[i, padded : padded + local], rows)
-            self.append(Expert(gate, up, ExpertProjection(self.down[i, :, :local], columns)))
+            projections = [ExpertProjection(view, rows) for view in self._input_views(i)]
+            gate = projections[0] if gated else None
+            self.append(Expert(gate, projections[-1], ExpertProjection(self.down[i, :, :local], columns)))
+
+    def _input_views(self, held_expert: int) -> list[torch.Tensor]:
+        """The rows of `gate_up` each of an expert's input projections fills: gate then up, or up alone."""
+        local, padded = self.local_features, self.padded_features
+        starts = range(0, self.gate_up.shape[1], padded)
+        return [self.gate_up[held_expert, start : start + local] for start in starts]
 
     def _zero_padding(self) -> None:
         local, padded = self.local_features, self.padded_features
-        for padding in (self.gate_up[:, local:padded], self.gate_up[:, padded + local :], self.down[:, :, local:]):
-            padding.zero_()
+        for start in range(0, self.gate_up.shape[1], padded):
+            self.gate_up[:, start + local : start + padded].zero_()
+        self.down[:, :, local:].zero_()
 
     @property
     def split_across_ranks(self) -> bool:
         """True when this rank holds only some of the experts (expert parallelism)."""
         return len(self.expert_run) < self.num_experts
 
-    def projections(self) -> list[tuple[nn.Parameter, nn.Parameter, nn.Parameter]]:
-        """The `(gate, up, down)` weight parameters of each expert this rank holds, in expert order."""
+    def projections(self) -> list[tuple[nn.Parameter, ...]]:
+        """The `(gate, up, down)` weight parameters (ungated: `(up, down)`) of each expert this rank holds, in expert
+        order."""
         experts: list[Expert] = [expert for expert in self if isinstance(expert, Expert)]
-        held = experts[self.expert_run.start : self.expert_run.stop]
-        return [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in held]
+        return [expert.weights() for expert in experts[self.expert_run.start : self.expert_run.stop]]
 
     def allocate(self, device: torch.device) -> None:
         """Gives the stacks, built on meta, storage on `device`; the experts' parameters stay the same objects, views
         into them again."""
-        local, padded = self.local_features, self.padded_features
         self.gate_up = torch.empty(self.gate_up.shape, dtype=self.gate_up.dtype, device=device)
         self.down = torch.empty(self.down.shape, dtype=self.down.dtype, device=device)
         self._zero_padding()
-        for e, (gate, up, down) in enumerate(self.projections()):
-            swap_storage(gate, self.gate_up[e, :local])
-            swap_storage(up, self.gate_up[e, padded : padded + local])
-            swap_storage(down, self.down[e, :, :local])
+        for e, (*inputs, down) in enumerate(self.projections()):
+            for projection, view in zip(inputs, self._input_views(e), strict=True):
+                swap_storage(projection, view)
+            swap_storage(down, self.down[e, :, : self.local_features])
 
     def use_quantized(self, quantized: QuantizedExperts) -> None:
         """Serves the experts from `quantized` from now on and releases the float stacks' memory."""
@@ -180,8 +217,7 @@ class RoutedExperts(nn.ModuleList):
         ends = groups.ends[: len(held)]
         rows = hidden[groups.tokens]
         gate_up = F.grouped_mm(rows, self.gate_up.transpose(1, 2), offs=ends)
-        gate, up = gate_up.chunk(2, dim=-1)
-        outputs = F.grouped_mm(self.act(gate) * up, self.down.transpose(1, 2), offs=ends)
+        outputs = F.grouped_mm(self.act(gate_up), self.down.transpose(1, 2), offs=ends)
         outputs = outputs * routing.weights.reshape(-1)[groups.order].unsqueeze(1)
         if self.split_across_ranks:
             held_pairs = torch.arange(outputs.shape[0], device=outputs.device) < ends[-1]

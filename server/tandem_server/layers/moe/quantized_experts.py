@@ -29,8 +29,9 @@ class ExpertWeight(Protocol):
 
 
 class QuantizedExperts:
-    """Every routed expert's `gate_up [2 * intermediate, hidden]` and `down [hidden, intermediate]` weights, this
-    rank's features of each; `label` says what they were stored as and became (`Q4_0 as int4`)."""
+    """Every routed expert's `gate_up [2 * intermediate, hidden]` (ungated: `[intermediate, hidden]`) and
+    `down [hidden, intermediate]` weights, this rank's features of each; `label` says what they were stored as and
+    became (`Q4_0 as int4`)."""
 
     def __init__(self, gate_up: Sequence[ExpertWeight], down: Sequence[ExpertWeight], label: str) -> None:
         if len(gate_up) != len(down):
@@ -41,17 +42,18 @@ class QuantizedExperts:
         self.nbytes = sum(weight.nbytes for weight in (*self.gate_up, *self.down))
 
     def dispatch(
-        self, hidden: torch.Tensor, routing: Routing, act: Callable[[torch.Tensor], torch.Tensor]
+        self, hidden: torch.Tensor, routing: Routing, activated: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        """Each token's chosen experts' outputs, weighted and summed `[tokens, hidden]` (this rank's term)."""
+        """Each token's chosen experts' outputs, weighted and summed `[tokens, hidden]` (this rank's term);
+        `activated` turns an expert's `gate_up` output into its down projection's input."""
         groups = group_by_expert(routing.experts, len(self.down))
         rows = hidden[groups.tokens]
         outputs = hidden.new_zeros(rows.shape[0], hidden.shape[1])
         start = 0
         for expert, end in enumerate(groups.ends.tolist()):
             if end > start:
-                gate, up = self.gate_up[expert].linear(rows[start:end], None).chunk(2, dim=-1)
-                outputs[start:end] = self.down[expert].linear(act(gate) * up, None)
+                projected = self.gate_up[expert].linear(rows[start:end], None)
+                outputs[start:end] = self.down[expert].linear(activated(projected), None)
             start = end
         outputs = outputs * routing.weights.reshape(-1)[groups.order].unsqueeze(1).to(outputs.dtype)
         return torch.zeros_like(hidden).index_add_(0, groups.tokens, outputs)
