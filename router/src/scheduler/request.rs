@@ -8,6 +8,7 @@ use crate::kv::AdapterKey;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
 };
+use crate::tenant::Tenant;
 
 /// A validated, tokenized request ready for scheduling.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +27,9 @@ pub struct GenerationRequest {
     pub adapter: Option<AdapterKey>,
     /// Lower runs earlier under `SchedulingPolicy::Priority`; 0 unless the request set it.
     pub priority: i32,
+    /// The API key the request came with, whose share `SchedulingPolicy::Fair` keeps;
+    /// `None` (no keys configured) is one tenant shared by every such request.
+    pub tenant: Option<Tenant>,
     /// The prompt's images, each placed at its span of `input_ids`.
     pub images: Vec<PromptImage>,
 }

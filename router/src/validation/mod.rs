@@ -296,6 +296,8 @@ impl Validator {
                 max_drafts: max_drafts.map(|drafts| drafts as usize),
                 adapter,
                 priority,
+                // The HTTP layer sets who the request is for.
+                tenant: None,
                 images,
             },
             stop: checked.stop,
