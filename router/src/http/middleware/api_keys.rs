@@ -317,6 +317,7 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "# tenants\nsk-fine\nsk-secret weight=-1").unwrap();
         let error = ApiKeys::load(&[], &[file.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(error, ApiKeyError::Weight { .. }), "{error}");
         let message = error.to_string();
         let expected = format!("{} line 3", file.path().display());
         assert!(message.contains(&expected), "{message}");
