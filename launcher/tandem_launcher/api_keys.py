@@ -22,7 +22,8 @@ def write_key_file(runtime_dir: Path, keys: tuple[str, ...]) -> Path | None:
 
 
 def first_key(keys: tuple[str, ...], key_files: tuple[Path, ...]) -> str | None:
-    """A key the launcher itself can send to the router's protected routes (`/info`)."""
+    """A key the launcher itself can send to the router's protected routes (`/info`). A key file line is the key,
+    optionally followed by its scheduling weight (`KEY weight=4`)."""
     if keys:
         return keys[0]
     for path in key_files:
@@ -31,7 +32,7 @@ def first_key(keys: tuple[str, ...], key_files: tuple[Path, ...]) -> str | None:
         except OSError:
             continue
         for line in lines:
-            key = line.strip()
-            if key and not key.startswith("#"):
-                return key
+            words = line.split()
+            if words and not words[0].startswith("#"):
+                return words[0]
     return None

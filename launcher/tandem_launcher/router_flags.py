@@ -55,7 +55,7 @@ def _readable_file(flag: str, value: Any) -> str | None:
     return f"{flag} must be a readable file, got {str(value)!r}"
 
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 
 SCHEDULING = (
     Forwarded(
@@ -92,8 +92,9 @@ SCHEDULING = (
     ),
     Forwarded(
         "--scheduling-policy", ROUTER, str, "fcfs",
-        "the order requests are admitted, served and preempted in: fcfs (arrival) or priority (each request's "
-        "priority, lower first, then arrival; requests may set a priority other than 0 only under this policy)",
+        "the order requests are admitted, served and preempted in: fcfs (arrival), priority (each request's "
+        "priority, lower first, then arrival; requests may set a priority other than 0 only under this policy) or "
+        "fair (weighted fair share of tokens per API key; weights from the key file, `KEY weight=N`)",
         choices=SCHEDULING_POLICIES,
     ),
 )  # fmt: skip

@@ -104,6 +104,12 @@ def test_the_launcher_finds_a_key_for_its_own_info_request(tmp_path: Path) -> No
     assert first_key((), ()) is None
 
 
+def test_the_launcher_sends_the_key_of_a_weighted_key_file_line_without_its_weight(tmp_path: Path) -> None:
+    weighted = tmp_path / "weighted.txt"
+    weighted.write_text("# tenants\n sk-heavy   weight=4\nsk-light\n")
+    assert first_key((), (weighted,)) == "sk-heavy"
+
+
 def test_the_config_never_shows_its_keys() -> None:
     config = parse_config(["--api-key", "sk-hidden"], {})
     assert "sk-hidden" not in repr(config)

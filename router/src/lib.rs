@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod server;
 pub mod shard;
 pub mod stream;
+pub mod tenant;
 #[cfg(test)]
 pub mod test_tokenizer;
 pub mod tools;

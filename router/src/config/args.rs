@@ -106,7 +106,8 @@ pub struct RouterArgs {
     pub speculative_disable_by_batch_size: usize,
     /// The order requests are admitted, served and preempted in: `fcfs` by arrival; `priority`
     /// by each request's `priority` (lower first, then arrival), which requests may set only
-    /// under this policy.
+    /// under this policy; `fair` by each API key's share of the tokens served, weighted by the
+    /// key file's `weight=N`.
     #[arg(long, env = "SCHEDULING_POLICY", default_value_t = SchedulingPolicy::Fcfs)]
     pub scheduling_policy: SchedulingPolicy,
     /// Log as JSON lines.

@@ -15,12 +15,16 @@ use crate::metrics::RequestMetrics;
 use crate::reasoning::ReasoningSplitter;
 use crate::scheduler::{Backend, PromptLogprobs};
 use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenDecoding, TokenText};
+use crate::tenant::Tenant;
 use crate::validation::{GenerationParams, Prompt, Validator};
 
-/// What starting a generation needs: the validator, the admission limits, the scheduler and
-/// the token decoding.
+/// What starting a generation needs: who it is for, the validator, the admission limits, the
+/// scheduler and the token decoding.
 #[derive(Clone, Copy)]
 pub struct Engine<'a> {
+    /// The API key the request came with (`None`: no keys configured); fair scheduling shares
+    /// the engine between keys.
+    pub tenant: Option<Tenant>,
     pub validator: &'a Validator,
     pub admission: &'a LoadShedder,
     pub backend: &'a dyn Backend,
@@ -189,6 +193,7 @@ impl AdmittedRequest {
             .map(|index| {
                 let mut request = valid.request.clone();
                 request.sampling.seed = seed.wrapping_add(index);
+                request.tenant = engine.tenant;
                 request
             })
             .collect();

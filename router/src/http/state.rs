@@ -7,6 +7,7 @@ use axum::http::HeaderValue;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::middleware::api_keys::ApiKeys;
+use super::middleware::auth::Caller;
 use super::middleware::draining::Draining;
 use super::openai::responses::store::{ResponseStore, ResponseStoreLimits};
 use super::ops::deep_health::DeepProbe;
@@ -143,9 +144,10 @@ impl AppState {
             .answering(params.adapter.as_ref(), &self.config.model_id)
     }
 
-    /// What starting a generation needs from this state.
-    pub fn engine(&self) -> Engine<'_> {
+    /// What starting a generation for `caller` needs from this state.
+    pub fn engine(&self, caller: Caller) -> Engine<'_> {
         Engine {
+            tenant: caller.0,
             validator: &self.validator,
             admission: &self.load_shedder,
             backend: self.backend.as_ref(),

@@ -19,4 +19,6 @@ pub struct LoadSnapshot {
     pub state_checkpoints_total: usize,
     /// What the shards had compiled at their latest step; `None` before the first one.
     pub compilation: Option<Compilation>,
+    /// API keys with waiting or running requests (requests without a key count as one).
+    pub tenants: usize,
 }

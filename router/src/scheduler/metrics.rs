@@ -103,6 +103,8 @@ pub(super) fn record_load(load: &LoadSnapshot) {
     gauge!("tandem_queue_size").set(as_f64(load.queued_requests));
     gauge!("tandem_queue_tokens").set(as_f64(load.queued_tokens));
     gauge!("tandem_running_requests").set(as_f64(load.running_requests));
+    // A count only: keys are secrets, so no key or hash of one is ever a label.
+    gauge!("tandem_scheduling_tenants").set(as_f64(load.tenants));
     gauge!("tandem_kv_blocks_used").set(as_f64(load.kv_blocks_used));
     gauge!("tandem_kv_blocks_total").set(as_f64(load.kv_blocks_total));
     gauge!("tandem_prefix_cache_blocks").set(as_f64(load.kv_blocks_cached));
@@ -168,6 +170,10 @@ fn describe_load() {
         "Prompt tokens the waiting requests still need to compute"
     );
     describe_gauge!("tandem_running_requests", "Requests being generated");
+    describe_gauge!(
+        "tandem_scheduling_tenants",
+        "API keys with waiting or running requests (requests without a key count as one)"
+    );
     describe_counter!(
         "tandem_preemptions_total",
         "Requests preempted for lack of KV blocks"
@@ -381,6 +387,7 @@ mod tests {
                     decode_rows: 8,
                     compiling: true,
                 }),
+                tenants: 2,
             });
             record_step_done(
                 &StepTimings {
@@ -404,6 +411,7 @@ mod tests {
         for expected in [
             "tandem_queue_size 2",
             "tandem_queue_tokens 40",
+            "tandem_scheduling_tenants 2",
             "tandem_kv_cache_usage_ratio 0.25",
             "tandem_prefix_cache_blocks 7",
             "tandem_state_checkpoints_cached 5",

@@ -13,6 +13,9 @@ mod checkpoints;
 mod config;
 mod drafting;
 mod error;
+mod fair_share;
+#[cfg(test)]
+mod fair_tests;
 #[cfg(test)]
 mod fake_shard;
 mod handle;

@@ -15,6 +15,11 @@ pub enum SchedulingPolicy {
     /// order: waiting and running requests are kept in that order, so admission serves the
     /// most urgent first and preemption takes the least urgent.
     Priority,
+    /// Weighted fair sharing between API keys (start-time fair queuing): each key's virtual
+    /// time advances by the tokens served to it divided by its weight; admission serves the
+    /// key with the lowest virtual time (then arrival) and preemption takes the latest request
+    /// of the key with the highest. Requests without a key share one tenant.
+    Fair,
 }
 
 impl SchedulingPolicy {
@@ -22,6 +27,7 @@ impl SchedulingPolicy {
         match self {
             Self::Fcfs => "fcfs",
             Self::Priority => "priority",
+            Self::Fair => "fair",
         }
     }
 }
@@ -39,8 +45,9 @@ impl FromStr for SchedulingPolicy {
         match value {
             "fcfs" => Ok(Self::Fcfs),
             "priority" => Ok(Self::Priority),
+            "fair" => Ok(Self::Fair),
             other => Err(format!(
-                "unknown scheduling policy {other:?}: use fcfs or priority"
+                "unknown scheduling policy {other:?}: use fcfs, priority or fair"
             )),
         }
     }

@@ -10,6 +10,7 @@ use crate::kv::AdapterKey;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
 };
+use crate::tenant::Tenant;
 
 /// A validated, tokenized request ready for scheduling.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +32,9 @@ pub struct GenerationRequest {
     /// How long the request's cached blocks stay ahead of LRU eviction after it releases
     /// them (a client's cache hint); `None`: plain LRU.
     pub cache_retention: Option<Duration>,
+    /// The API key the request came with, whose share `SchedulingPolicy::Fair` keeps;
+    /// `None` (no keys configured) is one tenant shared by every such request.
+    pub tenant: Option<Tenant>,
     /// The prompt's images, each placed at its span of `input_ids`.
     pub images: Vec<PromptImage>,
 }

@@ -13,6 +13,7 @@ use crate::kv::{self, BlockTable};
 use crate::shard::{
     Grammar, LogprobOptions, NewRequest, SamplingParams, ScheduledSpan, StoppingParams,
 };
+use crate::tenant::{KeyId, Tenant};
 
 /// Tokens sent to the shards in a step that has not answered yet.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +71,8 @@ pub(crate) struct Sequence {
     pub branch_point: Option<usize>,
     /// Lower runs earlier under `SchedulingPolicy::Priority`.
     pub priority: i32,
+    /// The API key served, whose share `SchedulingPolicy::Fair` keeps.
+    pub tenant: Option<Tenant>,
     /// The prompt's images at their spans of `tokens`.
     pub images: Vec<PromptImage>,
 }
@@ -104,6 +107,7 @@ impl Sequence {
             max_drafts: request.max_drafts,
             branch_point: None,
             priority: request.priority,
+            tenant: request.tenant,
             images: request.images,
         }
     }
@@ -111,6 +115,11 @@ impl Sequence {
     /// `tokens` as the prefix cache keys them (image spans keyed by their images).
     pub fn cache_keys(&self) -> Cow<'_, [u32]> {
         kv::cache_keys(&self.tokens, &self.images)
+    }
+
+    /// The key whose virtual time this request advances (`None`: the keyless tenant).
+    pub fn tenant_key(&self) -> Option<KeyId> {
+        self.tenant.map(|tenant| tenant.key)
     }
 
     /// The order `SchedulingPolicy::Priority` keeps requests in: lower priority values first,

@@ -21,7 +21,7 @@ use crate::http::{self, ApiKeyError, ApiKeys, AppState, LaunchIdError};
 use crate::images::{FetcherSetupError, ImageTokens, ImageTokensError, MediaFetcher};
 use crate::kv::{self, events::PublisherError};
 use crate::reasoning::ReasoningParser;
-use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig, SchedulingPolicy};
+use crate::scheduler::{self, Backend, DraftMethod, RecoveryConfig};
 use crate::shard::{ClusterAuth, KvCacheSize, ModelInfo, ShardError, ShardFleet, WarmupPlan};
 use crate::stream::TokenDecoding;
 use crate::tools::ToolFormat;
@@ -425,7 +425,7 @@ fn tokenization(
         .with_reasoning_parser(reasoning)
         .with_request_limits(config.request_limits)
         .with_max_drafts(config.limits.speculate)
-        .with_priorities(config.limits.scheduling_policy == SchedulingPolicy::Priority)
+        .with_scheduling_policy(config.limits.scheduling_policy)
         .with_tokenization_budget(
             TOKENIZATION_BUDGET_BODIES * tokenization_peak_bytes(config.api.payload_limit),
         );

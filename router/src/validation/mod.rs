@@ -55,7 +55,7 @@ pub use template_source::{ChatUnavailable, TemplateSource, TemplateSourceError};
 use crate::images::{ImageTokens, MediaFetcher};
 use crate::limits::RequestLimits;
 use crate::reasoning::{ReasoningParser, ReasoningSplitter};
-use crate::scheduler::{GenerationRequest, StoppingParams};
+use crate::scheduler::{GenerationRequest, SchedulingPolicy, StoppingParams};
 
 /// Bytes of memory tokenization takes at once unless `with_tokenization_budget` says
 /// otherwise: two `/tokenize` answers for bodies of the default payload limit.
@@ -123,8 +123,9 @@ pub struct Validator {
     reasoning: Option<ReasoningParser>,
     /// The LoRA adapters requests may select.
     adapters: LoraAdapters,
-    /// Whether the scheduler orders requests by their `priority` (else only 0 is accepted).
-    by_priority: bool,
+    /// The scheduler's order: only `SchedulingPolicy::Priority` accepts a `priority` other
+    /// than 0.
+    scheduling: SchedulingPolicy,
     /// How the model's prompts hold images; `None`: the model takes text only.
     image_tokens: Option<Arc<ImageTokens>>,
     /// Most tokens one scheduler step computes: an image's whole span must fit in one step.
@@ -153,17 +154,18 @@ impl Validator {
             max_drafts: 0,
             reasoning: None,
             adapters: LoraAdapters::default(),
-            by_priority: false,
+            scheduling: SchedulingPolicy::default(),
             image_tokens: None,
             max_step_tokens: 0,
             media_fetcher: None,
         }
     }
 
-    /// Lets requests set a `priority` other than 0, which the scheduler orders them by.
+    /// The scheduler's order; under `SchedulingPolicy::Priority` requests may set a
+    /// `priority` other than 0, which the scheduler orders them by.
     #[must_use]
-    pub fn with_priorities(mut self, by_priority: bool) -> Self {
-        self.by_priority = by_priority;
+    pub fn with_scheduling_policy(mut self, scheduling: SchedulingPolicy) -> Self {
+        self.scheduling = scheduling;
         self
     }
 
@@ -239,8 +241,8 @@ impl Validator {
             self.check_grammar(requested).await?;
         }
         let truncate = self.check_truncate(params.truncate)?;
-        let priority = params::check_priority(params.priority, self.by_priority)?;
         let cache_retention = params.cache_hint.retention()?;
+        let priority = params::check_priority(params.priority, self.scheduling)?;
         let max_drafts = params
             .speculate
             .map(|asked| check_count("speculate", Some(asked), self.max_drafts))
@@ -299,6 +301,8 @@ impl Validator {
                 adapter,
                 priority,
                 cache_retention,
+                // The HTTP layer sets who the request is for.
+                tenant: None,
                 images,
             },
             stop: checked.stop,

@@ -8,7 +8,7 @@ use super::error::ValidationError;
 use super::processors::{self, ProcessorParams};
 use super::requested_grammar::RequestedGrammar;
 use crate::reasoning::ReasoningRequest;
-use crate::scheduler::{LogprobOptions, SamplingParams};
+use crate::scheduler::{LogprobOptions, SamplingParams, SchedulingPolicy};
 
 /// Largest accepted temperature.
 pub const MAX_TEMPERATURE: f64 = 100.0;
@@ -227,17 +227,30 @@ pub fn check_choices(
     }
 }
 
-/// A request's `priority`: any 32-bit integer where the server schedules by priority
-/// (`by_priority`), else only 0, as vLLM refuses it.
-pub fn check_priority(priority: Option<i64>, by_priority: bool) -> Result<i32, ValidationError> {
+/// A request's `priority`: any 32-bit integer where the server schedules by priority, else
+/// only 0, as vLLM refuses it (fair sharing between keys orders no request by priority).
+pub fn check_priority(
+    priority: Option<i64>,
+    scheduling: SchedulingPolicy,
+) -> Result<i32, ValidationError> {
     let Some(asked) = priority else {
         return Ok(0);
     };
-    if !by_priority && asked != 0 {
+    let only_zero = match scheduling {
+        SchedulingPolicy::Priority => None,
+        SchedulingPolicy::Fcfs => Some(
+            "0 on this server, which schedules first come, first served \
+             (`--scheduling-policy priority` serves priorities)",
+        ),
+        SchedulingPolicy::Fair => Some(
+            "0 on this server, which schedules by fair share per API key \
+             (`--scheduling-policy priority` serves priorities)",
+        ),
+    };
+    if let Some(expected) = only_zero.filter(|_| asked != 0) {
         return Err(ValidationError::OutOfRange {
             param: "priority".to_owned(),
-            expected: "0 on this server, which schedules first come, first served \
-                       (`--scheduling-policy priority` serves priorities)",
+            expected,
             value: asked.to_string(),
         });
     }

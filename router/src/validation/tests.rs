@@ -330,7 +330,7 @@ async fn priority_reaches_the_scheduler_only_where_it_schedules_by_priority() {
         priority,
         ..params()
     };
-    let by_priority = validator(false).with_priorities(true);
+    let by_priority = validator(false).with_scheduling_policy(SchedulingPolicy::Priority);
     for (priority, expected) in [(None, 0), (Some(-3), -3), (Some(7), 7)] {
         let valid = by_priority
             .validate(Prompt::Text("hello".into()), &asked(priority))
@@ -357,5 +357,29 @@ async fn priority_reaches_the_scheduler_only_where_it_schedules_by_priority() {
         refused.to_string(),
         "`priority` must be 0 on this server, which schedules first come, first served \
          (`--scheduling-policy priority` serves priorities), got 2"
+    );
+}
+
+#[tokio::test]
+async fn fair_sharing_refuses_a_priority_other_than_zero_naming_the_priority_policy() {
+    let fair = validator(false).with_scheduling_policy(SchedulingPolicy::Fair);
+    let asked = |priority: Option<i64>| GenerationParams {
+        priority,
+        ..params()
+    };
+    let zero = fair
+        .validate(Prompt::Text("hello".into()), &asked(Some(0)))
+        .await
+        .unwrap();
+    assert_eq!(zero.request.priority, 0);
+    let refused = fair
+        .validate(Prompt::Text("hello".into()), &asked(Some(-1)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.param(), Some("priority"));
+    assert_eq!(
+        refused.to_string(),
+        "`priority` must be 0 on this server, which schedules by fair share per API key \
+         (`--scheduling-policy priority` serves priorities), got -1"
     );
 }

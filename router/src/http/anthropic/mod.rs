@@ -22,6 +22,7 @@ use self::response::{
 };
 use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
 use crate::generation::{AdmittedRequest, CompletedOutput};
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::typed_event;
@@ -59,6 +60,7 @@ pub enum AnthropicErrorResponses {
     AnthropicErrorResponses))]
 pub async fn messages(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<MessagesRequest, Anthropic>,
 ) -> Result<Response, ApiError<Anthropic>> {
     let generation = convert::generation(request, &state.config)?;
@@ -68,7 +70,7 @@ pub async fn messages(
         .as_ref()
         .is_some_and(|plan| plan.choice != ToolChoice::Auto);
     let admitted = AdmittedRequest::start(
-        state.engine(),
+        state.engine(caller),
         "messages",
         generation.prompt,
         &generation.params,

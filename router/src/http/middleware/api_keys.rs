@@ -1,15 +1,18 @@
 //! The accepted API keys: given inline or read from files (again on SIGHUP), compared in
-//! constant time, case-sensitively, and never logged.
+//! constant time, case-sensitively, and never logged. A key file line may give its key a
+//! fair-scheduling weight (`key_file`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use axum::extract::Request;
 use axum::http::header;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::key_file::{checked, read_key_file, WeightedKey};
 use crate::error::AuthError;
+pub use crate::tenant::KeyId;
+use crate::tenant::Tenant;
 
 /// The header Anthropic clients send their key in.
 const X_API_KEY: &str = "x-api-key";
@@ -22,37 +25,24 @@ pub enum ApiKeyError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{origin}: an API key must be printable ASCII without spaces")]
+    #[error(
+        "{origin}: an API key must be printable ASCII without spaces, optionally followed by \
+         `weight=N`"
+    )]
     Malformed { origin: String },
+    #[error("{origin}: a key's weight must be one `weight=N` with N a whole number from 1 to 4294967295")]
+    Weight { origin: String },
     #[error("the API key files hold no key ({paths})")]
     Empty { paths: String },
-}
-
-/// Names an accepted key without holding it: the key's SHA-256. The same key has the same id
-/// across reloads, so what a key owns stays its own while the key stays accepted.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyId([u8; 32]);
-
-impl KeyId {
-    /// The id of `key`.
-    pub fn of(key: &[u8]) -> Self {
-        Self(Sha256::digest(key).into())
-    }
-}
-
-impl std::fmt::Debug for KeyId {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("KeyId(..)")
-    }
 }
 
 /// The accepted keys: those given inline plus those read from files, which `reload` reads
 /// again (on SIGHUP). Cloning shares the set.
 #[derive(Clone)]
 pub struct ApiKeys {
-    inline: Arc<Vec<Vec<u8>>>,
+    inline: Arc<Vec<WeightedKey>>,
     files: Arc<Vec<PathBuf>>,
-    current: Arc<RwLock<Arc<Vec<Vec<u8>>>>>,
+    current: Arc<RwLock<Arc<Vec<WeightedKey>>>>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -66,15 +56,20 @@ impl std::fmt::Debug for ApiKeys {
 }
 
 impl ApiKeys {
-    /// Keys from `inline` and from `files` (one key per line; blank lines and lines starting
-    /// with `#` are skipped). `None` when neither names a key source.
+    /// Keys from `inline` (weight 1) and from `files` (see `key_file`). `None` when neither
+    /// names a key source.
     pub fn load(inline: &[String], files: &[PathBuf]) -> Result<Option<Self>, ApiKeyError> {
         if inline.is_empty() && files.is_empty() {
             return Ok(None);
         }
         let inline = inline
             .iter()
-            .map(|key| checked(key.trim(), "--api-key"))
+            .map(|key| {
+                checked(key.trim(), "--api-key").map(|key| WeightedKey {
+                    key,
+                    weight: std::num::NonZeroU32::MIN,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let keys = Self {
             inline: Arc::new(inline),
@@ -85,7 +80,8 @@ impl ApiKeys {
         Ok(Some(keys))
     }
 
-    /// Reads the key files again; on any error the previous keys stay in force.
+    /// Reads the key files again, their weights included; on any error the previous keys
+    /// stay in force.
     pub fn reload(&self) -> Result<usize, ApiKeyError> {
         let mut keys = self.inline.as_ref().clone();
         for path in self.files.iter() {
@@ -113,7 +109,7 @@ impl ApiKeys {
         self.snapshot().len()
     }
 
-    fn snapshot(&self) -> Arc<Vec<Vec<u8>>> {
+    fn snapshot(&self) -> Arc<Vec<WeightedKey>> {
         Arc::clone(
             &self
                 .current
@@ -126,18 +122,34 @@ impl ApiKeys {
     /// time, so the time taken reveals neither which key matched nor how much of one did
     /// (only whether the lengths differ).
     pub fn accepts(&self, presented: &[u8]) -> bool {
-        let matched = self
-            .snapshot()
-            .iter()
-            .fold(subtle::Choice::from(0), |found, key| {
-                found | key.as_slice().ct_eq(presented)
-            });
-        matched.into()
+        self.tenant_of(presented).is_some()
+    }
+
+    /// The tenant `presented` names when it is accepted. Every key is compared in constant
+    /// time, as in `accepts`; the weight is picked without branching on which key matched.
+    fn tenant_of(&self, presented: &[u8]) -> Option<Tenant> {
+        let (matched, weight) = self.snapshot().iter().fold(
+            (subtle::Choice::from(0), 0u32),
+            |(found, weight), accepted| {
+                let equal = accepted.key.as_slice().ct_eq(presented);
+                let picked = subtle::ConditionallySelectable::conditional_select(
+                    &weight,
+                    &accepted.weight.get(),
+                    equal,
+                );
+                (found | equal, picked)
+            },
+        );
+        let weight = std::num::NonZeroU32::new(weight)?;
+        bool::from(matched).then(|| Tenant {
+            key: KeyId::of(presented),
+            weight,
+        })
     }
 
     /// Checks a request's `Authorization` header, or else its `x-api-key` header (the
-    /// Anthropic clients' way of sending a key); the id of the accepted key.
-    pub fn check(&self, request: &Request) -> Result<KeyId, AuthError> {
+    /// Anthropic clients' way of sending a key); the accepted key's id and weight.
+    pub fn check(&self, request: &Request) -> Result<Tenant, AuthError> {
         let headers = request.headers();
         let key = match (headers.get(header::AUTHORIZATION), headers.get(X_API_KEY)) {
             (Some(value), _) => {
@@ -154,34 +166,8 @@ impl ApiKeys {
             (None, Some(value)) => value.as_bytes(),
             (None, None) => return Err(AuthError::Missing),
         };
-        if self.accepts(key) {
-            Ok(KeyId::of(key))
-        } else {
-            Err(AuthError::Invalid)
-        }
+        self.tenant_of(key).ok_or(AuthError::Invalid)
     }
-}
-
-fn checked(key: &str, origin: &str) -> Result<Vec<u8>, ApiKeyError> {
-    if key.is_empty() || !key.bytes().all(|byte| byte.is_ascii_graphic()) {
-        return Err(ApiKeyError::Malformed {
-            origin: origin.to_owned(),
-        });
-    }
-    Ok(key.as_bytes().to_vec())
-}
-
-fn read_key_file(path: &Path) -> Result<Vec<Vec<u8>>, ApiKeyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ApiKeyError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    text.lines()
-        .enumerate()
-        .map(|(index, line)| (index, line.trim()))
-        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
-        .map(|(index, line)| checked(line, &format!("{} line {}", path.display(), index + 1)))
-        .collect()
 }
 
 /// Reads the key files again on every SIGHUP; a failed reload keeps the previous keys.
@@ -228,12 +214,16 @@ mod tests {
         assert!(!keys.accepts(b""));
     }
 
-    fn key_id(keys: &ApiKeys, authorization: &str) -> Result<KeyId, AuthError> {
+    fn tenant(keys: &ApiKeys, authorization: &str) -> Result<Tenant, AuthError> {
         let request = Request::builder()
             .header(header::AUTHORIZATION, authorization)
             .body(axum::body::Body::empty())
             .unwrap();
         keys.check(&request)
+    }
+
+    fn key_id(keys: &ApiKeys, authorization: &str) -> Result<KeyId, AuthError> {
+        tenant(keys, authorization).map(|tenant| tenant.key)
     }
 
     #[test]
@@ -289,5 +279,48 @@ mod tests {
         assert!(matches!(error, ApiKeyError::Empty { .. }), "{error}");
         let missing = ApiKeys::load(&[], &[PathBuf::from("/nonexistent/keys")]).unwrap_err();
         assert!(matches!(missing, ApiKeyError::Read { .. }), "{missing}");
+    }
+
+    #[test]
+    fn each_key_carries_its_file_weight_and_a_reload_reads_weights_again() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "sk-heavy weight=3\nsk-light").unwrap();
+        let keys = ApiKeys::load(&["sk-inline".to_owned()], &[file.path().to_path_buf()])
+            .unwrap()
+            .unwrap();
+        let weight = |keys: &ApiKeys, key: &str| {
+            tenant(keys, &format!("Bearer {key}"))
+                .map(|tenant| tenant.weight.get())
+                .ok()
+        };
+        assert_eq!(weight(&keys, "sk-heavy"), Some(3));
+        assert_eq!(weight(&keys, "sk-light"), Some(1));
+        assert_eq!(weight(&keys, "sk-inline"), Some(1), "inline keys weigh 1");
+        assert_eq!(weight(&keys, "sk-other"), None);
+        std::fs::write(file.path(), "sk-heavy weight=5\nsk-light weight=2\n").unwrap();
+        keys.reload().unwrap();
+        assert_eq!(weight(&keys, "sk-heavy"), Some(5));
+        assert_eq!(weight(&keys, "sk-light"), Some(2));
+        std::fs::write(file.path(), "sk-heavy weight=0\n").unwrap();
+        let error = keys.reload().unwrap_err();
+        assert!(error.to_string().contains("line 1"), "{error}");
+        assert!(!error.to_string().contains("sk-heavy"), "{error}");
+        assert_eq!(
+            weight(&keys, "sk-heavy"),
+            Some(5),
+            "a failed reload keeps the weights"
+        );
+    }
+
+    #[test]
+    fn a_malformed_weight_is_a_start_up_error_naming_the_file_and_line() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "# tenants\nsk-fine\nsk-secret weight=-1").unwrap();
+        let error = ApiKeys::load(&[], &[file.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(error, ApiKeyError::Weight { .. }), "{error}");
+        let message = error.to_string();
+        let expected = format!("{} line 3", file.path().display());
+        assert!(message.contains(&expected), "{message}");
+        assert!(!message.contains("sk-secret"), "{message}");
     }
 }

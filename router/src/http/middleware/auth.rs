@@ -9,13 +9,13 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::api_keys::KeyId;
 use crate::error::{error_response, Api, AppError};
 use crate::http::state::AppState;
+use crate::tenant::{KeyId, Tenant};
 
 /// Middleware on every route but the probes: 401 in the route's error shape unless the
 /// request carries an accepted key (no keys configured: everything passes). An accepted key's
-/// id rides along with the request for `Caller`.
+/// id and weight ride along with the request for `Caller`.
 pub async fn require_api_key(
     State(state): State<AppState>,
     mut request: Request,
@@ -25,8 +25,8 @@ pub async fn require_api_key(
         return next.run(request).await;
     };
     match keys.check(&request) {
-        Ok(key_id) => {
-            request.extensions_mut().insert(key_id);
+        Ok(tenant) => {
+            request.extensions_mut().insert(tenant);
             next.run(request).await
         }
         Err(error) => error_response(
@@ -36,15 +36,22 @@ pub async fn require_api_key(
     }
 }
 
-/// Who sent a request: the id of the API key it was accepted with; `None` when no keys are
-/// configured.
+/// Who sent a request: the API key it was accepted with, as its id and weight; `None` when no
+/// keys are configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller(pub Option<KeyId>);
+pub struct Caller(pub Option<Tenant>);
+
+impl Caller {
+    /// The id of the caller's key.
+    pub fn key(self) -> Option<KeyId> {
+        self.0.map(|tenant| tenant.key)
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Self(parts.extensions.get::<KeyId>().copied()))
+        Ok(Self(parts.extensions.get::<Tenant>().copied()))
     }
 }

@@ -5,6 +5,7 @@
 pub mod api_keys;
 pub mod auth;
 pub mod draining;
+mod key_file;
 pub mod launch_identity;
 pub mod request_log;
 pub mod serving;

@@ -18,6 +18,7 @@ use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };
 use crate::generation::{collect_siblings, AdmittedRequest};
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::json_event;
@@ -32,11 +33,12 @@ use response::{answer, top_tokens};
     NativeGenerationErrorResponses))]
 pub async fn generate(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
     let use_generate_stream = " on /generate: use /generate_stream";
     request_rules::refuse_feature(request.wants_stream(), "stream", use_generate_stream)?;
-    generate_whole(state, request).await
+    generate_whole(state, caller, request).await
 }
 
 /// `POST /`: TGI's compatibility route, where `huggingface_hub.InferenceClient` sends text
@@ -49,22 +51,24 @@ pub async fn generate(
     NativeGenerationErrorResponses))]
 pub async fn compat_generate(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
     if request.wants_stream() {
-        stream_tokens(state, request).await
+        stream_tokens(state, caller, request).await
     } else {
-        generate_whole(state, request).await
+        generate_whole(state, caller, request).await
     }
 }
 
 async fn generate_whole(
     state: AppState,
+    caller: Caller,
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.config)?;
     let generations = AdmittedRequest::start_siblings(
-        state.engine(),
+        state.engine(caller),
         "generate",
         prompt,
         &params,
@@ -106,20 +110,22 @@ async fn generate_whole(
     (status = 503, description = "Draining or recovering", body = NativeErrorBody)))]
 pub async fn generate_stream(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<GenerateRequest, Native>,
 ) -> Result<Response, ApiError<Native>> {
-    stream_tokens(state, request).await
+    stream_tokens(state, caller, request).await
 }
 
 async fn stream_tokens(
     state: AppState,
+    caller: Caller,
     request: GenerateRequest,
 ) -> Result<Response, ApiError<Native>> {
     let (prompt, params, options) = request.into_parts(&state.config)?;
     let use_generate = " on /generate_stream: use /generate";
     request_rules::refuse_feature(options.best_of > 1, "best_of", use_generate)?;
     let generation =
-        AdmittedRequest::start(state.engine(), "generate_stream", prompt, &params).await?;
+        AdmittedRequest::start(state.engine(caller), "generate_stream", prompt, &params).await?;
     let surface = TokenStream {
         text: options.full_text_prefix.unwrap_or_default(),
         seed: generation.seed,

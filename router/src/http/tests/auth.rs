@@ -168,3 +168,52 @@ async fn a_reloaded_key_file_takes_effect_at_once() {
     );
     assert_eq!(send(&app, models("sk-new")).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn every_generation_carries_its_keys_id_and_file_weight_to_the_scheduler() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(file, "sk-light\nsk-heavy weight=3").unwrap();
+    let keys = ApiKeys::load(&[], &[file.path().to_path_buf()])
+        .unwrap()
+        .unwrap();
+    let (app, backend) = keyed_app(Some(keys));
+    let generating = [
+        ("/generate", r#"{"inputs": "a"}"#),
+        ("/generate_stream", r#"{"inputs": "a"}"#),
+        ("/v1/completions", r#"{"prompt": "a"}"#),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "a"}]}"#,
+        ),
+        ("/v1/responses", r#"{"input": "a"}"#),
+        (
+            "/v1/messages",
+            r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "a"}]}"#,
+        ),
+    ];
+    for (path, body) in generating {
+        let reply = send(&app, request("POST", path, body, Some("Bearer sk-heavy"))).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {:?}", reply.body);
+    }
+    let heavy = crate::tenant::Tenant {
+        key: crate::tenant::KeyId::of(b"sk-heavy"),
+        weight: std::num::NonZeroU32::new(3).unwrap(),
+    };
+    let requests = backend.requests.lock().unwrap();
+    assert_eq!(requests.len(), generating.len());
+    assert!(requests.iter().all(|request| request.tenant == Some(heavy)));
+}
+
+#[tokio::test]
+async fn without_keys_generations_carry_no_tenant() {
+    let (app, backend) = keyed_app(None);
+    let reply = send(
+        &app,
+        request("POST", "/v1/completions", r#"{"prompt": "a"}"#, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let requests = backend.requests.lock().unwrap();
+    assert!(requests.iter().all(|request| request.tenant.is_none()));
+    assert_eq!(requests.len(), 1);
+}

@@ -10,7 +10,7 @@ use crate::scheduler::sequence::Sequence;
 use crate::shard::Step;
 
 /// Waiting requests behind the head that admission considers in one step.
-const ADMISSION_LOOKAHEAD: usize = 16;
+pub(super) const ADMISSION_LOOKAHEAD: usize = 16;
 
 impl SchedulerState {
     /// Admission rule: the queue head (the first waiting request the sibling gate lets
@@ -20,6 +20,10 @@ impl SchedulerState {
     /// under `SchedulingPolicy::Priority`, more urgent priorities first), each that fits the
     /// remaining budget and blocks.
     pub(super) fn admit_waiting(&mut self, budget: &mut Budget, step: &mut Step) {
+        if self.config.policy == SchedulingPolicy::Fair {
+            self.admit_fairly(budget, step);
+            return;
+        }
         let Some(head) = self
             .waiting
             .iter()
@@ -57,7 +61,7 @@ impl SchedulerState {
 
     /// Admits waiting request `id` if the step has room for its first chunk (see
     /// `next_chunk`) and its blocks can be had; it starts after its longest cached prefix.
-    fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut Step) -> bool {
+    pub(super) fn try_admit(&mut self, id: u64, budget: &mut Budget, step: &mut Step) -> bool {
         if budget.tokens == 0
             || budget.requests == 0
             || self.running.len() >= self.config.max_batch_requests
@@ -125,6 +129,7 @@ impl SchedulerState {
         }
         budget.tokens -= num_tokens;
         budget.requests -= 1;
+        self.charge(sequence.tenant, num_tokens);
         self.add_running(sequence);
         true
     }
@@ -151,7 +156,7 @@ impl SchedulerState {
     /// with its prompt not yet computed and published, so the shared prompt's full blocks
     /// are computed once and the siblings adopt them from the prefix cache. A leader that
     /// finished or was cancelled holds nobody back.
-    fn gated_by_leader(&self, sequence: &Sequence) -> bool {
+    pub(super) fn gated_by_leader(&self, sequence: &Sequence) -> bool {
         let Some(leader) = sequence.leader else {
             return false;
         };

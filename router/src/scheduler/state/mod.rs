@@ -7,13 +7,16 @@ use std::time::Instant;
 mod admission;
 mod chunks;
 mod delivery;
+mod fairness;
 
 use delivery::{deliver_span, pause_after_fruitless_try};
+use fairness::insert_by_arrival;
 
 use super::checkpoints::CheckpointPlan;
 use super::config::SchedulerConfig;
 use super::drafting::{propose, Drafts};
 use super::error::SchedulerError;
+use super::fair_share::FairShare;
 use super::load::LoadSnapshot;
 use super::policy::SchedulingPolicy;
 use super::request::GenerationEvent;
@@ -31,10 +34,14 @@ struct Budget {
 pub(crate) struct SchedulerState {
     config: SchedulerConfig,
     pool: BlockPool,
-    /// FCFS queue; preempted requests go back to its front.
+    /// FCFS queue; preempted requests go back to its front (by urgency under priority, by
+    /// arrival under fair).
     waiting: VecDeque<Sequence>,
-    /// Admission order: the newest request is last and is preempted first.
+    /// Admission order: the newest request is last and is preempted first (under fair, the
+    /// order of `order_running_by_share`).
     running: Vec<Sequence>,
+    /// Each API key's virtual time under `SchedulingPolicy::Fair`.
+    fair: FairShare,
     /// Requests the shards still hold but must drop at the next step.
     forget: Vec<u64>,
     /// Steps sent and not yet answered, oldest first; answers arrive in this order.
@@ -56,6 +63,7 @@ impl SchedulerState {
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            fair: FairShare::default(),
             forget: Vec::new(),
             in_flight: VecDeque::new(),
             next_step_id: 0,
@@ -92,6 +100,7 @@ impl SchedulerState {
         match self.config.policy {
             SchedulingPolicy::Fcfs => self.waiting.push_back(sequence),
             SchedulingPolicy::Priority => insert_by_urgency(&mut self.waiting, sequence),
+            SchedulingPolicy::Fair => self.enqueue_fairly(sequence),
         }
     }
 
@@ -101,6 +110,7 @@ impl SchedulerState {
         match self.config.policy {
             SchedulingPolicy::Fcfs => self.waiting.push_front(sequence),
             SchedulingPolicy::Priority => insert_by_urgency(&mut self.waiting, sequence),
+            SchedulingPolicy::Fair => insert_by_arrival(&mut self.waiting, sequence),
         }
     }
 
@@ -108,7 +118,7 @@ impl SchedulerState {
     /// from the back: by admission (FCFS), or by urgency.
     fn add_running(&mut self, sequence: Sequence) {
         match self.config.policy {
-            SchedulingPolicy::Fcfs => self.running.push(sequence),
+            SchedulingPolicy::Fcfs | SchedulingPolicy::Fair => self.running.push(sequence),
             SchedulingPolicy::Priority => {
                 let index = self
                     .running
@@ -134,6 +144,7 @@ impl SchedulerState {
             kv_blocks_total: self.pool.total(),
             kv_blocks_cached: self.pool.cached(),
             compilation: self.compilation,
+            tenants: self.busy_tenants().len(),
         }
     }
 
@@ -167,6 +178,9 @@ impl SchedulerState {
     /// prompt chunk ends inside an image's span (see `next_chunk`).
     pub fn schedule(&mut self) -> Option<Step> {
         self.drop_cancelled();
+        if self.config.policy == SchedulingPolicy::Fair {
+            self.order_running_by_share();
+        }
         let mut budget = Budget {
             tokens: self.config.max_batch_tokens,
             requests: self.config.max_batch_requests,
@@ -227,6 +241,7 @@ impl SchedulerState {
                 self.running[index].schedule(step.step_id, num_tokens, new_blocks, drafts);
             self.save_state_after(index, &mut scheduled);
             step.scheduled.push(scheduled);
+            self.charge(self.running[index].tenant, num_tokens + num_drafts);
             budget.tokens -= num_tokens + num_drafts;
             budget.requests -= 1;
             index += 1;

@@ -21,6 +21,7 @@ use super::chunks::ChatChunk;
 use super::{stream_chunks, PromptUsage, ResponseMeta, StreamOptions};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest};
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 
@@ -34,6 +35,7 @@ use crate::http::transport::json::ApiJson;
     OpenAiErrorResponses))]
 pub async fn completions(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<ChatRequest, OpenAi>,
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
@@ -47,7 +49,7 @@ pub async fn completions(
         config.tool_format,
     )?;
     let generations = AdmittedRequest::start_siblings(
-        state.engine(),
+        state.engine(caller),
         "chat_completions",
         plan.prompt,
         &plan.params,

@@ -21,6 +21,7 @@ use super::{
 };
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest, Completed};
+use crate::http::middleware::auth::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::scheduler::PromptLogprobs;
@@ -161,6 +162,7 @@ impl ChunkBuilder for CompletionChunks {
     OpenAiErrorResponses))]
 pub async fn completions(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request, _): ApiJson<CompletionRequest, OpenAi>,
 ) -> Result<Response, ApiError<OpenAi>> {
     let stream = request.stream == Some(true);
@@ -182,7 +184,7 @@ pub async fn completions(
     let mut per_prompt = Vec::with_capacity(plan.prompts.len());
     for prompt in plan.prompts {
         let generations = AdmittedRequest::start_siblings(
-            state.engine(),
+            state.engine(caller),
             "completions",
             prompt,
             &plan.params,

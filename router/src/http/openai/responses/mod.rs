@@ -77,9 +77,10 @@ pub enum StoredErrorResponses {
     CreateErrorResponses))]
 pub async fn create(
     State(state): State<AppState>,
-    Caller(owner): Caller,
+    caller: Caller,
     ApiJson(request, _): ApiJson<ResponsesRequest, OpenAi>,
 ) -> Result<Response, ApiError<OpenAi>> {
+    let owner = caller.key();
     let generation = convert::generation(request, &state.config, &state.responses, owner)?;
     let call_required = generation
         .tools
@@ -95,7 +96,7 @@ pub async fn create(
         owner,
     );
     let admitted = AdmittedRequest::start(
-        state.engine(),
+        state.engine(caller),
         "responses",
         generation.prompt,
         &generation.params,
@@ -216,12 +217,12 @@ fn not_found(id: String) -> AppError {
         StoredErrorResponses))]
 pub async fn retrieve(
     State(state): State<AppState>,
-    Caller(owner): Caller,
+    caller: Caller,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError<OpenAi>> {
     refuse_query(query.as_deref())?;
-    match state.responses.get(&id, owner) {
+    match state.responses.get(&id, caller.key()) {
         Some(stored) => Ok(Json(stored.body.clone())),
         None => Err(not_found(id).into()),
     }
@@ -235,10 +236,10 @@ pub async fn retrieve(
         StoredErrorResponses))]
 pub async fn delete(
     State(state): State<AppState>,
-    Caller(owner): Caller,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<DeletedResponse>, ApiError<OpenAi>> {
-    if !state.responses.remove(&id, owner) {
+    if !state.responses.remove(&id, caller.key()) {
         return Err(not_found(id).into());
     }
     Ok(Json(DeletedResponse {

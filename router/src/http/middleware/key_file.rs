@@ -1,0 +1,136 @@
+//! The API key file format: one key per line, optionally followed by its fair-scheduling
+//! weight (`KEY weight=4`); blank lines and lines starting with `#` are skipped. Errors name
+//! the file and line, never the key.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+
+use super::api_keys::ApiKeyError;
+
+/// An accepted key and its weight (1 unless its line says otherwise).
+#[derive(Clone)]
+pub(super) struct WeightedKey {
+    pub key: Vec<u8>,
+    pub weight: NonZeroU32,
+}
+
+/// Checks one key as given (inline or on a key file line named by `origin`).
+pub(super) fn checked(key: &str, origin: &str) -> Result<Vec<u8>, ApiKeyError> {
+    if key.is_empty() || !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err(ApiKeyError::Malformed {
+            origin: origin.to_owned(),
+        });
+    }
+    Ok(key.as_bytes().to_vec())
+}
+
+/// The keys of the file at `path`, in file order.
+pub(super) fn read_key_file(path: &Path) -> Result<Vec<WeightedKey>, ApiKeyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ApiKeyError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_key_file(&text, &path.display().to_string())
+}
+
+/// The keys in `text`, a key file's contents; `file` names it in errors.
+pub(super) fn parse_key_file(text: &str, file: &str) -> Result<Vec<WeightedKey>, ApiKeyError> {
+    text.lines()
+        .enumerate()
+        .map(|(index, line)| (index, line.trim()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+        .map(|(index, line)| parse_key_line(line, &format!("{file} line {}", index + 1)))
+        .collect()
+}
+
+/// `KEY` or `KEY weight=N` with N a whole number from 1 to 2^32 - 1.
+fn parse_key_line(line: &str, origin: &str) -> Result<WeightedKey, ApiKeyError> {
+    let mut words = line.split_whitespace();
+    let key = checked(words.next().unwrap_or_default(), origin)?;
+    let mut weight = None;
+    for word in words {
+        let Some(value) = word.strip_prefix("weight=") else {
+            // The word may be part of a key with a space in it: it is not echoed.
+            return Err(ApiKeyError::Malformed {
+                origin: origin.to_owned(),
+            });
+        };
+        if weight.is_some() {
+            return Err(ApiKeyError::Weight {
+                origin: origin.to_owned(),
+            });
+        }
+        weight = Some(parse_weight(value, origin)?);
+    }
+    Ok(WeightedKey {
+        key,
+        weight: weight.unwrap_or(NonZeroU32::MIN),
+    })
+}
+
+fn parse_weight(value: &str, origin: &str) -> Result<NonZeroU32, ApiKeyError> {
+    let is_decimal = !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_digit());
+    is_decimal
+        .then(|| value.parse::<NonZeroU32>().ok())
+        .flatten()
+        .ok_or_else(|| ApiKeyError::Weight {
+            origin: origin.to_owned(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weights(text: &str) -> Result<Vec<(String, u32)>, ApiKeyError> {
+        Ok(parse_key_file(text, "keys.txt")?
+            .into_iter()
+            .map(|key| (String::from_utf8(key.key).unwrap(), key.weight.get()))
+            .collect())
+    }
+
+    #[test]
+    fn a_key_line_may_carry_a_weight_and_a_plain_key_weighs_one() {
+        let parsed = weights("# tenants\nsk-plain\n  sk-heavy   weight=4 \n\nsk-one weight=1\n");
+        assert_eq!(
+            parsed.unwrap(),
+            [
+                ("sk-plain".to_owned(), 1),
+                ("sk-heavy".to_owned(), 4),
+                ("sk-one".to_owned(), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_weights_name_the_file_and_line_without_echoing_the_key() {
+        for line in [
+            "sk-secret weight=0",
+            "sk-secret weight=-2",
+            "sk-secret weight=four",
+            "sk-secret weight=1.5",
+            "sk-secret weight=",
+            "sk-secret weight=+3",
+            "sk-secret weight=4294967296",
+            "sk-secret weight=2 weight=3",
+        ] {
+            let error = weights(&format!("sk-fine\n{line}\n")).unwrap_err();
+            assert!(
+                matches!(error, ApiKeyError::Weight { .. }),
+                "{line}: {error}"
+            );
+            let message = error.to_string();
+            assert!(message.contains("keys.txt line 2"), "{message}");
+            assert!(!message.contains("sk-secret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_second_word_that_is_not_a_weight_is_refused_without_echoing_it() {
+        let error = weights("sk-half other-half\n").unwrap_err();
+        assert!(matches!(error, ApiKeyError::Malformed { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("keys.txt line 1"), "{message}");
+        assert!(!message.contains("half"), "{message}");
+    }
+}
