@@ -7,7 +7,7 @@ use axum::http::HeaderValue;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::middleware::api_keys::ApiKeys;
-use super::middleware::auth::Caller;
+use super::middleware::caller::Caller;
 use super::middleware::draining::Draining;
 use super::openai::responses::store::{ResponseStore, ResponseStoreLimits};
 use super::ops::deep_health::DeepProbe;

@@ -22,7 +22,7 @@ use self::response::{
 };
 use crate::error::{error_event, Anthropic, AnthropicErrorBody, Api, ApiError, AppError};
 use crate::generation::{AdmittedRequest, CompletedOutput};
-use crate::http::middleware::auth::Caller;
+use crate::http::middleware::caller::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::typed_event;

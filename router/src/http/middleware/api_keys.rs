@@ -9,6 +9,7 @@ use axum::extract::Request;
 use axum::http::header;
 use subtle::ConstantTimeEq;
 
+pub use super::key_file::ApiKeyError;
 use super::key_file::{checked, read_key_file, WeightedKey};
 use crate::error::AuthError;
 pub use crate::tenant::KeyId;
@@ -16,25 +17,6 @@ use crate::tenant::Tenant;
 
 /// The header Anthropic clients send their key in.
 const X_API_KEY: &str = "x-api-key";
-
-/// Why the configured keys cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiKeyError {
-    #[error("cannot read the API key file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error(
-        "{origin}: an API key must be printable ASCII without spaces, optionally followed by \
-         `weight=N`"
-    )]
-    Malformed { origin: String },
-    #[error("{origin}: a key's weight must be one `weight=N` with N a whole number from 1 to 4294967295")]
-    Weight { origin: String },
-    #[error("the API key files hold no key ({paths})")]
-    Empty { paths: String },
-}
 
 /// The accepted keys: those given inline plus those read from files, which `reload` reads
 /// again (on SIGHUP). Cloning shares the set.

@@ -2,16 +2,12 @@
 //! (or `x-api-key: <key>`) when keys are configured; `/health`, `/ready` and `/metrics` stay open for probes and
 //! scrapers.
 
-use std::convert::Infallible;
-
-use axum::extract::{FromRequestParts, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::error::{error_response, Api, AppError};
 use crate::http::state::AppState;
-use crate::tenant::{KeyId, Tenant};
 
 /// Middleware on every route but the probes: 401 in the route's error shape unless the
 /// request carries an accepted key (no keys configured: everything passes). An accepted key's
@@ -33,25 +29,5 @@ pub async fn require_api_key(
             Api::for_path(request.uri().path()),
             &AppError::Unauthorized(error),
         ),
-    }
-}
-
-/// Who sent a request: the API key it was accepted with, as its id and weight; `None` when no
-/// keys are configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller(pub Option<Tenant>);
-
-impl Caller {
-    /// The id of the caller's key.
-    pub fn key(self) -> Option<KeyId> {
-        self.0.map(|tenant| tenant.key)
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Self(parts.extensions.get::<Tenant>().copied()))
     }
 }

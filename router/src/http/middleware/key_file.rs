@@ -5,7 +5,24 @@
 use std::num::NonZeroU32;
 use std::path::Path;
 
-use super::api_keys::ApiKeyError;
+/// Why the configured keys cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("cannot read the API key file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{origin}: an API key must be printable ASCII without spaces, optionally followed by \
+         `weight=N`"
+    )]
+    Malformed { origin: String },
+    #[error("{origin}: a key's weight must be one `weight=N` with N a whole number from 1 to 4294967295")]
+    Weight { origin: String },
+    #[error("the API key files hold no key ({paths})")]
+    Empty { paths: String },
+}
 
 /// An accepted key and its weight (1 unless its line says otherwise).
 #[derive(Clone)]

@@ -4,6 +4,7 @@
 
 pub mod api_keys;
 pub mod auth;
+pub mod caller;
 pub mod draining;
 mod key_file;
 pub mod launch_identity;

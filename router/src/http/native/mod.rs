@@ -18,7 +18,7 @@ use crate::error::{
     error_event, Api, ApiError, AppError, Native, NativeErrorBody, NativeGenerationErrorResponses,
 };
 use crate::generation::{collect_siblings, AdmittedRequest};
-use crate::http::middleware::auth::Caller;
+use crate::http::middleware::caller::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::json_event;

@@ -21,7 +21,7 @@ use super::chunks::ChatChunk;
 use super::{stream_chunks, PromptUsage, ResponseMeta, StreamOptions};
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest};
-use crate::http::middleware::auth::Caller;
+use crate::http::middleware::caller::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 

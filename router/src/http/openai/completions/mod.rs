@@ -21,7 +21,7 @@ use super::{
 };
 use crate::error::{ApiError, OpenAi, OpenAiErrorResponses};
 use crate::generation::{collect_siblings, AdmittedRequest, Completed};
-use crate::http::middleware::auth::Caller;
+use crate::http::middleware::caller::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::scheduler::PromptLogprobs;

@@ -24,7 +24,7 @@ use self::output::{DeletedResponse, Draft, ResponseObject, ResponseUsage};
 use self::request::ResponsesRequest;
 use crate::error::{ApiError, AppError, OpenAi, OpenAiErrorBody};
 use crate::generation::AdmittedRequest;
-use crate::http::middleware::auth::Caller;
+use crate::http::middleware::caller::Caller;
 use crate::http::state::AppState;
 use crate::http::transport::json::ApiJson;
 use crate::http::transport::sse::typed_event;
