@@ -1,10 +1,12 @@
 """Prompt-cache hints through the real stack: a prompt sent with `prompt_cache_retention` keeps its cached prefix
 while later traffic evicts every other idle block, even though it is the least recently used; an unhinted prompt of
-the same age is evicted. A hint Tandem does not serve is a 400 naming the field."""
+the same age is evicted. Requests that need every block still get them: the hint yields. A hint Tandem does not serve
+is a 400 naming the field."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -37,9 +39,9 @@ def prompt(first_token: int) -> list[int]:
     return list(range(first_token, first_token + PROMPT_TOKENS))
 
 
-def complete(server: TandemServer, tokens: list[int], **hints: Any) -> int:
-    """Sends a one-token completion; the prompt tokens it found cached."""
-    body = {"prompt": tokens, "max_tokens": 1, **hints}
+def complete(server: TandemServer, tokens: list[int], max_tokens: int = 1, **hints: Any) -> int:
+    """Sends a completion; the prompt tokens it found cached."""
+    body = {"prompt": tokens, "max_tokens": max_tokens, "ignore_eos": True, **hints}
     response = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
@@ -57,6 +59,13 @@ def test_a_retained_prompt_survives_the_eviction_of_every_other_idle_block(small
     assert small_cache.metric("tandem_prefix_cache_evictions_total") - evictions_before >= 12
     assert complete(small_cache, unhinted) == 0, "the unhinted prompt, as old, was evicted"
     assert complete(small_cache, hinted) == 6 * BLOCK_SIZE, "the retained prompt kept all its blocks"
+
+    # Two requests of 16 blocks each at once need all 32: the retained blocks are evicted, and both are served.
+    long_prompts = [list(range(first, first + 200)) for first in (5000, 5400)]
+    with ThreadPoolExecutor(2) as pool:
+        cached = list(pool.map(lambda tokens: complete(small_cache, tokens, max_tokens=56), long_prompts))
+    assert cached == [0, 0]
+    assert complete(small_cache, hinted) < 6 * BLOCK_SIZE, "under real memory pressure the hint yielded"
 
 
 def test_a_hint_tandem_does_not_serve_is_refused_naming_the_field(small_cache: TandemServer) -> None:
