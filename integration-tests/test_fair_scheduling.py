@@ -28,7 +28,7 @@ def fair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemServer]:
     root = tmp_path_factory.mktemp("fair")
     write_tiny_llama(root / "model")
     key_file = root / "keys.txt"
-    key_file.write_text(f"# two tenants\n{KEY_A}\n{KEY_B} weight=1\n")
+    key_file.write_text(f"# two tenants\n{KEY_A}\n{KEY_B} weight=1 name=tenant-b\n")
     server = TandemServer.start(
         root / "launcher.log",
         "--model-id", str(root / "model"), *FLOAT32_EAGER,
@@ -67,7 +67,24 @@ def test_a_keys_later_request_runs_before_another_keys_queued_requests(fair: Tan
         assert all(b_done < queued.result(timeout=120) for queued in queued_from_a)
 
 
-def test_metrics_count_tenants_without_naming_keys(fair: TandemServer) -> None:
+def test_metrics_count_tenants_and_each_keys_requests_by_name_without_naming_keys(fair: TandemServer) -> None:
+    def per_key(name: str, key: str) -> float:
+        return fair.metric(name, key=key)
+
+    before = {
+        (name, key): per_key(name, key)
+        for name in ("tandem_key_requests_total", "tandem_key_generated_tokens_total")
+        for key in ("tenant-b", "unnamed")
+    }
+    complete(fair, KEY_B, 4)
+    complete(fair, KEY_A, 3)
+    assert per_key("tandem_key_requests_total", "tenant-b") == before["tandem_key_requests_total", "tenant-b"] + 1
+    assert per_key("tandem_key_requests_total", "unnamed") == before["tandem_key_requests_total", "unnamed"] + 1
+    generated_b = per_key("tandem_key_generated_tokens_total", "tenant-b")
+    assert generated_b == before["tandem_key_generated_tokens_total", "tenant-b"] + 4
+    generated_a = per_key("tandem_key_generated_tokens_total", "unnamed")
+    assert generated_a == before["tandem_key_generated_tokens_total", "unnamed"] + 3
+    assert per_key("tandem_key_queue_duration_seconds_count", "tenant-b") >= 1
     text = requests.get(f"{fair.base_url}/metrics", timeout=10).text
     assert "tandem_scheduling_tenants" in text
     assert KEY_A not in text

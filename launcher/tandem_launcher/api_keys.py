@@ -23,7 +23,7 @@ def write_key_file(runtime_dir: Path, keys: tuple[str, ...]) -> Path | None:
 
 def first_key(keys: tuple[str, ...], key_files: tuple[Path, ...]) -> str | None:
     """A key the launcher itself can send to the router's protected routes (`/info`). A key file line is the key,
-    optionally followed by its scheduling weight (`KEY weight=4`)."""
+    optionally followed by its scheduling weight and its name for metrics (`KEY weight=4 name=team-a`)."""
     if keys:
         return keys[0]
     for path in key_files:

@@ -23,12 +23,37 @@ impl std::fmt::Debug for KeyId {
     }
 }
 
-/// An accepted key's id and weight: under fair scheduling a key of weight 4 is served four
-/// times the tokens of a key of weight 1 while both have requests waiting.
+/// An accepted key's id, weight and name: under fair scheduling a key of weight 4 is served
+/// four times the tokens of a key of weight 1 while both have requests waiting; the name (from
+/// the key file) labels the key's metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tenant {
     pub key: KeyId,
     pub weight: NonZeroU32,
+    pub name: Option<KeyName>,
+}
+
+/// A key's name from the key file. Names are interned for the router's lifetime (see
+/// `ApiKeys`), one allocation per distinct name ever configured, so tenants stay `Copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyName(&'static str);
+
+impl KeyName {
+    /// Interns `name` into `interned`, which owns every name the router has seen.
+    pub fn intern(name: &str, interned: &mut std::collections::HashSet<&'static str>) -> Self {
+        match interned.get(name) {
+            Some(known) => Self(known),
+            None => {
+                let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+                interned.insert(leaked);
+                Self(leaked)
+            }
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
 }
 
 impl Tenant {
@@ -37,6 +62,7 @@ impl Tenant {
         Self {
             key,
             weight: NonZeroU32::MIN,
+            name: None,
         }
     }
 }

@@ -133,8 +133,9 @@ impl AdmittedRequest {
         params: &GenerationParams,
         count: usize,
     ) -> Result<Vec<Self>, AppError> {
-        let metrics: Vec<RequestMetrics> =
-            (0..count).map(|_| RequestMetrics::start(route)).collect();
+        let metrics: Vec<RequestMetrics> = (0..count)
+            .map(|_| RequestMetrics::start(route, engine.tenant))
+            .collect();
         match Self::submit(engine, prompt, params, count).await {
             Ok(submitted) => {
                 let Submitted {

@@ -63,6 +63,7 @@ pub fn detached_handle() -> PrometheusHandle {
 
 fn describe() {
     describe_requests();
+    describe_keys();
     describe_request_latency();
     describe_gauge!(
         "tandem_info",
@@ -71,6 +72,25 @@ fn describe() {
     describe_counter!(
         "tandem_health_deep_probes_total",
         "Deep health probes run on the shards (concurrent /health?deep=true callers share one)"
+    );
+}
+
+fn describe_keys() {
+    describe_counter!(
+        "tandem_key_requests_total",
+        "Generation requests received, by API key name (`name=` in the key file; `unnamed` otherwise)"
+    );
+    describe_counter!(
+        "tandem_key_prompt_tokens_total",
+        "Prompt tokens of admitted requests, by API key name"
+    );
+    describe_counter!(
+        "tandem_key_generated_tokens_total",
+        "Tokens generated and delivered, by API key name"
+    );
+    describe_histogram!(
+        "tandem_key_queue_duration_seconds",
+        "Time from arrival to the scheduler's first admission, by API key name"
     );
 }
 

@@ -5,12 +5,19 @@ use std::time::Instant;
 use metrics::{counter, histogram};
 
 use super::as_f64;
+use crate::tenant::{KeyName, Tenant};
+
+/// The `key` label of requests whose key has no name in the key file (and of inline keys).
+pub const UNNAMED_KEY: &str = "unnamed";
 
 /// Records one generation request's lifecycle; a request dropped before an outcome
 /// (client gone) counts as a failure with reason `cancelled`.
 #[derive(Debug)]
 pub struct RequestMetrics {
     route: &'static str,
+    /// The `key` label of the per-key series: the caller's key name from the key file, or
+    /// `unnamed`; `None` when no keys are configured (no per-key series).
+    key: Option<&'static str>,
     started: Instant,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
@@ -22,11 +29,16 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
-    /// Counts a request arriving on `route`.
-    pub fn start(route: &'static str) -> Self {
+    /// Counts a request arriving on `route` from `tenant`.
+    pub fn start(route: &'static str, tenant: Option<Tenant>) -> Self {
         counter!("tandem_requests_total", "route" => route).increment(1);
+        let key = tenant.map(|tenant| tenant.name.map_or(UNNAMED_KEY, KeyName::as_str));
+        if let Some(key) = key {
+            counter!("tandem_key_requests_total", "key" => key).increment(1);
+        }
         Self {
             route,
+            key,
             started: Instant::now(),
             admitted: None,
             first_token: None,
@@ -41,6 +53,9 @@ impl RequestMetrics {
     pub fn input_tokens(&self, count: usize) {
         histogram!("tandem_request_input_tokens", "route" => self.route).record(as_f64(count));
         counter!("tandem_prompt_tokens_total", "route" => self.route).increment(count as u64);
+        if let Some(key) = self.key {
+            counter!("tandem_key_prompt_tokens_total", "key" => key).increment(count as u64);
+        }
     }
 
     /// Records how many images the admitted request's prompt carries.
@@ -58,6 +73,10 @@ impl RequestMetrics {
                     .record(now - self.started);
                 self.first_token = Some(now);
                 self.admitted = admitted;
+                if let (Some(key), Some(admitted)) = (self.key, admitted) {
+                    histogram!("tandem_key_queue_duration_seconds", "key" => key)
+                        .record(admitted.saturating_duration_since(self.started));
+                }
             }
             Some(previous) => {
                 histogram!("tandem_inter_token_latency_seconds", "route" => self.route)
@@ -65,6 +84,9 @@ impl RequestMetrics {
             }
         }
         counter!("tandem_generated_tokens_total", "route" => self.route).increment(1);
+        if let Some(key) = self.key {
+            counter!("tandem_key_generated_tokens_total", "key" => key).increment(1);
+        }
         self.last_token = Some(now);
         self.generated_tokens += 1;
         self.finish = finish.or(self.finish);
@@ -142,14 +164,14 @@ mod tests {
     #[test]
     fn completed_and_dropped_requests_render_as_counters_and_histograms() {
         let text = render(|| {
-            let mut ok = RequestMetrics::start("generate");
+            let mut ok = RequestMetrics::start("generate", None);
             ok.input_tokens(5);
             let admitted = Some(Instant::now());
             ok.token(admitted, None);
             ok.token(admitted, None);
             ok.token(admitted, Some("length"));
             ok.succeed();
-            drop(RequestMetrics::start("generate"));
+            drop(RequestMetrics::start("generate", None));
         });
         for expected in [
             r#"tandem_requests_total{route="generate"} 2"#,
@@ -169,9 +191,45 @@ mod tests {
     }
 
     #[test]
+    fn requests_with_a_key_count_by_its_name_and_without_keys_by_none() {
+        let named = Tenant {
+            name: Some(KeyName::intern(
+                "team-a",
+                &mut std::collections::HashSet::new(),
+            )),
+            ..Tenant::unweighted(crate::tenant::KeyId::of(b"sk-a"))
+        };
+        let unnamed = Tenant::unweighted(crate::tenant::KeyId::of(b"sk-b"));
+        let text = render(|| {
+            let mut request = RequestMetrics::start("completions", Some(named));
+            request.input_tokens(7);
+            request.token(Some(Instant::now()), None);
+            request.token(None, Some("length"));
+            request.succeed();
+            RequestMetrics::start("completions", Some(unnamed)).fail("validation");
+            RequestMetrics::start("completions", None).fail("validation");
+        });
+        for expected in [
+            r#"tandem_key_requests_total{key="team-a"} 1"#,
+            r#"tandem_key_requests_total{key="unnamed"} 1"#,
+            r#"tandem_key_prompt_tokens_total{key="team-a"} 7"#,
+            r#"tandem_key_generated_tokens_total{key="team-a"} 2"#,
+            r#"tandem_key_queue_duration_seconds_count{key="team-a"} 1"#,
+            r#"tandem_requests_total{route="completions"} 3"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("tandem_key_requests_total{").count(),
+            2,
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_single_token_request_has_no_time_per_output_token() {
         let text = render(|| {
-            let mut one = RequestMetrics::start("completions");
+            let mut one = RequestMetrics::start("completions", None);
             one.token(None, Some("eos_token"));
             one.succeed();
         });

@@ -56,6 +56,7 @@ mod tests {
         Tenant {
             key: KeyId::of(name.as_bytes()),
             weight: NonZeroU32::new(weight).unwrap(),
+            name: None,
         }
     }
 

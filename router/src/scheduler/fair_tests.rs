@@ -19,6 +19,7 @@ fn tenant(name: &str, weight: u32) -> Option<Tenant> {
     Some(Tenant {
         key: KeyId::of(name.as_bytes()),
         weight: NonZeroU32::new(weight).expect("a test weight is positive"),
+        name: None,
     })
 }
 

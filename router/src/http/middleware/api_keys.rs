@@ -3,14 +3,14 @@
 //! fair-scheduling weight (`key_file`).
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use axum::extract::Request;
 use axum::http::header;
 use subtle::ConstantTimeEq;
 
 pub use super::key_file::ApiKeyError;
-use super::key_file::{checked, read_key_file, WeightedKey};
+use super::key_file::{checked, read_key_file, Names, WeightedKey};
 use crate::error::AuthError;
 pub use crate::tenant::KeyId;
 use crate::tenant::Tenant;
@@ -25,6 +25,8 @@ pub struct ApiKeys {
     inline: Arc<Vec<WeightedKey>>,
     files: Arc<Vec<PathBuf>>,
     current: Arc<RwLock<Arc<Vec<WeightedKey>>>>,
+    /// Every key name read so far; reloading reuses them.
+    names: Arc<Mutex<Names>>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -50,6 +52,7 @@ impl ApiKeys {
                 checked(key.trim(), "--api-key").map(|key| WeightedKey {
                     key,
                     weight: std::num::NonZeroU32::MIN,
+                    name: None,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -57,6 +60,7 @@ impl ApiKeys {
             inline: Arc::new(inline),
             files: Arc::new(files.to_vec()),
             current: Arc::default(),
+            names: Arc::default(),
         };
         keys.reload()?;
         Ok(Some(keys))
@@ -66,9 +70,14 @@ impl ApiKeys {
     /// stay in force.
     pub fn reload(&self) -> Result<usize, ApiKeyError> {
         let mut keys = self.inline.as_ref().clone();
+        let mut names = self
+            .names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for path in self.files.iter() {
-            keys.extend(read_key_file(path)?);
+            keys.extend(read_key_file(path, &mut names)?);
         }
+        drop(names);
         if keys.is_empty() {
             let paths = self
                 .files
@@ -110,22 +119,21 @@ impl ApiKeys {
     /// The tenant `presented` names when it is accepted. Every key is compared in constant
     /// time, as in `accepts`; the weight is picked without branching on which key matched.
     fn tenant_of(&self, presented: &[u8]) -> Option<Tenant> {
-        let (matched, weight) = self.snapshot().iter().fold(
+        let keys = self.snapshot();
+        let (matched, index) = keys.iter().zip(0u32..).fold(
             (subtle::Choice::from(0), 0u32),
-            |(found, weight), accepted| {
+            |(found, picked), (accepted, index)| {
                 let equal = accepted.key.as_slice().ct_eq(presented);
-                let picked = subtle::ConditionallySelectable::conditional_select(
-                    &weight,
-                    &accepted.weight.get(),
-                    equal,
-                );
+                let picked =
+                    subtle::ConditionallySelectable::conditional_select(&picked, &index, equal);
                 (found | equal, picked)
             },
         );
-        let weight = std::num::NonZeroU32::new(weight)?;
+        let accepted = keys.get(usize::try_from(index).ok()?)?;
         bool::from(matched).then(|| Tenant {
             key: KeyId::of(presented),
-            weight,
+            weight: accepted.weight,
+            name: accepted.name.clone(),
         })
     }
 

@@ -1,9 +1,12 @@
 //! The API key file format: one key per line, optionally followed by its fair-scheduling
-//! weight (`KEY weight=4`); blank lines and lines starting with `#` are skipped. Errors name
-//! the file and line, never the key.
+//! weight and its name for metrics (`KEY weight=4 name=team-a`); blank lines and lines
+//! starting with `#` are skipped. Errors name the file and line, never the key.
 
+use std::collections::HashSet;
 use std::num::NonZeroU32;
 use std::path::Path;
+
+use crate::tenant::KeyName;
 
 /// Why the configured keys cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -20,15 +23,28 @@ pub enum ApiKeyError {
     Malformed { origin: String },
     #[error("{origin}: a key's weight must be one `weight=N` with N a whole number from 1 to 4294967295")]
     Weight { origin: String },
+    #[error(
+        "{origin}: a key's name must be one `name=NAME` of 1 to {MAX_NAME_BYTES} letters, digits, \
+         `_`, `.` or `-`"
+    )]
+    Name { origin: String },
     #[error("the API key files hold no key ({paths})")]
     Empty { paths: String },
 }
 
-/// An accepted key and its weight (1 unless its line says otherwise).
+/// Every key name the router has read, interned for its lifetime (see `KeyName`).
+pub(super) type Names = HashSet<&'static str>;
+
+/// The longest key name, in bytes: names label per-key metrics.
+pub const MAX_NAME_BYTES: usize = 64;
+
+/// An accepted key, its weight (1 unless its line says otherwise) and its name, if its line
+/// gives one.
 #[derive(Clone)]
 pub(super) struct WeightedKey {
     pub key: Vec<u8>,
     pub weight: NonZeroU32,
+    pub name: Option<KeyName>,
 }
 
 /// Checks one key as given (inline or on a key file line named by `origin`).
@@ -42,47 +58,75 @@ pub(super) fn checked(key: &str, origin: &str) -> Result<Vec<u8>, ApiKeyError> {
 }
 
 /// The keys of the file at `path`, in file order.
-pub(super) fn read_key_file(path: &Path) -> Result<Vec<WeightedKey>, ApiKeyError> {
+pub(super) fn read_key_file(
+    path: &Path,
+    names: &mut Names,
+) -> Result<Vec<WeightedKey>, ApiKeyError> {
     let text = std::fs::read_to_string(path).map_err(|source| ApiKeyError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    parse_key_file(&text, &path.display().to_string())
+    parse_key_file(&text, &path.display().to_string(), names)
 }
 
 /// The keys in `text`, a key file's contents; `file` names it in errors.
-pub(super) fn parse_key_file(text: &str, file: &str) -> Result<Vec<WeightedKey>, ApiKeyError> {
+pub(super) fn parse_key_file(
+    text: &str,
+    file: &str,
+    names: &mut Names,
+) -> Result<Vec<WeightedKey>, ApiKeyError> {
     text.lines()
         .enumerate()
         .map(|(index, line)| (index, line.trim()))
         .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
-        .map(|(index, line)| parse_key_line(line, &format!("{file} line {}", index + 1)))
+        .map(|(index, line)| parse_key_line(line, &format!("{file} line {}", index + 1), names))
         .collect()
 }
 
-/// `KEY` or `KEY weight=N` with N a whole number from 1 to 2^32 - 1.
-fn parse_key_line(line: &str, origin: &str) -> Result<WeightedKey, ApiKeyError> {
+/// `KEY`, optionally followed by `weight=N` (N a whole number from 1 to 2^32 - 1) and
+/// `name=NAME`, in either order.
+fn parse_key_line(line: &str, origin: &str, names: &mut Names) -> Result<WeightedKey, ApiKeyError> {
     let mut words = line.split_whitespace();
     let key = checked(words.next().unwrap_or_default(), origin)?;
     let mut weight = None;
+    let mut name = None;
     for word in words {
-        let Some(value) = word.strip_prefix("weight=") else {
+        if let Some(value) = word.strip_prefix("weight=") {
+            if weight.replace(parse_weight(value, origin)?).is_some() {
+                return Err(ApiKeyError::Weight {
+                    origin: origin.to_owned(),
+                });
+            }
+        } else if let Some(value) = word.strip_prefix("name=") {
+            if name.replace(parse_name(value, origin, names)?).is_some() {
+                return Err(ApiKeyError::Name {
+                    origin: origin.to_owned(),
+                });
+            }
+        } else {
             // The word may be part of a key with a space in it: it is not echoed.
             return Err(ApiKeyError::Malformed {
                 origin: origin.to_owned(),
             });
-        };
-        if weight.is_some() {
-            return Err(ApiKeyError::Weight {
-                origin: origin.to_owned(),
-            });
         }
-        weight = Some(parse_weight(value, origin)?);
     }
     Ok(WeightedKey {
         key,
         weight: weight.unwrap_or(NonZeroU32::MIN),
+        name,
     })
+}
+
+fn parse_name(value: &str, origin: &str, names: &mut Names) -> Result<KeyName, ApiKeyError> {
+    let valid = (1..=MAX_NAME_BYTES).contains(&value.len())
+        && value
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'-'));
+    valid
+        .then(|| KeyName::intern(value, names))
+        .ok_or_else(|| ApiKeyError::Name {
+            origin: origin.to_owned(),
+        })
 }
 
 fn parse_weight(value: &str, origin: &str) -> Result<NonZeroU32, ApiKeyError> {
@@ -100,10 +144,58 @@ mod tests {
     use super::*;
 
     fn weights(text: &str) -> Result<Vec<(String, u32)>, ApiKeyError> {
-        Ok(parse_key_file(text, "keys.txt")?
+        Ok(parse_key_file(text, "keys.txt", &mut Names::new())?
             .into_iter()
             .map(|key| (String::from_utf8(key.key).unwrap(), key.weight.get()))
             .collect())
+    }
+
+    #[test]
+    fn a_key_line_may_carry_a_name_for_metrics_in_either_order() {
+        let parsed = parse_key_file(
+            "sk-a name=team-a\nsk-b weight=3 name=b.ops_2\nsk-c name=c weight=2\nsk-d\n",
+            "keys.txt",
+            &mut Names::new(),
+        )
+        .unwrap();
+        let names: Vec<_> = parsed
+            .iter()
+            .map(|key| (key.name.map(KeyName::as_str), key.weight.get()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (Some("team-a"), 1),
+                (Some("b.ops_2"), 3),
+                (Some("c"), 2),
+                (None, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_names_name_the_file_and_line_without_echoing_the_key() {
+        let long = "n".repeat(MAX_NAME_BYTES + 1);
+        for line in [
+            "sk-secret name=".to_owned(),
+            "sk-secret name=a/b".to_owned(),
+            "sk-secret name=team\"a".to_owned(),
+            format!("sk-secret name={long}"),
+            "sk-secret name=a name=b".to_owned(),
+        ] {
+            let error = match parse_key_file(
+                &format!("sk-fine\n{line}\n"),
+                "keys.txt",
+                &mut Names::new(),
+            ) {
+                Err(error) => error,
+                Ok(_) => panic!("{line} was accepted"),
+            };
+            assert!(matches!(error, ApiKeyError::Name { .. }), "{line}: {error}");
+            let message = error.to_string();
+            assert!(message.contains("keys.txt line 2"), "{message}");
+            assert!(!message.contains("sk-secret"), "{message}");
+        }
     }
 
     #[test]

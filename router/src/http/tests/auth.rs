@@ -198,6 +198,7 @@ async fn every_generation_carries_its_keys_id_and_file_weight_to_the_scheduler()
     let heavy = crate::tenant::Tenant {
         key: crate::tenant::KeyId::of(b"sk-heavy"),
         weight: std::num::NonZeroU32::new(3).unwrap(),
+        name: None,
     };
     let requests = backend.requests.lock().unwrap();
     assert_eq!(requests.len(), generating.len());
