@@ -133,7 +133,7 @@ impl ApiKeys {
         bool::from(matched).then(|| Tenant {
             key: KeyId::of(presented),
             weight: accepted.weight,
-            name: accepted.name.clone(),
+            name: accepted.name,
         })
     }
 
