@@ -81,9 +81,11 @@ class LaunchedTandem(LaunchedServer):
 
     name = "Tandem"
 
-    def __init__(self, log_path: Path, launcher_args: list[str] | None = None) -> None:
+    def __init__(self, log_path: Path, launcher_args: list[str] | None = None, api_key: str | None = None) -> None:
         super().__init__(log_path)
         self.args = [sys.executable, "-m", "tandem_launcher", "--port", str(self.port), *(launcher_args or [])]
+        # Sent with the readiness probes when the launcher flags configure API keys.
+        self.api_key = api_key
 
     def __enter__(self) -> LaunchedTandem:
         started = time.monotonic()
@@ -91,7 +93,7 @@ class LaunchedTandem(LaunchedServer):
         # Measured once its background compile has finished: the steady state users get a minute after start.
         deadline = started + self.ready_timeout_s
         waited = False
-        while compiling(self.base_url):
+        while compiling(self.base_url, self.api_key):
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{self.name} still compiled after {self.ready_timeout_s:.0f}s: {self.log_path}")
@@ -102,20 +104,22 @@ class LaunchedTandem(LaunchedServer):
         return self
 
 
-def compiling(base_url: str) -> bool:
+def compiling(base_url: str, api_key: str | None = None) -> bool:
     """Whether Tandem's shards still compile in the background, as `/info` reports after one step (which this
-    sends: the shards report their compile state with each step)."""
+    sends: the shards report their compile state with each step); `api_key` authorizes both when keys are set."""
+    authorization = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(
         f"{base_url}/generate",
         data=json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 1}}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **authorization},
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         response.read()
-    return bool(_info(base_url).get("compiling"))
+    return bool(_info(base_url, authorization).get("compiling"))
 
 
-def _info(base_url: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{base_url}/info", timeout=10) as response:
+def _info(base_url: str, headers: dict[str, str]) -> dict[str, object]:
+    request = urllib.request.Request(f"{base_url}/info", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         info: dict[str, object] = json.loads(response.read())
     return info

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ class Script:
     status: int = 200
     error_after_first: bool = False
     received: list[dict[str, Any]] = field(default_factory=list)
+    # Each request's Authorization header (None without one) and its arrival (monotonic seconds), in order.
+    authorizations: list[str | None] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
     in_flight: int = 0
     most_in_flight: int = 0
 
@@ -37,6 +41,8 @@ def _chunk(api_chat: bool, text: str) -> dict[str, Any]:
 async def _stream(request: web.Request, script: Script, api_chat: bool) -> web.StreamResponse:
     body = await request.json()
     script.received.append(body)
+    script.authorizations.append(request.headers.get("Authorization"))
+    script.arrivals.append(time.monotonic())
     script.in_flight += 1
     script.most_in_flight = max(script.most_in_flight, script.in_flight)
     try:
