@@ -12,7 +12,7 @@ use super::fake_shard::FakeShard;
 use super::policy::SchedulingPolicy;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::state::SchedulerState;
-use super::tests::{alone_output, config, request, run_until_idle, submit, tokens_of};
+use super::tests::{alone_output, config, preempted_ids, request, submit, tokens_of};
 use crate::tenant::{KeyId, Tenant};
 
 fn tenant(name: &str, weight: u32) -> Option<Tenant> {
@@ -196,15 +196,7 @@ fn preempted(policy: SchedulingPolicy) -> Vec<u64> {
             submit(&mut state, id, request)
         })
         .collect();
-    run_until_idle(&mut state, &mut shard);
-    for receiver in &mut receivers {
-        assert_eq!(tokens_of(receiver), alone_output(6, 10));
-    }
-    assert_eq!(state.load().kv_blocks_used, 0);
-    let mut forgotten = shard.forgotten.clone();
-    forgotten.sort_unstable();
-    forgotten.dedup();
-    forgotten
+    preempted_ids(&mut state, &mut shard, &mut receivers)
 }
 
 #[test]

@@ -7,7 +7,7 @@ use super::fake_shard::FakeShard;
 use super::policy::SchedulingPolicy;
 use super::request::GenerationRequest;
 use super::state::SchedulerState;
-use super::tests::{alone_output, config, request, run_until_idle, submit, tokens_of};
+use super::tests::{alone_output, config, preempted_ids, request, submit, tokens_of};
 
 fn with_priority(priority: i32, prompt_len: u32, max_new_tokens: u32) -> GenerationRequest {
     GenerationRequest {
@@ -69,15 +69,7 @@ fn preempted(policy: SchedulingPolicy, priorities: [i32; 3]) -> Vec<u64> {
         .zip(priorities)
         .map(|(id, priority)| submit(&mut state, id, with_priority(priority, 6, 10)))
         .collect();
-    run_until_idle(&mut state, &mut shard);
-    for receiver in &mut receivers {
-        assert_eq!(tokens_of(receiver), alone_output(6, 10));
-    }
-    assert_eq!(state.load().kv_blocks_used, 0);
-    let mut forgotten = shard.forgotten.clone();
-    forgotten.sort_unstable();
-    forgotten.dedup();
-    forgotten
+    preempted_ids(&mut state, &mut shard, &mut receivers)
 }
 
 #[test]

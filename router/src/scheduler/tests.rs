@@ -63,6 +63,25 @@ pub(super) fn run_until_idle(state: &mut SchedulerState, shard: &mut FakeShard) 
     panic!("the scheduler never went idle");
 }
 
+/// Runs requests of 6 prompt tokens and 10 new ones until idle; checks that each kept its alone
+/// output and that no block leaked. The ids the shard was told to forget (the preempted ones),
+/// sorted.
+pub(super) fn preempted_ids(
+    state: &mut SchedulerState,
+    shard: &mut FakeShard,
+    receivers: &mut [mpsc::UnboundedReceiver<GenerationEvent>],
+) -> Vec<u64> {
+    run_until_idle(state, shard);
+    for receiver in receivers {
+        assert_eq!(tokens_of(receiver), alone_output(6, 10));
+    }
+    assert_eq!(state.load().kv_blocks_used, 0);
+    let mut forgotten = shard.forgotten.clone();
+    forgotten.sort_unstable();
+    forgotten.dedup();
+    forgotten
+}
+
 pub(super) fn tokens_of(receiver: &mut mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<u32> {
     let mut tokens = Vec::new();
     while let Ok(event) = receiver.try_recv() {
