@@ -206,3 +206,55 @@ fn preemption_takes_the_latest_request_of_the_most_served_key() {
     // FCFS preempts the newest, B's.
     assert_eq!(preempted(SchedulingPolicy::Fcfs), [2]);
 }
+
+/// Key A fills both batch slots with long requests, then key B sends one: under fair, B's
+/// request runs in the very next step (A's latest gives its slot back and is recomputed
+/// later); under fcfs it waits for one of A's to end. Every output is its alone output.
+fn steps_until_b_runs(policy: SchedulingPolicy) -> usize {
+    let (a, b) = (tenant("sk-a", 1), tenant("sk-b", 1));
+    let mut state = SchedulerState::new(SchedulerConfig {
+        policy,
+        max_batch_requests: 2,
+        ..config(64, 64)
+    });
+    let mut shard = FakeShard::new(4);
+    let long = |tenant| GenerationRequest {
+        tenant,
+        ..request(6, 10)
+    };
+    let mut receivers = vec![
+        submit(&mut state, 0, long(a)),
+        submit(&mut state, 1, long(a)),
+    ];
+    for _ in 0..3 {
+        let step = state.schedule().expect("A's requests run");
+        let answer = shard.step(step);
+        state.apply(answer);
+    }
+    receivers.push(submit(&mut state, 2, long(b)));
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        let step = state.schedule().expect("the requests run until B's has");
+        let b_runs = step.scheduled.iter().any(|span| span.id == 2);
+        let answer = shard.step(step);
+        state.apply(answer);
+        if b_runs {
+            break;
+        }
+    }
+    let preempted = preempted_ids(&mut state, &mut shard, &mut receivers);
+    let expected_preempted: &[u64] = if policy == SchedulingPolicy::Fair {
+        &[1]
+    } else {
+        &[]
+    };
+    assert_eq!(preempted, expected_preempted);
+    steps
+}
+
+#[test]
+fn a_key_with_nothing_running_takes_a_slot_from_a_key_holding_several() {
+    assert_eq!(steps_until_b_runs(SchedulingPolicy::Fair), 1);
+    assert!(steps_until_b_runs(SchedulingPolicy::Fcfs) > 5);
+}

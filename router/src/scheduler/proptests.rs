@@ -15,10 +15,12 @@ use super::checkpoints::CheckpointPlan;
 use super::config::SchedulerConfig;
 use super::drafting::DraftMethod;
 use super::fake_shard::{expected_output, FakeShard};
+use super::policy::SchedulingPolicy;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use crate::shard::{SamplingParams, Step, StoppingParams};
+use crate::tenant::{KeyId, Tenant};
 
 #[derive(Debug, Clone)]
 struct Arrival {
@@ -32,6 +34,8 @@ struct Arrival {
     /// The shard ends the request with EOS at this many tokens (a stop the router cannot
     /// foresee, unlike the length).
     eos_after: Option<u32>,
+    /// The API key it came with, one of three (`None`: no key), for fair scheduling.
+    key: Option<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -48,9 +52,10 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         1u32..20,
         prop::option::weighted(0.25, 0usize..10),
         prop::option::weighted(0.25, 1u32..10),
+        prop::option::weighted(0.8, 0u8..3),
     )
         .prop_map(
-            |(at_step, shared_prefix_len, prompt, max_new_tokens, cancel_after, eos_after)| {
+            |(at_step, shared_prefix_len, prompt, max_new_tokens, cancel_after, eos_after, key)| {
                 Arrival {
                     at_step,
                     shared_prefix_len,
@@ -58,6 +63,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                     max_new_tokens,
                     cancel_after,
                     eos_after,
+                    key,
                 }
             },
         )
@@ -77,6 +83,7 @@ fn workload() -> impl Strategy<Value = Workload> {
         ),
         // A model with recurrent state: (checkpoints, blocks between prompt checkpoints).
         prop::option::weighted(0.3, (0usize..6, 1usize..4)),
+        prop::sample::select(vec![SchedulingPolicy::Fcfs, SchedulingPolicy::Fair]),
     )
         .prop_map(
             |(
@@ -88,6 +95,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                 steps_in_flight,
                 (max_drafts, draft_method),
                 state,
+                policy,
             )| {
                 arrivals.sort_by_key(|arrival| arrival.at_step);
                 let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
@@ -115,7 +123,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                         draft_method,
                         max_drafting_batch: usize::MAX,
                         max_loras: 0,
-                        policy: crate::scheduler::SchedulingPolicy::Fcfs,
+                        policy,
                         state_checkpoints: state.map(|(count, blocks)| CheckpointPlan {
                             count,
                             interval: blocks * block_size,
@@ -205,6 +213,8 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
             let preemptions_before = state.preemptions();
             if let Some(step) = state.schedule() {
                 check_step_limits(&config, &step)?;
+                // Under fair scheduling the least-served key goes first, not the queue head.
+                let head = head.filter(|_| config.policy != SchedulingPolicy::Fair);
                 if let (Some(head), false) = (head, step.new_requests.is_empty()) {
                     let preempted = state.preemptions() > preemptions_before;
                     prop_assert!(
@@ -253,6 +263,7 @@ fn arrive(
                 max_new_tokens: arrival.max_new_tokens,
                 ..StoppingParams::default()
             },
+            tenant: arrival.key.map(|key| Tenant::unweighted(KeyId::of(&[key]))),
             ..GenerationRequest::default()
         };
         let id = clients.len() as u64;

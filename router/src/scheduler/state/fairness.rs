@@ -60,6 +60,42 @@ impl SchedulerState {
         });
     }
 
+    /// With every batch slot taken, a tenant with nothing running that waits while no more
+    /// served than the most-served running tenant takes one slot back, if that tenant holds
+    /// several:
+    /// its latest request (the last running one, see `order_running_by_share`) is preempted and
+    /// recomputed later. So one key's burst cannot hold every slot while another key waits
+    /// behind it. Slots only go from a tenant holding two or more to one holding none, so the
+    /// taker keeps a slot and the giver too: no two tenants take a slot back and forth.
+    pub(super) fn free_a_slot_fairly(&mut self) {
+        if self.running.len() < self.config.max_batch_requests {
+            return;
+        }
+        let Some(victim_tenant) = self.running.last().map(Sequence::tenant_key) else {
+            return;
+        };
+        let victims_slots = self
+            .running
+            .iter()
+            .filter(|sequence| sequence.tenant_key() == victim_tenant)
+            .count();
+        if victims_slots < 2 {
+            return;
+        }
+        let running: HashSet<TenantKey> = self.running.iter().map(Sequence::tenant_key).collect();
+        let least_served_idle = self
+            .waiting
+            .iter()
+            .filter(|sequence| !running.contains(&sequence.tenant_key()))
+            .filter(|sequence| !self.gated_by_leader(sequence))
+            .map(|sequence| self.fair.virtual_time(sequence.tenant_key()))
+            .min_by(f64::total_cmp);
+        let most_served_running = self.fair.virtual_time(victim_tenant);
+        if least_served_idle.is_some_and(|waiting| waiting <= most_served_running) {
+            self.preempt_newest("a less served key waits for a batch slot");
+        }
+    }
+
     /// Fair admission: the tenant with the lowest virtual time (ties: the earliest waiting
     /// request) goes next, again and again as admission charges it. The first pick of a step
     /// is that tenant's oldest waiting request, and when it does not fit nothing is admitted,

@@ -180,6 +180,7 @@ impl SchedulerState {
         self.drop_cancelled();
         if self.config.policy == SchedulingPolicy::Fair {
             self.order_running_by_share();
+            self.free_a_slot_fairly();
         }
         let mut budget = Budget {
             tokens: self.config.max_batch_tokens,
@@ -298,18 +299,20 @@ impl SchedulerState {
                 return Some(new_blocks.to_vec());
             }
             let preempting_itself = index + 1 == self.running.len();
-            self.preempt_newest();
+            self.preempt_newest("KV blocks ran out");
             if preempting_itself {
                 return None;
             }
         }
     }
 
-    fn preempt_newest(&mut self) {
+    /// Preempts the last running request (the newest; under fair, the most-served key's
+    /// latest) for `reason`: it waits again and is recomputed when readmitted.
+    fn preempt_newest(&mut self, reason: &'static str) {
         let Some(mut sequence) = self.running.pop() else {
             return;
         };
-        tracing::debug!(id = sequence.id, "preempting: KV blocks ran out");
+        tracing::debug!(id = sequence.id, reason, "preempting");
         metrics::counter!("tandem_preemptions_total").increment(1);
         self.preemptions += 1;
         if sequence.known_to_shards {
