@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from metrics_scrape import MetricsTandem
+from metrics_scrape import KEY_NAME, MetricsTandem
 from reference import Reference
 from tandem_harness import FLOAT32_EAGER, MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, TandemServer, free_port, model_cache_dir
 from tandem_launcher.config import EMBEDDED_MODEL_ID
@@ -53,10 +53,14 @@ def tiny_kv_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TandemS
 
 @pytest.fixture(scope="session")
 def metrics_tandem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsTandem]:
-    """Serves the metrics tests; rank 0's shard metrics port is picked free."""
+    """Serves the metrics tests; rank 0's shard metrics port is picked free, and its one key is named."""
     port = free_port()
-    for server in _serve(tmp_path_factory, "metrics", "--kv-cache-memory", "128MiB", "--shard-metrics-port", str(port)):
-        yield MetricsTandem(server, port)
+    api_key = "metrics-test-key"
+    key_file = tmp_path_factory.mktemp("metrics-keys") / "keys.txt"
+    key_file.write_text(f"{api_key} name={KEY_NAME}\n")
+    flags = ["--kv-cache-memory", "128MiB", "--shard-metrics-port", str(port), "--api-key-file", str(key_file)]
+    for server in _serve(tmp_path_factory, "metrics", *flags):
+        yield MetricsTandem(server, port, api_key)
 
 
 @pytest.fixture(scope="session")

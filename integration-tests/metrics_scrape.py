@@ -12,10 +12,12 @@ from tandem_harness import TandemServer
 
 @dataclass(frozen=True)
 class MetricsTandem:
-    """A server of its own (so request counts are exact) whose shard serves metrics on `shard_metrics_port`."""
+    """A server of its own (so request counts are exact) whose shard serves metrics on `shard_metrics_port`; its
+    key file names `api_key` `KEY_NAME`, so the per-key series exist."""
 
     server: TandemServer
     shard_metrics_port: int
+    api_key: str
 
     @property
     def shard_metrics_url(self) -> str:
@@ -25,6 +27,7 @@ class MetricsTandem:
 # Sample name -> {frozenset(labels) -> value}.
 Scrape = dict[str, dict[frozenset[tuple[str, str]], float]]
 
+KEY_NAME = "dashboard-team"
 PROMPTS = [f"Question {i}: name one colour of the rainbow. Answer:" for i in range(4)]
 MAX_NEW_TOKENS = 6
 
@@ -47,20 +50,23 @@ def total(samples: Scrape, name: str, **labels: str) -> float:
     return sum(value for key, value in samples.get(name, {}).items() if wanted <= key)
 
 
-def send_mixed_load(base_url: str) -> int:
-    """Completed requests over three routes (one streamed) plus one invalid request; returns the completed count."""
+def send_mixed_load(metrics_tandem: MetricsTandem) -> int:
+    """Completed requests over three routes (one streamed) plus one invalid request, all with the server's key;
+    returns the completed count."""
+    base_url = metrics_tandem.server.base_url
+    headers = {"Authorization": f"Bearer {metrics_tandem.api_key}"}
 
     def native(prompt: str) -> None:
         body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_NEW_TOKENS}}
-        assert requests.post(f"{base_url}/generate", json=body, timeout=300).status_code == 200
+        assert requests.post(f"{base_url}/generate", json=body, headers=headers, timeout=300).status_code == 200
 
     def openai(prompt: str) -> None:
         body = {"model": "tandem", "prompt": prompt, "max_tokens": MAX_NEW_TOKENS}
-        assert requests.post(f"{base_url}/v1/completions", json=body, timeout=300).status_code == 200
+        assert requests.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=300).status_code == 200
 
     def streamed(prompt: str) -> None:
         body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_NEW_TOKENS}}
-        with requests.post(f"{base_url}/generate_stream", json=body, stream=True, timeout=300) as response:
+        with requests.post(f"{base_url}/generate_stream", json=body, headers=headers, stream=True, timeout=300) as response:
             assert response.status_code == 200
             for _ in response.iter_lines():
                 pass
@@ -70,5 +76,5 @@ def send_mixed_load(base_url: str) -> int:
         for future in [pool.submit(call, prompt) for call, prompt in calls]:
             future.result()
     invalid = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 4, "temperature": -1.0}}
-    assert requests.post(f"{base_url}/generate", json=invalid, timeout=60).status_code == 422
+    assert requests.post(f"{base_url}/generate", json=invalid, headers=headers, timeout=60).status_code == 422
     return len(calls)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from metrics_scrape import MAX_NEW_TOKENS, MetricsTandem, Scrape, scrape, send_mixed_load, total
+from metrics_scrape import KEY_NAME, MAX_NEW_TOKENS, MetricsTandem, Scrape, scrape, send_mixed_load, total
 
 COUNTER_LIKE = ("counter", "histogram")
 
@@ -32,7 +32,7 @@ def scrape_once_steps_settle(url: str) -> tuple[Scrape, dict[str, str]]:
 def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: MetricsTandem) -> None:
     url = f"{metrics_tandem.server.base_url}/metrics"
     before, _ = scrape(url)
-    completed = send_mixed_load(metrics_tandem.server.base_url)
+    completed = send_mixed_load(metrics_tandem)
     after, types = scrape_once_steps_settle(url)
 
     def delta(name: str, **labels: str) -> float:
@@ -56,6 +56,11 @@ def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: Me
     assert delta("tandem_inter_token_latency_seconds_count") == generated - completed
     assert delta("tandem_prompt_tokens_total") == delta("tandem_request_input_tokens_sum") > completed * 5
     assert delta("tandem_batch_size_count") > 0
+    # Every request came with the one named key, so its series carry the totals.
+    assert delta("tandem_key_requests_total", key=KEY_NAME) == completed + 1
+    assert delta("tandem_key_prompt_tokens_total", key=KEY_NAME) == delta("tandem_prompt_tokens_total")
+    assert delta("tandem_key_generated_tokens_total", key=KEY_NAME) == generated
+    assert delta("tandem_key_queue_duration_seconds_count", key=KEY_NAME) == completed
     for part in ("forward", "prepare", "sampling", "shard", "scheduling"):
         assert delta(f"tandem_step_{part}_duration_seconds_count") == delta("tandem_batch_size_count"), part
     # The shard's whole handling of a step contains its forward pass; the round trip contains both.
@@ -79,7 +84,7 @@ def test_router_metrics_count_every_request_token_and_failure(metrics_tandem: Me
 
 
 def test_shard_metrics_endpoint_reports_memory_kv_cache_and_forward_time(metrics_tandem: MetricsTandem) -> None:
-    send_mixed_load(metrics_tandem.server.base_url)
+    send_mixed_load(metrics_tandem)
     shard, _ = scrape(metrics_tandem.shard_metrics_url)
     assert total(shard, "tandem_shard_process_resident_memory_bytes") > 100 * 2**20
     assert total(shard, "tandem_shard_process_cpu_seconds_total") > 0
@@ -99,7 +104,7 @@ MODEL_SERVER_PROTOCOL = {
 
 
 def test_router_metrics_follow_the_inference_extension_model_server_protocol(metrics_tandem: MetricsTandem) -> None:
-    send_mixed_load(metrics_tandem.server.base_url)
+    send_mixed_load(metrics_tandem)
     samples, types = scrape(f"{metrics_tandem.server.base_url}/metrics")
     for name, own_name in MODEL_SERVER_PROTOCOL.items():
         assert types[name] == "gauge", name

@@ -90,7 +90,7 @@ def query(base_url: str, promql: str) -> list[dict[str, object]]:
 
 def test_every_dashboard_panel_query_returns_data_under_load(metrics_tandem: MetricsTandem, prometheus: str) -> None:
     for _ in range(LOAD_ROUNDS):
-        send_mixed_load(metrics_tandem.server.base_url)
+        send_mixed_load(metrics_tandem)
         time.sleep(SCRAPE_INTERVAL_S * 2)
     time.sleep(SCRAPE_INTERVAL_S * 2)
     answers = [(title, promql, query(prometheus, promql)) for title, promql in panel_queries()]
