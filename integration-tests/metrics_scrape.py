@@ -66,7 +66,8 @@ def send_mixed_load(metrics_tandem: MetricsTandem) -> int:
 
     def streamed(prompt: str) -> None:
         body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_NEW_TOKENS}}
-        with requests.post(f"{base_url}/generate_stream", json=body, headers=headers, stream=True, timeout=300) as response:
+        url = f"{base_url}/generate_stream"
+        with requests.post(url, json=body, headers=headers, stream=True, timeout=300) as response:
             assert response.status_code == 200
             for _ in response.iter_lines():
                 pass
