@@ -96,6 +96,20 @@ EXECUTION = (
         "skips the vision encoder (on CUDA taken from the KV cache's share); 0: encode every image",
     ),
     Forwarded(
+        "--kv-offload-memory", SHARD, memory_size, "0",
+        "host memory each shard keeps KV blocks in once the router evicts them from the KV cache, so a later prefix "
+        "hit loads them back instead of recomputing them, e.g. 8GiB; 0: off",
+    ),
+    Forwarded(
+        "--kv-offload-dir", SHARD, str, None,
+        "a directory for a disk tier behind --kv-offload-memory: host entries pushed out go there (each shard under "
+        "rank-N/), checksummed, and a torn entry is recomputed",
+    ),
+    Forwarded(
+        "--kv-offload-disk", SHARD, memory_size, "16GiB",
+        "the disk tier's size under --kv-offload-dir", only_with="kv_offload_dir",
+    ),
+    Forwarded(
         "--kv-cache-dtype", SHARD, str, AUTO,
         "dtype of the KV cache, in which attention computes; auto: the model's --dtype; bfloat16 under a float32 "
         "model holds twice the tokens per byte (needs the "

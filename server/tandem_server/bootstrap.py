@@ -184,6 +184,7 @@ def execution_options(config: ShardConfig, backend: AttentionBackend) -> Executi
         compile_mode=config.torch_compile,
         decode_package=decode_package_spec(config, backend),
         lora=LoraLimits(config.max_loras, config.max_lora_rank, config.lora_memory_limit),
+        kv_offload=config.kv_offload,
     )
 
 

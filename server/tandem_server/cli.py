@@ -29,6 +29,7 @@ from tandem_server.config import (
 from tandem_server.device_defaults import choose_device_settings
 from tandem_server.distributed import shutdown_distributed
 from tandem_server.errors import ConfigError
+from tandem_server.execution.kv_offload import KvOffloadOptions
 from tandem_server.faults import FaultPlan, FaultTarget, inject_faults
 from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.kv_cache_default import AUTO as KV_AUTO
@@ -117,6 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=f"{DEFAULT_ENCODER_CACHE_BYTES >> 20}MiB",
         help="vision-language models: memory for the embeddings of recent images, so a repeated image skips the "
         "encoder, e.g. 512MiB; 0: encode every image",
+    )
+    parser.add_argument(
+        "--kv-offload-memory",
+        default="0",
+        help="host memory for KV blocks the router evicts, so a prefix hit loads them back instead of recomputing "
+        "them, e.g. 8GiB; 0 (default): off",
+    )
+    parser.add_argument(
+        "--kv-offload-dir",
+        type=Path,
+        default=None,
+        help="a directory for a disk tier behind the host one (each rank writes under rank-N/)",
+    )
+    parser.add_argument(
+        "--kv-offload-disk",
+        default="16GiB",
+        help="the disk tier's size under --kv-offload-dir (default 16GiB)",
     )
     parser.add_argument(
         "--step-timeout",
@@ -317,6 +335,11 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         encoder_cache_memory=parse_byte_size(args.encoder_cache_memory),
+        kv_offload=KvOffloadOptions(
+            host_bytes=parse_byte_size(args.kv_offload_memory),
+            disk_dir=args.kv_offload_dir / f"rank-{args.rank}" if args.kv_offload_dir is not None else None,
+            disk_bytes=parse_byte_size(args.kv_offload_disk) if args.kv_offload_dir is not None else 0,
+        ),
         faults=_fault_plan(args),
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tandem_server.errors import ConfigError
+from tandem_server.execution.kv_offload import KvOffloadOptions
 from tandem_server.faults import FaultPlan
 from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.quant.mode import QuantizeMode
@@ -122,6 +123,8 @@ class ShardConfig:
     max_cpu_loras: int | None = None
     # Bytes of image embeddings the encoder cache keeps (vision-language models; on their device).
     encoder_cache_memory: int = DEFAULT_ENCODER_CACHE_BYTES
+    # The tiers that keep KV blocks the router evicts (off by default).
+    kv_offload: KvOffloadOptions = field(default_factory=KvOffloadOptions)
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
     faults: FaultPlan = field(default_factory=FaultPlan)
 

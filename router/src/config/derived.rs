@@ -84,6 +84,7 @@ impl RouterConfig {
             state_checkpoints,
             max_loras,
             policy: self.limits.scheduling_policy,
+            offload: kv_cache.offload,
         }
     }
 

@@ -10,8 +10,11 @@
 use std::time::Instant;
 
 use super::events::KvEventLog;
+use super::offload::OffloadTiers;
 use super::radix::{Evicted, RadixCache, StatePrefix};
 use super::AdapterKey;
+
+mod offloading;
 
 /// Where the state checkpoints are: the rest of `total` is reserved by sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,6 +36,8 @@ pub(crate) struct BlockManager {
     /// need none.
     free_checkpoints: Option<Vec<u32>>,
     num_checkpoints: usize,
+    /// The offload tiers that keep evicted blocks (see `offloading`); `None`: off.
+    offload: Option<OffloadTiers>,
 }
 
 impl BlockManager {
@@ -50,6 +55,7 @@ impl BlockManager {
             idle_cached: 0,
             free_checkpoints: state_checkpoints.map(fresh_free_list),
             num_checkpoints: state_checkpoints.unwrap_or(0),
+            offload: None,
         }
     }
 
@@ -96,11 +102,18 @@ impl BlockManager {
                 Some(block) => block,
                 None => {
                     let ref_counts = &self.ref_counts;
-                    let Evicted { block, checkpoint } = self
+                    let Evicted {
+                        block,
+                        checkpoint,
+                        chain,
+                    } = self
                         .cache
                         .evict_lru(now, |parent| ref_counts[parent as usize] == 0)
                         .expect("invariant: idle cached blocks are evictable");
                     self.idle_cached -= 1;
+                    if let Some(offload) = self.offload.as_mut() {
+                        offload.save(chain, block);
+                    }
                     if let Some(checkpoint) = checkpoint {
                         self.free_checkpoint(checkpoint);
                     }
@@ -145,7 +158,7 @@ impl BlockManager {
             return StatePrefix::default();
         };
         let max_blocks = reusable_blocks(tokens, block_size);
-        let prefix = if self.keeps_state() {
+        let mut prefix = if self.keeps_state() {
             self.cache
                 .longest_prefix_with_state(adapter, tokens, block_size, max_blocks)
         } else {
@@ -156,10 +169,21 @@ impl BlockManager {
                 matched_blocks: blocks.len(),
                 blocks,
                 checkpoint: None,
+                fetching: false,
             }
         };
         for &block in &prefix.blocks {
             self.retain(block);
+        }
+        if self.offload.is_some() {
+            prefix.fetching = self.extend_from_offload(
+                adapter,
+                tokens,
+                block_size,
+                max_blocks,
+                &mut prefix.blocks,
+            );
+            prefix.matched_blocks = prefix.blocks.len();
         }
         prefix
     }
@@ -301,7 +325,11 @@ impl BlockManager {
             return false;
         }
         let events = self.cache.take_events();
+        let offload = self.offload.as_ref().map(OffloadTiers::slots);
         *self = Self::new(total, self.cache_block_size, state_checkpoints);
+        if let Some(slots) = offload {
+            self.enable_offload(slots);
+        }
         if let Some(log) = events {
             log.cleared();
             self.cache.record_events(log);

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::block_manager::{BlockManager, CheckpointCounts};
 use super::events::KvEventLog;
+use super::offload::{KvTransfer, OffloadSlots};
 use super::AdapterKey;
 
 /// The KV blocks `0..total`. Cloning shares the same blocks.
@@ -102,6 +103,29 @@ impl BlockPool {
         self.lock().record_events(log);
     }
 
+    /// Keeps evicted blocks in offload tiers of `slots` (kept across `resize`, emptied by it);
+    /// false when the pool cannot (no prefix caching, or a model with recurrent state).
+    pub fn enable_offload(&self, slots: OffloadSlots) -> bool {
+        self.lock().enable_offload(slots)
+    }
+
+    /// The offload tiers' slots in all and in use, when offload is on.
+    pub fn offload_slots(&self) -> Option<(OffloadSlots, OffloadSlots)> {
+        self.lock().offload_slots()
+    }
+
+    /// The copies between the KV cache and the offload tiers that step `step_id` must run
+    /// before anything else; every later step is planned as if they ran.
+    pub fn take_kv_transfers(&self, step_id: u64) -> Vec<KvTransfer> {
+        self.lock().take_kv_transfers(step_id)
+    }
+
+    /// Step `step_id` answered: the disk reads it carried arrived, except those at the
+    /// positions `failed` of its transfers.
+    pub fn kv_transfers_answered(&self, step_id: u64, failed: &[usize]) {
+        self.lock().kv_transfers_answered(step_id, failed);
+    }
+
     /// Forgets every cached prefix.
     #[cfg(test)]
     pub fn clear_prefix_cache(&self) {
@@ -140,6 +164,9 @@ pub struct AdoptedPrefix {
     /// Tokens of whole blocks the cache held beyond `tokens` that no checkpoint covered: they
     /// are computed again.
     pub uncheckpointed_tokens: usize,
+    /// The offload tiers are fetching blocks that continue the prefix from disk; a request that
+    /// waits a step for them computes fewer tokens.
+    pub fetching: bool,
 }
 
 /// A checkpoint a step will save a sequence's state into, after `position` tokens.
@@ -223,6 +250,7 @@ impl BlockTable {
             tokens: self.blocks.len() * block_size,
             state_checkpoint: prefix.checkpoint,
             uncheckpointed_tokens: (prefix.matched_blocks - self.blocks.len()) * block_size,
+            fetching: prefix.fetching,
         }
     }
 

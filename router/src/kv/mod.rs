@@ -5,6 +5,9 @@ mod block_manager;
 mod block_pool;
 pub mod events;
 mod image_keys;
+mod offload;
+#[cfg(test)]
+mod offload_tests;
 mod radix;
 #[cfg(test)]
 mod retention_tests;
@@ -16,6 +19,7 @@ use std::sync::Arc;
 pub use block_manager::CheckpointCounts;
 pub use block_pool::{AdoptedPrefix, BlockPool, BlockTable};
 pub use image_keys::{cache_keys, is_image_key};
+pub use offload::{KvTransfer, Medium, OffloadSlots};
 
 /// The LoRA adapter whose weights computed a block. Blocks are shared only between requests under
 /// the same adapter, or under none (the base model). `id` never names another adapter while the

@@ -21,6 +21,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use super::events::{BlockDigest, KvEventLog};
+use super::offload::{chain_key, ChainKey};
 use super::AdapterKey;
 
 mod retention;
@@ -49,6 +50,8 @@ struct Node {
     adapter: Option<AdapterKey>,
     /// Until when a cache hint keeps the block ahead of LRU eviction, if one does.
     retained_until: Option<Instant>,
+    /// The prefix's key in the offload tiers; zeros while offload is off.
+    chain: ChainKey,
 }
 
 impl Node {
@@ -63,15 +66,18 @@ impl Node {
             checkpoint: None,
             adapter,
             retained_until: None,
+            chain: [0; 32],
         }
     }
 }
 
-/// What evicting a leaf frees: its block, and its state checkpoint if it had one.
+/// What evicting a leaf frees: its block, and its state checkpoint if it had one; `chain`
+/// is its prefix's offload key (zeros while offload is off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Evicted {
     pub block: u32,
     pub checkpoint: Option<u32>,
+    pub chain: ChainKey,
 }
 
 #[derive(Debug)]
@@ -94,6 +100,8 @@ pub(crate) struct RadixCache {
     clock: u64,
     /// Records stored and removed blocks for the KV events publisher when set.
     events: Option<KvEventLog>,
+    /// Whether nodes carry their offload chain keys (offload is on).
+    chains: bool,
 }
 
 impl RadixCache {
@@ -108,7 +116,13 @@ impl RadixCache {
             checkpointed: BTreeSet::new(),
             clock: 0,
             events: None,
+            chains: false,
         }
+    }
+
+    /// Gives every node inserted from now on its offload chain key.
+    pub fn keep_chain_keys(&mut self) {
+        self.chains = true;
     }
 
     /// Records every block stored or removed from now on into `log`.
@@ -307,6 +321,12 @@ impl RadixCache {
             }
             None => [0; 32],
         };
+        let chain = if self.chains {
+            let parent_chain = (!self.is_root(parent)).then(|| &self.node(parent).chain);
+            chain_key(parent_chain, adapter.as_ref(), key)
+        } else {
+            [0; 32]
+        };
         let node = Node {
             parent,
             key: key.to_vec(),
@@ -317,6 +337,7 @@ impl RadixCache {
             checkpoint: None,
             adapter,
             retained_until: None,
+            chain,
         };
         let id = self.vacant_slot(node);
         self.node_mut(parent).children.insert(key.to_vec(), id);
@@ -377,6 +398,7 @@ impl RadixCache {
         Some(Evicted {
             block: node.block,
             checkpoint: node.checkpoint,
+            chain: node.chain,
         })
     }
 
@@ -390,7 +412,9 @@ impl RadixCache {
             .filter_map(|&(_, id)| self.node(id).checkpoint)
             .collect();
         let events = self.events.take();
+        let chains = self.chains;
         *self = Self::new();
+        self.chains = chains;
         if let Some(log) = events {
             log.cleared();
             self.events = Some(log);

@@ -3,6 +3,7 @@
 use super::checkpoints::CheckpointPlan;
 use super::drafting::DraftMethod;
 use super::policy::SchedulingPolicy;
+use crate::kv::OffloadSlots;
 
 /// Sizes the scheduler works within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,4 +36,6 @@ pub struct SchedulerConfig {
     pub max_loras: usize,
     /// The order of admission, service and preemption.
     pub policy: SchedulingPolicy,
+    /// The KV offload tiers' slots, as the shards allocated them (zeros: off).
+    pub offload: OffloadSlots,
 }

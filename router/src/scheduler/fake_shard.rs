@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::request::GenerationRequest;
+use crate::kv::{KvTransfer, Medium};
 use crate::shard::{
     FailedRequest, FinishReason, GeneratedToken, Generation, RequestFailure, RequestFailureKind,
     ScheduledSpan, Step, StepAnswer, StoppingParams,
@@ -57,6 +58,12 @@ pub(super) struct FakeShard {
     checkpoints: HashMap<u32, Vec<u32>>,
     /// Checkpoints restored, over every step.
     pub restores: usize,
+    /// The offload tiers: (medium, slot) -> a block's slot contents, by offset.
+    tiers: HashMap<(Medium, u32), Vec<Option<u32>>>,
+    /// Disk slots whose next read fails its checksum (a torn entry).
+    pub torn_disk_slots: HashSet<u32>,
+    /// Blocks copied from each medium into another, over every step.
+    pub transfers: HashMap<(Medium, Medium), usize>,
 }
 
 /// The default draft model guesses wrong where the context's length is a multiple of this.
@@ -127,12 +134,56 @@ impl FakeShard {
         }
     }
 
+    /// Runs `transfers` in order; answers the positions of the disk reads that failed.
+    fn run_transfers(&mut self, transfers: &[KvTransfer]) -> Vec<usize> {
+        let mut failed = Vec::new();
+        for (position, transfer) in transfers.iter().enumerate() {
+            *self
+                .transfers
+                .entry((transfer.source, transfer.target))
+                .or_default() += 1;
+            let contents = match transfer.source {
+                Medium::Device => {
+                    let first = transfer.source_index as usize * self.block_size;
+                    (first..first + self.block_size)
+                        .map(|slot| self.slots.get(&slot).copied())
+                        .collect()
+                }
+                Medium::Disk if self.torn_disk_slots.remove(&transfer.source_index) => {
+                    failed.push(position);
+                    continue;
+                }
+                medium => self
+                    .tiers
+                    .get(&(medium, transfer.source_index))
+                    .cloned()
+                    .expect("a transfer reads a slot something was written to"),
+            };
+            match transfer.target {
+                Medium::Device => {
+                    let first = transfer.target_index as usize * self.block_size;
+                    for (offset, token) in contents.into_iter().enumerate() {
+                        match token {
+                            Some(token) => self.slots.insert(first + offset, token),
+                            None => self.slots.remove(&(first + offset)),
+                        };
+                    }
+                }
+                medium => {
+                    self.tiers.insert((medium, transfer.target_index), contents);
+                }
+            }
+        }
+        failed
+    }
+
     pub fn step(&mut self, step: Step) -> StepAnswer {
         if let Some(last) = self.last_step_id {
             assert_eq!(step.step_id, last + 1, "steps must run in id order");
         }
         self.last_step_id = Some(step.step_id);
         self.ended_before = std::mem::take(&mut self.ended_now);
+        let failed_kv_transfers = self.run_transfers(&step.kv_transfers);
         for id in &step.finished {
             self.requests.remove(id);
             self.forgotten.push(*id);
@@ -158,7 +209,10 @@ impl FakeShard {
         }
         self.step_tokens
             .push(step.scheduled.iter().map(|s| s.num_tokens).sum());
-        let mut response = StepAnswer::default();
+        let mut response = StepAnswer {
+            failed_kv_transfers,
+            ..StepAnswer::default()
+        };
         // A step's restores read the checkpoints as they stood before its saves.
         let mut saves = Vec::new();
         for scheduled in step.scheduled {

@@ -33,6 +33,7 @@ fn config() -> SchedulerConfig {
         max_drafting_batch: usize::MAX,
         max_loras: 0,
         policy: crate::scheduler::SchedulingPolicy::Fcfs,
+        offload: crate::kv::OffloadSlots::default(),
         state_checkpoints: None,
     }
 }

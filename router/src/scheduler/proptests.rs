@@ -19,6 +19,7 @@ use super::policy::SchedulingPolicy;
 use super::request::{GenerationEvent, GenerationRequest};
 use super::sequence::Sequence;
 use super::state::SchedulerState;
+use crate::kv::OffloadSlots;
 use crate::shard::{SamplingParams, Step, StoppingParams};
 use crate::tenant::{KeyId, Tenant};
 
@@ -42,6 +43,8 @@ struct Arrival {
 struct Workload {
     config: SchedulerConfig,
     arrivals: Vec<Arrival>,
+    /// Disk slots of the offload tiers whose first read fails its checksum.
+    torn_disk_slots: Vec<u32>,
 }
 
 fn arrival() -> impl Strategy<Value = Arrival> {
@@ -84,6 +87,11 @@ fn workload() -> impl Strategy<Value = Workload> {
         // A model with recurrent state: (checkpoints, blocks between prompt checkpoints).
         prop::option::weighted(0.3, (0usize..6, 1usize..4)),
         prop::sample::select(vec![SchedulingPolicy::Fcfs, SchedulingPolicy::Fair]),
+        // Offload tiers: (host slots, disk slots, torn disk slots).
+        prop::option::weighted(
+            0.4,
+            (1usize..6, 0usize..6, prop::collection::vec(0u32..6, 0..3)),
+        ),
     )
         .prop_map(
             |(
@@ -96,6 +104,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                 (max_drafts, draft_method),
                 state,
                 policy,
+                offload,
             )| {
                 arrivals.sort_by_key(|arrival| arrival.at_step);
                 let shared_prefix: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
@@ -128,8 +137,13 @@ fn workload() -> impl Strategy<Value = Workload> {
                             count,
                             interval: blocks * block_size,
                         }),
+                        offload: offload.as_ref().map_or_else(
+                            OffloadSlots::default,
+                            |&(host, disk, _)| OffloadSlots { host, disk },
+                        ),
                     },
                     arrivals,
+                    torn_disk_slots: offload.map(|(_, _, torn)| torn).unwrap_or_default(),
                 }
             },
         )
@@ -194,6 +208,7 @@ fn run_workload(workload: &Workload) -> Result<(), TestCaseError> {
     let mut state = SchedulerState::new(config);
     let mut shard = FakeShard::new(config.block_size);
     shard.keeps_state = config.state_checkpoints.is_some();
+    shard.torn_disk_slots = workload.torn_disk_slots.iter().copied().collect();
     let mut clients: Vec<Client> = Vec::new();
     let mut in_flight = VecDeque::new();
     for step_index in 0..100_000usize {

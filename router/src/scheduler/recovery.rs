@@ -111,6 +111,7 @@ mod tests {
             max_drafting_batch: usize::MAX,
             max_loras: 0,
             policy: crate::scheduler::SchedulingPolicy::Fcfs,
+            offload: crate::kv::OffloadSlots::default(),
             state_checkpoints: None,
         })
     }

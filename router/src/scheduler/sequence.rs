@@ -75,6 +75,12 @@ pub(crate) struct Sequence {
     pub tenant: Option<Tenant>,
     /// The prompt's images at their spans of `tokens`.
     pub images: Vec<PromptImage>,
+    /// Whether admission already waited a step for the offload tiers' disk reads of its
+    /// prefix: it waits at most once, so a read pushed out again cannot hold it back.
+    pub waited_for_fetch: bool,
+    /// Whether fair scheduling already preempted a request to free a batch slot for it (once
+    /// at most; see `free_a_slot_fairly`).
+    pub claimed_a_slot: bool,
 }
 
 impl Sequence {
@@ -109,6 +115,8 @@ impl Sequence {
             priority: request.priority,
             tenant: request.tenant,
             images: request.images,
+            waited_for_fetch: false,
+            claimed_a_slot: false,
         }
     }
 

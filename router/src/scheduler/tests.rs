@@ -20,6 +20,7 @@ pub(super) fn config(num_blocks: usize, max_batch_tokens: usize) -> SchedulerCon
         max_drafting_batch: usize::MAX,
         max_loras: 0,
         policy: crate::scheduler::SchedulingPolicy::Fcfs,
+        offload: crate::kv::OffloadSlots::default(),
         state_checkpoints: None,
         block_size: 4,
         num_blocks,

@@ -9,6 +9,7 @@ use super::step_answer::{
     TokenLogprob,
 };
 use crate::images::PromptImage;
+use crate::kv::{KvTransfer, Medium, OffloadSlots};
 use crate::pb;
 
 /// What the shards report about the model they serve.
@@ -133,6 +134,9 @@ pub struct KvCacheSize {
     /// A model with recurrent state: the state checkpoints the shards keep (0 otherwise).
     pub state_checkpoints: usize,
     pub state_checkpoint_bytes: u64,
+    /// The offload tiers' slots (zeros: off) and the bytes each slot holds on one rank.
+    pub offload: OffloadSlots,
+    pub offload_block_bytes: u64,
 }
 
 impl From<pb::WarmupResponse> for KvCacheSize {
@@ -142,6 +146,11 @@ impl From<pb::WarmupResponse> for KvCacheSize {
             bytes: answer.kv_cache_bytes,
             state_checkpoints: usize::try_from(answer.num_state_checkpoints).unwrap_or(usize::MAX),
             state_checkpoint_bytes: answer.state_checkpoint_bytes,
+            offload: OffloadSlots {
+                host: usize::try_from(answer.num_host_offload_slots).unwrap_or(usize::MAX),
+                disk: usize::try_from(answer.num_disk_offload_slots).unwrap_or(usize::MAX),
+            },
+            offload_block_bytes: answer.offload_block_bytes,
         }
     }
 }
@@ -167,7 +176,25 @@ impl From<Step> for pb::StepRequest {
             new_requests: step.new_requests.into_iter().map(Into::into).collect(),
             scheduled: step.scheduled.into_iter().map(Into::into).collect(),
             finished: step.finished,
+            kv_transfers: step.kv_transfers.into_iter().map(kv_transfer).collect(),
         }
+    }
+}
+
+fn kv_transfer(transfer: KvTransfer) -> pb::KvTransfer {
+    pb::KvTransfer {
+        source: kv_medium(transfer.source).into(),
+        source_index: transfer.source_index,
+        target: kv_medium(transfer.target).into(),
+        target_index: transfer.target_index,
+    }
+}
+
+fn kv_medium(medium: Medium) -> pb::KvMedium {
+    match medium {
+        Medium::Device => pb::KvMedium::Device,
+        Medium::Host => pb::KvMedium::Host,
+        Medium::Disk => pb::KvMedium::Disk,
     }
 }
 
@@ -278,6 +305,11 @@ impl From<pb::StepResponse> for StepAnswer {
                     compiling: compilation.compiling,
                 })
                 .unwrap_or_default(),
+            failed_kv_transfers: response
+                .failed_kv_transfers
+                .into_iter()
+                .filter_map(|position| usize::try_from(position).ok())
+                .collect(),
         }
     }
 }

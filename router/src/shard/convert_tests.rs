@@ -1,6 +1,7 @@
 use prost::Message;
 
 use super::*;
+use crate::kv::OffloadSlots;
 use crate::shard::sampling::{LogprobOptions, StoppingParams};
 
 #[test]
@@ -68,6 +69,9 @@ fn model_facts_and_the_kv_cache_keep_their_values() {
         kv_cache_bytes: 1 << 20,
         num_state_checkpoints: 3,
         state_checkpoint_bytes: 3 << 10,
+        num_host_offload_slots: 40,
+        num_disk_offload_slots: 900,
+        offload_block_bytes: 8 << 10,
     });
     assert_eq!(
         cache,
@@ -76,6 +80,11 @@ fn model_facts_and_the_kv_cache_keep_their_values() {
             bytes: 1 << 20,
             state_checkpoints: 3,
             state_checkpoint_bytes: 3 << 10,
+            offload: OffloadSlots {
+                host: 40,
+                disk: 900,
+            },
+            offload_block_bytes: 8 << 10,
         }
     );
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::sampling::{Grammar, LogprobOptions, SamplingParams, StoppingParams};
 use crate::images::PromptImage;
+use crate::kv::KvTransfer;
 
 /// One forward pass over every scheduled request. Steps run in `step_id` order on every rank.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,6 +16,8 @@ pub struct Step {
     pub scheduled: Vec<ScheduledSpan>,
     /// Requests to forget before running (stopped by the router, cancelled, preempted).
     pub finished: Vec<u64>,
+    /// Copies between the KV cache and the offload tiers, run in order before the rest.
+    pub kv_transfers: Vec<KvTransfer>,
 }
 
 /// A request as the shards first meet it: its tokens so far and how it samples and stops.

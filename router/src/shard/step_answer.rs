@@ -87,6 +87,8 @@ pub struct StepAnswer {
     pub timings: ShardTimings,
     /// What the shards' `--torch-compile` has compiled when the step ends.
     pub compilation: Compilation,
+    /// Positions in the step's `kv_transfers` of disk reads that found nothing usable.
+    pub failed_kv_transfers: Vec<usize>,
 }
 
 /// Decode steps of up to `decode_rows` rows run a compiled graph (0: none does); `compiling`:

@@ -55,6 +55,8 @@ class LaunchedStep:
     rows: tuple[PendingRow | DraftedRow, ...] = ()
     sampling: StepSampling | None = None
     sampled: DeviceSample | None = None
+    # Positions in the Step's KV transfers of disk reads that found no intact entry.
+    failed_kv_transfers: tuple[int, ...] = ()
     outcome: StepOutput | BaseException | None = None
 
     def sampled_row(self, state: RequestState) -> int | None:

@@ -41,6 +41,7 @@ from tandem_server.execution.chain import Execution
 from tandem_server.execution.cuda_graphs import drafting_shapes, model_graph_shapes, profile_graph_bytes
 from tandem_server.execution.decode_package import DecodePackageSpec
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
+from tandem_server.execution.kv_offload import KvOffload, KvOffloadOptions, KvTransfer
 from tandem_server.execution.protocol import ExecutionPlan
 from tandem_server.freed_memory import return_freed_memory
 from tandem_server.layers.moe.expert_tokens import ExpertTokenCounters
@@ -82,6 +83,8 @@ class ExecutionOptions:
     decode_package: DecodePackageSpec | None = None
     # --max-loras and --max-lora-rank: the LoRA adapters the shard accepts and runs in one step.
     lora: LoraLimits = field(default_factory=LoraLimits)
+    # --kv-offload-memory, --kv-offload-dir and --kv-offload-disk: the tiers that keep blocks the router evicts.
+    kv_offload: KvOffloadOptions = field(default_factory=KvOffloadOptions)
 
 
 # A forward step's timer marks: 0 step start, 1 forward start, 2 logits ready, 3 sampling done.
@@ -157,6 +160,7 @@ class ModelRunner:
         self.options = options
         self.requests = RequestTable(companions.grammar_compiler)
         self.cache: KVCache | None = None
+        self.offload: KvOffload | None = None
         self.execution = Execution.build(model, device, options.compile_mode, options.decode_package)
         self.lora = LoraRegistry(model, options.lora, dtype, device)
         self.expert_tokens = ExpertTokenCounters(model)
@@ -199,6 +203,7 @@ class ModelRunner:
         # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
         self._open = None
         self.cache = None
+        self.offload = None
         drafting = self.draft_model
         # A block holds the draft model's keys and values beside the model's: the router's block ids address both.
         draft_geometry = drafting.geometry(block_size) if drafting is not None else None
@@ -230,7 +235,13 @@ class ModelRunner:
             cache, ExecutionPlan(max_batch_tokens, max_batch_requests, shapes), self.dtype, num_checkpoints
         )
         self.cache = cache
-        draft_bytes = drafting.cache.nbytes if drafting is not None and drafting.cache is not None else 0
+        bound_draft_cache = drafting.cache if drafting is not None else None
+        draft_bytes = bound_draft_cache.nbytes if bound_draft_cache is not None else 0
+        # Prefixes of a model with recurrent state resume from state checkpoints, which the tiers do not hold.
+        if options.kv_offload.host_bytes > 0 and not spec.state_shapes:
+            caches = [cache] if bound_draft_cache is None else [cache, bound_draft_cache]
+            self.offload = KvOffload(caches, options.kv_offload)
+        offload = self.offload
         # The full-size step's activations are freed by now; their pages go back rather than stay for reuse.
         return_freed_memory()
         return WarmupResult(
@@ -238,6 +249,9 @@ class ModelRunner:
             kv_cache_bytes=cache.nbytes + draft_bytes,
             num_state_checkpoints=num_checkpoints,
             state_checkpoint_bytes=num_checkpoints * bytes_per_checkpoint,
+            num_host_offload_slots=offload.host_slots if offload is not None else 0,
+            num_disk_offload_slots=offload.disk_slots if offload is not None else 0,
+            offload_block_bytes=offload.block_bytes if offload is not None else 0,
         )
 
     def compilation(self) -> CompilationState:
@@ -279,6 +293,7 @@ class ModelRunner:
         if open_step is not None and (not self.options.launch_ahead or self._reads_pending_tokens(step)):
             self.complete(open_step)
         timer = StepTimer(self.device)
+        failed_transfers = self._run_kv_transfers(step.kv_transfers)
         spec = self.model.spec
         drafting = self.draft_model is not None
         limits = StepLimits(
@@ -301,7 +316,7 @@ class ModelRunner:
             self.draft_model.forget(forgotten)
         if not plan:
             timer.mark()
-            return LaunchedStep(timer, None, (*applied.failures,), ())
+            return LaunchedStep(timer, None, (*applied.failures,), (), failed_kv_transfers=failed_transfers)
         drafts = {**applied.drafts, **self._model_drafts(plan, applied.model_drafts)}
         both_ways = bidirectional_spans(pieces) if self.images is not None and self.images.bidirectional_spans else {}
         spans = [
@@ -346,7 +361,9 @@ class ModelRunner:
         )
         timer.mark()
         previous, self._last_forward = self._last_forward, timer
-        launched = LaunchedStep(timer, previous, (*applied.failures,), prompt_logprobs, rows, sampling, sampled)
+        launched = LaunchedStep(
+            timer, previous, (*applied.failures,), prompt_logprobs, rows, sampling, sampled, failed_transfers
+        )
         self._open = launched
         return launched
 
@@ -374,7 +391,14 @@ class ModelRunner:
         timer, previous = launched.timer, launched.previous
         phases = timer.phases_ms()
         if len(phases) == 1:
-            return StepOutput((), forward_ms=0.0, sampling_ms=0.0, prepare_ms=phases[0], failures=launched.failures)
+            return StepOutput(
+                (),
+                forward_ms=0.0,
+                sampling_ms=0.0,
+                prepare_ms=phases[0],
+                failures=launched.failures,
+                failed_kv_transfers=launched.failed_kv_transfers,
+            )
         prepare_ms, forward_ms, sampling_ms = phases
         gap_ms = timer.ms_since(previous, _FORWARD_END_MARK, _FORWARD_START_MARK) if previous is not None else 0.0
         return StepOutput(
@@ -385,7 +409,16 @@ class ModelRunner:
             prepare_ms=prepare_ms,
             prompt_logprobs=launched.prompt_logprobs,
             failures=(*launched.failures, *(sampled.failures if sampled else ())),
+            failed_kv_transfers=launched.failed_kv_transfers,
         )
+
+    def _run_kv_transfers(self, transfers: Sequence[KvTransfer]) -> tuple[int, ...]:
+        """Runs the Step's copies between the cache and the offload tiers; the positions of failed disk reads."""
+        if not transfers:
+            return ()
+        if self.offload is None:
+            raise InvalidStepError("the Step carries KV transfers but this shard keeps no offload tiers")
+        return self.offload.run(transfers)
 
     def _runnable(self, applied: AppliedStep) -> tuple[AppliedStep, list[ImagePiece]]:
         """`applied` without the requests that cannot run (their LoRA adapter is unreadable, an image cannot be

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tandem_server.errors import FailureKind
+from tandem_server.execution.kv_offload import KvTransfer
 from tandem_server.sampling import SamplingParams
 from tandem_server.sampling.logprobs import TokenLogprobs
 from tandem_server.structured import GrammarSpec
@@ -106,6 +107,8 @@ class StepInput:
     new_requests: tuple[NewRequest, ...] = ()
     scheduled: tuple[ScheduledRequest, ...] = ()
     finished: tuple[int, ...] = ()
+    # Copies between the KV cache and the offload tiers, run in order before anything else.
+    kv_transfers: tuple[KvTransfer, ...] = ()
 
     @property
     def phase(self) -> str | None:
@@ -159,6 +162,8 @@ class StepOutput:
     failures: tuple[RequestFailure, ...] = ()
     # The model's idle time from the previous step's forward end to this one's start; 0 when none ran before.
     forward_gap_ms: float = 0.0
+    # Positions in the Step's `kv_transfers` of disk reads that found no intact entry.
+    failed_kv_transfers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,3 +188,7 @@ class WarmupResult:
     kv_cache_bytes: int
     num_state_checkpoints: int = 0
     state_checkpoint_bytes: int = 0
+    # Slots of the KV offload tiers (0: off) and the bytes one slot holds.
+    num_host_offload_slots: int = 0
+    num_disk_offload_slots: int = 0
+    offload_block_bytes: int = 0

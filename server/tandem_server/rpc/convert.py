@@ -15,7 +15,8 @@ from tandem_server.engine.step import (
     WarmupPlan,
     WarmupResult,
 )
-from tandem_server.errors import FailureKind
+from tandem_server.errors import FailureKind, InvalidStepError
+from tandem_server.execution.kv_offload import KvTransfer, Medium
 from tandem_server.lora import AdapterSummary
 from tandem_server.metrics import CompilationState
 from tandem_server.rpc.generated import shard_pb2
@@ -40,6 +41,19 @@ _FAILURE_KINDS = {
 }
 
 
+_MEDIA: dict[int, Medium] = {
+    shard_pb2.KV_MEDIUM_DEVICE: Medium.DEVICE,
+    shard_pb2.KV_MEDIUM_HOST: Medium.HOST,
+    shard_pb2.KV_MEDIUM_DISK: Medium.DISK,
+}
+
+
+def _medium(medium: int) -> Medium:
+    if medium not in _MEDIA:
+        raise InvalidStepError(f"a KV transfer names an unknown medium ({medium})")
+    return _MEDIA[medium]
+
+
 def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
     """The engine's view of a StepRequest."""
     return StepInput(
@@ -58,6 +72,10 @@ def step_input_from_pb(request: shard_pb2.StepRequest) -> StepInput:
             for s in request.scheduled
         ),
         finished=tuple(request.finished),
+        kv_transfers=tuple(
+            KvTransfer(_medium(t.source), t.source_index, _medium(t.target), t.target_index)
+            for t in request.kv_transfers
+        ),
     )
 
 
@@ -144,6 +162,7 @@ def step_output_to_pb(output: StepOutput) -> shard_pb2.StepResponse:
         prompt_logprobs=[_prompt_logprobs_to_pb(chunk) for chunk in output.prompt_logprobs],
         failures=[_failure_to_pb(failure) for failure in output.failures],
         forward_gap_ms=output.forward_gap_ms,
+        failed_kv_transfers=output.failed_kv_transfers,
     )
 
 
@@ -176,6 +195,9 @@ def warmup_result_to_pb(result: WarmupResult) -> shard_pb2.WarmupResponse:
         kv_cache_bytes=result.kv_cache_bytes,
         num_state_checkpoints=result.num_state_checkpoints,
         state_checkpoint_bytes=result.state_checkpoint_bytes,
+        num_host_offload_slots=result.num_host_offload_slots,
+        num_disk_offload_slots=result.num_disk_offload_slots,
+        offload_block_bytes=result.offload_block_bytes,
     )
 
 

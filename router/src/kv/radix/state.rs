@@ -17,6 +17,9 @@ pub(crate) struct StatePrefix {
     pub checkpoint: Option<u32>,
     /// Whole blocks of the prefix cached, with a checkpoint or not.
     pub matched_blocks: usize,
+    /// The offload tiers are fetching blocks that continue the prefix from disk: waiting a
+    /// step for them saves their computation.
+    pub fetching: bool,
 }
 
 impl RadixCache {
@@ -85,6 +88,7 @@ impl RadixCache {
                 .checked_sub(1)
                 .and_then(|last| self.node(path[last]).checkpoint),
             matched_blocks: path.len(),
+            fetching: false,
         }
     }
 

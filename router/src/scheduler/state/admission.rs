@@ -82,6 +82,12 @@ impl SchedulerState {
             let keys = kv::cache_keys(&sequence.tokens, &sequence.images);
             sequence.blocks.adopt_cached_prefix(&keys)
         };
+        if adopted.fetching && !sequence.waited_for_fetch {
+            // The rest of its prefix arrives from disk with the next step's transfers.
+            sequence.waited_for_fetch = true;
+            sequence.reset_for_recompute();
+            return false;
+        }
         let cached = adopted.tokens;
         sequence.num_computed = cached;
         if adopted.uncheckpointed_tokens > 0 {

@@ -48,15 +48,22 @@ impl SchedulerState {
 
     /// Orders the running requests by their tenant's virtual time, then arrival: the
     /// least-served key is served first, and the last request (preempted first) is the latest
-    /// arrival of the most-served key.
+    /// arrival of the most-served key. The earliest arrival of them all comes first whatever
+    /// its key: it is never preempted while others run, so it finishes, and preemption under
+    /// memory pressure cannot take turns between keys whose order flips as they are served
+    /// (each turn recomputing what the other lost) without any request finishing.
     pub(super) fn order_running_by_share(&mut self) {
         let fair = &self.fair;
+        let earliest = self.running.iter().map(|sequence| sequence.id).min();
         self.running.sort_by(|a, b| {
             let (time_a, time_b) = (
                 fair.virtual_time(a.tenant_key()),
                 fair.virtual_time(b.tenant_key()),
             );
-            time_a.total_cmp(&time_b).then(a.id.cmp(&b.id))
+            (Some(b.id) == earliest)
+                .cmp(&(Some(a.id) == earliest))
+                .then(time_a.total_cmp(&time_b))
+                .then(a.id.cmp(&b.id))
         });
     }
 
@@ -66,7 +73,9 @@ impl SchedulerState {
     /// its latest request (the last running one, see `order_running_by_share`) is preempted and
     /// recomputed later. So one key's burst cannot hold every slot while another key waits
     /// behind it. Slots only go from a tenant holding two or more to one holding none, so the
-    /// taker keeps a slot and the giver too: no two tenants take a slot back and forth.
+    /// taker keeps a slot and the giver too: no two tenants take a slot back and forth. Each
+    /// waiting request takes a slot back at most once, so when it still cannot start (its
+    /// blocks do not fit) the preempted request is not preempted again and again for it.
     pub(super) fn free_a_slot_fairly(&mut self) {
         if self.running.len() < self.config.max_batch_requests {
             return;
@@ -86,12 +95,17 @@ impl SchedulerState {
         let least_served_idle = self
             .waiting
             .iter()
-            .filter(|sequence| !running.contains(&sequence.tenant_key()))
-            .filter(|sequence| !self.gated_by_leader(sequence))
-            .map(|sequence| self.fair.virtual_time(sequence.tenant_key()))
-            .min_by(f64::total_cmp);
+            .enumerate()
+            .filter(|(_, sequence)| !sequence.claimed_a_slot)
+            .filter(|(_, sequence)| !running.contains(&sequence.tenant_key()))
+            .filter(|(_, sequence)| !self.gated_by_leader(sequence))
+            .map(|(index, sequence)| (self.fair.virtual_time(sequence.tenant_key()), index))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
         let most_served_running = self.fair.virtual_time(victim_tenant);
-        if least_served_idle.is_some_and(|waiting| waiting <= most_served_running) {
+        if let Some((_, index)) =
+            least_served_idle.filter(|&(waiting, _)| waiting <= most_served_running)
+        {
+            self.waiting[index].claimed_a_slot = true;
             self.preempt_newest("a less served key waits for a batch slot");
         }
     }

@@ -54,12 +54,14 @@ pub(crate) struct SchedulerState {
 
 impl SchedulerState {
     pub fn new(config: SchedulerConfig) -> Self {
+        let pool = BlockPool::with_state_checkpoints(
+            config.num_blocks,
+            config.prefix_caching.then_some(config.block_size),
+            config.state_checkpoints.map(|plan| plan.count),
+        );
+        pool.enable_offload(config.offload);
         Self {
-            pool: BlockPool::with_state_checkpoints(
-                config.num_blocks,
-                config.prefix_caching.then_some(config.block_size),
-                config.state_checkpoints.map(|plan| plan.count),
-            ),
+            pool,
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -193,7 +195,9 @@ impl SchedulerState {
         self.schedule_running(&mut budget, &mut step);
         self.admit_waiting(&mut budget, &mut step);
         step.finished = std::mem::take(&mut self.forget);
-        if step.scheduled.is_empty() && step.finished.is_empty() {
+        step.kv_transfers = self.pool.take_kv_transfers(step.step_id);
+        // A step of transfers alone still goes: a request waits for the disk reads it carries.
+        if step.scheduled.is_empty() && step.finished.is_empty() && step.kv_transfers.is_empty() {
             return None;
         }
         self.next_step_id += 1;
@@ -351,6 +355,8 @@ impl SchedulerState {
             return;
         };
         self.compilation = Some(answer.compilation);
+        self.pool
+            .kv_transfers_answered(step_id, &answer.failed_kv_transfers);
         // Before publishing: a failed request's blocks (non-finite logits may mean non-finite keys and values)
         // never enter the prefix cache.
         self.fail_requests(step_id, answer.failures);

@@ -1,0 +1,350 @@
+//! The KV offload tiers behind the prefix cache: a block evicted from the KV cache is kept in a
+//! bounded host-memory tier, and a host entry pushed out of it in an optional disk tier, each
+//! LRU. A later prefix hit in a tier is copied back instead of being recomputed.
+//!
+//! The router owns the index (which prefix each slot holds); the shards own the bytes and run
+//! the copies this index queues, in queue order, before the rest of the step that carries them.
+//! Entries are keyed by their prefix's chain key (the adapter and every token up to the block's
+//! end), so an entry is only ever loaded under the prefix that computed it.
+//!
+//! Invariants: every entry is in exactly one place; a host entry is in `host_lru`, a disk entry
+//! in `disk_lru`, and a fetching entry (a disk read in a step not yet answered) in neither, so it
+//! is never pushed out while its read is on the way. Each slot is free or owned by one entry.
+
+use std::collections::{BTreeSet, HashMap};
+
+use sha2::{Digest, Sha256};
+
+use super::AdapterKey;
+
+/// A block's prefix: sha256 over the previous block's key, the adapter and the block's tokens.
+pub(crate) type ChainKey = [u8; 32];
+
+/// The chain key of the block holding `tokens` after the prefix whose last block has `parent`
+/// (`None`: a sequence's first block), computed under `adapter`.
+pub(crate) fn chain_key(
+    parent: Option<&ChainKey>,
+    adapter: Option<&AdapterKey>,
+    tokens: &[u32],
+) -> ChainKey {
+    let mut hasher = Sha256::new();
+    hasher.update(parent.unwrap_or(&[0; 32]));
+    hasher.update(
+        adapter
+            .map_or(u64::MAX, |adapter| u64::from(adapter.id))
+            .to_le_bytes(),
+    );
+    for token in tokens {
+        hasher.update(token.to_le_bytes());
+    }
+    hasher.finalize().into()
+}
+
+/// Where a transfer reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    Device,
+    Host,
+    Disk,
+}
+
+impl Medium {
+    /// The label of metrics and KV events (vLLM's medium names).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Device => "GPU",
+            Self::Host => "CPU",
+            Self::Disk => "DISK",
+        }
+    }
+}
+
+/// One block copied from `source` slot `source_index` to `target` slot `target_index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvTransfer {
+    pub source: Medium,
+    pub source_index: u32,
+    pub target: Medium,
+    pub target_index: u32,
+}
+
+/// Slots of each tier, as the shards allocated them (0: the tier is off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OffloadSlots {
+    pub host: usize,
+    pub disk: usize,
+}
+
+impl OffloadSlots {
+    pub fn is_on(self) -> bool {
+        self.host > 0
+    }
+}
+
+/// What a tier holds for one prefix block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hit {
+    /// In host memory: it can be loaded into a KV block in this step.
+    Host,
+    /// On disk: it must be fetched into host memory first (one step).
+    Disk,
+    /// Its fetch is on the way.
+    Fetching,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Host(u32),
+    Disk(u32),
+    Fetching { host: u32, disk: u32 },
+}
+
+#[derive(Debug)]
+struct Entry {
+    place: Place,
+    last_use: u64,
+}
+
+/// A fetch queued or sent: its entry and its position in its step's transfers.
+#[derive(Debug, Clone, Copy)]
+struct SentFetch {
+    step_id: Option<u64>,
+    position: usize,
+    key: ChainKey,
+}
+
+#[derive(Debug)]
+pub(crate) struct OffloadTiers {
+    slots: OffloadSlots,
+    entries: HashMap<ChainKey, Entry>,
+    free_host: Vec<u32>,
+    free_disk: Vec<u32>,
+    host_lru: BTreeSet<(u64, ChainKey)>,
+    disk_lru: BTreeSet<(u64, ChainKey)>,
+    /// Copies for the next step, in the order the shards must run them.
+    queued: Vec<KvTransfer>,
+    fetches: Vec<SentFetch>,
+    clock: u64,
+}
+
+impl OffloadTiers {
+    pub fn new(slots: OffloadSlots) -> Self {
+        Self {
+            slots,
+            entries: HashMap::new(),
+            free_host: fresh_slots(slots.host),
+            free_disk: fresh_slots(slots.disk),
+            host_lru: BTreeSet::new(),
+            disk_lru: BTreeSet::new(),
+            queued: Vec::new(),
+            fetches: Vec::new(),
+            clock: 0,
+        }
+    }
+
+    pub fn slots(&self) -> OffloadSlots {
+        self.slots
+    }
+
+    /// Entries in host memory (fetching ones included) and on disk.
+    pub fn used(&self) -> OffloadSlots {
+        OffloadSlots {
+            host: self.slots.host - self.free_host.len(),
+            disk: self.slots.disk - self.free_disk.len(),
+        }
+    }
+
+    pub fn hit(&self, key: &ChainKey) -> Option<Hit> {
+        self.entries.get(key).map(|entry| match entry.place {
+            Place::Host(_) => Hit::Host,
+            Place::Disk(_) => Hit::Disk,
+            Place::Fetching { .. } => Hit::Fetching,
+        })
+    }
+
+    /// Keeps the contents of KV block `block`, about to be reused, as `key`'s entry: a copy
+    /// into host memory, unless a tier already holds that prefix (then it is only marked used).
+    pub fn save(&mut self, key: ChainKey, block: u32) {
+        if self.entries.contains_key(&key) {
+            self.touch(&key);
+            return;
+        }
+        let Some(slot) = self.host_slot() else {
+            return;
+        };
+        self.queued.push(KvTransfer {
+            source: Medium::Device,
+            source_index: block,
+            target: Medium::Host,
+            target_index: slot,
+        });
+        self.clock += 1;
+        self.host_lru.insert((self.clock, key));
+        self.entries.insert(
+            key,
+            Entry {
+                place: Place::Host(slot),
+                last_use: self.clock,
+            },
+        );
+        metrics::counter!("tandem_kv_offload_stored_blocks_total", "medium" => Medium::Host.label())
+            .increment(1);
+    }
+
+    /// Queues the copy of `key`'s host entry into KV block `block`; false (nothing queued)
+    /// unless the entry is in host memory.
+    pub fn load(&mut self, key: &ChainKey, block: u32) -> bool {
+        let Some(Place::Host(slot)) = self.entries.get(key).map(|entry| entry.place) else {
+            return false;
+        };
+        self.touch(key);
+        self.queued.push(KvTransfer {
+            source: Medium::Host,
+            source_index: slot,
+            target: Medium::Device,
+            target_index: block,
+        });
+        metrics::counter!("tandem_kv_offload_loaded_blocks_total", "medium" => Medium::Host.label())
+            .increment(1);
+        true
+    }
+
+    /// Queues the read of `key`'s disk entry into a host slot; it is usable once the step
+    /// carrying the read has answered (see `answered`). False unless the entry is on disk.
+    pub fn fetch(&mut self, key: &ChainKey) -> bool {
+        let Some(Place::Disk(disk)) = self.entries.get(key).map(|entry| entry.place) else {
+            return false;
+        };
+        let last_use = self.entries[key].last_use;
+        self.disk_lru.remove(&(last_use, *key));
+        let Some(host) = self.host_slot() else {
+            self.disk_lru.insert((last_use, *key));
+            return false;
+        };
+        self.fetches.push(SentFetch {
+            step_id: None,
+            position: self.queued.len(),
+            key: *key,
+        });
+        self.queued.push(KvTransfer {
+            source: Medium::Disk,
+            source_index: disk,
+            target: Medium::Host,
+            target_index: host,
+        });
+        let entry = self
+            .entries
+            .get_mut(key)
+            .expect("invariant: the entry was just read");
+        entry.place = Place::Fetching { host, disk };
+        metrics::counter!("tandem_kv_offload_loaded_blocks_total", "medium" => Medium::Disk.label())
+            .increment(1);
+        true
+    }
+
+    /// The copies queued since the last call, for step `step_id` to carry.
+    pub fn take_transfers(&mut self, step_id: u64) -> Vec<KvTransfer> {
+        for fetch in &mut self.fetches {
+            fetch.step_id.get_or_insert(step_id);
+        }
+        std::mem::take(&mut self.queued)
+    }
+
+    /// Step `step_id` answered: its fetches arrived in host memory, except those at the
+    /// positions in `failed` (missing or torn on disk), whose entries are dropped.
+    pub fn answered(&mut self, step_id: u64, failed: &[usize]) {
+        let (done, waiting): (Vec<_>, Vec<_>) = self
+            .fetches
+            .drain(..)
+            .partition(|fetch| fetch.step_id.is_some_and(|id| id <= step_id));
+        self.fetches = waiting;
+        for fetch in done {
+            let Some(entry) = self.entries.get_mut(&fetch.key) else {
+                continue;
+            };
+            let Place::Fetching { host, disk } = entry.place else {
+                continue;
+            };
+            self.free_disk.push(disk);
+            if fetch.step_id == Some(step_id) && failed.contains(&fetch.position) {
+                self.entries.remove(&fetch.key);
+                self.free_host.push(host);
+                metrics::counter!("tandem_kv_offload_failed_reads_total").increment(1);
+            } else {
+                entry.place = Place::Host(host);
+                self.host_lru.insert((entry.last_use, fetch.key));
+            }
+        }
+    }
+
+    fn touch(&mut self, key: &ChainKey) {
+        self.clock += 1;
+        let clock = self.clock;
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let previous = std::mem::replace(&mut entry.last_use, clock);
+        match entry.place {
+            Place::Host(_) => {
+                self.host_lru.remove(&(previous, *key));
+                self.host_lru.insert((clock, *key));
+            }
+            Place::Disk(_) => {
+                self.disk_lru.remove(&(previous, *key));
+                self.disk_lru.insert((clock, *key));
+            }
+            Place::Fetching { .. } => {}
+        }
+    }
+
+    /// A free host slot, made by moving the least recently used host entry to disk (or
+    /// dropping it without a disk tier); `None` when every host slot is being fetched into.
+    fn host_slot(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free_host.pop() {
+            return Some(slot);
+        }
+        let (last_use, key) = self.host_lru.pop_first()?;
+        let Some(Place::Host(slot)) = self.entries.get(&key).map(|entry| entry.place) else {
+            unreachable!("invariant: host_lru names host entries");
+        };
+        match self.disk_slot() {
+            Some(disk) => {
+                self.queued.push(KvTransfer {
+                    source: Medium::Host,
+                    source_index: slot,
+                    target: Medium::Disk,
+                    target_index: disk,
+                });
+                self.disk_lru.insert((last_use, key));
+                if let Some(entry) = self.entries.get_mut(&key) {
+                    entry.place = Place::Disk(disk);
+                }
+                metrics::counter!("tandem_kv_offload_stored_blocks_total", "medium" => Medium::Disk.label())
+                    .increment(1);
+            }
+            None => {
+                self.entries.remove(&key);
+            }
+        }
+        Some(slot)
+    }
+
+    /// A free disk slot, made by dropping the least recently used disk entry; `None` without
+    /// a disk tier.
+    fn disk_slot(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free_disk.pop() {
+            return Some(slot);
+        }
+        let (_, key) = self.disk_lru.pop_first()?;
+        match self.entries.remove(&key).map(|entry| entry.place) {
+            Some(Place::Disk(slot)) => Some(slot),
+            _ => unreachable!("invariant: disk_lru names disk entries"),
+        }
+    }
+}
+
+/// Reversed so that `pop` hands out low slots first.
+fn fresh_slots(count: usize) -> Vec<u32> {
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    (0..count).rev().collect()
+}
