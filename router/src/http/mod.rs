@@ -34,10 +34,14 @@ pub use ops::server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};
 pub use transport::connections::serve as serve_connections;
 
-use middleware::{auth, launch_identity, request_log, serving};
+use middleware::{auth, launch_identity, request_log, serving, trace_context};
 use ops::{info, lifecycle, lora_updates, openapi};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The request's id, in its extensions for the layers inside `request_span`.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestId(pub String);
 
 /// The router's HTTP application: every route is registered with its OpenAPI operation, so
 /// `/openapi.json` (browsable at `/docs`) lists exactly what is served. Probes, the metrics
@@ -61,6 +65,9 @@ pub fn app(state: AppState) -> Router {
     if state.log_requests {
         inference =
             inference.route_layer(from_fn_with_state(state.clone(), request_log::log_bodies));
+    }
+    if crate::telemetry::active().is_some() {
+        inference = inference.route_layer(from_fn(trace_context::trace_request));
     }
     let mut protected = OpenApiRouter::new()
         .merge(inference)
@@ -97,7 +104,7 @@ pub fn app(state: AppState) -> Router {
 
 /// Gives every request an id (the client's `x-request-id`, else a fresh one), a span
 /// carrying it, and echoes it in the response.
-async fn request_span(request: Request, next: Next) -> Response {
+async fn request_span(mut request: Request, next: Next) -> Response {
     let id = request
         .headers()
         .get(REQUEST_ID_HEADER)
@@ -110,6 +117,7 @@ async fn request_span(request: Request, next: Next) -> Response {
         method = %request.method(),
         path = %request.uri().path()
     );
+    request.extensions_mut().insert(RequestId(id.clone()));
     let is_probe = request.method() == Method::GET;
     let started = std::time::Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
