@@ -54,7 +54,44 @@ pub fn traces_url(endpoint: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        otlp: OtlpArgs,
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_the_flags_are_checked_when_given() {
+        let defaults = Cli::try_parse_from(["router"]).expect("no flags").otlp;
+        assert_eq!(defaults.otlp_endpoint, None);
+        assert_eq!(defaults.otlp_sample_ratio, 1.0);
+        assert_eq!(defaults.otlp_service_name, "tandem.router");
+        let given = Cli::try_parse_from([
+            "router",
+            "--otlp-endpoint",
+            "http://collector:4318",
+            "--otlp-sample-ratio",
+            "0.1",
+        ])
+        .expect("valid flags")
+        .otlp;
+        assert_eq!(
+            given.otlp_endpoint.as_deref(),
+            Some("http://collector:4318")
+        );
+        assert_eq!(given.otlp_sample_ratio, 0.1);
+        for wrong in [
+            ["--otlp-sample-ratio", "2"],
+            ["--otlp-endpoint", "collector:4317"],
+        ] {
+            let error = Cli::try_parse_from(["router", wrong[0], wrong[1]]).expect_err("refused");
+            assert!(error.to_string().contains(wrong[0]), "{error}");
+        }
+    }
 
     #[test]
     fn the_traces_path_is_appended_once() {

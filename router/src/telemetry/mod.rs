@@ -37,6 +37,8 @@ pub use steps::{StepRegistry, StepShape, StepTrace};
 
 /// The instrumentation scope of every span the router makes.
 const SCOPE: &str = "tandem-router";
+/// The most requests one `step` span links (the SDK keeps 128 by default).
+const MAX_LINKS_PER_STEP: u32 = 1024;
 
 /// Why tracing could not start.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,7 @@ pub fn init(args: &OtlpArgs) -> Result<Option<TelemetryGuard>, TelemetryError> {
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_sampler(LinkedSampler::new(args.otlp_sample_ratio))
+        .with_max_links_per_span(MAX_LINKS_PER_STEP)
         .with_resource(
             Resource::builder()
                 .with_service_name(args.otlp_service_name.clone())
