@@ -34,14 +34,10 @@ pub use ops::server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};
 pub use transport::connections::serve as serve_connections;
 
-use middleware::{auth, launch_identity, request_log, serving, trace_context};
+use middleware::{auth, launch_identity, request_log, serving, trace_context, RequestId};
 use ops::{info, lifecycle, lora_updates, openapi};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
-
-/// The request's id, in its extensions for the layers inside `request_span`.
-#[derive(Debug, Clone)]
-pub(crate) struct RequestId(pub String);
 
 /// The router's HTTP application: every route is registered with its OpenAPI operation, so
 /// `/openapi.json` (browsable at `/docs`) lists exactly what is served. Probes, the metrics

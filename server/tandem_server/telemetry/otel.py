@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -15,8 +16,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Span, SpanKind, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tandem_server.rpc.generated import shard_pb2
 from tandem_server.telemetry import Metadata, StepSpan
+
+if TYPE_CHECKING:
+    from tandem_server.rpc.generated import shard_pb2
 
 logger = logging.getLogger(__name__)
 

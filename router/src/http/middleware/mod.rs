@@ -11,3 +11,7 @@ pub mod launch_identity;
 pub mod request_log;
 pub mod serving;
 pub mod trace_context;
+
+/// The request's id (`x-request-id`), in its extensions for the layers inside the request span.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);

@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::context::FutureExt;
 
-use crate::http::RequestId;
+use super::RequestId;
 use crate::telemetry::{HttpTrace, TracedBody};
 
 /// Runs the request inside its span; the span ends once the response body is done.
