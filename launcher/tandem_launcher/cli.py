@@ -26,6 +26,7 @@ from tandem_launcher.lora_adapters import add_lora_flags, resolve_max_loras
 from tandem_launcher.router_flags import API, KV_EVENTS, OBSERVABILITY, QUEUE, REQUEST_LIMITS, SCHEDULING
 from tandem_launcher.shard_flags import DTYPE, EXECUTION
 from tandem_launcher.speculation import add_speculation_flags, apply_speculative_config, choose_speculative_method
+from tandem_launcher.tracing_flags import add_tracing_flags
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -140,11 +141,12 @@ def _add_supervision_flags(add: FlagAdder) -> None:
 
 
 def _add_observability_flags(add: FlagAdder) -> None:
-    """What is logged and where shards serve their metrics."""
+    """What is logged, where shards serve their metrics and where request traces go."""
     add_forwarded(add, OBSERVABILITY)
     add.value("--shard-metrics-port", int, 0, "shard of rank r serves Prometheus /metrics on this port + r; 0: off")
     add.switch("--json-output", "log JSON lines instead of text")
     add.value("--log-level", str, "info", "log level of the launcher and its shards", choices=LOG_LEVELS)
+    add_tracing_flags(add)
 
 
 def parse_config(

@@ -14,6 +14,7 @@ from tandem_launcher.limits import TokenLimits
 from tandem_launcher.model_resolution import ResolvedModel
 from tandem_launcher.router_flags import ROUTER_FLAGS
 from tandem_launcher.shard_flags import SHARD_FLAGS
+from tandem_launcher.tracing_flags import router_tracing_argv, shard_tracing_argv
 
 MASTER_ADDR = "127.0.0.1"
 SHARD_CONNECT_TIMEOUT_S = 30
@@ -64,6 +65,7 @@ def shard_argv(
         "--metrics-port", str(config.shard_metrics_port + local_rank if config.shard_metrics_port else 0),
         "--metrics-hostname", config.hostname,
         *forwarded_argv(SHARD_FLAGS, config.forwarded),
+        *shard_tracing_argv(config.otlp_endpoint, config.otlp_service_name),
     ]  # fmt: skip
     if not config.is_leader and config.cluster_secret_file is not None:
         # A worker node's ranks also serve the leader's router over TCP, to callers with the secret.
@@ -114,6 +116,7 @@ def router_argv(
         "--graceful-termination-timeout", str(math.ceil(config.graceful_termination_timeout)),
         "--step-timeout", str(math.ceil(config.step_timeout)),
         *forwarded_argv(ROUTER_FLAGS, config.forwarded),
+        *router_tracing_argv(config.otlp_endpoint, config.otlp_sample_ratio, config.otlp_service_name),
     ]  # fmt: skip
     for path in (*([key_file] if key_file else []), *config.api_key_file):
         argv += ["--api-key-file", str(path)]

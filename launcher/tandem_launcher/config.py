@@ -25,6 +25,7 @@ from tandem_launcher.lora_adapters import AdapterSpec, adapter_problems
 from tandem_launcher.router_flags import ROUTER_FLAGS
 from tandem_launcher.shard_flags import SHARD_FLAGS, device_problems
 from tandem_launcher.speculation import speculation_problems
+from tandem_launcher.tracing_flags import DEFAULT_SERVICE_NAME, tracing_problems
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_CACHE_DIR = Path.home() / ".cache" / "tandem" / "models"
@@ -115,6 +116,11 @@ class LauncherConfig:
     log_level: str = "info"
     # Rank r serves shard metrics on shard_metrics_port + r; 0 turns shard metrics off.
     shard_metrics_port: int = 0
+    # Request tracing (tracing_flags.py): the OTLP/HTTP receiver (None: off), the share of requests traced, and the
+    # service name the children's names are made from.
+    otlp_endpoint: str | None = None
+    otlp_sample_ratio: float = 1.0
+    otlp_service_name: str = DEFAULT_SERVICE_NAME
     # The values of the flags forwarded to a child as they are (FORWARDED_FLAGS), by `Forwarded.dest`; entries left
     # out take their flag's default.
     forwarded: Mapping[str, Any] = field(default_factory=dict)
@@ -212,6 +218,7 @@ def _problems(config: LauncherConfig) -> list[str]:
     if config.log_level not in LOG_LEVELS:
         problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     problems += fault_problems(config.fault_inject_step_error, config.fault_inject_step_hang, config.num_shard)
+    problems += tracing_problems(config.otlp_endpoint, config.otlp_sample_ratio, config.otlp_service_name)
     return problems + _forwarded_problems(config)
 
 

@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod server;
 pub mod shard;
 pub mod stream;
+pub mod telemetry;
 pub mod tenant;
 #[cfg(test)]
 pub mod test_tokenizer;
@@ -42,6 +43,14 @@ pub fn main_with_args(argv: Vec<String>) -> i32 {
         }
     };
     server::init_tracing(args.json_output);
+    // Dropped last, after the runtime: flushes the spans still queued.
+    let _telemetry = match telemetry::init(&args.otlp) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            tracing::error!("{error}");
+            return 1;
+        }
+    };
     let config = match config::RouterConfig::try_from(args) {
         Ok(config) => config,
         Err(error) => {

@@ -40,6 +40,7 @@ from tandem_server.rpc.cluster_auth import read_cluster_secret
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.server import TcpListener, serve_until_signalled
 from tandem_server.rpc.servicer import ShardServicer
+from tandem_server.telemetry import add_tracing_flags, start_tracing, tracing_config
 from tandem_server.vision.encoder_cache import DEFAULT_ENCODER_CACHE_BYTES
 from tandem_server.weight_defaults import AUTO, choose_weight_settings, cpu_multiplies_bfloat16
 
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_lora_flags(parser)
     _add_fault_flags(parser)
+    add_tracing_flags(parser)
     return parser
 
 
@@ -341,6 +343,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ShardConfig:
             disk_bytes=parse_byte_size(args.kv_offload_disk) if args.kv_offload_dir is not None else 0,
         ),
         faults=_fault_plan(args),
+        tracing=tracing_config(args),
     )
 
 
@@ -392,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics.watch_image_encoder(shard.runner.images.counts)
             metrics.serve(config.metrics_port, config.metrics_hostname)
         faulty = inject_faults(shard.runner, config.faults, config.rank)
-        servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, model_thread)
+        tracer = start_tracing(config.tracing, config.rank)
+        servicer = ShardServicer(faulty or shard.runner, shard.info, metrics, model_thread, tracer)
         try:
             asyncio.run(serve_until_signalled(servicer, config.uds_path, tcp))
         finally:

@@ -14,6 +14,7 @@ from tandem_server.execution.kv_offload import KvOffloadOptions
 from tandem_server.faults import FaultPlan
 from tandem_server.interfaces.attention_registry import ATTENTION_REGISTRY
 from tandem_server.quant.mode import QuantizeMode
+from tandem_server.telemetry import TracingConfig
 from tandem_server.vision.encoder_cache import DEFAULT_ENCODER_CACHE_BYTES
 
 ATTENTION_BACKENDS = ATTENTION_REGISTRY.choices
@@ -127,6 +128,8 @@ class ShardConfig:
     kv_offload: KvOffloadOptions = field(default_factory=KvOffloadOptions)
     # Test only: a rank that fails or hangs in a chosen Step (see faults.py); empty by default.
     faults: FaultPlan = field(default_factory=FaultPlan)
+    # Where the spans of traced Steps go (`--otlp-endpoint`); off by default.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:

@@ -11,6 +11,7 @@ use crate::limits::{ConnectionLimits, RequestLimits};
 use crate::reasoning::ReasoningParserFlag;
 use crate::scheduler::{DraftMethod, SchedulingPolicy};
 use crate::shard::ShardAddress;
+use crate::telemetry::OtlpArgs;
 use crate::tools::ToolCallParser;
 
 /// Tandem's router: validates, tokenizes, schedules and streams for the model shards.
@@ -151,6 +152,8 @@ pub struct RouterArgs {
     pub kv_events: KvEventsConfig,
     #[command(flatten)]
     pub media_fetch: MediaFetchConfig,
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 }
 
 /// Limits and behaviour of the client-facing API.

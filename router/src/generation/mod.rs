@@ -15,6 +15,7 @@ use crate::metrics::RequestMetrics;
 use crate::reasoning::ReasoningSplitter;
 use crate::scheduler::{Backend, PromptLogprobs};
 use crate::stream::{Finish, StreamError, TextDelta, TextStream, TokenDecoding, TokenText};
+use crate::telemetry::{traced_validation, GenerationTrace};
 use crate::tenant::Tenant;
 use crate::validation::{GenerationParams, Prompt, Validator};
 
@@ -40,6 +41,7 @@ pub struct AdmittedRequest {
     /// Splits this generation's output into reasoning and answer; `None` for other models.
     pub reasoning: Option<ReasoningSplitter>,
     metrics: RequestMetrics,
+    trace: GenerationTrace,
     pub input_tokens: usize,
     pub seed: u64,
     pub input_ids: Vec<u32>,
@@ -107,6 +109,7 @@ struct Submitted {
     images: usize,
     seed: u64,
     tickets: Vec<AdmissionTicket>,
+    traces: Vec<GenerationTrace>,
 }
 
 impl AdmittedRequest {
@@ -145,19 +148,21 @@ impl AdmittedRequest {
                     images,
                     seed,
                     tickets,
+                    traces,
                 } = submitted;
                 Ok(texts
                     .into_iter()
                     .zip(tickets)
-                    .zip(metrics)
+                    .zip(metrics.into_iter().zip(traces))
                     .zip(0u64..)
-                    .map(|(((text, ticket), metrics), index)| {
+                    .map(|(((text, ticket), (metrics, trace)), index)| {
                         metrics.input_tokens(input_ids.len());
                         metrics.images(images);
                         Self {
                             text,
                             reasoning: reasoning.clone(),
                             metrics,
+                            trace,
                             input_tokens: input_ids.len(),
                             seed: seed.wrapping_add(index),
                             input_ids: input_ids.clone(),
@@ -182,19 +187,23 @@ impl AdmittedRequest {
         count: usize,
     ) -> Result<Submitted, AppError> {
         let is_chat = matches!(prompt, Prompt::Chat(..));
-        let valid = engine.validator.validate(prompt, params).await?;
+        let valid = traced_validation(engine.validator.validate(prompt, params)).await?;
         let queued_tokens =
             valid.request.input_ids.len() + valid.request.stopping.max_new_tokens as usize;
         let tickets = engine.admission.admit(count, queued_tokens)?;
         let input_ids = valid.request.input_ids.clone();
         let images = valid.request.images.len();
         let seed = valid.request.sampling.seed;
+        let traces: Vec<GenerationTrace> = (0..count)
+            .map(|choice| GenerationTrace::start(choice, input_ids.len()))
+            .collect();
         let requests = (0u64..)
-            .take(count)
-            .map(|index| {
+            .zip(&traces)
+            .map(|(index, trace)| {
                 let mut request = valid.request.clone();
                 request.sampling.seed = seed.wrapping_add(index);
                 request.tenant = engine.tenant;
+                request.trace = trace.request_trace();
                 request
             })
             .collect();
@@ -219,6 +228,7 @@ impl AdmittedRequest {
             images,
             seed,
             tickets,
+            traces,
         })
     }
 
@@ -230,6 +240,7 @@ impl AdmittedRequest {
         if let Ok(delta) = &delta {
             let finish = delta.finish.map(Finish::label);
             self.metrics.token(self.text.admitted_at(), finish);
+            self.trace.token(self.text.admitted_at(), finish);
         }
         Some(delta.map_err(AppError::from))
     }
@@ -250,12 +261,14 @@ impl AdmittedRequest {
     }
 
     /// Records the request as complete.
-    pub fn succeed(self) {
+    pub fn succeed(mut self) {
+        self.trace.succeed();
         self.metrics.succeed();
     }
 
     /// Records the request as failed with `error`.
-    pub fn fail(self, error: &AppError) {
+    pub fn fail(mut self, error: &AppError) {
+        self.trace.fail(error.metric_reason());
         self.metrics.fail(error.metric_reason());
     }
 

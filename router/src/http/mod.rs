@@ -34,7 +34,7 @@ pub use ops::server_info::{ServerInfo, VALIDATION_WORKERS};
 pub use state::{AppState, HandlerConfig};
 pub use transport::connections::serve as serve_connections;
 
-use middleware::{auth, launch_identity, request_log, serving};
+use middleware::{auth, launch_identity, request_log, serving, trace_context, RequestId};
 use ops::{info, lifecycle, lora_updates, openapi};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -61,6 +61,9 @@ pub fn app(state: AppState) -> Router {
     if state.log_requests {
         inference =
             inference.route_layer(from_fn_with_state(state.clone(), request_log::log_bodies));
+    }
+    if crate::telemetry::active().is_some() {
+        inference = inference.route_layer(from_fn(trace_context::trace_request));
     }
     let mut protected = OpenApiRouter::new()
         .merge(inference)
@@ -97,7 +100,7 @@ pub fn app(state: AppState) -> Router {
 
 /// Gives every request an id (the client's `x-request-id`, else a fresh one), a span
 /// carrying it, and echoes it in the response.
-async fn request_span(request: Request, next: Next) -> Response {
+async fn request_span(mut request: Request, next: Next) -> Response {
     let id = request
         .headers()
         .get(REQUEST_ID_HEADER)
@@ -110,6 +113,7 @@ async fn request_span(request: Request, next: Next) -> Response {
         method = %request.method(),
         path = %request.uri().path()
     );
+    request.extensions_mut().insert(RequestId(id.clone()));
     let is_probe = request.method() == Method::GET;
     let started = std::time::Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;

@@ -73,6 +73,9 @@ impl SchedulerHandle {
         check_capacity(&config, &request)?;
         let (sender, events) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Some(trace) = &request.trace {
+            trace.bind(id);
+        }
         if let Some(adapter) = &request.adapter {
             super::lora_metrics::record_submitted(&adapter.name);
         }

@@ -10,6 +10,7 @@ use crate::kv::AdapterKey;
 use crate::shard::{
     GeneratedToken, Grammar, LogprobOptions, PromptLogprobs, SamplingParams, StoppingParams,
 };
+use crate::telemetry::RequestTrace;
 use crate::tenant::Tenant;
 
 /// A validated, tokenized request ready for scheduling.
@@ -37,6 +38,8 @@ pub struct GenerationRequest {
     pub tenant: Option<Tenant>,
     /// The prompt's images, each placed at its span of `input_ids`.
     pub images: Vec<PromptImage>,
+    /// The request's trace, when it is traced: steps that run it link to it.
+    pub trace: Option<RequestTrace>,
 }
 
 /// Events delivered to the HTTP layer for one request, in order.

@@ -235,7 +235,7 @@ async fn start_scheduler(
     Ok(scheduler::spawn(
         config.scheduler_config(kv_cache, max_loras),
         recovery,
-        Arc::new(fleet.clone()),
+        crate::shard::traced(Arc::new(fleet.clone())),
         kv_events,
     ))
 }

@@ -97,12 +97,18 @@ impl ShardFleet {
     }
 
     /// Runs one step on every rank; returns rank 0's outputs (every rank samples the same tokens).
+    /// A traced step (`shard::traced`) carries its span's `traceparent` to every rank.
     pub async fn step(&self, step: Step) -> Result<StepAnswer, ShardError> {
         let request = pb::StepRequest::from(step);
+        let traceparent = crate::telemetry::current_traceparent();
         let mut answers = self
             .fan_out(|mut client| {
-                let request = request.clone();
-                async move { client.step(request).await }
+                let mut call = tonic::Request::new(request.clone());
+                if let Some(traceparent) = &traceparent {
+                    call.metadata_mut()
+                        .insert(crate::telemetry::TRACEPARENT, traceparent.clone());
+                }
+                async move { client.step(call).await }
             })
             .await?;
         Ok(StepAnswer::from(answers.swap_remove(0)))

@@ -10,6 +10,7 @@ mod fleet;
 mod sampling;
 mod step;
 mod step_answer;
+mod traced;
 
 pub use address::{ShardAddress, ShardAddressError};
 pub use cluster_secret::ClusterAuth;
@@ -23,6 +24,7 @@ pub use step_answer::{
     PromptLogprobsChunk, RequestFailure, RequestFailureKind, ShardTimings, StepAnswer,
     TokenLogprob,
 };
+pub use traced::traced;
 
 /// The RPCs the step loop sends to the whole shard group; `ShardFleet` fans each out to
 /// every rank, tests put a fake here.

@@ -304,6 +304,8 @@ impl Validator {
                 // The HTTP layer sets who the request is for.
                 tenant: None,
                 images,
+                // The generation sets its trace.
+                trace: None,
             },
             stop: checked.stop,
             reasoning: reasoning.splitter,

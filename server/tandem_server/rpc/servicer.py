@@ -26,6 +26,7 @@ from tandem_server.rpc.generated import shard_pb2, shard_pb2_grpc
 from tandem_server.rpc.model_thread import ModelThread
 from tandem_server.rpc.status import status_code_for, translate_errors
 from tandem_server.rpc.step_order import StepOrder
+from tandem_server.telemetry import StepTracer
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,13 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         info: shard_pb2.InfoResponse,
         metrics: ShardMetrics | None = None,
         model_thread: ModelThread | None = None,
+        tracer: StepTracer | None = None,
     ) -> None:
         self._runner = runner
         self._info = info
         self._metrics = metrics
+        # Traces Steps whose call carries a sampled `traceparent`; None: tracing is off.
+        self._tracer = tracer
         # Serialises everything that touches tensors; the model thread runs what holds it.
         self._lock = asyncio.Lock()
         # The thread that loaded the model (`cli.load_on_model_thread`); tests that built the runner themselves get
@@ -128,6 +132,14 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
 
     @translate_errors
     async def Step(self, request: shard_pb2.StepRequest, context: grpc.aio.ServicerContext) -> shard_pb2.StepResponse:
+        if self._tracer is None:
+            return await self._step(request)
+        with self._tracer.step(context.invocation_metadata(), request) as span:
+            response = await self._step(request)
+            span.record(response)
+            return response
+
+    async def _step(self, request: shard_pb2.StepRequest) -> shard_pb2.StepResponse:
         decoding = time.perf_counter()
         step = convert.step_input_from_pb(request)
         decode_s = time.perf_counter() - decoding
@@ -193,8 +205,11 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         return shard_pb2.ResetResponse()
 
     def shut_down(self) -> None:
-        """Stops the model thread taking jobs; a job still running is left to finish on its own."""
+        """Stops the model thread taking jobs; a job still running is left to finish on its own. Exports the spans
+        still queued."""
         self._model.shut_down()
+        if self._tracer is not None:
+            self._tracer.shut_down()
 
 
 def build_info(
