@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use super::events::KvEventLog;
-use super::offload::OffloadTiers;
+use super::offload::{OffloadTiers, PrefixFetch};
 use super::radix::{Evicted, RadixCache, StatePrefix};
 use super::AdapterKey;
 
@@ -169,14 +169,14 @@ impl BlockManager {
                 matched_blocks: blocks.len(),
                 blocks,
                 checkpoint: None,
-                fetching: false,
+                fetch: PrefixFetch::None,
             }
         };
         for &block in &prefix.blocks {
             self.retain(block);
         }
         if self.offload.is_some() {
-            prefix.fetching = self.extend_from_offload(
+            prefix.fetch = self.extend_from_offload(
                 adapter,
                 tokens,
                 block_size,

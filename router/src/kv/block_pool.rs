@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::block_manager::{BlockManager, CheckpointCounts};
 use super::events::KvEventLog;
-use super::offload::{KvTransfer, OffloadSlots};
+use super::offload::{KvTransfer, OffloadSlots, PrefixFetch};
 use super::AdapterKey;
 
 /// The KV blocks `0..total`. Cloning shares the same blocks.
@@ -164,9 +164,9 @@ pub struct AdoptedPrefix {
     /// Tokens of whole blocks the cache held beyond `tokens` that no checkpoint covered: they
     /// are computed again.
     pub uncheckpointed_tokens: usize,
-    /// The offload tiers are fetching blocks that continue the prefix from disk; a request that
-    /// waits a step for them computes fewer tokens.
-    pub fetching: bool,
+    /// Whether the offload tiers are fetching blocks that continue the prefix from disk; a
+    /// request that waits for them computes fewer tokens.
+    pub fetch: PrefixFetch,
 }
 
 /// A checkpoint a step will save a sequence's state into, after `position` tokens.
@@ -250,7 +250,7 @@ impl BlockTable {
             tokens: self.blocks.len() * block_size,
             state_checkpoint: prefix.checkpoint,
             uncheckpointed_tokens: (prefix.matched_blocks - self.blocks.len()) * block_size,
-            fetching: prefix.fetching,
+            fetch: prefix.fetch,
         }
     }
 

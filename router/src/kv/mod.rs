@@ -19,7 +19,9 @@ use std::sync::Arc;
 pub use block_manager::CheckpointCounts;
 pub use block_pool::{AdoptedPrefix, BlockPool, BlockTable};
 pub use image_keys::{cache_keys, is_image_key};
-pub use offload::{KvTransfer, Medium, OffloadSlots};
+pub use offload::{
+    describe_metrics as describe_offload_metrics, KvTransfer, Medium, OffloadSlots, PrefixFetch,
+};
 
 /// The LoRA adapter whose weights computed a block. Blocks are shared only between requests under
 /// the same adapter, or under none (the base model). `id` never names another adapter while the

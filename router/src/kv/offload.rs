@@ -7,9 +7,11 @@
 //! Entries are keyed by their prefix's chain key (the adapter and every token up to the block's
 //! end), so an entry is only ever loaded under the prefix that computed it.
 //!
-//! Invariants: every entry is in exactly one place; a host entry is in `host_lru`, a disk entry
-//! in `disk_lru`, and a fetching entry (a disk read in a step not yet answered) in neither, so it
-//! is never pushed out while its read is on the way. Each slot is free or owned by one entry.
+//! Invariants: every entry is in exactly one place; a host entry is in `host_lru` unless pinned
+//! (while a prefix hit loads it), a disk entry in `disk_lru`, and a fetching entry (a disk read in
+//! a step not yet answered) in neither, so it is never pushed out while its read is on the way.
+//! Each slot is free or owned by one entry. A block loaded back leaves the tiers: it lives in the
+//! KV cache again, and is saved anew when evicted again.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -81,6 +83,18 @@ impl OffloadSlots {
     }
 }
 
+/// Whether the blocks that continue a prefix are on their way from the disk tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefixFetch {
+    /// No: the prefix ends where the tiers end.
+    #[default]
+    None,
+    /// Their reads were queued just now, for the next step.
+    Started,
+    /// Their reads are in a step not yet answered (queued by an earlier request or attempt).
+    Pending,
+}
+
 /// What a tier holds for one prefix block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Hit {
@@ -99,7 +113,7 @@ enum Place {
     Fetching { host: u32, disk: u32 },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Entry {
     place: Place,
     last_use: u64,
@@ -129,6 +143,10 @@ pub(crate) struct OffloadTiers {
 
 impl OffloadTiers {
     pub fn new(slots: OffloadSlots) -> Self {
+        for (medium, count) in [(Medium::Host, slots.host), (Medium::Disk, slots.disk)] {
+            metrics::gauge!("tandem_kv_offload_slots", "medium" => medium.label())
+                .set(count as f64);
+        }
         Self {
             slots,
             entries: HashMap::new(),
@@ -191,13 +209,39 @@ impl OffloadTiers {
             .increment(1);
     }
 
-    /// Queues the copy of `key`'s host entry into KV block `block`; false (nothing queued)
+    /// Keeps `key`'s host entry from being pushed out until `load` or `unpin`.
+    pub fn pin(&mut self, key: &ChainKey) {
+        if let Some(entry) = self.entries.get(key) {
+            if matches!(entry.place, Place::Host(_)) {
+                self.host_lru.remove(&(entry.last_use, *key));
+            }
+        }
+    }
+
+    /// Lets a pinned host entry be pushed out again.
+    pub fn unpin(&mut self, key: &ChainKey) {
+        if let Some(entry) = self.entries.get(key) {
+            if matches!(entry.place, Place::Host(_)) {
+                self.host_lru.insert((entry.last_use, *key));
+            }
+        }
+    }
+
+    /// Queues the copy of `key`'s host entry into KV block `block`, which the prefix cache holds
+    /// from then on: the entry leaves the tier and its slot is free for the next copy out (each
+    /// block lives in one place; evicted again, it is saved again). False (nothing queued)
     /// unless the entry is in host memory.
     pub fn load(&mut self, key: &ChainKey, block: u32) -> bool {
-        let Some(Place::Host(slot)) = self.entries.get(key).map(|entry| entry.place) else {
+        let Some(Entry {
+            place: Place::Host(slot),
+            last_use,
+        }) = self.entries.get(key).copied()
+        else {
             return false;
         };
-        self.touch(key);
+        self.entries.remove(key);
+        self.host_lru.remove(&(last_use, *key));
+        self.free_host.push(slot);
         self.queued.push(KvTransfer {
             source: Medium::Host,
             source_index: slot,
@@ -246,6 +290,11 @@ impl OffloadTiers {
     pub fn take_transfers(&mut self, step_id: u64) -> Vec<KvTransfer> {
         for fetch in &mut self.fetches {
             fetch.step_id.get_or_insert(step_id);
+        }
+        let used = self.used();
+        for (medium, count) in [(Medium::Host, used.host), (Medium::Disk, used.disk)] {
+            metrics::gauge!("tandem_kv_offload_used_slots", "medium" => medium.label())
+                .set(count as f64);
         }
         std::mem::take(&mut self.queued)
     }
@@ -341,6 +390,34 @@ impl OffloadTiers {
             _ => unreachable!("invariant: disk_lru names disk entries"),
         }
     }
+}
+
+/// Describes the offload tiers' series; the failed-read counter starts at 0 so alerts have a
+/// series before the first failure.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "tandem_kv_offload_slots",
+        "Block slots of each KV offload tier (medium CPU: host memory, DISK: disk; 0: off)"
+    );
+    describe_gauge!(
+        "tandem_kv_offload_used_slots",
+        "Block slots of each KV offload tier holding an evicted block"
+    );
+    describe_counter!(
+        "tandem_kv_offload_stored_blocks_total",
+        "Blocks copied into each KV offload tier (CPU: evicted from the KV cache; DISK: moved from host memory)"
+    );
+    describe_counter!(
+        "tandem_kv_offload_loaded_blocks_total",
+        "Blocks read back from each KV offload tier instead of being recomputed (CPU: into the KV cache; DISK: \
+         into host memory)"
+    );
+    describe_counter!(
+        "tandem_kv_offload_failed_reads_total",
+        "Disk tier entries found missing or torn (checksum) when read; their blocks are recomputed"
+    );
+    metrics::counter!("tandem_kv_offload_failed_reads_total").absolute(0);
 }
 
 /// Reversed so that `pop` hands out low slots first.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{AdapterKey, BlockPool, KvTransfer, Medium, OffloadSlots};
+use super::{AdapterKey, BlockPool, KvTransfer, Medium, OffloadSlots, PrefixFetch};
 
 const BLOCK_SIZE: usize = 2;
 /// Two whole blocks and one more token, whose logits are needed: both blocks are reusable.
@@ -59,7 +59,7 @@ fn an_evicted_prefix_is_saved_to_host_and_loaded_back_into_fresh_blocks() {
 
     let mut table = pool.new_table();
     let adopted = table.adopt_cached_prefix(&PROMPT);
-    assert_eq!((adopted.tokens, adopted.fetching), (4, false));
+    assert_eq!((adopted.tokens, adopted.fetch), (4, PrefixFetch::None));
     let loaded = pool.take_kv_transfers(1);
     assert_eq!(
         loaded,
@@ -74,19 +74,36 @@ fn an_evicted_prefix_is_saved_to_host_and_loaded_back_into_fresh_blocks() {
         4,
         "loaded blocks are cached again"
     );
-    assert_eq!(pool.offload_slots().map(|(_, used)| used.host), Some(2));
+    assert_eq!(
+        pool.offload_slots().map(|(_, used)| used.host),
+        Some(0),
+        "loaded entries leave the tier"
+    );
+    press(&pool);
+    assert_eq!(
+        pool.take_kv_transfers(2).len(),
+        2,
+        "evicted again, they are saved again"
+    );
 }
 
 #[test]
-fn a_prefix_saved_before_is_not_copied_again() {
-    let pool = pool(4, 4, 0);
-    finish(&pool, None, &PROMPT);
+fn the_entries_a_hit_loads_stay_in_a_full_host_tier_while_their_blocks_are_allocated() {
+    // Two host slots, both the prompt's; every block to load into must be evicted first, and
+    // each eviction saves into host memory.
+    let pool = pool(2, 2, 0);
+    finish(&pool, None, &PROMPT[..4]);
     press(&pool);
+    finish(&pool, None, &OTHER[..4]);
     pool.take_kv_transfers(0);
-    pool.new_table().adopt_cached_prefix(&PROMPT);
-    pool.take_kv_transfers(1);
-    press(&pool);
-    assert!(pool.take_kv_transfers(2).is_empty());
+    let mut table = pool.new_table();
+    assert_eq!(table.adopt_cached_prefix(&PROMPT).tokens, 4);
+    let copies = pool.take_kv_transfers(1);
+    let loads: Vec<_> = copies
+        .iter()
+        .filter(|t| t.target == Medium::Device)
+        .collect();
+    assert_eq!(loads.len(), 2, "{copies:?}");
 }
 
 #[test]
@@ -109,7 +126,7 @@ fn a_full_host_tier_moves_its_oldest_entries_to_disk_and_a_disk_hit_waits_for_it
 
     let mut table = pool.new_table();
     let adopted = table.adopt_cached_prefix(&PROMPT);
-    assert_eq!((adopted.tokens, adopted.fetching), (0, true));
+    assert_eq!((adopted.tokens, adopted.fetch), (0, PrefixFetch::Started));
     let fetches = pool.take_kv_transfers(1);
     assert!(
         fetches
@@ -121,14 +138,14 @@ fn a_full_host_tier_moves_its_oldest_entries_to_disk_and_a_disk_hit_waits_for_it
     table.clear();
     let adopted = table.adopt_cached_prefix(&PROMPT);
     assert_eq!(
-        (adopted.tokens, adopted.fetching),
-        (0, true),
+        (adopted.tokens, adopted.fetch),
+        (0, PrefixFetch::Pending),
         "unusable before the step answers"
     );
     table.clear();
     pool.kv_transfers_answered(1, &[]);
     let adopted = table.adopt_cached_prefix(&PROMPT);
-    assert_eq!((adopted.tokens, adopted.fetching), (4, false));
+    assert_eq!((adopted.tokens, adopted.fetch), (4, PrefixFetch::None));
 }
 
 #[test]
@@ -140,7 +157,7 @@ fn a_failed_disk_read_drops_the_entry_and_the_prefix_is_computed() {
     pool.take_kv_transfers(0);
     let mut table = pool.new_table();
     let adopted = table.adopt_cached_prefix(&PROMPT);
-    assert_eq!((adopted.tokens, adopted.fetching), (2, true));
+    assert_eq!((adopted.tokens, adopted.fetch), (2, PrefixFetch::Started));
     table.clear();
     let fetches = pool.take_kv_transfers(1);
     let failed: Vec<usize> = fetches
@@ -153,8 +170,8 @@ fn a_failed_disk_read_drops_the_entry_and_the_prefix_is_computed() {
     pool.kv_transfers_answered(1, &failed);
     let adopted = table.adopt_cached_prefix(&PROMPT);
     assert_eq!(
-        (adopted.tokens, adopted.fetching),
-        (2, false),
+        (adopted.tokens, adopted.fetch),
+        (2, PrefixFetch::None),
         "the torn second block is computed"
     );
 }

@@ -22,6 +22,7 @@ pub(super) fn describe() {
     describe_steps();
     describe_step_parts();
     describe_kv_cache();
+    crate::kv::describe_offload_metrics();
     for name in [
         "tandem_prefix_cache_queries_tokens_total",
         "tandem_prefix_cache_hits_tokens_total",

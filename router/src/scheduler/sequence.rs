@@ -75,9 +75,9 @@ pub(crate) struct Sequence {
     pub tenant: Option<Tenant>,
     /// The prompt's images at their spans of `tokens`.
     pub images: Vec<PromptImage>,
-    /// Whether admission already waited a step for the offload tiers' disk reads of its
-    /// prefix: it waits at most once, so a read pushed out again cannot hold it back.
-    pub waited_for_fetch: bool,
+    /// Whether admission already started the offload tiers' disk reads of its prefix: it starts
+    /// them once, so entries pushed out again before it starts cannot hold it back.
+    pub started_a_fetch: bool,
     /// Whether fair scheduling already preempted a request to free a batch slot for it (once
     /// at most; see `free_a_slot_fairly`).
     pub claimed_a_slot: bool,
@@ -115,7 +115,7 @@ impl Sequence {
             priority: request.priority,
             tenant: request.tenant,
             images: request.images,
-            waited_for_fetch: false,
+            started_a_fetch: false,
             claimed_a_slot: false,
         }
     }

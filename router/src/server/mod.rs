@@ -360,6 +360,17 @@ async fn warmup(fleet: &ShardFleet, config: &RouterConfig) -> Result<KvCacheSize
             "the KV cache cannot hold one request of --max-total-tokens; long requests will be refused"
         );
     }
+    if answer.offload.is_on() {
+        info!(
+            host_slots = answer.offload.host,
+            disk_slots = answer.offload.disk,
+            block_bytes = answer.offload_block_bytes,
+            "KV offload: evicted blocks kept in {} host-memory slots and {} disk slots of {} bytes each",
+            answer.offload.host,
+            answer.offload.disk,
+            answer.offload_block_bytes
+        );
+    }
     if answer.state_checkpoints > 0 {
         info!(
             checkpoints = answer.state_checkpoints,

@@ -3,7 +3,9 @@
 //! blocks and fetching disk entries for a later step.
 
 use super::BlockManager;
-use crate::kv::offload::{chain_key, ChainKey, Hit, KvTransfer, OffloadSlots, OffloadTiers};
+use crate::kv::offload::{
+    chain_key, ChainKey, Hit, KvTransfer, OffloadSlots, OffloadTiers, PrefixFetch,
+};
 use crate::kv::AdapterKey;
 
 impl BlockManager {
@@ -44,7 +46,7 @@ impl BlockManager {
     /// Extends `blocks` (held, caching `tokens`' first whole blocks) with the blocks after them
     /// that the host tier holds, each loaded into a fresh block cached as the prefix's next one,
     /// up to `max_blocks` in all. When the chain goes on in the disk tier, its entries are fetched
-    /// for a later step and the answer is true: the request should wait for them.
+    /// for a later step, which the answer tells.
     pub(super) fn extend_from_offload(
         &mut self,
         adapter: Option<&AdapterKey>,
@@ -52,33 +54,50 @@ impl BlockManager {
         block_size: usize,
         max_blocks: usize,
         blocks: &mut Vec<u32>,
-    ) -> bool {
+    ) -> PrefixFetch {
         let chunks: Vec<&[u32]> = tokens.chunks_exact(block_size).take(max_blocks).collect();
+        let mut keys = Vec::with_capacity(chunks.len());
         let mut chain: Option<ChainKey> = None;
-        for (index, chunk) in chunks.iter().enumerate() {
+        for chunk in &chunks {
             let key = chain_key(chain.as_ref(), adapter, chunk);
+            keys.push(key);
             chain = Some(key);
-            if index < blocks.len() {
-                continue;
-            }
-            match self.offload.as_ref().and_then(|offload| offload.hit(&key)) {
-                Some(Hit::Host) => {
-                    if !self.load_block(adapter, chunk, &key, blocks) {
-                        return false;
-                    }
-                }
-                Some(Hit::Disk | Hit::Fetching) => {
-                    self.fetch_run(adapter, &chunks[index..], key);
-                    return true;
-                }
-                None => return false,
-            }
         }
-        false
+        let Some(offload) = self.offload.as_mut() else {
+            return PrefixFetch::None;
+        };
+        let start = blocks.len().min(keys.len());
+        let in_host = keys[start..]
+            .iter()
+            .take_while(|key| offload.hit(key) == Some(Hit::Host))
+            .count();
+        let host_run = &keys[start..start + in_host];
+        // Pinned, the run's entries stay in host memory while the blocks they load into are
+        // allocated (which saves evicted blocks there, pushing older entries out).
+        for key in host_run {
+            offload.pin(key);
+        }
+        let mut loaded = 0;
+        while loaded < in_host
+            && self.load_block(adapter, chunks[start + loaded], &host_run[loaded], blocks)
+        {
+            loaded += 1;
+        }
+        let Some(offload) = self.offload.as_mut() else {
+            return PrefixFetch::None;
+        };
+        for key in &host_run[loaded..] {
+            offload.unpin(key);
+        }
+        let next = start + loaded;
+        if loaded < in_host || next >= keys.len() {
+            return PrefixFetch::None;
+        }
+        self.fetch_run(adapter, &chunks[next..], keys[next])
     }
 
-    /// Loads the host entry `key` into a fresh block cached after `blocks`' last one and
-    /// appends it; false when no block can be had or the entry left host memory meanwhile.
+    /// Loads the pinned host entry `key` into a fresh block cached after `blocks`' last one and
+    /// appends it; false when no block can be had.
     fn load_block(
         &mut self,
         adapter: Option<&AdapterKey>,
@@ -86,33 +105,38 @@ impl BlockManager {
         key: &ChainKey,
         blocks: &mut Vec<u32>,
     ) -> bool {
-        // Allocating may evict and save other blocks, which may push `key` out of host memory:
-        // the load is queued only if it is still there, after those copies.
         let Some(block) = self.allocate(1).and_then(|fresh| fresh.first().copied()) else {
             return false;
         };
-        let loaded = self
-            .offload
-            .as_mut()
-            .is_some_and(|offload| offload.load(key, block));
-        if !loaded
-            || !self
-                .cache
-                .insert(adapter, blocks.last().copied(), chunk, block)
+        if !self
+            .cache
+            .insert(adapter, blocks.last().copied(), chunk, block)
         {
             self.release(block);
             return false;
         }
+        let loaded = self
+            .offload
+            .as_mut()
+            .is_some_and(|offload| offload.load(key, block));
+        debug_assert!(loaded, "a pinned entry stays in host memory");
         blocks.push(block);
         true
     }
 
     /// Fetches the disk entries of the run of tier entries starting at `chunks[0]` (whose key
-    /// is `first`), as far as the tiers hold the chain.
-    fn fetch_run(&mut self, adapter: Option<&AdapterKey>, chunks: &[&[u32]], first: ChainKey) {
+    /// is `first`), as far as the tiers hold the chain: `Started` when it queued a read,
+    /// `Pending` when reads are only on their way, `None` when nothing is to come.
+    fn fetch_run(
+        &mut self,
+        adapter: Option<&AdapterKey>,
+        chunks: &[&[u32]],
+        first: ChainKey,
+    ) -> PrefixFetch {
         let Some(offload) = self.offload.as_mut() else {
-            return;
+            return PrefixFetch::None;
         };
+        let mut fetch = PrefixFetch::None;
         let mut key = first;
         for (index, chunk) in chunks.iter().enumerate() {
             if index > 0 {
@@ -120,11 +144,15 @@ impl BlockManager {
             }
             match offload.hit(&key) {
                 Some(Hit::Disk) => {
-                    offload.fetch(&key);
+                    if offload.fetch(&key) {
+                        fetch = PrefixFetch::Started;
+                    }
                 }
+                Some(Hit::Fetching) if fetch == PrefixFetch::None => fetch = PrefixFetch::Pending,
                 Some(Hit::Host | Hit::Fetching) => {}
-                None => return,
+                None => break,
             }
         }
+        fetch
     }
 }

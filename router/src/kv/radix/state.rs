@@ -6,6 +6,7 @@
 //! only as a leaf, and evicting it frees its checkpoint.
 
 use super::{NodeId, RadixCache};
+use crate::kv::offload::PrefixFetch;
 use crate::kv::AdapterKey;
 
 /// The longest cached prefix a request with recurrent state can resume after.
@@ -17,9 +18,9 @@ pub(crate) struct StatePrefix {
     pub checkpoint: Option<u32>,
     /// Whole blocks of the prefix cached, with a checkpoint or not.
     pub matched_blocks: usize,
-    /// The offload tiers are fetching blocks that continue the prefix from disk: waiting a
-    /// step for them saves their computation.
-    pub fetching: bool,
+    /// Whether the offload tiers are fetching blocks that continue the prefix from disk:
+    /// waiting a step for them saves their computation.
+    pub fetch: PrefixFetch,
 }
 
 impl RadixCache {
@@ -88,7 +89,7 @@ impl RadixCache {
                 .checked_sub(1)
                 .and_then(|last| self.node(path[last]).checkpoint),
             matched_blocks: path.len(),
-            fetching: false,
+            fetch: PrefixFetch::None,
         }
     }
 

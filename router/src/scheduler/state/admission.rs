@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::{Budget, SchedulerState};
-use crate::kv::{self, AdoptedPrefix};
+use crate::kv::{self, AdoptedPrefix, PrefixFetch};
 use crate::scheduler::policy::SchedulingPolicy;
 use crate::scheduler::request::GenerationEvent;
 use crate::scheduler::sequence::Sequence;
@@ -82,9 +82,15 @@ impl SchedulerState {
             let keys = kv::cache_keys(&sequence.tokens, &sequence.images);
             sequence.blocks.adopt_cached_prefix(&keys)
         };
-        if adopted.fetching && !sequence.waited_for_fetch {
-            // The rest of its prefix arrives from disk with the next step's transfers.
-            sequence.waited_for_fetch = true;
+        // The rest of its prefix arrives from disk with a step not yet answered. Reads it started
+        // itself are waited for once: were they pushed out again before it starts, it goes on
+        // without them rather than start them again and again.
+        let waits = match adopted.fetch {
+            PrefixFetch::None => false,
+            PrefixFetch::Pending => true,
+            PrefixFetch::Started => !std::mem::replace(&mut sequence.started_a_fetch, true),
+        };
+        if waits {
             sequence.reset_for_recompute();
             return false;
         }
