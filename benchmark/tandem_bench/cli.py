@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tandem_bench import (
+    agent_run,
     fair_run,
     hostile_run,
     hybrid_run,
@@ -72,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "transformers static batching, and multi-turn chats' time to first token with and without the prefix cache; "
         "`tandem-bench lora --help`: 32 streams spread over four LoRA adapters against the base model alone; "
         "`tandem-bench images --help`: time to first token of chat requests with images, fresh against repeated; "
-        "`tandem-bench fair --help`: one API key's burst against another key's trickle under fcfs and fair.",
+        "`tandem-bench fair --help`: one API key's burst against another key's trickle under fcfs and fair; "
+        "`tandem-bench agent --help`: agent sessions that outgrow the KV cache, with and without KV offload.",
     )
     target = parser.add_argument_group("servers")
     target.add_argument("--base-url", default="http://127.0.0.1:3000", help="server to measure")
@@ -182,6 +184,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "hybrid": hybrid_run.main,
     "lora": lora_run.main,
     "images": images_run.main,
+    "agent": agent_run.main,
     "fair": fair_run.main,
 }
 
