@@ -106,13 +106,14 @@ impl BlockManager {
                         block,
                         checkpoint,
                         chain,
+                        tier_block,
                     } = self
                         .cache
                         .evict_lru(now, |parent| ref_counts[parent as usize] == 0)
                         .expect("invariant: idle cached blocks are evictable");
                     self.idle_cached -= 1;
                     if let Some(offload) = self.offload.as_mut() {
-                        offload.save(chain, block);
+                        offload.save(chain, block, tier_block);
                     }
                     if let Some(checkpoint) = checkpoint {
                         self.free_checkpoint(checkpoint);
@@ -296,6 +297,9 @@ impl BlockManager {
         } else {
             log
         };
+        if let Some(offload) = self.offload.as_mut() {
+            offload.record_events(log.clone());
+        }
         self.cache.record_events(log);
     }
 
@@ -332,6 +336,9 @@ impl BlockManager {
         }
         if let Some(log) = events {
             log.cleared();
+            if let Some(offload) = self.offload.as_mut() {
+                offload.record_events(log.clone());
+            }
             self.cache.record_events(log);
         }
         true

@@ -17,6 +17,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use sha2::{Digest, Sha256};
 
+use super::events::{KvEventLog, TierBlock};
 use super::AdapterKey;
 
 /// A block's prefix: sha256 over the previous block's key, the adapter and the block's tokens.
@@ -113,10 +114,12 @@ enum Place {
     Fetching { host: u32, disk: u32 },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Entry {
     place: Place,
     last_use: u64,
+    /// The block as KV events name it (while events are on).
+    event: Option<TierBlock>,
 }
 
 /// A fetch queued or sent: its entry and its position in its step's transfers.
@@ -139,6 +142,8 @@ pub(crate) struct OffloadTiers {
     queued: Vec<KvTransfer>,
     fetches: Vec<SentFetch>,
     clock: u64,
+    /// Records blocks entering and leaving each tier for the KV events publisher when set.
+    events: Option<KvEventLog>,
 }
 
 impl OffloadTiers {
@@ -157,6 +162,24 @@ impl OffloadTiers {
             queued: Vec::new(),
             fetches: Vec::new(),
             clock: 0,
+            events: None,
+        }
+    }
+
+    /// Records every block entering or leaving a tier from now on into `log`.
+    pub fn record_events(&mut self, log: KvEventLog) {
+        self.events = Some(log);
+    }
+
+    fn stored_event(&self, medium: Medium, block: Option<&TierBlock>) {
+        if let (Some(log), Some(block)) = (&self.events, block) {
+            log.tier_stored(medium, block);
+        }
+    }
+
+    fn removed_event(&self, medium: Medium, block: Option<&TierBlock>) {
+        if let (Some(log), Some(block)) = (&self.events, block) {
+            log.tier_removed(medium, &block.digest);
         }
     }
 
@@ -182,7 +205,7 @@ impl OffloadTiers {
 
     /// Keeps the contents of KV block `block`, about to be reused, as `key`'s entry: a copy
     /// into host memory, unless a tier already holds that prefix (then it is only marked used).
-    pub fn save(&mut self, key: ChainKey, block: u32) {
+    pub fn save(&mut self, key: ChainKey, block: u32, event: Option<TierBlock>) {
         if self.entries.contains_key(&key) {
             self.touch(&key);
             return;
@@ -198,11 +221,13 @@ impl OffloadTiers {
         });
         self.clock += 1;
         self.host_lru.insert((self.clock, key));
+        self.stored_event(Medium::Host, event.as_ref());
         self.entries.insert(
             key,
             Entry {
                 place: Place::Host(slot),
                 last_use: self.clock,
+                event,
             },
         );
         metrics::counter!("tandem_kv_offload_stored_blocks_total", "medium" => Medium::Host.label())
@@ -232,14 +257,16 @@ impl OffloadTiers {
     /// block lives in one place; evicted again, it is saved again). False (nothing queued)
     /// unless the entry is in host memory.
     pub fn load(&mut self, key: &ChainKey, block: u32) -> bool {
-        let Some(Entry {
+        let Some(&Entry {
             place: Place::Host(slot),
             last_use,
-        }) = self.entries.get(key).copied()
+            ..
+        }) = self.entries.get(key)
         else {
             return false;
         };
-        self.entries.remove(key);
+        let entry = self.entries.remove(key);
+        self.removed_event(Medium::Host, entry.and_then(|entry| entry.event).as_ref());
         self.host_lru.remove(&(last_use, *key));
         self.free_host.push(slot);
         self.queued.push(KvTransfer {
@@ -316,12 +343,19 @@ impl OffloadTiers {
             };
             self.free_disk.push(disk);
             if fetch.step_id == Some(step_id) && failed.contains(&fetch.position) {
-                self.entries.remove(&fetch.key);
+                let event = self
+                    .entries
+                    .remove(&fetch.key)
+                    .and_then(|entry| entry.event);
                 self.free_host.push(host);
+                self.removed_event(Medium::Disk, event.as_ref());
                 metrics::counter!("tandem_kv_offload_failed_reads_total").increment(1);
             } else {
                 entry.place = Place::Host(host);
-                self.host_lru.insert((entry.last_use, fetch.key));
+                let (last_use, event) = (entry.last_use, entry.event.clone());
+                self.host_lru.insert((last_use, fetch.key));
+                self.removed_event(Medium::Disk, event.as_ref());
+                self.stored_event(Medium::Host, event.as_ref());
             }
         }
     }
@@ -356,6 +390,8 @@ impl OffloadTiers {
         let Some(Place::Host(slot)) = self.entries.get(&key).map(|entry| entry.place) else {
             unreachable!("invariant: host_lru names host entries");
         };
+        let event = self.entries.get(&key).and_then(|entry| entry.event.clone());
+        self.removed_event(Medium::Host, event.as_ref());
         match self.disk_slot() {
             Some(disk) => {
                 self.queued.push(KvTransfer {
@@ -368,6 +404,7 @@ impl OffloadTiers {
                 if let Some(entry) = self.entries.get_mut(&key) {
                     entry.place = Place::Disk(disk);
                 }
+                self.stored_event(Medium::Disk, event.as_ref());
                 metrics::counter!("tandem_kv_offload_stored_blocks_total", "medium" => Medium::Disk.label())
                     .increment(1);
             }
@@ -385,8 +422,16 @@ impl OffloadTiers {
             return Some(slot);
         }
         let (_, key) = self.disk_lru.pop_first()?;
-        match self.entries.remove(&key).map(|entry| entry.place) {
-            Some(Place::Disk(slot)) => Some(slot),
+        let entry = self.entries.remove(&key);
+        match entry {
+            Some(Entry {
+                place: Place::Disk(slot),
+                event,
+                ..
+            }) => {
+                self.removed_event(Medium::Disk, event.as_ref());
+                Some(slot)
+            }
             _ => unreachable!("invariant: disk_lru names disk entries"),
         }
     }

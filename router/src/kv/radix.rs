@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use super::events::{BlockDigest, KvEventLog};
+use super::events::{BlockDigest, KvEventLog, TierBlock};
 use super::offload::{chain_key, ChainKey};
 use super::AdapterKey;
 
@@ -72,12 +72,14 @@ impl Node {
 }
 
 /// What evicting a leaf frees: its block, and its state checkpoint if it had one; `chain`
-/// is its prefix's offload key (zeros while offload is off).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// is its prefix's offload key (zeros while offload is off) and `tier_block` the block as
+/// KV events name it (while events are on).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Evicted {
     pub block: u32,
     pub checkpoint: Option<u32>,
     pub chain: ChainKey,
+    pub tier_block: Option<TierBlock>,
 }
 
 #[derive(Debug)]
@@ -128,6 +130,10 @@ impl RadixCache {
     /// Records every block stored or removed from now on into `log`.
     pub fn record_events(&mut self, log: KvEventLog) {
         self.events = Some(log);
+    }
+
+    pub fn events(&self) -> Option<&KvEventLog> {
+        self.events.as_ref()
     }
 
     pub fn take_events(&mut self) -> Option<KvEventLog> {
@@ -388,6 +394,12 @@ impl RadixCache {
             }
             log.removed(&node.digest);
         }
+        let tier_block = self.events.is_some().then(|| TierBlock {
+            digest: node.digest,
+            parent: (!self.is_root(node.parent)).then(|| self.node(node.parent).digest),
+            tokens: node.key.clone(),
+            lora: node.adapter.clone(),
+        });
         let parent = self.node_mut(node.parent);
         parent.children.remove(&node.key);
         let parent_becomes_leaf = parent.children.is_empty();
@@ -399,6 +411,7 @@ impl RadixCache {
             block: node.block,
             checkpoint: node.checkpoint,
             chain: node.chain,
+            tier_block,
         })
     }
 

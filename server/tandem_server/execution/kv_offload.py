@@ -89,7 +89,7 @@ class KvOffload:
     def _host_tensor(self, device_tensor: torch.Tensor) -> torch.Tensor:
         shape = (self.host_slots, *device_tensor.shape[1:])
         if self._on_cuda:
-            # Pinned, so copies to and from the device run asynchronously on the stream.
+            # Pinned: copies between it and the device need no staging buffer.
             return torch.empty(shape, dtype=device_tensor.dtype, pin_memory=True)
         # Pages become resident as slots are first written.
         return lazy_zeros(shape, device_tensor.dtype, torch.device("cpu"))
@@ -107,7 +107,6 @@ class KvOffload:
             if kind == (Medium.DISK, Medium.HOST):
                 failed.extend(start + offset for offset, transfer in enumerate(run) if not self._read(transfer))
             elif kind == (Medium.HOST, Medium.DISK):
-                self._synchronize()
                 for transfer in run:
                     self._write(transfer)
             else:
@@ -127,16 +126,13 @@ class KvOffload:
         targets = self._tensors(run[0].target)
         source_index = torch.tensor([transfer.source_index for transfer in run], dtype=torch.long)
         target_index = torch.tensor([transfer.target_index for transfer in run], dtype=torch.long)
-        source_index = source_index.to(sources[0].device, non_blocking=True)
-        target_index = target_index.to(targets[0].device, non_blocking=True)
+        source_index = source_index.to(sources[0].device)
+        target_index = target_index.to(targets[0].device)
+        # Only copies into the device may be asynchronous: the host reads what comes back at once.
+        non_blocking = targets[0].device.type == "cuda"
         for source, target in zip(sources, targets, strict=True):
             rows = source.index_select(0, source_index)
-            target.index_copy_(0, target_index, rows.to(target.device, non_blocking=self._on_cuda))
-
-    def _synchronize(self) -> None:
-        """Host reads of slots that device-to-host copies fill wait for those copies."""
-        if self._on_cuda:
-            torch.cuda.current_stream().synchronize()
+            target.index_copy_(0, target_index, rows.to(target.device, non_blocking=non_blocking))
 
     def _path(self, slot: int) -> Path:
         if self._disk_dir is None:

@@ -17,7 +17,11 @@ impl BlockManager {
             return false;
         }
         self.cache.keep_chain_keys();
-        self.offload = Some(OffloadTiers::new(slots));
+        let mut tiers = OffloadTiers::new(slots);
+        if let Some(log) = self.cache.events() {
+            tiers.record_events(log.clone());
+        }
+        self.offload = Some(tiers);
         true
     }
 

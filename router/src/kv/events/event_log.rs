@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::block_hash::{external, BlockDigest, BlockHasher};
+use crate::kv::offload::Medium;
 use crate::kv::AdapterKey;
 
 /// Events kept for the publisher at most; beyond, the oldest are dropped.
@@ -57,6 +58,26 @@ pub enum KvEvent {
         group: Option<CacheGroup>,
     },
     AllBlocksCleared,
+    /// A block copied into an offload tier (it may still be in the KV cache as well).
+    TierStored {
+        medium: Medium,
+        block: TierBlock,
+    },
+    /// A block gone from an offload tier (dropped, moved to another tier, or loaded back).
+    TierRemoved {
+        medium: Medium,
+        digest: BlockDigest,
+    },
+}
+
+/// A block as an offload tier's events describe it: its digest and what it was computed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierBlock {
+    pub digest: BlockDigest,
+    /// The previous block's digest (`None`: the first block of a sequence).
+    pub parent: Option<BlockDigest>,
+    pub tokens: Vec<u32>,
+    pub lora: Option<AdapterKey>,
 }
 
 /// Events recorded and not yet published.
@@ -212,6 +233,22 @@ impl KvEventLog {
             group: self.attention(),
         });
         digest
+    }
+
+    /// Records that `block` is now held in the offload tier `medium`.
+    pub(crate) fn tier_stored(&self, medium: Medium, block: &TierBlock) {
+        self.queue.push(KvEvent::TierStored {
+            medium,
+            block: block.clone(),
+        });
+    }
+
+    /// Records that the block `digest` left the offload tier `medium`.
+    pub(crate) fn tier_removed(&self, medium: Medium, digest: &BlockDigest) {
+        self.queue.push(KvEvent::TierRemoved {
+            medium,
+            digest: *digest,
+        });
     }
 
     pub(crate) fn removed(&self, digest: &BlockDigest) {

@@ -12,8 +12,10 @@ mod wire;
 
 pub(crate) use block_hash::BlockDigest;
 pub use block_hash::BlockHasher;
-pub use event_log::{CacheGroup, KvEvent, KvEventLog, KvEventQueue, QUEUE_CAPACITY};
+pub use event_log::{CacheGroup, KvEvent, KvEventLog, KvEventQueue, TierBlock, QUEUE_CAPACITY};
 pub use publisher::{start, KvEventsConfig, PublisherError};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

@@ -141,6 +141,9 @@ fn stored_minus_removed_is_what_the_cache_holds() {
                 }
             }
             KvEvent::AllBlocksCleared => held.clear(),
+            KvEvent::TierStored { .. } | KvEvent::TierRemoved { .. } => {
+                unreachable!("no offload tiers here")
+            }
         }
     }
     assert_eq!(held.len(), pool.cached());

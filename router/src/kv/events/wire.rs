@@ -12,6 +12,7 @@
 
 use rmp::encode::{self, RmpWrite, ValueWriteError};
 
+use super::block_hash::external;
 use super::event_log::{CacheGroup, KvEvent};
 
 /// Where the blocks live, as vLLM names its device tier.
@@ -41,6 +42,31 @@ fn write_batch(out: &mut Vec<u8>, ts: f64, events: &[KvEvent]) -> Result<(), Wri
 
 fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
     match event {
+        KvEvent::TierStored { medium, block } => {
+            let stored = KvEvent::BlockStored {
+                block_hashes: vec![external(&block.digest)],
+                parent_block_hash: block.parent.as_ref().map(external),
+                token_ids: block.tokens.clone(),
+                block_size: block.tokens.len(),
+                lora: block.lora.clone(),
+                group: None,
+            };
+            write_event_in(out, &stored, medium.label())
+        }
+        KvEvent::TierRemoved { medium, digest } => {
+            let removed = KvEvent::BlockRemoved {
+                block_hashes: vec![external(digest)],
+                group: None,
+            };
+            write_event_in(out, &removed, medium.label())
+        }
+        _ => write_event_in(out, event, MEDIUM),
+    }
+}
+
+/// Writes a KV-cache event as held in `medium`.
+fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: &str) -> Result<(), WriteError> {
+    match event {
         KvEvent::BlockStored {
             block_hashes,
             parent_block_hash,
@@ -65,7 +91,7 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
                 Some(adapter) => encode::write_uint(out, u64::from(adapter.id)).map(drop)?,
                 None => write_nil(out)?,
             }
-            encode::write_str(out, MEDIUM)?;
+            encode::write_str(out, medium)?;
             match lora {
                 Some(adapter) => encode::write_str(out, &adapter.name)?,
                 None => write_nil(out)?,
@@ -83,7 +109,7 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
             encode::write_array_len(out, if group.is_some() { 5 } else { 3 })?;
             encode::write_str(out, "BlockRemoved")?;
             write_hashes(out, block_hashes)?;
-            encode::write_str(out, MEDIUM)?;
+            encode::write_str(out, medium)?;
             if let Some(group) = group {
                 write_group(out, *group)?;
             }
@@ -92,6 +118,7 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
             encode::write_array_len(out, 1)?;
             encode::write_str(out, "AllBlocksCleared")?;
         }
+        KvEvent::TierStored { .. } | KvEvent::TierRemoved { .. } => write_event(out, event)?,
     }
     Ok(())
 }
