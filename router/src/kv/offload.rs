@@ -15,97 +15,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use sha2::{Digest, Sha256};
-
 use super::events::{KvEventLog, TierBlock};
-use super::AdapterKey;
 
-/// A block's prefix: sha256 over the previous block's key, the adapter and the block's tokens.
-pub(crate) type ChainKey = [u8; 32];
+mod contract;
+mod series;
 
-/// The chain key of the block holding `tokens` after the prefix whose last block has `parent`
-/// (`None`: a sequence's first block), computed under `adapter`.
-pub(crate) fn chain_key(
-    parent: Option<&ChainKey>,
-    adapter: Option<&AdapterKey>,
-    tokens: &[u32],
-) -> ChainKey {
-    let mut hasher = Sha256::new();
-    hasher.update(parent.unwrap_or(&[0; 32]));
-    hasher.update(
-        adapter
-            .map_or(u64::MAX, |adapter| u64::from(adapter.id))
-            .to_le_bytes(),
-    );
-    for token in tokens {
-        hasher.update(token.to_le_bytes());
-    }
-    hasher.finalize().into()
-}
-
-/// Where a transfer reads or writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Medium {
-    Device,
-    Host,
-    Disk,
-}
-
-impl Medium {
-    /// The label of metrics and KV events (vLLM's medium names).
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Device => "GPU",
-            Self::Host => "CPU",
-            Self::Disk => "DISK",
-        }
-    }
-}
-
-/// One block copied from `source` slot `source_index` to `target` slot `target_index`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvTransfer {
-    pub source: Medium,
-    pub source_index: u32,
-    pub target: Medium,
-    pub target_index: u32,
-}
-
-/// Slots of each tier, as the shards allocated them (0: the tier is off).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct OffloadSlots {
-    pub host: usize,
-    pub disk: usize,
-}
-
-impl OffloadSlots {
-    pub fn is_on(self) -> bool {
-        self.host > 0
-    }
-}
-
-/// Whether the blocks that continue a prefix are on their way from the disk tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PrefixFetch {
-    /// No: the prefix ends where the tiers end.
-    #[default]
-    None,
-    /// Their reads were queued just now, for the next step.
-    Started,
-    /// Their reads are in a step not yet answered (queued by an earlier request or attempt).
-    Pending,
-}
-
-/// What a tier holds for one prefix block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Hit {
-    /// In host memory: it can be loaded into a KV block in this step.
-    Host,
-    /// On disk: it must be fetched into host memory first (one step).
-    Disk,
-    /// Its fetch is on the way.
-    Fetching,
-}
+pub(crate) use contract::{chain_key, ChainKey, Hit};
+pub use contract::{KvTransfer, Medium, OffloadSlots, PrefixFetch};
+pub use series::describe_metrics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -435,34 +352,6 @@ impl OffloadTiers {
             _ => unreachable!("invariant: disk_lru names disk entries"),
         }
     }
-}
-
-/// Describes the offload tiers' series; the failed-read counter starts at 0 so alerts have a
-/// series before the first failure.
-pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge};
-    describe_gauge!(
-        "tandem_kv_offload_slots",
-        "Block slots of each KV offload tier (medium CPU: host memory, DISK: disk; 0: off)"
-    );
-    describe_gauge!(
-        "tandem_kv_offload_used_slots",
-        "Block slots of each KV offload tier holding an evicted block"
-    );
-    describe_counter!(
-        "tandem_kv_offload_stored_blocks_total",
-        "Blocks copied into each KV offload tier (CPU: evicted from the KV cache; DISK: moved from host memory)"
-    );
-    describe_counter!(
-        "tandem_kv_offload_loaded_blocks_total",
-        "Blocks read back from each KV offload tier instead of being recomputed (CPU: into the KV cache; DISK: \
-         into host memory)"
-    );
-    describe_counter!(
-        "tandem_kv_offload_failed_reads_total",
-        "Disk tier entries found missing or torn (checksum) when read; their blocks are recomputed"
-    );
-    metrics::counter!("tandem_kv_offload_failed_reads_total").absolute(0);
 }
 
 /// Reversed so that `pop` hands out low slots first.
