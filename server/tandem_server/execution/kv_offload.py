@@ -94,10 +94,6 @@ class KvOffload:
         # Pages become resident as slots are first written.
         return lazy_zeros(shape, device_tensor.dtype, torch.device("cpu"))
 
-    @property
-    def nbytes(self) -> int:
-        return self.host_slots * self.block_bytes
-
     def run(self, transfers: Sequence[KvTransfer]) -> tuple[int, ...]:
         """Runs `transfers` in order; the positions of the disk reads that found no intact entry."""
         failed: list[int] = []

@@ -97,7 +97,7 @@ impl BlockManager {
         if loaded < in_host || next >= keys.len() {
             return PrefixFetch::None;
         }
-        self.fetch_run(adapter, &chunks[next..], keys[next])
+        self.fetch_run(&keys[next..])
     }
 
     /// Loads the pinned host entry `key` into a fresh block cached after `blocks`' last one and
@@ -128,27 +128,18 @@ impl BlockManager {
         true
     }
 
-    /// Fetches the disk entries of the run of tier entries starting at `chunks[0]` (whose key
-    /// is `first`), as far as the tiers hold the chain: `Started` when it queued a read,
-    /// `Pending` when reads are only on their way, `None` when nothing is to come.
-    fn fetch_run(
-        &mut self,
-        adapter: Option<&AdapterKey>,
-        chunks: &[&[u32]],
-        first: ChainKey,
-    ) -> PrefixFetch {
+    /// Fetches the disk entries among `keys` (a prefix's next blocks, in order), as far as the
+    /// tiers hold the chain: `Started` when it queued a read, `Pending` when reads are only on
+    /// their way, `None` when nothing is to come.
+    fn fetch_run(&mut self, keys: &[ChainKey]) -> PrefixFetch {
         let Some(offload) = self.offload.as_mut() else {
             return PrefixFetch::None;
         };
         let mut fetch = PrefixFetch::None;
-        let mut key = first;
-        for (index, chunk) in chunks.iter().enumerate() {
-            if index > 0 {
-                key = chain_key(Some(&key), adapter, chunk);
-            }
-            match offload.hit(&key) {
+        for key in keys {
+            match offload.hit(key) {
                 Some(Hit::Disk) => {
-                    if offload.fetch(&key) {
+                    if offload.fetch(key) {
                         fetch = PrefixFetch::Started;
                     }
                 }

@@ -14,9 +14,8 @@ use rmp::encode::{self, RmpWrite, ValueWriteError};
 
 use super::block_hash::external;
 use super::event_log::{CacheGroup, KvEvent};
+use crate::kv::offload::Medium;
 
-/// Where the blocks live, as vLLM names its device tier.
-const MEDIUM: &str = "GPU";
 /// Tandem runs one scheduler per replica: data-parallel rank 0.
 const DATA_PARALLEL_RANK: u64 = 0;
 
@@ -51,21 +50,21 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Result<(), WriteError> {
                 lora: block.lora.clone(),
                 group: None,
             };
-            write_event_in(out, &stored, medium.label())
+            write_event_in(out, &stored, *medium)
         }
         KvEvent::TierRemoved { medium, digest } => {
             let removed = KvEvent::BlockRemoved {
                 block_hashes: vec![external(digest)],
                 group: None,
             };
-            write_event_in(out, &removed, medium.label())
+            write_event_in(out, &removed, *medium)
         }
-        _ => write_event_in(out, event, MEDIUM),
+        _ => write_event_in(out, event, Medium::Device),
     }
 }
 
 /// Writes a KV-cache event as held in `medium`.
-fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: &str) -> Result<(), WriteError> {
+fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: Medium) -> Result<(), WriteError> {
     match event {
         KvEvent::BlockStored {
             block_hashes,
@@ -91,7 +90,7 @@ fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: &str) -> Result<()
                 Some(adapter) => encode::write_uint(out, u64::from(adapter.id)).map(drop)?,
                 None => write_nil(out)?,
             }
-            encode::write_str(out, medium)?;
+            encode::write_str(out, medium.label())?;
             match lora {
                 Some(adapter) => encode::write_str(out, &adapter.name)?,
                 None => write_nil(out)?,
@@ -109,7 +108,7 @@ fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: &str) -> Result<()
             encode::write_array_len(out, if group.is_some() { 5 } else { 3 })?;
             encode::write_str(out, "BlockRemoved")?;
             write_hashes(out, block_hashes)?;
-            encode::write_str(out, medium)?;
+            encode::write_str(out, medium.label())?;
             if let Some(group) = group {
                 write_group(out, *group)?;
             }
@@ -118,7 +117,9 @@ fn write_event_in(out: &mut Vec<u8>, event: &KvEvent, medium: &str) -> Result<()
             encode::write_array_len(out, 1)?;
             encode::write_str(out, "AllBlocksCleared")?;
         }
-        KvEvent::TierStored { .. } | KvEvent::TierRemoved { .. } => write_event(out, event)?,
+        KvEvent::TierStored { .. } | KvEvent::TierRemoved { .. } => {
+            unreachable!("invariant: write_event writes tier events as block events")
+        }
     }
     Ok(())
 }

@@ -37,7 +37,8 @@ pub enum Medium {
 }
 
 impl Medium {
-    /// The label of metrics and KV events (vLLM's medium names).
+    /// The label of metrics and KV events: vLLM's medium names (its device tier is "GPU",
+    /// which the KV cache is called on the CPU too).
     pub fn label(self) -> &'static str {
         match self {
             Self::Device => "GPU",
