@@ -36,6 +36,8 @@ class PolicyFigures:
     alone_s: float
     under_burst_s: float
     failed: int
+    # Every successful request's time to first token under the burst, in order sent (seconds).
+    under_burst_ttfts: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -48,6 +50,7 @@ class PolicyFigures:
             "ttft_under_burst_ms": 1000 * self.under_burst_s,
             "ratio": self.ratio,
             "failed": self.failed,
+            "ttfts_under_burst_ms": [round(1000 * ttft, 1) for ttft in self.under_burst_ttfts],
         }
 
 
@@ -95,7 +98,10 @@ async def measure_policy(base_url: str, policy: str, args: argparse.Namespace) -
         await asyncio.sleep(args.interval)
         under = await trickle(session, trickler, args.trickle, args.interval, args.trickle_tokens)
         burst_results = await burst_task
-    return PolicyFigures(policy, median_ttft(alone), median_ttft(under), failures(alone + under + burst_results))
+    under_ttfts = tuple(result.ttft for result in under if result.success)
+    return PolicyFigures(
+        policy, median_ttft(alone), median_ttft(under), failures(alone + under + burst_results), under_ttfts
+    )
 
 
 def format_figures(figures: list[PolicyFigures], args: argparse.Namespace) -> str:
@@ -120,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trickle", type=int, default=8, help="key B's requests")
     parser.add_argument("--trickle-tokens", type=int, default=8, help="tokens each trickle request generates")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between key B's requests")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to measure")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the servers' --max-batch-size")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds any one request may take")
     parser.add_argument("--launcher-args", default="", help="extra launcher flags (one string)")
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     key_file = args.log_dir / "keys.txt"
     key_file.write_text(f"{KEY_A} name=burst\n{KEY_B} name=trickle\n")
     figures = []
-    for policy in POLICIES:
+    for policy in args.policies:
         flags = [
             "--api-key-file", str(key_file),
             "--scheduling-policy", policy,

@@ -17,14 +17,19 @@ def test_fair_is_a_subcommand_whose_burst_queues_behind_a_small_batch() -> None:
     args = build_parser().parse_args([])
     assert (args.burst, args.trickle, args.interval, args.max_batch_size) == (64, 8, 1.0, 8)
     assert args.burst > args.max_batch_size
+    assert args.policies == ["fcfs", "fair"]
+    assert build_parser().parse_args(["--policies", "fair"]).policies == ["fair"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--policies", "lottery"])
 
 
 def test_the_figure_is_the_median_under_the_burst_over_the_median_alone() -> None:
     results = [RequestResult(success=True, ttft=t) for t in (0.1, 0.3, 0.2)] + [RequestResult(success=False, ttft=9)]
     assert median_ttft(results) == 0.2
     assert median_ttft([RequestResult(success=False)]) == 0.0
-    figures = [PolicyFigures("fcfs", 0.05, 2.0, 0), PolicyFigures("fair", 0.05, 0.08, 1)]
+    figures = [PolicyFigures("fcfs", 0.05, 2.0, 0), PolicyFigures("fair", 0.05, 0.08, 1, (0.07, 0.08, 0.0912))]
     assert [figure.ratio for figure in figures] == pytest.approx([40.0, 1.6])
+    assert figures[1].to_dict()["ttfts_under_burst_ms"] == [70.0, 80.0, 91.2]
     table = format_figures(figures, build_parser().parse_args(["--burst", "16"]))
     assert "key A: 16 requests at once" in table
     assert "| fcfs | 50 | 2000 | 40.00x | 0 |" in table

@@ -149,6 +149,9 @@ class FakeStream:
         self.fake.record("wait_stream", self.device)
         self.fake.record("wait_stream", other.device)
 
+    def wait_event(self, event: FakeEvent) -> None:
+        self.fake.record("Stream.wait_event", self.device)
+
     def synchronize(self) -> None:
         self.fake.record("Stream.synchronize", self.device)
 
@@ -166,6 +169,11 @@ class FakeEvent:
 
     def synchronize(self) -> None:
         self.fake.record("Event.synchronize")
+
+    def query(self) -> bool:
+        """Done: the fake runs every copy at once."""
+        self.fake.record("Event.query")
+        return True
 
     def elapsed_time(self, other: FakeEvent) -> float:
         return 1.0

@@ -3,10 +3,12 @@ disk entry is reported instead of being copied."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from fake_cuda import FakeCuda
 from tandem_server.errors import ConfigError
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.execution.kv_offload import KvOffload, KvOffloadOptions, KvTransfer, Medium
@@ -105,3 +107,70 @@ def test_a_draft_models_cache_is_kept_beside_the_models() -> None:
 def test_a_disk_tier_needs_a_host_tier() -> None:
     with pytest.raises(ConfigError, match="--kv-offload-memory"):
         KvOffloadOptions(host_bytes=0, disk_dir=Path("/tmp/unused"), disk_bytes=1 << 30)
+
+
+def test_on_cuda_the_copies_run_on_a_side_stream_and_the_launch_never_waits_for_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCuda(free_bytes=2**30)
+    fake.install(monkeypatch)
+    geometry = CacheGeometry(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
+
+    def serve() -> tuple[list[list[str]], bool]:
+        # On a worker thread bound to its device, as the model thread is: the fake places that thread's CUDA tensors
+        # on the CPU.
+        torch.cuda.set_device(0)
+        cache = KVCache(geometry, 6, torch.device("cuda", 0))
+        for layer in cache.layers:
+            for tensor in (layer.key, layer.value):
+                tensor.copy_(torch.randn(tensor.shape).to(tensor.dtype))
+        block_bytes = geometry.bytes_per_block
+        tiers = KvOffload([cache], KvOffloadOptions(2 * block_bytes, tmp_path, 2 * block_bytes))
+        saved = [block(cache, 1), block(cache, 3)]
+        steps = [
+            [KvTransfer(DEVICE, 1, HOST, 0), KvTransfer(DEVICE, 3, HOST, 1)],
+            # Slot 1's save from the step before lands before its disk write reads it.
+            [KvTransfer(HOST, 1, DISK, 0), KvTransfer(HOST, 0, DEVICE, 4)],
+            [KvTransfer(DISK, 0, HOST, 1), KvTransfer(HOST, 1, DEVICE, 5)],
+            # A save and a load of the same slot in one step: the load reads what the save wrote.
+            [KvTransfer(DEVICE, 4, HOST, 0), KvTransfer(HOST, 0, DEVICE, 2)],
+        ]
+        calls: list[list[str]] = []
+        for step in steps:
+            fake.calls.clear()
+            assert tiers.run(step) == ()
+            calls.append(fake.names())
+        equal = all(
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for got, want in ((block(cache, 4), saved[0]), (block(cache, 5), saved[1]), (block(cache, 2), saved[0]))
+            for a, b in zip(got, want, strict=True)
+        )
+        return calls, equal
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        calls, equal = worker.submit(serve).result()
+    assert equal, "a block came back different"
+    every_call = [name for names in calls for name in names]
+    assert "async device copy" in every_call and "async host copy" in every_call
+    assert not [name for name in every_call if name.startswith("blocking")], calls
+    # The first two steps wait for no copy: the saves land later, found done by a query.
+    assert not [name for names in calls[:2] for name in names if "synchronize" in name], calls[:2]
+    # Step 0 saves two blocks of 2 layers' keys and values, step 1 loads one: 4 copies of the cache's bytes each,
+    # all queued on the side stream. The one host copy outside it is the block numbers' index.
+    assert _side_stream_copies(calls[0]) == (["async device copy"] * 4, ["async host copy"])
+    assert _side_stream_copies(calls[1]) == (["async host copy"] * 4, ["async host copy"])
+
+
+def _side_stream_copies(names: list[str]) -> tuple[list[str], list[str]]:
+    """The copies a step queued inside a side stream's context (up to the event recorded after them), and outside."""
+    inside: list[str] = []
+    outside: list[str] = []
+    on_side_stream = False
+    for name in names:
+        if name == "stream":
+            on_side_stream = True
+        elif name == "Event.record":
+            on_side_stream = False
+        elif name.startswith("async") and name.endswith("copy"):
+            (inside if on_side_stream else outside).append(name)
+    return inside, outside

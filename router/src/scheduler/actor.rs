@@ -3,7 +3,8 @@
 //!
 //! With two Steps in flight the router plans and sends step N+1 while the shards run step N
 //! (a request's next token is scheduled before it is known; the shards fill it in), so the
-//! router's work and the transport overlap the forward pass.
+//! router's work and the transport overlap the forward pass. The `StepPacer` sends it late
+//! in step N, so requests arriving meanwhile still join it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use super::error::SchedulerError;
 use super::handle::Command;
 use super::in_flight::InFlightStep;
 use super::load::LoadSnapshot;
+use super::pacer::StepPacer;
 use super::recovery::{self, EnginePhase, RecoveryConfig};
 use super::state::SchedulerState;
 use crate::shard::KvCacheSize;
@@ -41,6 +43,15 @@ pub(crate) struct Actor {
     /// The shards answered a step since their Warmup: they know which step id comes next,
     /// so a second one may be sent before the first answers.
     pub shards_in_step: bool,
+    pub pacer: StepPacer,
+}
+
+/// Why holding the next step ended.
+enum HoldEnd {
+    /// Its time came, or no submission can arrive any more: send it.
+    Due,
+    /// A request arrived or the running step answered: look again.
+    News,
 }
 
 impl Actor {
@@ -67,6 +78,11 @@ impl Actor {
                 1
             };
             if self.probes.is_empty() && self.in_flight.len() < depth {
+                if let Some(until) = self.next_send_time() {
+                    if let HoldEnd::News = self.hold(until).await {
+                        continue;
+                    }
+                }
                 let scheduling = Instant::now();
                 if let Some(step) = self.state.schedule() {
                     self.send(step, scheduling.elapsed());
@@ -111,11 +127,45 @@ impl Actor {
         self.in_flight.push_back(step);
     }
 
+    /// When to send the next step while one is in flight and not yet answered; `None`: now.
+    fn next_send_time(&self) -> Option<tokio::time::Instant> {
+        match self.in_flight.front() {
+            Some(running) if self.in_flight.len() == 1 && !running.is_settled() => self
+                .pacer
+                .send_at(running.sent, tokio::time::Instant::now()),
+            _ => None,
+        }
+    }
+
+    /// Waits until `until`, a submission or the running step's answer, whichever comes first.
+    async fn hold(&mut self, until: tokio::time::Instant) -> HoldEnd {
+        let Some(running) = self.in_flight.front_mut() else {
+            return HoldEnd::Due;
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => HoldEnd::Due,
+            () = running.settle() => HoldEnd::News,
+            received = self.submissions.recv() => match received {
+                Some(command) => {
+                    self.accept(command);
+                    HoldEnd::News
+                }
+                None => HoldEnd::Due,
+            },
+        }
+    }
+
     /// Waits for `step`'s answer and applies it; `false` when it failed (every running
     /// request has then failed too).
     async fn finish(&mut self, step: InFlightStep) -> bool {
+        let sent = step.sent;
         match step.answer().await {
             Ok((answer, timings)) => {
+                let preparation = timings.planning
+                    + Duration::try_from_secs_f32(answer.timings.prepare_ms / 1e3)
+                        .unwrap_or_default();
+                self.pacer
+                    .answered(sent, tokio::time::Instant::now(), preparation);
                 let applying = Instant::now();
                 super::metrics::record_step_done(&timings, &answer.timings);
                 if timings.back_to_back {

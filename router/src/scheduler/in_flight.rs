@@ -1,9 +1,10 @@
 //! A Step sent to the shards whose answer the step loop has not taken yet.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::recovery;
 use crate::shard::{ShardGroup, Step, StepAnswer};
@@ -23,9 +24,14 @@ pub(crate) struct StepTimings {
     pub tokens: usize,
 }
 
+type StepOutcome = Result<Result<StepAnswer, String>, tokio::task::JoinError>;
+
 pub(crate) struct InFlightStep {
     call: JoinHandle<Result<StepAnswer, String>>,
-    sent: Instant,
+    /// The call's outcome once `settle` saw it end; the call is never polled again after.
+    outcome: Option<StepOutcome>,
+    /// On tokio's clock, which the step loop's pacing runs on.
+    pub sent: Instant,
     planning: Duration,
     back_to_back: bool,
     requests: usize,
@@ -51,6 +57,7 @@ impl InFlightStep {
             tokio::spawn(async move { recovery::within(timeout, "Step", shards.step(step)).await });
         Self {
             call,
+            outcome: None,
             sent: Instant::now(),
             planning,
             back_to_back,
@@ -59,9 +66,26 @@ impl InFlightStep {
         }
     }
 
+    /// Waits until the shards answered (or the call failed), keeping the outcome for
+    /// `answer`. Cancel-safe: dropped before the end, it leaves the call as it was.
+    pub async fn settle(&mut self) {
+        if self.outcome.is_none() {
+            self.outcome = Some((&mut self.call).await);
+        }
+    }
+
+    /// Whether the answer is there to take without waiting.
+    pub fn is_settled(&self) -> bool {
+        self.outcome.is_some() || self.call.is_finished()
+    }
+
     /// The shards' answer, or why there is none (an error, the step timeout, a lost task).
     pub async fn answer(self) -> Result<(StepAnswer, StepTimings), String> {
-        let response = match self.call.await {
+        let outcome = match self.outcome {
+            Some(outcome) => outcome,
+            None => self.call.await,
+        };
+        let response = match outcome {
             Ok(answer) => answer?,
             Err(error) => return Err(format!("the Step call ended abnormally: {error}")),
         };

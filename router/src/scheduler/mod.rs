@@ -29,6 +29,9 @@ mod lora_tests;
 mod metrics;
 #[cfg(test)]
 mod model_draft_tests;
+mod pacer;
+#[cfg(test)]
+mod pacing_tests;
 #[cfg(test)]
 mod pipeline_tests;
 mod policy;
@@ -106,6 +109,7 @@ pub fn spawn(
         probes: Vec::new(),
         busy: false,
         shards_in_step: false,
+        pacer: pacer::StepPacer::default(),
     };
     tokio::spawn(actor.run());
     Arc::new(handle)

@@ -22,6 +22,7 @@ import torch
 
 from tandem_server.errors import ConfigError
 from tandem_server.execution.kv_cache import KVCache
+from tandem_server.execution.kv_offload_stream import SideStreamCopies
 from tandem_server.lazy_zeros import lazy_zeros
 
 _MAGIC = b"TNDMKV01"
@@ -82,6 +83,7 @@ class KvOffload:
         device = self._device_tensors[0].device if self._device_tensors else torch.device("cpu")
         self._on_cuda = device.type == "cuda"
         self._host_tensors = [self._host_tensor(tensor) for tensor in self._device_tensors] if self.host_slots else []
+        self._side_stream = SideStreamCopies(device) if self._on_cuda and self.host_slots else None
         self._disk_dir = options.disk_dir if self.disk_slots else None
         if self._disk_dir is not None:
             self._disk_dir.mkdir(parents=True, exist_ok=True)
@@ -97,9 +99,14 @@ class KvOffload:
     def run(self, transfers: Sequence[KvTransfer]) -> tuple[int, ...]:
         """Runs `transfers` in order; the positions of the disk reads that found no intact entry."""
         failed: list[int] = []
+        if self._side_stream is not None:
+            self._side_stream.collect()
         for start, end in _runs(transfers):
             kind = (transfers[start].source, transfers[start].target)
             run = transfers[start:end]
+            if self._side_stream is not None and Medium.DISK in kind:
+                # The disk tier reads and writes host slots on the host: their queued saves land first.
+                self._side_stream.land([_host_slot(transfer) for transfer in run])
             if kind == (Medium.DISK, Medium.HOST):
                 failed.extend(start + offset for offset, transfer in enumerate(run) if not self._read(transfer))
             elif kind == (Medium.HOST, Medium.DISK):
@@ -117,18 +124,22 @@ class KvOffload:
         raise ValueError(f"no {medium.name.lower()} tier to copy between")
 
     def _copy(self, run: Sequence[KvTransfer]) -> None:
-        """Copies between the device and host memory, one indexed copy per tensor for the whole run."""
+        """Copies between the device and host memory, one indexed copy per tensor for the whole run; on CUDA through
+        the side stream, on the CPU at once."""
         sources = self._tensors(run[0].source)
         targets = self._tensors(run[0].target)
-        source_index = torch.tensor([transfer.source_index for transfer in run], dtype=torch.long)
-        target_index = torch.tensor([transfer.target_index for transfer in run], dtype=torch.long)
-        source_index = source_index.to(sources[0].device)
-        target_index = target_index.to(targets[0].device)
-        # Only copies into the device may be asynchronous: the host reads what comes back at once.
-        non_blocking = targets[0].device.type == "cuda"
+        source_rows = [transfer.source_index for transfer in run]
+        target_rows = [transfer.target_index for transfer in run]
+        if self._side_stream is not None:
+            if run[0].source == Medium.DEVICE:
+                self._side_stream.save(sources, targets, source_rows, target_rows)
+            else:
+                self._side_stream.load(sources, targets, source_rows, target_rows)
+            return
+        source_index = torch.tensor(source_rows, dtype=torch.long)
+        target_index = torch.tensor(target_rows, dtype=torch.long)
         for source, target in zip(sources, targets, strict=True):
-            rows = source.index_select(0, source_index)
-            target.index_copy_(0, target_index, rows.to(target.device, non_blocking=non_blocking))
+            target.index_copy_(0, target_index, source.index_select(0, source_index))
 
     def _path(self, slot: int) -> Path:
         if self._disk_dir is None:
@@ -164,6 +175,10 @@ class KvOffload:
             row.view(-1).view(torch.uint8).copy_(flat)
             offset += size
         return True
+
+
+def _host_slot(transfer: KvTransfer) -> int:
+    return transfer.source_index if transfer.source == Medium.HOST else transfer.target_index
 
 
 def _as_bytes(row: torch.Tensor) -> bytes:
