@@ -207,6 +207,34 @@ fn preemption_takes_the_latest_request_of_the_most_served_key() {
     assert_eq!(preempted(SchedulingPolicy::Fcfs), [2]);
 }
 
+/// Two of key A's requests and one of key B's cannot all hold their blocks, so A's latest is
+/// preempted and recomputed. Each key pays once for what its requests needed: 6 prompt tokens
+/// and 9 decodes each (no prefix cache), whatever the scheduler recomputed.
+#[test]
+fn a_preempted_requests_recomputation_is_not_charged_to_its_key_again() {
+    let (a, b) = (tenant("sk-a", 1), tenant("sk-b", 1));
+    let mut state = SchedulerState::new(SchedulerConfig {
+        policy: SchedulingPolicy::Fair,
+        prefix_caching: false,
+        ..config(8, 64)
+    });
+    let mut shard = FakeShard::new(4);
+    let mut receivers: Vec<_> = [a, a, b]
+        .into_iter()
+        .zip(0..)
+        .map(|(tenant, id)| {
+            let request = GenerationRequest {
+                tenant,
+                ..request(6, 10)
+            };
+            submit(&mut state, id, request)
+        })
+        .collect();
+    assert_eq!(preempted_ids(&mut state, &mut shard, &mut receivers), [1]);
+    assert_eq!(state.virtual_time_of(a), 30.0);
+    assert_eq!(state.virtual_time_of(b), 15.0);
+}
+
 /// Key A fills both batch slots with long requests, then key B sends one: under fair, B's
 /// request runs in the very next step (A's latest gives its slot back and is recomputed
 /// later); under fcfs it waits for one of A's to end. Every output is its alone output.

@@ -81,6 +81,9 @@ pub(crate) struct Sequence {
     /// Whether fair scheduling already preempted a request to free a batch slot for it (once
     /// at most; see `free_a_slot_fairly`).
     pub claimed_a_slot: bool,
+    /// Positions (from the first) whose computation its tenant was charged for: recomputing
+    /// them after a preemption is the scheduler's doing and is not charged again.
+    pub paid_through: usize,
 }
 
 impl Sequence {
@@ -117,6 +120,7 @@ impl Sequence {
             images: request.images,
             started_a_fetch: false,
             claimed_a_slot: false,
+            paid_through: 0,
         }
     }
 
@@ -212,6 +216,15 @@ impl Sequence {
     /// Counts drafts the shards kept: their keys and values are the request's own now.
     pub fn keep_drafts(&mut self, kept: usize) {
         self.num_computed += kept;
+    }
+
+    /// How many of the next `num_tokens` positions its tenant has not paid for yet; from now
+    /// on they count as paid.
+    pub fn take_unpaid(&mut self, num_tokens: usize) -> usize {
+        let end = self.num_computed + num_tokens;
+        let unpaid = end.saturating_sub(self.paid_through.max(self.num_computed));
+        self.paid_through = self.paid_through.max(end);
+        unpaid
     }
 
     /// Sends the next `num_tokens` tokens in step `step_id`, followed by `drafts`, with the

@@ -124,6 +124,7 @@ impl SchedulerState {
             .increment(adopted.uncheckpointed_tokens as u64);
         step.new_requests.push(sequence.new_request());
         let blocks = sequence.blocks.blocks().to_vec();
+        let unpaid = sequence.take_unpaid(num_tokens);
         let mut scheduled = sequence.schedule(step.step_id, num_tokens, blocks, None);
         scheduled.restore_state_checkpoint = adopted.state_checkpoint;
         if let Some(plan) = self.config.state_checkpoints {
@@ -141,7 +142,7 @@ impl SchedulerState {
         }
         budget.tokens -= num_tokens;
         budget.requests -= 1;
-        self.charge(sequence.tenant, num_tokens);
+        self.charge(sequence.tenant, unpaid);
         self.add_running(sequence);
         true
     }

@@ -38,6 +38,11 @@ impl SchedulerState {
         insert_by_arrival(&mut self.waiting, sequence);
     }
 
+    #[cfg(test)]
+    pub fn virtual_time_of(&self, tenant: Option<Tenant>) -> f64 {
+        self.fair.virtual_time(tenant.map(|tenant| tenant.key))
+    }
+
     /// Under fair scheduling, advances `tenant`'s virtual time by the `tokens` of the step's
     /// budget its request just took.
     pub(super) fn charge(&mut self, tenant: Option<Tenant>, tokens: usize) {

@@ -242,11 +242,12 @@ impl SchedulerState {
                 // `index` itself was the newest and got preempted; nothing runs after it.
                 break;
             };
+            let unpaid = self.running[index].take_unpaid(num_tokens);
             let mut scheduled =
                 self.running[index].schedule(step.step_id, num_tokens, new_blocks, drafts);
             self.save_state_after(index, &mut scheduled);
             step.scheduled.push(scheduled);
-            self.charge(self.running[index].tenant, num_tokens + num_drafts);
+            self.charge(self.running[index].tenant, unpaid + num_drafts);
             budget.tokens -= num_tokens + num_drafts;
             budget.requests -= 1;
             index += 1;
