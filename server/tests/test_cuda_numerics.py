@@ -126,3 +126,39 @@ def test_sampling_synchronises_with_the_host_exactly_once() -> None:
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
     assert len(sampled.token_ids) == 3 and len(sampled.top_logprobs[2]) == 2
+
+
+def test_offloaded_blocks_come_back_bit_equal_and_their_saves_never_synchronise(tmp_path: Path) -> None:
+    import warnings  # noqa: PLC0415
+
+    from tandem_server.execution.kv_cache import CacheGeometry, KVCache  # noqa: PLC0415
+    from tandem_server.execution.kv_offload import KvOffload, KvOffloadOptions, KvTransfer, Medium  # noqa: PLC0415
+
+    geometry = CacheGeometry(num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)
+    cache = KVCache(geometry, 32, CUDA)
+    tensors = [tensor for layer in cache.layers for tensor in (layer.key, layer.value)]
+    for tensor in tensors:
+        tensor.normal_()
+    saved = [tensor[3:7].clone() for tensor in tensors]
+    block_bytes = geometry.bytes_per_block
+    tiers = KvOffload([cache], KvOffloadOptions(4 * block_bytes, tmp_path, 4 * block_bytes))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tiers.run([KvTransfer(Medium.DEVICE, 3 + slot, Medium.HOST, slot) for slot in range(4)])
+            # The step's forward overwrites the saved blocks on the compute stream right after.
+            for tensor in tensors:
+                tensor[3:7].zero_()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message)]
+    assert not syncs, syncs
+    # Through the disk tier and back into other blocks, in a later step.
+    assert tiers.run([KvTransfer(Medium.HOST, 2, Medium.DISK, 0), KvTransfer(Medium.HOST, 3, Medium.DISK, 1)]) == ()
+    assert tiers.run([KvTransfer(Medium.DISK, 0, Medium.HOST, 2), KvTransfer(Medium.DISK, 1, Medium.HOST, 3)]) == ()
+    assert tiers.run([KvTransfer(Medium.HOST, slot, Medium.DEVICE, 20 + slot) for slot in range(4)]) == ()
+    torch.cuda.synchronize()
+    for tensor, expected in zip(tensors, saved, strict=True):
+        assert torch.equal(tensor[20:24].view(torch.uint8), expected.view(torch.uint8))
