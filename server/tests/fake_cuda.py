@@ -45,6 +45,8 @@ class FakeCuda:
         self._lock = threading.Lock()
         # The test's own thread keeps real placement, so no mode outlives the test there.
         self._installing_thread = threading.get_ident()
+        # Host memory registered with cudaHostRegister: address -> bytes.
+        self.registered: dict[int, int] = {}
 
     def current(self) -> int:
         return getattr(self._local, "device", 0)
@@ -96,6 +98,7 @@ class FakeCuda:
             "stream": fake._stream_context,
             "Event": type("Event", (FakeEvent,), {"fake": fake}),
             "CUDAGraph": lambda *_, **__: FakeGraph(fake),
+            "cudart": lambda: FakeRuntime(fake),
             "graph": fake._graph_context,
         }
         for name, replacement in replacements.items():
@@ -154,6 +157,24 @@ class FakeStream:
 
     def synchronize(self) -> None:
         self.fake.record("Stream.synchronize", self.device)
+
+
+@dataclass
+class FakeRuntime:
+    """The CUDA runtime calls `torch.cuda.cudart()` offers that Tandem makes; each returns success (0)."""
+
+    fake: FakeCuda
+
+    def cudaHostRegister(self, address: int, size: int, flags: int) -> int:
+        self.fake.record("cudaHostRegister")
+        assert address not in self.fake.registered, "registered twice"
+        self.fake.registered[address] = size
+        return 0
+
+    def cudaHostUnregister(self, address: int) -> int:
+        self.fake.record("cudaHostUnregister")
+        del self.fake.registered[address]
+        return 0
 
 
 class FakeEvent:

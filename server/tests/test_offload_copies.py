@@ -125,7 +125,8 @@ def test_on_cuda_the_copies_run_on_a_side_stream_and_the_launch_never_waits_for_
             for tensor in (layer.key, layer.value):
                 tensor.copy_(torch.randn(tensor.shape).to(tensor.dtype))
         block_bytes = geometry.bytes_per_block
-        tiers = KvOffload([cache], KvOffloadOptions(2 * block_bytes, tmp_path, 2 * block_bytes))
+        tiers = KvOffload([cache], KvOffloadOptions(3 * block_bytes, tmp_path, 2 * block_bytes))
+        pinned = list(fake.registered.values())
         saved = [block(cache, 1), block(cache, 3)]
         steps = [
             [KvTransfer(DEVICE, 1, HOST, 0), KvTransfer(DEVICE, 3, HOST, 1)],
@@ -145,11 +146,20 @@ def test_on_cuda_the_copies_run_on_a_side_stream_and_the_launch_never_waits_for_
             for got, want in ((block(cache, 4), saved[0]), (block(cache, 5), saved[1]), (block(cache, 2), saved[0]))
             for a, b in zip(got, want, strict=True)
         )
-        return calls, equal
+        # A save still queued when the tiers close (a new Warmup) lands before the memory is unpinned.
+        assert tiers.run([KvTransfer(DEVICE, 0, HOST, 2)]) == ()
+        fake.calls.clear()
+        tiers.close()
+        closing = fake.names()
+        return calls, equal, pinned, closing
 
     with ThreadPoolExecutor(max_workers=1) as worker:
-        calls, equal = worker.submit(serve).result()
+        calls, equal, pinned, closing = worker.submit(serve).result()
     assert equal, "a block came back different"
+    # Exactly the tier's 3 slots are pinned, not the next power of two, and nothing stays pinned after.
+    assert pinned == [3 * geometry.bytes_per_block]
+    assert not fake.registered
+    assert closing == ["Event.synchronize", "cudaHostUnregister"], closing
     every_call = [name for names in calls for name in names]
     assert "async device copy" in every_call and "async host copy" in every_call
     assert not [name for name in every_call if name.startswith("blocking")], calls

@@ -177,6 +177,19 @@ class ModelRunner:
         with self.expert_tokens.excluded():
             return self._warmup(plan)
 
+    def _drop_cache(self) -> None:
+        """Forgets every request and the cache they used, before a Warmup allocates another."""
+        # A background compile compiles into the cache about to be replaced.
+        self.execution.stop()
+        self.requests.clear()
+        self._last_forward = None
+        # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
+        self._open = None
+        self.cache = None
+        if self.offload is not None:
+            self.offload.close()
+        self.offload = None
+
     def _warmup(self, plan: WarmupPlan) -> WarmupResult:
         block_size, max_batch_tokens, max_batch_requests = (
             plan.block_size,
@@ -196,14 +209,7 @@ class ModelRunner:
         drafting_requests = min(plan.max_drafting_requests, max_batch_requests)
         shapes = model_graph_shapes(spec, options.cuda_graph_sizes, plan.max_drafts, drafting_requests)
         limits = WarmupLimits(max_batch_tokens, max_batch_requests, options.cuda_memory_fraction, shapes)
-        # A background compile compiles into the cache about to be replaced.
-        self.execution.stop()
-        self.requests.clear()
-        self._last_forward = None
-        # A step still open belongs to requests that no longer exist; completing it would deliver nothing.
-        self._open = None
-        self.cache = None
-        self.offload = None
+        self._drop_cache()
         drafting = self.draft_model
         # A block holds the draft model's keys and values beside the model's: the router's block ids address both.
         draft_geometry = drafting.geometry(block_size) if drafting is not None else None

@@ -24,6 +24,7 @@ from tandem_server.errors import ConfigError
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.kv_offload_stream import SideStreamCopies
 from tandem_server.lazy_zeros import lazy_zeros
+from tandem_server.pinned_host import PinnedHostBuffer
 
 _MAGIC = b"TNDMKV01"
 _HEADER = struct.Struct("<8sQI")
@@ -81,20 +82,28 @@ class KvOffload:
         self.host_slots = options.host_bytes // self.block_bytes if self.block_bytes else 0
         self.disk_slots = options.disk_bytes // self.block_bytes if self.host_slots and options.disk_dir else 0
         device = self._device_tensors[0].device if self._device_tensors else torch.device("cpu")
-        self._on_cuda = device.type == "cuda"
+        on_cuda = device.type == "cuda" and self.host_slots > 0
+        # On CUDA pinned, so copies between it and the device need no staging buffer.
+        self._pinned = PinnedHostBuffer(self.host_slots * self.block_bytes, "--kv-offload-memory") if on_cuda else None
         self._host_tensors = [self._host_tensor(tensor) for tensor in self._device_tensors] if self.host_slots else []
-        self._side_stream = SideStreamCopies(device) if self._on_cuda and self.host_slots else None
+        self._side_stream = SideStreamCopies(device) if on_cuda else None
         self._disk_dir = options.disk_dir if self.disk_slots else None
         if self._disk_dir is not None:
             self._disk_dir.mkdir(parents=True, exist_ok=True)
 
     def _host_tensor(self, device_tensor: torch.Tensor) -> torch.Tensor:
         shape = (self.host_slots, *device_tensor.shape[1:])
-        if self._on_cuda:
-            # Pinned: copies between it and the device need no staging buffer.
-            return torch.empty(shape, dtype=device_tensor.dtype, pin_memory=True)
+        if self._pinned is not None:
+            return self._pinned.tensor(shape, device_tensor.dtype)
         # Pages become resident as slots are first written.
         return lazy_zeros(shape, device_tensor.dtype, torch.device("cpu"))
+
+    def close(self) -> None:
+        """Lands every copy still queued and unpins the host tier; the tiers are not used after."""
+        if self._side_stream is not None:
+            self._side_stream.finish()
+        if self._pinned is not None:
+            self._pinned.release()
 
     def run(self, transfers: Sequence[KvTransfer]) -> tuple[int, ...]:
         """Runs `transfers` in order; the positions of the disk reads that found no intact entry."""

@@ -111,6 +111,16 @@ class SideStreamCopies:
             self._write(self._saves.pop(0))
         self._loads = [load for load in self._loads if not load.scattered.query()]
 
+    def finish(self) -> None:
+        """Waits for every queued copy and writes every save."""
+        for save in self._saves:
+            save.landed.synchronize()
+            self._write(save)
+        self._saves.clear()
+        for load in self._loads:
+            load.scattered.synchronize()
+        self._loads.clear()
+
     @staticmethod
     def _write(save: _PendingSave) -> None:
         index = torch.tensor(save.target_slots, dtype=torch.long)
