@@ -14,12 +14,12 @@ use tokio::time::Instant;
 
 /// The back-to-back steps whose durations the estimate keeps.
 const RECENT_STEPS: usize = 8;
-/// The least time before a step's expected end at which the next one is sent: planning,
-/// the transport and the shards' preparation of a step take a few milliseconds.
-const MIN_LEAD: Duration = Duration::from_millis(5);
+/// The least time before a step's expected end at which the next one is sent: planning
+/// and the transport of a step take a millisecond or two.
+const MIN_LEAD: Duration = Duration::from_millis(3);
 /// The lead is also at least this share of the expected step, so a misjudged end costs
 /// the shards little idle time.
-const LEAD_DIVISOR: u32 = 4;
+const LEAD_DIVISOR: u32 = 8;
 /// And at least this many times the longest recent planning plus the shards' preparation.
 const LEAD_OVER_PREPARATION: u32 = 2;
 /// Holds shorter than this gain a new request little and are not taken: a single stream's
@@ -105,7 +105,7 @@ mod tests {
     }
 
     #[test]
-    fn the_next_step_leaves_a_quarter_of_the_expected_step_as_lead() {
+    fn the_next_step_leaves_an_eighth_of_the_expected_step_as_lead() {
         let start = Instant::now();
         let pacer = after_steps(start, ms(40), 4);
         let last_answer = start + ms(160);
@@ -113,9 +113,9 @@ mod tests {
         let running_sent = last_answer - ms(20);
         assert_eq!(
             pacer.send_at(running_sent, last_answer + ms(1)),
-            Some(last_answer + ms(30))
+            Some(last_answer + ms(35))
         );
-        assert_eq!(pacer.send_at(running_sent, last_answer + ms(30)), None);
+        assert_eq!(pacer.send_at(running_sent, last_answer + ms(35)), None);
     }
 
     #[test]
@@ -123,13 +123,13 @@ mod tests {
         let start = Instant::now();
         let pacer = after_steps(start, ms(40), 4);
         let sent = start + ms(500);
-        assert_eq!(pacer.send_at(sent, sent), Some(sent + ms(30)));
+        assert_eq!(pacer.send_at(sent, sent), Some(sent + ms(35)));
     }
 
     #[test]
     fn short_steps_are_not_held() {
         let start = Instant::now();
-        for step in [9, 14] {
+        for step in [9, 12] {
             let pacer = after_steps(start, ms(step), 4);
             let last = start + ms(step) * 4;
             assert_eq!(pacer.send_at(last, last), None);
@@ -143,7 +143,7 @@ mod tests {
         let last = start + ms(160);
         pacer.answered(last - ms(1), last + ms(20), ms(1));
         let now = last + ms(20);
-        assert_eq!(pacer.send_at(now, now), Some(now + ms(15)));
+        assert_eq!(pacer.send_at(now, now), Some(now + ms(17)));
     }
 
     #[test]
@@ -151,7 +151,7 @@ mod tests {
         let start = Instant::now();
         let mut pacer = after_steps(start, ms(40), 4);
         let last = start + ms(160);
-        // 8 ms to plan and prepare a step: sent 16 ms ahead instead of 10.
+        // 8 ms to plan and prepare a step: sent 16 ms ahead instead of 5.
         pacer.answered(last - ms(20), last + ms(40), ms(8));
         let now = last + ms(40);
         assert_eq!(pacer.send_at(now, now), Some(now + ms(24)));
