@@ -43,6 +43,7 @@ pub(crate) struct Actor {
     /// The shards answered a step since their Warmup: they know which step id comes next,
     /// so a second one may be sent before the first answers.
     pub shards_in_step: bool,
+    /// When to send the next step while one runs.
     pub pacer: StepPacer,
 }
 
