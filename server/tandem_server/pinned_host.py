@@ -11,12 +11,12 @@ Invariant: the mapping is registered from construction until `release`, and no t
 from __future__ import annotations
 
 import math
-import mmap
 from collections.abc import Sequence
 
 import torch
 
 from tandem_server.errors import ConfigError
+from tandem_server.lazy_zeros import lazy_zeros
 
 
 class PinnedHostBuffer:
@@ -24,8 +24,8 @@ class PinnedHostBuffer:
 
     def __init__(self, nbytes: int, purpose: str) -> None:
         self.nbytes = nbytes
-        self._mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-        self._bytes = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        # An anonymous mapping of exactly `nbytes`, which the tensor's storage keeps alive.
+        self._bytes = lazy_zeros((nbytes,), torch.uint8, torch.device("cpu"))
         self._address = self._bytes.data_ptr()
         result = int(torch.cuda.cudart().cudaHostRegister(self._address, nbytes, 0))
         if result != 0:

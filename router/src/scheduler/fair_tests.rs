@@ -175,15 +175,12 @@ fn an_idle_key_rejoining_cannot_jump_ahead_by_its_idle_credit() {
     assert_eq!(order[6..12], [10, 6, 11, 7, 12, 8]);
 }
 
-/// The ids the shards were told to forget (preempted): three requests that cannot all hold
-/// their blocks at once (8 blocks of 4 tokens, each needing 4 at its longest), the first two
-/// from one key and the third from another.
-fn preempted(policy: SchedulingPolicy) -> Vec<u64> {
+/// The ids the shards were told to forget (preempted), and the scheduler after: three requests
+/// that cannot all hold their blocks at once (8 blocks of 4 tokens, each needing 4 at its
+/// longest), the first two from one key and the third from another.
+fn two_of_a_then_one_of_b(config: SchedulerConfig) -> (Vec<u64>, SchedulerState) {
     let (a, b) = (tenant("sk-a", 1), tenant("sk-b", 1));
-    let mut state = SchedulerState::new(SchedulerConfig {
-        policy,
-        ..config(8, 64)
-    });
+    let mut state = SchedulerState::new(config);
     let mut shard = FakeShard::new(4);
     let mut receivers: Vec<_> = [a, a, b]
         .into_iter()
@@ -196,7 +193,16 @@ fn preempted(policy: SchedulingPolicy) -> Vec<u64> {
             submit(&mut state, id, request)
         })
         .collect();
-    preempted_ids(&mut state, &mut shard, &mut receivers)
+    let preempted = preempted_ids(&mut state, &mut shard, &mut receivers);
+    (preempted, state)
+}
+
+fn preempted(policy: SchedulingPolicy) -> Vec<u64> {
+    two_of_a_then_one_of_b(SchedulerConfig {
+        policy,
+        ..config(8, 64)
+    })
+    .0
 }
 
 #[test]
@@ -212,27 +218,14 @@ fn preemption_takes_the_latest_request_of_the_most_served_key() {
 /// and 9 decodes each (no prefix cache), whatever the scheduler recomputed.
 #[test]
 fn a_preempted_requests_recomputation_is_not_charged_to_its_key_again() {
-    let (a, b) = (tenant("sk-a", 1), tenant("sk-b", 1));
-    let mut state = SchedulerState::new(SchedulerConfig {
+    let (preempted, state) = two_of_a_then_one_of_b(SchedulerConfig {
         policy: SchedulingPolicy::Fair,
         prefix_caching: false,
         ..config(8, 64)
     });
-    let mut shard = FakeShard::new(4);
-    let mut receivers: Vec<_> = [a, a, b]
-        .into_iter()
-        .zip(0..)
-        .map(|(tenant, id)| {
-            let request = GenerationRequest {
-                tenant,
-                ..request(6, 10)
-            };
-            submit(&mut state, id, request)
-        })
-        .collect();
-    assert_eq!(preempted_ids(&mut state, &mut shard, &mut receivers), [1]);
-    assert_eq!(state.virtual_time_of(a), 30.0);
-    assert_eq!(state.virtual_time_of(b), 15.0);
+    assert_eq!(preempted, [1]);
+    assert_eq!(state.virtual_time_of(tenant("sk-a", 1)), 30.0);
+    assert_eq!(state.virtual_time_of(tenant("sk-b", 1)), 15.0);
 }
 
 /// Key A fills both batch slots with long requests, then key B sends one: under fair, B's

@@ -21,19 +21,8 @@ const STEP: Duration = Duration::from_millis(40);
 
 fn config() -> SchedulerConfig {
     SchedulerConfig {
-        block_size: BLOCK_SIZE,
-        num_blocks: 64,
-        max_batch_tokens: 64,
-        max_batch_requests: 8,
-        prefix_caching: true,
         steps_in_flight: 2,
-        max_drafts: 0,
-        draft_method: super::drafting::DraftMethod::Ngram,
-        max_drafting_batch: usize::MAX,
-        max_loras: 0,
-        policy: crate::scheduler::SchedulingPolicy::Fcfs,
-        offload: crate::kv::OffloadSlots::default(),
-        state_checkpoints: None,
+        ..super::tests::config(64, 64)
     }
 }
 

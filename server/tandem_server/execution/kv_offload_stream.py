@@ -23,7 +23,7 @@ from tandem_server.device_copy import to_device
 
 @dataclass(frozen=True)
 class _PendingSave:
-    """A save whose copy to the host is queued; `targets[k][target_index] = staged[k]` once `landed`."""
+    """A save whose copy to the host is queued; `targets[k][target_slots] = staged[k]` once `landed`."""
 
     gathered: list[torch.Tensor]
     staged: list[torch.Tensor]
@@ -100,29 +100,33 @@ class SideStreamCopies:
         (the order of writes into one slot is kept)."""
         wanted = set(slots)
         last = max((at for at, save in enumerate(self._saves) if wanted.intersection(save.target_slots)), default=-1)
-        for save in self._saves[: last + 1]:
-            save.landed.synchronize()
-            self._write(save)
-        del self._saves[: last + 1]
+        self._land_first(last + 1)
 
     def collect(self) -> None:
         """Writes the saves that have landed and drops the loads the compute stream is done with, without waiting."""
-        while self._saves and self._saves[0].landed.query():
-            self._write(self._saves.pop(0))
+        landed = 0
+        while landed < len(self._saves) and self._saves[landed].landed.query():
+            landed += 1
+        self._write_first(landed)
         self._loads = [load for load in self._loads if not load.scattered.query()]
 
     def finish(self) -> None:
         """Waits for every queued copy and writes every save."""
-        for save in self._saves:
-            save.landed.synchronize()
-            self._write(save)
-        self._saves.clear()
+        self._land_first(len(self._saves))
         for load in self._loads:
             load.scattered.synchronize()
         self._loads.clear()
 
-    @staticmethod
-    def _write(save: _PendingSave) -> None:
-        index = torch.tensor(save.target_slots, dtype=torch.long)
-        for target, host in zip(save.targets, save.staged, strict=True):
-            target.index_copy_(0, index, host)
+    def _land_first(self, count: int) -> None:
+        """Waits for the first `count` pending saves, in order, and writes them into the host tier."""
+        for save in self._saves[:count]:
+            save.landed.synchronize()
+        self._write_first(count)
+
+    def _write_first(self, count: int) -> None:
+        """Writes the first `count` pending saves, which have landed, into the host tier."""
+        for save in self._saves[:count]:
+            index = torch.tensor(save.target_slots, dtype=torch.long)
+            for target, host in zip(save.targets, save.staged, strict=True):
+                target.index_copy_(0, index, host)
+        del self._saves[:count]
