@@ -61,8 +61,8 @@ def fast_executors(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list
     unused = DecodePackageSpec("unused", "float32", "float32", "none", 0, (), False, 1, "unused")
     package = DecodePackageExecutor(runner.model, unused)
     package._package = ServesEverything(runner)  # type: ignore[assignment]
-    monkeypatch.setattr(decode_package_executor, "is_steady_single_decode", lambda batch, metadata: True)
-    monkeypatch.setattr(decode_package_executor, "program_arguments", lambda batch, prepared: batch)
+    monkeypatch.setattr(decode_package_executor, "is_single_mirror_decode", lambda batch, metadata: True)
+    monkeypatch.setattr(decode_package_executor, "steady_program_arguments", lambda batch, prepared: batch)
     monkeypatch.setattr(decode_package_executor, "flat_inputs", lambda batch: batch)
     return [(graphs, graphs.graphs), (compiled, compiled.graph), (package, package._package)]
 

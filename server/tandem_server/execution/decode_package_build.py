@@ -32,7 +32,7 @@ from tandem_server.execution.decode_program import (
     DecodeProgram,
     dynamic_shapes,
     is_steady_single_decode,
-    program_arguments,
+    steady_program_arguments,
 )
 from tandem_server.execution.kv_cache import CacheGeometry, KVCache
 from tandem_server.layers.attention.torch_backend import TorchAttentionBackend
@@ -114,7 +114,7 @@ def _steady_step_arguments(model: CausalLM, cache: KVCache, backend: TorchAttent
         if context == _EXAMPLE_CONTEXT:
             if not is_steady_single_decode(batch, prepared.metadata):
                 raise RuntimeError("invariant: a request's later decodes are steady mirror decodes")
-            return program_arguments(batch, prepared)
+            return steady_program_arguments(batch, prepared)
         model(batch.input_ids, batch.positions, prepared.layers, prepared.metadata)
     raise AssertionError("unreachable")
 

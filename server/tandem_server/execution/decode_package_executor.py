@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tandem_server.execution.decode_package import KEPT_PACKAGES, DecodePackage, DecodePackageSpec, prune_cache
-from tandem_server.execution.decode_program import flat_inputs, is_steady_single_decode, program_arguments
+from tandem_server.execution.decode_program import flat_inputs, is_single_mirror_decode, steady_program_arguments
 from tandem_server.execution.kv_cache import KVCache
 from tandem_server.execution.protocol import ExecutionPlan, PlannedStep
 from tandem_server.freed_memory import return_freed_memory
@@ -69,7 +69,7 @@ class DecodePackageExecutor:
         return (
             self._package is not None
             and step.batch.runs_base_model
-            and is_steady_single_decode(step.batch, step.prepared.metadata)
+            and is_single_mirror_decode(step.batch, step.prepared.metadata)
         )
 
     def run(self, step: PlannedStep) -> torch.Tensor:
@@ -77,7 +77,7 @@ class DecodePackageExecutor:
         if package is None:
             raise RuntimeError("invariant: the decode package runs only steps it serves")
         self.steps += 1
-        return package.run(flat_inputs(program_arguments(step.batch, step.prepared)))
+        return package.run(flat_inputs(steady_program_arguments(step.batch, step.prepared)))
 
     def stop(self) -> None:
         """Nothing to stop: the build reads no cache, and its child process ends with the shard."""

@@ -83,32 +83,42 @@ class DecodeProgram(nn.Module):
 
 def is_steady_single_decode(batch: StepBatch, metadata: AttentionMetadata) -> bool:
     """Whether the step is the program's: one request decoding on its mirror row, which lacks only the new position."""
+    return is_single_mirror_decode(batch, metadata) and _mirror_fill(metadata).sources.shape[0] == STEADY_FILLS
+
+
+def is_single_mirror_decode(batch: StepBatch, metadata: AttentionMetadata) -> bool:
+    """Whether the step is one request decoding on its mirror row, which lacks the new position and possibly earlier
+    ones (a row placed at this step lacks the whole context): `steady_program_arguments` makes it the program's."""
     if not isinstance(metadata, TorchAttentionMetadata) or metadata.prefills or batch.input_ids.shape[0] != 1:
         return False
     decode = metadata.decode
-    return (
-        decode is not None
-        and decode.every_row
-        and decode.mirror is not None
-        and decode.mirror.sources.shape[0] == STEADY_FILLS
-    )
+    return decode is not None and decode.every_row and decode.mirror is not None and decode.mirror.sources.shape[0] > 0
 
 
-def program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[Any, ...]:
-    """`DecodeProgram`'s arguments for a step `is_steady_single_decode` accepts."""
-    metadata = prepared.metadata
-    if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None or metadata.decode.mirror is None:
-        raise TypeError("invariant: the decode program runs only steady one-row mirror decodes")
-    decode, mirror = metadata.decode, metadata.decode.mirror
+def steady_program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[Any, ...]:
+    """`DecodeProgram`'s arguments for a step `is_single_mirror_decode` accepts. A row that lacks more than the new
+    position first gets the earlier ones copied from the paged cache, where earlier steps wrote them; the program
+    then copies only the new position, which it writes itself."""
+    fill = _mirror_fill(prepared.metadata)
+    earlier = fill.sources.shape[0] - STEADY_FILLS
     layers = _mirrored(prepared.layers)
+    if earlier > 0:
+        sources, targets = fill.sources[:earlier], fill.targets[:earlier]
+        for layer in layers:
+            for paged, mirror in ((layer.key, layer.mirror_key), (layer.value, layer.mirror_value)):
+                flat = mirror.view(-1, *mirror.shape[2:])
+                flat.index_copy_(0, targets, paged.view(-1, *paged.shape[2:])[sources])
+    metadata = prepared.metadata
+    if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None:
+        raise TypeError("invariant: the decode program runs only mirror decodes")
     step = StepTensors(
         batch.input_ids,
         batch.positions,
         metadata.slot_mapping,
-        decode.key_slots,
-        decode.key_mask,
-        mirror.sources,
-        mirror.targets,
+        metadata.decode.key_slots,
+        metadata.decode.key_mask,
+        fill.sources[earlier:],
+        fill.targets[earlier:],
     )
     return (
         list(step),
@@ -117,6 +127,12 @@ def program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[Any, ..
         [layer.mirror_key for layer in layers],
         [layer.mirror_value for layer in layers],
     )
+
+
+def _mirror_fill(metadata: AttentionMetadata) -> MirrorFill:
+    if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None or metadata.decode.mirror is None:
+        raise TypeError("invariant: the decode program runs only one-row mirror decodes")
+    return metadata.decode.mirror
 
 
 def flat_inputs(arguments: tuple[Any, ...]) -> list[torch.Tensor]:
