@@ -40,11 +40,10 @@ from tandem_bench.suite_report import MeasuredRow, readme_block
 EXTRA_BODY = {"ignore_eos": True}
 SUITE_COMMAND = "make bench"
 SUITE_CHART = "docs/images/bench-suite.png"
-# Room for the shared-prefix workload's 16 cached prefixes of ~2,000 tokens next to 16 running requests.
-# --max-queue-time: with the cache off, 16 concurrent 2,100-token prompts queue for about a minute of prefill on 2
-# cores; like llama-server, the benchmark lets them wait rather than fail.
-TANDEM_ARGS = ["--kv-cache-memory", "6GiB", "--max-queue-time", "600"]
-CACHE_OFF_ARGS = [*TANDEM_ARGS, "--prefix-caching", "false"]
+# Tandem is measured as users get it, with no flags. The comparison server without a prefix cache lets the
+# shared-prefix workload's 16 concurrent 2,100-token prompts queue for the minute of prefill they take on 2 cores, as
+# llama-server does, instead of failing them at the default --max-queue-time of 60 s.
+CACHE_OFF_ARGS = ["--prefix-caching", "false", "--max-queue-time", "600"]
 ROOFLINE_BATCH = 32
 STATIC_DTYPES = ("float32", "bfloat16")
 
@@ -181,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as servers:
             base_url = (
-                args.base_url
-                or servers.enter_context(LaunchedTandem(args.output_dir / "launcher.log", TANDEM_ARGS)).base_url
+                args.base_url or servers.enter_context(LaunchedTandem(args.output_dir / "launcher.log", [])).base_url
             )
             shape = _embedded_model_shape()
             roofline = measure_roofline(shape, ROOFLINE_BATCH)
@@ -236,11 +234,11 @@ def _start_servers(
     """The Tandems (the one at `base_url`, then the variants), the peers (running ones, llama-server), and the
     precision each multiplies in (None where no roofline figure fits)."""
     tandems = [Endpoint(name="tandem", base_url=base_url)]
-    precisions: dict[str, str | None] = {"tandem": _precision(TANDEM_ARGS) if args.base_url is None else None}
+    precisions: dict[str, str | None] = {"tandem": _precision([]) if args.base_url is None else None}
     for variant in args.tandem_variant:
         label, _, extra = variant.partition("=")
         log = args.output_dir / f"launcher-{label}.log"
-        launched = servers.enter_context(LaunchedTandem(log, [*TANDEM_ARGS, *shlex.split(extra)]))
+        launched = servers.enter_context(LaunchedTandem(log, shlex.split(extra)))
         tandems.append(Endpoint(name=f"tandem {label} ({extra})", base_url=launched.base_url))
         precisions[tandems[-1].name] = _precision(shlex.split(extra))
     peers, peer_precisions = _start_peers(args, servers)
@@ -303,8 +301,7 @@ def _write_outputs(
     order = [run.workload for run in STANDARD_SUITE]
     measured = sorted(measured, key=lambda row: order.index(row.workload))
     servers = sorted({row.record.server for row in measured}, key=[row.record.server for row in measured].index)
-    launched = "Tandem started by the launcher with `" + " ".join(TANDEM_ARGS) + "`"
-    tandem = f"the Tandem at {args.base_url}" if args.base_url else launched
+    tandem = f"the Tandem at {args.base_url}" if args.base_url else "Tandem started by the launcher with its defaults"
     intro = (
         f"Measured {when:%Y-%m-%d %H:%M} UTC with `{SUITE_COMMAND}` on {os.cpu_count()} CPU cores (load average "
         f"{load_before} before, {_load_average()} after): {tandem}, servers {', '.join(servers)}; model "
