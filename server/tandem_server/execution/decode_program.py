@@ -103,11 +103,8 @@ def steady_program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[
     earlier = fill.sources.shape[0] - STEADY_FILLS
     layers = _mirrored(prepared.layers)
     if earlier > 0:
-        sources, targets = fill.sources[:earlier], fill.targets[:earlier]
         for layer in layers:
-            for paged, mirror in ((layer.key, layer.mirror_key), (layer.value, layer.mirror_value)):
-                flat = mirror.view(-1, *mirror.shape[2:])
-                flat.index_copy_(0, targets, paged.view(-1, *paged.shape[2:])[sources])
+            layer.copy_to_mirror(fill.sources[:earlier], fill.targets[:earlier])
     metadata = prepared.metadata
     if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None:
         raise TypeError("invariant: the decode program runs only mirror decodes")

@@ -218,9 +218,7 @@ class TorchAttentionBackend:
             if not isinstance(cache, MirroredLayerCache):
                 raise RuntimeError("invariant: a step with a mirror fill runs on layer caches with mirror tensors")
             # The step's own keys are in the paged cache by now, so its positions are copied from there too.
-            for paged, mirror in ((cache.key, cache.mirror_key), (cache.value, cache.mirror_value)):
-                flat = mirror.view(-1, *mirror.shape[2:])
-                flat.index_copy_(0, decode.mirror.targets, paged.view(-1, *paged.shape[2:])[decode.mirror.sources])
+            cache.copy_to_mirror(decode.mirror.sources, decode.mirror.targets)
             k = cache.mirror_key[:requests, :max_context]
             v = cache.mirror_value[:requests, :max_context]
             return k.transpose(1, 2), v.transpose(1, 2)

@@ -58,6 +58,12 @@ class MirroredLayerCache(LayerCache):
     mirror_key: torch.Tensor
     mirror_value: torch.Tensor
 
+    def copy_to_mirror(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copies the keys and values at flat cache slots `sources` to the mirror's flat positions `targets`."""
+        for paged, mirror in ((self.key, self.mirror_key), (self.value, self.mirror_value)):
+            flat = mirror.view(-1, *mirror.shape[2:])
+            flat.index_copy_(0, targets, paged.view(-1, *paged.shape[2:])[sources])
+
 
 @dataclass(frozen=True)
 class MirrorSlot:
