@@ -83,7 +83,7 @@ class DecodeProgram(nn.Module):
 
 def is_steady_single_decode(batch: StepBatch, metadata: AttentionMetadata) -> bool:
     """Whether the step is the program's: one request decoding on its mirror row, which lacks only the new position."""
-    return is_single_mirror_decode(batch, metadata) and _mirror_fill(metadata).sources.shape[0] == STEADY_FILLS
+    return is_single_mirror_decode(batch, metadata) and _mirror_decode(metadata)[1].sources.shape[0] == STEADY_FILLS
 
 
 def is_single_mirror_decode(batch: StepBatch, metadata: AttentionMetadata) -> bool:
@@ -99,21 +99,19 @@ def steady_program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[
     """`DecodeProgram`'s arguments for a step `is_single_mirror_decode` accepts. A row that lacks more than the new
     position first gets the earlier ones copied from the paged cache, where earlier steps wrote them; the program
     then copies only the new position, which it writes itself."""
-    fill = _mirror_fill(prepared.metadata)
+    metadata = prepared.metadata
+    decode, fill = _mirror_decode(metadata)
     earlier = fill.sources.shape[0] - STEADY_FILLS
     layers = _mirrored(prepared.layers)
     if earlier > 0:
         for layer in layers:
             layer.copy_to_mirror(fill.sources[:earlier], fill.targets[:earlier])
-    metadata = prepared.metadata
-    if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None:
-        raise TypeError("invariant: the decode program runs only mirror decodes")
     step = StepTensors(
         batch.input_ids,
         batch.positions,
         metadata.slot_mapping,
-        metadata.decode.key_slots,
-        metadata.decode.key_mask,
+        decode.key_slots,
+        decode.key_mask,
         fill.sources[earlier:],
         fill.targets[earlier:],
     )
@@ -126,10 +124,10 @@ def steady_program_arguments(batch: StepBatch, prepared: PreparedStep) -> tuple[
     )
 
 
-def _mirror_fill(metadata: AttentionMetadata) -> MirrorFill:
+def _mirror_decode(metadata: AttentionMetadata) -> tuple[DecodeGroup, MirrorFill]:
     if not isinstance(metadata, TorchAttentionMetadata) or metadata.decode is None or metadata.decode.mirror is None:
         raise TypeError("invariant: the decode program runs only one-row mirror decodes")
-    return metadata.decode.mirror
+    return metadata.decode, metadata.decode.mirror
 
 
 def flat_inputs(arguments: tuple[Any, ...]) -> list[torch.Tensor]:
